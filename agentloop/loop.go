@@ -1,0 +1,777 @@
+package agentloop
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"path"
+	"strings"
+	"sync"
+	"time"
+	"unicode/utf8"
+
+	openai "github.com/sashabaranov/go-openai"
+
+	"github.com/rollout-rl/rollout/inference"
+	"github.com/rollout-rl/rollout/parsers"
+	"github.com/rollout-rl/rollout/tools"
+)
+
+// StopReason says why an episode ended.
+type StopReason string
+
+// Stop reasons. Only the last four are failures of the rollout rather than
+// outcomes of the model's behaviour.
+const (
+	StopFinished      StopReason = "finished"           // the model answered without a tool call
+	StopMaxTurns      StopReason = "max_turns"          // the turn budget ran out
+	StopContextLength StopReason = "context_length"     // the next prompt does not fit
+	StopTimeout       StopReason = "timeout"            // the per-rollout wall-clock timeout expired
+	StopInvalidCalls  StopReason = "invalid_tool_calls" // too many invalid calls in a row
+	StopCancelled     StopReason = "cancelled"          // the caller's context ended
+	StopInferenceErr  StopReason = "inference_error"    // inference.ErrInfra (or unclassified)
+	StopRequestErr    StopReason = "request_rejected"   // inference.ErrRequest
+	StopSandboxErr    StopReason = "sandbox_error"      // the sandbox died (sandbox.ErrUnavailable/ErrClosed)
+	StopConfigErr     StopReason = "config_error"       // ErrConfig: the episode could not be run as configured
+)
+
+// Failed reports whether the stop reason is an infrastructure failure or
+// cancellation: the trajectory must not be scored as a model outcome.
+func (s StopReason) Failed() bool {
+	switch s {
+	case StopCancelled, StopInferenceErr, StopRequestErr, StopSandboxErr, StopConfigErr:
+		return true
+	}
+	return false
+}
+
+// ErrConfig marks an invalid Config.
+var ErrConfig = errors.New("invalid agent loop config")
+
+// errRolloutTimeout is the cause of the per-rollout deadline.
+var errRolloutTimeout = errors.New("rollout wall-clock timeout")
+
+// Defaults.
+const (
+	DefaultMaxTurns              = 30
+	DefaultMaxConsecutiveInvalid = 5
+	DefaultParallelism           = 8
+)
+
+// Config is one episode's input.
+type Config struct {
+	// ID is the rollout id (logs, endpoint affinity, tool call ids).
+	ID       string
+	Messages []openai.ChatCompletionMessage
+	// Tools offered to the model; nil or empty means none.
+	Tools    *tools.Set
+	Model    string
+	Sampling inference.Sampling
+	// Parser is the tool-call parser (vLLM --tool-call-parser name). It is
+	// required when the policy returns unparsed text (tokens mode) and
+	// tools are offered; in chat mode it is the text fallback for calls the
+	// server left in the content.
+	Parser string
+	// ReasoningParser separates reasoning in tokens mode ("" = none).
+	ReasoningParser  string
+	ReasoningOptions parsers.ReasoningOptions
+	// MaxTurns bounds generations (default 30).
+	MaxTurns int
+	// Timeout is the per-rollout wall-clock limit (0 = none).
+	Timeout time.Duration
+	// MaxConsecutiveInvalid ends the episode after that many invalid calls
+	// in a row (default 5; negative = never).
+	MaxConsecutiveInvalid int
+	// BudgetWarnings appends a warning to the last tool result at 70 % and
+	// 90 % of MaxTurns.
+	BudgetWarnings bool
+	// Budget is the tool result budget (zero value = Hermes' defaults).
+	Budget tools.Budget
+	// Parallelism bounds concurrent calls within a turn (default 8).
+	Parallelism int
+	// FinishTimeout bounds Episode.Finish (default 30 s).
+	FinishTimeout time.Duration
+}
+
+// Deps are the collaborators. Env is the rollout's tool environment
+// (bound to its sandbox); it may be nil when no tools are offered.
+type Deps struct {
+	Policy inference.Policy
+	Env    *tools.Env
+	Logger *slog.Logger
+}
+
+// ToolError is one failed or invalid call, as Hermes records it.
+type ToolError struct {
+	Turn       int    `json:"turn"` // 1-based
+	Tool       string `json:"tool_name"`
+	Arguments  string `json:"arguments"` // raw, cut to 200 chars
+	Error      string `json:"error"`
+	ToolResult string `json:"tool_result"` // what the model saw, cut to 500 chars
+	// Kind is tools.Invalid* for invalid calls, "execution" otherwise.
+	Kind string `json:"kind"`
+}
+
+// TurnStats are the timings of one turn.
+type TurnStats struct {
+	Turn       int           `json:"turn"`
+	Generation time.Duration `json:"generation_ns"`
+	Tools      time.Duration `json:"tools_ns"`
+	// Queueing is the summed time calls waited before starting (behind a
+	// concurrency slot or behind earlier calls of the same turn).
+	Queueing         time.Duration `json:"queueing_ns"`
+	ToolCalls        int           `json:"tool_calls"`
+	Parallel         bool          `json:"parallel"`
+	PromptTokens     int           `json:"prompt_tokens"`
+	CompletionTokens int           `json:"completion_tokens"`
+	FinishReason     string        `json:"finish_reason"`
+}
+
+// Counters summarise the episode.
+type Counters struct {
+	ToolCalls        int `json:"tool_calls"`
+	InvalidCalls     int `json:"invalid_calls"`
+	ToolErrors       int `json:"tool_errors"`
+	ParallelTurns    int `json:"parallel_turns"`
+	SpilledResults   int `json:"spilled_results"`
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+}
+
+// Result is the outcome of one episode. It is filled on every exit path.
+type Result struct {
+	ID string `json:"id"`
+	// Messages is the whole conversation in OpenAI format, with
+	// reasoning_content on assistant messages. The caller's slice is not
+	// modified.
+	Messages []openai.ChatCompletionMessage `json:"messages"`
+	// Sequence is the token-exact record from Episode.Finish (tokens mode);
+	// empty when Finish could not run.
+	Sequence          inference.Sequence `json:"sequence"`
+	TurnsUsed         int                `json:"turns_used"`
+	FinishedNaturally bool               `json:"finished_naturally"`
+	StopReason        StopReason         `json:"stop_reason"`
+	// Err is the error behind a failed stop reason (nil otherwise).
+	Err              error         `json:"-"`
+	Error            string        `json:"error,omitempty"`
+	ReasoningPerTurn []*string     `json:"reasoning_per_turn"`
+	ToolErrors       []ToolError   `json:"tool_errors"`
+	Turns            []TurnStats   `json:"turns"`
+	Counters         Counters      `json:"counters"`
+	Duration         time.Duration `json:"duration_ns"`
+}
+
+type runner struct {
+	cfg     Config
+	deps    Deps
+	log     *slog.Logger
+	parser  parsers.Parser
+	reason  parsers.ReasoningParser
+	schemas []parsers.ToolSchema
+	budget  tools.Budget
+	rng     *rand.Rand
+	res     *Result
+	invalid int // consecutive invalid calls
+	warned  int // budget warnings already given (0, 1 = 70 %, 2 = 90 %)
+}
+
+// Run plays one episode. The returned error is nil when the episode ended
+// for a model reason (finished, max_turns, context_length, timeout,
+// invalid_tool_calls); otherwise it is Result.Err: an ErrConfig, a
+// cancellation, or an infrastructure error that wraps the collaborator's
+// class (inference.ErrInfra/ErrRequest, sandbox.ErrUnavailable/ErrClosed).
+func Run(ctx context.Context, cfg Config, deps Deps) (Result, error) {
+	start := time.Now()
+	r, err := newRunner(cfg, deps)
+	if err != nil {
+		return Result{ID: cfg.ID, Messages: cloneMessages(cfg.Messages), StopReason: StopConfigErr, Err: err, Error: err.Error()}, err
+	}
+	m := metrics()
+	m.active.Inc()
+	r.run(ctx)
+	m.active.Dec()
+	m.episodes.WithLabelValues(string(r.res.StopReason)).Inc()
+	m.turns.Add(float64(r.res.TurnsUsed))
+	m.parallelT.Add(float64(r.res.Counters.ParallelTurns))
+	r.res.Duration = time.Since(start)
+	if r.res.Err != nil {
+		r.res.Error = r.res.Err.Error()
+	}
+	if r.res.StopReason.Failed() {
+		return *r.res, r.res.Err
+	}
+	return *r.res, nil
+}
+
+func newRunner(cfg Config, deps Deps) (*runner, error) {
+	if deps.Policy == nil {
+		return nil, fmt.Errorf("%w: no policy", ErrConfig)
+	}
+	if len(cfg.Messages) == 0 {
+		return nil, fmt.Errorf("%w: no messages", ErrConfig)
+	}
+	if cfg.MaxTurns == 0 {
+		cfg.MaxTurns = DefaultMaxTurns
+	}
+	if cfg.MaxTurns < 0 {
+		return nil, fmt.Errorf("%w: max_turns %d is negative", ErrConfig, cfg.MaxTurns)
+	}
+	if cfg.MaxConsecutiveInvalid == 0 {
+		cfg.MaxConsecutiveInvalid = DefaultMaxConsecutiveInvalid
+	}
+	if cfg.Parallelism <= 0 {
+		cfg.Parallelism = DefaultParallelism
+	}
+	if cfg.FinishTimeout <= 0 {
+		cfg.FinishTimeout = 30 * time.Second
+	}
+	if cfg.Timeout < 0 {
+		return nil, fmt.Errorf("%w: negative timeout", ErrConfig)
+	}
+	hasTools := cfg.Tools != nil && cfg.Tools.Len() > 0
+	if hasTools && deps.Env == nil {
+		return nil, fmt.Errorf("%w: tools offered without a tool environment (Deps.Env)", ErrConfig)
+	}
+	r := &runner{cfg: cfg, deps: deps, log: deps.Logger, budget: cfg.Budget,
+		rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x6c6f6f70))}
+	if r.log == nil {
+		r.log = slog.Default()
+	}
+	r.log = r.log.With("rollout", cfg.ID)
+	if cfg.Parser != "" {
+		p, err := parsers.Get(cfg.Parser)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		r.parser = p
+	}
+	if cfg.ReasoningParser != "" {
+		p, err := parsers.GetReasoning(cfg.ReasoningParser)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+		}
+		r.reason = p
+	}
+	if hasTools {
+		r.schemas = cfg.Tools.Schemas()
+	}
+	r.res = &Result{ID: cfg.ID, Messages: cloneMessages(cfg.Messages), ReasoningPerTurn: []*string{}, ToolErrors: []ToolError{}, Turns: []TurnStats{}}
+	return r, nil
+}
+
+func cloneMessages(m []openai.ChatCompletionMessage) []openai.ChatCompletionMessage {
+	return append(make([]openai.ChatCompletionMessage, 0, len(m)+16), m...)
+}
+
+func (r *runner) stop(reason StopReason, err error) {
+	r.res.StopReason = reason
+	r.res.Err = err
+}
+
+// ctxStop classifies a context ending: our own timeout is a model outcome,
+// the caller's cancellation is not.
+func (r *runner) ctxStop(ctx context.Context, parent context.Context) {
+	if errors.Is(context.Cause(ctx), errRolloutTimeout) && parent.Err() == nil {
+		r.stop(StopTimeout, nil)
+		return
+	}
+	r.stop(StopCancelled, fmt.Errorf("rollout %s: %w", r.cfg.ID, context.Cause(parent)))
+}
+
+func (r *runner) run(parent context.Context) {
+	ctx := parent
+	if r.cfg.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeoutCause(parent, r.cfg.Timeout, errRolloutTimeout)
+		defer cancel()
+	}
+	var spec inference.EpisodeSpec
+	spec.ID, spec.Model, spec.Sampling = r.cfg.ID, r.cfg.Model, r.cfg.Sampling
+	if r.cfg.Tools != nil && r.cfg.Tools.Len() > 0 {
+		spec.Tools = r.cfg.Tools.OpenAI()
+	}
+	ep, err := r.deps.Policy.Start(ctx, spec)
+	if err != nil {
+		r.generationError(ctx, parent, err)
+		return
+	}
+	defer r.finish(ctx, parent, ep)
+	for turn := 0; turn < r.cfg.MaxTurns; turn++ {
+		if ctx.Err() != nil {
+			r.ctxStop(ctx, parent)
+			return
+		}
+		if done := r.turn(ctx, parent, ep, turn); done {
+			return
+		}
+	}
+	r.stop(StopMaxTurns, nil)
+}
+
+func (r *runner) finish(ctx, parent context.Context, ep inference.Episode) {
+	if parent.Err() != nil {
+		return // cancelled: nobody wants the sequence, and Finish may do I/O
+	}
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.FinishTimeout)
+	defer cancel()
+	seq, err := ep.Finish(fctx, r.res.Messages)
+	if err != nil {
+		if r.res.Err == nil && !r.res.StopReason.Failed() {
+			reason := StopInferenceErr
+			if errors.Is(err, inference.ErrRequest) {
+				reason = StopRequestErr
+			}
+			r.stop(reason, fmt.Errorf("finish episode %s: %w", r.cfg.ID, err))
+		}
+		return
+	}
+	r.res.Sequence = seq
+}
+
+func (r *runner) generationError(ctx, parent context.Context, err error) {
+	switch {
+	case ctx.Err() != nil:
+		r.ctxStop(ctx, parent)
+	case errors.Is(err, inference.ErrContextLength):
+		r.stop(StopContextLength, nil)
+	case errors.Is(err, inference.ErrRequest):
+		r.stop(StopRequestErr, fmt.Errorf("generate (rollout %s): %w", r.cfg.ID, err))
+	case errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded):
+		r.ctxStop(ctx, parent)
+	default:
+		if !errors.Is(err, inference.ErrInfra) {
+			err = fmt.Errorf("%w: %w", inference.ErrInfra, err)
+		}
+		r.stop(StopInferenceErr, fmt.Errorf("generate (rollout %s): %w", r.cfg.ID, err))
+	}
+}
+
+// slot is one call of a turn in call order: a prepared call or an invalid
+// one that is answered without dispatch.
+type slot struct {
+	id      string
+	name    string
+	rawArgs string
+	call    *tools.Call
+	invalid *tools.InvalidCallError
+	parse   *parsers.CallError
+	content string
+	toolErr error
+}
+
+// turn runs one generation and its tools; done reports the episode ended.
+func (r *runner) turn(ctx, parent context.Context, ep inference.Episode, turn int) (done bool) {
+	stats := TurnStats{Turn: turn + 1}
+	t0 := time.Now()
+	gen, err := ep.Generate(ctx, r.res.Messages)
+	stats.Generation = time.Since(t0)
+	r.res.TurnsUsed = turn + 1
+	if err != nil {
+		r.res.Turns = append(r.res.Turns, stats)
+		r.generationError(ctx, parent, err)
+		return true
+	}
+	stats.PromptTokens, stats.CompletionTokens, stats.FinishReason = gen.PromptTokens, gen.CompletionTokens, gen.FinishReason
+	r.res.Counters.PromptTokens += gen.PromptTokens
+	r.res.Counters.CompletionTokens += gen.CompletionTokens
+
+	reasoning, content, slots, err := r.interpret(gen)
+	if err != nil {
+		r.res.Turns = append(r.res.Turns, stats)
+		r.stop(StopConfigErr, err)
+		return true
+	}
+	r.res.ReasoningPerTurn = append(r.res.ReasoningPerTurn, reasoning)
+	msg := openai.ChatCompletionMessage{Role: openai.ChatMessageRoleAssistant, Content: content}
+	if reasoning != nil {
+		msg.ReasoningContent = *reasoning
+	}
+	for _, s := range slots {
+		if s.parse == nil {
+			msg.ToolCalls = append(msg.ToolCalls, openai.ToolCall{ID: s.id, Type: openai.ToolTypeFunction,
+				Function: openai.FunctionCall{Name: s.name, Arguments: s.rawArgs}})
+		}
+	}
+	r.res.Messages = append(r.res.Messages, msg)
+	if len(slots) == 0 {
+		r.res.Turns = append(r.res.Turns, stats)
+		r.res.FinishedNaturally = true
+		r.stop(StopFinished, nil)
+		return true
+	}
+
+	t1 := time.Now()
+	stats.ToolCalls = len(slots)
+	r.prepare(slots, turn)
+	queue, parallel, infraErr := r.execute(ctx, slots)
+	stats.Queueing, stats.Parallel = queue, parallel
+	if parallel {
+		r.res.Counters.ParallelTurns++
+	}
+	if infraErr != nil {
+		stats.Tools = time.Since(t1)
+		r.res.Turns = append(r.res.Turns, stats)
+		// A cancellation or timeout wins over whatever error the tools
+		// reported while being torn down.
+		if ctx.Err() != nil {
+			r.ctxStop(ctx, parent)
+		} else {
+			r.stop(StopSandboxErr, fmt.Errorf("rollout %s turn %d: %w", r.cfg.ID, turn+1, infraErr))
+		}
+		return true
+	}
+	r.applyBudgets(ctx, slots)
+	r.record(slots, turn)
+	r.budgetWarning(slots, turn)
+	for _, s := range slots {
+		r.res.Messages = append(r.res.Messages, openai.ChatCompletionMessage{Role: openai.ChatMessageRoleTool, ToolCallID: s.id, Content: s.content})
+	}
+	stats.Tools = time.Since(t1)
+	r.res.Turns = append(r.res.Turns, stats)
+	if r.cfg.MaxConsecutiveInvalid > 0 && r.invalid >= r.cfg.MaxConsecutiveInvalid {
+		r.stop(StopInvalidCalls, nil)
+		return true
+	}
+	return false
+}
+
+// interpret separates reasoning, content and calls of a generation.
+func (r *runner) interpret(gen inference.Turn) (reasoning *string, content string, slots []*slot, err error) {
+	if gen.Parsed {
+		if gen.Reasoning != "" {
+			s := gen.Reasoning
+			reasoning = &s
+		}
+		content = gen.Content
+		for _, tc := range gen.ToolCalls {
+			slots = append(slots, &slot{id: tc.ID, name: tc.Function.Name, rawArgs: tc.Function.Arguments})
+		}
+		// Text fallback with the configured family: the server may have
+		// left well-formed calls in the content.
+		if len(slots) == 0 && r.parser != nil && len(r.schemas) > 0 && content != "" {
+			pr := r.parser.Parse(content, r.schemas)
+			if len(pr.ToolCalls)+len(pr.Errors) > 0 {
+				content = deref(pr.Content)
+				slots = r.slotsFromParse(pr)
+			}
+		}
+	} else {
+		content = gen.Text
+		if r.reason != nil {
+			reasoning, content = r.reason.Extract(gen.Text, r.cfg.ReasoningOptions)
+		}
+		if len(r.schemas) > 0 {
+			if r.parser == nil {
+				return nil, "", nil, fmt.Errorf("%w: the policy returned unparsed text and tools are offered, but no tool-call parser is configured", ErrConfig)
+			}
+			pr := r.parser.Parse(content, r.schemas)
+			content = deref(pr.Content)
+			slots = r.slotsFromParse(pr)
+		}
+	}
+	for _, s := range slots {
+		if s.id == "" {
+			s.id = fmt.Sprintf("call_%08x", r.rng.Uint32())
+		}
+	}
+	return reasoning, content, slots, nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// slotsFromParse puts well-formed calls and parse errors back in the
+// order the model wrote them: errors carry their index, calls fill the rest.
+func (r *runner) slotsFromParse(pr parsers.Result) []*slot {
+	n := len(pr.ToolCalls) + len(pr.Errors)
+	out := make([]*slot, n)
+	for i := range pr.Errors {
+		e := pr.Errors[i]
+		if e.Index >= 0 && e.Index < n && out[e.Index] == nil {
+			out[e.Index] = &slot{name: e.Name, rawArgs: e.Snippet, parse: &e}
+		} else {
+			// Index out of range: keep the error, after the others.
+			for j := n - 1; j >= 0; j-- {
+				if out[j] == nil {
+					out[j] = &slot{name: e.Name, rawArgs: e.Snippet, parse: &e}
+					break
+				}
+			}
+		}
+	}
+	k := 0
+	for i := range out {
+		if out[i] != nil {
+			continue
+		}
+		tc := pr.ToolCalls[k]
+		k++
+		out[i] = &slot{id: tc.ID, name: tc.Name, rawArgs: tc.Arguments}
+	}
+	for _, s := range out {
+		if s.parse != nil {
+			// The call is not in the assistant message (it is not
+			// well-formed), so its answer needs an id of its own.
+			s.id = fmt.Sprintf("call_invalid_%08x", r.rng.Uint32())
+		}
+	}
+	return out
+}
+
+func (r *runner) prepare(slots []*slot, turn int) {
+	for _, s := range slots {
+		if s.parse != nil {
+			name := s.parse.Name
+			if name == "" {
+				name = "unknown"
+			}
+			s.invalid = &tools.InvalidCallError{Kind: tools.InvalidParse, Tool: name, Detail: s.parse.Reason,
+				Result: tools.ErrorResult(fmt.Sprintf("Could not parse tool call %d (%s): %s. Please retry with a well-formed tool call.", s.parse.Index, name, s.parse.Reason))}
+			continue
+		}
+		if r.cfg.Tools == nil {
+			s.invalid = &tools.InvalidCallError{Kind: tools.InvalidUnknownTool, Tool: s.name, Detail: "no tools are available",
+				Result: tools.ErrorResult(fmt.Sprintf("Unknown tool '%s'. Available tools: []", s.name))}
+			continue
+		}
+		c, err := r.cfg.Tools.Prepare(s.id, s.name, s.rawArgs)
+		if err != nil {
+			var ic *tools.InvalidCallError
+			if !errors.As(err, &ic) {
+				ic = &tools.InvalidCallError{Kind: tools.InvalidSchema, Tool: s.name, Detail: err.Error(), Result: tools.ErrorResult(err.Error())}
+			}
+			s.invalid = ic
+			continue
+		}
+		s.call = c
+	}
+}
+
+// execute runs the valid calls: together when they cannot interfere,
+// else one by one in call order. It returns the first infrastructure (or
+// context) error, which ends the episode.
+func (r *runner) execute(ctx context.Context, slots []*slot) (queue time.Duration, parallel bool, err error) {
+	var calls []*slot
+	for _, s := range slots {
+		if s.invalid != nil {
+			s.content = s.invalid.Result
+			continue
+		}
+		calls = append(calls, s)
+	}
+	if len(calls) == 0 {
+		return 0, false, nil
+	}
+	start := time.Now()
+	if len(calls) == 1 || !canRunTogether(calls) {
+		for _, s := range calls {
+			queue += time.Since(start)
+			if err := r.runOne(ctx, s); err != nil {
+				return queue, false, err
+			}
+		}
+		return queue, false, nil
+	}
+	tctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sem := make(chan struct{}, r.cfg.Parallelism)
+	var (
+		wg    sync.WaitGroup
+		mu    sync.Mutex
+		first error
+	)
+	for _, s := range calls {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			select {
+			case sem <- struct{}{}:
+			case <-tctx.Done():
+				return
+			}
+			defer func() { <-sem }()
+			waited := time.Since(start)
+			e := r.runOne(tctx, s)
+			mu.Lock()
+			queue += waited
+			if e != nil && first == nil {
+				first = e
+				cancel()
+			}
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if first == nil && ctx.Err() != nil {
+		first = context.Cause(ctx)
+	}
+	return queue, true, first
+}
+
+func (r *runner) runOne(ctx context.Context, s *slot) error {
+	t := time.Now()
+	out, err := r.cfg.Tools.Execute(ctx, r.deps.Env, s.call)
+	if d := time.Since(t); d > 30*time.Second {
+		r.log.Info("slow tool call", "tool", s.name, "duration", d)
+	}
+	if err != nil {
+		metrics().calls.WithLabelValues(s.name, "error").Inc()
+		return err
+	}
+	s.content, s.toolErr = out.Content, out.Err
+	s.content = r.budget.ApplyResult(ctx, r.deps.Env, s.call.Tool(), s.id, s.content)
+	outcome := "ok"
+	if s.toolErr != nil {
+		outcome = "error"
+	}
+	m := metrics()
+	m.calls.WithLabelValues(s.name, outcome).Inc()
+	m.toolDur.WithLabelValues(s.name).Observe(time.Since(t).Seconds())
+	return nil
+}
+
+// canRunTogether: no exclusive call, every path-scoped call names its
+// paths, and no path written by one call overlaps a path of another.
+func canRunTogether(calls []*slot) bool {
+	type touch struct {
+		idx   int
+		path  string
+		write bool
+	}
+	var ts []touch
+	for i, s := range calls {
+		t := s.call.Tool()
+		switch t.Class {
+		case tools.Exclusive:
+			return false
+		case tools.PathScoped:
+			ps := s.call.Paths()
+			if len(ps) == 0 {
+				return false
+			}
+			for _, p := range ps {
+				ts = append(ts, touch{i, p, true})
+			}
+		case tools.ReadOnly:
+			for _, p := range s.call.Paths() {
+				ts = append(ts, touch{i, p, false})
+			}
+		}
+	}
+	for a := range ts {
+		for b := range ts {
+			if ts[a].idx != ts[b].idx && (ts[a].write || ts[b].write) && overlaps(ts[a].path, ts[b].path) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// overlaps is conservative: a relative and an absolute path, or "~", may
+// be the same file.
+func overlaps(a, b string) bool {
+	if strings.HasPrefix(a, "~") || strings.HasPrefix(b, "~") || path.IsAbs(a) != path.IsAbs(b) {
+		return true
+	}
+	a, b = path.Clean(a), path.Clean(b)
+	return a == b || a == "." || b == "." || a == "/" || b == "/" || strings.HasPrefix(a, b+"/") || strings.HasPrefix(b, a+"/") ||
+		strings.HasPrefix(a, "..") || strings.HasPrefix(b, "..")
+}
+
+func (r *runner) applyBudgets(ctx context.Context, slots []*slot) {
+	ids := make([]string, len(slots))
+	contents := make([]string, len(slots))
+	for i, s := range slots {
+		ids[i], contents[i] = s.id, s.content
+	}
+	if r.deps.Env != nil {
+		r.budget.ApplyTurn(ctx, r.deps.Env, ids, contents)
+	}
+	for i, s := range slots {
+		s.content = contents[i]
+		if strings.HasPrefix(s.content, "<persisted-output>") || strings.Contains(s.content, "[Truncated: tool response was") {
+			r.res.Counters.SpilledResults++
+		}
+	}
+}
+
+func (r *runner) record(slots []*slot, turn int) {
+	for _, s := range slots {
+		r.res.Counters.ToolCalls++
+		switch {
+		case s.invalid != nil:
+			metrics().calls.WithLabelValues("-", "invalid").Inc()
+			r.res.Counters.InvalidCalls++
+			r.invalid++
+			r.addToolError(ToolError{Turn: turn + 1, Tool: s.invalid.Tool, Arguments: s.rawArgs, Error: s.invalid.Detail, ToolResult: s.content, Kind: s.invalid.Kind})
+		default:
+			r.invalid = 0
+			if s.toolErr != nil {
+				r.addToolError(ToolError{Turn: turn + 1, Tool: s.name, Arguments: s.rawArgs, Error: s.toolErr.Error(), ToolResult: s.content, Kind: "execution"})
+			}
+		}
+	}
+}
+
+func (r *runner) addToolError(te ToolError) {
+	te.Arguments = cut(te.Arguments, 200)
+	te.ToolResult = cut(te.ToolResult, 500)
+	r.res.ToolErrors = append(r.res.ToolErrors, te)
+	r.res.Counters.ToolErrors++
+}
+
+func cut(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	i := 0
+	for j := range s {
+		if i == n {
+			return s[:j]
+		}
+		i++
+	}
+	return s
+}
+
+// budgetWarning tells the model how many turns it has left, once at 70 %
+// and once at 90 % of max_turns, inside the last tool result.
+func (r *runner) budgetWarning(slots []*slot, turn int) {
+	if !r.cfg.BudgetWarnings || len(slots) == 0 {
+		return
+	}
+	used, max := turn+1, r.cfg.MaxTurns
+	var msg string
+	switch {
+	case r.warned < 2 && used*10 >= max*9:
+		r.warned = 2
+		msg = fmt.Sprintf("[Budget warning: %d of %d turns used, %d left. Finish now: give your final answer.]", used, max, max-used)
+	case r.warned < 1 && used*10 >= max*7:
+		r.warned = 1
+		msg = fmt.Sprintf("[Budget warning: %d of %d turns used, %d left. Start wrapping up.]", used, max, max-used)
+	default:
+		return
+	}
+	last := slots[len(slots)-1]
+	var obj map[string]any
+	if strings.HasPrefix(last.content, "{") && json.Unmarshal([]byte(last.content), &obj) == nil {
+		obj["_budget_warning"] = msg
+		var buf bytes.Buffer
+		enc := json.NewEncoder(&buf)
+		enc.SetEscapeHTML(false)
+		if enc.Encode(obj) == nil {
+			last.content = strings.TrimSuffix(buf.String(), "\n")
+			return
+		}
+	}
+	last.content += "\n\n" + msg
+}

@@ -1,0 +1,155 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+
+	"github.com/spf13/cobra"
+
+	"github.com/rollout-rl/rollout/internal/job"
+	"github.com/rollout-rl/rollout/runner"
+)
+
+func init() {
+	register(func() *cobra.Command { return newCollectCmd(job.ModeRun) })
+	register(func() *cobra.Command { return newCollectCmd(job.ModeEval) })
+}
+
+// runFlags are the config overrides shared by run and eval.
+type runFlags struct {
+	config      string
+	out         string
+	groups      int
+	groupSize   int
+	endpoints   []string
+	backend     string
+	model       string
+	parser      string
+	reasoning   string
+	maxTurns    int
+	seed        uint64
+	k           int
+	allowEvalOn bool
+	image       string
+}
+
+func (f *runFlags) add(cmd *cobra.Command, mode string) {
+	fl := cmd.Flags()
+	fl.StringVarP(&f.config, "config", "c", "", "run config YAML (required; see docs/config.md)")
+	fl.StringVar(&f.out, "out", "", "output run directory (overrides output.dir; re-running resumes)")
+	fl.IntVar(&f.groups, "groups", -1, "number of items/groups (overrides groups; 0 = all)")
+	fl.IntVar(&f.groupSize, "group-size", 0, "rollouts per group (overrides group_size)")
+	fl.StringSliceVar(&f.endpoints, "endpoint", nil, "inference base URL, repeatable (overrides inference.endpoints)")
+	fl.StringVar(&f.backend, "backend", "", "inference backend: chat, vllm, vllm-generate, sglang, atropos")
+	fl.StringVar(&f.model, "model", "", "served model name (overrides inference.model)")
+	fl.StringVar(&f.parser, "parser", "", "tool-call parser (vLLM --tool-call-parser name)")
+	fl.StringVar(&f.reasoning, "reasoning-parser", "", "reasoning parser")
+	fl.IntVar(&f.maxTurns, "max-turns", 0, "turn limit per rollout (overrides max_turns)")
+	fl.Uint64Var(&f.seed, "seed", 0, "seed (overrides seed when non-zero)")
+	fl.StringVar(&f.image, "image", "", "sandbox image for every rollout (overrides sandbox.image)")
+	if mode == job.ModeEval {
+		fl.IntVar(&f.k, "k", 0, "k of pass@k (overrides eval.k; default group size)")
+	} else {
+		fl.BoolVar(&f.allowEvalOn, "allow-eval-only", false, "run an eval-only env for collection")
+	}
+}
+
+func (f *runFlags) apply(cmd *cobra.Command, cfg *runner.Config) {
+	ch := cmd.Flags().Changed
+	if f.out != "" {
+		cfg.Output.Dir = f.out
+	}
+	if ch("groups") {
+		cfg.Groups = f.groups
+	}
+	if f.groupSize > 0 {
+		cfg.GroupSize = f.groupSize
+	}
+	if len(f.endpoints) > 0 {
+		cfg.Inference.Endpoints = f.endpoints
+	}
+	if f.backend != "" {
+		cfg.Inference.Backend = f.backend
+	}
+	if f.model != "" {
+		cfg.Inference.Model = f.model
+	}
+	if f.parser != "" {
+		cfg.Parser = f.parser
+	}
+	if f.reasoning != "" {
+		cfg.ReasoningParser = f.reasoning
+	}
+	if f.maxTurns > 0 {
+		cfg.MaxTurns = f.maxTurns
+	}
+	if f.seed != 0 {
+		cfg.Seed = f.seed
+	}
+	if f.k > 0 {
+		cfg.Eval.K = f.k
+	}
+	if f.allowEvalOn {
+		cfg.AllowEvalOnly = true
+	}
+	if f.image != "" {
+		cfg.Sandbox.Image = f.image
+	}
+}
+
+func newCollectCmd(mode string) *cobra.Command {
+	f := &runFlags{}
+	short := "Collect scored GRPO groups into a run directory (Parquet)"
+	if mode == job.ModeEval {
+		short = "Evaluate a policy on an env's eval split: pass@k, per-category metrics, samples"
+	}
+	cmd := &cobra.Command{
+		Use:   mode + " -c CONFIG.yaml",
+		Short: short,
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if f.config == "" {
+				return usageError(cmd, errors.New("--config is required"))
+			}
+			cfg, err := runner.LoadConfig(f.config)
+			if err != nil {
+				return withExitCode(2, err)
+			}
+			f.apply(cmd, &cfg)
+			return collect(cmd, cfg, mode)
+		},
+	}
+	f.add(cmd, mode)
+	return cmd
+}
+
+// collect runs one job with a progress display and prints the summary.
+func collect(cmd *cobra.Command, cfg runner.Config, mode string) error {
+	ctx := cmd.Context()
+	log := newLogger(os.Stderr)
+	prog := newProgress(os.Stderr, log)
+	j, err := job.Open(ctx, cfg, job.Options{Mode: mode, Logger: log, Progress: prog.event})
+	if err != nil {
+		if errors.Is(err, runner.ErrConfig) {
+			return withExitCode(2, err)
+		}
+		return err
+	}
+	sum, err := j.Run(ctx)
+	prog.done()
+	printSummary(cmd.OutOrStdout(), j.Dir, sum)
+	if mode == job.ModeEval && err == nil {
+		fmt.Fprintf(cmd.OutOrStdout(), "eval report: %s/eval/metrics.json\n", j.Dir)
+	}
+	return err
+}
+
+// newLogger logs text on a terminal and JSON otherwise.
+func newLogger(w *os.File) *slog.Logger {
+	if isTerminal(w) {
+		return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	}
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
+}

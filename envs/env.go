@@ -1,0 +1,100 @@
+// Package envs defines what an environment is — how a dataset item becomes
+// a task (messages, tools, sandbox) and how a finished rollout is scored —
+// plus the registry, YAML-defined envs and the built-in environments with
+// their small datasets. It schedules nothing: the runner drives envs.
+package envs
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"io/fs"
+
+	openai "github.com/sashabaranov/go-openai"
+
+	"github.com/rollout-rl/rollout/datasets"
+	"github.com/rollout-rl/rollout/rewards"
+	"github.com/rollout-rl/rollout/sandbox"
+	"github.com/rollout-rl/rollout/tools"
+)
+
+// Sandbox is what an env's reward needs of the rollout's sandbox (the same
+// sandbox the agent used). sandbox.Sandbox satisfies it.
+type Sandbox interface {
+	rewards.Box
+	WriteFile(ctx context.Context, path string, data []byte, mode fs.FileMode) error
+	Upload(ctx context.Context, dir string, tarStream io.Reader) error
+}
+
+// Env turns dataset items into tasks and scores finished rollouts.
+// Implementations are safe for concurrent use.
+type Env interface {
+	Name() string
+	Defaults() Defaults
+	// Items returns the env's own dataset for a split ("train", "eval");
+	// a run config may bind another dataset instead.
+	Items(ctx context.Context, split string) ([]datasets.Item, error)
+	Task(ctx context.Context, item datasets.Item) (Task, error)
+	// Reward scores a finished rollout. sb is nil when the task has no
+	// sandbox. Errors mean "could not score" (an infra failure), never a
+	// wrong answer.
+	Reward(ctx context.Context, item datasets.Item, out Outcome, sb Sandbox) (rewards.Score, error)
+}
+
+// Defaults are an env's preferred run settings; the run config overrides
+// them.
+type Defaults struct {
+	Description string   `json:"description" yaml:"description"`
+	GroupSize   int      `json:"group_size" yaml:"group_size"`
+	MaxTurns    int      `json:"max_turns" yaml:"max_turns"`
+	Toolsets    []string `json:"toolsets" yaml:"toolsets"`
+	Image       string   `json:"image,omitempty" yaml:"image,omitempty"`
+	// EvalOnly envs are refused by `rollout run` unless forced.
+	EvalOnly bool `json:"eval_only,omitempty" yaml:"eval_only,omitempty"`
+	// Splits the built-in dataset offers.
+	Splits []string `json:"splits" yaml:"splits"`
+}
+
+// Task is one rollout's starting point.
+type Task struct {
+	Messages []openai.ChatCompletionMessage
+	Toolsets []string
+	// Tools are env-defined tools, executed like the built-ins.
+	Tools []tools.Tool
+	// CallOnly are tool schemas offered to the model but never executed:
+	// the episode ends after the first generation (call matching). A task
+	// with CallOnly has neither Toolsets nor Tools.
+	CallOnly []openai.Tool
+	// Sandbox is nil when the task runs without one.
+	Sandbox *sandbox.Spec
+	// Build, when set, is a task image to build FROM a local base image;
+	// the runner builds it (cached) and sets Sandbox.Image.
+	Build *ImageBuild
+	// MaxTurns overrides the run's max_turns when > 0.
+	MaxTurns int
+	Answer   string // reference answer, for reports
+	Category string // for per-category metrics
+}
+
+// ImageBuild is a Docker build context: a directory on disk or a tar.
+type ImageBuild struct {
+	Dir        string
+	ContextTar []byte
+	Dockerfile string // path inside the context, default "Dockerfile"
+}
+
+// Outcome is what the env sees of a finished episode.
+type Outcome struct {
+	Messages          []openai.ChatCompletionMessage
+	Final             string // last assistant content
+	Turns             int
+	FinishedNaturally bool
+	StopReason        string
+}
+
+// Solver is implemented by envs whose items carry reference solutions the
+// simulator can follow (the demo and the tests). The JSON object has the
+// shape of the simulator's script: {"steps": [...], "wrong": [...]}.
+type Solver interface {
+	Solution(item datasets.Item) (json.RawMessage, bool)
+}

@@ -1,0 +1,263 @@
+package envs
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/template"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/rollout-rl/rollout/datasets"
+	"github.com/rollout-rl/rollout/rewards"
+	"github.com/rollout-rl/rollout/sandbox"
+)
+
+// YAMLSpec defines an env in YAML alone: a prompt template, a sandbox, the
+// toolsets, a dataset and weighted rewards. Text fields marked "template"
+// are Go text/templates over the item's fields ({{.question}}); a missing
+// field is an error naming the item.
+type YAMLSpec struct {
+	Name         string          `yaml:"name"`
+	Description  string          `yaml:"description"`
+	SystemPrompt string          `yaml:"system_prompt"`
+	Prompt       string          `yaml:"prompt"` // template
+	Answer       string          `yaml:"answer"` // template; the reference answer
+	Category     string          `yaml:"category"`
+	Toolsets     []string        `yaml:"toolsets"`
+	MaxTurns     int             `yaml:"max_turns"`
+	GroupSize    int             `yaml:"group_size"`
+	Sandbox      *YAMLSandbox    `yaml:"sandbox"`
+	Dataset      datasets.Config `yaml:"dataset"`
+	// Items may be given inline instead of a dataset.
+	Items   []map[string]any `yaml:"items"`
+	Rewards []rewards.Spec   `yaml:"rewards"` // command, path, want, report and regex are templates
+}
+
+// YAMLSandbox is the sandbox part of a YAMLSpec.
+type YAMLSandbox struct {
+	Image        string            `yaml:"image"`
+	Workdir      string            `yaml:"workdir"`
+	User         string            `yaml:"user"`
+	Network      string            `yaml:"network"`
+	Env          map[string]string `yaml:"env"`
+	MemoryMB     int64             `yaml:"memory_mb"`
+	CPUs         float64           `yaml:"cpus"`
+	PIDs         int64             `yaml:"pids"`
+	ReadOnlyRoot bool              `yaml:"read_only_root"`
+	Files        []struct {
+		Path    string `yaml:"path"`
+		Content string `yaml:"content"` // template
+		Mode    uint32 `yaml:"mode"`
+	} `yaml:"files"`
+}
+
+// YAMLEnv is an env defined by a YAMLSpec.
+type YAMLEnv struct {
+	spec    YAMLSpec
+	baseDir string
+	prompt  *template.Template
+}
+
+var _ Env = (*YAMLEnv)(nil)
+
+// LoadFile reads a YAML env definition. Unknown keys are errors with line
+// numbers; a relative dataset path is relative to the file.
+func LoadFile(path string) (*YAMLEnv, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("env file: %w", err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	var spec YAMLSpec
+	if err := dec.Decode(&spec); err != nil {
+		return nil, fmt.Errorf("%w: %s: %v", ErrConfig, path, err)
+	}
+	e, err := NewYAMLEnv(spec, filepath.Dir(path))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return e, nil
+}
+
+// NewYAMLEnv validates spec; baseDir resolves a relative dataset path.
+func NewYAMLEnv(spec YAMLSpec, baseDir string) (*YAMLEnv, error) {
+	if spec.Name == "" {
+		return nil, fmt.Errorf("%w: name is required", ErrConfig)
+	}
+	if spec.Prompt == "" {
+		return nil, fmt.Errorf("%w: prompt is required", ErrConfig)
+	}
+	if (spec.Dataset.Path == "") == (len(spec.Items) == 0) {
+		return nil, fmt.Errorf("%w: give exactly one of dataset.path and items", ErrConfig)
+	}
+	if len(spec.Rewards) == 0 {
+		return nil, fmt.Errorf("%w: at least one reward is required (types: %s)", ErrConfig, strings.Join(rewards.Types, ", "))
+	}
+	// Validate reward specs once with placeholder-free fields: templates
+	// are rendered per item, so only the shape is checked here.
+	for i, r := range spec.Rewards {
+		if !containsTemplate(r) {
+			if _, err := rewards.Build(r); err != nil {
+				return nil, fmt.Errorf("%w: rewards[%d]: %v", ErrConfig, i, err)
+			}
+		}
+	}
+	if spec.Sandbox != nil && spec.Sandbox.Image == "" {
+		return nil, fmt.Errorf("%w: sandbox.image is required when sandbox is set", ErrConfig)
+	}
+	t, err := template.New("prompt").Option("missingkey=error").Parse(spec.Prompt)
+	if err != nil {
+		return nil, fmt.Errorf("%w: prompt template: %v", ErrConfig, err)
+	}
+	if spec.Dataset.Path != "" && !filepath.IsAbs(spec.Dataset.Path) {
+		spec.Dataset.Path = filepath.Join(baseDir, spec.Dataset.Path)
+	}
+	if spec.MaxTurns == 0 {
+		spec.MaxTurns = 10
+	}
+	if spec.GroupSize == 0 {
+		spec.GroupSize = 4
+	}
+	return &YAMLEnv{spec: spec, baseDir: baseDir, prompt: t}, nil
+}
+
+func containsTemplate(r rewards.Spec) bool {
+	w, _ := r.Want.(string)
+	for _, s := range []string{r.Command, r.Path, w, r.Report, r.Regex} {
+		if strings.Contains(s, "{{") {
+			return true
+		}
+	}
+	return false
+}
+
+// Name implements Env.
+func (e *YAMLEnv) Name() string { return e.spec.Name }
+
+// Defaults implements Env.
+func (e *YAMLEnv) Defaults() Defaults {
+	d := Defaults{Description: e.spec.Description, GroupSize: e.spec.GroupSize, MaxTurns: e.spec.MaxTurns, Toolsets: e.spec.Toolsets}
+	if e.spec.Sandbox != nil {
+		d.Image = e.spec.Sandbox.Image
+	}
+	if e.spec.Dataset.Split != "" {
+		d.Splits = []string{e.spec.Dataset.Split}
+	}
+	return d
+}
+
+// Items implements Env. With a dataset, split overrides dataset.split when
+// given.
+func (e *YAMLEnv) Items(ctx context.Context, split string) ([]datasets.Item, error) {
+	if len(e.spec.Items) > 0 {
+		rows := make([]datasets.Item, len(e.spec.Items))
+		for i, m := range e.spec.Items {
+			rows[i] = datasets.Item{Data: normalizeYAML(m).(map[string]any), Source: e.spec.Name + ".yaml items", Row: i + 1}
+		}
+		return datasets.Prepare(rows, e.spec.Dataset)
+	}
+	cfg := e.spec.Dataset
+	if split != "" {
+		cfg.Split = split
+	}
+	return datasets.Load(ctx, cfg)
+}
+
+// normalizeYAML turns yaml.v3's ints into the int64 datasets use.
+func normalizeYAML(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			x[k] = normalizeYAML(e)
+		}
+	case []any:
+		for i, e := range x {
+			x[i] = normalizeYAML(e)
+		}
+	case int:
+		return int64(x)
+	}
+	return v
+}
+
+func render(name, text string, it datasets.Item) (string, error) {
+	if !strings.Contains(text, "{{") {
+		return text, nil
+	}
+	t, err := template.New(name).Option("missingkey=error").Parse(text)
+	if err != nil {
+		return "", fmt.Errorf("%w: %s template: %v", ErrConfig, name, err)
+	}
+	var b strings.Builder
+	if err := t.Execute(&b, it.Data); err != nil {
+		return "", fmt.Errorf("%w: %s row %d: %s: %v", datasets.ErrInvalid, it.Source, it.Row, name, err)
+	}
+	return b.String(), nil
+}
+
+// Task implements Env.
+func (e *YAMLEnv) Task(_ context.Context, it datasets.Item) (Task, error) {
+	var b strings.Builder
+	if err := e.prompt.Execute(&b, it.Data); err != nil {
+		return Task{}, fmt.Errorf("%w: %s row %d: prompt: %v", datasets.ErrInvalid, it.Source, it.Row, err)
+	}
+	t := Task{Messages: chat(e.spec.SystemPrompt, b.String()), Toolsets: e.spec.Toolsets, MaxTurns: e.spec.MaxTurns}
+	var err error
+	if t.Answer, err = render("answer", e.spec.Answer, it); err != nil {
+		return Task{}, err
+	}
+	if t.Category, err = render("category", e.spec.Category, it); err != nil {
+		return Task{}, err
+	}
+	if sb := e.spec.Sandbox; sb != nil {
+		spec := &sandbox.Spec{Image: sb.Image, Workdir: sb.Workdir, User: sb.User, Network: sb.Network, Env: sb.Env,
+			Limits: sandbox.Limits{MemoryBytes: sb.MemoryMB << 20, CPUs: sb.CPUs, PIDs: sb.PIDs, ReadOnlyRoot: sb.ReadOnlyRoot}}
+		for _, f := range sb.Files {
+			body, err := render("sandbox.files "+f.Path, f.Content, it)
+			if err != nil {
+				return Task{}, err
+			}
+			spec.Files = append(spec.Files, sandbox.File{Path: f.Path, Data: []byte(body), Mode: os.FileMode(f.Mode)})
+		}
+		t.Sandbox = spec
+	}
+	return t, nil
+}
+
+// Reward implements Env: the weighted sum of the configured rewards, with
+// their templates rendered for this item.
+func (e *YAMLEnv) Reward(ctx context.Context, it datasets.Item, out Outcome, sb Sandbox) (rewards.Score, error) {
+	specs := make([]rewards.Spec, len(e.spec.Rewards))
+	for i, r := range e.spec.Rewards {
+		var err error
+		for _, f := range []*string{&r.Command, &r.Path, &r.Report, &r.Regex} {
+			if *f, err = render(fmt.Sprintf("rewards[%d]", i), *f, it); err != nil {
+				return rewards.Score{}, err
+			}
+		}
+		if w, ok := r.Want.(string); ok {
+			if r.Want, err = render(fmt.Sprintf("rewards[%d].want", i), w, it); err != nil {
+				return rewards.Score{}, err
+			}
+		}
+		specs[i] = r
+	}
+	sum, err := rewards.BuildSum(specs)
+	if err != nil {
+		return rewards.Score{}, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	answer, err := render("answer", e.spec.Answer, it)
+	if err != nil {
+		return rewards.Score{}, err
+	}
+	in := rewards.Input{Answer: answer, Final: out.Final, Messages: out.Messages}
+	if sb != nil {
+		in.Box = sb
+	}
+	return sum.Score(ctx, in)
+}

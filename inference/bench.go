@@ -1,0 +1,199 @@
+package inference
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// BenchConfig drives MeasureOverhead. URL should be a zero-latency server
+// (the simulator with no latency model) so that what is measured is the
+// client, not generation.
+type BenchConfig struct {
+	URL          string
+	Model        string // empty: first of /v1/models
+	Calls        int    // sequential calls per side (default 2000)
+	PromptTokens int    // prompt length in ids (default 512)
+	MaxTokens    int    // tokens per generation (default 16)
+	Concurrency  int    // burst size for the connection-churn check (default 4096)
+}
+
+// BenchResult is what `rollout bench inference` prints.
+type BenchResult struct {
+	Calls int
+	// Raw is a bare net/http POST of the same pre-encoded body with the
+	// response read and discarded: server time plus the irreducible
+	// transport cost. Client is the full vllm tokens-mode generation path
+	// (encode, pool routing, metrics, HTTP, decode, shape validation).
+	RawP50, RawP99       time.Duration
+	ClientP50, ClientP99 time.Duration
+	// OverheadP50 = ClientP50 − RawP50: what this package adds per call.
+	OverheadP50 time.Duration
+	// Concurrency burst: Concurrency requests at once, twice. The first
+	// burst warms the keep-alive pool; NewConnsSecondBurst counts dials in
+	// the second (0 = no connection churn).
+	Concurrency         int
+	BurstErrors         int
+	NewConnsFirstBurst  int64
+	NewConnsSecondBurst int64
+	// ClosedConns counts connections closed during both bursts: churn.
+	ClosedConns int64
+	SecondBurst time.Duration
+}
+
+func (r BenchResult) String() string {
+	return fmt.Sprintf("calls=%d raw p50=%v p99=%v | client p50=%v p99=%v | overhead p50=%v | burst %d: errors=%d dials first=%d second=%d closed=%d (%v)",
+		r.Calls, r.RawP50, r.RawP99, r.ClientP50, r.ClientP99, r.OverheadP50, r.Concurrency, r.BurstErrors, r.NewConnsFirstBurst, r.NewConnsSecondBurst, r.ClosedConns, r.SecondBurst)
+}
+
+// MeasureOverhead measures the client-side cost of one generation call
+// against cfg.URL and checks that a burst of concurrent calls reuses
+// connections. Raw and client calls alternate so that server and machine
+// noise hit both sides alike.
+func MeasureOverhead(ctx context.Context, cfg BenchConfig) (BenchResult, error) {
+	if cfg.Calls <= 0 {
+		cfg.Calls = 2000
+	}
+	if cfg.PromptTokens <= 0 {
+		cfg.PromptTokens = 512
+	}
+	if cfg.MaxTokens <= 0 {
+		cfg.MaxTokens = 16
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = 4096
+	}
+	pool, err := NewPool(PoolConfig{Endpoints: []string{cfg.URL}, Retries: -1, IdleConnsPerHost: 2 * cfg.Concurrency, Timeout: time.Minute})
+	if err != nil {
+		return BenchResult{}, err
+	}
+	defer pool.Close()
+	model := cfg.Model
+	if model == "" {
+		m, err := pool.Models(ctx)
+		if err != nil {
+			return BenchResult{}, err
+		}
+		if len(m.Data) == 0 {
+			return BenchResult{}, fmt.Errorf("bench: %s serves no models", cfg.URL)
+		}
+		model = m.Data[0].ID
+	}
+	prompt := make([]int32, cfg.PromptTokens)
+	for i := range prompt {
+		prompt[i] = int32(32 + i%90) // printable bytes: valid in any vocabulary the simulator uses
+	}
+	temp := 1.0
+	s := Sampling{Temperature: &temp}
+	in := genInput{model: model, prompt: prompt, maxTokens: cfg.MaxTokens, s: s}
+	gen := completionsGen{}
+
+	// The raw side sends the exact bytes the client would.
+	rawBody, err := json.Marshal(&CompletionRequest{Model: model, Prompt: prompt, samplingFields: samplingOf(s, cfg.MaxTokens),
+		Logprobs: zeroIntPt, ReturnTokenIDs: true, ReturnTokensAsTokenIDs: true, SkipSpecialTokens: falsePtr})
+	if err != nil {
+		return BenchResult{}, err
+	}
+	rawClient := &http.Client{Transport: newTransport(64, nil)}
+	defer rawClient.CloseIdleConnections()
+	raw := func() error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, pool.eps[0].base+"/v1/completions", bytes.NewReader(rawBody))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := rawClient.Do(req)
+		if err != nil {
+			return err
+		}
+		_, err = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("raw baseline: HTTP %d", resp.StatusCode)
+		}
+		return err
+	}
+	client := func() error {
+		_, err := gen.generate(ctx, pool, in)
+		return err
+	}
+	// Warm both connection pools and code paths.
+	for range 50 {
+		if err := raw(); err != nil {
+			return BenchResult{}, err
+		}
+		if err := client(); err != nil {
+			return BenchResult{}, err
+		}
+	}
+	rawD := make([]time.Duration, 0, cfg.Calls)
+	cliD := make([]time.Duration, 0, cfg.Calls)
+	for range cfg.Calls {
+		t0 := time.Now()
+		if err := raw(); err != nil {
+			return BenchResult{}, err
+		}
+		t1 := time.Now()
+		if err := client(); err != nil {
+			return BenchResult{}, err
+		}
+		t2 := time.Now()
+		rawD = append(rawD, t1.Sub(t0))
+		cliD = append(cliD, t2.Sub(t1))
+		if ctx.Err() != nil {
+			return BenchResult{}, ctx.Err()
+		}
+	}
+	res := BenchResult{Calls: cfg.Calls, Concurrency: cfg.Concurrency}
+	res.RawP50, res.RawP99 = quantile(rawD, .5), quantile(rawD, .99)
+	res.ClientP50, res.ClientP99 = quantile(cliD, .5), quantile(cliD, .99)
+	res.OverheadP50 = res.ClientP50 - res.RawP50
+
+	burst := func() (int, time.Duration) {
+		var wg sync.WaitGroup
+		var errs atomic.Int64
+		start := make(chan struct{})
+		for range cfg.Concurrency {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				if _, err := gen.generate(ctx, pool, in); err != nil {
+					errs.Add(1)
+				}
+			}()
+		}
+		t0 := time.Now()
+		close(start)
+		wg.Wait()
+		return int(errs.Load()), time.Since(t0)
+	}
+	c0 := pool.ClosedConns()
+	d0 := pool.NewConns()
+	e1, _ := burst()
+	d1 := pool.NewConns()
+	e2, dur := burst()
+	d2 := pool.NewConns()
+	res.BurstErrors = e1 + e2
+	res.NewConnsFirstBurst = d1 - d0
+	res.NewConnsSecondBurst = d2 - d1
+	res.SecondBurst = dur
+	res.ClosedConns = pool.ClosedConns() - c0
+	return res, nil
+}
+
+func quantile(d []time.Duration, q float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(q*float64(len(s))))]
+}

@@ -1,0 +1,177 @@
+package inference
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"sync"
+
+	openai "github.com/sashabaranov/go-openai"
+)
+
+// chatEpisode is the chat mode: the server renders the template and parses
+// tool calls and reasoning; each turn re-sends the whole conversation.
+// When the server returns ids (Config.ChatTokenIDs), a sequence is spliced
+// from them: turn i's prompt ids must extend the sequence so far; if the
+// re-rendered history differs, the sequence restarts from that prompt (the
+// earlier turns lose their trained mask) and the differing tokens are
+// counted in DriftTokens.
+type chatEpisode struct {
+	c      *Client
+	spec   EpisodeSpec
+	aff    Affinity
+	maxLen int // 0: unknown
+	// known is a lower bound of the next prompt's length: the last prompt
+	// plus its completion (the history only grows).
+	known int
+
+	mu       sync.Mutex
+	turns    int
+	seq      Sequence
+	noIDs    bool // some turn came back without ids or logprobs
+	finished bool
+}
+
+var _ Episode = (*chatEpisode)(nil)
+
+func (e *chatEpisode) Generate(ctx context.Context, messages []openai.ChatCompletionMessage) (Turn, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.finished {
+		return Turn{}, &Error{Class: ErrRequest, Op: "episode", RequestID: e.spec.ID, Msg: "Generate after Finish"}
+	}
+	if len(messages) == 0 {
+		return Turn{}, &Error{Class: ErrRequest, Op: "episode", RequestID: e.spec.ID, Msg: "no messages"}
+	}
+	turnNo := e.turns + 1
+	reqID := e.spec.ID + "-t" + strconv.Itoa(turnNo)
+	s := e.spec.Sampling
+	if e.maxLen > 0 && s.MaxTokens > 0 && e.known+s.MaxTokens > e.maxLen {
+		return Turn{}, &Error{Class: ErrRequest, Op: "episode", RequestID: reqID,
+			Msg: fmt.Sprintf("turn %d: prompt of at least %d tokens + max_tokens %d exceeds max_model_len %d", turnNo, e.known, s.MaxTokens, e.maxLen),
+			Err: ErrContextLength}
+	}
+	req := &ChatRequest{
+		Model:              e.spec.Model,
+		Messages:           messages,
+		samplingFields:     samplingOf(s, s.MaxTokens),
+		ChatTemplateKwargs: s.ChatTemplateKwargs,
+	}
+	if len(e.spec.Tools) > 0 {
+		req.Tools = e.spec.Tools // vLLM rejects "tools": []
+	}
+	if e.c.cfg.ChatTokenIDs {
+		req.Logprobs = true
+		req.TopLogprobs = zeroIntPt
+		req.ReturnTokenIDs = true
+	}
+	resp, ep, err := e.c.pool.ChatCompletion(ctx, CallOptions{Affinity: &e.aff, RequestID: reqID, Extra: s.ExtraBody}, req)
+	if err != nil {
+		return Turn{}, fmt.Errorf("episode %s turn %d: chat: %w", e.spec.ID, turnNo, err)
+	}
+	const op = "POST /v1/chat/completions"
+	if len(resp.Choices) != 1 {
+		return Turn{}, badAnswer(ep, op, reqID, "want 1 choice, got %d", len(resp.Choices))
+	}
+	ch := resp.Choices[0]
+	ids, lps, err := chatStyleLogprobs(ep, op, reqID, ch.TokenIDs, ch.Logprobs, false)
+	if err != nil {
+		return Turn{}, err
+	}
+	if ch.FinishReason == "" {
+		return Turn{}, badAnswer(ep, op, reqID, "finish_reason missing")
+	}
+	content := ""
+	if ch.Message.Content != nil {
+		content = *ch.Message.Content
+	}
+	t := Turn{
+		Text:          content,
+		Parsed:        true,
+		Content:       content,
+		Reasoning:     ch.Message.ReasoningText(),
+		ToolCalls:     ch.Message.ToolCalls,
+		FinishReason:  ch.FinishReason,
+		CompletionIDs: ids,
+		Logprobs:      lps,
+		Endpoint:      ep,
+	}
+	if resp.Usage != nil {
+		t.PromptTokens, t.CompletionTokens = resp.Usage.PromptTokens, resp.Usage.CompletionTokens
+	}
+	if resp.PromptTokenIDs != nil {
+		t.PromptTokens = len(resp.PromptTokenIDs)
+	}
+	if ids != nil {
+		t.CompletionTokens = len(ids)
+	}
+	if em := e.c.pool.metricsFor(ep); em != nil {
+		em.tokensIn.Add(float64(t.PromptTokens))
+		em.tokensOut.Add(float64(t.CompletionTokens))
+	}
+	e.known = t.PromptTokens + t.CompletionTokens
+	e.splice(resp.PromptTokenIDs, ids, lps)
+	e.turns = turnNo
+	return t, nil
+}
+
+func (e *chatEpisode) splice(prompt, ids []int32, lps []float32) {
+	if e.noIDs {
+		return
+	}
+	if prompt == nil || ids == nil || lps == nil {
+		e.noIDs = true
+		e.seq = Sequence{}
+		return
+	}
+	q := &e.seq
+	if e.turns == 0 || !hasPrefix(prompt, q.Tokens) {
+		if e.turns > 0 {
+			q.DriftTokens += DiffTokens(q.Tokens, prompt[:min(len(prompt), len(q.Tokens))])
+		}
+		drift := q.DriftTokens
+		*q = Sequence{PromptLen: len(prompt), DriftTokens: drift}
+		q.Tokens = append(q.Tokens, prompt...)
+		q.Mask = make([]int8, len(prompt))
+		q.Logprobs = slices.Repeat([]float32{1.0}, len(prompt))
+	} else {
+		ext := prompt[len(q.Tokens):]
+		q.Tokens = append(q.Tokens, ext...)
+		for range ext {
+			q.Mask = append(q.Mask, 0)
+			q.Logprobs = append(q.Logprobs, 1.0)
+		}
+	}
+	q.TurnStarts = append(q.TurnStarts, len(q.Tokens))
+	q.Tokens = append(q.Tokens, ids...)
+	q.Logprobs = append(q.Logprobs, lps...)
+	for range ids {
+		q.Mask = append(q.Mask, 1)
+	}
+}
+
+func hasPrefix(s, pre []int32) bool {
+	return len(s) >= len(pre) && slices.Equal(s[:len(pre)], pre)
+}
+
+// Finish returns whatever sequence the server's ids allowed (empty when it
+// returned none). messages are not re-rendered in chat mode: the splice
+// already measured the drift turn by turn.
+func (e *chatEpisode) Finish(ctx context.Context, messages []openai.ChatCompletionMessage) (Sequence, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.finished = true
+	if e.noIDs {
+		return Sequence{}, nil
+	}
+	q := e.seq
+	return Sequence{
+		Tokens:      slices.Clone(q.Tokens),
+		Mask:        slices.Clone(q.Mask),
+		Logprobs:    slices.Clone(q.Logprobs),
+		TurnStarts:  slices.Clone(q.TurnStarts),
+		PromptLen:   q.PromptLen,
+		DriftTokens: q.DriftTokens,
+	}, nil
+}

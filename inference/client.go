@@ -1,0 +1,221 @@
+package inference
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// maxResponseBytes bounds a response body; a full 128k-token completion
+// with logprobs is a few MiB.
+const maxResponseBytes = 256 << 20
+
+// newTransport sizes an http.Transport for thousands of concurrent agent
+// loops: the default keeps 2 idle connections per host, which makes every
+// burst open (and TIME_WAIT) new sockets. dials counts new connections so
+// churn can be measured from the client side.
+func newTransport(idlePerHost int, st *connStats) *http.Transport {
+	d := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+	return &http.Transport{
+		Proxy: http.ProxyFromEnvironment,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := d.DialContext(ctx, network, addr)
+			if err != nil || st == nil {
+				return c, err
+			}
+			st.dials.Add(1)
+			return &countedConn{Conn: c, st: st}, nil
+		},
+		MaxIdleConns:          0, // no global cap; per-host cap below
+		MaxIdleConnsPerHost:   idlePerHost,
+		IdleConnTimeout:       120 * time.Second,
+		TLSHandshakeTimeout:   10 * time.Second,
+		ExpectContinueTimeout: time.Second,
+		// Inference servers do not compress; asking for gzip only costs CPU.
+		DisableCompression: true,
+		ForceAttemptHTTP2:  true,
+		WriteBufferSize:    64 << 10,
+		ReadBufferSize:     64 << 10,
+	}
+}
+
+// connStats counts dialled and closed connections: closes under steady
+// load are connection churn.
+type connStats struct {
+	dials, closes atomic.Int64
+}
+
+type countedConn struct {
+	net.Conn
+	st   *connStats
+	once sync.Once
+}
+
+func (c *countedConn) Close() error {
+	c.once.Do(func() { c.st.closes.Add(1) })
+	return c.Conn.Close()
+}
+
+var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// httpCaller performs one JSON request against one endpoint and classifies
+// the outcome. It holds no per-endpoint state, so one instance serves a
+// whole pool.
+type httpCaller struct {
+	hc     *http.Client
+	apiKey string
+}
+
+// doJSON POSTs (or GETs, with body nil) and decodes a 200 into out. body
+// may be a []byte (already encoded) or any JSON-marshalable value.
+func (c *httpCaller) doJSON(ctx context.Context, base, method, path, reqID string, body any, out any) error {
+	op := method + " " + path
+	mk := func(class error, status int, msg string, err error) *Error {
+		return &Error{Class: class, Endpoint: base, Op: op, RequestID: reqID, Status: status, Msg: msg, Err: err}
+	}
+	var rdr io.Reader
+	var buf *bytes.Buffer
+	if body != nil {
+		switch b := body.(type) {
+		case []byte:
+			rdr = bytes.NewReader(b)
+		default:
+			buf = bufPool.Get().(*bytes.Buffer)
+			buf.Reset()
+			defer func() {
+				if buf.Cap() <= 1<<20 {
+					bufPool.Put(buf)
+				}
+			}()
+			enc := json.NewEncoder(buf)
+			enc.SetEscapeHTML(false)
+			if err := enc.Encode(body); err != nil {
+				return mk(ErrRequest, 0, "encode request", err)
+			}
+			rdr = bytes.NewReader(buf.Bytes())
+		}
+	}
+	req, err := http.NewRequestWithContext(ctx, method, base+path, rdr)
+	if err != nil {
+		return mk(ErrRequest, 0, "build request", err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	req.Header.Set("Accept", "application/json")
+	if c.apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+c.apiKey)
+	}
+	if reqID != "" {
+		req.Header.Set("X-Request-Id", reqID)
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(ctxErr, context.DeadlineExceeded) {
+			// The caller gave up: not the endpoint's fault.
+			return mk(ErrInfra, 0, "cancelled", ctxErr)
+		}
+		return mk(ErrInfra, 0, "unreachable", err)
+	}
+	defer resp.Body.Close()
+	data, rerr := readBody(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		msg := serverMessage(data)
+		switch {
+		case resp.StatusCode >= 500:
+			return mk(ErrInfra, resp.StatusCode, msg, nil)
+		case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusRequestTimeout:
+			// Overload, not a bad request: the runner may retry the rollout,
+			// but the pool never re-sends a 4xx itself.
+			return &Error{Class: ErrInfra, Endpoint: base, Op: op, RequestID: reqID, Status: resp.StatusCode, Msg: msg, acknowledged: true}
+		case resp.StatusCode >= 400 && contextLengthMessage(msg):
+			return mk(ErrRequest, resp.StatusCode, msg, ErrContextLength)
+		case resp.StatusCode >= 400:
+			return mk(ErrRequest, resp.StatusCode, msg, nil)
+		default:
+			e := mk(ErrInfra, resp.StatusCode, "unexpected status: "+msg, nil)
+			e.acknowledged = true
+			return e
+		}
+	}
+	if rerr != nil {
+		e := mk(ErrInfra, resp.StatusCode, "read body (truncated response)", rerr)
+		e.acknowledged = true
+		return e
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		e := mk(ErrInfra, resp.StatusCode, fmt.Sprintf("%v: %s", errMalformed, snippet(data)), err)
+		e.acknowledged = true
+		return e
+	}
+	return nil
+}
+
+func readBody(r io.Reader) ([]byte, error) {
+	data, err := io.ReadAll(io.LimitReader(r, maxResponseBytes+1))
+	if err != nil {
+		return data, err
+	}
+	if len(data) > maxResponseBytes {
+		return data[:maxResponseBytes], fmt.Errorf("response larger than %d bytes", maxResponseBytes)
+	}
+	return data, nil
+}
+
+// serverMessage extracts the human message of vLLM ({"error":{"message"}}
+// or {"object":"error","message"}), FastAPI ({"detail"}) and SGLang errors.
+func serverMessage(data []byte) string {
+	var v struct {
+		Error   json.RawMessage `json:"error"`
+		Message string          `json:"message"`
+		Detail  json.RawMessage `json:"detail"`
+	}
+	if json.Unmarshal(data, &v) == nil {
+		if len(v.Error) > 0 {
+			var inner struct {
+				Message string `json:"message"`
+			}
+			if json.Unmarshal(v.Error, &inner) == nil && inner.Message != "" {
+				return inner.Message
+			}
+			var s string
+			if json.Unmarshal(v.Error, &s) == nil && s != "" {
+				return s
+			}
+		}
+		if v.Message != "" {
+			return v.Message
+		}
+		if len(v.Detail) > 0 {
+			var s string
+			if json.Unmarshal(v.Detail, &s) == nil {
+				return s
+			}
+			return snippet(v.Detail)
+		}
+	}
+	return snippet(data)
+}
+
+func snippet(b []byte) string {
+	s := strings.TrimSpace(string(b))
+	if len(s) > 300 {
+		s = s[:300] + "…"
+	}
+	if s == "" {
+		return "(empty body)"
+	}
+	return s
+}

@@ -1,0 +1,269 @@
+package inference
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"maps"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Backend names accepted by Config.Backend.
+const (
+	BackendChat         = "chat"          // /v1/chat/completions, server-side parsing
+	BackendVLLM         = "vllm"          // tokens mode over /v1/completions with id prompts
+	BackendVLLMGenerate = "vllm-generate" // tokens mode over /inference/v1/generate + /detokenize
+	BackendSGLang       = "sglang"        // tokens mode over SGLang /generate
+	BackendAtropos      = "atropos"       // tokens mode over the Atropos custom vLLM /generate
+)
+
+// Backends lists the accepted backend names.
+func Backends() []string {
+	return []string{BackendChat, BackendVLLM, BackendVLLMGenerate, BackendSGLang, BackendAtropos}
+}
+
+// Config selects a backend and its endpoints. Durations in YAML are Go
+// duration strings ("30s").
+type Config struct {
+	Backend   string   `yaml:"backend" json:"backend"`
+	Endpoints []string `yaml:"endpoints" json:"endpoints"`
+	// TokenizerEndpoints serve /tokenize and /detokenize for the same
+	// model when the generation servers do not (the Atropos custom server
+	// has neither): e.g. a GPU-less vLLM render server. Empty: Endpoints.
+	TokenizerEndpoints []string `yaml:"tokenizer_endpoints,omitempty" json:"tokenizer_endpoints,omitempty"`
+	// Model is the served model name; empty takes the first of /v1/models.
+	Model  string `yaml:"model,omitempty" json:"model,omitempty"`
+	APIKey string `yaml:"api_key,omitempty" json:"-"`
+	// Timeout bounds one HTTP attempt (default 10m).
+	Timeout                  time.Duration `yaml:"timeout,omitempty" json:"timeout,omitempty"`
+	MaxConcurrentPerEndpoint int           `yaml:"max_concurrent_per_endpoint,omitempty" json:"max_concurrent_per_endpoint,omitempty"`
+	// Retries after a connection error or 5xx (default 3; -1 disables).
+	Retries         int           `yaml:"retries,omitempty" json:"retries,omitempty"`
+	BackoffBase     time.Duration `yaml:"backoff_base,omitempty" json:"backoff_base,omitempty"`
+	BackoffMax      time.Duration `yaml:"backoff_max,omitempty" json:"backoff_max,omitempty"`
+	BreakerFailures int           `yaml:"breaker_failures,omitempty" json:"breaker_failures,omitempty"`
+	BreakerCooldown time.Duration `yaml:"breaker_cooldown,omitempty" json:"breaker_cooldown,omitempty"`
+	HealthTimeout   time.Duration `yaml:"health_timeout,omitempty" json:"health_timeout,omitempty"`
+	// ChatTokenIDs makes the chat backend ask for return_token_ids and
+	// logprobs (vLLM ≥ 0.10.2, the simulator). Leave off for OpenAI or
+	// OpenRouter, which reject unknown fields.
+	ChatTokenIDs bool `yaml:"chat_token_ids,omitempty" json:"chat_token_ids,omitempty"`
+	// Sampling holds defaults; an EpisodeSpec's fields override them one by one.
+	Sampling Sampling     `yaml:"sampling,omitempty" json:"sampling,omitempty"`
+	Logger   *slog.Logger `yaml:"-" json:"-"`
+}
+
+func (c Config) poolConfig(endpoints []string) PoolConfig {
+	return PoolConfig{
+		Endpoints:                endpoints,
+		APIKey:                   c.APIKey,
+		Timeout:                  c.Timeout,
+		MaxConcurrentPerEndpoint: c.MaxConcurrentPerEndpoint,
+		Retries:                  c.Retries,
+		BackoffBase:              c.BackoffBase,
+		BackoffMax:               c.BackoffMax,
+		BreakerFailures:          c.BreakerFailures,
+		BreakerCooldown:          c.BreakerCooldown,
+		HealthTimeout:            c.HealthTimeout,
+		Logger:                   c.Logger,
+	}
+}
+
+// Client is the Policy built from a Config. It also exposes its pools for
+// health pages and benchmarks. Close it when done.
+type Client struct {
+	cfg     Config
+	pool    *Pool
+	tok     *Pool // == pool unless TokenizerEndpoints is set
+	gen     generator
+	log     *slog.Logger
+	mu      sync.Mutex
+	models  map[string]int // model → max_model_len (0 unknown)
+	first   string         // resolved default model
+	closing map[string][]int32
+	eotText map[string]string
+}
+
+var _ Policy = (*Client)(nil)
+
+// New builds the Policy the rest of the project uses. It makes no network
+// call: the model and its context length are resolved on the first Start.
+func New(cfg Config) (Policy, error) {
+	c, err := Open(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Open is New returning the concrete type.
+func Open(cfg Config) (*Client, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	c := &Client{cfg: cfg, log: cfg.Logger, models: map[string]int{}, closing: map[string][]int32{}, eotText: map[string]string{}}
+	switch cfg.Backend {
+	case BackendChat:
+	case BackendVLLM:
+		c.gen = completionsGen{}
+	case BackendVLLMGenerate:
+		c.gen = vllmGenerateGen{}
+	case BackendSGLang:
+		c.gen = sglangGen{}
+	case BackendAtropos:
+		c.gen = atroposGen{}
+	case "":
+		return nil, fmt.Errorf("inference: backend not set; want one of %s", strings.Join(Backends(), ", "))
+	default:
+		return nil, fmt.Errorf("inference: unknown backend %q; want one of %s", cfg.Backend, strings.Join(Backends(), ", "))
+	}
+	if cfg.MaxConcurrentPerEndpoint < 0 {
+		return nil, fmt.Errorf("inference: max_concurrent_per_endpoint %d is negative", cfg.MaxConcurrentPerEndpoint)
+	}
+	p, err := NewPool(cfg.poolConfig(cfg.Endpoints))
+	if err != nil {
+		return nil, fmt.Errorf("inference: %w", err)
+	}
+	c.pool, c.tok = p, p
+	if len(cfg.TokenizerEndpoints) > 0 {
+		t, err := NewPool(cfg.poolConfig(cfg.TokenizerEndpoints))
+		if err != nil {
+			return nil, fmt.Errorf("inference tokenizer: %w", err)
+		}
+		c.tok = t
+	}
+	return c, nil
+}
+
+// Pool is the generation endpoint pool.
+func (c *Client) Pool() *Pool { return c.pool }
+
+// Close releases idle connections.
+func (c *Client) Close() error {
+	c.pool.Close()
+	if c.tok != c.pool {
+		c.tok.Close()
+	}
+	return nil
+}
+
+// Start begins an episode.
+func (c *Client) Start(ctx context.Context, spec EpisodeSpec) (Episode, error) {
+	model, maxLen, err := c.resolveModel(ctx, spec.Model)
+	if err != nil {
+		return nil, err
+	}
+	spec.Model = model
+	spec.Sampling = mergeSampling(c.cfg.Sampling, spec.Sampling)
+	if spec.Sampling.MaxTokens < 0 {
+		return nil, &Error{Class: ErrRequest, Op: "start", RequestID: spec.ID, Msg: fmt.Sprintf("max_tokens %d is negative", spec.Sampling.MaxTokens)}
+	}
+	if c.gen == nil {
+		e := &chatEpisode{c: c, spec: spec, maxLen: maxLen}
+		e.aff.a.key = spec.Group
+		return e, nil
+	}
+	e := &tokenEpisode{c: c, spec: spec, maxLen: maxLen}
+	e.aff.a.key, e.taff.a.key = spec.Group, spec.Group
+	return e, nil
+}
+
+// resolveModel returns the model name and its max_model_len (0 if the
+// server does not say). /v1/models is asked once per model; failures are
+// not cached.
+func (c *Client) resolveModel(ctx context.Context, want string) (string, int, error) {
+	if want == "" {
+		want = c.cfg.Model
+	}
+	c.mu.Lock()
+	if want == "" && c.first != "" {
+		want = c.first
+	}
+	if n, ok := c.models[want]; ok && want != "" {
+		c.mu.Unlock()
+		return want, n, nil
+	}
+	c.mu.Unlock()
+	resp, err := c.pool.Models(ctx)
+	if err != nil {
+		if want != "" && c.gen == nil {
+			// A chat server without /v1/models (some proxies) still works
+			// when the model is named.
+			c.log.Warn("inference: /v1/models failed; context-length guard disabled", "model", want, "err", err)
+			c.mu.Lock()
+			c.models[want] = 0
+			c.mu.Unlock()
+			return want, 0, nil
+		}
+		return "", 0, fmt.Errorf("resolve model: %w", err)
+	}
+	if len(resp.Data) == 0 {
+		return "", 0, &Error{Class: ErrInfra, Op: "GET /v1/models", Msg: "server lists no models"}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, m := range resp.Data {
+		c.models[m.ID] = m.MaxModelLen
+	}
+	if c.first == "" {
+		c.first = resp.Data[0].ID
+	}
+	if want == "" {
+		want = c.first
+	}
+	n, ok := c.models[want]
+	if !ok {
+		ids := make([]string, 0, len(resp.Data))
+		for _, m := range resp.Data {
+			ids = append(ids, m.ID)
+		}
+		return "", 0, &Error{Class: ErrRequest, Op: "GET /v1/models", Msg: fmt.Sprintf("model %q is not served (served: %s)", want, strings.Join(ids, ", "))}
+	}
+	return want, n, nil
+}
+
+// mergeSampling overlays o on base field by field.
+func mergeSampling(base, o Sampling) Sampling {
+	out := base
+	if o.Temperature != nil {
+		out.Temperature = o.Temperature
+	}
+	if o.TopP != nil {
+		out.TopP = o.TopP
+	}
+	if o.TopK != nil {
+		out.TopK = o.TopK
+	}
+	if o.MinP != nil {
+		out.MinP = o.MinP
+	}
+	if o.MaxTokens != 0 {
+		out.MaxTokens = o.MaxTokens
+	}
+	if o.Stop != nil {
+		out.Stop = o.Stop
+	}
+	if o.Seed != nil {
+		out.Seed = o.Seed
+	}
+	if o.RepetitionPenalty != nil {
+		out.RepetitionPenalty = o.RepetitionPenalty
+	}
+	if len(base.ChatTemplateKwargs) > 0 || len(o.ChatTemplateKwargs) > 0 {
+		out.ChatTemplateKwargs = maps.Clone(base.ChatTemplateKwargs)
+		if out.ChatTemplateKwargs == nil {
+			out.ChatTemplateKwargs = map[string]any{}
+		}
+		maps.Copy(out.ChatTemplateKwargs, o.ChatTemplateKwargs)
+	}
+	if len(base.ExtraBody) > 0 || len(o.ExtraBody) > 0 {
+		out.ExtraBody = maps.Clone(base.ExtraBody)
+		if out.ExtraBody == nil {
+			out.ExtraBody = map[string]any{}
+		}
+		maps.Copy(out.ExtraBody, o.ExtraBody)
+	}
+	return out
+}

@@ -1,0 +1,108 @@
+// Package inference owns the policy backends (OpenAI-compatible chat, vLLM
+// completions and generate, SGLang, Atropos-style generate), the endpoint
+// pool, and token-exact episode sequences. inference/sim is a faithful vLLM
+// simulator for tests, demos and benchmarks.
+package inference
+
+import (
+	"context"
+	"errors"
+
+	openai "github.com/sashabaranov/go-openai"
+)
+
+// Error classes, tested with errors.Is. Every backend error wraps one.
+var (
+	// ErrInfra: the endpoint is unreachable, returned 5xx, a malformed or
+	// truncated response, misaligned logprobs. Retried by the runner.
+	ErrInfra = errors.New("inference infrastructure failure")
+	// ErrRequest: the server refused the request (4xx), e.g. the prompt is
+	// too long. Not retried.
+	ErrRequest = errors.New("inference request rejected")
+	// ErrContextLength: the next prompt cannot fit max_tokens in the model's
+	// context; the episode stops with stop reason "context_length".
+	ErrContextLength = errors.New("context length exceeded")
+)
+
+// Sampling parameters. Pointers distinguish "unset" from zero: a
+// Temperature of 0 must reach the server.
+type Sampling struct {
+	Temperature        *float64       `json:"temperature,omitempty" yaml:"temperature,omitempty"`
+	TopP               *float64       `json:"top_p,omitempty" yaml:"top_p,omitempty"`
+	TopK               *int           `json:"top_k,omitempty" yaml:"top_k,omitempty"`
+	MinP               *float64       `json:"min_p,omitempty" yaml:"min_p,omitempty"`
+	MaxTokens          int            `json:"max_tokens,omitempty" yaml:"max_tokens,omitempty"`
+	Stop               []string       `json:"stop,omitempty" yaml:"stop,omitempty"`
+	Seed               *int64         `json:"seed,omitempty" yaml:"seed,omitempty"`
+	RepetitionPenalty  *float64       `json:"repetition_penalty,omitempty" yaml:"repetition_penalty,omitempty"`
+	ChatTemplateKwargs map[string]any `json:"chat_template_kwargs,omitempty" yaml:"chat_template_kwargs,omitempty"`
+	ExtraBody          map[string]any `json:"extra_body,omitempty" yaml:"extra_body,omitempty"`
+}
+
+// EpisodeSpec fixes what stays constant over one episode.
+type EpisodeSpec struct {
+	ID string // rollout id; used for endpoint affinity and logs
+	// Group (optional) is shared by the rollouts of one GRPO group: their
+	// first request goes to the same endpoint (load permitting), so the
+	// common prompt hits that server's prefix cache.
+	Group    string
+	Model    string
+	Tools    []openai.Tool
+	Sampling Sampling
+}
+
+// Turn is one assistant generation.
+type Turn struct {
+	// Text is the raw generated text (tokens mode) or the message content
+	// (chat mode).
+	Text string
+	// Parsed reports that the server already separated reasoning and tool
+	// calls (chat mode); otherwise the caller parses Text.
+	Parsed    bool
+	Content   string
+	Reasoning string
+	ToolCalls []openai.ToolCall
+	// FinishReason as the server reported it: "stop", "length", "tool_calls".
+	FinishReason string
+	// Token accounting for this turn.
+	PromptTokens     int
+	CompletionTokens int
+	// CompletionIDs/Logprobs are the sampled ids and their logprobs when the
+	// backend returns them (always in tokens mode).
+	CompletionIDs []int32
+	Logprobs      []float32
+	Endpoint      string // base URL that served the turn
+}
+
+// Sequence is the token-exact record of an episode.
+type Sequence struct {
+	Tokens []int32
+	// Mask is 1 on sampled (trained) positions, 0 elsewhere.
+	Mask []int8
+	// Logprobs are aligned to Tokens; untrained positions hold 1.0 (the
+	// Atropos placeholder).
+	Logprobs []float32
+	// TurnStarts are the indices in Tokens where each generation begins.
+	TurnStarts []int
+	PromptLen  int // tokens of the first prompt
+	// DriftTokens counts the tokens that differ (insertions + deletions)
+	// when the final conversation is re-rendered; -1 when the check could
+	// not run (the render request failed).
+	DriftTokens int
+}
+
+// Policy produces assistant turns. One Episode per rollout.
+type Policy interface {
+	Start(ctx context.Context, spec EpisodeSpec) (Episode, error)
+}
+
+// Episode generates the turns of one rollout. messages is always the whole
+// conversation so far (the backend works out what is new since the last
+// call).
+type Episode interface {
+	Generate(ctx context.Context, messages []openai.ChatCompletionMessage) (Turn, error)
+	// Finish ends the episode: in tokens mode it runs the drift check
+	// against messages and returns the sequence; in chat mode the sequence
+	// holds whatever ids the server returned (possibly none).
+	Finish(ctx context.Context, messages []openai.ChatCompletionMessage) (Sequence, error)
+}

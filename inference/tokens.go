@@ -1,0 +1,503 @@
+package inference
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	openai "github.com/sashabaranov/go-openai"
+	"golang.org/x/sync/errgroup"
+)
+
+// tokenEpisode is the tokens mode: the episode owns the exact sequence.
+//
+// Invariants after every successful Generate:
+//   - seq.Tokens = first prompt + for each turn: [sampled ids] + masked
+//     template ids up to the next turn's generation prompt;
+//   - Mask is 1 exactly on sampled ids; Logprobs hold the sampling logprob
+//     there and 1.0 elsewhere;
+//   - pending holds the template ids that follow the last sampled turn
+//     (the newline after <|im_end|>, or the whole closing after a length
+//     cut); they are inserted, masked, in front of the next segment.
+type tokenEpisode struct {
+	c      *Client
+	spec   EpisodeSpec
+	maxLen int
+	aff    Affinity // generation pool
+	taff   Affinity // tokenizer pool when separate
+
+	mu       sync.Mutex
+	seq      Sequence
+	consumed int // len(messages) at the last Generate
+	turns    int
+	pending  []int32
+	finished bool
+	// prints fingerprints the messages already in the sequence: tokens mode
+	// needs an append-only history, and a rewritten one (compaction, edited
+	// tool output) would otherwise go unnoticed.
+	prints []uint64
+}
+
+var _ Episode = (*tokenEpisode)(nil)
+
+func (e *tokenEpisode) tokOpts(suffix string) CallOptions {
+	o := CallOptions{RequestID: e.spec.ID + "-" + suffix}
+	if e.c.tok == e.c.pool {
+		o.Affinity = &e.aff
+	} else {
+		o.Affinity = &e.taff
+	}
+	return o
+}
+
+// render asks the server for the ids of messages under the chat template.
+func (e *tokenEpisode) render(ctx context.Context, msgs []openai.ChatCompletionMessage, genPrompt bool, suffix string) ([]int32, error) {
+	resp, err := e.c.tok.Tokenize(ctx, e.tokOpts(suffix), &TokenizeRequest{
+		Model:               e.spec.Model,
+		Messages:            msgs,
+		Tools:               e.spec.Tools,
+		AddGenerationPrompt: &genPrompt,
+		ChatTemplateKwargs:  e.spec.Sampling.ChatTemplateKwargs,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return resp.Tokens, nil
+}
+
+// renderPrompt is render for the first prompt; it also learns
+// max_model_len from /tokenize when /v1/models did not report it.
+func (e *tokenEpisode) renderPrompt(ctx context.Context, msgs []openai.ChatCompletionMessage) ([]int32, error) {
+	gp := true
+	resp, err := e.c.tok.Tokenize(ctx, e.tokOpts("t1-prompt"), &TokenizeRequest{
+		Model:               e.spec.Model,
+		Messages:            msgs,
+		Tools:               e.spec.Tools,
+		AddGenerationPrompt: &gp,
+		ChatTemplateKwargs:  e.spec.Sampling.ChatTemplateKwargs,
+	})
+	if err != nil {
+		return nil, err
+	}
+	if e.maxLen == 0 && resp.MaxModelLen > 0 {
+		e.maxLen = resp.MaxModelLen
+	}
+	return resp.Tokens, nil
+}
+
+func (e *tokenEpisode) Generate(ctx context.Context, messages []openai.ChatCompletionMessage) (Turn, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.finished {
+		return Turn{}, e.usage("Generate after Finish")
+	}
+	if len(messages) == 0 {
+		return Turn{}, e.usage("no messages")
+	}
+	// Snapshot: a failed turn leaves the episode as it was, so the caller
+	// may retry Generate with the same messages.
+	snapLen, snapTurns, snapConsumed, snapPending := len(e.seq.Tokens), len(e.seq.TurnStarts), e.consumed, e.pending
+	ok := false
+	defer func() {
+		if !ok {
+			e.seq.Tokens = e.seq.Tokens[:snapLen]
+			e.seq.Mask = e.seq.Mask[:snapLen]
+			e.seq.Logprobs = e.seq.Logprobs[:snapLen]
+			e.seq.TurnStarts = e.seq.TurnStarts[:snapTurns]
+			e.consumed, e.pending = snapConsumed, snapPending
+			if snapLen == 0 {
+				e.seq.PromptLen = 0
+			}
+		}
+	}()
+
+	turnNo := e.turns + 1
+	if i := e.rewritten(messages); i >= 0 {
+		return Turn{}, e.usage(fmt.Sprintf("turn %d: message %d changed since it was sent; tokens mode needs an append-only history (start a new episode after compaction)", turnNo, i))
+	}
+	if e.turns == 0 {
+		ids, err := e.renderPrompt(ctx, messages)
+		if err != nil {
+			return Turn{}, fmt.Errorf("episode %s: render prompt: %w", e.spec.ID, err)
+		}
+		e.appendMasked(ids)
+		e.seq.PromptLen = len(ids)
+	} else {
+		if len(messages) <= e.consumed || messages[e.consumed].Role != openai.ChatMessageRoleAssistant {
+			return Turn{}, e.usage(fmt.Sprintf("turn %d: messages[%d] must be the assistant message of turn %d (have %d messages)", turnNo, e.consumed, e.turns, len(messages)))
+		}
+		seg, err := e.segment(ctx, messages[e.consumed], messages[e.consumed+1:], turnNo)
+		if err != nil {
+			return Turn{}, fmt.Errorf("episode %s turn %d: new-message ids: %w", e.spec.ID, turnNo, err)
+		}
+		e.appendMasked(e.pending)
+		e.appendMasked(seg)
+		e.pending = nil
+	}
+	e.consumed = len(messages)
+	snapPrints := len(e.prints)
+	defer func() {
+		if !ok {
+			e.prints = e.prints[:snapPrints]
+		}
+	}()
+	for i := len(e.prints); i < len(messages); i++ {
+		e.prints = append(e.prints, fingerprint(messages[i]))
+	}
+
+	maxTokens, err := e.budget(turnNo)
+	if err != nil {
+		return Turn{}, err
+	}
+	prompt := slices.Clip(e.seq.Tokens)
+	reqID := e.spec.ID + "-t" + strconv.Itoa(turnNo)
+	s, err := e.c.gen.generate(ctx, e.c.pool, genInput{
+		model: e.spec.Model, prompt: prompt, maxTokens: maxTokens, s: e.spec.Sampling,
+		opts: CallOptions{Affinity: &e.aff, RequestID: reqID},
+	})
+	if err != nil {
+		return Turn{}, fmt.Errorf("episode %s turn %d: generate: %w", e.spec.ID, turnNo, err)
+	}
+	if len(s.ids) == 0 {
+		return Turn{}, badAnswer(s.endpoint, e.c.gen.name(), reqID, "generation returned no tokens (finish_reason %q)", s.finish)
+	}
+	closing, err := e.closing(ctx)
+	if err != nil {
+		return Turn{}, fmt.Errorf("episode %s turn %d: template closing: %w", e.spec.ID, turnNo, err)
+	}
+	last := s.ids[len(s.ids)-1]
+	if s.stop == stopUnknown {
+		// A stop string was requested and the server did not say which
+		// stop fired: the end-of-turn token is recognisable in the closing.
+		s.stop = stopString
+		if slices.Contains(closing, last) {
+			s.stop = stopToken
+		}
+	}
+	text, err := e.turnText(ctx, s)
+	if err != nil {
+		return Turn{}, fmt.Errorf("episode %s turn %d: decode: %w", e.spec.ID, turnNo, err)
+	}
+
+	start := len(e.seq.Tokens)
+	e.seq.TurnStarts = append(e.seq.TurnStarts, start)
+	e.seq.Tokens = append(e.seq.Tokens, s.ids...)
+	e.seq.Logprobs = append(e.seq.Logprobs, s.logprobs...)
+	for range s.ids {
+		e.seq.Mask = append(e.seq.Mask, 1)
+	}
+	if s.stop == stopToken {
+		// The sampled stop token stands for the template's end-of-turn
+		// token; what the template writes after it was never sampled.
+		if i := slices.Index(closing, last); i >= 0 {
+			e.pending = slices.Clone(closing[i+1:])
+		} else {
+			e.pending = slices.Clone(closing[1:])
+		}
+	} else {
+		// Length cut or stop string: no end-of-turn token was sampled, so
+		// the template's whole closing goes in, masked.
+		e.pending = slices.Clone(closing)
+	}
+	e.turns = turnNo
+	ok = true
+	ep := s.endpoint
+	em := e.c.pool.metricsFor(ep)
+	if em != nil {
+		em.tokensIn.Add(float64(len(prompt)))
+		em.tokensOut.Add(float64(len(s.ids)))
+	}
+	return Turn{
+		Text:             text,
+		FinishReason:     s.finish,
+		PromptTokens:     len(prompt),
+		CompletionTokens: len(s.ids),
+		CompletionIDs:    slices.Clone(s.ids),
+		Logprobs:         slices.Clone(s.logprobs),
+		Endpoint:         ep,
+	}, nil
+}
+
+func (e *tokenEpisode) usage(msg string) error {
+	return &Error{Class: ErrRequest, Op: "episode", RequestID: e.spec.ID, Msg: msg}
+}
+
+func (e *tokenEpisode) appendMasked(ids []int32) {
+	e.seq.Tokens = append(e.seq.Tokens, ids...)
+	for range ids {
+		e.seq.Mask = append(e.seq.Mask, 0)
+		e.seq.Logprobs = append(e.seq.Logprobs, 1.0)
+	}
+}
+
+// budget is the context-length guard: max_tokens must fit after the prompt.
+func (e *tokenEpisode) budget(turnNo int) (int, error) {
+	want := e.spec.Sampling.MaxTokens
+	if e.maxLen <= 0 {
+		if want == 0 {
+			// vLLM's /v1/completions would default to 16 tokens.
+			return 0, &Error{Class: ErrRequest, Op: "episode", RequestID: e.spec.ID, Msg: "max_tokens unset and the server reports no max_model_len"}
+		}
+		return want, nil
+	}
+	room := e.maxLen - len(e.seq.Tokens)
+	if want == 0 {
+		want = room
+	}
+	if room <= 0 || want > room {
+		return 0, &Error{Class: ErrRequest, Op: "episode", RequestID: e.spec.ID,
+			Msg: fmt.Sprintf("turn %d: prompt of %d tokens + max_tokens %d exceeds max_model_len %d", turnNo, len(e.seq.Tokens), want, e.maxLen),
+			Err: ErrContextLength}
+	}
+	return want, nil
+}
+
+const (
+	baseUser = "x"
+)
+
+// closing returns the template ids that end an assistant turn (e.g.
+// <|im_end|> "\n"), learned once per model and template kwargs: the common
+// suffix of two renders that differ only in the assistant's content.
+func (e *tokenEpisode) closing(ctx context.Context) ([]int32, error) {
+	kw, _ := json.Marshal(e.spec.Sampling.ChatTemplateKwargs)
+	key := e.spec.Model + "\x00" + string(kw)
+	e.c.mu.Lock()
+	cl, ok := e.c.closing[key]
+	e.c.mu.Unlock()
+	if ok {
+		return cl, nil
+	}
+	conv := func(content string) []openai.ChatCompletionMessage {
+		return []openai.ChatCompletionMessage{
+			{Role: openai.ChatMessageRoleUser, Content: baseUser},
+			{Role: openai.ChatMessageRoleAssistant, Content: content},
+		}
+	}
+	var ry, rz []int32
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() (err error) { ry, err = e.render(gctx, conv("y"), false, "closing-y"); return })
+	g.Go(func() (err error) { rz, err = e.render(gctx, conv("z"), false, "closing-z"); return })
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	n := 0
+	for n < len(ry) && n < len(rz) && ry[len(ry)-1-n] == rz[len(rz)-1-n] {
+		n++
+	}
+	if n == 0 || n == len(ry) || n == len(rz) {
+		return nil, &Error{Class: ErrInfra, Op: "template probe", RequestID: e.spec.ID,
+			Msg: fmt.Sprintf("cannot find the assistant-turn closing of model %s's chat template (renders of %d and %d ids share a %d-id suffix)", e.spec.Model, len(ry), len(rz), n)}
+	}
+	cl = slices.Clone(ry[len(ry)-n:])
+	e.c.mu.Lock()
+	e.c.closing[key] = cl
+	e.c.mu.Unlock()
+	return cl, nil
+}
+
+// segment returns the ids of the new messages plus the next generation
+// prompt, as the template renders them right after an assistant turn.
+//
+// It renders a fixed base [user "x", last assistant] with and without the
+// new messages and takes what follows the base assistant's closing. The
+// base assistant's own rendering may differ between the two renders (Qwen3
+// drops <think> from assistant turns before the last user message; Mistral
+// moves the tool list to the last user turn) — that part is never used:
+// the cut is made after the k-th closing, where k counts the closings in
+// the base render. Sampled ids are never re-rendered.
+func (e *tokenEpisode) segment(ctx context.Context, lastAssistant openai.ChatCompletionMessage, newMsgs []openai.ChatCompletionMessage, turnNo int) ([]int32, error) {
+	closing, err := e.closing(ctx)
+	if err != nil {
+		return nil, err
+	}
+	base := []openai.ChatCompletionMessage{{Role: openai.ChatMessageRoleUser, Content: baseUser}, lastAssistant}
+	with := append(slices.Clip(base), newMsgs...)
+	var rb, rn []int32
+	t := strconv.Itoa(turnNo)
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() (err error) { rb, err = e.render(gctx, base, false, "t"+t+"-base"); return })
+	g.Go(func() (err error) { rn, err = e.render(gctx, with, true, "t"+t+"-next"); return })
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	if !hasSuffix(rb, closing) {
+		return nil, &Error{Class: ErrInfra, Op: "template probe", RequestID: e.spec.ID,
+			Msg: "the base render does not end with the assistant closing; this template is not supported in tokens mode"}
+	}
+	k := countOcc(rb, closing)
+	pos := nthOcc(rn, closing, k)
+	if pos < 0 {
+		return nil, &Error{Class: ErrInfra, Op: "template probe", RequestID: e.spec.ID,
+			Msg: fmt.Sprintf("the render with new messages has fewer than %d assistant closings; cannot locate the new segment", k)}
+	}
+	return slices.Clone(rn[pos+len(closing):]), nil
+}
+
+func hasSuffix(s, suf []int32) bool {
+	return len(s) >= len(suf) && slices.Equal(s[len(s)-len(suf):], suf)
+}
+
+func countOcc(s, sub []int32) int {
+	n := 0
+	for i := 0; i+len(sub) <= len(s); {
+		if slices.Equal(s[i:i+len(sub)], sub) {
+			n++
+			i += len(sub)
+		} else {
+			i++
+		}
+	}
+	return n
+}
+
+// nthOcc is the start of the n-th (1-based) non-overlapping occurrence.
+func nthOcc(s, sub []int32, n int) int {
+	for i := 0; i+len(sub) <= len(s); {
+		if slices.Equal(s[i:i+len(sub)], sub) {
+			n--
+			if n == 0 {
+				return i
+			}
+			i += len(sub)
+		} else {
+			i++
+		}
+	}
+	return -1
+}
+
+// turnText is the decoded turn for the caller's parsers: special tokens
+// kept (tool-call markers may be special), the final stop token dropped.
+func (e *tokenEpisode) turnText(ctx context.Context, s sample) (string, error) {
+	ids := s.ids
+	if s.text == nil {
+		if s.stop == stopToken {
+			ids = ids[:len(ids)-1]
+		}
+		if len(ids) == 0 {
+			return "", nil
+		}
+		return e.c.tok.Detokenize(ctx, e.tokOpts("t"+strconv.Itoa(e.turns+1)+"-text"), e.spec.Model, ids)
+	}
+	text := *s.text
+	if s.stop == stopToken {
+		eot, err := e.tokenText(ctx, ids[len(ids)-1])
+		if err != nil {
+			return "", err
+		}
+		text = strings.TrimSuffix(text, eot)
+	}
+	return text, nil
+}
+
+// tokenText decodes one id, cached per model (end-of-turn tokens are few).
+func (e *tokenEpisode) tokenText(ctx context.Context, id int32) (string, error) {
+	key := e.spec.Model + "\x00" + strconv.Itoa(int(id))
+	e.c.mu.Lock()
+	t, ok := e.c.eotText[key]
+	e.c.mu.Unlock()
+	if ok {
+		return t, nil
+	}
+	t, err := e.c.tok.Detokenize(ctx, e.tokOpts("eot"), e.spec.Model, []int32{id})
+	if err != nil {
+		return "", err
+	}
+	e.c.mu.Lock()
+	if len(e.c.eotText) < 1024 {
+		e.c.eotText[key] = t
+	}
+	e.c.mu.Unlock()
+	return t, nil
+}
+
+// Finish returns the sequence and runs the drift check: the final
+// conversation is rendered once and compared with what was trained on.
+func (e *tokenEpisode) Finish(ctx context.Context, messages []openai.ChatCompletionMessage) (Sequence, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.finished = true
+	out := Sequence{
+		Tokens:     slices.Clone(e.seq.Tokens),
+		Mask:       slices.Clone(e.seq.Mask),
+		Logprobs:   slices.Clone(e.seq.Logprobs),
+		TurnStarts: slices.Clone(e.seq.TurnStarts),
+		PromptLen:  e.seq.PromptLen,
+	}
+	if e.turns == 0 {
+		return out, nil
+	}
+	var scope []openai.ChatCompletionMessage
+	var trained []int32
+	genPrompt := false
+	if len(messages) > e.consumed && e.consumed <= len(messages) && messages[e.consumed].Role == openai.ChatMessageRoleAssistant {
+		// The conversation up to the last generated turn, closed by the
+		// template: compare with the tokens plus the pending closing.
+		scope = messages[:e.consumed+1]
+		trained = append(slices.Clone(e.seq.Tokens), e.pending...)
+	} else {
+		// The caller did not record the last turn: compare up to its prompt.
+		scope = messages[:min(e.consumed, len(messages))]
+		trained = e.seq.Tokens[:e.seq.TurnStarts[len(e.seq.TurnStarts)-1]]
+		genPrompt = true
+	}
+	rendered, err := e.render(ctx, scope, genPrompt, "drift")
+	if err != nil {
+		// The sequence is still exact; only the measurement failed.
+		e.c.log.Warn("inference: drift check failed", "episode", e.spec.ID, "err", err)
+		out.DriftTokens = -1
+		if errors.Is(err, context.Canceled) {
+			return out, err
+		}
+		return out, nil
+	}
+	out.DriftTokens = DiffTokens(trained, rendered)
+	return out, nil
+}
+
+// rewritten returns the index of the first already-sent message that
+// differs from what was sent, or -1.
+func (e *tokenEpisode) rewritten(messages []openai.ChatCompletionMessage) int {
+	for i, fp := range e.prints {
+		if i >= len(messages) {
+			return i
+		}
+		if fingerprint(messages[i]) != fp {
+			return i
+		}
+	}
+	return -1
+}
+
+func fingerprint(m openai.ChatCompletionMessage) uint64 {
+	h := fnv.New64a()
+	w := func(s string) {
+		h.Write([]byte(s))
+		h.Write([]byte{0})
+	}
+	w(m.Role)
+	w(m.Content)
+	w(m.Name)
+	w(m.ToolCallID)
+	w(m.ReasoningContent)
+	for _, p := range m.MultiContent {
+		w(string(p.Type))
+		w(p.Text)
+		if p.ImageURL != nil {
+			w(p.ImageURL.URL)
+		}
+	}
+	for _, tc := range m.ToolCalls {
+		w(tc.ID)
+		w(tc.Function.Name)
+		w(tc.Function.Arguments)
+	}
+	return h.Sum64()
+}

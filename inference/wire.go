@@ -1,0 +1,337 @@
+package inference
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	openai "github.com/sashabaranov/go-openai"
+)
+
+// Wire types for the servers' JSON. go-openai's message and tool types are
+// used as fields, never embedded: ChatCompletionMessage has its own
+// (Un)MarshalJSON, which would swallow any field declared next to it.
+
+// samplingFields are the OpenAI/vLLM-style top-level sampling keys shared by
+// /v1/chat/completions, /v1/completions and the Atropos /generate.
+type samplingFields struct {
+	Temperature       *float64 `json:"temperature,omitempty"`
+	TopP              *float64 `json:"top_p,omitempty"`
+	TopK              *int     `json:"top_k,omitempty"`
+	MinP              *float64 `json:"min_p,omitempty"`
+	MaxTokens         int      `json:"max_tokens,omitempty"`
+	Stop              []string `json:"stop,omitempty"`
+	Seed              *int64   `json:"seed,omitempty"`
+	RepetitionPenalty *float64 `json:"repetition_penalty,omitempty"`
+}
+
+func samplingOf(s Sampling, maxTokens int) samplingFields {
+	return samplingFields{
+		Temperature:       s.Temperature,
+		TopP:              s.TopP,
+		TopK:              s.TopK,
+		MinP:              s.MinP,
+		MaxTokens:         maxTokens,
+		Stop:              s.Stop,
+		Seed:              s.Seed,
+		RepetitionPenalty: s.RepetitionPenalty,
+	}
+}
+
+// ChatRequest is a /v1/chat/completions body with the vLLM extensions.
+type ChatRequest struct {
+	Model    string                         `json:"model,omitempty"`
+	Messages []openai.ChatCompletionMessage `json:"messages"`
+	Tools    []openai.Tool                  `json:"tools,omitempty"`
+	samplingFields
+	Logprobs           bool           `json:"logprobs,omitempty"`
+	TopLogprobs        *int           `json:"top_logprobs,omitempty"`
+	ReturnTokenIDs     bool           `json:"return_token_ids,omitempty"`
+	SkipSpecialTokens  *bool          `json:"skip_special_tokens,omitempty"`
+	ChatTemplateKwargs map[string]any `json:"chat_template_kwargs,omitempty"`
+}
+
+// ChatMessage is the response message; Reasoning is read from either
+// `reasoning` (vLLM ≥ #27752) or `reasoning_content` (older vLLM, SGLang,
+// DeepSeek).
+type ChatMessage struct {
+	Role             string            `json:"role"`
+	Content          *string           `json:"content"`
+	Reasoning        *string           `json:"reasoning"`
+	ReasoningContent *string           `json:"reasoning_content"`
+	ToolCalls        []openai.ToolCall `json:"tool_calls"`
+}
+
+// ReasoningText prefers the current field name.
+func (m ChatMessage) ReasoningText() string {
+	if m.Reasoning != nil && *m.Reasoning != "" {
+		return *m.Reasoning
+	}
+	if m.ReasoningContent != nil {
+		return *m.ReasoningContent
+	}
+	return ""
+}
+
+// LogprobEntry is one position of a chat-style logprobs.content list.
+type LogprobEntry struct {
+	Token   string   `json:"token"`
+	Logprob *float64 `json:"logprob"`
+}
+
+// ChatLogprobs is choices[i].logprobs in chat and /inference/v1/generate.
+type ChatLogprobs struct {
+	Content []LogprobEntry `json:"content"`
+}
+
+// ChatChoice is one choice of a chat completion.
+type ChatChoice struct {
+	Index        int           `json:"index"`
+	Message      ChatMessage   `json:"message"`
+	FinishReason string        `json:"finish_reason"`
+	Logprobs     *ChatLogprobs `json:"logprobs"`
+	TokenIDs     []int32       `json:"token_ids"`
+}
+
+// Usage is the OpenAI usage block.
+type Usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+}
+
+// ChatResponse is a non-streaming chat completion.
+type ChatResponse struct {
+	ID             string       `json:"id"`
+	Model          string       `json:"model"`
+	Choices        []ChatChoice `json:"choices"`
+	Usage          *Usage       `json:"usage"`
+	PromptTokenIDs []int32      `json:"prompt_token_ids"`
+}
+
+// CompletionRequest is a /v1/completions body with a token-id prompt.
+type CompletionRequest struct {
+	Model  string  `json:"model,omitempty"`
+	Prompt []int32 `json:"prompt"`
+	samplingFields
+	Logprobs               *int  `json:"logprobs,omitempty"`
+	ReturnTokenIDs         bool  `json:"return_token_ids,omitempty"`
+	ReturnTokensAsTokenIDs bool  `json:"return_tokens_as_token_ids,omitempty"`
+	SkipSpecialTokens      *bool `json:"skip_special_tokens,omitempty"`
+}
+
+// CompletionLogprobs is the parallel-array logprobs of /v1/completions.
+type CompletionLogprobs struct {
+	Tokens        []string   `json:"tokens"`
+	TokenLogprobs []*float64 `json:"token_logprobs"`
+}
+
+// CompletionChoice is one choice of /v1/completions.
+type CompletionChoice struct {
+	Index          int                 `json:"index"`
+	Text           string              `json:"text"`
+	Logprobs       *CompletionLogprobs `json:"logprobs"`
+	FinishReason   string              `json:"finish_reason"`
+	StopReason     json.RawMessage     `json:"stop_reason"` // null, a token id or a stop string
+	TokenIDs       []int32             `json:"token_ids"`
+	PromptTokenIDs []int32             `json:"prompt_token_ids"`
+}
+
+// CompletionResponse is a non-streaming /v1/completions response.
+type CompletionResponse struct {
+	ID      string             `json:"id"`
+	Choices []CompletionChoice `json:"choices"`
+	Usage   *Usage             `json:"usage"`
+}
+
+// TokenizeRequest covers both forms of /tokenize: Prompt (completion form)
+// or Messages (chat form, with tools and add_generation_prompt).
+type TokenizeRequest struct {
+	Model               string                         `json:"model,omitempty"`
+	Prompt              *string                        `json:"prompt,omitempty"`
+	Messages            []openai.ChatCompletionMessage `json:"messages,omitempty"`
+	Tools               []openai.Tool                  `json:"tools,omitempty"`
+	AddGenerationPrompt *bool                          `json:"add_generation_prompt,omitempty"`
+	AddSpecialTokens    *bool                          `json:"add_special_tokens,omitempty"`
+	ChatTemplateKwargs  map[string]any                 `json:"chat_template_kwargs,omitempty"`
+}
+
+// TokenizeResponse is the /tokenize answer.
+type TokenizeResponse struct {
+	Count       int     `json:"count"`
+	MaxModelLen int     `json:"max_model_len"`
+	Tokens      []int32 `json:"tokens"`
+}
+
+// DetokenizeRequest is the /detokenize body.
+type DetokenizeRequest struct {
+	Model  string  `json:"model,omitempty"`
+	Tokens []int32 `json:"tokens"`
+}
+
+// detokenizeResponse reads vLLM's `prompt` and SGLang's `text`.
+type detokenizeResponse struct {
+	Prompt *string `json:"prompt"`
+	Text   *string `json:"text"`
+}
+
+// GenerateParams is sampling_params of vLLM's /inference/v1/generate.
+type GenerateParams struct {
+	samplingFields
+	Logprobs          *int  `json:"logprobs,omitempty"`
+	Detokenize        *bool `json:"detokenize,omitempty"`
+	SkipSpecialTokens *bool `json:"skip_special_tokens,omitempty"`
+}
+
+// GenerateRequest is the /inference/v1/generate body.
+type GenerateRequest struct {
+	RequestID      string          `json:"request_id,omitempty"`
+	TokenIDs       []int32         `json:"token_ids"`
+	SamplingParams json.RawMessage `json:"sampling_params"`
+	Model          string          `json:"model,omitempty"`
+}
+
+// GenerateChoice is one choice of /inference/v1/generate.
+type GenerateChoice struct {
+	Index        int           `json:"index"`
+	Logprobs     *ChatLogprobs `json:"logprobs"`
+	FinishReason string        `json:"finish_reason"`
+	TokenIDs     []int32       `json:"token_ids"`
+}
+
+// GenerateResponse is the /inference/v1/generate answer.
+type GenerateResponse struct {
+	RequestID string           `json:"request_id"`
+	Choices   []GenerateChoice `json:"choices"`
+}
+
+// SGLangParams is sampling_params of SGLang's /generate.
+type SGLangParams struct {
+	MaxNewTokens      int      `json:"max_new_tokens,omitempty"`
+	Temperature       *float64 `json:"temperature,omitempty"`
+	TopP              *float64 `json:"top_p,omitempty"`
+	TopK              *int     `json:"top_k,omitempty"`
+	MinP              *float64 `json:"min_p,omitempty"`
+	Stop              []string `json:"stop,omitempty"`
+	RepetitionPenalty *float64 `json:"repetition_penalty,omitempty"`
+	SkipSpecialTokens *bool    `json:"skip_special_tokens,omitempty"`
+	NoStopTrim        *bool    `json:"no_stop_trim,omitempty"`
+}
+
+// SGLangRequest is SGLang's native /generate body.
+type SGLangRequest struct {
+	InputIDs       []int32         `json:"input_ids"`
+	SamplingParams json.RawMessage `json:"sampling_params"`
+	ReturnLogprob  bool            `json:"return_logprob"`
+	RID            string          `json:"rid,omitempty"`
+}
+
+// SGLangFinish is meta_info.finish_reason: {"type":"stop","matched":151645}.
+type SGLangFinish struct {
+	Type    string          `json:"type"`
+	Matched json.RawMessage `json:"matched"`
+}
+
+// SGLangMeta is meta_info of an SGLang response.
+type SGLangMeta struct {
+	ID                  string              `json:"id"`
+	FinishReason        *SGLangFinish       `json:"finish_reason"`
+	PromptTokens        int                 `json:"prompt_tokens"`
+	CompletionTokens    int                 `json:"completion_tokens"`
+	OutputTokenLogprobs [][]json.RawMessage `json:"output_token_logprobs"`
+}
+
+// SGLangResponse is SGLang's /generate answer.
+type SGLangResponse struct {
+	Text      string     `json:"text"`
+	OutputIDs []int32    `json:"output_ids"`
+	MetaInfo  SGLangMeta `json:"meta_info"`
+}
+
+// atroposPrompt is {"prompt_token_ids": [...]}.
+type atroposPrompt struct {
+	PromptTokenIDs []int32 `json:"prompt_token_ids"`
+}
+
+// AtroposRequest is the Atropos custom vLLM server's /generate body: every
+// key besides prompt is a SamplingParams keyword.
+type AtroposRequest struct {
+	Prompt atroposPrompt `json:"prompt"`
+	samplingFields
+	N                 int   `json:"n"`
+	Logprobs          int   `json:"logprobs"`
+	SkipSpecialTokens *bool `json:"skip_special_tokens,omitempty"`
+}
+
+// AtroposResponse is its answer. Logprobs: per choice, per position a list
+// holding one {"<id>": lp} dict.
+type AtroposResponse struct {
+	Text           []string                         `json:"text"`
+	FinishReasons  []string                         `json:"finish_reasons"`
+	Logprobs       [][][]map[string]json.RawMessage `json:"logprobs"`
+	PromptTokenIDs []int32                          `json:"prompt_token_ids"`
+	TokenIDs       [][]int32                        `json:"token_ids"`
+}
+
+// ModelsResponse is /v1/models.
+type ModelsResponse struct {
+	Data []ModelCard `json:"data"`
+}
+
+// ModelCard is one /v1/models entry.
+type ModelCard struct {
+	ID          string `json:"id"`
+	Root        string `json:"root"`
+	MaxModelLen int    `json:"max_model_len"`
+}
+
+// withExtra appends extra keys to a JSON object. Python's json keeps the
+// last duplicate key, so extra_body wins over typed fields, as in the
+// OpenAI SDKs.
+func withExtra(obj []byte, extra map[string]any) ([]byte, error) {
+	if len(extra) == 0 {
+		return obj, nil
+	}
+	obj = bytes.TrimRight(obj, " \n")
+	if len(obj) < 2 || obj[len(obj)-1] != '}' {
+		return nil, fmt.Errorf("extra_body: base is not a JSON object")
+	}
+	out := make([]byte, 0, len(obj)+64*len(extra))
+	out = append(out, obj[:len(obj)-1]...)
+	first := len(obj) == 2
+	for k, v := range extra {
+		vb, err := json.Marshal(v)
+		if err != nil {
+			return nil, fmt.Errorf("extra_body key %q: %w", k, err)
+		}
+		kb, _ := json.Marshal(k)
+		if !first {
+			out = append(out, ',')
+		}
+		first = false
+		out = append(out, kb...)
+		out = append(out, ':')
+		out = append(out, vb...)
+	}
+	return append(out, '}'), nil
+}
+
+// parseTokenID reads "token_id:123".
+func parseTokenID(s string) (int32, bool) {
+	rest, ok := strings.CutPrefix(s, "token_id:")
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(rest, 10, 32)
+	if err != nil || n < 0 {
+		return 0, false
+	}
+	return int32(n), true
+}
+
+// validLogprob rejects NaN and positive values (a probability above 1).
+func validLogprob(v float64) bool {
+	return !math.IsNaN(v) && v <= 1e-6
+}

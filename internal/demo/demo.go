@@ -1,0 +1,164 @@
+// Package demo runs the main job end to end on an embedded default: the
+// built-in vLLM simulator (in-process) follows the reference solutions of
+// the built-in envs' items — correctly with a configurable probability, so
+// groups have reward variance — while real Docker sandboxes execute every
+// tool call and reward. `rollout demo`, the end-to-end tests and the
+// runner benchmark use it.
+package demo
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"time"
+
+	"github.com/rollout-rl/rollout/datasets"
+	"github.com/rollout-rl/rollout/envs"
+	"github.com/rollout-rl/rollout/inference"
+	"github.com/rollout-rl/rollout/inference/sim"
+	"github.com/rollout-rl/rollout/internal/job"
+	"github.com/rollout-rl/rollout/runner"
+)
+
+// Scripts turns the reference solutions of items into simulator scripts,
+// matched on each task's first user message.
+func Scripts(ctx context.Context, env envs.Env, items []datasets.Item) ([]sim.Script, error) {
+	solver, ok := env.(envs.Solver)
+	if !ok {
+		return nil, fmt.Errorf("env %s has no reference solutions", env.Name())
+	}
+	var out []sim.Script
+	for _, it := range items {
+		raw, ok := solver.Solution(it)
+		if !ok {
+			continue
+		}
+		var s sim.Script
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return nil, fmt.Errorf("solution of %s: %w", it.ID, err)
+		}
+		task, err := env.Task(ctx, it)
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range task.Messages {
+			if m.Role == "user" {
+				s.Match = m.Content
+				break
+			}
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// Spec is one env of a demo.
+type Spec struct {
+	Env       string
+	Groups    int
+	GroupSize int
+	Image     string // overrides the env's sandbox image when set
+}
+
+// Options configure a demo run.
+type Options struct {
+	Out         string // parent directory; each env writes Out/<env>
+	Specs       []Spec
+	Backend     string  // inference backend (default "vllm": token-exact)
+	Family      string  // tool-call format (default "hermes")
+	SuccessProb float64 // default 0.7
+	Seed        int64
+	Latency     sim.Latency
+	Faults      sim.Faults
+	Retries     int
+	// RowsPerFile rotates Parquet part files (default: the writer's).
+	RowsPerFile int64
+	Logger      *slog.Logger
+	Progress    func(env string, e runner.Event)
+}
+
+// Result is one env's outcome.
+type Result struct {
+	Env     string
+	Dir     string
+	Summary runner.Summary
+}
+
+// DefaultSpecs are the envs `rollout demo` runs.
+func DefaultSpecs() []Spec {
+	return []Spec{{Env: "terminal-tasks", Groups: 3, GroupSize: 4}, {Env: "swe-tests", Groups: 2, GroupSize: 4}}
+}
+
+// Run starts the simulator with every spec's scripts and runs the specs one
+// after another.
+func Run(ctx context.Context, o Options) ([]Result, error) {
+	if o.Backend == "" {
+		o.Backend = "vllm"
+	}
+	if o.Family == "" {
+		o.Family = "hermes"
+	}
+	if o.SuccessProb == 0 {
+		o.SuccessProb = 0.7
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	var scripts []sim.Script
+	for _, s := range o.Specs {
+		env, err := envs.New(s.Env, nil)
+		if err != nil {
+			return nil, err
+		}
+		items, err := env.Items(ctx, "train")
+		if err != nil {
+			return nil, err
+		}
+		if s.Groups > 0 && len(items) > s.Groups {
+			items = items[:s.Groups]
+		}
+		sc, err := Scripts(ctx, env, items)
+		if err != nil {
+			return nil, err
+		}
+		scripts = append(scripts, sc...)
+	}
+	srv, err := sim.Start(ctx, sim.Config{Family: o.Family, Seed: o.Seed, SuccessProb: o.SuccessProb, Scripts: scripts,
+		Latency: o.Latency, Faults: o.Faults})
+	if err != nil {
+		return nil, fmt.Errorf("start simulator: %w", err)
+	}
+	defer srv.Close()
+	var out []Result
+	for _, s := range o.Specs {
+		cfg := runner.Config{
+			Env: s.Env, Split: "train", Groups: s.Groups, GroupSize: s.GroupSize, Seed: uint64(o.Seed),
+			Inference: inference.Config{Backend: o.Backend, Endpoints: []string{srv.URL}, ChatTokenIDs: true,
+				Timeout: 2 * time.Minute},
+			Sampling:       inference.Sampling{MaxTokens: 1024},
+			Parser:         o.Family,
+			RolloutTimeout: runner.Duration(5 * time.Minute),
+			Retries:        o.Retries,
+			Output:         runner.Output{Dir: filepath.Join(o.Out, s.Env), MaxRowsPerFile: o.RowsPerFile},
+		}
+		cfg.Sandbox.Image = s.Image
+		env := s.Env
+		prog := func(e runner.Event) {
+			if o.Progress != nil {
+				o.Progress(env, e)
+			}
+		}
+		j, err := job.Open(ctx, cfg, job.Options{Logger: o.Logger, Progress: prog})
+		if err != nil {
+			return out, err
+		}
+		sum, err := j.Run(ctx)
+		out = append(out, Result{Env: s.Env, Dir: j.Dir, Summary: sum})
+		if err != nil {
+			return out, fmt.Errorf("demo %s: %w", s.Env, err)
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,296 @@
+package demo
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/moby/moby/client"
+	"go.uber.org/goleak"
+
+	"github.com/rollout-rl/rollout/inference/sim"
+	"github.com/rollout-rl/rollout/internal/dockerclient"
+	"github.com/rollout-rl/rollout/sandbox"
+	"github.com/rollout-rl/rollout/sandbox/image"
+	"github.com/rollout-rl/rollout/trajectory"
+)
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// childEnv makes the test binary act as a demo process (for the kill test).
+const childEnv = "ROLLOUT_DEMO_CHILD_OUT"
+
+func TestMain(m *testing.M) {
+	if out := os.Getenv(childEnv); out != "" {
+		// A child run: slow generations so the parent can kill it mid-run.
+		_, err := Run(context.Background(), Options{Out: out, Specs: killSpecs(), Seed: 3, Logger: quiet,
+			Latency: sim.Latency{TTFT: 150 * time.Millisecond}, RowsPerFile: 3})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+	goleak.VerifyTestMain(m)
+}
+
+func killSpecs() []Spec {
+	return []Spec{{Env: "terminal-tasks", Groups: 8, GroupSize: 3, Image: "rollout-sandbox:busybox"}}
+}
+
+// needImages ensures the images these tests use, failing (never skipping)
+// under CI when the engine is unreachable.
+func needImages(t *testing.T, bookworm bool) {
+	t.Helper()
+	ctx := context.Background()
+	cli, err := dockerclient.New(ctx)
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("Docker is required in CI: %v", err)
+		}
+		t.Skipf("no Docker engine: %v", err)
+	}
+	defer cli.Close()
+	names := []string{"busybox"}
+	if bookworm {
+		names = append(names, "bookworm")
+	}
+	for _, n := range names {
+		if _, err := image.Ensure(ctx, cli, n, image.Options{}); err != nil {
+			t.Fatalf("image %s: %v", n, err)
+		}
+	}
+}
+
+type key struct {
+	group string
+	index int32
+}
+
+// readRun returns the records of a run directory, failing on duplicates.
+func readRun(t *testing.T, dir string) []trajectory.Record {
+	t.Helper()
+	run, err := trajectory.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs, err := run.ReadAll(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[key]bool{}
+	for _, r := range recs {
+		k := key{r.GroupID, r.RolloutIndex}
+		if seen[k] {
+			t.Fatalf("duplicate record for group %s rollout %d", r.GroupID, r.RolloutIndex)
+		}
+		seen[k] = true
+	}
+	return recs
+}
+
+func checkRecords(t *testing.T, recs []trajectory.Record, groups, size int) {
+	t.Helper()
+	if len(recs) != groups*size {
+		t.Fatalf("%d records, want %d groups x %d", len(recs), groups, size)
+	}
+	perGroup := map[string]int{}
+	for _, r := range recs {
+		perGroup[r.GroupID]++
+		if err := r.Validate(); err != nil {
+			t.Error(err)
+		}
+		if r.Status == trajectory.StatusOK {
+			if len(r.Tokens) == 0 || len(r.Logprobs) != len(r.Tokens) {
+				t.Errorf("group %s rollout %d: %d tokens, %d logprobs", r.GroupID, r.RolloutIndex, len(r.Tokens), len(r.Logprobs))
+			}
+			if r.Reward < 0 || r.Reward > 1 || r.Advantage == nil {
+				t.Errorf("group %s rollout %d: reward %v advantage %v", r.GroupID, r.RolloutIndex, r.Reward, r.Advantage)
+			}
+		} else if r.Failure == nil || r.Failure.Kind == "" {
+			t.Errorf("group %s rollout %d: infra failure without a kind", r.GroupID, r.RolloutIndex)
+		}
+	}
+	for g, n := range perGroup {
+		if n != size {
+			t.Errorf("group %s has %d records, want %d", g, n, size)
+		}
+	}
+}
+
+func TestDemoEndToEndAndResume(t *testing.T) {
+	needImages(t, true)
+	out := t.TempDir()
+	specs := []Spec{{Env: "terminal-tasks", Groups: 3, GroupSize: 4, Image: "rollout-sandbox:busybox"}, {Env: "swe-tests", Groups: 2, GroupSize: 2}}
+	res, err := Run(context.Background(), Options{Out: out, Specs: specs, Seed: 5, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	variance := false
+	for i, r := range res {
+		if r.Summary.InfraFailed != 0 {
+			t.Errorf("%s: %d infra failures without faults: %+v", r.Env, r.Summary.InfraFailed, r.Summary.FailuresByKind)
+		}
+		recs := readRun(t, r.Dir)
+		checkRecords(t, recs, specs[i].Groups, specs[i].GroupSize)
+		byGroup := map[string]map[float64]bool{}
+		for _, rec := range recs {
+			if byGroup[rec.GroupID] == nil {
+				byGroup[rec.GroupID] = map[float64]bool{}
+			}
+			byGroup[rec.GroupID][rec.Reward] = true
+		}
+		for _, rewards := range byGroup {
+			if len(rewards) > 1 {
+				variance = true
+			}
+		}
+	}
+	if !variance {
+		t.Error("no group has reward variance: the simulator's wrong path never scored differently")
+	}
+	// Resume: nothing left to do, nothing duplicated.
+	res, err = Run(context.Background(), Options{Out: out, Specs: specs, Seed: 5, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		if r.Summary.Groups != 0 || r.Summary.GroupsSkipped != specs[i].Groups {
+			t.Errorf("%s resumed: %+v", r.Env, r.Summary)
+		}
+		checkRecords(t, readRun(t, r.Dir), specs[i].Groups, specs[i].GroupSize)
+	}
+	assertNoContainers(t)
+}
+
+// Kill the process mid-run and restart it: the run resumes and the final
+// output has exactly one record per rollout.
+func TestKillAndResume(t *testing.T) {
+	needImages(t, false)
+	out := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+out)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(out, "terminal-tasks")
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		if m, err := trajectory.ReadManifest(dir); err == nil && len(m.Files) >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			_ = cmd.Wait()
+			t.Fatal("the child wrote no part file in time")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	_ = cmd.Wait()
+	before := len(readRun(t, dir))
+	if before == 0 || before >= 8*3 {
+		t.Fatalf("%d records before the restart: the kill did not land mid-run", before)
+	}
+	res, err := Run(context.Background(), Options{Out: out, Specs: killSpecs(), Seed: 3, Logger: quiet, RowsPerFile: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Summary.GroupsSkipped == 0 {
+		t.Errorf("restart did not resume: %+v", res[0].Summary)
+	}
+	checkRecords(t, readRun(t, dir), 8, 3)
+	// The killed process's containers are orphans; the next backend reaps
+	// them (its start-up reap), and GC removes any left now.
+	if _, err := sandbox.GC(context.Background(), sandbox.ReapOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	assertNoContainers(t)
+}
+
+// With 5% inference errors and sandboxes killed at random, every group
+// completes or is flagged with a reason, retries happen, nothing is lost or
+// duplicated, and no container leaks.
+func TestFaults(t *testing.T) {
+	needImages(t, false)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	cli, err := dockerclient.New(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	killed := 0
+	wg.Go(func() {
+		rng := rand.New(rand.NewPCG(9, 9))
+		for ctx.Err() == nil {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Duration(150+rng.IntN(250)) * time.Millisecond):
+			}
+			list, err := cli.ContainerList(ctx, client.ContainerListOptions{Filters: make(client.Filters).Add("label", sandbox.LabelManaged+"=true")})
+			if err != nil || len(list.Items) == 0 {
+				continue
+			}
+			c := list.Items[rng.IntN(len(list.Items))]
+			if _, err := cli.ContainerKill(ctx, c.ID, client.ContainerKillOptions{Signal: "KILL"}); err == nil {
+				mu.Lock()
+				killed++
+				mu.Unlock()
+			}
+		}
+	})
+	out := t.TempDir()
+	specs := []Spec{{Env: "terminal-tasks", Groups: 6, GroupSize: 4, Image: "rollout-sandbox:busybox"}}
+	res, err := Run(ctx, Options{Out: out, Specs: specs, Seed: 11, Logger: quiet, Retries: 3,
+		Latency: sim.Latency{TTFT: 40 * time.Millisecond}, Faults: sim.Faults{ErrorRate: 0.05}})
+	cancel()
+	wg.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := res[0].Summary
+	t.Logf("killed %d containers; summary %+v", killed, s)
+	if killed == 0 {
+		t.Fatal("the fault injector killed no sandbox")
+	}
+	if s.Retries == 0 {
+		t.Error("no retries happened under faults")
+	}
+	recs := readRun(t, res[0].Dir)
+	checkRecords(t, recs, 6, 4)
+	assertNoContainers(t)
+}
+
+func assertNoContainers(t *testing.T) {
+	t.Helper()
+	cli, err := dockerclient.New(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	list, err := cli.ContainerList(context.Background(), client.ContainerListOptions{All: true,
+		Filters: make(client.Filters).Add("label", sandbox.LabelManaged+"=true")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range list.Items {
+		// Other packages' tests may run concurrently; only this package's
+		// runs carry a run label.
+		if c.Labels[sandbox.LabelRun] != "" {
+			t.Errorf("leaked container %s (%v)", c.ID[:12], c.Labels)
+		}
+	}
+}

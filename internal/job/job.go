@@ -1,0 +1,335 @@
+// Package job assembles one collection run from a runner.Config: the env,
+// the policy, a lazily started Docker sandbox backend, the task-image
+// builder and the sinks (Parquet trajectories, plus any the caller adds).
+// `rollout run|eval|demo` and the gRPC service share it, so a job means the
+// same thing everywhere.
+package job
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/rollout-rl/rollout/datasets"
+	"github.com/rollout-rl/rollout/envs"
+	"github.com/rollout-rl/rollout/inference"
+	"github.com/rollout-rl/rollout/internal/version"
+	"github.com/rollout-rl/rollout/runner"
+	"github.com/rollout-rl/rollout/sandbox"
+	"github.com/rollout-rl/rollout/sandbox/image"
+	"github.com/rollout-rl/rollout/trajectory"
+)
+
+// Modes of a job.
+const (
+	ModeRun     = "run"     // training collection: eval-only envs are refused
+	ModeEval    = "eval"    // evaluation: eval split by default, a report at the end
+	ModeCollect = "collect" // trainer-driven: groups on demand; Parquet only when output.dir is set
+)
+
+// Options are what the caller adds to the config.
+type Options struct {
+	Mode     string
+	Logger   *slog.Logger
+	Progress func(runner.Event)
+	// Sandboxes, when set, is a shared backend (the server's); otherwise
+	// the job starts its own Docker backend on first use and stops it at
+	// the end.
+	Sandboxes runner.Sandboxes
+	Images    runner.ImageBuilder
+	// Sinks are added after the Parquet sink.
+	Sinks []runner.Sink
+	// Items replaces the dataset (trainer-driven collection).
+	Items []datasets.Item
+	RunID string
+}
+
+// Job is an assembled run.
+type Job struct {
+	cfg    runner.Config
+	opts   Options
+	Env    envs.Env
+	Runner *runner.Runner
+	writer *trajectory.Writer
+	docker *lazyDocker
+	Dir    string
+}
+
+// OpenEnv builds the env a config names: a registered name, or the path of
+// a YAML env file.
+func OpenEnv(cfg runner.Config) (envs.Env, error) {
+	if strings.HasSuffix(cfg.Env, ".yaml") || strings.HasSuffix(cfg.Env, ".yml") {
+		return envs.LoadFile(cfg.Env)
+	}
+	var node = &cfg.EnvConfig
+	if node.Kind == 0 {
+		node = nil
+	}
+	return envs.New(cfg.Env, node)
+}
+
+// Open validates cfg and assembles the job. Nothing is started until Run.
+func Open(ctx context.Context, cfg runner.Config, opts Options) (*Job, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Mode == "" {
+		opts.Mode = ModeRun
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	env, err := OpenEnv(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%w: env: %w", runner.ErrConfig, err)
+	}
+	if opts.Mode == ModeRun && env.Defaults().EvalOnly && !cfg.AllowEvalOnly {
+		return nil, fmt.Errorf("%w: env %s is eval-only: use `rollout eval`, or set allow_eval_only: true", runner.ErrConfig, env.Name())
+	}
+	if opts.Mode == ModeEval && cfg.Split == "" && cfg.Dataset.Path == "" {
+		cfg.Split = "eval"
+	}
+	if cfg.Output.Dir == "" && opts.Mode != ModeCollect {
+		return nil, fmt.Errorf("%w: output.dir: required (the run directory; re-running with it resumes)", runner.ErrConfig)
+	}
+	icfg := cfg.Inference
+	icfg.Logger = opts.Logger
+	policy, err := inference.New(icfg)
+	if err != nil {
+		return nil, fmt.Errorf("%w: inference: %w", runner.ErrConfig, err)
+	}
+	j := &Job{cfg: cfg, opts: opts, Env: env, Dir: cfg.Output.Dir}
+	sbs := opts.Sandboxes
+	if sbs == nil {
+		j.docker = &lazyDocker{log: opts.Logger}
+		sbs = j.docker
+	}
+	imgs := opts.Images
+	if imgs == nil {
+		imgs = &taskImages{docker: j.docker}
+	}
+	sinks := opts.Sinks
+	runID := opts.RunID
+	if cfg.Output.Dir != "" {
+		w, id, err := openWriter(ctx, cfg, opts, env.Name())
+		if err != nil {
+			return nil, err
+		}
+		j.writer, runID = w, id
+		sinks = append([]runner.Sink{&parquetSink{w: w}}, sinks...)
+	}
+	if runID == "" {
+		runID = newRunID()
+	}
+	r, err := runner.New(cfg, runner.Deps{
+		Env: env, Policy: policy, Sandboxes: sbs, Images: imgs, Sinks: sinks,
+		Items: opts.Items, Progress: opts.Progress, Logger: opts.Logger, RunID: runID,
+	})
+	if err != nil {
+		if j.writer != nil {
+			_ = j.writer.Close(context.WithoutCancel(ctx))
+		}
+		return nil, err
+	}
+	j.Runner = r
+	return j, nil
+}
+
+func newRunID() string {
+	return "run_" + time.Now().UTC().Format("20060102T150405") + "_" + randomHex(4)
+}
+
+// openWriter opens the run directory; a resumed run keeps its id.
+func openWriter(ctx context.Context, cfg runner.Config, opts Options, env string) (*trajectory.Writer, string, error) {
+	cfgJSON, _ := json.Marshal(cfg)
+	runID := opts.RunID
+	if runID == "" {
+		if m, err := trajectory.ReadManifest(cfg.Output.Dir); err == nil && m.RunID != "" {
+			runID = m.RunID
+		} else {
+			runID = newRunID()
+		}
+	}
+	w, err := trajectory.NewWriter(ctx, cfg.Output.Dir, trajectory.WriterOptions{
+		RunID: runID, Config: cfgJSON, MaxRowsPerFile: cfg.Output.MaxRowsPerFile, Logger: opts.Logger,
+		Versions: map[string]string{"service": version.Get().Version, "commit": version.Get().Commit, "env": env, "mode": opts.Mode},
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("open output %s: %w", cfg.Output.Dir, err)
+	}
+	return w, runID, nil
+}
+
+// Close releases what Open acquired without running (the output and the
+// sandbox backend); Run does it itself.
+func (j *Job) Close(ctx context.Context) error {
+	var err error
+	if j.writer != nil {
+		err = j.writer.Close(ctx)
+	}
+	if j.docker != nil {
+		err = errors.Join(err, j.docker.Close(ctx))
+	}
+	return err
+}
+
+// Run collects every group, then closes the output and the sandbox
+// backend (even when the run failed or was cancelled). In eval mode it
+// also writes the eval report into the run directory.
+func (j *Job) Run(ctx context.Context) (runner.Summary, error) {
+	sum, runErr := j.Runner.Run(ctx)
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+	defer cancel()
+	var closeErr error
+	if j.writer != nil {
+		closeErr = j.writer.Close(cctx)
+	}
+	if j.docker != nil {
+		if err := j.docker.Close(cctx); err != nil {
+			j.opts.Logger.Warn("close sandbox backend", "error", err)
+		}
+	}
+	if runErr != nil {
+		return sum, runErr
+	}
+	if closeErr != nil {
+		return sum, fmt.Errorf("close output: %w", closeErr)
+	}
+	if j.opts.Mode == ModeEval && j.writer != nil {
+		if err := j.writeEval(ctx); err != nil {
+			return sum, err
+		}
+	}
+	return sum, nil
+}
+
+func (j *Job) writeEval(ctx context.Context) error {
+	run, err := trajectory.Open(j.Dir)
+	if err != nil {
+		return fmt.Errorf("eval report: %w", err)
+	}
+	recs, err := run.ReadAll(ctx)
+	if err != nil {
+		return fmt.Errorf("eval report: %w", err)
+	}
+	cfg := j.Runner.Config()
+	thr := cfg.Eval.PassThreshold
+	ks := []int{1}
+	if cfg.Eval.K > 1 {
+		ks = append(ks, cfg.Eval.K)
+	}
+	_, err = trajectory.WriteEvalReport(filepath.Join(j.Dir, "eval"), recs, trajectory.EvalOptions{Ks: ks, PassThreshold: &thr})
+	if err != nil {
+		return fmt.Errorf("eval report: %w", err)
+	}
+	return nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// lazyDocker starts the Docker backend on the first sandbox request, so
+// runs without sandboxes need no engine.
+type lazyDocker struct {
+	log  *slog.Logger
+	once sync.Once
+	d    *sandbox.Docker
+	err  error
+}
+
+func (l *lazyDocker) get(ctx context.Context) (*sandbox.Docker, error) {
+	l.once.Do(func() {
+		l.d, l.err = sandbox.NewDocker(context.WithoutCancel(ctx), sandbox.Options{Logger: l.log})
+	})
+	return l.d, l.err
+}
+
+// Create implements runner.Sandboxes.
+func (l *lazyDocker) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	d, err := l.get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return d.Create(ctx, spec)
+}
+
+// Close stops the backend if it was started, removing its containers.
+func (l *lazyDocker) Close(ctx context.Context) error {
+	if l.d == nil {
+		return nil
+	}
+	return l.d.Close(ctx)
+}
+
+// taskImages builds env task images with one shared TaskBuilder; contexts
+// given as bytes are written to a content-addressed file first.
+type taskImages struct {
+	docker  *lazyDocker
+	once    sync.Once
+	builder *image.TaskBuilder
+	err     error
+}
+
+// BuildTask implements runner.ImageBuilder.
+func (t *taskImages) BuildTask(ctx context.Context, b envs.ImageBuild) (string, error) {
+	t.once.Do(func() {
+		if t.docker == nil {
+			t.err = errors.New("no Docker engine for task images")
+			return
+		}
+		d, err := t.docker.get(ctx)
+		if err != nil {
+			t.err = err
+			return
+		}
+		t.builder = image.NewTaskBuilder(d.Client())
+	})
+	if t.err != nil {
+		return "", fmt.Errorf("task image: %w", t.err)
+	}
+	spec := image.TaskSpec{Context: b.Dir, DockerfilePath: b.Dockerfile}
+	if len(b.ContextTar) > 0 {
+		sum := sha256.Sum256(b.ContextTar)
+		p := filepath.Join(os.TempDir(), "rollout-context-"+hex.EncodeToString(sum[:8])+".tar")
+		if _, err := os.Stat(p); err != nil {
+			tmp := p + ".tmp" + hex.EncodeToString(sum[8:12])
+			if err := os.WriteFile(tmp, b.ContextTar, 0o600); err != nil {
+				return "", fmt.Errorf("task image context: %w", err)
+			}
+			if err := os.Rename(tmp, p); err != nil {
+				return "", fmt.Errorf("task image context: %w", err)
+			}
+		}
+		spec.Context = p
+	}
+	res, err := t.builder.Build(ctx, spec)
+	if err != nil {
+		return "", err
+	}
+	return res.Ref, nil
+}
+
+// Deliver hands a group run outside Runner.Run (trainer-driven collection)
+// to the job's Parquet output, when it has one, and counts it.
+func (j *Job) Deliver(ctx context.Context, g *runner.Group) error {
+	if j.writer != nil {
+		if err := (&parquetSink{w: j.writer}).WriteGroup(ctx, j.Runner.Info(), g); err != nil {
+			return err
+		}
+	}
+	j.Runner.Count(g)
+	return nil
+}

@@ -1,0 +1,114 @@
+package job
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/rollout-rl/rollout/runner"
+	"github.com/rollout-rl/rollout/trajectory"
+)
+
+// parquetSink writes each finished group as one unit of trajectory records
+// and tells the runner which groups an earlier run already completed.
+type parquetSink struct{ w *trajectory.Writer }
+
+var (
+	_ runner.Sink    = (*parquetSink)(nil)
+	_ runner.Resumer = (*parquetSink)(nil)
+)
+
+// WriteGroup implements runner.Sink.
+func (s *parquetSink) WriteGroup(ctx context.Context, run *runner.RunInfo, g *runner.Group) error {
+	recs := make([]trajectory.Record, len(g.Rollouts))
+	for i := range g.Rollouts {
+		rec, err := Record(run, g, &g.Rollouts[i])
+		if err != nil {
+			return err
+		}
+		recs[i] = rec
+	}
+	return s.w.WriteGroup(ctx, recs)
+}
+
+// CompletedGroups implements runner.Resumer: every group in the run
+// directory is complete, because groups are written as units.
+func (s *parquetSink) CompletedGroups(ctx context.Context) (map[string]bool, error) {
+	done := map[string]bool{}
+	run, err := trajectory.Open(s.w.Dir())
+	if errors.Is(err, trajectory.ErrNoManifest) {
+		return done, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	err = run.Each(ctx, func(r *trajectory.Record) error {
+		done[r.GroupID] = true
+		return nil
+	})
+	return done, err
+}
+
+// Record converts one rollout of a finished group into its trajectory row.
+func Record(run *runner.RunInfo, g *runner.Group, ro *runner.Rollout) (trajectory.Record, error) {
+	res := &ro.Result
+	msgs, err := json.Marshal(res.Messages)
+	if err != nil {
+		return trajectory.Record{}, fmt.Errorf("group %s rollout %d: messages: %w", g.ID, ro.Index, err)
+	}
+	tools, err := json.Marshal(ro.Tools)
+	if err != nil {
+		return trajectory.Record{}, fmt.Errorf("group %s rollout %d: tools: %w", g.ID, ro.Index, err)
+	}
+	seq := res.Sequence
+	policy := run.PolicyVersion
+	if g.PolicyVersion != nil {
+		policy = g.PolicyVersion
+	}
+	rec := trajectory.Record{
+		RunID: run.RunID, Env: run.Env, Category: g.Task.Category, ItemID: g.Item.ID, GroupID: g.ID,
+		RolloutIndex: int32(ro.Index), Model: run.Model, PolicyVersion: policy,
+		SamplingParams: run.SamplingJSON, Messages: string(msgs), Tools: string(tools),
+		Tokens: seq.Tokens, LossMask: seq.Mask, Logprobs: seq.Logprobs,
+		Reward: ro.Score.Value, RewardComponents: ro.Score.Components, Advantage: ro.Advantage,
+		Turns: int32(res.TurnsUsed), FinishedNaturally: res.FinishedNaturally, StopReason: string(res.StopReason),
+		Status: trajectory.StatusOK, DriftTokens: int32(seq.DriftTokens), CreatedAt: ro.Created,
+		Timings: trajectory.Timings{
+			GenerationMS: ro.Timings.Generation.Milliseconds(), ToolsMS: ro.Timings.Tools.Milliseconds(),
+			SandboxStartMS: ro.Timings.SandboxStart.Milliseconds(), RewardMS: ro.Timings.Reward.Milliseconds(),
+			TotalMS: ro.Timings.Total.Milliseconds(),
+		},
+		Manifest: trajectory.Manifest{
+			ImageDigest: ro.Image, CPUs: ro.Limits.CPUs, MemoryBytes: ro.Limits.MemoryBytes, PidsLimit: ro.Limits.PIDs,
+			Network: ro.Network, RolloutTimeoutMS: run.RolloutTimeout.Milliseconds(), ToolTimeoutMS: run.ToolTimeout.Milliseconds(),
+			Parser: run.Parser, ServiceVersion: run.ServiceVersion, ConfigHash: run.ConfigHash,
+		},
+	}
+	if n := len(seq.Tokens); n > 0 {
+		rec.PromptTokens = int32(min(seq.PromptLen, n))
+		rec.CompletionTokens = int32(n) - rec.PromptTokens
+	} else {
+		rec.PromptTokens = int32(res.Counters.PromptTokens)
+		rec.CompletionTokens = int32(res.Counters.CompletionTokens)
+	}
+	if len(rec.Logprobs) != len(rec.Tokens) {
+		// Logprobs are all-or-nothing per record: never misaligned.
+		rec.Logprobs = nil
+	} else if rec.Logprobs != nil {
+		rec.Logprobs = append([]float32(nil), rec.Logprobs...)
+	}
+	if rec.RewardComponents == nil {
+		rec.RewardComponents = map[string]float64{}
+	}
+	if ro.Status != runner.StatusOK {
+		rec.Status = trajectory.StatusInfraFailed
+		rec.Failure = &trajectory.Failure{Kind: ro.Failure.Kind, Message: ro.Failure.Message}
+		rec.Reward, rec.Advantage = 0, nil
+	}
+	for _, te := range res.ToolErrors {
+		rec.ToolErrors = append(rec.ToolErrors, trajectory.ToolError{Turn: int32(te.Turn), Tool: te.Tool, Kind: te.Kind, Message: te.Error})
+	}
+	rec.DeriveTrainingFields()
+	return rec, nil
+}

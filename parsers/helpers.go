@@ -1,0 +1,629 @@
+package parsers
+
+// Shared building blocks for every family: call ids, schema-driven value
+// typing (reference §4.1), an order-preserving JSON object builder, argument
+// validation and the small text helpers used to fill Result.
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"unicode/utf8"
+)
+
+// NewCallID returns "call_" followed by 24 random lowercase hex digits. It is
+// the id for every family that has no native id of its own. Ids must be
+// unique, not secret: the runtime-seeded ChaCha8 generator behind
+// math/rand/v2 gives 96 random bits without a system call per id.
+func NewCallID() string {
+	const hexDigits = "0123456789abcdef"
+	var out [5 + 24]byte
+	copy(out[:], "call_")
+	a, b := rand.Uint64(), rand.Uint32()
+	for k := 0; k < 16; k++ {
+		out[5+k] = hexDigits[(a>>(60-4*k))&0xf]
+	}
+	for k := 0; k < 8; k++ {
+		out[21+k] = hexDigits[(b>>(28-4*k))&0xf]
+	}
+	return string(out[:])
+}
+
+// isCallID reports whether id has the NewCallID shape.
+func isCallID(id string) bool {
+	if len(id) != 29 || !strings.HasPrefix(id, "call_") {
+		return false
+	}
+	for i := 5; i < len(id); i++ {
+		c := id[i]
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// ToolsFromOpenAI decodes an OpenAI-style `tools` array
+// ([{"type":"function","function":{"name",...,"parameters"}}]). Bare function
+// objects ({"name",...}) are accepted too, since hand-written tool files often
+// omit the wrapper.
+func ToolsFromOpenAI(data []byte) ([]ToolSchema, error) {
+	var raw []json.RawMessage
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return nil, fmt.Errorf("tools: want a JSON array of tools: %w", err)
+	}
+	out := make([]ToolSchema, 0, len(raw))
+	for i, r := range raw {
+		var entry struct {
+			Type     string      `json:"type"`
+			Function *ToolSchema `json:"function"`
+			ToolSchema
+		}
+		if err := json.Unmarshal(r, &entry); err != nil {
+			return nil, fmt.Errorf("tools[%d]: %w", i, err)
+		}
+		ts := entry.ToolSchema
+		if entry.Function != nil {
+			ts = *entry.Function
+		}
+		if ts.Name == "" {
+			return nil, fmt.Errorf("tools[%d]: function has no name", i)
+		}
+		out = append(out, ts)
+	}
+	return out, nil
+}
+
+// --- schema-driven typing (reference §4.1) ---
+
+// schemaCache maps a tool's raw parameters schema to its per-property type
+// lists. Tools repeat on every turn of a rollout, so the schema is decoded
+// once per distinct text instead of once per parameter. Bounded: cleared when
+// full rather than tracking recency, which is enough for a working set of a
+// few dozen tools.
+var schemaCache = struct {
+	sync.RWMutex
+	m map[string]map[string][]string
+}{m: map[string]map[string][]string{}}
+
+const schemaCacheMax = 512
+
+func propertyTypes(params json.RawMessage) map[string][]string {
+	if len(params) == 0 {
+		return nil
+	}
+	schemaCache.RLock()
+	props, ok := schemaCache.m[string(params)]
+	schemaCache.RUnlock()
+	if ok {
+		return props
+	}
+	var schema struct {
+		Properties map[string]json.RawMessage `json:"properties"`
+	}
+	props = map[string][]string{}
+	if json.Unmarshal(params, &schema) == nil {
+		for name, sub := range schema.Properties {
+			props[name] = schemaTypes(sub)
+		}
+	}
+	schemaCache.Lock()
+	if len(schemaCache.m) >= schemaCacheMax {
+		schemaCache.m = map[string]map[string][]string{}
+	}
+	schemaCache.m[string(params)] = props
+	schemaCache.Unlock()
+	return props
+}
+
+// paramTypes returns the JSON types the schema of tool fn allows for param,
+// normalised to null/integer/number/boolean/object/array/string. It reads
+// "type" (string or list), "enum" values and anyOf/oneOf/allOf recursively,
+// and maps vLLM's aliases (int64→integer, float→number, dict→object, ...).
+// An unknown tool or parameter, or a schema saying nothing, gives
+// ["string"]: like vLLM, a value we know nothing about is not guessed at.
+func paramTypes(tools []ToolSchema, fn, param string) []string {
+	for i := range tools {
+		if tools[i].Name != fn {
+			continue
+		}
+		if t, ok := propertyTypes(tools[i].Parameters)[param]; ok {
+			return t
+		}
+		break
+	}
+	return stringOnly
+}
+
+// stringOnly is the type list of a value the schema says nothing about
+// (len == cap, so an append by a caller copies).
+var stringOnly = []string{"string"}
+
+// schemaTypes extracts the type list of one property schema.
+func schemaTypes(schema json.RawMessage) []string {
+	var seen []string
+	collectTypes(schema, &seen, 0)
+	if len(seen) == 0 {
+		return stringOnly
+	}
+	// The slice is shared through the schema cache: clip it so that a
+	// caller's append copies instead of writing into the cached array.
+	return seen[:len(seen):len(seen)]
+}
+
+func collectTypes(schema json.RawMessage, out *[]string, depth int) {
+	if depth > 32 {
+		return
+	}
+	var s struct {
+		Type  json.RawMessage   `json:"type"`
+		Enum  []json.RawMessage `json:"enum"`
+		AnyOf []json.RawMessage `json:"anyOf"`
+		OneOf []json.RawMessage `json:"oneOf"`
+		AllOf []json.RawMessage `json:"allOf"`
+	}
+	if json.Unmarshal(schema, &s) != nil {
+		return
+	}
+	add := func(t string) {
+		t = normaliseTypeName(t)
+		for _, have := range *out {
+			if have == t {
+				return
+			}
+		}
+		*out = append(*out, t)
+	}
+	if len(s.Type) > 0 {
+		var one string
+		var many []string
+		if json.Unmarshal(s.Type, &one) == nil {
+			add(one)
+		} else if json.Unmarshal(s.Type, &many) == nil {
+			for _, t := range many {
+				add(t)
+			}
+		}
+	}
+	for _, v := range s.Enum {
+		add(jsonKind(v))
+	}
+	for _, group := range [][]json.RawMessage{s.AnyOf, s.OneOf, s.AllOf} {
+		for _, sub := range group {
+			collectTypes(sub, out, depth+1)
+		}
+	}
+}
+
+// jsonKind names the JSON type of an enum value the way vLLM maps Python
+// types: a whole number is an integer, any other number a number.
+func jsonKind(v json.RawMessage) string {
+	v = bytes.TrimSpace(v)
+	if len(v) == 0 {
+		return "string"
+	}
+	switch v[0] {
+	case 'n':
+		return "null"
+	case 't', 'f':
+		return "boolean"
+	case '"':
+		return "string"
+	case '[':
+		return "array"
+	case '{':
+		return "object"
+	}
+	if bytes.ContainsAny(v, ".eE") {
+		return "number"
+	}
+	return "integer"
+}
+
+func normaliseTypeName(t string) string {
+	t = strings.ToLower(strings.TrimSpace(t))
+	switch t {
+	case "str", "text", "varchar", "char", "enum", "string":
+		return "string"
+	case "int", "int8", "int16", "int32", "int64", "uint", "uint8", "uint16", "uint32", "uint64",
+		"long", "short", "unsigned", "integer":
+		return "integer"
+	case "float", "float32", "float64", "double", "number":
+		return "number"
+	case "bool", "boolean":
+		return "boolean"
+	case "dict", "object":
+		return "object"
+	case "arr", "list", "sequence", "array":
+		return "array"
+	case "null":
+		return "null"
+	}
+	if strings.HasPrefix(t, "int") || strings.HasPrefix(t, "uint") {
+		return "integer"
+	}
+	return t
+}
+
+func hasType(types []string, t string) bool {
+	for _, have := range types {
+		if have == t {
+			return true
+		}
+	}
+	return false
+}
+
+// coerceValue turns the raw text of a string-encoded parameter (XML families)
+// into a JSON value, trying the allowed types in vLLM's priority order
+// null > integer > number > boolean > object > array > string. So a
+// ["string","integer"] parameter with "123" becomes 123, while a pure string
+// parameter keeps "123" a string. When no allowed type fits (say "abc" for an
+// integer) the raw text is kept if it is JSON, otherwise as a string: the
+// value is never lost. Surrounding whitespace is ignored for non-string types
+// and kept for strings.
+func coerceValue(raw string, types []string) json.RawMessage {
+	return coerceAppend(nil, raw, types)
+}
+
+// coerceAppend is coerceValue appending to dst, so a builder can type a
+// value straight into its buffer.
+func coerceAppend(dst []byte, raw string, types []string) []byte {
+	v := strings.TrimSpace(raw)
+	if hasType(types, "null") && strings.EqualFold(v, "null") {
+		return append(dst, "null"...)
+	}
+	if hasType(types, "integer") {
+		if n, ok := canonicalInt(v); ok {
+			return append(dst, n...)
+		}
+	}
+	if hasType(types, "number") {
+		if n, ok := canonicalNumber(v); ok {
+			return append(dst, n...)
+		}
+	}
+	if hasType(types, "boolean") {
+		switch strings.ToLower(v) {
+		case "true", "1":
+			return append(dst, "true"...)
+		case "false", "0":
+			return append(dst, "false"...)
+		}
+	}
+	if hasType(types, "object") && strings.HasPrefix(v, "{") {
+		if c, err := compactJSON(v); err == nil {
+			return append(dst, c...)
+		}
+	}
+	if hasType(types, "array") && strings.HasPrefix(v, "[") {
+		if c, err := compactJSON(v); err == nil {
+			return append(dst, c...)
+		}
+	}
+	if hasType(types, "string") {
+		return appendJSONString(dst, raw)
+	}
+	if c, err := compactJSON(v); err == nil && v != "" {
+		return append(dst, c...)
+	}
+	return appendJSONString(dst, raw)
+}
+
+// canonicalInt accepts what Python's int() accepts for plain decimals
+// (sign, digits, underscores between digits) and returns JSON text.
+func canonicalInt(v string) (string, bool) {
+	if v == "" {
+		return "", false
+	}
+	if plainDecimal(v) {
+		return v, true
+	}
+	neg := false
+	switch v[0] {
+	case '+':
+		v = v[1:]
+	case '-':
+		neg = true
+		v = v[1:]
+	}
+	if v == "" || v[0] == '_' || v[len(v)-1] == '_' {
+		return "", false
+	}
+	var b strings.Builder
+	if neg {
+		b.WriteByte('-')
+	}
+	lead := true
+	prevUnderscore := false
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if c == '_' {
+			if prevUnderscore {
+				return "", false
+			}
+			prevUnderscore = true
+			continue
+		}
+		prevUnderscore = false
+		if c < '0' || c > '9' {
+			return "", false
+		}
+		if lead && c == '0' {
+			continue
+		}
+		lead = false
+		b.WriteByte(c)
+	}
+	if lead { // all zeros
+		return "0", true
+	}
+	return b.String(), true
+}
+
+// plainDecimal reports a JSON-ready integer: digits, no sign or leading
+// zero, the common case that needs no rewriting.
+func plainDecimal(v string) bool {
+	if v == "" || (v[0] == '0' && len(v) > 1) {
+		return false
+	}
+	for i := 0; i < len(v); i++ {
+		if v[i] < '0' || v[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// canonicalNumber parses like Python's float() and renders whole values as
+// integers ("5.0" → 5), as vLLM does. NaN and infinities are not JSON.
+func canonicalNumber(v string) (string, bool) {
+	if v == "" {
+		return "", false
+	}
+	f, err := strconv.ParseFloat(strings.ReplaceAll(v, "_", ""), 64)
+	if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+		return "", false
+	}
+	if f == math.Trunc(f) && math.Abs(f) < 1e15 {
+		return strconv.FormatInt(int64(f), 10), true
+	}
+	b, err := json.Marshal(f)
+	if err != nil {
+		return "", false
+	}
+	return string(b), true
+}
+
+// --- JSON output ---
+
+// argsBuilder assembles an arguments object key by key in the order the
+// model wrote them. A repeated key keeps its first position and its last
+// value, matching what a Python dict assignment does upstream. keys and vals
+// are read directly by some families (wrapper detection), so they stay
+// plain parallel slices.
+type argsBuilder struct {
+	keys []string
+	vals []json.RawMessage
+}
+
+// add sets key to the JSON value v (which must be valid JSON).
+func (a *argsBuilder) add(key string, v json.RawMessage) {
+	for i, k := range a.keys {
+		if k == key {
+			a.vals[i] = v
+			return
+		}
+	}
+	a.keys = append(a.keys, key)
+	a.vals = append(a.vals, v)
+}
+
+// addString sets key to the JSON string s.
+func (a *argsBuilder) addString(key, s string) {
+	a.add(key, appendJSONString(nil, s))
+}
+
+// addCoerced sets key to raw typed by coerceValue's rules.
+func (a *argsBuilder) addCoerced(key, raw string, types []string) {
+	a.add(key, coerceValue(raw, types))
+}
+
+// len reports how many keys were added.
+func (a *argsBuilder) len() int { return len(a.keys) }
+
+// String renders the compact JSON object ("{}" when empty).
+func (a *argsBuilder) String() string {
+	n := 2
+	for i := range a.keys {
+		n += len(a.keys[i]) + len(a.vals[i]) + 4
+	}
+	buf := make([]byte, 0, n)
+	buf = append(buf, '{')
+	for i := range a.keys {
+		if i > 0 {
+			buf = append(buf, ',')
+		}
+		buf = appendJSONString(buf, a.keys[i])
+		buf = append(buf, ':')
+		buf = append(buf, a.vals[i]...)
+	}
+	buf = append(buf, '}')
+	return string(buf)
+}
+
+// appendJSONString appends s as a JSON string literal. Unlike encoding/json
+// it leaves non-ASCII text and <>& alone (ensure_ascii=False in vLLM terms);
+// invalid UTF-8 becomes U+FFFD so the output is always valid JSON.
+func appendJSONString(dst []byte, s string) []byte {
+	const hexDigits = "0123456789abcdef"
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' {
+				i++
+				continue
+			}
+			dst = append(dst, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				dst = append(dst, '\\', c)
+			case '\n':
+				dst = append(dst, '\\', 'n')
+			case '\r':
+				dst = append(dst, '\\', 'r')
+			case '\t':
+				dst = append(dst, '\\', 't')
+			default:
+				dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xf])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 {
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, "\ufffd"...)
+			i++
+			start = i
+			continue
+		}
+		i += size
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
+}
+
+// compactJSON validates raw as one JSON value and removes insignificant
+// whitespace, keeping key order and string contents byte for byte.
+func compactJSON(raw string) (string, error) {
+	t := strings.TrimSpace(raw)
+	end, err := scanValue(t, 0)
+	if err != nil {
+		return "", err
+	}
+	if end != len(t) {
+		return "", &jsonError{end, "unexpected text after the value"}
+	}
+	if !utf8.ValidString(t) {
+		t = strings.ToValidUTF8(t, "\ufffd")
+	}
+	return compactScanned(t), nil
+}
+
+// compactScanned drops whitespace outside strings from JSON that scanValue
+// accepted. Model output is usually compact or nearly so; when there is
+// nothing to drop the input is returned without copying, otherwise runs of
+// kept bytes are copied whole.
+func compactScanned(s string) string {
+	var buf []byte // allocated at the first whitespace to drop
+	last := 0      // s[last:i] is kept but not yet copied
+	i := 0
+	for i < len(s) {
+		c := s[i]
+		switch {
+		case c == '"':
+			i++
+			for i < len(s) {
+				for i < len(s) && strPlain[s[i]] {
+					i++
+				}
+				if i >= len(s) {
+					break
+				}
+				if s[i] == '\\' {
+					i += 2
+					continue
+				}
+				i++
+				if s[i-1] == '"' {
+					break
+				}
+			}
+		case isJSONSpace(c):
+			if buf == nil {
+				buf = make([]byte, 0, len(s))
+			}
+			buf = append(buf, s[last:i]...)
+			for i < len(s) && isJSONSpace(s[i]) {
+				i++
+			}
+			last = i
+		default:
+			i++
+		}
+	}
+	if buf == nil {
+		return s
+	}
+	buf = append(buf, s[last:min(len(s), i)]...)
+	return string(buf)
+}
+
+// normalizeArgs validates that raw is a JSON object and returns it compact,
+// with key order and unicode preserved (no \u escaping added, no HTML
+// escaping). The error says why it is not acceptable, for CallError.Reason.
+func normalizeArgs(raw string) (string, error) {
+	t := strings.TrimSpace(raw)
+	if t == "" {
+		return "", errors.New("arguments are empty")
+	}
+	end, err := scanValue(t, 0)
+	switch {
+	case errors.Is(err, errJSONEOF):
+		return "", fmt.Errorf("arguments are truncated JSON (input ends at offset %d before the value is complete)", len(t))
+	case err != nil:
+		return "", err
+	case end != len(t):
+		return "", &jsonError{end, "unexpected text after the JSON value"}
+	}
+	if t[0] != '{' {
+		return "", fmt.Errorf("arguments are a JSON %s, not an object", jsonKind(json.RawMessage(t)))
+	}
+	if !utf8.ValidString(t) {
+		t = strings.ToValidUTF8(t, "\ufffd")
+	}
+	return compactScanned(t), nil
+}
+
+// --- text helpers ---
+
+// textPtr returns s trimmed of surrounding whitespace, or nil when nothing
+// is left: Result.Content is nil rather than "" for an output without text.
+func textPtr(s string) *string {
+	s = strings.TrimSpace(s)
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// snippetMax bounds CallError.Snippet: enough to recognise the call in a
+// log, short enough not to bloat an error message fed back to the model.
+const snippetMax = 240
+
+// snippet shortens raw call text for CallError.Snippet, keeping its head
+// and tail (where truncation and stray markers show) and valid UTF-8.
+func snippet(s string) string {
+	if len(s) <= snippetMax {
+		return s
+	}
+	head := s[:snippetMax*2/3]
+	tail := s[len(s)-snippetMax/3+8:]
+	for len(head) > 0 && !utf8.ValidString(head) {
+		head = head[:len(head)-1]
+	}
+	for len(tail) > 0 && !utf8.ValidString(tail) {
+		tail = tail[1:]
+	}
+	return head + " … " + tail
+}

@@ -1,0 +1,152 @@
+package parsers
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+func TestNewCallID(t *testing.T) {
+	seen := map[string]bool{}
+	for range 100 {
+		id := NewCallID()
+		if !isCallID(id) {
+			t.Fatalf("id %q is not call_ + 24 lowercase hex", id)
+		}
+		if seen[id] {
+			t.Fatalf("duplicate id %q", id)
+		}
+		seen[id] = true
+	}
+}
+
+func TestParamTypes(t *testing.T) {
+	tools := []ToolSchema{{Name: "f", Parameters: json.RawMessage(`{"type":"object","properties":{
+		"s":{"type":"string"},
+		"i":{"type":"int64"},
+		"n":{"type":["number","null"]},
+		"e":{"enum":[1,"a",null]},
+		"u":{"anyOf":[{"type":"object"},{"oneOf":[{"type":"array"}]}]},
+		"d":{"type":"dict"},
+		"x":{"description":"nothing typed"}
+	}}`)}}
+	for _, tc := range []struct {
+		fn, param string
+		want      []string
+	}{
+		{"f", "s", []string{"string"}},
+		{"f", "i", []string{"integer"}},
+		{"f", "n", []string{"number", "null"}},
+		{"f", "e", []string{"integer", "string", "null"}},
+		{"f", "u", []string{"object", "array"}},
+		{"f", "d", []string{"object"}},
+		{"f", "x", []string{"string"}},
+		{"f", "missing", []string{"string"}},
+		{"g", "s", []string{"string"}},
+	} {
+		got := paramTypes(tools, tc.fn, tc.param)
+		if strings.Join(got, ",") != strings.Join(tc.want, ",") {
+			t.Errorf("paramTypes(%s.%s) = %v, want %v", tc.fn, tc.param, got, tc.want)
+		}
+	}
+}
+
+func TestCoerceValue(t *testing.T) {
+	for _, tc := range []struct {
+		raw   string
+		types []string
+		want  string
+	}{
+		{"123", []string{"string"}, `"123"`},
+		{"123", []string{"string", "integer"}, `123`},
+		{"null", []string{"integer", "null"}, `null`},
+		{"NULL", []string{"integer", "null"}, `null`},
+		{"null", []string{"string"}, `"null"`},
+		{"none", []string{"string", "null"}, `"none"`},
+		{"some text", []string{"string", "integer", "null"}, `"some text"`},
+		{"5.0", []string{"number"}, `5`},
+		{"2.5", []string{"number"}, `2.5`},
+		{" 42 ", []string{"integer"}, `42`},
+		{"1", []string{"boolean"}, `true`},
+		{"False", []string{"boolean"}, `false`},
+		{`{"a": [1, 2]}`, []string{"object"}, `{"a":[1,2]}`},
+		{`[1, "x"]`, []string{"array"}, `[1,"x"]`},
+		{"abc", []string{"integer"}, `"abc"`},
+		{"[1,2]", []string{"integer"}, `[1,2]`},
+		{"héllo \"q\"\n<b>", []string{"string"}, `"héllo \"q\"\n<b>"`},
+		{"NaN", []string{"number"}, `"NaN"`},
+	} {
+		got := string(coerceValue(tc.raw, tc.types))
+		if got != tc.want {
+			t.Errorf("coerceValue(%q, %v) = %s, want %s", tc.raw, tc.types, got, tc.want)
+		}
+		if !json.Valid([]byte(got)) {
+			t.Errorf("coerceValue(%q) = %s is not JSON", tc.raw, got)
+		}
+	}
+}
+
+func TestArgsBuilder(t *testing.T) {
+	var a argsBuilder
+	if a.String() != "{}" {
+		t.Fatalf("empty builder = %s", a.String())
+	}
+	a.addString("z", "é<&>\x01")
+	a.add("a", json.RawMessage("1"))
+	a.add("z", json.RawMessage("true"))
+	if got, want := a.String(), `{"z":true,"a":1}`; got != want {
+		t.Errorf("got %s, want %s", got, want)
+	}
+	var b argsBuilder
+	b.addString("k\"", "é<&>\x01\xff")
+	if got, want := b.String(), `{"k\"":"é<&>\u0001`+"\ufffd"+`"}`; got != want {
+		t.Errorf("got %s, want %s", got, want)
+	}
+}
+
+func TestNormalizeArgs(t *testing.T) {
+	for _, tc := range []struct {
+		raw, want, err string
+	}{
+		{`{ "b": 1, "a": "é<>" }`, `{"b":1,"a":"é<>"}`, ""},
+		{"  {}\n", `{}`, ""},
+		{` { "a" : "x y\" z\\" ,` + "\n\t" + `"b":[1, 2, {"c" : "\u00e9 "}] }`, `{"a":"x y\" z\\","b":[1,2,{"c":"\u00e9 "}]}`, ""},
+		{`{"a":"no space"}`, `{"a":"no space"}`, ""},
+		{`[1,2]`, "", "JSON array, not an object"},
+		{`"x"`, "", "JSON string, not an object"},
+		{`42`, "", "JSON integer, not an object"},
+		{``, "", "empty"},
+		{`{"a": 1`, "", "truncated"},
+		{`{"a": 1}}`, "", "invalid JSON at offset"},
+		{`{"a": tru}`, "", "invalid JSON at offset"},
+		{`not json`, "", "invalid JSON at offset"},
+	} {
+		got, err := normalizeArgs(tc.raw)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("normalizeArgs(%q) err = %v, want containing %q", tc.raw, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("normalizeArgs(%q) = %q, %v; want %q", tc.raw, got, err, tc.want)
+		}
+	}
+}
+
+func TestTextPtrAndSnippet(t *testing.T) {
+	if textPtr(" \n ") != nil {
+		t.Error("textPtr(blank) != nil")
+	}
+	if p := textPtr(" a "); p == nil || *p != "a" {
+		t.Errorf("textPtr(' a ') = %v", p)
+	}
+	long := strings.Repeat("é", 500)
+	s := snippet(long)
+	if len(s) > snippetMax+16 || !strings.Contains(s, "…") {
+		t.Errorf("snippet length %d", len(s))
+	}
+	if snippet("short") != "short" {
+		t.Error("short snippet changed")
+	}
+}

@@ -1,0 +1,100 @@
+package parsers
+
+import "strings"
+
+const (
+	kimiSectionBegin    = "<|tool_calls_section_begin|>"
+	kimiSectionBeginAlt = "<|tool_call_section_begin|>"
+	kimiCallBegin       = "<|tool_call_begin|>"
+	kimiArgBegin        = "<|tool_call_argument_begin|>"
+	kimiCallEnd         = "<|tool_call_end|>"
+)
+
+// kimiK2Parser reads Kimi K2 calls. The model's id (functions.NAME:IDX) is
+// the call id, as in vLLM, so multi-turn ids stay continuous. Deviations:
+// arguments are validated; an id without ":IDX" is a CallError instead of
+// a silently skipped call; a dotted name keeps its dots (upstream keeps
+// only the last segment); calls whose section token is missing still count.
+type kimiK2Parser struct{}
+
+var _ Parser = kimiK2Parser{}
+
+func init() { Register("kimi_k2", kimiK2Parser{}) }
+
+func (kimiK2Parser) Parse(text string, _ []ToolSchema) Result {
+	var c collector
+	first := -1
+	for _, m := range []string{kimiSectionBegin, kimiSectionBeginAlt, kimiCallBegin} {
+		if k := strings.Index(text, m); k >= 0 && (first < 0 || k < first) {
+			first = k
+		}
+	}
+	if first < 0 {
+		return c.result(text, -1)
+	}
+	pos := first
+	for pos < len(text) {
+		k := strings.Index(text[pos:], kimiCallBegin)
+		if k < 0 {
+			break
+		}
+		start := pos + k
+		bs := start + len(kimiCallBegin)
+		closeAt, bodyEnd, closed := tagExtent(text, bs, kimiCallBegin, kimiCallEnd)
+		body := text[bs:bodyEnd]
+		raw := text[start:closeAt]
+		pos = closeAt
+		ab := strings.Index(body, kimiArgBegin)
+		if ab < 0 {
+			c.fail("", "call has no <|tool_call_argument_begin|> (truncated or malformed)", raw)
+			continue
+		}
+		id := strings.TrimSpace(body[:ab])
+		name, ok := kimiName(id)
+		if !ok {
+			c.fail("", "call id "+quoteShort(id)+" is not functions.NAME:IDX", raw)
+			continue
+		}
+		args := body[ab+len(kimiArgBegin):]
+		if !closed {
+			if e := strings.Index(args, "<|tool_calls_section_end|>"); e >= 0 {
+				args = args[:e]
+			}
+		}
+		norm, err := rawArgs(args, closed)
+		switch {
+		case err != nil && !closed:
+			c.fail(name, "call is truncated (no <|tool_call_end|>): "+err.Error(), raw)
+		case err != nil:
+			c.fail(name, err.Error(), raw)
+		default:
+			c.okNative(id, name, norm, raw)
+		}
+	}
+	if len(c.r.ToolCalls)+len(c.r.Errors) == 0 {
+		c.fail("", "tool-call section opened but no call found", text[first:])
+	}
+	return c.result(text, first)
+}
+
+// kimiName extracts NAME from "functions.NAME:IDX" (the prefix is optional).
+func kimiName(id string) (string, bool) {
+	colon := strings.LastIndexByte(id, ':')
+	if colon < 0 || colon == len(id)-1 {
+		return "", false
+	}
+	for i := colon + 1; i < len(id); i++ {
+		if id[i] < '0' || id[i] > '9' {
+			return "", false
+		}
+	}
+	name := strings.TrimPrefix(id[:colon], "functions.")
+	return name, isFuncName(name)
+}
+
+func quoteShort(s string) string {
+	if len(s) > 60 {
+		s = s[:60] + "…"
+	}
+	return "\"" + s + "\""
+}

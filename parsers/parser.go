@@ -1,0 +1,154 @@
+// Package parsers turns raw model text into tool calls and separates
+// reasoning from content, for every tool-call format vLLM knows.
+//
+// It owns the tool-call parser registry (names are vLLM's
+// --tool-call-parser values) and the reasoning parser registry (vLLM's
+// --reasoning-parser values). It depends on nothing but the standard
+// library: tool schemas arrive as JSON.
+package parsers
+
+import (
+	"encoding/json"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+)
+
+// ToolSchema is one tool the model may call, as in an OpenAI `tools` array
+// entry's "function" object. Parameters is the raw JSON schema of the
+// arguments; parsers use it to type values in string-encoded formats.
+type ToolSchema struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description,omitempty"`
+	Parameters  json.RawMessage `json:"parameters,omitempty"`
+}
+
+// ToolCall is one well-formed call. Arguments is always a compact JSON
+// object string.
+type ToolCall struct {
+	ID        string `json:"id"`
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
+	// Raw is the exact substring of the model output the call was parsed
+	// from, kept so that traces can be replayed byte for byte.
+	Raw string `json:"-"`
+}
+
+// CallError describes a call that was recognised but could not be turned
+// into a well-formed ToolCall. The agent loop reports it to the model.
+type CallError struct {
+	Index   int    `json:"index"`          // position among the calls of this output (0-based)
+	Name    string `json:"name,omitempty"` // function name when it could be read
+	Reason  string `json:"reason"`
+	Snippet string `json:"snippet"` // raw text of the malformed call (possibly shortened)
+}
+
+func (e CallError) Error() string {
+	if e.Name != "" {
+		return fmt.Sprintf("tool call %d (%s): %s", e.Index, e.Name, e.Reason)
+	}
+	return fmt.Sprintf("tool call %d: %s", e.Index, e.Reason)
+}
+
+// Result is what a tool parser makes of one model output.
+type Result struct {
+	// Content is the text outside the calls, per the family's rule; nil
+	// when empty.
+	Content   *string
+	ToolCalls []ToolCall
+	Errors    []CallError
+}
+
+// Parser is a tool-call parser for one family. Implementations are safe for
+// concurrent use.
+type Parser interface {
+	Parse(text string, tools []ToolSchema) Result
+}
+
+// ReasoningParser separates reasoning from content. Reasoning is nil when the
+// output has none.
+type ReasoningParser interface {
+	Extract(text string, opts ReasoningOptions) (reasoning *string, content string)
+}
+
+// ReasoningOptions carries request settings that change how reasoning is
+// delimited (e.g. Qwen3 with enable_thinking=false emits no <think> block).
+type ReasoningOptions struct {
+	// ThinkingDisabled reports chat_template_kwargs.enable_thinking=false.
+	ThinkingDisabled bool
+}
+
+var (
+	regMu     sync.RWMutex
+	toolReg   = map[string]Parser{}
+	reasonReg = map[string]ReasoningParser{}
+)
+
+// Register adds a tool-call parser under name. It panics on a duplicate
+// name: registration happens at init time and a clash is a programming error.
+func Register(name string, p Parser) {
+	regMu.Lock()
+	defer regMu.Unlock()
+	if _, dup := toolReg[name]; dup {
+		panic("parsers: duplicate tool parser " + name)
+	}
+	toolReg[name] = p
+}
+
+// RegisterReasoning adds a reasoning parser under name.
+func RegisterReasoning(name string, p ReasoningParser) {
+	regMu.Lock()
+	defer regMu.Unlock()
+	if _, dup := reasonReg[name]; dup {
+		panic("parsers: duplicate reasoning parser " + name)
+	}
+	reasonReg[name] = p
+}
+
+// Get returns the tool-call parser registered under name, or an error that
+// lists the known names.
+func Get(name string) (Parser, error) {
+	regMu.RLock()
+	p, ok := toolReg[name]
+	regMu.RUnlock()
+	if !ok {
+		return nil, fmt.Errorf("unknown tool-call parser %q; known parsers: %s", name, strings.Join(Names(), ", "))
+	}
+	return p, nil
+}
+
+// GetReasoning returns the reasoning parser registered under name, or an
+// error that lists the known names.
+func GetReasoning(name string) (ReasoningParser, error) {
+	regMu.RLock()
+	p, ok := reasonReg[name]
+	regMu.RUnlock()
+	if !ok {
+		return nil, fmt.Errorf("unknown reasoning parser %q; known parsers: %s", name, strings.Join(ReasoningNames(), ", "))
+	}
+	return p, nil
+}
+
+// Names lists the registered tool-call parsers, sorted.
+func Names() []string {
+	regMu.RLock()
+	defer regMu.RUnlock()
+	return sortedKeys(toolReg)
+}
+
+// ReasoningNames lists the registered reasoning parsers, sorted.
+func ReasoningNames() []string {
+	regMu.RLock()
+	defer regMu.RUnlock()
+	return sortedKeys(reasonReg)
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,262 @@
+package runner
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/rollout-rl/rollout/datasets"
+	"github.com/rollout-rl/rollout/inference"
+)
+
+// ErrConfig is wrapped by every invalid run configuration.
+var ErrConfig = errors.New("invalid run config")
+
+// Config is one run: the YAML file of `rollout run -c` / `rollout eval -c`,
+// and the job config of the gRPC service. Every knob is documented in
+// docs/config.md.
+type Config struct {
+	// Env is a registered env name or the path of a YAML env file.
+	Env string `yaml:"env" json:"env"`
+	// EnvConfig is the env's own configuration (strictly decoded by it).
+	EnvConfig yaml.Node `yaml:"env_config,omitempty" json:"-"`
+	// Split of the env's dataset ("train" for run, "eval" for eval).
+	Split string `yaml:"split,omitempty" json:"split,omitempty"`
+	// Dataset replaces the env's built-in dataset when its path is set.
+	Dataset datasets.Config `yaml:"dataset,omitempty" json:"dataset,omitempty"`
+	// Groups is the number of items (groups) to run; 0 = every item.
+	Groups int `yaml:"groups,omitempty" json:"groups,omitempty"`
+	// GroupSize is G, the rollouts per item; 0 = the env's default.
+	GroupSize int `yaml:"group_size,omitempty" json:"group_size,omitempty"`
+	// Seed drives item order, toolset sampling and simulator-visible seeds.
+	Seed uint64 `yaml:"seed,omitempty" json:"seed,omitempty"`
+	// Shuffle the items (with Seed).
+	Shuffle bool `yaml:"shuffle,omitempty" json:"shuffle,omitempty"`
+
+	Inference       inference.Config   `yaml:"inference" json:"inference"`
+	Sampling        inference.Sampling `yaml:"sampling,omitempty" json:"sampling,omitempty"`
+	Parser          string             `yaml:"parser,omitempty" json:"parser,omitempty"`
+	ReasoningParser string             `yaml:"reasoning_parser,omitempty" json:"reasoning_parser,omitempty"`
+
+	MaxTurns int `yaml:"max_turns,omitempty" json:"max_turns,omitempty"`
+	// RolloutTimeout bounds one rollout's agent loop (default 20m).
+	RolloutTimeout Duration `yaml:"rollout_timeout,omitempty" json:"rollout_timeout,omitempty"`
+	// RewardTimeout bounds the reward (default 10m).
+	RewardTimeout Duration `yaml:"reward_timeout,omitempty" json:"reward_timeout,omitempty"`
+	// MaxConsecutiveInvalid ends an episode after that many invalid calls
+	// in a row (default 5).
+	MaxConsecutiveInvalid int `yaml:"max_consecutive_invalid,omitempty" json:"max_consecutive_invalid,omitempty"`
+
+	Toolsets Toolsets      `yaml:"toolsets,omitempty" json:"toolsets,omitempty"`
+	Sandbox  SandboxConfig `yaml:"sandbox,omitempty" json:"sandbox,omitempty"`
+	Limits   Limits        `yaml:"limits,omitempty" json:"limits,omitempty"`
+	// Retries of an infra-failed rollout (default 2).
+	Retries   int       `yaml:"retries,omitempty" json:"retries,omitempty"`
+	Advantage Advantage `yaml:"advantage,omitempty" json:"advantage,omitempty"`
+	Output    Output    `yaml:"output,omitempty" json:"output,omitempty"`
+	Eval      EvalSpec  `yaml:"eval,omitempty" json:"eval,omitempty"`
+	// PolicyVersion is stamped on records when a trainer supplies one.
+	PolicyVersion *int64 `yaml:"policy_version,omitempty" json:"policy_version,omitempty"`
+	// AllowEvalOnly runs an eval-only env with `rollout run`.
+	AllowEvalOnly bool `yaml:"allow_eval_only,omitempty" json:"allow_eval_only,omitempty"`
+}
+
+// Toolsets selects the tools of a run. Enabled empty = the env's toolsets.
+// Distribution names a Hermes toolset distribution sampled once per group.
+type Toolsets struct {
+	Enabled      []string `yaml:"enabled,omitempty" json:"enabled,omitempty"`
+	Disabled     []string `yaml:"disabled,omitempty" json:"disabled,omitempty"`
+	Distribution string   `yaml:"distribution,omitempty" json:"distribution,omitempty"`
+}
+
+// SandboxConfig overrides the env's sandbox settings for every rollout.
+type SandboxConfig struct {
+	Image    string  `yaml:"image,omitempty" json:"image,omitempty"`
+	Network  string  `yaml:"network,omitempty" json:"network,omitempty"`
+	MemoryMB int64   `yaml:"memory_mb,omitempty" json:"memory_mb,omitempty"`
+	CPUs     float64 `yaml:"cpus,omitempty" json:"cpus,omitempty"`
+	PIDs     int64   `yaml:"pids,omitempty" json:"pids,omitempty"`
+	// WarmPool keeps this many started containers per image (0 = G).
+	WarmPool int `yaml:"warm_pool,omitempty" json:"warm_pool,omitempty"`
+}
+
+// Limits bound the run's concurrency. Zero values take defaults sized for
+// one machine.
+type Limits struct {
+	RolloutsInFlight int `yaml:"rollouts_in_flight,omitempty" json:"rollouts_in_flight,omitempty"` // default 32
+	GroupsInFlight   int `yaml:"groups_in_flight,omitempty" json:"groups_in_flight,omitempty"`     // default 8
+	Sandboxes        int `yaml:"sandboxes,omitempty" json:"sandboxes,omitempty"`                   // default 32
+}
+
+// Advantage modes.
+const (
+	AdvantageGRPO = "grpo" // (r - mean) / (std + eps)
+	AdvantageMean = "mean" // r - mean
+	AdvantageNone = "none" // no advantages
+)
+
+// Advantage configures group assembly.
+type Advantage struct {
+	Mode string `yaml:"mode,omitempty" json:"mode,omitempty"`
+	// DropEqual marks groups whose scores are all equal as dropped: they
+	// are recorded (with advantage 0) and counted, but trainer-facing
+	// streams skip them. Off by default (binary rewards need equal groups).
+	DropEqual bool `yaml:"drop_equal,omitempty" json:"drop_equal,omitempty"`
+}
+
+// Output configures where trajectories go.
+type Output struct {
+	// Dir is the run directory; re-running with the same Dir resumes.
+	Dir string `yaml:"dir,omitempty" json:"dir,omitempty"`
+	// MaxRowsPerFile rotates Parquet part files (default 10,000).
+	MaxRowsPerFile int64 `yaml:"max_rows_per_file,omitempty" json:"max_rows_per_file,omitempty"`
+}
+
+// EvalSpec configures `rollout eval`.
+type EvalSpec struct {
+	// K is the k of pass@k (default: group size).
+	K int `yaml:"k,omitempty" json:"k,omitempty"`
+	// PassThreshold is the reward at or above which a rollout passes
+	// (default 1.0).
+	PassThreshold float64 `yaml:"pass_threshold,omitempty" json:"pass_threshold,omitempty"`
+}
+
+// Duration is a time.Duration written as "90s" in YAML and JSON.
+type Duration time.Duration
+
+// UnmarshalYAML accepts Go duration strings.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := time.ParseDuration(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %q is not a duration (e.g. 90s, 10m)", n.Line, n.Value)
+	}
+	*d = Duration(v)
+	return nil
+}
+
+// MarshalYAML writes the duration as text.
+func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
+
+// MarshalJSON writes the duration as text.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// UnmarshalJSON reads duration text.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return err
+	}
+	v, err := time.ParseDuration(s)
+	*d = Duration(v)
+	return err
+}
+
+// LoadConfig reads a run config strictly: unknown keys are errors with
+// their line numbers.
+func LoadConfig(path string) (Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("run config: %w", err)
+	}
+	cfg, err := ParseConfig(b)
+	if err != nil {
+		return Config{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// ParseConfig decodes YAML run config text strictly.
+func ParseConfig(text []byte) (Config, error) {
+	var cfg Config
+	dec := yaml.NewDecoder(bytes.NewReader(text))
+	dec.KnownFields(true)
+	if err := dec.Decode(&cfg); err != nil {
+		return Config{}, fmt.Errorf("%w: %v", ErrConfig, strings.TrimPrefix(err.Error(), "yaml: "))
+	}
+	return cfg, nil
+}
+
+// withDefaults fills unset knobs.
+func (c Config) withDefaults() Config {
+	if c.RolloutTimeout == 0 {
+		c.RolloutTimeout = Duration(20 * time.Minute)
+	}
+	if c.RewardTimeout == 0 {
+		c.RewardTimeout = Duration(10 * time.Minute)
+	}
+	if c.Limits.RolloutsInFlight == 0 {
+		c.Limits.RolloutsInFlight = 32
+	}
+	if c.Limits.GroupsInFlight == 0 {
+		c.Limits.GroupsInFlight = 8
+	}
+	if c.Limits.Sandboxes == 0 {
+		c.Limits.Sandboxes = 32
+	}
+	if c.Retries == 0 {
+		c.Retries = 2
+	}
+	if c.Advantage.Mode == "" {
+		c.Advantage.Mode = AdvantageGRPO
+	}
+	if c.Eval.PassThreshold == 0 {
+		c.Eval.PassThreshold = 1
+	}
+	return c
+}
+
+// Validate reports the first invalid field by its YAML path.
+func (c Config) Validate() error {
+	bad := func(field, format string, args ...any) error {
+		return fmt.Errorf("%w: %s: %s", ErrConfig, field, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case c.Env == "":
+		return bad("env", "required (a registered env name or a YAML env file)")
+	case len(c.Inference.Endpoints) == 0:
+		return bad("inference.endpoints", "at least one endpoint URL is required")
+	case c.Groups < 0:
+		return bad("groups", "must not be negative")
+	case c.GroupSize < 0:
+		return bad("group_size", "must not be negative")
+	case c.MaxTurns < 0:
+		return bad("max_turns", "must not be negative")
+	case c.Retries < 0:
+		return bad("retries", "must not be negative")
+	case c.Limits.RolloutsInFlight < 0 || c.Limits.GroupsInFlight < 0 || c.Limits.Sandboxes < 0:
+		return bad("limits", "must not be negative")
+	}
+	switch c.Advantage.Mode {
+	case "", AdvantageGRPO, AdvantageMean, AdvantageNone:
+	default:
+		return bad("advantage.mode", "%q, want grpo, mean or none", c.Advantage.Mode)
+	}
+	for _, u := range c.Inference.Endpoints {
+		if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
+			return bad("inference.endpoints", "%q is not an http(s) URL", u)
+		}
+	}
+	return nil
+}
+
+// Hash is a stable digest of the effective config, for the reproducibility
+// manifest.
+func (c Config) Hash() string {
+	b, _ := json.Marshal(c)
+	var env []byte
+	if c.EnvConfig.Kind != 0 {
+		env, _ = yaml.Marshal(&c.EnvConfig)
+	}
+	h := sha256.New()
+	h.Write(b)
+	h.Write(env)
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}

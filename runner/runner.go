@@ -1,0 +1,702 @@
+package runner
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"math"
+	rnd "math/rand/v2"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"time"
+
+	openai "github.com/sashabaranov/go-openai"
+	"golang.org/x/sync/errgroup"
+	"golang.org/x/sync/semaphore"
+
+	"github.com/rollout-rl/rollout/agentloop"
+	"github.com/rollout-rl/rollout/datasets"
+	"github.com/rollout-rl/rollout/envs"
+	"github.com/rollout-rl/rollout/inference"
+	"github.com/rollout-rl/rollout/internal/version"
+	"github.com/rollout-rl/rollout/sandbox"
+	"github.com/rollout-rl/rollout/tools"
+)
+
+// Sandboxes creates sandboxes (the Docker backend, or a pool over it).
+type Sandboxes interface {
+	Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error)
+}
+
+// ImageBuilder builds a task image FROM a local base image and returns its
+// reference (cached by content).
+type ImageBuilder interface {
+	BuildTask(ctx context.Context, b envs.ImageBuild) (string, error)
+}
+
+// Deps are the runner's collaborators.
+type Deps struct {
+	Env       envs.Env
+	Policy    inference.Policy
+	Sandboxes Sandboxes    // required when the env's tasks have sandboxes
+	Images    ImageBuilder // required when tasks carry an image build
+	Sinks     []Sink
+	// Items replaces the env's dataset (e.g. a trainer-driven stream);
+	// nil means cfg.Dataset or the env's own items.
+	Items []datasets.Item
+	// Progress receives an event per finished rollout and group (nil: none).
+	Progress func(Event)
+	Logger   *slog.Logger
+	// RunID names the run; empty generates one.
+	RunID string
+}
+
+// Event is a progress notification.
+type Event struct {
+	Group   *Group   // set when a group finished
+	Rollout *Rollout // set when a rollout finished (last attempt)
+	Total   int      // groups planned
+}
+
+// Runner executes one run.
+type Runner struct {
+	cfg    Config
+	deps   Deps
+	log    *slog.Logger
+	info   RunInfo
+	tools  *tools.Registry
+	rolls  *semaphore.Weighted
+	boxes  *semaphore.Weighted
+	mu     sync.Mutex
+	sum    Summary
+	reward float64
+	// stopIntake ends intake (CancelJob without cancel_in_flight).
+	stopOnce   sync.Once
+	intakeStop chan struct{}
+}
+
+// GroupOptions adjust one group in trainer-driven collection.
+type GroupOptions struct {
+	// PolicyVersion is stamped on the group's records.
+	PolicyVersion *int64
+	// Sampling replaces the run's sampling parameters when set.
+	Sampling *inference.Sampling
+	// RequestID is echoed on the group.
+	RequestID string
+}
+
+// StopIntake stops starting new groups; groups in flight finish and are
+// written. Run then returns with ErrIntakeStopped. Safe to call at any
+// time, more than once.
+func (r *Runner) StopIntake() { r.stopOnce.Do(func() { close(r.intakeStop) }) }
+
+// ErrIntakeStopped is returned by Run after StopIntake.
+var ErrIntakeStopped = errors.New("intake stopped")
+
+// New validates cfg and prepares a run.
+func New(cfg Config, deps Deps) (*Runner, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if deps.Env == nil || deps.Policy == nil {
+		return nil, fmt.Errorf("%w: runner needs an env and a policy", ErrConfig)
+	}
+	cfg = cfg.withDefaults()
+	d := deps.Env.Defaults()
+	if cfg.GroupSize == 0 {
+		cfg.GroupSize = max(d.GroupSize, 1)
+	}
+	if cfg.MaxTurns == 0 {
+		cfg.MaxTurns = max(d.MaxTurns, 1)
+	}
+	if cfg.Eval.K == 0 {
+		cfg.Eval.K = cfg.GroupSize
+	}
+	if deps.Logger == nil {
+		deps.Logger = slog.Default()
+	}
+	if deps.RunID == "" {
+		deps.RunID = newID("run")
+	}
+	sampling, _ := json.Marshal(cfg.Sampling)
+	r := &Runner{
+		cfg:   cfg,
+		deps:  deps,
+		log:   deps.Logger.With("run", deps.RunID, "env", deps.Env.Name()),
+		tools: tools.Default(),
+		rolls: semaphore.NewWeighted(int64(cfg.Limits.RolloutsInFlight)),
+		boxes: semaphore.NewWeighted(int64(cfg.Limits.Sandboxes)),
+		info: RunInfo{
+			RunID: deps.RunID, Env: deps.Env.Name(), Model: cfg.Inference.Model, Parser: cfg.Parser,
+			ServiceVersion: version.Get().Version, ConfigHash: cfg.Hash(), SamplingJSON: string(sampling),
+			PolicyVersion: cfg.PolicyVersion, RolloutTimeout: time.Duration(cfg.RolloutTimeout),
+			ToolTimeout: tools.DefaultTerminalTimeout, PassThreshold: cfg.Eval.PassThreshold,
+		},
+	}
+	r.sum.FailuresByKind = map[string]int{}
+	r.intakeStop = make(chan struct{})
+	return r, nil
+}
+
+// Config returns the effective config (defaults applied).
+func (r *Runner) Config() Config { return r.cfg }
+
+// Info returns the run-level information given to sinks.
+func (r *Runner) Info() *RunInfo { return &r.info }
+
+// Items resolves the items of this run: Deps.Items, else the configured
+// dataset, else the env's own split; then shuffle/limit.
+func (r *Runner) Items(ctx context.Context) ([]datasets.Item, error) {
+	items := r.deps.Items
+	var err error
+	switch {
+	case items != nil:
+	case r.cfg.Dataset.Path != "":
+		items, err = datasets.Load(ctx, r.cfg.Dataset)
+	default:
+		split := r.cfg.Split
+		if split == "" {
+			split = "train"
+		}
+		items, err = r.deps.Env.Items(ctx, split)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("items of %s: %w", r.deps.Env.Name(), err)
+	}
+	if r.cfg.Shuffle {
+		out := append([]datasets.Item(nil), items...)
+		rng := rnd.New(rnd.NewPCG(r.cfg.Seed, 0x5eed))
+		rng.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+		items = out
+	}
+	if r.cfg.Groups > 0 && len(items) > r.cfg.Groups {
+		items = items[:r.cfg.Groups]
+	}
+	return items, nil
+}
+
+// Run collects every group. Intake stops at the first sink error or when
+// ctx is cancelled; in-flight groups then finish (their rollouts see the
+// cancellation) and are still handed to the sinks when possible.
+func (r *Runner) Run(ctx context.Context) (Summary, error) {
+	start := time.Now()
+	items, err := r.Items(ctx)
+	if err != nil {
+		return r.sum, err
+	}
+	done := map[string]bool{}
+	for _, s := range r.deps.Sinks {
+		if res, ok := s.(Resumer); ok {
+			got, err := res.CompletedGroups(ctx)
+			if err != nil {
+				return r.sum, fmt.Errorf("resume: %w", err)
+			}
+			for k := range got {
+				done[k] = true
+			}
+		}
+	}
+	todo := make([]datasets.Item, 0, len(items))
+	for _, it := range items {
+		if done[it.Key()] {
+			r.sum.GroupsSkipped++
+			continue
+		}
+		todo = append(todo, it)
+	}
+	if r.sum.GroupsSkipped > 0 {
+		r.log.Info("resuming", "completed_groups", r.sum.GroupsSkipped, "remaining", len(todo))
+	}
+	groupSlots := semaphore.NewWeighted(int64(r.cfg.Limits.GroupsInFlight))
+	// Sink writes are serialised so records of one group stay together.
+	var sinkMu sync.Mutex
+	var sinkErr error
+	intake, stopIntake := context.WithCancel(ctx)
+	defer stopIntake()
+	go func() {
+		select {
+		case <-r.intakeStop:
+			stopIntake()
+		case <-intake.Done():
+		}
+	}()
+	var wg sync.WaitGroup
+	for i, it := range todo {
+		// Back-pressure: wait for a group slot; never cancel running work.
+		if err := groupSlots.Acquire(intake, 1); err != nil {
+			break
+		}
+		wg.Add(1)
+		go func(idx int, it datasets.Item) {
+			defer wg.Done()
+			defer groupSlots.Release(1)
+			g := r.RunGroup(ctx, idx, it, GroupOptions{PolicyVersion: r.cfg.PolicyVersion})
+			sinkMu.Lock()
+			defer sinkMu.Unlock()
+			if sinkErr != nil {
+				return
+			}
+			// Sinks must receive the group even when ctx was cancelled
+			// mid-group, so that the work done is not lost.
+			wctx := context.WithoutCancel(ctx)
+			for _, s := range r.deps.Sinks {
+				if err := s.WriteGroup(wctx, &r.info, g); err != nil {
+					sinkErr = fmt.Errorf("write group %s: %w", g.ID, err)
+					stopIntake()
+					return
+				}
+			}
+			r.count(g)
+			if r.deps.Progress != nil {
+				r.deps.Progress(Event{Group: g, Total: len(todo)})
+			}
+		}(i, it)
+	}
+	wg.Wait()
+	r.sum.Elapsed = time.Since(start)
+	if r.sum.RolloutsOK > 0 {
+		r.sum.MeanReward = r.reward / float64(r.sum.RolloutsOK)
+	}
+	if sinkErr != nil {
+		return r.sum, sinkErr
+	}
+	if err := ctx.Err(); err != nil {
+		return r.sum, fmt.Errorf("run cancelled: %w", err)
+	}
+	select {
+	case <-r.intakeStop:
+		if r.sum.Groups+r.sum.GroupsSkipped < len(items) {
+			return r.sum, ErrIntakeStopped
+		}
+	default:
+	}
+	return r.sum, nil
+}
+
+// Count adds a group delivered outside Run (trainer-driven collection) to
+// the summary.
+func (r *Runner) Count(g *Group) { r.count(g) }
+
+// Summary returns the counters so far.
+func (r *Runner) Summary() Summary {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.sum
+	s.FailuresByKind = maps.Clone(r.sum.FailuresByKind)
+	if s.RolloutsOK > 0 {
+		s.MeanReward = r.reward / float64(s.RolloutsOK)
+	}
+	return s
+}
+
+func (r *Runner) count(g *Group) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sum.Groups++
+	if g.Dropped {
+		r.sum.GroupsDropped++
+	}
+	for _, ro := range g.Rollouts {
+		r.sum.Rollouts++
+		r.sum.Retries += ro.Attempts - 1
+		if ro.Status == StatusOK {
+			r.sum.RolloutsOK++
+			r.reward += ro.Score.Value
+		} else {
+			r.sum.InfraFailed++
+			r.sum.FailuresByKind[ro.Failure.Kind]++
+		}
+	}
+}
+
+// RunGroup runs the G rollouts of one item concurrently and assembles the
+// group. Run calls it for every item; trainer-driven collection calls it
+// directly. idx seeds the group's toolset sampling.
+func (r *Runner) RunGroup(ctx context.Context, idx int, it datasets.Item, o GroupOptions) *Group {
+	g := &Group{ID: it.Key(), Item: it, Rollouts: make([]Rollout, r.cfg.GroupSize), PolicyVersion: o.PolicyVersion, RequestID: o.RequestID}
+	sampling := r.cfg.Sampling
+	if o.Sampling != nil {
+		sampling = *o.Sampling
+	}
+	log := r.log.With("group", g.ID)
+	task, taskErr := r.deps.Env.Task(ctx, it)
+	g.Task = task
+	set, setErr := r.toolSet(task, uint64(idx))
+	var eg errgroup.Group
+	for i := range g.Rollouts {
+		eg.Go(func() error {
+			g.Rollouts[i] = r.runWithRetries(ctx, log, it, task, taskErr, set, setErr, i, sampling)
+			if r.deps.Progress != nil {
+				ro := g.Rollouts[i]
+				r.deps.Progress(Event{Rollout: &ro})
+			}
+			return nil
+		})
+	}
+	_ = eg.Wait()
+	assemble(g, r.cfg.Advantage)
+	log.Debug("group done", "ok", g.OK, "mean", g.Mean)
+	return g
+}
+
+// toolSet resolves the tools of one group: the configured toolsets (or a
+// distribution sampled once per group, so the group shares its tools) and
+// the task's own tools.
+func (r *Runner) toolSet(task envs.Task, groupIdx uint64) (*tools.Set, error) {
+	reg := r.tools
+	enabled := task.Toolsets
+	if len(r.cfg.Toolsets.Enabled) > 0 {
+		enabled = r.cfg.Toolsets.Enabled
+	}
+	if r.cfg.Toolsets.Distribution != "" {
+		sets, _, err := reg.SampleToolsets(r.cfg.Toolsets.Distribution, r.cfg.Seed*1_000_003+groupIdx)
+		if err != nil {
+			return nil, err
+		}
+		enabled = sets
+	}
+	if len(task.Tools) > 0 || len(task.CallOnly) > 0 {
+		reg = tools.NewRegistry()
+		for _, t := range tools.Builtins() {
+			if err := reg.Register(t); err != nil {
+				return nil, err
+			}
+		}
+		for _, t := range task.Tools {
+			if err := reg.Register(t); err != nil {
+				return nil, fmt.Errorf("env tool: %w", err)
+			}
+			enabled = appendUnique(enabled, t.Toolset)
+		}
+		if len(task.CallOnly) > 0 {
+			enabled = nil
+			for _, ot := range task.CallOnly {
+				t, err := recordOnlyTool(ot)
+				if err != nil {
+					return nil, err
+				}
+				if err := reg.Register(t); err != nil {
+					return nil, fmt.Errorf("call-only tool: %w", err)
+				}
+			}
+			enabled = []string{callOnlyToolset}
+		}
+	}
+	if len(enabled) == 0 {
+		return nil, nil
+	}
+	return reg.Resolve(enabled, r.cfg.Toolsets.Disabled)
+}
+
+const callOnlyToolset = "call-only"
+
+// recordOnlyTool offers a schema whose calls are recorded and never
+// executed (single-turn call matching); the model sees that it was not run.
+func recordOnlyTool(t openai.Tool) (tools.Tool, error) {
+	if t.Function == nil || t.Function.Name == "" {
+		return tools.Tool{}, fmt.Errorf("call-only tool without a function name")
+	}
+	params, err := json.Marshal(t.Function.Parameters)
+	if err != nil || string(params) == "null" {
+		params = []byte(`{"type":"object","properties":{}}`)
+	}
+	return tools.Tool{
+		Name: t.Function.Name, Description: t.Function.Description, Parameters: params,
+		Toolset: callOnlyToolset, Class: tools.ReadOnly,
+		Handler: func(context.Context, *tools.Env, tools.Args) (string, error) {
+			return `{"status":"recorded","note":"this call is evaluated, not executed"}`, nil
+		},
+	}, nil
+}
+
+func appendUnique(list []string, s string) []string {
+	for _, x := range list {
+		if x == s {
+			return list
+		}
+	}
+	return append(append([]string(nil), list...), s)
+}
+
+// runWithRetries runs one rollout slot, retrying infra failures with a
+// fresh sandbox and rollout id.
+func (r *Runner) runWithRetries(ctx context.Context, log *slog.Logger, it datasets.Item, task envs.Task, taskErr error, set *tools.Set, setErr error, idx int, sampling inference.Sampling) Rollout {
+	var ro Rollout
+	for attempt := 1; ; attempt++ {
+		ro = r.attempt(ctx, log, it, task, taskErr, set, setErr, idx, sampling)
+		ro.Attempts = attempt
+		if ro.Status == StatusOK || attempt > r.cfg.Retries || ctx.Err() != nil || !retryable(ro.Failure.Kind) {
+			return ro
+		}
+		log.Warn("rollout infra failure, retrying", "rollout", ro.ID, "kind", ro.Failure.Kind, "error", ro.Failure.Message, "attempt", attempt)
+		select {
+		case <-ctx.Done():
+			return ro
+		case <-time.After(backoff(attempt)):
+		}
+	}
+}
+
+func retryable(kind string) bool {
+	switch kind {
+	case FailTask, FailCancelled, FailPanic:
+		return false
+	}
+	return true
+}
+
+func backoff(attempt int) time.Duration {
+	d := time.Duration(200*math.Pow(2, float64(attempt-1))) * time.Millisecond
+	return min(d, 5*time.Second) + time.Duration(rnd.Int64N(int64(100*time.Millisecond)))
+}
+
+// attempt is one try of one rollout. It never panics: a panic becomes a
+// FailPanic record.
+func (r *Runner) attempt(ctx context.Context, log *slog.Logger, it datasets.Item, task envs.Task, taskErr error, set *tools.Set, setErr error, idx int, sampling inference.Sampling) (ro Rollout) {
+	start := time.Now()
+	ro = Rollout{ID: newID("ro"), Index: idx, Status: StatusOK, Created: start}
+	log = log.With("rollout", ro.ID, "index", idx)
+	defer func() {
+		if p := recover(); p != nil {
+			log.Error("rollout panicked", "panic", p, "stack", string(debug.Stack()))
+			ro.fail(FailPanic, fmt.Errorf("panic: %v", p))
+		}
+		ro.Timings.Total = time.Since(start)
+	}()
+	if taskErr != nil {
+		ro.fail(FailTask, taskErr)
+		return ro
+	}
+	if setErr != nil {
+		ro.fail(FailTask, fmt.Errorf("tools: %w", setErr))
+		return ro
+	}
+	if set != nil {
+		ro.Tools = set.OpenAI()
+	}
+	if err := r.rolls.Acquire(ctx, 1); err != nil {
+		ro.fail(FailCancelled, err)
+		return ro
+	}
+	defer r.rolls.Release(1)
+
+	var sb sandbox.Sandbox
+	if task.Sandbox != nil {
+		var err error
+		var kind string
+		sb, kind, err = r.openSandbox(ctx, task, &ro)
+		if err != nil {
+			ro.fail(kind, err)
+			return ro
+		}
+		defer r.boxes.Release(1)
+		defer func() {
+			// Teardown happens after the reward, even on error, panic or
+			// cancellation.
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+			defer cancel()
+			if err := sb.Close(cctx); err != nil {
+				log.Warn("sandbox close", "error", err)
+			}
+		}()
+	}
+
+	lcfg := agentloop.Config{
+		ID: ro.ID, Messages: task.Messages, Tools: set, Model: r.cfg.Inference.Model,
+		Sampling: sampling, Parser: r.cfg.Parser, ReasoningParser: r.cfg.ReasoningParser,
+		MaxTurns: r.cfg.MaxTurns, Timeout: time.Duration(r.cfg.RolloutTimeout),
+		MaxConsecutiveInvalid: r.cfg.MaxConsecutiveInvalid,
+	}
+	if task.MaxTurns > 0 {
+		lcfg.MaxTurns = task.MaxTurns
+	}
+	if v, ok := sampling.ChatTemplateKwargs["enable_thinking"].(bool); ok && !v {
+		lcfg.ReasoningOptions.ThinkingDisabled = true
+	}
+	deps := agentloop.Deps{Policy: r.deps.Policy, Logger: log}
+	if sb != nil {
+		deps.Env = tools.NewEnv(sb, ro.ID)
+		deps.Env.Logger = log
+	}
+	res, err := agentloop.Run(ctx, lcfg, deps)
+	ro.Result = res
+	for _, t := range res.Turns {
+		ro.Timings.Generation += t.Generation
+		ro.Timings.Tools += t.Tools
+	}
+	if err != nil || res.StopReason.Failed() {
+		if err == nil {
+			err = errors.New(res.Error)
+		}
+		ro.fail(loopFailure(res.StopReason, err), err)
+		return ro
+	}
+
+	rstart := time.Now()
+	rctx, cancel := context.WithTimeout(ctx, time.Duration(r.cfg.RewardTimeout))
+	defer cancel()
+	out := envs.Outcome{Messages: res.Messages, Final: finalContent(res), Turns: res.TurnsUsed,
+		FinishedNaturally: res.FinishedNaturally, StopReason: string(res.StopReason)}
+	var box envs.Sandbox
+	if sb != nil {
+		box = sb
+	}
+	score, err := r.deps.Env.Reward(rctx, it, out, box)
+	ro.Timings.Reward = time.Since(rstart)
+	if err != nil {
+		kind := FailReward
+		if errors.Is(rctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
+			kind = FailRewardTimout
+		} else if ctx.Err() != nil {
+			kind = FailCancelled
+		}
+		ro.fail(kind, err)
+		return ro
+	}
+	if math.IsNaN(score.Value) || math.IsInf(score.Value, 0) {
+		ro.fail(FailReward, fmt.Errorf("reward is %v", score.Value))
+		return ro
+	}
+	ro.Score = score
+	return ro
+}
+
+// openSandbox builds the task image when needed and creates the sandbox
+// under the sandbox limit.
+func (r *Runner) openSandbox(ctx context.Context, task envs.Task, ro *Rollout) (sandbox.Sandbox, string, error) {
+	if r.deps.Sandboxes == nil {
+		return nil, FailSandbox, errors.New("this task needs a sandbox and the runner has no sandbox backend")
+	}
+	spec := *task.Sandbox
+	if task.Build != nil {
+		if r.deps.Images == nil {
+			return nil, FailImageBuild, errors.New("this task needs an image build and the runner has no image builder")
+		}
+		img, err := r.deps.Images.BuildTask(ctx, *task.Build)
+		if err != nil {
+			return nil, FailImageBuild, err
+		}
+		spec.Image = img
+	}
+	c := r.cfg.Sandbox
+	if c.Image != "" && task.Build == nil {
+		spec.Image = c.Image
+	}
+	if c.Network != "" {
+		spec.Network = c.Network
+	}
+	if c.MemoryMB > 0 {
+		spec.Limits.MemoryBytes = c.MemoryMB << 20
+	}
+	if c.CPUs > 0 {
+		spec.Limits.CPUs = c.CPUs
+	}
+	if c.PIDs > 0 {
+		spec.Limits.PIDs = c.PIDs
+	}
+	if spec.Image == "" {
+		return nil, FailTask, errors.New("no sandbox image: set sandbox.image in the run config or the env's image")
+	}
+	spec.Labels = map[string]string{sandbox.LabelRun: r.info.RunID, sandbox.LabelRollout: ro.ID}
+	ro.Image, ro.Limits, ro.Network = spec.Image, spec.Limits, spec.Network
+	if err := r.boxes.Acquire(ctx, 1); err != nil {
+		return nil, FailCancelled, err
+	}
+	t0 := time.Now()
+	sb, err := r.deps.Sandboxes.Create(ctx, spec)
+	ro.Timings.SandboxStart = time.Since(t0)
+	if err != nil {
+		r.boxes.Release(1)
+		if ctx.Err() != nil {
+			return nil, FailCancelled, err
+		}
+		return nil, FailSandbox, err
+	}
+	return sb, "", nil
+}
+
+func loopFailure(reason agentloop.StopReason, err error) string {
+	switch {
+	case reason == agentloop.StopSandboxErr || errors.Is(err, sandbox.ErrUnavailable) || errors.Is(err, sandbox.ErrClosed):
+		return FailSandbox
+	case reason == agentloop.StopRequestErr || errors.Is(err, inference.ErrRequest):
+		return FailRejected
+	case reason == agentloop.StopCancelled || errors.Is(err, context.Canceled):
+		return FailCancelled
+	case errors.Is(err, agentloop.ErrConfig):
+		return FailTask
+	}
+	return FailInference
+}
+
+func (ro *Rollout) fail(kind string, err error) {
+	ro.Status = StatusInfraFailed
+	msg := "unknown error"
+	if err != nil {
+		msg = err.Error()
+	}
+	ro.Failure = &Failure{Kind: kind, Message: msg}
+}
+
+func finalContent(res agentloop.Result) string {
+	for i := len(res.Messages) - 1; i >= 0; i-- {
+		if res.Messages[i].Role == "assistant" {
+			return res.Messages[i].Content
+		}
+	}
+	return ""
+}
+
+// assemble computes the group statistics and advantages over ok rollouts.
+func assemble(g *Group, a Advantage) {
+	var sum float64
+	for _, ro := range g.Rollouts {
+		if ro.Status == StatusOK {
+			g.OK++
+			sum += ro.Score.Value
+		}
+	}
+	if g.OK == 0 {
+		return
+	}
+	g.Mean = sum / float64(g.OK)
+	var ss float64
+	equal := true
+	for _, ro := range g.Rollouts {
+		if ro.Status == StatusOK {
+			d := ro.Score.Value - g.Mean
+			ss += d * d
+			if math.Abs(d) > 1e-12 {
+				equal = false
+			}
+		}
+	}
+	g.Std = math.Sqrt(ss / float64(g.OK))
+	g.Dropped = a.DropEqual && equal
+	if a.Mode == AdvantageNone {
+		return
+	}
+	for i := range g.Rollouts {
+		ro := &g.Rollouts[i]
+		if ro.Status != StatusOK {
+			continue
+		}
+		adv := ro.Score.Value - g.Mean
+		if a.Mode == AdvantageGRPO {
+			adv /= g.Std + 1e-6
+		}
+		ro.Advantage = &adv
+	}
+}
+
+func newID(prefix string) string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return prefix + "_" + strings.ToLower(hex.EncodeToString(b[:]))
+}

@@ -1,0 +1,300 @@
+package runner
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	openai "github.com/sashabaranov/go-openai"
+	"go.uber.org/goleak"
+
+	"github.com/rollout-rl/rollout/datasets"
+	"github.com/rollout-rl/rollout/envs"
+	"github.com/rollout-rl/rollout/inference"
+	"github.com/rollout-rl/rollout/rewards"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// scriptPolicy answers every turn with the item's text as the final
+// answer; fail(n) makes the n-th generation overall fail with ErrInfra.
+type scriptPolicy struct {
+	calls atomic.Int64
+	fail  func(prompt string) error
+	delay time.Duration
+}
+
+func (p *scriptPolicy) Start(context.Context, inference.EpisodeSpec) (inference.Episode, error) {
+	return &scriptEpisode{p: p}, nil
+}
+
+type scriptEpisode struct{ p *scriptPolicy }
+
+func (e *scriptEpisode) Generate(ctx context.Context, msgs []openai.ChatCompletionMessage) (inference.Turn, error) {
+	e.p.calls.Add(1)
+	last := msgs[len(msgs)-1].Content
+	if e.p.delay > 0 {
+		select {
+		case <-ctx.Done():
+			return inference.Turn{}, fmt.Errorf("generate: %w: %w", inference.ErrInfra, ctx.Err())
+		case <-time.After(e.p.delay):
+		}
+	}
+	if e.p.fail != nil {
+		if err := e.p.fail(last); err != nil {
+			return inference.Turn{}, err
+		}
+	}
+	return inference.Turn{Parsed: true, Content: "answer " + last, Text: "answer " + last, FinishReason: "stop"}, nil
+}
+
+func (e *scriptEpisode) Finish(context.Context, []openai.ChatCompletionMessage) (inference.Sequence, error) {
+	return inference.Sequence{}, nil
+}
+
+// scoreEnv scores a rollout by the number in its final answer plus the
+// rollout index parity, so groups have variance.
+type scoreEnv struct {
+	items  []datasets.Item
+	reward func(out envs.Outcome) (rewards.Score, error)
+}
+
+func (e *scoreEnv) Name() string            { return "unit" }
+func (e *scoreEnv) Defaults() envs.Defaults { return envs.Defaults{GroupSize: 4, MaxTurns: 3} }
+func (e *scoreEnv) Items(context.Context, string) ([]datasets.Item, error) {
+	return e.items, nil
+}
+func (e *scoreEnv) Task(_ context.Context, it datasets.Item) (envs.Task, error) {
+	q, err := it.String("q")
+	if err != nil {
+		return envs.Task{}, err
+	}
+	return envs.Task{Messages: []openai.ChatCompletionMessage{{Role: "user", Content: q}}}, nil
+}
+func (e *scoreEnv) Reward(_ context.Context, _ datasets.Item, out envs.Outcome, _ envs.Sandbox) (rewards.Score, error) {
+	return e.reward(out)
+}
+
+func items(n int) []datasets.Item {
+	out := make([]datasets.Item, n)
+	for i := range out {
+		out[i] = datasets.Item{ID: fmt.Sprintf("item-%d", i), Data: map[string]any{"q": fmt.Sprintf("q%d", i)}}
+	}
+	return out
+}
+
+type memSink struct {
+	mu     sync.Mutex
+	groups []*Group
+	done   map[string]bool
+	err    error
+	block  chan struct{}
+}
+
+func (s *memSink) WriteGroup(_ context.Context, _ *RunInfo, g *Group) error {
+	if s.block != nil {
+		<-s.block
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err != nil {
+		return s.err
+	}
+	s.groups = append(s.groups, g)
+	return nil
+}
+
+func (s *memSink) CompletedGroups(context.Context) (map[string]bool, error) { return s.done, nil }
+
+func baseConfig() Config {
+	return Config{Env: "unit", Inference: inference.Config{Endpoints: []string{"http://127.0.0.1:1"}}, Retries: 2}
+}
+
+func TestGroupsAdvantagesAndResume(t *testing.T) {
+	var seq atomic.Int64
+	env := &scoreEnv{items: items(5), reward: func(envs.Outcome) (rewards.Score, error) {
+		return rewards.Score{Value: float64(seq.Add(1) % 2)}, nil
+	}}
+	sink := &memSink{done: map[string]bool{"item-1": true}}
+	r, err := New(baseConfig(), Deps{Logger: quiet, Env: env, Policy: &scriptPolicy{}, Sinks: []Sink{sink}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, err := r.Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Groups != 4 || sum.GroupsSkipped != 1 || sum.Rollouts != 16 || sum.RolloutsOK != 16 || sum.InfraFailed != 0 {
+		t.Fatalf("summary %+v", sum)
+	}
+	for _, g := range sink.groups {
+		if g.ID == "item-1" {
+			t.Error("a completed group ran again")
+		}
+		var advSum float64
+		for _, ro := range g.Rollouts {
+			if ro.Advantage == nil {
+				t.Fatalf("group %s rollout %d: no advantage", g.ID, ro.Index)
+			}
+			advSum += *ro.Advantage
+			if !strings.HasPrefix(ro.Result.Messages[len(ro.Result.Messages)-1].Content, "answer q") {
+				t.Errorf("unexpected transcript %v", ro.Result.Messages)
+			}
+		}
+		if advSum > 1e-6 || advSum < -1e-6 {
+			t.Errorf("group %s: advantages sum to %v, want 0", g.ID, advSum)
+		}
+	}
+}
+
+func TestRetriesAndFailureTaxonomy(t *testing.T) {
+	env := &scoreEnv{items: items(3), reward: func(out envs.Outcome) (rewards.Score, error) {
+		if strings.Contains(out.Final, "q2") {
+			return rewards.Score{}, fmt.Errorf("%w: judge down", rewards.ErrReward)
+		}
+		return rewards.Score{Value: 1}, nil
+	}}
+	// The first five generations for item-0 fail: its rollouts need
+	// retries and still succeed (4 rollouts x 3 attempts > 5).
+	var q0 atomic.Int64
+	pol := &scriptPolicy{fail: func(prompt string) error {
+		if prompt == "q0" && q0.Add(1) <= 5 {
+			return fmt.Errorf("endpoint x: %w", inference.ErrInfra)
+		}
+		return nil
+	}}
+	sink := &memSink{}
+	cfg := baseConfig()
+	cfg.Advantage.DropEqual = true
+	r, err := New(cfg, Deps{Logger: quiet, Env: env, Policy: pol, Sinks: []Sink{sink}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, err := r.Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Rollouts != 12 || sum.Retries == 0 {
+		t.Fatalf("summary %+v: want 12 rollouts and some retries", sum)
+	}
+	for _, g := range sink.groups {
+		for _, ro := range g.Rollouts {
+			switch {
+			case g.ID == "item-2":
+				if ro.Status != StatusInfraFailed || ro.Failure.Kind != FailReward || ro.Advantage != nil {
+					t.Errorf("reward failure recorded as %+v", ro)
+				}
+				if ro.Attempts != 3 {
+					t.Errorf("reward failure attempts = %d, want 3 (1 + 2 retries)", ro.Attempts)
+				}
+			case ro.Status != StatusOK:
+				t.Errorf("group %s rollout %d failed after retries: %+v", g.ID, ro.Index, ro.Failure)
+			}
+		}
+		if g.ID != "item-2" && !g.Dropped {
+			t.Errorf("group %s: all scores equal, want dropped", g.ID)
+		}
+		if g.ID == "item-2" && (g.OK != 0 || g.Dropped) {
+			t.Errorf("failed group: ok=%d dropped=%v", g.OK, g.Dropped)
+		}
+	}
+	if sum.FailuresByKind[FailReward] != 4 || sum.GroupsDropped != 2 {
+		t.Errorf("summary %+v", sum)
+	}
+}
+
+func TestBadItemAndPanicAreRecorded(t *testing.T) {
+	its := items(2)
+	delete(its[1].Data, "q")
+	env := &scoreEnv{items: its, reward: func(envs.Outcome) (rewards.Score, error) { panic("boom") }}
+	sink := &memSink{}
+	r, err := New(baseConfig(), Deps{Logger: quiet, Env: env, Policy: &scriptPolicy{}, Sinks: []Sink{sink}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, err := r.Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.FailuresByKind[FailTask] != 4 || sum.FailuresByKind[FailPanic] != 4 || sum.Retries != 0 {
+		t.Errorf("summary %+v", sum)
+	}
+}
+
+func TestSinkErrorStopsIntakeAndCancellationKeepsWork(t *testing.T) {
+	env := &scoreEnv{items: items(20), reward: func(envs.Outcome) (rewards.Score, error) { return rewards.Score{Value: 1}, nil }}
+	cfg := baseConfig()
+	cfg.Limits.GroupsInFlight = 1
+	sink := &memSink{err: errors.New("disk full")}
+	r, _ := New(cfg, Deps{Logger: quiet, Env: env, Policy: &scriptPolicy{}, Sinks: []Sink{sink}})
+	sum, err := r.Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "disk full") {
+		t.Fatalf("err = %v", err)
+	}
+	if sum.Groups != 0 {
+		t.Errorf("groups counted after a sink failure: %d", sum.Groups)
+	}
+
+	// Cancel mid-run: in-flight groups still reach the sink, flagged.
+	ctx, cancel := context.WithCancel(context.Background())
+	sink2 := &memSink{}
+	pol := &scriptPolicy{delay: 50 * time.Millisecond}
+	r2, _ := New(cfg, Deps{Logger: quiet, Env: env, Policy: pol, Sinks: []Sink{sink2}, Progress: func(e Event) {
+		if e.Group != nil {
+			cancel()
+		}
+	}})
+	_, err = r2.Run(ctx)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v", err)
+	}
+	if len(sink2.groups) == 0 || len(sink2.groups) >= 20 {
+		t.Fatalf("%d groups written", len(sink2.groups))
+	}
+	for _, g := range sink2.groups[1:] {
+		for _, ro := range g.Rollouts {
+			if ro.Status == StatusOK && ro.Result.StopReason == "cancelled" {
+				t.Errorf("a cancelled rollout was recorded as ok")
+			}
+		}
+	}
+}
+
+func TestConfigStrict(t *testing.T) {
+	_, err := ParseConfig([]byte("env: x\ninference:\n  endpoints: [http://a]\ngroupz: 3\n"))
+	if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "line 4: field groupz not found") {
+		t.Errorf("err = %v", err)
+	}
+	_, err = ParseConfig([]byte("env: x\nrollout_timeout: soon\n"))
+	if err == nil || !strings.Contains(err.Error(), `"soon" is not a duration`) {
+		t.Errorf("err = %v", err)
+	}
+	cfg, err := ParseConfig([]byte("env: terminal-tasks\nenv_config:\n  max_turns: 3\ninference:\n  endpoints: [http://127.0.0.1:8000]\nrollout_timeout: 90s\n"))
+	if err != nil || time.Duration(cfg.RolloutTimeout) != 90*time.Second || cfg.EnvConfig.Kind == 0 {
+		t.Fatalf("cfg %+v err %v", cfg, err)
+	}
+	for _, tc := range []struct {
+		mut  func(*Config)
+		want string
+	}{
+		{func(c *Config) { c.Env = "" }, "env: required"},
+		{func(c *Config) { c.Inference.Endpoints = nil }, "inference.endpoints"},
+		{func(c *Config) { c.Inference.Endpoints = []string{"localhost:8000"} }, "not an http(s) URL"},
+		{func(c *Config) { c.Advantage.Mode = "ppo" }, "advantage.mode"},
+		{func(c *Config) { c.Groups = -1 }, "groups: must not be negative"},
+	} {
+		c := cfg
+		tc.mut(&c)
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("want %q, got %v", tc.want, err)
+		}
+	}
+}

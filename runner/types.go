@@ -1,0 +1,134 @@
+// Package runner schedules GRPO groups of rollouts: for each dataset item,
+// G rollouts run concurrently, each in its own sandbox with a fresh rollout
+// id. It owns global limits and back-pressure (intake pauses; in-flight
+// rollouts are never cancelled), retries, the failure taxonomy, group
+// assembly (scores, advantages, equal-score flags) and resume. It formats
+// no output: finished groups go to Sinks.
+package runner
+
+import (
+	"context"
+	"time"
+
+	openai "github.com/sashabaranov/go-openai"
+
+	"github.com/rollout-rl/rollout/agentloop"
+	"github.com/rollout-rl/rollout/datasets"
+	"github.com/rollout-rl/rollout/envs"
+	"github.com/rollout-rl/rollout/rewards"
+	"github.com/rollout-rl/rollout/sandbox"
+)
+
+// Rollout statuses.
+const (
+	StatusOK          = "ok"
+	StatusInfraFailed = "infra_failed"
+)
+
+// Failure kinds: the taxonomy of infrastructure failures. A rollout with
+// one of these is never scored as a model outcome.
+const (
+	FailImageBuild   = "image_build"        // the task image could not be built
+	FailSandbox      = "sandbox"            // create, start or the sandbox died
+	FailInference    = "inference"          // endpoint unreachable, 5xx, malformed response
+	FailRejected     = "inference_rejected" // the endpoint refused the request (4xx)
+	FailReward       = "reward"             // the reward could not be computed
+	FailRewardTimout = "reward_timeout"     // the reward exceeded reward_timeout
+	FailPanic        = "panic"              // a bug: a panic was recovered
+	FailCancelled    = "cancelled"          // the run was cancelled mid-rollout
+	FailTask         = "task"               // the env could not build the task (bad item)
+)
+
+// Failure describes why a rollout is infra_failed.
+type Failure struct {
+	Kind    string `json:"kind"`
+	Message string `json:"message"`
+}
+
+// Timings of one rollout.
+type Timings struct {
+	SandboxStart time.Duration
+	Generation   time.Duration
+	Tools        time.Duration
+	Reward       time.Duration
+	Total        time.Duration
+}
+
+// Rollout is one finished rollout (the last attempt).
+type Rollout struct {
+	ID       string // unique per attempt
+	Index    int    // 0..G-1 within the group
+	Attempts int
+	Status   string
+	Failure  *Failure
+	Result   agentloop.Result
+	Score    rewards.Score
+	// Advantage is nil for failed rollouts and with advantage mode none.
+	Advantage *float64
+	Tools     []openai.Tool
+	Timings   Timings
+	Image     string
+	Limits    sandbox.Limits
+	Network   string
+	Created   time.Time
+}
+
+// Group is one item's G rollouts, assembled.
+type Group struct {
+	ID       string // the item's key: unique within the run, stable across resumes
+	Item     datasets.Item
+	Task     envs.Task
+	Rollouts []Rollout
+	// Dropped: every ok rollout scored the same and advantage.drop_equal
+	// is on. Recorded, counted, skipped by trainer-facing streams.
+	Dropped bool
+	// OK counts rollouts with status ok.
+	OK int
+	// Mean and Std of the ok rollouts' scores.
+	Mean, Std float64
+	// PolicyVersion the group was generated with, when a trainer set one.
+	PolicyVersion *int64
+	// RequestID echoes the trainer request that asked for the item.
+	RequestID string
+}
+
+// Sink receives finished groups. WriteGroup may block (back-pressure); an
+// error stops intake and fails the run.
+type Sink interface {
+	WriteGroup(ctx context.Context, run *RunInfo, g *Group) error
+}
+
+// Resumer is implemented by sinks that know which groups a previous run in
+// the same output already completed.
+type Resumer interface {
+	CompletedGroups(ctx context.Context) (map[string]bool, error)
+}
+
+// RunInfo is the run-level context sinks need.
+type RunInfo struct {
+	RunID          string
+	Env            string
+	Model          string
+	Parser         string
+	ServiceVersion string
+	ConfigHash     string
+	SamplingJSON   string
+	PolicyVersion  *int64
+	RolloutTimeout time.Duration
+	ToolTimeout    time.Duration
+	PassThreshold  float64
+}
+
+// Summary counts a run's outcome.
+type Summary struct {
+	Groups         int
+	GroupsSkipped  int // completed by an earlier run (resume)
+	GroupsDropped  int
+	Rollouts       int
+	RolloutsOK     int
+	InfraFailed    int
+	Retries        int
+	FailuresByKind map[string]int
+	MeanReward     float64
+	Elapsed        time.Duration
+}

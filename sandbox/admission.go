@@ -1,0 +1,105 @@
+package sandbox
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+var metricParallel = prometheus.NewGauge(prometheus.GaugeOpts{
+	Name: "rollout_sandbox_create_parallelism",
+	Help: "Creates allowed in flight, adapted to the daemon's create latency.",
+})
+
+func init() { prometheus.MustRegister(metricParallel) }
+
+// createGate bounds the creates in flight and adapts the bound to how the
+// daemon copes (dockerd slows down sharply under parallel creates): a create
+// slower than slow halves the bound (at most once per slow interval, never
+// below 1); a fast one raises it by one, up to max.
+type createGate struct {
+	mu       sync.Mutex
+	max      int
+	limit    int
+	inflight int
+	slow     time.Duration
+	lastCut  time.Time
+	waiters  []chan struct{}
+}
+
+func newCreateGate(max int, slow time.Duration) *createGate {
+	g := &createGate{max: max, limit: max, slow: slow}
+	metricParallel.Set(float64(max))
+	return g
+}
+
+func (g *createGate) acquire(ctx context.Context) error {
+	g.mu.Lock()
+	if g.inflight < g.limit && len(g.waiters) == 0 {
+		g.inflight++
+		g.mu.Unlock()
+		return nil
+	}
+	ch := make(chan struct{})
+	g.waiters = append(g.waiters, ch)
+	g.mu.Unlock()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		for i, w := range g.waiters {
+			if w == ch {
+				g.waiters = append(g.waiters[:i], g.waiters[i+1:]...)
+				return ctx.Err()
+			}
+		}
+		// Granted while giving up: pass the turn on.
+		g.inflight--
+		g.wakeLocked()
+		return ctx.Err()
+	}
+}
+
+// release ends a create that took d; failed creates do not steer the bound.
+func (g *createGate) release(d time.Duration, ok bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.inflight--
+	if ok {
+		g.observeLocked(d, time.Now())
+	}
+	g.wakeLocked()
+}
+
+func (g *createGate) observeLocked(d time.Duration, now time.Time) {
+	switch {
+	case d > g.slow:
+		if now.Sub(g.lastCut) >= g.slow {
+			g.limit = max(1, g.limit/2)
+			g.lastCut = now
+		}
+	case g.limit < g.max:
+		g.limit++
+	}
+	metricParallel.Set(float64(g.limit))
+}
+
+func (g *createGate) wakeLocked() {
+	for g.inflight < g.limit && len(g.waiters) > 0 {
+		w := g.waiters[0]
+		g.waiters = g.waiters[1:]
+		g.inflight++
+		close(w)
+	}
+}
+
+// Parallelism is the current bound on creates in flight.
+func (g *createGate) Parallelism() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.limit
+}

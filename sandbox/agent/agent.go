@@ -1,0 +1,283 @@
+// Package agent is the in-container exec agent of the sandbox package: a
+// small static program that runs as the container's main process (under
+// docker-init) and serves a framed, multiplexed protocol (see proto.go) on
+// its stdin/stdout, which the host reaches through one Docker attach
+// connection. It runs commands in their own process groups as the sandbox
+// user, enforces timeouts by killing the whole group, caps output at the
+// source, keeps background processes and a stateful shell session, and does
+// file transfers without relying on any tool inside the image.
+//
+// The agent itself runs as root with a minimal capability set (SETUID,
+// SETGID, CHOWN, KILL) so that a command running as the sandbox user cannot
+// kill it (`kill -9 -1`); file operations switch the thread's filesystem uid
+// to the sandbox user so they cannot reach anything the user could not.
+package agent
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Main runs the agent with command-line args (without the program name) on
+// the process's stdin/stdout and returns the exit code.
+func Main(args []string) int {
+	fset := flag.NewFlagSet("rollout-agent", flag.ContinueOnError)
+	user := fset.String("user", "", "user to run commands as (name, uid or uid:gid)")
+	fallback := fset.String("fallback-user", "", "user when -user is not in /etc/passwd and -optional-user is set")
+	optional := fset.Bool("optional-user", false, "fall back to -fallback-user when -user does not exist")
+	workdir := fset.String("workdir", "/workspace", "default working directory")
+	if err := fset.Parse(args); err != nil {
+		return 2
+	}
+	warmThreads()
+	s := newServer(os.Stdout)
+	if err := s.setup(*user, *fallback, *optional, *workdir); err != nil {
+		_ = s.sendJSON(FrameHello, 0, Hello{Version: ProtocolVersion, PID: os.Getpid(), Err: err.Error()})
+		fmt.Fprintln(os.Stderr, "rollout-agent:", err)
+		return 1
+	}
+	if err := s.sendJSON(FrameHello, 0, s.hello()); err != nil {
+		fmt.Fprintln(os.Stderr, "rollout-agent: hello:", err)
+		return 1
+	}
+	err := s.serve(bufio.NewReaderSize(os.Stdin, 256<<10))
+	s.shutdown()
+	if err != nil && !errors.Is(err, io.EOF) {
+		fmt.Fprintln(os.Stderr, "rollout-agent:", err)
+		return 1
+	}
+	return 0
+}
+
+// warmThreads makes the Go runtime create a few OS threads up front. Under a
+// fork bomb the pids cgroup is full and creating a thread later would abort
+// the agent; idle threads are kept and reused by the runtime.
+func warmThreads() {
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			ts := syscall.NsecToTimespec(int64(20 * time.Millisecond))
+			_ = syscall.Nanosleep(&ts, nil)
+		})
+	}
+	wg.Wait()
+}
+
+type inflight struct {
+	cancel context.CancelFunc
+	data   chan []byte   // inbound Data frames; closed on End
+	done   chan struct{} // closed when the handler returned
+	ended  bool
+}
+
+type server struct {
+	outMu sync.Mutex
+	out   *bufio.Writer
+
+	uid, gid int
+	user     string
+	home     string
+	workdir  string
+	baseEnv  []string
+
+	mu    sync.Mutex
+	reqs  map[uint32]*inflight
+	procs map[string]*proc
+	order []string // process ids in start order, for List and eviction
+
+	shellMu  sync.Mutex
+	shellCwd string
+	shellEnv []byte // `export -p` output of the previous Shell command
+
+	wg sync.WaitGroup
+}
+
+func newServer(w io.Writer) *server {
+	return &server{
+		out:   bufio.NewWriterSize(w, 256<<10),
+		reqs:  map[uint32]*inflight{},
+		procs: map[string]*proc{},
+	}
+}
+
+func (s *server) hello() Hello {
+	return Hello{Version: ProtocolVersion, PID: os.Getpid(), UID: s.uid, GID: s.gid, User: s.user, Workdir: s.workdir}
+}
+
+func (s *server) send(typ byte, id uint32, payload []byte) error {
+	s.outMu.Lock()
+	defer s.outMu.Unlock()
+	if err := WriteFrame(s.out, typ, id, payload); err != nil {
+		return err
+	}
+	return s.out.Flush()
+}
+
+func (s *server) sendJSON(typ byte, id uint32, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return s.send(typ, id, b)
+}
+
+// serve reads frames until stdin ends (the host went away).
+func (s *server) serve(r io.Reader) error {
+	for {
+		f, err := ReadFrame(r)
+		if err != nil {
+			return err
+		}
+		switch f.Type {
+		case FrameRequest:
+			var req Request
+			if err := json.Unmarshal(f.Payload, &req); err != nil {
+				_ = s.sendJSON(FrameResponse, f.ID, Response{Code: CodeInvalid, Err: "bad request: " + err.Error()})
+				continue
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			in := &inflight{cancel: cancel, data: make(chan []byte, 16), done: make(chan struct{})}
+			s.mu.Lock()
+			if _, dup := s.reqs[f.ID]; dup {
+				s.mu.Unlock()
+				cancel()
+				_ = s.sendJSON(FrameResponse, f.ID, Response{Code: CodeInvalid, Err: fmt.Sprintf("request id %d already in use", f.ID)})
+				continue
+			}
+			s.reqs[f.ID] = in
+			s.mu.Unlock()
+			s.wg.Go(func() {
+				resp := s.handle(ctx, f.ID, &req, in.data)
+				close(in.done)
+				cancel()
+				s.mu.Lock()
+				delete(s.reqs, f.ID)
+				s.mu.Unlock()
+				_ = s.sendJSON(FrameResponse, f.ID, resp)
+			})
+		case FrameData, FrameEnd, FrameCancel:
+			s.mu.Lock()
+			in := s.reqs[f.ID]
+			s.mu.Unlock()
+			if in == nil {
+				continue // the request already finished; late frames are dropped
+			}
+			switch {
+			case f.Type == FrameCancel:
+				in.cancel()
+			case f.Type == FrameEnd:
+				if len(f.Payload) > 0 {
+					in.cancel() // the host aborted its stream
+				}
+				if !in.ended {
+					in.ended = true
+					close(in.data)
+				}
+			case !in.ended:
+				select {
+				case in.data <- f.Payload:
+				case <-in.done:
+				}
+			}
+		default:
+			// Hello/Response frames are never sent to the agent; ignore them.
+		}
+	}
+}
+
+// shutdown kills everything still running: the host is gone.
+func (s *server) shutdown() {
+	s.mu.Lock()
+	for _, in := range s.reqs {
+		in.cancel()
+	}
+	for _, p := range s.procs {
+		p.kill()
+	}
+	s.mu.Unlock()
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(2 * time.Second):
+	}
+}
+
+type codedError struct {
+	code string
+	msg  string
+}
+
+func (e *codedError) Error() string { return e.msg }
+
+func invalidf(format string, a ...any) error {
+	return &codedError{CodeInvalid, fmt.Sprintf(format, a...)}
+}
+
+func notFoundf(format string, a ...any) error {
+	return &codedError{CodeNotFound, fmt.Sprintf(format, a...)}
+}
+
+func errResponse(err error) Response {
+	var ce *codedError
+	if errors.As(err, &ce) {
+		return Response{Code: ce.code, Err: ce.msg}
+	}
+	if errors.Is(err, os.ErrNotExist) {
+		return Response{Code: CodeNotFound, Err: err.Error()}
+	}
+	return Response{Code: CodeFailed, Err: err.Error()}
+}
+
+func (s *server) handle(ctx context.Context, id uint32, req *Request, data <-chan []byte) Response {
+	var err error
+	var resp Response
+	switch req.Op {
+	case OpPing:
+	case OpExec:
+		var r *ExecResult
+		r, err = s.execForeground(ctx, req.Exec)
+		resp.Exec = r
+	case OpStart:
+		var p *ProcInfo
+		p, err = s.startBackground(req.Exec)
+		resp.Proc = p
+	case OpPoll:
+		var p *ProcInfo
+		p, err = s.poll(req.Proc)
+		resp.Proc = p
+	case OpWait:
+		var p *ProcInfo
+		p, err = s.wait(ctx, req.Proc, time.Duration(req.TimeoutNS))
+		resp.Proc = p
+	case OpKill:
+		err = s.killProc(req.Proc)
+	case OpStdin:
+		err = s.writeStdin(req.Proc, req.Data, req.Close)
+	case OpList:
+		resp.Procs = s.list()
+	case OpWrite:
+		resp.Size, err = s.writeFile(ctx, req.Path, req.Mode, data)
+	case OpRead:
+		resp.Size, err = s.readFile(ctx, id, req.Path)
+	case OpUpload:
+		err = s.upload(ctx, req.Path, data)
+	case OpDownload:
+		resp.Size, err = s.download(ctx, id, req.Path)
+	default:
+		err = invalidf("unknown op %q", req.Op)
+	}
+	if err != nil {
+		return errResponse(err)
+	}
+	return resp
+}

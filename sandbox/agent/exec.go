@@ -1,0 +1,650 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// DefaultOutputCap is the per-stream byte budget when a request gives none.
+const DefaultOutputCap = 1 << 20
+
+// maxProcs bounds the background processes remembered; finished ones are
+// forgotten first.
+const maxProcs = 256
+
+// drainGrace is how long output is still read after the command exited:
+// a grandchild left in the background may hold the pipe open forever.
+const drainGrace = 200 * time.Millisecond
+
+var envName = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// capBuf keeps the first and the last bytes of a stream and counts all.
+type capBuf struct {
+	mu      sync.Mutex
+	headCap int
+	tailCap int
+	head    []byte
+	tail    []byte // ring once len == tailCap
+	tpos    int
+	tfull   bool
+	total   int64
+}
+
+func newCapBuf(limit int) *capBuf {
+	h := limit / 2
+	return &capBuf{headCap: h, tailCap: limit - h}
+}
+
+func (b *capBuf) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := len(p)
+	b.total += int64(n)
+	if room := b.headCap - len(b.head); room > 0 {
+		take := min(room, len(p))
+		b.head = append(b.head, p[:take]...)
+		p = p[take:]
+	}
+	if len(p) == 0 || b.tailCap == 0 {
+		return n, nil
+	}
+	if len(p) >= b.tailCap {
+		if cap(b.tail) < b.tailCap {
+			b.tail = make([]byte, b.tailCap)
+		}
+		b.tail = b.tail[:b.tailCap]
+		copy(b.tail, p[len(p)-b.tailCap:])
+		b.tpos, b.tfull = 0, true
+		return n, nil
+	}
+	if !b.tfull {
+		space := b.tailCap - len(b.tail)
+		if len(p) < space {
+			b.tail = append(b.tail, p...)
+			return n, nil
+		}
+		b.tail = append(b.tail, p[:space]...)
+		p = p[space:]
+		b.tfull, b.tpos = true, 0
+	}
+	for len(p) > 0 {
+		c := copy(b.tail[b.tpos:], p)
+		p = p[c:]
+		b.tpos = (b.tpos + c) % b.tailCap
+	}
+	return n, nil
+}
+
+// bytes returns the kept bytes (head then tail), the total and whether
+// anything was dropped.
+func (b *capBuf) bytes() ([]byte, int64, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]byte, 0, len(b.head)+len(b.tail))
+	out = append(out, b.head...)
+	if b.tfull {
+		out = append(out, b.tail[b.tpos:]...)
+		out = append(out, b.tail[:b.tpos]...)
+	} else {
+		out = append(out, b.tail...)
+	}
+	return out, b.total, b.total > int64(len(out))
+}
+
+// errNoCommand is a missing executable: a result (exit 127), not an error.
+type errNoCommand struct{ name string }
+
+func (e *errNoCommand) Error() string { return e.name + ": command not found" }
+
+// running is one started command with the parent ends of its pipes.
+type running struct {
+	cmd     *exec.Cmd
+	readers []*os.File
+	wg      sync.WaitGroup
+	stdin   *os.File
+	extra   []*os.File // parent ends of shell fds 3/4
+	snap    bytes.Buffer
+}
+
+func shQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// shellScript builds the stateful-shell wrapper: restore the session's
+// exported variables (fd 4), apply this command's env, cd, eval the command
+// and, on any exit, report `pwd -P` and `export -p` on fd 3. Variables given
+// for this command only are dropped from the saved state if unchanged.
+func shellScript(env map[string]string, save bool) string {
+	keys := make([]string, 0, len(env))
+	for k := range env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	if save {
+		b.WriteString("__rollout_save() {\n")
+		for _, k := range keys {
+			fmt.Fprintf(&b, "  if [ \"${%s+set}\" = set ] && [ \"$%s\" = %s ]; then unset %s; fi\n", k, k, shQuote(env[k]), k)
+		}
+		b.WriteString("  { pwd -P; export -p; } >&3 2>/dev/null\n}\n")
+		b.WriteString("trap '__rollout_rc=$?; __rollout_save; exit $__rollout_rc' EXIT\n")
+	}
+	b.WriteString(". /dev/fd/4 2>/dev/null\n")
+	for _, k := range keys {
+		fmt.Fprintf(&b, "export %s=%s\n", k, shQuote(env[k]))
+	}
+	b.WriteString("cd -- \"$1\" || exit 126\n")
+	b.WriteString("eval \"$2\"\n")
+	return b.String()
+}
+
+func lookPath(name string, env []string) (string, error) {
+	if strings.Contains(name, "/") {
+		if fi, err := os.Stat(name); err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0 {
+			return name, nil
+		}
+		return "", &errNoCommand{name}
+	}
+	path := ""
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v
+		}
+	}
+	for _, dir := range filepath.SplitList(path) {
+		if dir == "" {
+			dir = "."
+		}
+		p := filepath.Join(dir, name)
+		if fi, err := os.Stat(p); err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", &errNoCommand{name}
+}
+
+// launch starts spec with stdout/stderr going to the given writers. When
+// save is set (foreground Shell), the session snapshot comes back on fd 3.
+func (s *server) launch(spec *ExecSpec, stdout, stderr io.Writer, save bool) (_ *running, err error) {
+	if (len(spec.Argv) == 0) == (spec.Command == "") {
+		return nil, invalidf("exactly one of command and argv must be set")
+	}
+	if spec.Shell && spec.Command == "" {
+		return nil, invalidf("shell mode needs a command, not argv")
+	}
+	env := append([]string(nil), s.baseEnv...)
+	for k, v := range spec.Env {
+		if spec.Shell {
+			if !envName.MatchString(k) {
+				return nil, invalidf("env name %q is not a shell identifier", k)
+			}
+			continue
+		}
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.Contains(v, "\x00") {
+			return nil, invalidf("bad env entry %q", k)
+		}
+		env = append(env, k+"="+v)
+	}
+	cwd := spec.Cwd
+	if cwd != "" && !filepath.IsAbs(cwd) {
+		return nil, invalidf("cwd %q is not absolute", cwd)
+	}
+	var argv []string
+	switch {
+	case spec.Shell:
+		if cwd == "" {
+			cwd = s.shellCwd
+		}
+		argv = []string{"/bin/sh", "-c", shellScript(spec.Env, save), "rollout-shell", cwd, spec.Command}
+		cwd = "/"
+	case spec.Command != "":
+		argv = []string{"/bin/sh", "-c", spec.Command}
+	default:
+		argv = spec.Argv
+	}
+	if cwd == "" {
+		cwd = s.workdir
+	}
+	if fi, err := os.Stat(cwd); err != nil || !fi.IsDir() {
+		return nil, notFoundf("cwd %s: no such directory", cwd)
+	}
+	path, err := lookPath(argv[0], env)
+	if err != nil {
+		return nil, err
+	}
+	cmd := &exec.Cmd{Path: path, Args: argv, Env: env, Dir: cwd}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if s.uid != 0 || s.gid != 0 {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(s.uid), Gid: uint32(s.gid), Groups: []uint32{}}
+	}
+	r := &running{cmd: cmd}
+	var childEnds []*os.File
+	defer func() {
+		for _, f := range childEnds {
+			_ = f.Close()
+		}
+		if err != nil {
+			r.closeAll()
+		}
+	}()
+	pipe := func() (*os.File, *os.File, error) {
+		pr, pw, err := os.Pipe()
+		if err != nil {
+			return nil, nil, fmt.Errorf("pipe: %w", err)
+		}
+		return pr, pw, nil
+	}
+	outR, outW, err := pipe()
+	if err != nil {
+		return nil, err
+	}
+	r.readers = append(r.readers, outR)
+	childEnds = append(childEnds, outW)
+	cmd.Stdout = outW
+	sinks := []io.Writer{stdout}
+	if stderr == stdout {
+		cmd.Stderr = outW
+	} else {
+		errR, errW, err := pipe()
+		if err != nil {
+			return nil, err
+		}
+		r.readers = append(r.readers, errR)
+		childEnds = append(childEnds, errW)
+		cmd.Stderr = errW
+		sinks = append(sinks, stderr)
+	}
+	if spec.Stdin != nil || spec.KeepStdin {
+		inR, inW, err := pipe()
+		if err != nil {
+			return nil, err
+		}
+		childEnds = append(childEnds, inR)
+		cmd.Stdin = inR
+		r.stdin = inW
+	}
+	var envW *os.File
+	if spec.Shell {
+		snapR, snapW, err := pipe()
+		if err != nil {
+			return nil, err
+		}
+		envR, ew, err := pipe()
+		if err != nil {
+			_ = snapR.Close()
+			_ = snapW.Close()
+			return nil, err
+		}
+		envW = ew
+		// The shell reopens the pipe through /dev/fd/4, which checks the
+		// pipe's owner: hand it to the sandbox user.
+		if s.uid != 0 || s.gid != 0 {
+			_ = envR.Chown(s.uid, s.gid)
+		}
+		r.extra = append(r.extra, snapR, envW)
+		childEnds = append(childEnds, snapW, envR)
+		cmd.ExtraFiles = []*os.File{snapW, envR}
+	}
+	if err := cmd.Start(); err != nil {
+		if errors.Is(err, syscall.EAGAIN) {
+			return nil, fmt.Errorf("start %s: out of processes (pids limit): %w", argv[0], err)
+		}
+		return nil, fmt.Errorf("start %s: %w", argv[0], err)
+	}
+	for i, rd := range r.readers {
+		w := sinks[i]
+		r.wg.Go(func() { _, _ = io.Copy(w, rd) })
+	}
+	if spec.Shell {
+		snapR := r.extra[0]
+		r.wg.Go(func() { _, _ = io.Copy(&r.snap, io.LimitReader(snapR, 8<<20)) })
+		r.readers = append(r.readers, snapR)
+		state := s.shellEnv
+		go func() {
+			_, _ = envW.Write(state)
+			_ = envW.Close()
+		}()
+	}
+	if spec.Stdin != nil {
+		in := r.stdin
+		data := spec.Stdin
+		keep := spec.KeepStdin
+		go func() {
+			_, _ = in.Write(data)
+			if !keep {
+				_ = in.Close()
+			}
+		}()
+	}
+	return r, nil
+}
+
+// finish collects the output left after the process exited and releases
+// the pipes.
+func (r *running) finish() {
+	done := make(chan struct{})
+	go func() { r.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(drainGrace):
+		for _, f := range r.readers {
+			_ = f.SetReadDeadline(time.Now())
+		}
+		<-done
+	}
+	r.closeAll()
+}
+
+func (r *running) closeAll() {
+	for _, f := range r.readers {
+		_ = f.Close()
+	}
+	for _, f := range r.extra {
+		_ = f.Close()
+	}
+	if r.stdin != nil {
+		_ = r.stdin.Close()
+	}
+}
+
+func (r *running) killGroup() {
+	if p := r.cmd.Process; p != nil {
+		_ = syscall.Kill(-p.Pid, syscall.SIGKILL)
+	}
+}
+
+func exitCode(ps *os.ProcessState) int {
+	if ws, ok := ps.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	return ps.ExitCode()
+}
+
+func outputCap(spec *ExecSpec) (int, error) {
+	switch {
+	case spec.OutputCap < 0:
+		return 0, invalidf("negative output cap %d", spec.OutputCap)
+	case spec.OutputCap == 0:
+		return DefaultOutputCap, nil
+	}
+	return spec.OutputCap, nil
+}
+
+func (s *server) execForeground(ctx context.Context, spec *ExecSpec) (*ExecResult, error) {
+	if spec == nil {
+		return nil, invalidf("exec without a command")
+	}
+	if spec.TimeoutNS < 0 {
+		return nil, invalidf("negative timeout")
+	}
+	limit, err := outputCap(spec)
+	if err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	stdout := newCapBuf(limit)
+	stderr := stdout
+	if !spec.Merge {
+		stderr = newCapBuf(limit)
+	}
+	if spec.Shell {
+		s.shellMu.Lock()
+		defer s.shellMu.Unlock()
+	}
+	r, err := s.launch(spec, stdout, stderr, spec.Shell)
+	var nc *errNoCommand
+	if errors.As(err, &nc) {
+		msg := []byte("rollout-agent: " + nc.Error() + "\n")
+		res := &ExecResult{ExitCode: 127, DurationNS: int64(time.Since(start))}
+		if spec.Merge {
+			res.Stdout, res.StdoutTotal = msg, int64(len(msg))
+		} else {
+			res.Stderr, res.StderrTotal = msg, int64(len(msg))
+		}
+		return res, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	waitErr := make(chan error, 1)
+	go func() { waitErr <- r.cmd.Wait() }()
+	var timeout <-chan time.Time
+	if spec.TimeoutNS > 0 {
+		t := time.NewTimer(time.Duration(spec.TimeoutNS))
+		defer t.Stop()
+		timeout = t.C
+	}
+	timedOut, cancelled := false, false
+	select {
+	case <-waitErr:
+	case <-timeout:
+		timedOut = true
+		r.killGroup()
+		<-waitErr
+	case <-ctx.Done():
+		cancelled = true
+		r.killGroup()
+		<-waitErr
+	}
+	if timedOut || cancelled {
+		r.killGroup() // children that were forked while the group was dying
+	}
+	r.finish()
+	if cancelled {
+		return nil, fmt.Errorf("command cancelled: %w", ctx.Err())
+	}
+	res := &ExecResult{ExitCode: exitCode(r.cmd.ProcessState), TimedOut: timedOut, DurationNS: int64(time.Since(start))}
+	if timedOut {
+		res.ExitCode = 124
+	}
+	res.Stdout, res.StdoutTotal, res.StdoutTruncated = stdout.bytes()
+	if !spec.Merge {
+		res.Stderr, res.StderrTotal, res.StderrTruncated = stderr.bytes()
+	}
+	if spec.Shell && !timedOut {
+		s.saveShell(r.snap.Bytes())
+	}
+	return res, nil
+}
+
+// saveShell keeps the cwd and exported variables reported by the wrapper.
+func (s *server) saveShell(snap []byte) {
+	line, rest, ok := bytes.Cut(snap, []byte("\n"))
+	if !ok || len(line) == 0 || line[0] != '/' {
+		return
+	}
+	s.shellCwd = string(line)
+	s.shellEnv = append([]byte(nil), rest...)
+}
+
+type proc struct {
+	id      string
+	command string
+	pid     int
+	started time.Time
+	out     *capBuf
+	r       *running
+	stdinMu sync.Mutex
+	done    chan struct{}
+	code    int
+}
+
+func (p *proc) kill() { p.r.killGroup() }
+
+func (p *proc) info() *ProcInfo {
+	out, total, trunc := p.out.bytes()
+	pi := &ProcInfo{ID: p.id, Command: p.command, PID: p.pid, StartedNS: p.started.UnixNano(), Output: out, OutputTotal: total, Truncated: trunc, Running: true}
+	select {
+	case <-p.done:
+		pi.Running, pi.ExitCode = false, p.code
+	default:
+	}
+	return pi
+}
+
+func newProcID() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return "proc_" + hex.EncodeToString(b[:])
+}
+
+func (s *server) startBackground(spec *ExecSpec) (*ProcInfo, error) {
+	if spec == nil {
+		return nil, invalidf("start without a command")
+	}
+	limit, err := outputCap(spec)
+	if err != nil {
+		return nil, err
+	}
+	out := newCapBuf(limit)
+	bg := *spec
+	bg.KeepStdin = true
+	if spec.Shell {
+		s.shellMu.Lock()
+		defer s.shellMu.Unlock()
+	}
+	r, err := s.launch(&bg, out, out, false)
+	if err != nil {
+		return nil, err
+	}
+	command := spec.Command
+	if command == "" {
+		command = strings.Join(spec.Argv, " ")
+	}
+	p := &proc{id: newProcID(), command: command, pid: r.cmd.Process.Pid, started: time.Now(), out: out, r: r, done: make(chan struct{})}
+	s.mu.Lock()
+	s.procs[p.id] = p
+	s.order = append(s.order, p.id)
+	s.evictLocked()
+	s.mu.Unlock()
+	s.wg.Go(func() {
+		_ = r.cmd.Wait()
+		r.finish()
+		p.code = exitCode(r.cmd.ProcessState)
+		close(p.done)
+	})
+	return p.info(), nil
+}
+
+func (s *server) evictLocked() {
+	for len(s.order) > maxProcs {
+		evicted := false
+		for i, id := range s.order {
+			p := s.procs[id]
+			select {
+			case <-p.done:
+				delete(s.procs, id)
+				s.order = append(s.order[:i], s.order[i+1:]...)
+				evicted = true
+			default:
+			}
+			if evicted {
+				break
+			}
+		}
+		if !evicted {
+			return
+		}
+	}
+}
+
+func (s *server) lookupProc(id string) (*proc, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := s.procs[id]
+	if p == nil {
+		return nil, notFoundf("no background process %q", id)
+	}
+	return p, nil
+}
+
+func (s *server) poll(id string) (*ProcInfo, error) {
+	p, err := s.lookupProc(id)
+	if err != nil {
+		return nil, err
+	}
+	return p.info(), nil
+}
+
+func (s *server) wait(ctx context.Context, id string, timeout time.Duration) (*ProcInfo, error) {
+	p, err := s.lookupProc(id)
+	if err != nil {
+		return nil, err
+	}
+	var tc <-chan time.Time
+	if timeout > 0 {
+		t := time.NewTimer(timeout)
+		defer t.Stop()
+		tc = t.C
+	}
+	select {
+	case <-p.done:
+	case <-tc:
+	case <-ctx.Done():
+		return nil, fmt.Errorf("wait cancelled: %w", ctx.Err())
+	}
+	return p.info(), nil
+}
+
+func (s *server) killProc(id string) error {
+	p, err := s.lookupProc(id)
+	if err != nil {
+		return err
+	}
+	p.kill()
+	return nil
+}
+
+func (s *server) writeStdin(id string, data []byte, closeIt bool) error {
+	p, err := s.lookupProc(id)
+	if err != nil {
+		return err
+	}
+	p.stdinMu.Lock()
+	defer p.stdinMu.Unlock()
+	select {
+	case <-p.done:
+		return invalidf("process %s has exited", id)
+	default:
+	}
+	if p.r.stdin == nil {
+		return invalidf("process %s has no stdin", id)
+	}
+	if len(data) > 0 {
+		if _, err := p.r.stdin.Write(data); err != nil {
+			return fmt.Errorf("write stdin of %s: %w", id, err)
+		}
+	}
+	if closeIt {
+		return p.r.stdin.Close()
+	}
+	return nil
+}
+
+func (s *server) list() []ProcInfo {
+	s.mu.Lock()
+	ps := make([]*proc, 0, len(s.order))
+	for _, id := range s.order {
+		ps = append(ps, s.procs[id])
+	}
+	s.mu.Unlock()
+	out := make([]ProcInfo, 0, len(ps))
+	for _, p := range ps {
+		pi := p.info()
+		pi.Output = nil // a listing carries no output; Poll does
+		out = append(out, *pi)
+	}
+	return out
+}

@@ -1,0 +1,182 @@
+package agent
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// Frame types. Every frame is: type (1 byte) | request id (uint32, big
+// endian) | payload length (uint32, big endian) | payload.
+const (
+	FrameHello    byte = 'H' // agent → host, id 0, JSON Hello, once at start-up
+	FrameRequest  byte = 'Q' // host → agent, JSON Request; opens request id
+	FrameData     byte = 'D' // both ways: a chunk of the request's byte stream
+	FrameEnd      byte = 'E' // both ways: end of the byte stream (payload: abort reason, if any)
+	FrameCancel   byte = 'C' // host → agent: abandon the request (kills its command)
+	FrameResponse byte = 'R' // agent → host, JSON Response; closes request id
+)
+
+// MaxFrame bounds one frame's payload; larger byte streams are chunked into
+// Data frames of at most ChunkSize.
+const (
+	MaxFrame  = 32 << 20
+	ChunkSize = 64 << 10
+)
+
+// ProtocolVersion is checked by the host against Hello.Version.
+const ProtocolVersion = 1
+
+// Ops of Request.Op.
+const (
+	OpPing     = "ping"
+	OpExec     = "exec"
+	OpStart    = "start"
+	OpPoll     = "poll"
+	OpWait     = "wait"
+	OpKill     = "kill"
+	OpStdin    = "stdin"
+	OpList     = "list"
+	OpWrite    = "write"    // request, then Data frames + End: the file's bytes
+	OpRead     = "read"     // response Data frames + End, then Response
+	OpUpload   = "upload"   // request, then Data frames + End: a tar stream
+	OpDownload = "download" // response Data frames + End (a tar stream), then Response
+)
+
+// Error codes of Response.Code, mapped to the sandbox error classes.
+const (
+	CodeInvalid  = "invalid"
+	CodeNotFound = "notfound"
+	CodeFailed   = "failed"
+)
+
+// Hello is the first frame the agent sends.
+type Hello struct {
+	Version int    `json:"version"`
+	PID     int    `json:"pid"`
+	UID     int    `json:"uid"` // uid commands run as
+	GID     int    `json:"gid"`
+	User    string `json:"user"`
+	Workdir string `json:"workdir"`
+	Err     string `json:"err,omitempty"` // set when start-up failed (e.g. unknown user); the agent then exits
+}
+
+// ExecSpec is one command for OpExec / OpStart.
+type ExecSpec struct {
+	Argv      []string          `json:"argv,omitempty"`
+	Command   string            `json:"command,omitempty"`
+	Shell     bool              `json:"shell,omitempty"`
+	Cwd       string            `json:"cwd,omitempty"`
+	Env       map[string]string `json:"env,omitempty"`
+	Stdin     []byte            `json:"stdin,omitempty"`
+	TimeoutNS int64             `json:"timeout_ns,omitempty"`
+	OutputCap int               `json:"output_cap,omitempty"`
+	Merge     bool              `json:"merge,omitempty"`
+	KeepStdin bool              `json:"keep_stdin,omitempty"` // background: stdin stays open for OpStdin
+}
+
+// Request is a host → agent call.
+type Request struct {
+	Op        string    `json:"op"`
+	Exec      *ExecSpec `json:"exec,omitempty"`
+	Proc      string    `json:"proc,omitempty"`
+	Path      string    `json:"path,omitempty"`
+	Mode      uint32    `json:"mode,omitempty"`
+	TimeoutNS int64     `json:"timeout_ns,omitempty"`
+	Data      []byte    `json:"data,omitempty"`
+	Close     bool      `json:"close,omitempty"` // OpStdin: close stdin after writing Data
+}
+
+// ExecResult is the outcome of OpExec.
+type ExecResult struct {
+	ExitCode        int    `json:"exit_code"`
+	Stdout          []byte `json:"stdout,omitempty"`
+	Stderr          []byte `json:"stderr,omitempty"`
+	StdoutTotal     int64  `json:"stdout_total"`
+	StderrTotal     int64  `json:"stderr_total"`
+	StdoutTruncated bool   `json:"stdout_truncated,omitempty"`
+	StderrTruncated bool   `json:"stderr_truncated,omitempty"`
+	TimedOut        bool   `json:"timed_out,omitempty"`
+	DurationNS      int64  `json:"duration_ns"`
+}
+
+// ProcInfo describes a background process.
+type ProcInfo struct {
+	ID          string `json:"id"`
+	Command     string `json:"command"`
+	PID         int    `json:"pid"`
+	Running     bool   `json:"running"`
+	ExitCode    int    `json:"exit_code"`
+	StartedNS   int64  `json:"started_ns"`
+	Output      []byte `json:"output,omitempty"`
+	OutputTotal int64  `json:"output_total"`
+	Truncated   bool   `json:"truncated,omitempty"`
+}
+
+// Response is the agent's final answer to a request.
+type Response struct {
+	Err   string      `json:"err,omitempty"`
+	Code  string      `json:"code,omitempty"`
+	Exec  *ExecResult `json:"exec,omitempty"`
+	Proc  *ProcInfo   `json:"proc,omitempty"`
+	Procs []ProcInfo  `json:"procs,omitempty"`
+	Size  int64       `json:"size,omitempty"`
+}
+
+// ErrFrameTooLarge is returned when a peer announces a payload above MaxFrame.
+var ErrFrameTooLarge = errors.New("frame too large")
+
+// Frame is one decoded frame.
+type Frame struct {
+	Type    byte
+	ID      uint32
+	Payload []byte
+}
+
+// WriteFrame writes one frame; callers serialise concurrent writers.
+func WriteFrame(w io.Writer, typ byte, id uint32, payload []byte) error {
+	if len(payload) > MaxFrame {
+		return fmt.Errorf("%w: %d bytes", ErrFrameTooLarge, len(payload))
+	}
+	var hdr [9]byte
+	hdr[0] = typ
+	binary.BigEndian.PutUint32(hdr[1:5], id)
+	binary.BigEndian.PutUint32(hdr[5:9], uint32(len(payload)))
+	if _, err := w.Write(hdr[:]); err != nil {
+		return err
+	}
+	if len(payload) == 0 {
+		return nil
+	}
+	_, err := w.Write(payload)
+	return err
+}
+
+// ReadFrame reads one frame. The payload is freshly allocated.
+func ReadFrame(r io.Reader) (Frame, error) {
+	var hdr [9]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return Frame{}, err
+	}
+	n := binary.BigEndian.Uint32(hdr[5:9])
+	if n > MaxFrame {
+		return Frame{}, fmt.Errorf("%w: %d bytes", ErrFrameTooLarge, n)
+	}
+	f := Frame{Type: hdr[0], ID: binary.BigEndian.Uint32(hdr[1:5])}
+	switch f.Type {
+	case FrameHello, FrameRequest, FrameData, FrameEnd, FrameCancel, FrameResponse:
+	default:
+		return Frame{}, fmt.Errorf("unknown frame type 0x%02x", f.Type)
+	}
+	if n > 0 {
+		f.Payload = make([]byte, n)
+		if _, err := io.ReadFull(r, f.Payload); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return Frame{}, err
+		}
+	}
+	return f, nil
+}

@@ -1,0 +1,116 @@
+package sandbox
+
+import (
+	"debug/elf"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sync"
+)
+
+// AgentSubcommand is the hidden `rollout` subcommand that runs the agent,
+// used when the rollout binary itself is static and serves as the agent.
+const AgentSubcommand = "__sandbox-agent"
+
+// AgentBinary is the agent program to place into containers.
+type AgentBinary struct {
+	Path string   // host path of a static linux/amd64 executable
+	Args []string // arguments before the agent's own flags
+}
+
+var (
+	agentOnce sync.Once
+	agentBin  AgentBinary
+	agentErr  error
+)
+
+// ResolveAgent finds the agent binary, in order: $ROLLOUT_AGENT; a
+// `rollout-agent` next to the running executable (what `make build`
+// produces); the running executable itself when it is statically linked
+// (it then serves the hidden AgentSubcommand); a build from this source tree
+// into the user cache when the Go toolchain and the source are present.
+func ResolveAgent() (AgentBinary, error) {
+	agentOnce.Do(func() { agentBin, agentErr = resolveAgent() })
+	return agentBin, agentErr
+}
+
+func resolveAgent() (AgentBinary, error) {
+	if p := os.Getenv("ROLLOUT_AGENT"); p != "" {
+		if err := checkStatic(p); err != nil {
+			return AgentBinary{}, fmt.Errorf("ROLLOUT_AGENT=%s: %w", p, err)
+		}
+		return AgentBinary{Path: p}, nil
+	}
+	exe, exeErr := os.Executable()
+	if exeErr == nil {
+		if exe, err := filepath.EvalSymlinks(exe); err == nil {
+			p := filepath.Join(filepath.Dir(exe), "rollout-agent")
+			if checkStatic(p) == nil {
+				return AgentBinary{Path: p}, nil
+			}
+			if filepath.Base(exe) == "rollout" && checkStatic(exe) == nil {
+				return AgentBinary{Path: exe, Args: []string{AgentSubcommand}}, nil
+			}
+		}
+	}
+	if p, err := buildAgentFromSource(); err == nil {
+		return AgentBinary{Path: p}, nil
+	}
+	return AgentBinary{}, errors.New("sandbox agent binary not found: build it with " +
+		"`CGO_ENABLED=0 go build -o bin/rollout-agent ./sandbox/agent/cmd/rollout-agent` " +
+		"(make build does this) and keep it next to the rollout binary, or set ROLLOUT_AGENT to its path")
+}
+
+// checkStatic accepts an x86-64 ELF executable without a dynamic loader:
+// it has to run in any image, including FROM scratch.
+func checkStatic(path string) error {
+	f, err := elf.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if f.Machine != elf.EM_X86_64 {
+		return fmt.Errorf("not an x86-64 executable (%v)", f.Machine)
+	}
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			return errors.New("dynamically linked; build with CGO_ENABLED=0")
+		}
+	}
+	return nil
+}
+
+// buildAgentFromSource covers `go install`/`go run` from a checkout: the
+// source directory is known from this file's compile-time path.
+func buildAgentFromSource() (string, error) {
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		return "", errors.New("no source path")
+	}
+	root := filepath.Dir(filepath.Dir(file))
+	if _, err := os.Stat(filepath.Join(root, "sandbox", "agent", "cmd", "rollout-agent")); err != nil {
+		return "", err
+	}
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		return "", err
+	}
+	cache, err := os.UserCacheDir()
+	if err != nil {
+		cache = os.TempDir()
+	}
+	out := filepath.Join(cache, "rollout", "rollout-agent")
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return "", err
+	}
+	cmd := exec.Command(goBin, "build", "-trimpath", "-ldflags=-s -w", "-o", out, "./sandbox/agent/cmd/rollout-agent")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build agent: %v: %s", err, b)
+	}
+	return out, checkStatic(out)
+}

@@ -1,0 +1,228 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/moby/moby/client"
+)
+
+// Measurement functions shared by the package benchmarks and `rollout bench
+// sandbox`. They return raw samples; Summarize turns them into percentiles.
+
+// Stats summarises latency samples.
+type Stats struct {
+	N                       int
+	Min, P50, P90, P99, Max time.Duration
+	Mean                    time.Duration
+}
+
+// Summarize computes nearest-rank percentiles of samples.
+func Summarize(samples []time.Duration) Stats {
+	if len(samples) == 0 {
+		return Stats{}
+	}
+	s := slices.Clone(samples)
+	slices.Sort(s)
+	var sum time.Duration
+	for _, d := range s {
+		sum += d
+	}
+	pct := func(p float64) time.Duration {
+		i := int(p*float64(len(s))+0.999999) - 1
+		return s[max(0, min(i, len(s)-1))]
+	}
+	return Stats{N: len(s), Min: s[0], P50: pct(0.50), P90: pct(0.90), P99: pct(0.99), Max: s[len(s)-1], Mean: sum / time.Duration(len(s))}
+}
+
+func (s Stats) String() string {
+	ms := func(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d)/1e6) }
+	return fmt.Sprintf("n=%d p50=%s p90=%s p99=%s min=%s max=%s", s.N, ms(s.P50), ms(s.P90), ms(s.P99), ms(s.Min), ms(s.Max))
+}
+
+// MeasureExec times n round trips of argv through the sandbox's channel.
+func MeasureExec(ctx context.Context, s Sandbox, n int, argv ...string) ([]time.Duration, error) {
+	if len(argv) == 0 {
+		argv = []string{"true"}
+	}
+	out := make([]time.Duration, 0, n)
+	for range n {
+		start := time.Now()
+		r, err := s.Exec(ctx, ExecRequest{Argv: argv})
+		if err != nil {
+			return out, err
+		}
+		if r.ExitCode != 0 {
+			return out, fmt.Errorf("%s exited %d: %s", strings.Join(argv, " "), r.ExitCode, r.Stderr)
+		}
+		out = append(out, time.Since(start))
+	}
+	return out, nil
+}
+
+// MeasureDockerExecCLI times n runs of `docker exec <container> true`, the
+// per-command path of CLI-based harnesses (the baseline).
+func MeasureDockerExecCLI(ctx context.Context, containerID string, n int) ([]time.Duration, error) {
+	docker, err := exec.LookPath("docker")
+	if err != nil {
+		return nil, fmt.Errorf("docker CLI: %w", err)
+	}
+	out := make([]time.Duration, 0, n)
+	for range n {
+		start := time.Now()
+		if b, err := exec.CommandContext(ctx, docker, "exec", containerID, "true").CombinedOutput(); err != nil {
+			return out, fmt.Errorf("docker exec: %v: %s", err, b)
+		}
+		out = append(out, time.Since(start))
+	}
+	return out, nil
+}
+
+// MeasureCreate times n cold sandbox creations (create, start, agent
+// handshake) through b, closing each sandbox afterwards.
+func MeasureCreate(ctx context.Context, b Backend, spec Spec, n int) ([]time.Duration, error) {
+	out := make([]time.Duration, 0, n)
+	for range n {
+		start := time.Now()
+		s, err := b.Create(ctx, spec)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, time.Since(start))
+		if err := s.Close(ctx); err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+// MeasureDockerRun times n `docker run -d --network none IMAGE sleep 3600`
+// (the baseline for MeasureCreate). Containers carry the given labels and
+// are removed after each sample.
+func MeasureDockerRun(ctx context.Context, cli *client.Client, image string, labels map[string]string, n int) ([]time.Duration, error) {
+	docker, err := exec.LookPath("docker")
+	if err != nil {
+		return nil, fmt.Errorf("docker CLI: %w", err)
+	}
+	args := []string{"run", "-d", "--network", "none", "--log-driver", "none"}
+	for k, v := range labels {
+		args = append(args, "--label", k+"="+v)
+	}
+	args = append(args, image, "sleep", "3600")
+	out := make([]time.Duration, 0, n)
+	for range n {
+		start := time.Now()
+		b, err := exec.CommandContext(ctx, docker, args...).Output()
+		elapsed := time.Since(start)
+		id := strings.TrimSpace(string(b))
+		if id != "" {
+			_, _ = cli.ContainerRemove(context.WithoutCancel(ctx), id, client.ContainerRemoveOptions{Force: true})
+		}
+		if err != nil {
+			return out, fmt.Errorf("docker run: %w", err)
+		}
+		out = append(out, elapsed)
+	}
+	return out, nil
+}
+
+// MeasurePoolAcquire warms n sandboxes of spec, then times n Acquires (all
+// served from the pool) and closes the sandboxes.
+func MeasurePoolAcquire(ctx context.Context, p *Pool, spec Spec, n int) ([]time.Duration, error) {
+	if err := p.Warm(spec, n); err != nil {
+		return nil, err
+	}
+	for p.Ready(spec) < n {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if err := p.Warm(spec, 0); err != nil {
+		return nil, err
+	}
+	out := make([]time.Duration, 0, n)
+	var got []Sandbox
+	defer func() {
+		for _, s := range got {
+			_ = s.Close(ctx)
+		}
+	}()
+	for range n {
+		start := time.Now()
+		s, err := p.Acquire(ctx, spec)
+		if err != nil {
+			return out, err
+		}
+		out = append(out, time.Since(start))
+		got = append(got, s)
+	}
+	return out, nil
+}
+
+// PeakResult is the outcome of MeasurePeak.
+type PeakResult struct {
+	Target  int
+	Alive   int           // created and answering an exec at the same time
+	Elapsed time.Duration // to create all of them
+	Err     error         // first failure, if any
+}
+
+// MeasurePeak creates target sandboxes concurrently, checks that every one
+// runs a command while all are alive, and removes them.
+func MeasurePeak(ctx context.Context, b Backend, spec Spec, target, parallel int) PeakResult {
+	if parallel <= 0 {
+		parallel = 8
+	}
+	res := PeakResult{Target: target}
+	start := time.Now()
+	var mu sync.Mutex
+	var all []Sandbox
+	var errs []error
+	sem := make(chan struct{}, parallel)
+	var wg sync.WaitGroup
+	for range target {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			s, err := b.Create(ctx, spec)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			all = append(all, s)
+		})
+	}
+	wg.Wait()
+	res.Elapsed = time.Since(start)
+	alive := 0
+	for _, s := range all {
+		if r, err := s.Exec(ctx, ExecRequest{Argv: []string{"true"}}); err == nil && r.ExitCode == 0 {
+			alive++
+		} else if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	res.Alive = alive
+	for _, s := range all {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			_ = s.Close(context.WithoutCancel(ctx))
+		})
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		res.Err = fmt.Errorf("%d failures, first: %w", len(errs), errors.Join(errs[0]))
+	}
+	return res
+}

@@ -1,0 +1,257 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sync"
+
+	"github.com/rollout-rl/rollout/sandbox/agent"
+)
+
+// conn is the host end of the agent channel: one attached stdio stream,
+// many concurrent requests told apart by id.
+type conn struct {
+	wmu sync.Mutex
+	w   io.Writer
+
+	mu     sync.Mutex
+	calls  map[uint32]*call
+	nextID uint32
+	err    error // why the channel ended; set before done is closed
+
+	hello chan agent.Hello
+	done  chan struct{}
+}
+
+type call struct {
+	resp    chan agent.Response
+	data    chan []byte
+	dataEnd bool
+	gone    chan struct{} // closed when the caller stopped listening
+}
+
+func newConn(r io.Reader, w io.Writer) *conn {
+	c := &conn{w: w, calls: map[uint32]*call{}, hello: make(chan agent.Hello, 1), done: make(chan struct{})}
+	go c.readLoop(r)
+	return c
+}
+
+func (c *conn) readLoop(r io.Reader) {
+	err := c.read(r)
+	if err == nil || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		err = errors.New("exec channel closed (the sandbox's agent or container exited)")
+	}
+	c.mu.Lock()
+	c.err = err
+	c.mu.Unlock()
+	close(c.done)
+}
+
+func (c *conn) read(r io.Reader) error {
+	for {
+		f, err := agent.ReadFrame(r)
+		if err != nil {
+			return err
+		}
+		switch f.Type {
+		case agent.FrameHello:
+			var h agent.Hello
+			if err := json.Unmarshal(f.Payload, &h); err != nil {
+				return fmt.Errorf("bad hello from agent: %w", err)
+			}
+			select {
+			case c.hello <- h:
+			default:
+			}
+		case agent.FrameResponse, agent.FrameData, agent.FrameEnd:
+			c.mu.Lock()
+			cl := c.calls[f.ID]
+			if f.Type == agent.FrameResponse {
+				delete(c.calls, f.ID)
+			}
+			c.mu.Unlock()
+			if cl == nil {
+				continue
+			}
+			switch f.Type {
+			case agent.FrameResponse:
+				var resp agent.Response
+				if err := json.Unmarshal(f.Payload, &resp); err != nil {
+					resp = agent.Response{Code: agent.CodeFailed, Err: "bad response from agent: " + err.Error()}
+				}
+				cl.resp <- resp
+			case agent.FrameData:
+				select {
+				case cl.data <- f.Payload:
+				case <-cl.gone:
+				}
+			case agent.FrameEnd:
+				if !cl.dataEnd {
+					cl.dataEnd = true
+					close(cl.data)
+				}
+			}
+		default:
+			return fmt.Errorf("unexpected frame type %q from agent", f.Type)
+		}
+	}
+}
+
+// broken returns the channel's end reason, or nil while it is healthy.
+func (c *conn) broken() error {
+	select {
+	case <-c.done:
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.err
+	default:
+		return nil
+	}
+}
+
+func (c *conn) send(typ byte, id uint32, payload []byte) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return agent.WriteFrame(c.w, typ, id, payload)
+}
+
+// roundTrip sends req, streams upload (if any) as Data frames, copies the
+// response's Data frames into download (if any) and returns the Response.
+// Channel failures are ErrUnavailable; ctx errors are returned as such.
+func (c *conn) roundTrip(ctx context.Context, req agent.Request, upload io.Reader, download io.Writer) (agent.Response, error) {
+	if err := c.broken(); err != nil {
+		return agent.Response{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	payload, err := json.Marshal(req)
+	if err != nil {
+		return agent.Response{}, fmt.Errorf("%w: encode request: %v", ErrInvalid, err)
+	}
+	if len(payload) > agent.MaxFrame {
+		return agent.Response{}, fmt.Errorf("%w: request of %d bytes is too large (stdin above ~20 MB: use WriteFile)", ErrInvalid, len(payload))
+	}
+	cl := &call{resp: make(chan agent.Response, 1), data: make(chan []byte, 64), gone: make(chan struct{})}
+	c.mu.Lock()
+	c.nextID++
+	id := c.nextID
+	c.calls[id] = cl
+	c.mu.Unlock()
+	defer func() {
+		close(cl.gone)
+		c.mu.Lock()
+		delete(c.calls, id)
+		c.mu.Unlock()
+	}()
+	fail := func(err error) (agent.Response, error) {
+		if b := c.broken(); b != nil {
+			return agent.Response{}, fmt.Errorf("%w: %v", ErrUnavailable, b)
+		}
+		return agent.Response{}, err
+	}
+	if err := c.send(agent.FrameRequest, id, payload); err != nil {
+		return fail(fmt.Errorf("%w: send request: %v", ErrUnavailable, err))
+	}
+	var early *agent.Response
+	if upload != nil {
+		var err error
+		if early, err = c.stream(ctx, id, upload, cl.resp); err != nil {
+			return fail(err)
+		}
+		if early != nil {
+			// The agent answered (an error) before the stream ended.
+			return *early, nil
+		}
+	}
+	data := cl.data
+	var werr error
+	for {
+		select {
+		case b, ok := <-data:
+			if !ok {
+				data = nil
+				continue
+			}
+			if download != nil && werr == nil {
+				if _, werr = download.Write(b); werr != nil {
+					_ = c.send(agent.FrameCancel, id, nil)
+				}
+			}
+		case resp := <-cl.resp:
+			// Data and End frames precede the Response, so whatever is still
+			// buffered belongs to this answer.
+			for data != nil {
+				select {
+				case b, ok := <-data:
+					if !ok {
+						data = nil
+						break
+					}
+					if download != nil && werr == nil {
+						_, werr = download.Write(b)
+					}
+				default:
+					data = nil
+				}
+			}
+			if werr != nil {
+				return resp, fmt.Errorf("write downloaded data: %w", werr)
+			}
+			return resp, nil
+		case <-ctx.Done():
+			_ = c.send(agent.FrameCancel, id, nil)
+			return agent.Response{}, ctx.Err()
+		case <-c.done:
+			return fail(nil)
+		}
+	}
+}
+
+// stream sends r as Data frames and an End frame. It stops early when the
+// agent already answered (it refused the transfer) and returns that answer.
+func (c *conn) stream(ctx context.Context, id uint32, r io.Reader, resp <-chan agent.Response) (*agent.Response, error) {
+	buf := make([]byte, agent.ChunkSize)
+	for {
+		select {
+		case early := <-resp:
+			return &early, nil
+		default:
+		}
+		if err := ctx.Err(); err != nil {
+			_ = c.send(agent.FrameEnd, id, []byte("cancelled"))
+			return nil, err
+		}
+		n, rerr := io.ReadFull(r, buf)
+		if n > 0 {
+			if err := c.send(agent.FrameData, id, buf[:n]); err != nil {
+				return nil, fmt.Errorf("%w: send data: %v", ErrUnavailable, err)
+			}
+		}
+		if errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF) {
+			if err := c.send(agent.FrameEnd, id, nil); err != nil {
+				return nil, fmt.Errorf("%w: send data: %v", ErrUnavailable, err)
+			}
+			return nil, nil
+		}
+		if rerr != nil {
+			_ = c.send(agent.FrameEnd, id, []byte("source failed"))
+			return nil, fmt.Errorf("read upload source: %w", rerr)
+		}
+	}
+}
+
+// responseError maps an agent error code onto the sandbox error classes.
+func responseError(what string, resp agent.Response) error {
+	if resp.Err == "" && resp.Code == "" {
+		return nil
+	}
+	class := ErrFailed
+	switch resp.Code {
+	case agent.CodeInvalid:
+		class = ErrInvalid
+	case agent.CodeNotFound:
+		class = ErrNotFound
+	}
+	return fmt.Errorf("%s: %w: %s", what, class, resp.Err)
+}

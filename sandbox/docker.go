@@ -1,0 +1,1066 @@
+package sandbox
+
+import (
+	"archive/tar"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"math"
+	mrand "math/rand/v2"
+	"os"
+	"path"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/api/pkg/stdcopy"
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/mount"
+	"github.com/moby/moby/client"
+
+	"github.com/rollout-rl/rollout/internal/dockerclient"
+	"github.com/rollout-rl/rollout/sandbox/agent"
+)
+
+// Labels every sandbox container carries. Spec.Labels may not use the
+// io.rollout.sandbox. prefix.
+const (
+	LabelManaged  = "io.rollout.managed"          // "true"
+	LabelInstance = "io.rollout.sandbox.instance" // the Docker manager that created it
+	LabelHost     = "io.rollout.sandbox.host"     // hostname of that process
+	LabelPID      = "io.rollout.sandbox.pid"      // pid of that process
+	LabelPIDStart = "io.rollout.sandbox.pidstart" // its start time (clock ticks), against pid reuse
+	LabelPool     = "io.rollout.sandbox.pool"     // spec fingerprint of a warm-pool container
+	// Conventional caller labels (Spec.Labels keys).
+	LabelRun     = "io.rollout.run"
+	LabelRollout = "io.rollout.rollout"
+
+	reservedPrefix = "io.rollout.sandbox."
+	agentInCtr     = "/.rollout/agent"
+)
+
+// DefaultLimits apply to zero fields of Spec.Limits.
+var DefaultLimits = Limits{
+	MemoryBytes: 2 << 30,
+	CPUs:        1,
+	PIDs:        512,
+	DiskBytes:   1 << 30,
+}
+
+// Delivery modes for the agent binary.
+const (
+	DeliveryAuto = ""     // bind when the engine is local, else copy
+	DeliveryBind = "bind" // read-only bind mount of the host file
+	DeliveryCopy = "copy" // CopyToContainer before start
+)
+
+// Options configure a Docker backend. Zero values take defaults.
+type Options struct {
+	Instance           string        // service instance id (default: random)
+	MaxContainers      int           // concurrent sandboxes, warm ones included (default 512)
+	MaxParallelCreates int           // creates in flight at once (default 8), lowered while the daemon is slow
+	SlowCreate         time.Duration // a create slower than this halves the parallelism (default 5s)
+	CreateRate         float64       // creates per second (default 50)
+	ReapInterval       time.Duration // periodic reaper (default 30s; < 0 disables, start-up reap too)
+	LeakGrace          time.Duration // own untracked containers younger than this are left alone (default 2m)
+	Agent              *AgentBinary  // default ResolveAgent()
+	Delivery           string
+	Logger             *slog.Logger
+}
+
+// Docker creates sandboxes as local Docker containers. It is safe for
+// concurrent use.
+type Docker struct {
+	cli    *client.Client
+	opts   Options
+	log    *slog.Logger
+	agent  AgentBinary
+	labels map[string]string
+	bind   bool
+	slots  chan struct{}
+	gate   *createGate
+	rate   *rateLimiter
+
+	mu     sync.Mutex
+	live   map[string]*dockerSandbox // by container id
+	images map[string]imageInfo
+	closed bool
+
+	stop   context.CancelFunc
+	reaper sync.WaitGroup
+}
+
+type imageInfo struct{ user string }
+
+var _ Backend = (*Docker)(nil)
+
+// Backend creates sandboxes; the Docker type and Pool implement it.
+type Backend interface {
+	Create(ctx context.Context, spec Spec) (Sandbox, error)
+}
+
+// NewDocker connects to the engine, removes orphans of dead instances and
+// starts the periodic reaper.
+func NewDocker(ctx context.Context, opts Options) (*Docker, error) {
+	cli, err := dockerclient.New(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	d, err := newDocker(cli, opts)
+	if err != nil {
+		_ = cli.Close()
+		return nil, err
+	}
+	if d.opts.ReapInterval > 0 {
+		if _, err := d.Reap(ctx, ReapOptions{}); err != nil {
+			d.log.Warn("start-up reap failed", "err", err)
+		}
+		rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+		d.stop = cancel
+		d.reaper.Go(func() { d.reapLoop(rctx) })
+	}
+	return d, nil
+}
+
+func newDocker(cli *client.Client, opts Options) (*Docker, error) {
+	if opts.Instance == "" {
+		opts.Instance = randomID(8)
+	}
+	if opts.MaxContainers <= 0 {
+		opts.MaxContainers = 512
+	}
+	if opts.MaxParallelCreates <= 0 {
+		opts.MaxParallelCreates = 8
+	}
+	if opts.SlowCreate <= 0 {
+		opts.SlowCreate = 5 * time.Second
+	}
+	if opts.CreateRate <= 0 {
+		opts.CreateRate = 50
+	}
+	if opts.ReapInterval == 0 {
+		opts.ReapInterval = 30 * time.Second
+	}
+	if opts.LeakGrace <= 0 {
+		opts.LeakGrace = 2 * time.Minute
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	var ab AgentBinary
+	if opts.Agent != nil {
+		ab = *opts.Agent
+		if err := checkStatic(ab.Path); err != nil {
+			return nil, fmt.Errorf("%w: agent %s: %v", ErrInvalid, ab.Path, err)
+		}
+	} else {
+		var err error
+		if ab, err = ResolveAgent(); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+		}
+	}
+	if abs, err := filepath.Abs(ab.Path); err == nil {
+		ab.Path = abs
+	}
+	bind := false
+	switch opts.Delivery {
+	case DeliveryBind:
+		bind = true
+	case DeliveryCopy:
+	case DeliveryAuto:
+		h := dockerclient.Host()
+		bind = strings.HasPrefix(h, "unix://") || strings.HasPrefix(h, "/")
+	default:
+		return nil, fmt.Errorf("%w: agent delivery %q (want bind or copy)", ErrInvalid, opts.Delivery)
+	}
+	host, _ := os.Hostname()
+	d := &Docker{
+		cli:   cli,
+		opts:  opts,
+		log:   opts.Logger.With("sandbox_instance", opts.Instance),
+		agent: ab,
+		labels: map[string]string{
+			LabelManaged:  "true",
+			LabelInstance: opts.Instance,
+			LabelHost:     host,
+			LabelPID:      strconv.Itoa(os.Getpid()),
+			LabelPIDStart: pidStart(os.Getpid()),
+		},
+		bind:   bind,
+		slots:  make(chan struct{}, opts.MaxContainers),
+		gate:   newCreateGate(opts.MaxParallelCreates, opts.SlowCreate),
+		rate:   newRateLimiter(opts.CreateRate, opts.MaxParallelCreates),
+		live:   map[string]*dockerSandbox{},
+		images: map[string]imageInfo{},
+	}
+	return d, nil
+}
+
+// Instance is the id in the instance label of this backend's containers.
+func (d *Docker) Instance() string { return d.opts.Instance }
+
+// BaseLabels are the labels every container of this backend carries (for
+// baselines such as MeasureDockerRun, so the reaper can find their leftovers).
+func (d *Docker) BaseLabels() map[string]string { return maps.Clone(d.labels) }
+
+// Client exposes the engine client (benchmarks, the CLI).
+func (d *Docker) Client() *client.Client { return d.cli }
+
+// Close removes every sandbox this backend still owns and stops the reaper.
+func (d *Docker) Close(ctx context.Context) error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	live := make([]*dockerSandbox, 0, len(d.live))
+	for _, s := range d.live {
+		live = append(live, s)
+	}
+	d.mu.Unlock()
+	if d.stop != nil {
+		d.stop()
+	}
+	d.reaper.Wait()
+	var errs []error
+	var wg sync.WaitGroup
+	var emu sync.Mutex
+	sem := make(chan struct{}, 16)
+	for _, s := range live {
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			if err := s.Close(ctx); err != nil {
+				emu.Lock()
+				errs = append(errs, err)
+				emu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	errs = append(errs, d.cli.Close())
+	return errors.Join(errs...)
+}
+
+func randomID(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// pidStart reads the start time of pid from /proc (field 22 of stat).
+func pidStart(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return ""
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return ""
+	}
+	fields := strings.Fields(s[i+1:])
+	if len(fields) < 20 {
+		return ""
+	}
+	return fields[19]
+}
+
+// rateLimiter is a token bucket for container creates.
+type rateLimiter struct {
+	mu    sync.Mutex
+	rate  float64
+	burst float64
+	avail float64
+	last  time.Time
+}
+
+func newRateLimiter(perSec float64, burst int) *rateLimiter {
+	return &rateLimiter{rate: perSec, burst: float64(burst), avail: float64(burst), last: time.Now()}
+}
+
+func (r *rateLimiter) wait(ctx context.Context) error {
+	for {
+		r.mu.Lock()
+		now := time.Now()
+		r.avail = math.Min(r.burst, r.avail+now.Sub(r.last).Seconds()*r.rate)
+		r.last = now
+		if r.avail >= 1 {
+			r.avail--
+			r.mu.Unlock()
+			return nil
+		}
+		need := time.Duration((1 - r.avail) / r.rate * float64(time.Second))
+		r.mu.Unlock()
+		t := time.NewTimer(need)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+	}
+}
+
+// transient reports daemon errors worth a retry.
+func transient(err error) bool {
+	if err == nil || errors.Is(err, context.Canceled) {
+		return false
+	}
+	return client.IsErrConnectionFailed(err) || cerrdefs.IsUnavailable(err) || cerrdefs.IsInternal(err) ||
+		cerrdefs.IsDeadlineExceeded(err) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// daemon runs one Engine API call with a bounded timeout, metrics and
+// backoff-and-retry on transient errors. The call never sees the caller's
+// cancellation: a create that the daemon completes after the client gave up
+// would leak; callers check their ctx between calls instead.
+func (d *Docker) daemon(ctx context.Context, op string, timeout time.Duration, fn func(ctx context.Context) error) error {
+	base := context.WithoutCancel(ctx)
+	var err error
+	for attempt := range 4 {
+		if attempt > 0 {
+			back := time.Duration(100<<attempt)*time.Millisecond + time.Duration(mrand.Int64N(int64(100*time.Millisecond)))
+			d.log.Warn("docker call failed, retrying", "op", op, "attempt", attempt, "backoff", back, "err", err)
+			time.Sleep(back)
+		}
+		cctx, cancel := context.WithTimeout(base, timeout)
+		start := time.Now()
+		err = fn(cctx)
+		metricDaemon.WithLabelValues(op).Observe(time.Since(start).Seconds())
+		cancel()
+		if !transient(err) {
+			return err
+		}
+	}
+	return err
+}
+
+func (d *Docker) validate(spec *Spec) error {
+	if spec.Image == "" {
+		return errors.New("image is empty")
+	}
+	if spec.Workdir == "" {
+		spec.Workdir = "/workspace"
+	}
+	if !path.IsAbs(spec.Workdir) {
+		return fmt.Errorf("workdir %q is not absolute", spec.Workdir)
+	}
+	switch spec.Network {
+	case "":
+		spec.Network = NetworkNone
+	case NetworkNone, NetworkBridge:
+	default:
+		return fmt.Errorf("network %q (want %q or %q)", spec.Network, NetworkNone, NetworkBridge)
+	}
+	l := &spec.Limits
+	if l.MemoryBytes < 0 || l.CPUs < 0 || l.PIDs < 0 || l.DiskBytes < 0 || l.MaxLifetime < 0 || l.IdleTimeout < 0 {
+		return errors.New("negative limit")
+	}
+	if l.MemoryBytes == 0 {
+		l.MemoryBytes = DefaultLimits.MemoryBytes
+	}
+	if l.MemoryBytes < 8<<20 {
+		return fmt.Errorf("memory limit %d bytes is below 8 MiB", l.MemoryBytes)
+	}
+	if l.CPUs == 0 {
+		l.CPUs = DefaultLimits.CPUs
+	}
+	if l.PIDs == 0 {
+		l.PIDs = DefaultLimits.PIDs
+	}
+	if l.PIDs < 16 {
+		return fmt.Errorf("pids limit %d is below 16", l.PIDs)
+	}
+	if l.DiskBytes == 0 {
+		l.DiskBytes = DefaultLimits.DiskBytes
+	}
+	for k, v := range spec.Env {
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.Contains(v, "\x00") {
+			return fmt.Errorf("bad env name %q", k)
+		}
+	}
+	for k := range spec.Labels {
+		if strings.HasPrefix(k, reservedPrefix) || k == LabelManaged {
+			return fmt.Errorf("label %q is reserved", k)
+		}
+	}
+	for _, f := range spec.Files {
+		if !path.IsAbs(f.Path) {
+			return fmt.Errorf("file path %q is not absolute", f.Path)
+		}
+	}
+	return nil
+}
+
+func (d *Docker) image(ctx context.Context, ref string) (imageInfo, error) {
+	d.mu.Lock()
+	info, ok := d.images[ref]
+	d.mu.Unlock()
+	if ok {
+		return info, nil
+	}
+	var res client.ImageInspectResult
+	err := d.daemon(ctx, "image_inspect", 30*time.Second, func(ctx context.Context) (err error) {
+		res, err = d.cli.ImageInspect(ctx, ref)
+		return err
+	})
+	if cerrdefs.IsNotFound(err) {
+		return imageInfo{}, fmt.Errorf("%w: image %s is not present locally (build it first, e.g. `rollout sandbox image build`)", ErrInvalid, ref)
+	}
+	if err != nil {
+		return imageInfo{}, fmt.Errorf("%w: inspect image %s: %v", ErrUnavailable, ref, err)
+	}
+	if res.Config != nil {
+		info.user = res.Config.User
+	}
+	d.mu.Lock()
+	d.images[ref] = info
+	d.mu.Unlock()
+	return info, nil
+}
+
+// Create starts a sandbox for spec. It waits for admission (MaxContainers,
+// create rate) as long as ctx allows.
+func (d *Docker) Create(ctx context.Context, spec Spec) (Sandbox, error) {
+	start := time.Now()
+	s, err := d.create(ctx, spec, nil, true)
+	if err != nil {
+		return nil, err
+	}
+	metricAcquire.WithLabelValues("create").Observe(time.Since(start).Seconds())
+	return s, nil
+}
+
+func (d *Docker) create(ctx context.Context, spec Spec, extraLabels map[string]string, block bool) (_ *dockerSandbox, err error) {
+	spec.Labels = maps.Clone(spec.Labels)
+	spec.Env = maps.Clone(spec.Env)
+	if err := d.validate(&spec); err != nil {
+		return nil, fmt.Errorf("create sandbox: %w: %v", ErrInvalid, err)
+	}
+	if spec.Limits.ReadOnlyRoot && !d.bind {
+		// The engine refuses CopyToContainer into a read-only root.
+		return nil, fmt.Errorf("create sandbox: %w: a read-only root needs the bind-mounted agent (local engine); not implemented yet for copy delivery", ErrInvalid)
+	}
+	d.mu.Lock()
+	closed := d.closed
+	d.mu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("create sandbox: %w: backend closed", ErrClosed)
+	}
+	// Admission: a slot under MaxContainers, held until Close.
+	if block {
+		select {
+		case d.slots <- struct{}{}:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("create sandbox: waiting for a free slot (%d in use): %w", cap(d.slots), ctx.Err())
+		}
+	} else {
+		select {
+		case d.slots <- struct{}{}:
+		default:
+			return nil, fmt.Errorf("create sandbox: %w: all %d slots in use", ErrUnavailable, cap(d.slots))
+		}
+	}
+	slotHeld := true
+	defer func() {
+		if slotHeld {
+			<-d.slots
+		}
+	}()
+	if err := d.rate.wait(ctx); err != nil {
+		return nil, fmt.Errorf("create sandbox: waiting for the create rate limit: %w", err)
+	}
+	if err := d.gate.acquire(ctx); err != nil {
+		return nil, fmt.Errorf("create sandbox: waiting for a create turn: %w", err)
+	}
+	gateStart := time.Now()
+	defer func() { d.gate.release(time.Since(gateStart), err == nil) }()
+
+	img, err := d.image(ctx, spec.Image)
+	if err != nil {
+		metricFailures.WithLabelValues("create").Inc()
+		return nil, fmt.Errorf("create sandbox: %w", err)
+	}
+	name := "rollout-" + d.opts.Instance + "-" + randomID(6)
+	cfg, hc := d.containerConfig(spec, img, extraLabels)
+	var id string
+	err = d.daemon(ctx, "container_create", 60*time.Second, func(cctx context.Context) error {
+		res, err := d.cli.ContainerCreate(cctx, client.ContainerCreateOptions{Config: cfg, HostConfig: hc, Name: name})
+		if cerrdefs.IsConflict(err) && id == "" {
+			// An earlier attempt reached the daemon although its answer was lost.
+			ins, ierr := d.cli.ContainerInspect(cctx, name, client.ContainerInspectOptions{})
+			if ierr == nil {
+				id = ins.Container.ID
+				return nil
+			}
+		}
+		if err == nil {
+			id = res.ID
+		}
+		return err
+	})
+	if err != nil {
+		metricFailures.WithLabelValues("create").Inc()
+		// The create may still have happened on the daemon; remove by name.
+		d.removeContainer(ctx, name)
+		if cerrdefs.IsInvalidArgument(err) {
+			return nil, fmt.Errorf("create sandbox from %s: %w: %v", spec.Image, ErrInvalid, err)
+		}
+		return nil, fmt.Errorf("create sandbox from %s: %w: %v", spec.Image, ErrUnavailable, err)
+	}
+	log := d.log.With("container", id[:12])
+	// Guard: from here every failure removes the container.
+	var hj client.HijackedResponse
+	hjOpen := false
+	defer func() {
+		if err != nil {
+			if hjOpen {
+				hj.Close()
+			}
+			d.removeContainer(ctx, id)
+		}
+	}()
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("create sandbox: %w", err)
+	}
+	if !d.bind {
+		tarball, terr := agentTar(d.agent.Path)
+		if terr != nil {
+			return nil, fmt.Errorf("create sandbox: %w: %v", ErrInvalid, terr)
+		}
+		err = d.daemon(ctx, "copy_to_container", 60*time.Second, func(cctx context.Context) error {
+			_, err := d.cli.CopyToContainer(cctx, id, client.CopyToContainerOptions{DestinationPath: "/", Content: bytes.NewReader(tarball)})
+			return err
+		})
+		if err != nil {
+			metricFailures.WithLabelValues("create").Inc()
+			return nil, fmt.Errorf("create sandbox %s: copy agent: %w: %v", id[:12], ErrUnavailable, err)
+		}
+	}
+	// Attach before start so no byte of the agent's output is missed.
+	err = d.daemon(ctx, "container_attach", 30*time.Second, func(cctx context.Context) error {
+		res, err := d.cli.ContainerAttach(cctx, id, client.ContainerAttachOptions{Stream: true, Stdin: true, Stdout: true, Stderr: true})
+		if err == nil {
+			hj, hjOpen = res.HijackedResponse, true
+		}
+		return err
+	})
+	if err != nil {
+		metricFailures.WithLabelValues("start").Inc()
+		return nil, fmt.Errorf("create sandbox %s: attach: %w: %v", id[:12], ErrUnavailable, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("create sandbox: %w", err)
+	}
+	s := &dockerSandbox{d: d, id: id, name: name, spec: spec, hj: hj, created: time.Now(), log: log, stderr: &tailBuffer{max: 8 << 10}}
+	s.touch()
+	pr, pw := io.Pipe()
+	s.demux = make(chan struct{})
+	go func() {
+		defer close(s.demux)
+		_, err := stdcopy.StdCopy(pw, s.stderr, hj.Reader)
+		if err == nil {
+			err = io.EOF
+		}
+		pw.CloseWithError(err)
+	}()
+	s.conn = newConn(pr, hj.Conn)
+	err = d.daemon(ctx, "container_start", 60*time.Second, func(cctx context.Context) error {
+		_, err := d.cli.ContainerStart(cctx, id, client.ContainerStartOptions{})
+		return err
+	})
+	if err != nil {
+		metricFailures.WithLabelValues("start").Inc()
+		hj.Close()
+		<-s.demux
+		hjOpen = false
+		return nil, fmt.Errorf("create sandbox %s: start: %w: %v", id[:12], ErrUnavailable, err)
+	}
+	hello, err := s.handshake(ctx)
+	if err != nil {
+		metricFailures.WithLabelValues("handshake").Inc()
+		hj.Close()
+		<-s.demux
+		hjOpen = false
+		return nil, fmt.Errorf("create sandbox %s: %w", id[:12], err)
+	}
+	s.hello = hello
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		hj.Close()
+		<-s.demux
+		hjOpen = false
+		return nil, fmt.Errorf("create sandbox: %w: backend closed", ErrClosed)
+	}
+	d.live[id] = s
+	metricLive.Set(float64(len(d.live)))
+	d.mu.Unlock()
+	slotHeld = false
+	metricCreates.Inc()
+	for _, f := range spec.Files {
+		if ferr := s.WriteFile(ctx, f.Path, f.Data, f.Mode); ferr != nil {
+			_ = s.Close(ctx)
+			err = ferr
+			return nil, fmt.Errorf("create sandbox %s: place %s: %w", id[:12], f.Path, ferr)
+		}
+	}
+	log.Debug("sandbox started", "image", spec.Image, "user", hello.User, "uid", hello.UID)
+	return s, nil
+}
+
+func (d *Docker) containerConfig(spec Spec, img imageInfo, extraLabels map[string]string) (*container.Config, *container.HostConfig) {
+	labels := maps.Clone(d.labels)
+	maps.Copy(labels, spec.Labels)
+	maps.Copy(labels, extraLabels)
+	env := make([]string, 0, len(spec.Env))
+	for k, v := range spec.Env {
+		env = append(env, k+"="+v)
+	}
+	sort.Strings(env)
+	user, optional := spec.User, false
+	if user == "" {
+		user, optional = "agent", true
+	}
+	cmd := append(append([]string(nil), d.agent.Args...), "-user", user, "-workdir", spec.Workdir)
+	if optional {
+		cmd = append(cmd, "-optional-user", "-fallback-user", img.user)
+	}
+	cfg := &container.Config{
+		Image:        spec.Image,
+		User:         "0:0",
+		Env:          env,
+		Labels:       labels,
+		Entrypoint:   []string{agentInCtr},
+		Cmd:          cmd,
+		WorkingDir:   "/",
+		OpenStdin:    true,
+		AttachStdin:  true,
+		AttachStdout: true,
+		AttachStderr: true,
+	}
+	init := true
+	pids := spec.Limits.PIDs
+	hc := &container.HostConfig{
+		NetworkMode: container.NetworkMode(spec.Network),
+		// Only the root agent holds these: it switches to the sandbox user
+		// (SETUID/SETGID), prepares the workdir (CHOWN) and kills process
+		// groups of that user (KILL). Commands run without capabilities.
+		CapDrop:        []string{"ALL"},
+		CapAdd:         []string{"CHOWN", "SETUID", "SETGID", "KILL"},
+		SecurityOpt:    []string{"no-new-privileges"},
+		Init:           &init,
+		ReadonlyRootfs: spec.Limits.ReadOnlyRoot,
+		// The protocol runs over stdout; a log driver would copy every
+		// transferred byte to the daemon's disk.
+		LogConfig: container.LogConfig{Type: "none"},
+		Resources: container.Resources{
+			Memory:     spec.Limits.MemoryBytes,
+			MemorySwap: spec.Limits.MemoryBytes,
+			NanoCPUs:   int64(spec.Limits.CPUs * 1e9),
+			PidsLimit:  &pids,
+		},
+	}
+	if spec.Limits.ReadOnlyRoot {
+		hc.Tmpfs = map[string]string{
+			"/tmp":       "rw,nosuid,nodev,size=" + strconv.FormatInt(min(spec.Limits.DiskBytes, 512<<20), 10),
+			spec.Workdir: "rw,exec,nosuid,nodev,size=" + strconv.FormatInt(spec.Limits.DiskBytes, 10),
+		}
+	}
+	if d.bind {
+		hc.Mounts = []mount.Mount{{Type: mount.TypeBind, Source: d.agent.Path, Target: agentInCtr, ReadOnly: true}}
+	}
+	return cfg, hc
+}
+
+// agentTar wraps the agent binary for CopyToContainer.
+func agentTar(p string) ([]byte, error) {
+	data, err := os.ReadFile(p)
+	if err != nil {
+		return nil, fmt.Errorf("read agent: %w", err)
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	_ = tw.WriteHeader(&tar.Header{Name: ".rollout/", Typeflag: tar.TypeDir, Mode: 0o755})
+	_ = tw.WriteHeader(&tar.Header{Name: strings.TrimPrefix(agentInCtr, "/"), Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(data))})
+	_, _ = tw.Write(data)
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// removeContainer force-removes a container, also after the caller's ctx
+// was cancelled. A missing container counts as removed.
+func (d *Docker) removeContainer(ctx context.Context, id string) error {
+	err := d.daemon(ctx, "container_remove", 60*time.Second, func(cctx context.Context) error {
+		_, err := d.cli.ContainerRemove(cctx, id, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
+		return err
+	})
+	if err == nil || cerrdefs.IsNotFound(err) {
+		return nil
+	}
+	if strings.Contains(err.Error(), "already in progress") {
+		return nil
+	}
+	metricFailures.WithLabelValues("remove").Inc()
+	return fmt.Errorf("remove container %s: %w: %v", id, ErrUnavailable, err)
+}
+
+// tailBuffer keeps the last bytes of the agent's stderr for error messages.
+type tailBuffer struct {
+	mu  sync.Mutex
+	max int
+	b   []byte
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.b = append(t.b, p...)
+	if len(t.b) > t.max {
+		t.b = append([]byte(nil), t.b[len(t.b)-t.max:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return strings.TrimSpace(string(t.b))
+}
+
+// StdinCloser is implemented by sandboxes that can close a background
+// process's stdin (the process tool's "submit"/EOF).
+type StdinCloser interface {
+	CloseStdin(ctx context.Context, id string) error
+}
+
+// Labeler exposes the caller labels a sandbox was acquired with.
+type Labeler interface {
+	Labels() map[string]string
+}
+
+var (
+	_ Sandbox     = (*dockerSandbox)(nil)
+	_ StdinCloser = (*dockerSandbox)(nil)
+	_ Labeler     = (*dockerSandbox)(nil)
+)
+
+type dockerSandbox struct {
+	d       *Docker
+	id      string
+	name    string
+	spec    Spec
+	hj      client.HijackedResponse
+	conn    *conn
+	demux   chan struct{}
+	stderr  *tailBuffer
+	hello   agent.Hello
+	created time.Time
+	log     *slog.Logger
+
+	lastUsed atomic.Int64
+	pooled   atomic.Bool // waiting in a warm pool: exempt from the idle limit
+	closing  atomic.Bool
+	once     sync.Once
+	closeErr error
+	reason   atomic.Value // string: why the backend closed it
+}
+
+func (s *dockerSandbox) touch() { s.lastUsed.Store(time.Now().UnixNano()) }
+
+func (s *dockerSandbox) handshake(ctx context.Context) (agent.Hello, error) {
+	t := time.NewTimer(30 * time.Second)
+	defer t.Stop()
+	select {
+	case h := <-s.conn.hello:
+		if h.Err != "" {
+			return h, fmt.Errorf("%w: agent start-up: %s", ErrInvalid, h.Err)
+		}
+		if h.Version != agent.ProtocolVersion {
+			return h, fmt.Errorf("%w: agent protocol %d, want %d (stale rollout-agent binary?)", ErrInvalid, h.Version, agent.ProtocolVersion)
+		}
+		return h, nil
+	case <-s.conn.done:
+		return agent.Hello{}, fmt.Errorf("%w: agent exited before its hello: %s", ErrUnavailable, s.stderr.String())
+	case <-t.C:
+		return agent.Hello{}, fmt.Errorf("%w: no hello from the agent within 30s: %s", ErrUnavailable, s.stderr.String())
+	case <-ctx.Done():
+		return agent.Hello{}, ctx.Err()
+	}
+}
+
+// ID is the container id.
+func (s *dockerSandbox) ID() string { return s.id }
+
+// Labels returns the caller labels of the spec (for pooled sandboxes they
+// exist only here, not on the container).
+func (s *dockerSandbox) Labels() map[string]string { return maps.Clone(s.spec.Labels) }
+
+func (s *dockerSandbox) check() error {
+	if s.closing.Load() {
+		if r, _ := s.reason.Load().(string); r != "" {
+			return fmt.Errorf("sandbox %s: %w (%s)", s.short(), ErrClosed, r)
+		}
+		return fmt.Errorf("sandbox %s: %w", s.short(), ErrClosed)
+	}
+	s.touch()
+	return nil
+}
+
+func (s *dockerSandbox) short() string { return s.id[:12] }
+
+// wrap turns conn failures into a typed error that says what happened to
+// the container.
+func (s *dockerSandbox) wrap(what string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if s.closing.Load() && errors.Is(err, ErrUnavailable) {
+		return fmt.Errorf("%s in sandbox %s: %w", what, s.short(), ErrClosed)
+	}
+	if errors.Is(err, ErrUnavailable) {
+		metricFailures.WithLabelValues("channel").Inc()
+		return fmt.Errorf("%s in sandbox %s: %w (%s)", what, s.short(), err, s.state())
+	}
+	return fmt.Errorf("%s in sandbox %s: %w", what, s.short(), err)
+}
+
+// state describes the container after the channel broke.
+func (s *dockerSandbox) state() string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	res, err := s.d.cli.ContainerInspect(ctx, s.id, client.ContainerInspectOptions{})
+	if cerrdefs.IsNotFound(err) {
+		return "container was removed"
+	}
+	if err != nil || res.Container.State == nil {
+		return "container state unknown"
+	}
+	st := res.Container.State
+	msg := fmt.Sprintf("container %s, exit code %d", st.Status, st.ExitCode)
+	if st.OOMKilled {
+		msg += ", OOM-killed"
+	}
+	if e := s.stderr.String(); e != "" {
+		msg += ", agent: " + e
+	}
+	return msg
+}
+
+func toSpec(req ExecRequest) (*agent.ExecSpec, error) {
+	if (req.Command == "") == (len(req.Argv) == 0) {
+		return nil, fmt.Errorf("%w: exactly one of Command and Argv must be set", ErrInvalid)
+	}
+	if req.Shell && req.Command == "" {
+		return nil, fmt.Errorf("%w: Shell needs Command", ErrInvalid)
+	}
+	if req.Timeout < 0 || req.OutputCap < 0 {
+		return nil, fmt.Errorf("%w: negative timeout or output cap", ErrInvalid)
+	}
+	if req.Cwd != "" && !path.IsAbs(req.Cwd) {
+		return nil, fmt.Errorf("%w: cwd %q is not absolute", ErrInvalid, req.Cwd)
+	}
+	return &agent.ExecSpec{Argv: req.Argv, Command: req.Command, Shell: req.Shell, Cwd: req.Cwd, Env: req.Env,
+		Stdin: req.Stdin, TimeoutNS: int64(req.Timeout), OutputCap: req.OutputCap, Merge: req.MergeOutput}, nil
+}
+
+func (s *dockerSandbox) Exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
+	if err := s.check(); err != nil {
+		return ExecResult{}, err
+	}
+	spec, err := toSpec(req)
+	if err != nil {
+		return ExecResult{}, err
+	}
+	start := time.Now()
+	resp, err := s.conn.roundTrip(ctx, agent.Request{Op: agent.OpExec, Exec: spec}, nil, nil)
+	if err != nil {
+		return ExecResult{}, s.wrap("exec", err)
+	}
+	if err := responseError("exec", resp); err != nil {
+		return ExecResult{}, s.wrap("exec", err)
+	}
+	if resp.Exec == nil {
+		return ExecResult{}, s.wrap("exec", fmt.Errorf("%w: agent sent no result", ErrUnavailable))
+	}
+	metricExec.Observe(time.Since(start).Seconds())
+	r := resp.Exec
+	return ExecResult{ExitCode: r.ExitCode, Stdout: r.Stdout, Stderr: r.Stderr, StdoutTotal: r.StdoutTotal, StderrTotal: r.StderrTotal,
+		StdoutTruncated: r.StdoutTruncated, StderrTruncated: r.StderrTruncated, TimedOut: r.TimedOut, Duration: time.Duration(r.DurationNS)}, nil
+}
+
+func (s *dockerSandbox) WriteFile(ctx context.Context, p string, data []byte, mode os.FileMode) error {
+	if err := s.check(); err != nil {
+		return err
+	}
+	if !path.IsAbs(p) {
+		return fmt.Errorf("write file: %w: path %q is not absolute", ErrInvalid, p)
+	}
+	resp, err := s.conn.roundTrip(ctx, agent.Request{Op: agent.OpWrite, Path: p, Mode: uint32(mode.Perm())}, bytes.NewReader(data), nil)
+	if err == nil {
+		err = responseError("write "+p, resp)
+	}
+	return s.wrap("write file", err)
+}
+
+func (s *dockerSandbox) ReadFile(ctx context.Context, p string) ([]byte, error) {
+	if err := s.check(); err != nil {
+		return nil, err
+	}
+	if !path.IsAbs(p) {
+		return nil, fmt.Errorf("read file: %w: path %q is not absolute", ErrInvalid, p)
+	}
+	var buf bytes.Buffer
+	resp, err := s.conn.roundTrip(ctx, agent.Request{Op: agent.OpRead, Path: p}, nil, &buf)
+	if err == nil {
+		err = responseError("read "+p, resp)
+	}
+	if err != nil {
+		return nil, s.wrap("read file", err)
+	}
+	return buf.Bytes(), nil
+}
+
+func (s *dockerSandbox) Upload(ctx context.Context, dir string, tarStream io.Reader) error {
+	if err := s.check(); err != nil {
+		return err
+	}
+	if !path.IsAbs(dir) {
+		return fmt.Errorf("upload: %w: dir %q is not absolute", ErrInvalid, dir)
+	}
+	resp, err := s.conn.roundTrip(ctx, agent.Request{Op: agent.OpUpload, Path: dir}, tarStream, nil)
+	if err == nil {
+		err = responseError("upload to "+dir, resp)
+	}
+	return s.wrap("upload", err)
+}
+
+func (s *dockerSandbox) Download(ctx context.Context, dir string, w io.Writer) error {
+	if err := s.check(); err != nil {
+		return err
+	}
+	if !path.IsAbs(dir) {
+		return fmt.Errorf("download: %w: dir %q is not absolute", ErrInvalid, dir)
+	}
+	resp, err := s.conn.roundTrip(ctx, agent.Request{Op: agent.OpDownload, Path: dir}, nil, w)
+	if err == nil {
+		err = responseError("download "+dir, resp)
+	}
+	return s.wrap("download", err)
+}
+
+func procInfo(p *agent.ProcInfo) ProcessInfo {
+	return ProcessInfo{ID: p.ID, Command: p.Command, PID: p.PID, Running: p.Running, ExitCode: p.ExitCode,
+		StartedAt: time.Unix(0, p.StartedNS), Output: p.Output, OutputTotal: p.OutputTotal}
+}
+
+func (s *dockerSandbox) procCall(ctx context.Context, what string, req agent.Request) (agent.Response, error) {
+	if err := s.check(); err != nil {
+		return agent.Response{}, err
+	}
+	resp, err := s.conn.roundTrip(ctx, req, nil, nil)
+	if err == nil {
+		err = responseError(what, resp)
+	}
+	return resp, s.wrap(what, err)
+}
+
+func (s *dockerSandbox) Start(ctx context.Context, req ExecRequest) (ProcessInfo, error) {
+	spec, err := toSpec(req)
+	if err != nil {
+		return ProcessInfo{}, err
+	}
+	if req.Timeout != 0 {
+		return ProcessInfo{}, fmt.Errorf("%w: background processes take no timeout (use Wait and Kill)", ErrInvalid)
+	}
+	resp, err := s.procCall(ctx, "start", agent.Request{Op: agent.OpStart, Exec: spec})
+	if err != nil {
+		return ProcessInfo{}, err
+	}
+	return procInfo(resp.Proc), nil
+}
+
+func (s *dockerSandbox) Poll(ctx context.Context, id string) (ProcessInfo, error) {
+	resp, err := s.procCall(ctx, "poll", agent.Request{Op: agent.OpPoll, Proc: id})
+	if err != nil {
+		return ProcessInfo{}, err
+	}
+	return procInfo(resp.Proc), nil
+}
+
+func (s *dockerSandbox) Wait(ctx context.Context, id string, timeout time.Duration) (ProcessInfo, error) {
+	if timeout < 0 {
+		return ProcessInfo{}, fmt.Errorf("wait: %w: negative timeout", ErrInvalid)
+	}
+	resp, err := s.procCall(ctx, "wait", agent.Request{Op: agent.OpWait, Proc: id, TimeoutNS: int64(timeout)})
+	if err != nil {
+		return ProcessInfo{}, err
+	}
+	return procInfo(resp.Proc), nil
+}
+
+func (s *dockerSandbox) Kill(ctx context.Context, id string) error {
+	_, err := s.procCall(ctx, "kill", agent.Request{Op: agent.OpKill, Proc: id})
+	return err
+}
+
+func (s *dockerSandbox) WriteStdin(ctx context.Context, id string, data []byte) error {
+	_, err := s.procCall(ctx, "write stdin", agent.Request{Op: agent.OpStdin, Proc: id, Data: data})
+	return err
+}
+
+// CloseStdin closes a background process's stdin (EOF for the process).
+func (s *dockerSandbox) CloseStdin(ctx context.Context, id string) error {
+	_, err := s.procCall(ctx, "close stdin", agent.Request{Op: agent.OpStdin, Proc: id, Close: true})
+	return err
+}
+
+func (s *dockerSandbox) Processes(ctx context.Context) ([]ProcessInfo, error) {
+	resp, err := s.procCall(ctx, "list processes", agent.Request{Op: agent.OpList})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]ProcessInfo, 0, len(resp.Procs))
+	for i := range resp.Procs {
+		out = append(out, procInfo(&resp.Procs[i]))
+	}
+	return out, nil
+}
+
+// Close removes the container. It is idempotent and works with a cancelled
+// ctx (removal runs detached, bounded by its own timeout).
+func (s *dockerSandbox) Close(ctx context.Context) error {
+	s.once.Do(func() {
+		s.closing.Store(true)
+		s.hj.Close()
+		s.closeErr = s.d.removeContainer(ctx, s.id)
+		<-s.demux
+		<-s.conn.done
+		s.d.mu.Lock()
+		if _, ok := s.d.live[s.id]; ok {
+			delete(s.d.live, s.id)
+			<-s.d.slots
+		}
+		metricLive.Set(float64(len(s.d.live)))
+		s.d.mu.Unlock()
+		if s.closeErr != nil {
+			s.closeErr = fmt.Errorf("close sandbox %s: %w", s.short(), s.closeErr)
+		}
+	})
+	return s.closeErr
+}

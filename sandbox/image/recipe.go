@@ -1,0 +1,113 @@
+package image
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+)
+
+// Labels set on every base image.
+const (
+	// LabelRecipeHash holds the hash of the recipe the image was built from.
+	LabelRecipeHash = "io.rollout.recipe-hash"
+	// LabelRecipe holds the recipe name (bookworm, busybox).
+	LabelRecipe = "io.rollout.recipe"
+	// LabelUser names the non-root user the image provides.
+	LabelUser = "io.rollout.sandbox.user"
+)
+
+// Repository is the image repository of the base images; the tag is the
+// recipe name.
+const Repository = "rollout-sandbox"
+
+// recipeFormat is bumped when the way recipes are turned into images changes
+// in a way the recipe text does not show (e.g. the tar rewriting), so every
+// image is rebuilt once.
+const recipeFormat = "rollout-recipe/1"
+
+// agentUser is the layer added to every base image.
+var agentUser = userLayer{User: "agent", UID: 1000, GID: 1000, Home: "/home/agent", Shell: "/bin/sh", Workspace: "/workspace"}
+
+// recipe is one base image.
+type recipe struct {
+	name string
+	doc  string
+	// spec returns the canonical description of everything that determines
+	// the image; its hash is the recipe hash. It must be cheap: it runs on
+	// every Ensure.
+	spec func(ctx context.Context) (string, error)
+	// prepare makes sure the host tools the spec needs exist (installing
+	// them as root); nil when spec needs none.
+	prepare func(ctx context.Context, log io.Writer) error
+	// rootfs writes the root filesystem tar (before the user layer) to w.
+	rootfs func(ctx context.Context, w io.Writer, log io.Writer) error
+	// changes are Dockerfile instructions applied on import.
+	changes []string
+	layer   userLayer
+	// prune drops paths from the rootfs on its way to the engine.
+	prune []pruneRule
+}
+
+var recipes = map[string]*recipe{}
+
+func addRecipe(r *recipe) { recipes[r.name] = r }
+
+// Names lists the base image recipes, sorted.
+func Names() []string {
+	out := make([]string, 0, len(recipes))
+	for n := range recipes {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Ref is the image reference of the named base image.
+func Ref(name string) string { return Repository + ":" + name }
+
+// Describe returns a one-line description of the named recipe.
+func Describe(name string) (string, error) {
+	r, err := lookup(name)
+	if err != nil {
+		return "", err
+	}
+	return r.doc, nil
+}
+
+func lookup(name string) (*recipe, error) {
+	r, ok := recipes[name]
+	if !ok {
+		return nil, fmt.Errorf("%w: %q (known: %s)", ErrUnknownRecipe, name, strings.Join(Names(), ", "))
+	}
+	return r, nil
+}
+
+// RecipeHash returns the current hash of the named recipe: what the
+// image's io.rollout.recipe-hash label must equal for it to be current.
+func RecipeHash(ctx context.Context, name string) (string, error) {
+	r, err := lookup(name)
+	if err != nil {
+		return "", err
+	}
+	return r.hash(ctx)
+}
+
+func (r *recipe) hash(ctx context.Context) (string, error) {
+	spec, err := r.spec(ctx)
+	if err != nil {
+		return "", fmt.Errorf("recipe %s: %w", r.name, err)
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\nname=%s\n%s\nlayer: %s\n", recipeFormat, r.name, spec, r.layer.spec())
+	for _, p := range r.prune {
+		fmt.Fprintf(h, "prune: %s\n", p)
+	}
+	for _, c := range r.changes {
+		fmt.Fprintf(h, "change: %s\n", c)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}

@@ -1,0 +1,294 @@
+package sandbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"sync"
+	"time"
+)
+
+// PoolOptions configure a warm pool. Zero values take defaults.
+type PoolOptions struct {
+	// MaxIdle bounds warm containers across all specs (default 64).
+	MaxIdle int
+}
+
+// Pool keeps started, never-used sandboxes per spec so that Acquire does
+// not pay a container start. Warm sets are keyed by the spec's fingerprint
+// (everything but Labels); a sandbox is never returned to the pool after
+// use. Pool implements Backend.
+type Pool struct {
+	d    *Docker
+	opts PoolOptions
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu     sync.Mutex
+	sets   map[string]*warmSet
+	idle   int // ready + filling across sets
+	closed bool
+}
+
+type warmSet struct {
+	key     string
+	spec    Spec
+	base    int // Warm: kept ready at all times
+	demand  int // Expect: announced acquires not yet made
+	ready   []*dockerSandbox
+	filling int
+	waiters []chan *dockerSandbox
+}
+
+var _ Backend = (*Pool)(nil)
+
+// NewPool returns a pool creating through d. Close the pool before d.
+func NewPool(d *Docker, opts PoolOptions) *Pool {
+	if opts.MaxIdle <= 0 {
+		opts.MaxIdle = 64
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Pool{d: d, opts: opts, ctx: ctx, cancel: cancel, sets: map[string]*warmSet{}}
+}
+
+// Fingerprint identifies the container a spec produces (labels excluded):
+// sandboxes of equal fingerprints are interchangeable before first use.
+func (p *Pool) Fingerprint(spec Spec) (string, error) {
+	if err := p.d.validate(&spec); err != nil {
+		return "", fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	spec.Labels = nil
+	b, err := json.Marshal(spec)
+	if err != nil {
+		return "", fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8]), nil
+}
+
+func (p *Pool) set(spec Spec) (*warmSet, error) {
+	key, err := p.Fingerprint(spec)
+	if err != nil {
+		return nil, err
+	}
+	ws := p.sets[key]
+	if ws == nil {
+		clean := spec
+		clean.Labels = nil
+		clean.Env = maps.Clone(spec.Env)
+		ws = &warmSet{key: key, spec: clean}
+		p.sets[key] = ws
+	}
+	return ws, nil
+}
+
+// Warm keeps n started sandboxes of spec ready at all times.
+func (p *Pool) Warm(spec Spec, n int) error {
+	if n < 0 {
+		return fmt.Errorf("warm pool: %w: negative size %d", ErrInvalid, n)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return fmt.Errorf("warm pool: %w", ErrClosed)
+	}
+	ws, err := p.set(spec)
+	if err != nil {
+		return err
+	}
+	ws.base = n
+	p.refillLocked(ws)
+	return nil
+}
+
+// Expect announces n upcoming Acquires of spec (a GRPO group of G rollouts
+// on one image): that many sandboxes are started ahead of time.
+func (p *Pool) Expect(spec Spec, n int) error {
+	if n < 0 {
+		return fmt.Errorf("warm pool: %w: negative demand %d", ErrInvalid, n)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return fmt.Errorf("warm pool: %w", ErrClosed)
+	}
+	ws, err := p.set(spec)
+	if err != nil {
+		return err
+	}
+	ws.demand += n
+	p.refillLocked(ws)
+	return nil
+}
+
+// Ready is the number of warm sandboxes of spec waiting.
+func (p *Pool) Ready(spec Spec) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	key, err := p.Fingerprint(spec)
+	if err != nil || p.sets[key] == nil {
+		return 0
+	}
+	return len(p.sets[key].ready)
+}
+
+// Create is Acquire (Backend).
+func (p *Pool) Create(ctx context.Context, spec Spec) (Sandbox, error) { return p.Acquire(ctx, spec) }
+
+// Acquire hands out a warm sandbox of spec, waits for one being started,
+// or creates one.
+func (p *Pool) Acquire(ctx context.Context, spec Spec) (Sandbox, error) {
+	start := time.Now()
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, fmt.Errorf("acquire sandbox: %w: pool closed", ErrClosed)
+	}
+	ws, err := p.set(spec)
+	if err != nil {
+		p.mu.Unlock()
+		return nil, fmt.Errorf("acquire sandbox: %w", err)
+	}
+	if ws.demand > 0 {
+		ws.demand--
+	}
+	var got *dockerSandbox
+	for got == nil && len(ws.ready) > 0 {
+		sb := ws.ready[0]
+		ws.ready = ws.ready[1:]
+		p.idle--
+		if sb.conn.broken() != nil {
+			p.wg.Go(func() { _ = sb.Close(p.ctx) })
+			continue
+		}
+		got = sb
+	}
+	var wait chan *dockerSandbox
+	if got == nil && ws.filling > len(ws.waiters) {
+		wait = make(chan *dockerSandbox, 1)
+		ws.waiters = append(ws.waiters, wait)
+	}
+	p.refillLocked(ws)
+	metricPoolIdle.WithLabelValues(ws.spec.Image).Set(float64(len(ws.ready)))
+	p.mu.Unlock()
+
+	if wait != nil {
+		select {
+		case got = <-wait:
+		case <-ctx.Done():
+			p.mu.Lock()
+			for i, w := range ws.waiters {
+				if w == wait {
+					ws.waiters = append(ws.waiters[:i], ws.waiters[i+1:]...)
+					break
+				}
+			}
+			select {
+			case sb := <-wait:
+				if sb != nil {
+					ws.ready = append(ws.ready, sb)
+					p.idle++
+				}
+			default:
+			}
+			p.mu.Unlock()
+			return nil, fmt.Errorf("acquire sandbox: %w", ctx.Err())
+		}
+	}
+	if got != nil {
+		got.pooled.Store(false)
+		got.spec.Labels = maps.Clone(spec.Labels)
+		got.touch()
+		metricAcquire.WithLabelValues("pool").Observe(time.Since(start).Seconds())
+		return got, nil
+	}
+	sb, err := p.d.create(ctx, spec, nil, true)
+	if err != nil {
+		return nil, fmt.Errorf("acquire sandbox: %w", err)
+	}
+	metricAcquire.WithLabelValues("create").Observe(time.Since(start).Seconds())
+	return sb, nil
+}
+
+// refillLocked starts fillers up to base + demand warm sandboxes.
+func (p *Pool) refillLocked(ws *warmSet) {
+	missing := ws.base + ws.demand - len(ws.ready) - ws.filling
+	for ; missing > 0 && p.idle < p.opts.MaxIdle; missing-- {
+		ws.filling++
+		p.idle++
+		spec := ws.spec
+		p.wg.Go(func() { p.fill(ws, spec) })
+	}
+}
+
+func (p *Pool) fill(ws *warmSet, spec Spec) {
+	sb, err := p.d.create(p.ctx, spec, map[string]string{LabelPool: ws.key}, false)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	ws.filling--
+	if err != nil {
+		p.idle--
+		if p.ctx.Err() == nil {
+			p.d.log.Warn("warm pool: create failed", "image", spec.Image, "err", err)
+		}
+		// A waiter counted on this start: let it create its own.
+		if len(ws.waiters) > 0 && ws.filling < len(ws.waiters) {
+			w := ws.waiters[0]
+			ws.waiters = ws.waiters[1:]
+			w <- nil
+		}
+		return
+	}
+	if p.closed {
+		p.idle--
+		p.wg.Go(func() { _ = sb.Close(context.Background()) })
+		return
+	}
+	sb.pooled.Store(true)
+	if len(ws.waiters) > 0 {
+		w := ws.waiters[0]
+		ws.waiters = ws.waiters[1:]
+		p.idle--
+		w <- sb
+		return
+	}
+	ws.ready = append(ws.ready, sb)
+	metricPoolIdle.WithLabelValues(spec.Image).Set(float64(len(ws.ready)))
+}
+
+// Close removes every warm sandbox; acquired ones are the callers' to close.
+func (p *Pool) Close(ctx context.Context) error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	p.cancel()
+	p.mu.Unlock()
+	p.wg.Wait()
+	p.mu.Lock()
+	var ready []*dockerSandbox
+	for _, ws := range p.sets {
+		ready = append(ready, ws.ready...)
+		ws.ready = nil
+		for _, w := range ws.waiters {
+			w <- nil
+		}
+		ws.waiters = nil
+		metricPoolIdle.WithLabelValues(ws.spec.Image).Set(0)
+	}
+	p.idle = 0
+	p.mu.Unlock()
+	var errs []error
+	for _, sb := range ready {
+		errs = append(errs, sb.Close(ctx))
+	}
+	return errors.Join(errs...)
+}

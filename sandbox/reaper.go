@@ -1,0 +1,177 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"syscall"
+	"time"
+
+	cerrdefs "github.com/containerd/errdefs"
+	"github.com/moby/moby/client"
+
+	"github.com/rollout-rl/rollout/internal/dockerclient"
+)
+
+// ReapOptions select what Reap removes besides orphans of dead instances on
+// this host.
+type ReapOptions struct {
+	// All removes every container of this service, live instances'
+	// included (`rollout sandbox gc --all`).
+	All bool
+	// OtherHosts also removes containers whose instance ran on another host
+	// (a shared engine); their liveness cannot be checked from here.
+	OtherHosts bool
+}
+
+// Reaped describes one removed container.
+type Reaped struct {
+	ID       string
+	Name     string
+	Instance string
+	Reason   string // orphan, leaked, all, other-host
+}
+
+// Reap removes labelled containers that no live instance owns: those of
+// dead processes on this host, and this backend's own containers it does
+// not track (left by a create whose answer was lost) once older than
+// LeakGrace.
+func (d *Docker) Reap(ctx context.Context, opts ReapOptions) ([]Reaped, error) {
+	d.mu.Lock()
+	tracked := make(map[string]bool, len(d.live))
+	for id := range d.live {
+		tracked[id] = true
+	}
+	d.mu.Unlock()
+	self := map[string]string{LabelInstance: d.opts.Instance, LabelPID: d.labels[LabelPID], LabelPIDStart: d.labels[LabelPIDStart]}
+	return reap(ctx, d.cli, self, tracked, d.opts.LeakGrace, opts, d.removeContainer)
+}
+
+// GC removes orphaned sandbox containers of this service (all of them with
+// opts.All) using a fresh engine connection.
+func GC(ctx context.Context, opts ReapOptions) ([]Reaped, error) {
+	cli, err := dockerclient.New(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	defer cli.Close()
+	remove := func(ctx context.Context, id string) error {
+		_, err := cli.ContainerRemove(context.WithoutCancel(ctx), id, client.ContainerRemoveOptions{Force: true, RemoveVolumes: true})
+		if err != nil && !isNotFound(err) {
+			return fmt.Errorf("remove container %s: %w: %v", id, ErrUnavailable, err)
+		}
+		return nil
+	}
+	return reap(ctx, cli, nil, nil, 0, opts, remove)
+}
+
+// reap lists the service's containers and removes those opts and the
+// liveness rules select. self holds the instance, pid and pid start labels
+// of the calling backend (nil for the CLI): only containers with all three
+// equal are its own, so two processes reusing an instance name cannot reap
+// each other's live sandboxes.
+func reap(ctx context.Context, cli *client.Client, self map[string]string, tracked map[string]bool, grace time.Duration,
+	opts ReapOptions, remove func(context.Context, string) error) ([]Reaped, error) {
+	res, err := cli.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: make(client.Filters).Add("label", LabelManaged+"=true")})
+	if err != nil {
+		return nil, fmt.Errorf("list sandbox containers: %w: %v", ErrUnavailable, err)
+	}
+	host, _ := os.Hostname()
+	var out []Reaped
+	var errs []error
+	for _, c := range res.Items {
+		inst := c.Labels[LabelInstance]
+		reason := ""
+		switch {
+		case opts.All:
+			reason = "all"
+		case c.Labels[LabelHost] != host:
+			if opts.OtherHosts {
+				reason = "other-host"
+			}
+		case self != nil && inst == self[LabelInstance] && c.Labels[LabelPID] == self[LabelPID] && c.Labels[LabelPIDStart] == self[LabelPIDStart]:
+			if !tracked[c.ID] && time.Since(time.Unix(c.Created, 0)) > grace {
+				reason = "leaked"
+			}
+		case !alive(c.Labels[LabelPID], c.Labels[LabelPIDStart]):
+			reason = "orphan"
+		}
+		if reason == "" {
+			continue
+		}
+		if err := remove(ctx, c.ID); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		metricReaped.WithLabelValues(reason).Inc()
+		name := ""
+		if len(c.Names) > 0 {
+			name = c.Names[0]
+		}
+		out = append(out, Reaped{ID: c.ID, Name: name, Instance: inst, Reason: reason})
+	}
+	return out, errors.Join(errs...)
+}
+
+// alive reports whether the process that labelled a container still runs
+// (same pid and same start time, so a recycled pid does not count).
+func alive(pidLabel, startLabel string) bool {
+	pid, err := strconv.Atoi(pidLabel)
+	if err != nil || pid <= 0 {
+		return false
+	}
+	if err := syscall.Kill(pid, 0); err != nil && !errors.Is(err, syscall.EPERM) {
+		return false
+	}
+	return startLabel == "" || pidStart(pid) == startLabel
+}
+
+func (d *Docker) reapLoop(ctx context.Context) {
+	t := time.NewTicker(d.opts.ReapInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		d.enforceLimits(ctx)
+		if removed, err := d.Reap(ctx, ReapOptions{}); err != nil {
+			if ctx.Err() == nil {
+				d.log.Warn("periodic reap failed", "err", err)
+			}
+		} else if len(removed) > 0 {
+			d.log.Info("reaped sandbox containers", "count", len(removed))
+		}
+	}
+}
+
+// enforceLimits closes sandboxes past their idle or lifetime limit.
+func (d *Docker) enforceLimits(ctx context.Context) {
+	now := time.Now()
+	d.mu.Lock()
+	var expired []*dockerSandbox
+	var reasons []string
+	for _, s := range d.live {
+		l := s.spec.Limits
+		switch {
+		case l.MaxLifetime > 0 && now.Sub(s.created) > l.MaxLifetime:
+			expired, reasons = append(expired, s), append(reasons, "lifetime")
+		case l.IdleTimeout > 0 && !s.pooled.Load() && now.Sub(time.Unix(0, s.lastUsed.Load())) > l.IdleTimeout:
+			expired, reasons = append(expired, s), append(reasons, "idle")
+		}
+	}
+	d.mu.Unlock()
+	for i, s := range expired {
+		s.reason.Store(fmt.Sprintf("removed by the reaper: %s limit", reasons[i]))
+		metricReaped.WithLabelValues(reasons[i]).Inc()
+		d.log.Info("closing sandbox past its limit", "container", s.short(), "reason", reasons[i])
+		if err := s.Close(ctx); err != nil {
+			d.log.Warn("close expired sandbox", "container", s.short(), "err", err)
+		}
+	}
+}
+
+func isNotFound(err error) bool { return cerrdefs.IsNotFound(err) }

@@ -1,0 +1,143 @@
+// Package sandbox owns per-rollout execution environments: the Sandbox
+// interface, the Docker backend, the in-container exec agent
+// (sandbox/agent), warm pools, the orphan reaper and image building.
+//
+// It knows nothing about rollouts, rewards or models: callers pass labels
+// and specs; the package guarantees isolation and cleanup.
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"io"
+	"io/fs"
+	"time"
+)
+
+// Error classes. Callers test them with errors.Is; every error returned by a
+// Sandbox wraps exactly one of them (or a context error).
+var (
+	// ErrUnavailable is an infrastructure failure: the daemon is unreachable,
+	// the container died or was removed, the exec channel broke. The rollout
+	// is an infra failure, not a model mistake.
+	ErrUnavailable = errors.New("sandbox unavailable")
+	// ErrInvalid is a bad request (empty command, relative path, negative
+	// limit): a caller bug or bad model input, never retried.
+	ErrInvalid = errors.New("invalid sandbox request")
+	// ErrNotFound is a missing file or process inside the sandbox.
+	ErrNotFound = errors.New("not found in sandbox")
+	// ErrClosed is returned by any call after Close.
+	ErrClosed = errors.New("sandbox closed")
+	// ErrFailed is an operation that reached the sandbox and failed there
+	// for a reason the sandbox's own state explains (permission denied, disk
+	// full, pids limit reached): shown to the model, not an infra failure.
+	ErrFailed = errors.New("sandbox operation failed")
+)
+
+// Network policies for Spec.Network.
+const (
+	NetworkNone   = "none"   // default: no network at all
+	NetworkBridge = "bridge" // opt-in outbound network
+)
+
+// Limits bounds a sandbox's resources. Zero values take the backend's
+// defaults (see DefaultLimits).
+type Limits struct {
+	MemoryBytes  int64   // hard limit, swap disabled
+	CPUs         float64 // CPU quota in cores
+	PIDs         int64   // pids cgroup limit
+	DiskBytes    int64   // size of the writable workspace tmpfs when ReadOnlyRoot
+	ReadOnlyRoot bool    // read-only root with writable tmpfs /tmp and workdir
+	MaxLifetime  time.Duration
+	IdleTimeout  time.Duration
+}
+
+// File is a file placed into the sandbox before first use.
+type File struct {
+	Path string // absolute path inside the sandbox
+	Data []byte
+	Mode fs.FileMode // 0 means 0o644
+}
+
+// Spec describes a sandbox to create.
+type Spec struct {
+	Image   string
+	Workdir string            // default /workspace
+	Env     map[string]string // initial environment
+	User    string            // default: "agent" when the image has it, else image default
+	Limits  Limits
+	Network string // NetworkNone (default) or NetworkBridge
+	Files   []File
+	Labels  map[string]string // added to the service's own labels
+}
+
+// ExecRequest is one command. Exactly one of Command (run by /bin/sh -c, or
+// by the persistent shell when Shell is set) and Argv (no shell; works in any
+// image) must be set.
+type ExecRequest struct {
+	Command string
+	Argv    []string
+	// Shell runs Command in the sandbox's stateful shell session: the cwd and
+	// exported variables left by the previous Shell command are kept.
+	Shell   bool
+	Cwd     string            // default: the session cwd (Shell) or the workdir
+	Env     map[string]string // added to the environment of this command only
+	Stdin   []byte
+	Timeout time.Duration // 0 = no timeout beyond ctx; expiry kills the process group, exit 124
+	// OutputCap bounds kept bytes per stream (head and tail kept, middle
+	// dropped); 0 = backend default (1 MiB).
+	OutputCap int
+	// MergeOutput sends stderr into Stdout in arrival order (terminal tool).
+	MergeOutput bool
+}
+
+// ExecResult is the outcome of a command that ran. A non-zero exit code or a
+// timeout is a result, not an error.
+type ExecResult struct {
+	ExitCode        int
+	Stdout          []byte
+	Stderr          []byte
+	StdoutTotal     int64 // bytes produced, including dropped ones
+	StderrTotal     int64
+	StdoutTruncated bool
+	StderrTruncated bool
+	TimedOut        bool // the timeout fired; ExitCode is 124
+	Duration        time.Duration
+}
+
+// ProcessInfo describes a background process (the process tool).
+type ProcessInfo struct {
+	ID          string
+	Command     string
+	PID         int
+	Running     bool
+	ExitCode    int // valid when !Running
+	StartedAt   time.Time
+	Output      []byte // output read so far by Poll/Log (bounded)
+	OutputTotal int64
+}
+
+// Sandbox is one isolated environment. Implementations are safe for
+// concurrent use; Close is idempotent and removes every trace of the
+// sandbox even when ctx is already cancelled.
+type Sandbox interface {
+	ID() string
+	Exec(ctx context.Context, req ExecRequest) (ExecResult, error)
+
+	WriteFile(ctx context.Context, path string, data []byte, mode fs.FileMode) error
+	ReadFile(ctx context.Context, path string) ([]byte, error)
+	// Upload writes a tar stream (paths relative to dir) into dir;
+	// Download produces one of dir. Modes are kept; any size, binary-safe.
+	Upload(ctx context.Context, dir string, tarStream io.Reader) error
+	Download(ctx context.Context, dir string, w io.Writer) error
+
+	// Background processes.
+	Start(ctx context.Context, req ExecRequest) (ProcessInfo, error)
+	Poll(ctx context.Context, id string) (ProcessInfo, error)
+	Wait(ctx context.Context, id string, timeout time.Duration) (ProcessInfo, error)
+	Kill(ctx context.Context, id string) error
+	WriteStdin(ctx context.Context, id string, data []byte) error
+	Processes(ctx context.Context) ([]ProcessInfo, error)
+
+	Close(ctx context.Context) error
+}

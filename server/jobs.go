@@ -1,0 +1,304 @@
+// Package server implements the gRPC RolloutService: jobs (start, watch,
+// cancel, resume after a restart), trainer-driven collection with credit
+// flow control, the environment catalogue, auth, rate limits and errors
+// mapped to gRPC codes. It adapts internal/job and the runner; it does not
+// re-implement them.
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
+	"github.com/rollout-rl/rollout/internal/job"
+	"github.com/rollout-rl/rollout/runner"
+)
+
+// jobState is what survives a restart: <state-dir>/jobs/<id>.json.
+type jobState struct {
+	ID         string             `json:"id"`
+	Mode       rolloutv1.JobMode  `json:"mode"`
+	State      rolloutv1.JobState `json:"state"`
+	ConfigYAML string             `json:"config_yaml"`
+	Env        string             `json:"env"`
+	OutputDir  string             `json:"output_dir"`
+	Error      string             `json:"error,omitempty"`
+	CreatedAt  time.Time          `json:"created_at"`
+	FinishedAt *time.Time         `json:"finished_at,omitempty"`
+	Resumed    int32              `json:"resumed"`
+}
+
+// jobRun is a job in this process.
+type jobRun struct {
+	mu       sync.Mutex
+	st       jobState
+	progress *rolloutv1.JobProgress
+	runner   *runner.Runner
+	cancel   context.CancelFunc // cancels in-flight rollouts
+	done     chan struct{}
+	watchers map[*watcher]bool
+	stopped  bool // CancelJob was called
+}
+
+func newJobRun(st jobState) *jobRun {
+	return &jobRun{st: st, done: make(chan struct{}), watchers: map[*watcher]bool{}, progress: &rolloutv1.JobProgress{}}
+}
+
+func cloneProgress(p *rolloutv1.JobProgress) *rolloutv1.JobProgress {
+	return proto.Clone(p).(*rolloutv1.JobProgress)
+}
+
+// watcher is one WatchJob stream.
+type watcher struct {
+	groups bool
+	ch     chan *rolloutv1.WatchJobResponse
+	lost   chan struct{} // closed when the watcher fell too far behind
+	once   sync.Once
+}
+
+func (j *jobRun) proto() *rolloutv1.Job {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	out := &rolloutv1.Job{
+		Id: j.st.ID, Mode: j.st.Mode, State: j.st.State, Env: j.st.Env, OutputDir: j.st.OutputDir,
+		Progress: cloneProgress(j.progress), Error: j.st.Error, CreatedAt: timestamppb.New(j.st.CreatedAt), Resumed: j.st.Resumed,
+	}
+	if j.st.FinishedAt != nil {
+		out.FinishedAt = timestamppb.New(*j.st.FinishedAt)
+	}
+	return out
+}
+
+// broadcast sends ev to every watcher without ever blocking the job: a
+// watcher that cannot keep up is disconnected (its stream ends with
+// ResourceExhausted) rather than slowing collection.
+func (j *jobRun) broadcast(ev *rolloutv1.WatchJobResponse, isGroup bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for w := range j.watchers {
+		if isGroup && !w.groups {
+			continue
+		}
+		select {
+		case w.ch <- ev:
+		default:
+			if isGroup {
+				w.once.Do(func() { close(w.lost) })
+				delete(j.watchers, w)
+			}
+			// A dropped progress event is superseded by the next one.
+		}
+	}
+}
+
+// store persists job states.
+type store struct {
+	dir string
+	mu  sync.Mutex
+}
+
+func (s *store) save(st jobState) error {
+	if s.dir == "" {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	dir := filepath.Join(s.dir, "jobs")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("save job %s: %w", st.ID, err)
+	}
+	b, _ := json.MarshalIndent(st, "", "  ")
+	tmp := filepath.Join(dir, "."+st.ID+".json.tmp")
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return fmt.Errorf("save job %s: %w", st.ID, err)
+	}
+	return os.Rename(tmp, filepath.Join(dir, st.ID+".json"))
+}
+
+func (s *store) load() ([]jobState, error) {
+	if s.dir == "" {
+		return nil, nil
+	}
+	files, err := filepath.Glob(filepath.Join(s.dir, "jobs", "*.json"))
+	if err != nil {
+		return nil, err
+	}
+	var out []jobState
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return nil, fmt.Errorf("load job %s: %w", f, err)
+		}
+		var st jobState
+		if err := json.Unmarshal(b, &st); err != nil {
+			return nil, fmt.Errorf("load job %s: %w", f, err)
+		}
+		out = append(out, st)
+	}
+	sort.Slice(out, func(i, k int) bool { return out[i].CreatedAt.Before(out[k].CreatedAt) })
+	return out, nil
+}
+
+// startJob opens and launches a job in the background.
+func (s *Server) startJob(ctx context.Context, st jobState) (*jobRun, error) {
+	cfg, err := runner.ParseConfig([]byte(st.ConfigYAML))
+	if err != nil {
+		return nil, err
+	}
+	mode := job.ModeRun
+	if st.Mode == rolloutv1.JobMode_JOB_MODE_EVAL {
+		mode = job.ModeEval
+	}
+	if err := s.checkConfig(&cfg); err != nil {
+		return nil, err
+	}
+	jr := newJobRun(st)
+	log := s.log.With("job", st.ID)
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	jr.cancel = cancel
+	j, err := job.Open(runCtx, cfg, job.Options{
+		Mode: mode, Logger: log, Sandboxes: s.sandboxes, Images: s.images, RunID: "",
+		Progress: func(e runner.Event) { s.onProgress(jr, e) },
+		Sinks:    []runner.Sink{&watchSink{jr: jr}},
+	})
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	jr.runner = j.Runner
+	jr.st.Env = j.Env.Name()
+	jr.st.OutputDir = j.Dir
+	jr.st.State = rolloutv1.JobState_JOB_STATE_RUNNING
+	if err := s.store.save(jr.st); err != nil {
+		_ = j.Close(context.WithoutCancel(ctx))
+		cancel()
+		return nil, err
+	}
+	s.wg.Go(func() {
+		defer cancel()
+		sum, err := j.Run(runCtx)
+		s.finish(jr, sum, err)
+	})
+	return jr, nil
+}
+
+func (s *Server) onProgress(jr *jobRun, e runner.Event) {
+	jr.mu.Lock()
+	p := jr.progress
+	if e.Total > 0 {
+		p.GroupsTotal = int32(e.Total)
+	}
+	if ro := e.Rollout; ro != nil {
+		p.Rollouts++
+		if ro.Status == runner.StatusOK {
+			p.RolloutsOk++
+		} else {
+			p.InfraFailed++
+		}
+	}
+	if g := e.Group; g != nil {
+		p.GroupsDone++
+		if g.Dropped {
+			p.GroupsDropped++
+		}
+	}
+	if jr.runner != nil {
+		p.MeanReward = jr.runner.Summary().MeanReward
+		p.GroupsSkipped = int32(jr.runner.Summary().GroupsSkipped)
+	}
+	cp := cloneProgress(p)
+	jr.mu.Unlock()
+	jr.broadcast(&rolloutv1.WatchJobResponse{Event: &rolloutv1.WatchJobResponse_Progress{Progress: cp}}, false)
+}
+
+// finish records a job's end. A job stopped by server shutdown stays
+// RUNNING in its state file so the next server resumes it.
+func (s *Server) finish(jr *jobRun, sum runner.Summary, err error) {
+	jr.mu.Lock()
+	now := time.Now().UTC()
+	shutdown := s.shuttingDown.Load() && !jr.stopped
+	switch {
+	case shutdown:
+		// leave RUNNING: resumed on restart
+	case jr.stopped:
+		jr.st.State = rolloutv1.JobState_JOB_STATE_CANCELLED
+	case err != nil:
+		jr.st.State = rolloutv1.JobState_JOB_STATE_FAILED
+		jr.st.Error = err.Error()
+	default:
+		jr.st.State = rolloutv1.JobState_JOB_STATE_SUCCEEDED
+	}
+	if !shutdown {
+		jr.st.FinishedAt = &now
+	}
+	jr.progress.GroupsSkipped = int32(sum.GroupsSkipped)
+	jr.progress.MeanReward = sum.MeanReward
+	st := jr.st
+	jr.mu.Unlock()
+	if err := s.store.save(st); err != nil {
+		s.log.Error("save job state", "job", st.ID, "error", err)
+	}
+	s.log.Info("job ended", "job", st.ID, "state", st.State.String(), "groups", sum.Groups, "rollouts", sum.Rollouts, "error", errString(err))
+	fin := jr.proto()
+	jr.broadcast(&rolloutv1.WatchJobResponse{Event: &rolloutv1.WatchJobResponse_Finished{Finished: fin}}, false)
+	close(jr.done)
+}
+
+func errString(err error) string {
+	if err == nil || errors.Is(err, runner.ErrIntakeStopped) {
+		return ""
+	}
+	return err.Error()
+}
+
+// watchSink forwards completed groups to watchers.
+type watchSink struct{ jr *jobRun }
+
+func (w *watchSink) WriteGroup(_ context.Context, run *runner.RunInfo, g *runner.Group) error {
+	pg, err := groupProto(run, g)
+	if err != nil {
+		return err
+	}
+	w.jr.broadcast(&rolloutv1.WatchJobResponse{Event: &rolloutv1.WatchJobResponse_Group{Group: pg}}, true)
+	return nil
+}
+
+var _ runner.Sink = (*watchSink)(nil)
+
+// resumeJobs restarts the jobs a previous server left running.
+func (s *Server) resumeJobs(ctx context.Context) error {
+	states, err := s.store.load()
+	if err != nil {
+		return err
+	}
+	for _, st := range states {
+		if st.State != rolloutv1.JobState_JOB_STATE_RUNNING {
+			jr := newJobRun(st)
+			close(jr.done)
+			s.addJob(jr)
+			continue
+		}
+		st.Resumed++
+		jr, err := s.startJob(ctx, st)
+		if err != nil {
+			now := time.Now().UTC()
+			st.State, st.Error, st.FinishedAt = rolloutv1.JobState_JOB_STATE_FAILED, "resume: "+err.Error(), &now
+			_ = s.store.save(st)
+			jr = newJobRun(st)
+			close(jr.done)
+		}
+		s.log.Info("job resumed after restart", "job", st.ID, "error", errString(err))
+		s.addJob(jr)
+	}
+	return nil
+}

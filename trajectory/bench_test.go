@@ -1,0 +1,74 @@
+package trajectory
+
+import (
+	"context"
+	"testing"
+)
+
+func syntheticBatch(n, tokens int) []Record {
+	recs := make([]Record, n)
+	for i := range recs {
+		recs[i] = Synthetic(11, i, SyntheticOptions{Tokens: tokens})
+	}
+	return recs
+}
+
+// BenchmarkWrite8k measures writer throughput on 8k-token agent
+// trajectories, reporting rows/s and MB/s of raw per-token column data.
+// The baseline in the same run is BenchmarkEncodeAtroposJSONL8k.
+func BenchmarkWrite8k(b *testing.B) {
+	recs := syntheticBatch(64, 8192)
+	dir := b.TempDir()
+	ctx := context.Background()
+	b.ResetTimer()
+	var rows, tokMB, secs float64
+	for b.Loop() {
+		res, err := MeasureWrite(ctx, dir, recs, WriterOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		rows += float64(res.Rows)
+		tokMB += float64(res.TokenValues*TokenBytesPerPosition) / 1e6
+		secs += res.Elapsed.Seconds()
+	}
+	b.ReportMetric(rows/secs, "rows/s")
+	b.ReportMetric(tokMB/secs, "tokenMB/s")
+}
+
+// BenchmarkEncodeAtroposJSONL8k is the baseline: the same records encoded
+// as Atropos JSONL (no compression, no disk).
+func BenchmarkEncodeAtroposJSONL8k(b *testing.B) {
+	recs := syntheticBatch(64, 8192)
+	b.ResetTimer()
+	var rows int
+	for b.Loop() {
+		cw := &countingWriter{w: discard{}}
+		if _, err := WriteAtropos(cw, recs, AtroposOptions{IncludeMessages: true}); err != nil {
+			b.Fatal(err)
+		}
+		rows += len(recs)
+	}
+	b.ReportMetric(float64(rows)/b.Elapsed().Seconds(), "rows/s")
+}
+
+type discard struct{}
+
+func (discard) Write(p []byte) (int, error) { return len(p), nil }
+
+// TestSizeVersusAtroposJSONL guards the file size on a deterministic
+// sample against the same records as Atropos JSONL gzip. The target
+// is 0.5×; this synthetic data measures about 0.76× (see
+// docs/trajectory-schema.md), so the guard catches regressions only.
+func TestSizeVersusAtroposJSONL(t *testing.T) {
+	if testing.Short() {
+		t.Skip("writes ~10 MB")
+	}
+	c, err := CompareSize(context.Background(), t.TempDir(), syntheticBatch(48, 8192))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("48 × 8k: parquet %d B, atropos jsonl %d B raw, %d B gzip, ratio %.3f", c.ParquetBytes, c.AtroposRawBytes, c.AtroposGzipBytes, c.Ratio)
+	if c.Ratio > 0.8 {
+		t.Errorf("parquet/atropos-gzip size ratio %.3f > 0.8 (regression)", c.Ratio)
+	}
+}

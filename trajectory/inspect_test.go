@@ -1,0 +1,72 @@
+package trajectory
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+func TestSummaryGolden(t *testing.T) {
+	recs := fixtureRecords()
+	dir := writeFixtureRun(t, recs)
+	run, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := run.ReadAll(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := Summarize(run, got)
+	if s.Rows != 6 || s.OK != 5 || s.Failed != 1 || s.Groups != 2 || s.FailureKinds["sandbox_start"].Count != 1 {
+		t.Errorf("summary = %+v", s)
+	}
+	if s.Phases[0].Name != "sandbox_start" {
+		t.Errorf("slowest phase = %s, want sandbox_start", s.Phases[0].Name)
+	}
+	var buf bytes.Buffer
+	if err := WriteSummary(&buf, "RUN", s); err != nil {
+		t.Fatal(err)
+	}
+	checkGolden(t, "inspect_summary.txt", buf.Bytes())
+}
+
+func TestHTMLSelfContainedAndEscaped(t *testing.T) {
+	recs := fixtureRecords()
+	recs[1].Messages = `[{"role":"user","content":"</script><script>alert(1)</script>"}]`
+	var buf bytes.Buffer
+	if err := WriteHTML(&buf, recs, HTMLOptions{Title: "fixture <run>"}); err != nil {
+		t.Fatal(err)
+	}
+	page := buf.String()
+	if regexp.MustCompile(`(?i)(src|href)\s*=\s*["']?(https?:)?//`).MatchString(page) || strings.Contains(page, "<link") {
+		t.Error("page references external assets")
+	}
+	if strings.Count(page, "</script>") != 2 {
+		t.Errorf("record content broke out of the data script: %d </script> tags", strings.Count(page, "</script>"))
+	}
+	if !strings.Contains(page, "fixture &lt;run&gt;") {
+		t.Error("title not escaped")
+	}
+	m := regexp.MustCompile(`(?s)<script id="data" type="application/json">(.*?)</script>`).FindStringSubmatch(page)
+	if m == nil {
+		t.Fatal("no data script")
+	}
+	var view []map[string]any
+	if err := json.Unmarshal([]byte(m[1]), &view); err != nil {
+		t.Fatalf("embedded data is not JSON: %v", err)
+	}
+	if len(view) != len(recs) || view[0]["group_id"] != "g-1" || len(view[0]["tokens"].([]any)) != 9 {
+		t.Errorf("embedded %d records: %v", len(view), view[0]["group_id"])
+	}
+	if got := view[1]["messages"].([]any)[0].(map[string]any)["content"]; got != "</script><script>alert(1)</script>" {
+		t.Errorf("content round trip = %q", got)
+	}
+	buf.Reset()
+	if err := WriteHTML(&buf, recs, HTMLOptions{Limit: 2}); err != nil || !strings.Contains(buf.String(), "6 trajectories, first 2 embedded") {
+		t.Errorf("limit: %v", err)
+	}
+}

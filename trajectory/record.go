@@ -1,0 +1,213 @@
+package trajectory
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// SchemaVersion is the record schema this build writes and the newest it
+// reads. It is stored in every file's key/value metadata under
+// MetadataSchemaVersionKey and in run.json. Adding a nullable column keeps the
+// version; renaming, removing or changing the meaning of a column bumps it.
+const SchemaVersion = 1
+
+// MetadataSchemaVersionKey is the Parquet key/value metadata key that marks a
+// file as a rollout trajectory file and carries its schema version.
+const MetadataSchemaVersionKey = "rollout.schema_version"
+
+// Status values of a record.
+const (
+	StatusOK          = "ok"
+	StatusInfraFailed = "infra_failed"
+)
+
+// Atropos conventions for untrained positions.
+const (
+	// MaskIgnore is the label value Atropos trainers ignore (masks column).
+	MaskIgnore int32 = -100
+	// LogprobPlaceholder is the inference logprob Atropos expects on
+	// untrained positions.
+	LogprobPlaceholder float32 = 1.0
+)
+
+// Record is one rollout: one row of a trajectory Parquet file. The runner fills
+// it; the field tags define the on-disk schema documented in
+// docs/trajectory-schema.md. Slices are written as standard 3-level LISTs and
+// RewardComponents as a MAP so that pyarrow, DuckDB and Polars read them as
+// native list/map columns.
+type Record struct {
+	SchemaVersion int32  `parquet:"schema_version"`
+	RunID         string `parquet:"run_id,dict"`
+	Env           string `parquet:"env,dict"`
+	Category      string `parquet:"category,dict"`
+	ItemID        string `parquet:"item_id"`
+	GroupID       string `parquet:"group_id"`
+	RolloutIndex  int32  `parquet:"rollout_index"`
+
+	Model         string `parquet:"model,dict"`
+	PolicyVersion *int64 `parquet:"policy_version,optional"`
+	// SamplingParams, Messages and Tools are JSON text (OpenAI chat format for
+	// Messages, including tool_calls and reasoning_content; OpenAI function
+	// tool definitions for Tools).
+	SamplingParams string `parquet:"sampling_params"`
+	Messages       string `parquet:"messages"`
+	Tools          string `parquet:"tools"`
+
+	Tokens           []int32   `parquet:"tokens,list"`
+	LossMask         []int8    `parquet:"loss_mask,list"`
+	Masks            []int32   `parquet:"masks,list"`
+	Logprobs         []float32 `parquet:"logprobs,list" parquet-element:",split"`
+	PromptTokens     int32     `parquet:"prompt_tokens"`
+	CompletionTokens int32     `parquet:"completion_tokens"`
+
+	Reward           float64            `parquet:"reward"`
+	RewardComponents map[string]float64 `parquet:"reward_components"`
+	Advantage        *float64           `parquet:"advantage,optional"`
+
+	Turns             int32  `parquet:"turns"`
+	FinishedNaturally bool   `parquet:"finished_naturally"`
+	StopReason        string `parquet:"stop_reason,dict"`
+
+	Status     string      `parquet:"status,dict"`
+	Failure    *Failure    `parquet:"failure,optional"`
+	ToolErrors []ToolError `parquet:"tool_errors,list"`
+
+	Timings     Timings   `parquet:"timings"`
+	DriftTokens int32     `parquet:"drift_tokens"`
+	Manifest    Manifest  `parquet:"manifest"`
+	CreatedAt   time.Time `parquet:"created_at,timestamp(microsecond)"`
+}
+
+// Failure says why a rollout failed. Kind is a stable class name from the
+// runner's failure taxonomy (e.g. "sandbox_start", "inference_timeout").
+type Failure struct {
+	Kind    string `parquet:"kind,dict"`
+	Message string `parquet:"message"`
+}
+
+// ToolError is one failed tool call inside an otherwise completed rollout.
+type ToolError struct {
+	Turn    int32  `parquet:"turn"`
+	Tool    string `parquet:"tool,dict"`
+	CallID  string `parquet:"call_id"`
+	Kind    string `parquet:"kind,dict"`
+	Message string `parquet:"message"`
+}
+
+// Timings are wall-clock milliseconds spent in each phase of a rollout.
+type Timings struct {
+	GenerationMS   int64 `parquet:"generation_ms"`
+	ToolsMS        int64 `parquet:"tools_ms"`
+	SandboxStartMS int64 `parquet:"sandbox_start_ms"`
+	RewardMS       int64 `parquet:"reward_ms"`
+	TotalMS        int64 `parquet:"total_ms"`
+}
+
+// Manifest records what is needed to reproduce a rollout.
+type Manifest struct {
+	ImageDigest      string  `parquet:"image_digest,dict"`
+	CPUs             float64 `parquet:"cpus"`
+	MemoryBytes      int64   `parquet:"memory_bytes"`
+	PidsLimit        int64   `parquet:"pids_limit"`
+	Network          string  `parquet:"network,dict"`
+	RolloutTimeoutMS int64   `parquet:"rollout_timeout_ms"`
+	ToolTimeoutMS    int64   `parquet:"tool_timeout_ms"`
+	Parser           string  `parquet:"parser,dict"`
+	ServiceVersion   string  `parquet:"service_version,dict"`
+	ConfigHash       string  `parquet:"config_hash,dict"`
+}
+
+// ErrInvalidRecord is returned (wrapped) by Validate and Writer.Write for a
+// record whose fields contradict each other.
+var ErrInvalidRecord = errors.New("invalid trajectory record")
+
+// DeriveTrainingFields fills Masks from Tokens and LossMask (token id where
+// trained, MaskIgnore elsewhere) when Masks is empty, and sets Logprobs to
+// LogprobPlaceholder on untrained positions, so the Atropos conventions hold.
+// It allocates a new Masks slice and rewrites Logprobs in place.
+func (r *Record) DeriveTrainingFields() {
+	if len(r.Masks) == 0 && len(r.LossMask) == len(r.Tokens) && len(r.Tokens) > 0 {
+		r.Masks = make([]int32, len(r.Tokens))
+		for i, t := range r.Tokens {
+			if r.LossMask[i] != 0 {
+				r.Masks[i] = t
+			} else {
+				r.Masks[i] = MaskIgnore
+			}
+		}
+	}
+	if len(r.Logprobs) == len(r.LossMask) {
+		for i, m := range r.LossMask {
+			if m == 0 {
+				r.Logprobs[i] = LogprobPlaceholder
+			}
+		}
+	}
+}
+
+// Validate checks the invariants trainers rely on: aligned token columns,
+// masks consistent with loss_mask, a known status, a failure on infra
+// failures, and JSON text columns that parse. Errors wrap ErrInvalidRecord.
+func (r *Record) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: group %q rollout %d: %s", ErrInvalidRecord, r.GroupID, r.RolloutIndex, fmt.Sprintf(format, args...))
+	}
+	n := len(r.Tokens)
+	if len(r.LossMask) != n {
+		return bad("loss_mask has %d entries, tokens %d", len(r.LossMask), n)
+	}
+	if len(r.Masks) != n {
+		return bad("masks has %d entries, tokens %d", len(r.Masks), n)
+	}
+	if len(r.Logprobs) != 0 && len(r.Logprobs) != n {
+		return bad("logprobs has %d entries, tokens %d (must be empty or aligned)", len(r.Logprobs), n)
+	}
+	for i := range n {
+		switch r.LossMask[i] {
+		case 0:
+			if r.Masks[i] != MaskIgnore {
+				return bad("masks[%d] = %d on an untrained position, want %d", i, r.Masks[i], MaskIgnore)
+			}
+		case 1:
+			if r.Masks[i] != r.Tokens[i] {
+				return bad("masks[%d] = %d on a trained position, want the token id %d", i, r.Masks[i], r.Tokens[i])
+			}
+		default:
+			return bad("loss_mask[%d] = %d, want 0 or 1", i, r.LossMask[i])
+		}
+	}
+	if n > 0 && int(r.PromptTokens)+int(r.CompletionTokens) != n {
+		return bad("prompt_tokens %d + completion_tokens %d != %d tokens", r.PromptTokens, r.CompletionTokens, n)
+	}
+	switch r.Status {
+	case StatusOK:
+	case StatusInfraFailed:
+		if r.Failure == nil || r.Failure.Kind == "" {
+			return bad("status %q needs a failure kind", r.Status)
+		}
+	default:
+		return bad("status %q, want %q or %q", r.Status, StatusOK, StatusInfraFailed)
+	}
+	for name, text := range map[string]string{"sampling_params": r.SamplingParams, "messages": r.Messages, "tools": r.Tools} {
+		if text != "" && !json.Valid([]byte(text)) {
+			return bad("%s is not valid JSON", name)
+		}
+	}
+	if r.GroupID == "" {
+		return bad("empty group_id")
+	}
+	return nil
+}
+
+// Trained reports the number of trained (loss_mask = 1) positions.
+func (r *Record) Trained() int {
+	c := 0
+	for _, m := range r.LossMask {
+		if m != 0 {
+			c++
+		}
+	}
+	return c
+}

@@ -1,0 +1,680 @@
+package trajectory
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/parquet-go/parquet-go"
+	"github.com/parquet-go/parquet-go/compress/zstd"
+)
+
+// WriterOptions configures a Writer. Zero values take the defaults noted.
+type WriterOptions struct {
+	// RunID is stamped on records that have none.
+	RunID string
+	// Config is stored verbatim in run.json (the run's effective config).
+	Config json.RawMessage
+	// Versions (service version, commit, model, …) are stored in run.json.
+	Versions map[string]string
+
+	// MaxRowsPerFile rotates the part file after this many rows (10,000).
+	MaxRowsPerFile int64
+	// MaxBytesPerFile rotates the part file once this many bytes have been
+	// written to it (256 MiB). Checked after each row group flush.
+	MaxBytesPerFile int64
+	// MaxFileAge rotates a non-empty part file this long after its first row
+	// (5 minutes), bounding what a crash can lose in a slow run.
+	MaxFileAge time.Duration
+	// RowGroupRows bounds the rows buffered in memory per row group (1,000).
+	RowGroupRows int64
+	// RowGroupBytes bounds the estimated bytes buffered per row group
+	// (64 MiB); long token sequences flush sooner than RowGroupRows.
+	RowGroupBytes int64
+	// QueueSize is the capacity of the channel feeding the writer goroutine
+	// (64). A full queue blocks Write: back-pressure to the runner.
+	QueueSize int
+	// Logger receives rotation and failure logs (slog.Default()).
+	Logger *slog.Logger
+}
+
+func (o *WriterOptions) defaults() {
+	if o.MaxRowsPerFile <= 0 {
+		o.MaxRowsPerFile = 10_000
+	}
+	if o.MaxBytesPerFile <= 0 {
+		o.MaxBytesPerFile = 256 << 20
+	}
+	if o.MaxFileAge <= 0 {
+		o.MaxFileAge = 5 * time.Minute
+	}
+	if o.RowGroupRows <= 0 {
+		o.RowGroupRows = 1_000
+	}
+	if o.RowGroupBytes <= 0 {
+		o.RowGroupBytes = 64 << 20
+	}
+	if o.QueueSize <= 0 {
+		o.QueueSize = 64
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+}
+
+// ErrClosed is returned by Write and Checkpoint after Close.
+var ErrClosed = errors.New("trajectory writer closed")
+
+// Writer appends records to rolling Parquet part files in one run directory.
+// A single goroutine owns the files; Write hands records to it through a
+// bounded channel. Part files are written as hidden temp files and become
+// visible (fsynced, renamed, directory fsynced) only when complete, so a crash
+// loses at most the records not yet in a finished file.
+//
+// Write is safe for concurrent use. After a write error (disk full, I/O
+// error) the writer stops accepting records: Write, Checkpoint and Close
+// return the error, finished files stay readable and run.json records the
+// failure.
+type Writer struct {
+	dir  string
+	opts WriterOptions
+	log  *slog.Logger
+
+	mu     sync.RWMutex
+	closed bool
+	in     chan request
+
+	failed atomic.Pointer[error]
+	done   chan struct{}
+	final  error // set before done is closed
+
+	// owned by the goroutine
+	manifest RunManifest
+	next     int
+	cur      *partFile
+}
+
+type request struct {
+	rec   *Record
+	group []*Record // a batch that rotation never splits (WriteGroup)
+	ctrl  ctrlKind
+	reply chan error
+}
+
+type ctrlKind int
+
+const (
+	ctrlNone ctrlKind = iota
+	ctrlCheckpoint
+	ctrlClose
+)
+
+var partName = regexp.MustCompile(`^part-(\d{5,})\.parquet$`)
+
+// NewWriter opens (creating if needed) the run directory dir and starts the
+// writer goroutine. If dir already holds a run, its manifest, files and counts
+// are kept and new part files continue the numbering (resume). Leftover temp
+// files from a crash are removed: they were never part of the run.
+// The caller must call Close, even after an error from Write.
+func NewWriter(ctx context.Context, dir string, opts WriterOptions) (*Writer, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	opts.defaults()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("create run dir %s: %w", dir, err)
+	}
+	w := &Writer{
+		dir:  dir,
+		opts: opts,
+		log:  opts.Logger.With("run_id", opts.RunID, "dir", dir),
+		in:   make(chan request, opts.QueueSize),
+		done: make(chan struct{}),
+	}
+	now := time.Now().UTC()
+	if m, err := ReadManifest(dir); err == nil {
+		w.manifest = *m
+		if opts.RunID != "" && m.RunID != "" && m.RunID != opts.RunID {
+			return nil, fmt.Errorf("run dir %s belongs to run %q, not %q", dir, m.RunID, opts.RunID)
+		}
+	} else if !errors.Is(err, ErrNoManifest) {
+		return nil, fmt.Errorf("resume run dir: %w", err)
+	} else {
+		w.manifest = RunManifest{CreatedAt: now, Files: []FileEntry{}}
+	}
+	w.manifest.SchemaVersion = SchemaVersion
+	if w.manifest.RunID == "" {
+		w.manifest.RunID = opts.RunID
+	}
+	if opts.Config != nil {
+		w.manifest.Config = opts.Config
+	}
+	if opts.Versions != nil {
+		w.manifest.Versions = opts.Versions
+	}
+	w.manifest.State = RunRunning
+	w.manifest.Error = ""
+	w.manifest.UpdatedAt = now
+
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("list run dir %s: %w", dir, err)
+	}
+	for _, e := range entries {
+		name := e.Name()
+		if isTempName(name) {
+			if err := os.Remove(filepath.Join(dir, name)); err != nil {
+				return nil, fmt.Errorf("remove stale temp file: %w", err)
+			}
+			continue
+		}
+		if m := partName.FindStringSubmatch(name); m != nil {
+			n, _ := strconv.Atoi(m[1])
+			if n >= w.next {
+				w.next = n + 1
+			}
+		}
+	}
+	if err := w.adoptUnlisted(); err != nil {
+		return nil, err
+	}
+	if err := writeManifest(dir, &w.manifest); err != nil {
+		return nil, fmt.Errorf("start run dir %s: %w", dir, err)
+	}
+	go w.loop()
+	return w, nil
+}
+
+// adoptUnlisted adds finished part files that a crash left out of run.json
+// (renamed, manifest not yet rewritten) so that counts stay exact on resume.
+func (w *Writer) adoptUnlisted() error {
+	names, err := partFiles(w.dir)
+	if err != nil {
+		return fmt.Errorf("list run dir %s: %w", w.dir, err)
+	}
+	listed := map[string]bool{}
+	for _, fe := range w.manifest.Files {
+		listed[fe.Name] = true
+	}
+	for _, name := range names {
+		if listed[name] {
+			continue
+		}
+		path := filepath.Join(w.dir, name)
+		f, err := OpenFile(path)
+		if err != nil {
+			return fmt.Errorf("resume run dir: %w", err)
+		}
+		fe := FileEntry{Name: name, FinishedAt: time.Now().UTC()}
+		var ok, infra int64
+		err = f.Each(context.Background(), func(rec *Record) error {
+			fe.Rows++
+			fe.TokenValues += int64(len(rec.Tokens))
+			if rec.Status == StatusOK {
+				ok++
+			} else {
+				infra++
+			}
+			return nil
+		})
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("resume run dir: %w", err)
+		}
+		if st, err := os.Stat(path); err == nil {
+			fe.Bytes = st.Size()
+		}
+		w.manifest.Files = append(w.manifest.Files, fe)
+		w.manifest.Counts.Rows += fe.Rows
+		w.manifest.Counts.OK += ok
+		w.manifest.Counts.InfraFailed += infra
+		w.log.Warn("adopted part file missing from run.json", "file", name, "rows", fe.Rows)
+	}
+	return nil
+}
+
+func isTempName(name string) bool {
+	return len(name) > 0 && name[0] == '.' && filepath.Ext(name) == ".tmp"
+}
+
+// Dir returns the run directory.
+func (w *Writer) Dir() string { return w.dir }
+
+// Write queues rec for the current part file. It blocks while the queue is
+// full (back-pressure) until ctx is done. An invalid record is refused with
+// ErrInvalidRecord and does not stop the writer. A nil return means the
+// record was accepted into memory; it is durable once its file is finished
+// (rotation, Checkpoint or Close).
+func (w *Writer) Write(ctx context.Context, rec Record) error {
+	if err := w.prepare(&rec); err != nil {
+		return err
+	}
+	return w.send(ctx, request{rec: &rec})
+}
+
+// WriteGroup queues the records of one GRPO group as a unit: they land in
+// the same part file (rotation happens only between units), so a crash
+// leaves either the whole group on disk or none of it, and resume never
+// sees a partial group. Every record is validated first; one invalid record
+// refuses the whole group.
+func (w *Writer) WriteGroup(ctx context.Context, recs []Record) error {
+	batch := make([]*Record, len(recs))
+	for i := range recs {
+		rec := recs[i]
+		if err := w.prepare(&rec); err != nil {
+			return err
+		}
+		batch[i] = &rec
+	}
+	if len(batch) == 0 {
+		return nil
+	}
+	return w.send(ctx, request{group: batch})
+}
+
+// prepare stamps defaults and validates rec.
+func (w *Writer) prepare(rec *Record) error {
+	if rec.SchemaVersion == 0 {
+		rec.SchemaVersion = SchemaVersion
+	}
+	if rec.RunID == "" {
+		rec.RunID = w.opts.RunID
+	}
+	if rec.CreatedAt.IsZero() {
+		rec.CreatedAt = time.Now()
+	}
+	rec.CreatedAt = rec.CreatedAt.UTC().Truncate(time.Microsecond)
+	if rec.SchemaVersion != SchemaVersion {
+		return fmt.Errorf("%w: schema_version %d, this writer writes %d", ErrInvalidRecord, rec.SchemaVersion, SchemaVersion)
+	}
+	return rec.Validate()
+}
+
+func (w *Writer) send(ctx context.Context, req request) error {
+	w.mu.RLock()
+	defer w.mu.RUnlock()
+	if w.closed {
+		return ErrClosed
+	}
+	if err := w.err(); err != nil {
+		return err
+	}
+	select {
+	case w.in <- req:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("write trajectory: %w", ctx.Err())
+	case <-w.done:
+		if err := w.err(); err != nil {
+			return err
+		}
+		return ErrClosed
+	}
+}
+
+func (w *Writer) err() error {
+	if p := w.failed.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Checkpoint finishes the current part file (if it has rows) so that every
+// record written before the call is durable and visible, and updates
+// run.json.
+func (w *Writer) Checkpoint(ctx context.Context) error {
+	reply := make(chan error, 1)
+	if err := w.send(ctx, request{ctrl: ctrlCheckpoint, reply: reply}); err != nil {
+		return err
+	}
+	select {
+	case err := <-reply:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("checkpoint trajectory: %w", ctx.Err())
+	}
+}
+
+// Close drains the queue, finishes the current part file, marks run.json
+// closed (or failed) and stops the goroutine. It returns the first write
+// error, if any. If ctx ends first, Close returns its error and the goroutine
+// still finishes the file in the background.
+func (w *Writer) Close(ctx context.Context) error {
+	w.mu.Lock()
+	already := w.closed
+	w.closed = true
+	w.mu.Unlock()
+	if !already {
+		// No sender can be blocked now (Lock waited for them), and the
+		// goroutine handles this after every queued record.
+		w.in <- request{ctrl: ctrlClose}
+	}
+	select {
+	case <-w.done:
+		return w.final
+	case <-ctx.Done():
+		return fmt.Errorf("close trajectory writer: %w", ctx.Err())
+	}
+}
+
+// Manifest returns a copy of run.json as last written. Only valid after
+// Close returned.
+func (w *Writer) Manifest() RunManifest {
+	<-w.done
+	m := w.manifest
+	m.Files = append([]FileEntry(nil), w.manifest.Files...)
+	return m
+}
+
+func (w *Writer) loop() {
+	defer close(w.done)
+	tick := time.NewTicker(tickEvery(w.opts.MaxFileAge))
+	defer tick.Stop()
+	for {
+		select {
+		case req := <-w.in:
+			switch req.ctrl {
+			case ctrlNone:
+				if req.group != nil {
+					for i, rec := range req.group {
+						w.handleRecord(rec, i == len(req.group)-1)
+					}
+				} else {
+					w.handleRecord(req.rec, true)
+				}
+			case ctrlCheckpoint:
+				err := w.err()
+				if err == nil {
+					err = w.finishPart()
+				}
+				req.reply <- err
+			case ctrlClose:
+				w.final = w.shutdown()
+				return
+			}
+		case <-tick.C:
+			if w.cur != nil && w.err() == nil && time.Since(w.cur.opened) >= w.opts.MaxFileAge {
+				w.finishPart()
+			}
+		}
+	}
+}
+
+func tickEvery(age time.Duration) time.Duration {
+	t := age / 4
+	if t < 10*time.Millisecond {
+		t = 10 * time.Millisecond
+	}
+	if t > 15*time.Second {
+		t = 15 * time.Second
+	}
+	return t
+}
+
+// handleRecord appends rec to the current part file; rotation is
+// considered only at the end of a unit (a lone record or a group's last).
+func (w *Writer) handleRecord(rec *Record, unitEnd bool) {
+	if w.err() != nil {
+		w.manifest.Counts.Lost++
+		return
+	}
+	if w.cur == nil {
+		if err := w.openPart(); err != nil {
+			w.fail(err)
+			w.manifest.Counts.Lost++
+			return
+		}
+	}
+	p := w.cur
+	if _, err := p.pw.Write([]Record{*rec}); err != nil {
+		w.fail(fmt.Errorf("write %s: %w", p.tmp, err))
+		return
+	}
+	p.rows++
+	p.rowsInGroup++
+	p.tokens += int64(len(rec.Tokens))
+	if rec.Status == StatusOK {
+		p.ok++
+	} else {
+		p.infra++
+	}
+	p.groupBytes += estimateBytes(rec)
+	if p.rowsInGroup >= w.opts.RowGroupRows || p.groupBytes >= w.opts.RowGroupBytes {
+		if err := p.pw.Flush(); err != nil {
+			w.fail(fmt.Errorf("flush row group of %s: %w", p.tmp, err))
+			return
+		}
+		p.rowsInGroup, p.groupBytes = 0, 0
+	}
+	if unitEnd && (p.rows >= w.opts.MaxRowsPerFile || p.out.n >= w.opts.MaxBytesPerFile) {
+		w.finishPart()
+	}
+}
+
+// estimateBytes approximates the in-memory footprint of a record's columns.
+func estimateBytes(r *Record) int64 {
+	n := int64(len(r.Tokens))*13 + int64(len(r.Messages)+len(r.Tools)+len(r.SamplingParams)) + 256
+	for _, te := range r.ToolErrors {
+		n += int64(len(te.Message)) + 32
+	}
+	return n
+}
+
+type partFile struct {
+	name, tmp, final string
+	f                partWriter
+	out              *countingWriter
+	pw               *parquet.GenericWriter[Record]
+	opened           time.Time
+	rows, ok, infra  int64
+	rowsInGroup      int64
+	groupBytes       int64
+	tokens           int64
+}
+
+// partWriter is what the writer needs from a part file; tests substitute
+// one that fails like a full disk.
+type partWriter interface {
+	io.Writer
+	Sync() error
+	Close() error
+}
+
+var createPart = func(path string) (partWriter, error) {
+	return os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
+}
+
+type countingWriter struct {
+	w io.Writer
+	n int64
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	n, err := c.w.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+// blobColumns hold long free text.
+var blobColumns = []string{"messages", "tools", "sampling_params"}
+
+// parquetWriterOptions are the settings every part file is written with.
+func parquetWriterOptions(rowGroupRows int64) []parquet.WriterOption {
+	opts := []parquet.WriterOption{
+		parquet.Compression(&zstd.Codec{Level: zstd.SpeedDefault}),
+		parquet.MaxRowsPerRowGroup(rowGroupRows),
+		// v1 pages are what pyarrow writes by default and what every reader
+		// supports.
+		parquet.DataPageVersion(1),
+		parquet.KeyValueMetadata(MetadataSchemaVersionKey, strconv.Itoa(SchemaVersion)),
+		parquet.CreatedBy("rollout", serviceVersion(), ""),
+	}
+	// Min/max of long text is useless for pruning and is stored
+	// uncompressed in every page header and the column index: it doubled
+	// the size of the messages column.
+	for _, c := range blobColumns {
+		opts = append(opts, parquet.SkipPageStatistics(c), parquet.SkipPageBounds(c))
+	}
+	return opts
+}
+
+func (w *Writer) openPart() error {
+	name := fmt.Sprintf("part-%05d.parquet", w.next)
+	w.next++
+	p := &partFile{
+		name:   name,
+		tmp:    filepath.Join(w.dir, "."+name+".tmp"),
+		final:  filepath.Join(w.dir, name),
+		opened: time.Now(),
+	}
+	f, err := createPart(p.tmp)
+	if err != nil {
+		return fmt.Errorf("create part file: %w", err)
+	}
+	p.f = f
+	p.out = &countingWriter{w: f}
+	p.pw = parquet.NewGenericWriter[Record](p.out, parquetWriterOptions(w.opts.RowGroupRows)...)
+	w.cur = p
+	return nil
+}
+
+// finishPart closes, fsyncs and renames the current part file and records it
+// in run.json. On error the writer fails and the temp file is removed.
+func (w *Writer) finishPart() error {
+	p := w.cur
+	if p == nil {
+		return nil
+	}
+	w.cur = nil
+	err := p.pw.Close()
+	if err == nil {
+		err = p.f.Sync()
+	}
+	if cerr := p.f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(p.tmp, p.final)
+	}
+	if err == nil {
+		err = syncDir(w.dir)
+	}
+	if err != nil {
+		os.Remove(p.tmp)
+		err = fmt.Errorf("finish %s: %w", p.final, err)
+		w.manifest.Counts.Lost += p.rows
+		w.fail(err)
+		return err
+	}
+	w.manifest.Files = append(w.manifest.Files, FileEntry{
+		Name: p.name, Rows: p.rows, Bytes: p.out.n, TokenValues: p.tokens, FinishedAt: time.Now().UTC(),
+	})
+	w.manifest.Counts.Rows += p.rows
+	w.manifest.Counts.OK += p.ok
+	w.manifest.Counts.InfraFailed += p.infra
+	w.manifest.UpdatedAt = time.Now().UTC()
+	metricRows.Add(float64(p.rows))
+	metricFiles.Inc()
+	metricBytes.Add(float64(p.out.n))
+	w.log.Info("trajectory part file finished", "file", p.name, "rows", p.rows, "bytes", p.out.n)
+	if err := writeManifest(w.dir, &w.manifest); err != nil {
+		w.fail(fmt.Errorf("update run.json: %w", err))
+		return err
+	}
+	return nil
+}
+
+// fail makes err sticky: intake stops, the open part file is dropped (its
+// rows counted as lost) and run.json is marked failed if it can be written.
+func (w *Writer) fail(err error) {
+	if w.err() != nil {
+		return
+	}
+	w.failed.Store(&err)
+	metricErrors.Inc()
+	w.log.Error("trajectory writer failed; intake stopped", "err", err)
+	if p := w.cur; p != nil {
+		w.cur = nil
+		p.f.Close()
+		os.Remove(p.tmp)
+		w.manifest.Counts.Lost += p.rows
+	}
+	w.manifest.State = RunFailed
+	w.manifest.Error = err.Error()
+	w.manifest.UpdatedAt = time.Now().UTC()
+	if merr := writeManifest(w.dir, &w.manifest); merr != nil {
+		w.log.Error("cannot record failure in run.json", "err", merr)
+	}
+}
+
+func (w *Writer) shutdown() error {
+	// Drain records queued before Close took the lock.
+	for {
+		select {
+		case req := <-w.in:
+			switch req.ctrl {
+			case ctrlNone:
+				if req.group != nil {
+					for i, rec := range req.group {
+						w.handleRecord(rec, i == len(req.group)-1)
+					}
+				} else {
+					w.handleRecord(req.rec, true)
+				}
+			case ctrlCheckpoint:
+				req.reply <- ErrClosed
+			}
+			continue
+		default:
+		}
+		break
+	}
+	if err := w.err(); err != nil {
+		// Best effort: record the final lost count next to the failure.
+		w.manifest.UpdatedAt = time.Now().UTC()
+		if merr := writeManifest(w.dir, &w.manifest); merr != nil {
+			w.log.Error("cannot update run.json after failure", "err", merr)
+		}
+		if w.manifest.Counts.Lost > 0 {
+			return fmt.Errorf("%w (%d records lost)", err, w.manifest.Counts.Lost)
+		}
+		return err
+	}
+	if err := w.finishPart(); err != nil {
+		return err
+	}
+	w.manifest.State = RunClosed
+	w.manifest.UpdatedAt = time.Now().UTC()
+	if err := writeManifest(w.dir, &w.manifest); err != nil {
+		w.fail(fmt.Errorf("close run.json: %w", err))
+		return w.err()
+	}
+	return nil
+}
+
+// partFiles lists the finished part files of dir in order.
+func partFiles(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, e := range entries {
+		if !e.IsDir() && partName.MatchString(e.Name()) {
+			names = append(names, e.Name())
+		}
+	}
+	sort.Strings(names)
+	return names, nil
+}
