@@ -77,6 +77,9 @@ type Options struct {
 	RowsPerFile int64
 	Logger      *slog.Logger
 	Progress    func(env string, e runner.Event)
+	// SandboxInstance labels the demo's containers (default: random), so
+	// a caller can tell them from other backends' on the same engine.
+	SandboxInstance string
 }
 
 // Result is one env's outcome.
@@ -150,7 +153,7 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 				o.Progress(env, e)
 			}
 		}
-		j, err := job.Open(ctx, cfg, job.Options{Logger: o.Logger, Progress: prog})
+		j, err := job.Open(ctx, cfg, job.Options{Logger: o.Logger, Progress: prog, SandboxInstance: o.SandboxInstance})
 		if err != nil {
 			return out, err
 		}

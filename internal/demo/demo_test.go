@@ -2,17 +2,21 @@ package demo
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
 	"go.uber.org/goleak"
 
@@ -31,7 +35,7 @@ const childEnv = "ROLLOUT_DEMO_CHILD_OUT"
 func TestMain(m *testing.M) {
 	if out := os.Getenv(childEnv); out != "" {
 		// A child run: slow generations so the parent can kill it mid-run.
-		_, err := Run(context.Background(), Options{Out: out, Specs: killSpecs(), Seed: 3, Logger: quiet,
+		_, err := Run(context.Background(), Options{SandboxInstance: testInstance(), Out: out, Specs: killSpecs(), Seed: 3, Logger: quiet,
 			Latency: sim.Latency{TTFT: 150 * time.Millisecond}, RowsPerFile: 3})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -130,7 +134,7 @@ func TestDemoEndToEndAndResume(t *testing.T) {
 	needImages(t, true)
 	out := t.TempDir()
 	specs := []Spec{{Env: "terminal-tasks", Groups: 3, GroupSize: 4, Image: "rollout-sandbox:busybox"}, {Env: "swe-tests", Groups: 2, GroupSize: 2}}
-	res, err := Run(context.Background(), Options{Out: out, Specs: specs, Seed: 5, Logger: quiet})
+	res, err := Run(context.Background(), Options{SandboxInstance: testInstance(), Out: out, Specs: specs, Seed: 5, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +162,7 @@ func TestDemoEndToEndAndResume(t *testing.T) {
 		t.Error("no group has reward variance: the simulator's wrong path never scored differently")
 	}
 	// Resume: nothing left to do, nothing duplicated.
-	res, err = Run(context.Background(), Options{Out: out, Specs: specs, Seed: 5, Logger: quiet})
+	res, err = Run(context.Background(), Options{SandboxInstance: testInstance(), Out: out, Specs: specs, Seed: 5, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -201,7 +205,7 @@ func TestKillAndResume(t *testing.T) {
 	if before == 0 || before >= 8*3 {
 		t.Fatalf("%d records before the restart: the kill did not land mid-run", before)
 	}
-	res, err := Run(context.Background(), Options{Out: out, Specs: killSpecs(), Seed: 3, Logger: quiet, RowsPerFile: 3})
+	res, err := Run(context.Background(), Options{SandboxInstance: testInstance(), Out: out, Specs: killSpecs(), Seed: 3, Logger: quiet, RowsPerFile: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,10 +245,21 @@ func TestFaults(t *testing.T) {
 			case <-time.After(time.Duration(150+rng.IntN(250)) * time.Millisecond):
 			}
 			list, err := cli.ContainerList(ctx, client.ContainerListOptions{Filters: make(client.Filters).Add("label", sandbox.LabelManaged+"=true")})
-			if err != nil || len(list.Items) == 0 {
+			if err != nil {
 				continue
 			}
-			c := list.Items[rng.IntN(len(list.Items))]
+			// Only this package's sandboxes: other packages' tests share
+			// the engine and must not see their containers killed.
+			var ours []container.Summary
+			for _, c := range list.Items {
+				if isOurs(c.Labels) {
+					ours = append(ours, c)
+				}
+			}
+			if len(ours) == 0 {
+				continue
+			}
+			c := ours[rng.IntN(len(ours))]
 			if _, err := cli.ContainerKill(ctx, c.ID, client.ContainerKillOptions{Signal: "KILL"}); err == nil {
 				mu.Lock()
 				killed++
@@ -254,7 +269,7 @@ func TestFaults(t *testing.T) {
 	})
 	out := t.TempDir()
 	specs := []Spec{{Env: "terminal-tasks", Groups: 6, GroupSize: 4, Image: "rollout-sandbox:busybox"}}
-	res, err := Run(ctx, Options{Out: out, Specs: specs, Seed: 11, Logger: quiet, Retries: 3,
+	res, err := Run(ctx, Options{SandboxInstance: testInstance(), Out: out, Specs: specs, Seed: 11, Logger: quiet, Retries: 3,
 		Latency: sim.Latency{TTFT: 40 * time.Millisecond}, Faults: sim.Faults{ErrorRate: 0.05}})
 	cancel()
 	wg.Wait()
@@ -287,10 +302,24 @@ func assertNoContainers(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, c := range list.Items {
-		// Other packages' tests may run concurrently; only this package's
-		// runs carry a run label.
-		if c.Labels[sandbox.LabelRun] != "" {
+		// Other packages' tests may run concurrently on the same engine.
+		if isOurs(c.Labels) {
 			t.Errorf("leaked container %s (%v)", c.ID[:12], c.Labels)
 		}
 	}
+}
+
+// testInstancePrefix marks the sandbox backends of this package's runs (the
+// instance label), so fault injection and leak checks never touch the
+// containers of other packages' tests running at the same time.
+const testInstancePrefix = "demotest-"
+
+func testInstance() string {
+	b := make([]byte, 4)
+	_, _ = crand.Read(b)
+	return testInstancePrefix + hex.EncodeToString(b)
+}
+
+func isOurs(labels map[string]string) bool {
+	return strings.HasPrefix(labels[sandbox.LabelInstance], testInstancePrefix)
 }

@@ -52,6 +52,9 @@ type Options struct {
 	// Items replaces the dataset (trainer-driven collection).
 	Items []datasets.Item
 	RunID string
+	// SandboxInstance names the job's own Docker backend in the instance
+	// label of its containers (default: random); ignored with Sandboxes.
+	SandboxInstance string
 }
 
 // Job is an assembled run.
@@ -111,7 +114,7 @@ func Open(ctx context.Context, cfg runner.Config, opts Options) (*Job, error) {
 	j := &Job{cfg: cfg, opts: opts, Env: env, Dir: cfg.Output.Dir}
 	sbs := opts.Sandboxes
 	if sbs == nil {
-		j.docker = &lazyDocker{log: opts.Logger}
+		j.docker = &lazyDocker{log: opts.Logger, instance: opts.SandboxInstance}
 		sbs = j.docker
 	}
 	imgs := opts.Images
@@ -244,15 +247,16 @@ func randomHex(n int) string {
 // lazyDocker starts the Docker backend on the first sandbox request, so
 // runs without sandboxes need no engine.
 type lazyDocker struct {
-	log  *slog.Logger
-	once sync.Once
-	d    *sandbox.Docker
-	err  error
+	log      *slog.Logger
+	instance string
+	once     sync.Once
+	d        *sandbox.Docker
+	err      error
 }
 
 func (l *lazyDocker) get(ctx context.Context) (*sandbox.Docker, error) {
 	l.once.Do(func() {
-		l.d, l.err = sandbox.NewDocker(context.WithoutCancel(ctx), sandbox.Options{Logger: l.log})
+		l.d, l.err = sandbox.NewDocker(context.WithoutCancel(ctx), sandbox.Options{Logger: l.log, Instance: l.instance})
 	})
 	return l.d, l.err
 }
