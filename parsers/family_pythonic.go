@@ -16,6 +16,7 @@ import (
 	"math/big"
 	"strconv"
 	"strings"
+	"unicode"
 )
 
 func init() {
@@ -259,12 +260,14 @@ var llamaEndTokens = []string{"<|eom_id|>", "<|eot_id|>", "<|eom|>", "<|eot|>"}
 // pyWholeList parses text that must be nothing but a call list (a
 // trailing Llama end-of-turn token aside).
 func pyWholeList(c *vlCollector, text string) bool {
+	// Trailing whitespace never decides whether the output was cut off
+	// inside a call: "[a(), b" and "[a(), b\n" parse alike.
+	text = strings.TrimRightFunc(text, unicode.IsSpace)
 	for trimmed := true; trimmed; {
 		trimmed = false
-		t := strings.TrimRight(text, " \t\r\n")
 		for _, e := range llamaEndTokens {
-			if strings.HasSuffix(t, e) {
-				text, trimmed = t[:len(t)-len(e)], true
+			if strings.HasSuffix(text, e) {
+				text, trimmed = strings.TrimRightFunc(text[:len(text)-len(e)], unicode.IsSpace), true
 			}
 		}
 	}

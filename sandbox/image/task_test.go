@@ -57,6 +57,17 @@ func TestFromImages(t *testing.T) {
 	}
 }
 
+// contextDir is a copy of testdata/ctx plus a symlink link -> hello.txt,
+// made here because a checkout may not preserve symlinks.
+func contextDir(t *testing.T) string {
+	t.Helper()
+	dir := copyDir(t, "testdata/ctx")
+	if err := os.Symlink("hello.txt", filepath.Join(dir, "link")); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
 func copyDir(t *testing.T, src string) string {
 	t.Helper()
 	dst := t.TempDir()
@@ -80,7 +91,7 @@ func contextHash(t *testing.T, spec TaskSpec) string {
 
 // The context hash follows content and modes, not mtimes.
 func TestContextHash(t *testing.T) {
-	dir := copyDir(t, "testdata/ctx")
+	dir := contextDir(t)
 	base := contextHash(t, TaskSpec{Context: dir})
 
 	old := time.Now().Add(-48 * time.Hour)
@@ -203,7 +214,7 @@ func TestTaskImageBuildAndCache(t *testing.T) {
 	if _, err := EnsureBusybox(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	dir := copyDir(t, "testdata/ctx")
+	dir := contextDir(t)
 	// A fresh file per run, so the first build is a real build.
 	n := nonce(t)
 	if err := os.WriteFile(filepath.Join(dir, "nonce.txt"), []byte(n+"\n"), 0o644); err != nil {
