@@ -48,5 +48,10 @@ proto-check:
 image: build
 	$(BIN) sandbox image build
 
+# demo runs the main job end to end (simulator + real sandboxes) into
+# out/demo; the base images are built first when missing.
+demo: build
+	$(BIN) demo --out out/demo
+
 clean:
 	rm -rf bin
