@@ -232,6 +232,21 @@ func (r *Runner) Run(ctx context.Context) (Summary, error) {
 		if err := groupSlots.Acquire(intake, 1); err != nil {
 			break
 		}
+		if err := r.admit(intake); err != nil {
+			groupSlots.Release(1)
+			switch {
+			case errors.Is(err, ErrIntakeStopped):
+				r.log.Info("a sink stopped intake", "reason", err)
+				r.StopIntake()
+			case intake.Err() == nil:
+				sinkMu.Lock()
+				if sinkErr == nil {
+					sinkErr = fmt.Errorf("admit group %s: %w", it.Key(), err)
+				}
+				sinkMu.Unlock()
+			}
+			break
+		}
 		wg.Add(1)
 		go func(idx int, it datasets.Item) {
 			defer wg.Done()
@@ -242,8 +257,17 @@ func (r *Runner) Run(ctx context.Context) (Summary, error) {
 			if sinkErr != nil {
 				return
 			}
-			// Sinks must receive the group even when ctx was cancelled
-			// mid-group, so that the work done is not lost.
+			// A group cut short by cancellation is incomplete: writing it
+			// would let a resumed run treat the item as done and leave a
+			// permanent gap. It is dropped here and collected again whole.
+			if ctx.Err() != nil && interrupted(g) {
+				r.sum.GroupsInterrupted++
+				r.log.Info("group interrupted by cancellation; not written, a resumed run collects it again",
+					"group_id", g.ID, "item", it.Key())
+				return
+			}
+			// Groups that finished are written even when ctx was cancelled
+			// meanwhile, so that the work done is not lost.
 			wctx := context.WithoutCancel(ctx)
 			for _, s := range r.deps.Sinks {
 				if err := s.WriteGroup(wctx, &r.info, g); err != nil {
@@ -277,6 +301,29 @@ func (r *Runner) Run(ctx context.Context) (Summary, error) {
 	default:
 	}
 	return r.sum, nil
+}
+
+// interrupted reports whether cancellation cut one of g's rollouts short.
+func interrupted(g *Group) bool {
+	for i := range g.Rollouts {
+		if f := g.Rollouts[i].Failure; f != nil && f.Kind == FailCancelled {
+			return true
+		}
+	}
+	return false
+}
+
+// admit asks every Admitter sink whether another group may start; it
+// blocks while one of them pauses intake.
+func (r *Runner) admit(ctx context.Context) error {
+	for _, s := range r.deps.Sinks {
+		if a, ok := s.(Admitter); ok {
+			if err := a.Admit(ctx); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // Count adds a group delivered outside Run (trainer-driven collection) to

@@ -30,6 +30,8 @@ type scriptPolicy struct {
 	calls atomic.Int64
 	fail  func(prompt string) error
 	delay time.Duration
+	// delayFor, when set, overrides delay per prompt.
+	delayFor func(prompt string) time.Duration
 }
 
 func (p *scriptPolicy) Start(context.Context, inference.EpisodeSpec) (inference.Episode, error) {
@@ -41,11 +43,15 @@ type scriptEpisode struct{ p *scriptPolicy }
 func (e *scriptEpisode) Generate(ctx context.Context, msgs []openai.ChatCompletionMessage) (inference.Turn, error) {
 	e.p.calls.Add(1)
 	last := msgs[len(msgs)-1].Content
-	if e.p.delay > 0 {
+	delay := e.p.delay
+	if e.p.delayFor != nil {
+		delay = e.p.delayFor(last)
+	}
+	if delay > 0 {
 		select {
 		case <-ctx.Done():
 			return inference.Turn{}, fmt.Errorf("generate: %w: %w", inference.ErrInfra, ctx.Err())
-		case <-time.After(e.p.delay):
+		case <-time.After(delay):
 		}
 	}
 	if e.p.fail != nil {
@@ -265,6 +271,80 @@ func TestSinkErrorStopsIntakeAndCancellationKeepsWork(t *testing.T) {
 				t.Errorf("a cancelled rollout was recorded as ok")
 			}
 		}
+	}
+}
+
+// Cancelling mid-run (Ctrl-C) never writes a group cut short: a resumed
+// run then collects exactly the missing groups, whole — no gaps, no
+// duplicates.
+func TestCancelledGroupsAreCollectedAgainOnResume(t *testing.T) {
+	env := &scoreEnv{items: items(12), reward: func(envs.Outcome) (rewards.Score, error) { return rewards.Score{Value: 1}, nil }}
+	cfg := baseConfig()
+	cfg.Limits.GroupsInFlight = 4
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	first := &memSink{}
+	var written atomic.Int64
+	// q0 and q1 finish at once; every other item outlives the test unless
+	// cancelled, so the cancellation always cuts groups short.
+	slow := &scriptPolicy{delayFor: func(prompt string) time.Duration {
+		if prompt == "q0" || prompt == "q1" {
+			return time.Millisecond
+		}
+		return time.Hour
+	}}
+	r, err := New(cfg, Deps{Logger: quiet, Env: env, Policy: slow, Sinks: []Sink{first},
+		Progress: func(e Event) {
+			if e.Group != nil && written.Add(1) == 2 {
+				cancel()
+			}
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, err := r.Run(ctx)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v", err)
+	}
+	done := map[string]bool{}
+	for _, g := range first.groups {
+		for _, ro := range g.Rollouts {
+			if ro.Failure != nil && ro.Failure.Kind == FailCancelled {
+				t.Fatalf("group %s was written with a cancelled rollout", g.ID)
+			}
+		}
+		done[g.Item.Key()] = true
+	}
+	if len(done) == 0 || len(done) == 12 {
+		t.Fatalf("%d groups written before the cancellation took effect", len(done))
+	}
+	if sum.GroupsInterrupted == 0 {
+		t.Errorf("no group reported as interrupted: %+v", sum)
+	}
+
+	second := &memSink{done: done}
+	r2, err := New(cfg, Deps{Logger: quiet, Env: env, Policy: &scriptPolicy{}, Sinks: []Sink{second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum2, err := r2.Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum2.GroupsSkipped != len(done) || sum2.Groups != 12-len(done) {
+		t.Fatalf("resume summary %+v after %d done", sum2, len(done))
+	}
+	for _, g := range second.groups {
+		if done[g.Item.Key()] {
+			t.Errorf("group %s collected twice", g.ID)
+		}
+		done[g.Item.Key()] = true
+		if len(g.Rollouts) != 4 {
+			t.Errorf("group %s has %d rollouts", g.ID, len(g.Rollouts))
+		}
+	}
+	if len(done) != 12 {
+		t.Errorf("%d of 12 groups collected in all", len(done))
 	}
 }
 

@@ -98,6 +98,17 @@ type Sink interface {
 	WriteGroup(ctx context.Context, run *RunInfo, g *Group) error
 }
 
+// Admitter is implemented by sinks that gate intake, e.g. a trainer whose
+// queue is full. Run calls Admit before starting each group (after a group
+// slot is free) and waits while it blocks: intake pauses, rollouts already
+// running are never cancelled. Every admitted group is then handed to
+// WriteGroup unless the run stops first. An error wrapping
+// ErrIntakeStopped stops intake like StopIntake; any other error stops
+// intake and fails the run, like a WriteGroup error.
+type Admitter interface {
+	Admit(ctx context.Context) error
+}
+
 // Resumer is implemented by sinks that know which groups a previous run in
 // the same output already completed.
 type Resumer interface {
@@ -121,14 +132,17 @@ type RunInfo struct {
 
 // Summary counts a run's outcome.
 type Summary struct {
-	Groups         int
-	GroupsSkipped  int // completed by an earlier run (resume)
-	GroupsDropped  int
-	Rollouts       int
-	RolloutsOK     int
-	InfraFailed    int
-	Retries        int
-	FailuresByKind map[string]int
-	MeanReward     float64
-	Elapsed        time.Duration
+	Groups        int
+	GroupsSkipped int // completed by an earlier run (resume)
+	GroupsDropped int
+	// GroupsInterrupted were cut short by cancellation: they are not
+	// handed to the sinks, so a resumed run collects them again whole.
+	GroupsInterrupted int
+	Rollouts          int
+	RolloutsOK        int
+	InfraFailed       int
+	Retries           int
+	FailuresByKind    map[string]int
+	MeanReward        float64
+	Elapsed           time.Duration
 }

@@ -112,6 +112,9 @@ func (p *progress) done() {
 // printSummary writes the end-of-run summary.
 func printSummary(w io.Writer, dir string, s runner.Summary) {
 	fmt.Fprintf(w, "groups:      %d written, %d already done (resumed), %d dropped (equal scores)\n", s.Groups, s.GroupsSkipped, s.GroupsDropped)
+	if s.GroupsInterrupted > 0 {
+		fmt.Fprintf(w, "             %d interrupted by cancellation (not written; run again to collect them)\n", s.GroupsInterrupted)
+	}
 	fmt.Fprintf(w, "rollouts:    %d (%d ok, %d infra-failed after retries, %d retries)\n", s.Rollouts, s.RolloutsOK, s.InfraFailed, s.Retries)
 	for k, n := range s.FailuresByKind {
 		fmt.Fprintf(w, "  failure %-18s %d\n", k+":", n)
