@@ -84,7 +84,9 @@ type SandboxConfig struct {
 	MemoryMB int64   `yaml:"memory_mb,omitempty" json:"memory_mb,omitempty"`
 	CPUs     float64 `yaml:"cpus,omitempty" json:"cpus,omitempty"`
 	PIDs     int64   `yaml:"pids,omitempty" json:"pids,omitempty"`
-	// WarmPool keeps this many started containers per image (0 = G).
+	// WarmPool caps the sandboxes started ahead of use: when a group
+	// starts, its G sandboxes are all started at once through a warm pool
+	// (0 = 4×G; negative = no pool, each rollout creates its own).
 	WarmPool int `yaml:"warm_pool,omitempty" json:"warm_pool,omitempty"`
 }
 

@@ -34,6 +34,12 @@ type Sandboxes interface {
 	Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error)
 }
 
+// Expecter is implemented by sandbox backends with a warm pool (sandbox.Pool):
+// the runner announces the G sandboxes of a group before creating them.
+type Expecter interface {
+	Expect(spec sandbox.Spec, n int) error
+}
+
 // ImageBuilder builds a task image FROM a local base image and returns its
 // reference (cached by content).
 type ImageBuilder interface {
@@ -375,6 +381,9 @@ func (r *Runner) RunGroup(ctx context.Context, idx int, it datasets.Item, o Grou
 	task, taskErr := r.deps.Env.Task(ctx, it)
 	g.Task = task
 	set, setErr := r.toolSet(task, uint64(idx))
+	if taskErr == nil && setErr == nil {
+		r.expectSandboxes(ctx, task, len(g.Rollouts))
+	}
 	var eg errgroup.Group
 	for i := range g.Rollouts {
 		eg.Go(func() error {
@@ -614,20 +623,35 @@ func (r *Runner) attempt(ctx context.Context, log *slog.Logger, it datasets.Item
 	return ro
 }
 
-// openSandbox builds the task image when needed and creates the sandbox
-// under the sandbox limit.
-func (r *Runner) openSandbox(ctx context.Context, task envs.Task, ro *Rollout) (sandbox.Sandbox, string, error) {
-	if r.deps.Sandboxes == nil {
-		return nil, FailSandbox, errors.New("this task needs a sandbox and the runner has no sandbox backend")
+// expectSandboxes tells a pooling backend that a group is about to create
+// n sandboxes of the task's spec, so it starts them all at once while the
+// group sets up. Errors are left to the rollouts, which meet them again
+// and record them.
+func (r *Runner) expectSandboxes(ctx context.Context, task envs.Task, n int) {
+	ex, ok := r.deps.Sandboxes.(Expecter)
+	if !ok || task.Sandbox == nil {
+		return
 	}
+	spec, _, err := r.sandboxSpec(ctx, task)
+	if err != nil {
+		return
+	}
+	if err := ex.Expect(spec, n); err != nil {
+		r.log.Debug("warm pool: expect failed", "err", err)
+	}
+}
+
+// sandboxSpec is the spec of the task's sandbox with the run's overrides,
+// building the task image when needed.
+func (r *Runner) sandboxSpec(ctx context.Context, task envs.Task) (sandbox.Spec, string, error) {
 	spec := *task.Sandbox
 	if task.Build != nil {
 		if r.deps.Images == nil {
-			return nil, FailImageBuild, errors.New("this task needs an image build and the runner has no image builder")
+			return spec, FailImageBuild, errors.New("this task needs an image build and the runner has no image builder")
 		}
 		img, err := r.deps.Images.BuildTask(ctx, *task.Build)
 		if err != nil {
-			return nil, FailImageBuild, err
+			return spec, FailImageBuild, err
 		}
 		spec.Image = img
 	}
@@ -648,7 +672,19 @@ func (r *Runner) openSandbox(ctx context.Context, task envs.Task, ro *Rollout) (
 		spec.Limits.PIDs = c.PIDs
 	}
 	if spec.Image == "" {
-		return nil, FailTask, errors.New("no sandbox image: set sandbox.image in the run config or the env's image")
+		return spec, FailTask, errors.New("no sandbox image: set sandbox.image in the run config or the env's image")
+	}
+	return spec, "", nil
+}
+
+// openSandbox creates the rollout's sandbox under the sandbox limit.
+func (r *Runner) openSandbox(ctx context.Context, task envs.Task, ro *Rollout) (sandbox.Sandbox, string, error) {
+	if r.deps.Sandboxes == nil {
+		return nil, FailSandbox, errors.New("this task needs a sandbox and the runner has no sandbox backend")
+	}
+	spec, kind, err := r.sandboxSpec(ctx, task)
+	if err != nil {
+		return nil, kind, err
 	}
 	spec.Labels = map[string]string{sandbox.LabelRun: r.info.RunID, sandbox.LabelRollout: ro.ID}
 	ro.Image, ro.Limits, ro.Network = spec.Image, spec.Limits, spec.Network

@@ -114,7 +114,7 @@ func Open(ctx context.Context, cfg runner.Config, opts Options) (*Job, error) {
 	j := &Job{cfg: cfg, opts: opts, Env: env, Dir: cfg.Output.Dir}
 	sbs := opts.Sandboxes
 	if sbs == nil {
-		j.docker = &lazyDocker{log: opts.Logger, instance: opts.SandboxInstance}
+		j.docker = &lazyDocker{log: opts.Logger, instance: opts.SandboxInstance, warm: warmPoolSize(cfg)}
 		sbs = j.docker
 	}
 	imgs := opts.Images
@@ -249,14 +249,40 @@ func randomHex(n int) string {
 type lazyDocker struct {
 	log      *slog.Logger
 	instance string
-	once     sync.Once
-	d        *sandbox.Docker
-	err      error
+	opts     *sandbox.Options // full backend options (Shared); nil: log and instance only
+	// warm caps the started-but-unused sandboxes of the warm pool that
+	// starts a group's G sandboxes as soon as the runner announces them
+	// (runner.Expecter); warm <= 0 creates every sandbox on demand.
+	warm int
+	once sync.Once
+	d    *sandbox.Docker
+	pool *sandbox.Pool
+	err  error
+}
+
+var (
+	_ runner.Sandboxes = (*lazyDocker)(nil)
+	_ runner.Expecter  = (*lazyDocker)(nil)
+)
+
+// warmPoolSize is sandbox.warm_pool: 0 means four groups' worth.
+func warmPoolSize(cfg runner.Config) int {
+	if n := cfg.Sandbox.WarmPool; n != 0 {
+		return n
+	}
+	return 4 * max(cfg.GroupSize, 1)
 }
 
 func (l *lazyDocker) get(ctx context.Context) (*sandbox.Docker, error) {
 	l.once.Do(func() {
-		l.d, l.err = sandbox.NewDocker(context.WithoutCancel(ctx), sandbox.Options{Logger: l.log, Instance: l.instance})
+		opts := sandbox.Options{Logger: l.log, Instance: l.instance}
+		if l.opts != nil {
+			opts = *l.opts
+		}
+		l.d, l.err = sandbox.NewDocker(context.WithoutCancel(ctx), opts)
+		if l.err == nil && l.warm > 0 {
+			l.pool = sandbox.NewPool(l.d, sandbox.PoolOptions{MaxIdle: l.warm})
+		}
 	})
 	return l.d, l.err
 }
@@ -267,15 +293,35 @@ func (l *lazyDocker) Create(ctx context.Context, spec sandbox.Spec) (sandbox.San
 	if err != nil {
 		return nil, err
 	}
+	if l.pool != nil {
+		return l.pool.Acquire(ctx, spec)
+	}
 	return d.Create(ctx, spec)
 }
 
-// Close stops the backend if it was started, removing its containers.
+// Expect implements runner.Expecter.
+func (l *lazyDocker) Expect(spec sandbox.Spec, n int) error {
+	if _, err := l.get(context.Background()); err != nil {
+		return err
+	}
+	if l.pool == nil {
+		return nil
+	}
+	return l.pool.Expect(spec, n)
+}
+
+// Close stops the backend if it was started, removing its containers
+// (the pool's unused ones first).
 func (l *lazyDocker) Close(ctx context.Context) error {
 	if l.d == nil {
 		return nil
 	}
-	return l.d.Close(ctx)
+	var errs []error
+	if l.pool != nil {
+		errs = append(errs, l.pool.Close(ctx))
+	}
+	errs = append(errs, l.d.Close(ctx))
+	return errors.Join(errs...)
 }
 
 // taskImages builds env task images with one shared TaskBuilder; contexts
