@@ -15,6 +15,7 @@ import (
 	"github.com/rollout-rl/rollout/datasets"
 	"github.com/rollout-rl/rollout/rewards"
 	"github.com/rollout-rl/rollout/sandbox"
+	"github.com/rollout-rl/rollout/toolcontext"
 	"github.com/rollout-rl/rollout/tools"
 )
 
@@ -90,6 +91,12 @@ type Outcome struct {
 	Turns             int
 	FinishedNaturally bool
 	StopReason        string
+	// Tools is the rollout's ToolContext (Hermes' ctx in compute_reward):
+	// the same sandbox, shell session (cwd, exported variables), todo
+	// store and tool set the agent used, with the agent's background
+	// processes already stopped. Nil when the task has no sandbox. The
+	// runner tears the sandbox down after Reward returns.
+	Tools *toolcontext.ToolContext
 }
 
 // Solver is implemented by envs whose items carry reference solutions the

@@ -21,8 +21,8 @@ import (
 // treats them as infra failures and retries — they are never a score of 0.
 var ErrReward = errors.New("reward failed")
 
-// Box is what rewards need of a rollout's sandbox. sandbox.Sandbox and
-// toolcontext.ToolContext satisfy it.
+// Box is what rewards need of a rollout's sandbox; sandbox.Sandbox
+// satisfies it (ToolContext.Sandbox() gives one to a Hermes-style reward).
 type Box interface {
 	Exec(ctx context.Context, req sandbox.ExecRequest) (sandbox.ExecResult, error)
 	ReadFile(ctx context.Context, path string) ([]byte, error)

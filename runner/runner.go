@@ -26,6 +26,7 @@ import (
 	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/internal/version"
 	"github.com/rollout-rl/rollout/sandbox"
+	"github.com/rollout-rl/rollout/toolcontext"
 	"github.com/rollout-rl/rollout/tools"
 )
 
@@ -602,6 +603,17 @@ func (r *Runner) attempt(ctx context.Context, log *slog.Logger, it datasets.Item
 	var box envs.Sandbox
 	if sb != nil {
 		box = sb
+		tc, err := toolcontext.New(deps.Env, set)
+		if err != nil {
+			ro.fail(FailReward, err)
+			return ro
+		}
+		// Nothing the agent left running may change what the reward
+		// reads (a background process rewriting a report, say).
+		if err := tc.KillProcesses(rctx); err != nil {
+			log.Warn("stop the agent's background processes before the reward", "error", err)
+		}
+		out.Tools = tc
 	}
 	score, err := r.deps.Env.Reward(rctx, it, out, box)
 	ro.Timings.Reward = time.Since(rstart)
