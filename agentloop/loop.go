@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"path"
 	"strings"
 	"sync"
@@ -173,7 +172,6 @@ type runner struct {
 	reason  parsers.ReasoningParser
 	schemas []parsers.ToolSchema
 	budget  tools.Budget
-	rng     *rand.Rand
 	res     *Result
 	invalid int // consecutive invalid calls
 	warned  int // budget warnings already given (0, 1 = 70 %, 2 = 90 %)
@@ -236,8 +234,7 @@ func newRunner(cfg Config, deps Deps) (*runner, error) {
 	if hasTools && deps.Env == nil {
 		return nil, fmt.Errorf("%w: tools offered without a tool environment (Deps.Env)", ErrConfig)
 	}
-	r := &runner{cfg: cfg, deps: deps, log: deps.Logger, budget: cfg.Budget,
-		rng: rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 0x6c6f6f70))}
+	r := &runner{cfg: cfg, deps: deps, log: deps.Logger, budget: cfg.Budget}
 	if r.log == nil {
 		r.log = slog.Default()
 	}
@@ -475,7 +472,7 @@ func (r *runner) interpret(gen inference.Turn) (reasoning *string, content strin
 	}
 	for _, s := range slots {
 		if s.id == "" {
-			s.id = fmt.Sprintf("call_%08x", r.rng.Uint32())
+			s.id = parsers.NewCallID()
 		}
 	}
 	return reasoning, content, slots, nil
@@ -520,7 +517,7 @@ func (r *runner) slotsFromParse(pr parsers.Result) []*slot {
 		if s.parse != nil {
 			// The call is not in the assistant message (it is not
 			// well-formed), so its answer needs an id of its own.
-			s.id = fmt.Sprintf("call_invalid_%08x", r.rng.Uint32())
+			s.id = parsers.NewCallID()
 		}
 	}
 	return out
