@@ -120,10 +120,23 @@ var defaultTemplate = map[string]string{
 	"glm45":       "chatml",
 }
 
-// Families lists the tool-call formats the simulator can emit.
+// familyAliases are parser names whose models write exactly the format of
+// a family the simulator emits (the parsers package parses both alike).
+var familyAliases = map[string]string{
+	"qwen":        "hermes",
+	"glm47":       "glm45",
+	"qwen3_xml":   "qwen3_coder",
+	"llama4_json": "llama3_json",
+}
+
+// Families lists the tool-call formats the simulator can emit, aliases
+// included.
 func Families() []string {
-	out := make([]string, 0, len(defaultTemplate))
+	out := make([]string, 0, len(defaultTemplate)+len(familyAliases))
 	for f := range defaultTemplate {
+		out = append(out, f)
+	}
+	for f := range familyAliases {
 		out = append(out, f)
 	}
 	sort.Strings(out)
@@ -134,6 +147,9 @@ func Families() []string {
 func (c Config) withDefaults() (Config, error) {
 	if c.Family == "" {
 		c.Family = "hermes"
+	}
+	if canon, ok := familyAliases[c.Family]; ok {
+		c.Family = canon
 	}
 	def, ok := defaultTemplate[c.Family]
 	if !ok {

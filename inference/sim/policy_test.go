@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+
+	"github.com/rollout-rl/rollout/parsers"
 )
 
 type chatResp struct {
@@ -283,7 +285,28 @@ func TestConfigErrors(t *testing.T) {
 			t.Errorf("%s: %v is not %v", tc.name, err, tc.is)
 		}
 	}
+	for alias := range familyAliases {
+		if _, err := NewHandler(Config{Family: alias}); err != nil {
+			t.Errorf("alias %s: %v", alias, err)
+		}
+	}
 	if _, err := NewHandler(Config{Family: "pythonic"}); err == nil || !strings.Contains(err.Error(), "not supported by the simulator") {
 		t.Errorf("unsupported family error should say so: %v", err)
+	}
+}
+
+// An alias's parser reads what the simulator emits for its canonical
+// family.
+func TestFamilyAliasesParse(t *testing.T) {
+	calls := []emitCall{{Name: "terminal", Args: map[string]any{"command": "ls -la"}}, {Name: "read_file", Args: map[string]any{"path": "/a b"}}}
+	for alias, canon := range familyAliases {
+		p, err := parsers.Get(alias)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := p.Parse(emitCalls(canon, calls, 0), nil)
+		if len(r.ToolCalls) != 2 || len(r.Errors) != 0 || r.ToolCalls[0].Name != "terminal" || r.ToolCalls[1].Arguments != `{"path":"/a b"}` {
+			t.Errorf("%s (as %s): %+v", alias, canon, r)
+		}
 	}
 }
