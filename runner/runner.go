@@ -14,6 +14,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	openai "github.com/sashabaranov/go-openai"
@@ -83,6 +84,8 @@ type Runner struct {
 	mu     sync.Mutex
 	sum    Summary
 	reward float64
+	// planned is the number of groups Run will collect (0 outside Run).
+	planned atomic.Int64
 	// stopIntake ends intake (CancelJob without cancel_in_flight).
 	stopOnce   sync.Once
 	intakeStop chan struct{}
@@ -217,6 +220,7 @@ func (r *Runner) Run(ctx context.Context) (Summary, error) {
 		}
 		todo = append(todo, it)
 	}
+	r.planned.Store(int64(len(todo)))
 	if r.sum.GroupsSkipped > 0 {
 		r.log.Info("resuming", "completed_groups", r.sum.GroupsSkipped, "remaining", len(todo))
 	}
@@ -391,7 +395,7 @@ func (r *Runner) RunGroup(ctx context.Context, idx int, it datasets.Item, o Grou
 			g.Rollouts[i] = r.runWithRetries(ctx, log, it, task, taskErr, set, setErr, i, sampling)
 			if r.deps.Progress != nil {
 				ro := g.Rollouts[i]
-				r.deps.Progress(Event{Rollout: &ro})
+				r.deps.Progress(Event{Rollout: &ro, Total: int(r.planned.Load())})
 			}
 			return nil
 		})

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,7 +12,10 @@ import (
 	"github.com/spf13/cobra"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/rollout-rl/rollout/datasets"
+	"github.com/rollout-rl/rollout/envs"
 	"github.com/rollout-rl/rollout/inference/sim"
+	"github.com/rollout-rl/rollout/internal/demo"
 )
 
 func init() { register(newSimCmd) }
@@ -23,6 +27,7 @@ func newSimCmd() *cobra.Command {
 		port        int
 		cfg         sim.Config
 		successProb float64
+		envNames    []string
 	)
 	cmd := &cobra.Command{
 		Use:   "sim",
@@ -34,7 +39,8 @@ templates, a scripted tool-calling policy, latency and fault injection.
 See docs/simulator.md.`,
 		Example: `  rollout sim --family hermes --port 8000
   rollout sim --family qwen3_coder --reasoning --ttft 200ms --per-token 20ms
-  rollout sim --config sim.yaml --error-rate 0.05 --seed 7`,
+  rollout sim --config sim.yaml --error-rate 0.05 --seed 7
+  rollout sim --env terminal-tasks --env swe-tests --success-prob 0.7`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			final := sim.Config{}
@@ -73,6 +79,13 @@ See docs/simulator.md.`,
 					return usageError(cmd, fmt.Errorf("--port %d: must be within 0-65535", port))
 				}
 				final.Addr = net.JoinHostPort(host, strconv.Itoa(port))
+			}
+			for _, name := range envNames {
+				scripts, err := envScripts(cmd.Context(), name)
+				if err != nil {
+					return usageError(cmd, fmt.Errorf("--env %s: %w", name, err))
+				}
+				final.Scripts = append(final.Scripts, scripts...)
 			}
 			log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 			final.Logger = log
@@ -113,6 +126,7 @@ See docs/simulator.md.`,
 	f.Int64Var(&cfg.Seed, "seed", 0, "seed for the policy, logprobs and faults")
 	f.Float64Var(&successProb, "success-prob", 1, "probability that an episode follows its script's correct path")
 	f.BoolVar(&cfg.Reasoning, "reasoning", false, "open every turn with a <think> block")
+	f.StringArrayVar(&envNames, "env", nil, "also follow this built-in env's reference solutions (repeatable; e.g. terminal-tasks, swe-tests)")
 	f.BoolVar(&cfg.ExactLength, "exact-length", false, "always generate exactly max_tokens tokens (finish_reason length)")
 	return cmd
 }
@@ -144,4 +158,25 @@ func loadSimConfig(path string) (sim.Config, error) {
 	}
 	_, c.SuccessProbSet = keys["success_prob"]
 	return c, nil
+}
+
+// envScripts are the simulator scripts that solve every item (train and
+// eval splits) of a built-in env, as the demo uses them.
+func envScripts(ctx context.Context, name string) ([]sim.Script, error) {
+	env, err := envs.New(name, nil)
+	if err != nil {
+		return nil, err
+	}
+	var items []datasets.Item
+	for _, split := range []string{"train", "eval"} {
+		its, err := env.Items(ctx, split)
+		if err != nil {
+			continue // an env may lack a split
+		}
+		items = append(items, its...)
+	}
+	if len(items) == 0 {
+		return nil, fmt.Errorf("env %s has no items", name)
+	}
+	return demo.Scripts(ctx, env, items)
 }
