@@ -11,7 +11,7 @@ COMMIT  ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 BUF     := $(GO) tool -modfile=buildtools/go.mod buf
 LDFLAGS := -X github.com/rollout-rl/rollout/internal/version.Version=$(VERSION) -X github.com/rollout-rl/rollout/internal/version.Commit=$(COMMIT)
 
-.PHONY: build test lint proto proto-check image bench demo clean
+.PHONY: build test lint proto proto-check image bench demo fuzz-smoke clean
 
 build:
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/rollout
@@ -26,6 +26,13 @@ lint:
 test: lint proto-check build
 	$(BIN) sandbox image build
 	$(GO) test -race -count=1 ./...
+	FUZZTIME=$(FUZZTIME) scripts/fuzz-smoke.sh
+
+# fuzz-smoke runs every parser fuzz target for FUZZTIME (a smoke run in
+# `make test`; raise it for a real fuzzing session).
+FUZZTIME ?= 1s
+fuzz-smoke:
+	FUZZTIME=$(FUZZTIME) scripts/fuzz-smoke.sh
 
 # proto regenerates gen/ from proto/ (offline: local plugins only).
 proto:
@@ -52,6 +59,18 @@ image: build
 # out/demo; the base images are built first when missing.
 demo: build
 	$(BIN) demo --out out/demo
+
+# bench runs every benchmark suite (docs/performance.md says how the numbers
+# are taken), writes out/bench.json and regenerates docs/performance.md from
+# it. BENCH_FLAGS=--quick: small counts, under two minutes (CI smoke run).
+# A failed suite still gets its rows ("not measured") into the document, and
+# then fails the target.
+BENCH_FLAGS ?=
+bench: build
+	@mkdir -p out && rm -f out/bench.json
+	$(BIN) bench --json out/bench.json $(BENCH_FLAGS); status=$$?; \
+	if [ -f out/bench.json ]; then $(BIN) bench report out/bench.json --out docs/performance.md || exit 1; fi; \
+	exit $$status
 
 clean:
 	rm -rf bin
