@@ -58,7 +58,7 @@ type Config struct {
 	Toolsets Toolsets      `yaml:"toolsets,omitempty" json:"toolsets,omitempty"`
 	Sandbox  SandboxConfig `yaml:"sandbox,omitempty" json:"sandbox,omitempty"`
 	Limits   Limits        `yaml:"limits,omitempty" json:"limits,omitempty"`
-	// Retries of an infra-failed rollout (default 2).
+	// Retries of an infra-failed rollout (0 = the default 2; -1 = none).
 	Retries   int       `yaml:"retries,omitempty" json:"retries,omitempty"`
 	Advantage Advantage `yaml:"advantage,omitempty" json:"advantage,omitempty"`
 	Output    Output    `yaml:"output,omitempty" json:"output,omitempty"`
@@ -231,8 +231,8 @@ func (c Config) Validate() error {
 		return bad("group_size", "must not be negative")
 	case c.MaxTurns < 0:
 		return bad("max_turns", "must not be negative")
-	case c.Retries < 0:
-		return bad("retries", "must not be negative")
+	case c.Retries < -1:
+		return bad("retries", "must be -1 (no retries), 0 (the default, 2) or positive")
 	case c.Limits.RolloutsInFlight < 0 || c.Limits.GroupsInFlight < 0 || c.Limits.Sandboxes < 0:
 		return bad("limits", "must not be negative")
 	}

@@ -492,7 +492,7 @@ func (r *Runner) runWithRetries(ctx context.Context, log *slog.Logger, it datase
 	for attempt := 1; ; attempt++ {
 		ro = r.attempt(ctx, log, it, task, taskErr, set, setErr, idx, sampling)
 		ro.Attempts = attempt
-		if ro.Status == StatusOK || attempt > r.cfg.Retries || ctx.Err() != nil || !retryable(ro.Failure.Kind) {
+		if ro.Status == StatusOK || attempt > max(r.cfg.Retries, 0) || ctx.Err() != nil || !retryable(ro.Failure.Kind) {
 			return ro
 		}
 		log.Warn("rollout infra failure, retrying", "rollout", ro.ID, "kind", ro.Failure.Kind, "error", ro.Failure.Message, "attempt", attempt)

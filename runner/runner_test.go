@@ -378,3 +378,26 @@ func TestConfigStrict(t *testing.T) {
 		}
 	}
 }
+
+// retries: -1 turns retries off (0 means the default).
+func TestNoRetries(t *testing.T) {
+	env := &scoreEnv{items: items(2), reward: func(envs.Outcome) (rewards.Score, error) { return rewards.Score{Value: 1}, nil }}
+	cfg := baseConfig()
+	cfg.Retries = -1
+	pol := &scriptPolicy{fail: func(string) error { return fmt.Errorf("down: %w", inference.ErrInfra) }}
+	r, err := New(cfg, Deps{Logger: quiet, Env: env, Policy: pol, Sinks: []Sink{&memSink{}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, err := r.Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Retries != 0 || sum.InfraFailed != sum.Rollouts || sum.Rollouts == 0 {
+		t.Fatalf("summary %+v", sum)
+	}
+	cfg.Retries = -2
+	if _, err := New(cfg, Deps{Logger: quiet, Env: env, Policy: pol}); err == nil || !strings.Contains(err.Error(), "retries") {
+		t.Fatalf("retries -2: %v", err)
+	}
+}
