@@ -156,9 +156,15 @@ func newRunID() string {
 func openWriter(ctx context.Context, cfg runner.Config, opts Options, env string) (*trajectory.Writer, string, error) {
 	cfgJSON, _ := json.Marshal(cfg)
 	runID := opts.RunID
+	prior, err := trajectory.ReadManifest(cfg.Output.Dir)
+	if err == nil {
+		if err := sameRun(prior.Config, cfg); err != nil {
+			return nil, "", fmt.Errorf("%w: output.dir %s: %w", runner.ErrConfig, cfg.Output.Dir, err)
+		}
+	}
 	if runID == "" {
-		if m, err := trajectory.ReadManifest(cfg.Output.Dir); err == nil && m.RunID != "" {
-			runID = m.RunID
+		if err == nil && prior.RunID != "" {
+			runID = prior.RunID
 		} else {
 			runID = newRunID()
 		}
@@ -171,6 +177,37 @@ func openWriter(ctx context.Context, cfg runner.Config, opts Options, env string
 		return nil, "", fmt.Errorf("open output %s: %w", cfg.Output.Dir, err)
 	}
 	return w, runID, nil
+}
+
+// sameRun refuses to resume a run directory with a config that defines a
+// different data set of groups (another env, G, split, dataset or item
+// order): its groups would mix silently with the earlier ones. Knobs that
+// do not change what a group is (limits, endpoints, timeouts) may change.
+func sameRun(priorJSON json.RawMessage, cfg runner.Config) error {
+	if len(priorJSON) == 0 {
+		return nil
+	}
+	var prior runner.Config
+	if err := json.Unmarshal(priorJSON, &prior); err != nil {
+		return fmt.Errorf("the run.json there holds an unreadable config: %w", err)
+	}
+	diffs := []struct {
+		field      string
+		was, isNow any
+	}{
+		{"env", prior.Env, cfg.Env},
+		{"group_size", prior.GroupSize, cfg.GroupSize},
+		{"split", prior.Split, cfg.Split},
+		{"dataset.path", prior.Dataset.Path, cfg.Dataset.Path},
+		{"seed", prior.Seed, cfg.Seed},
+		{"shuffle", prior.Shuffle, cfg.Shuffle},
+	}
+	for _, d := range diffs {
+		if d.was != d.isNow {
+			return fmt.Errorf("it holds a run with %s %v, this config has %v: resuming would mix the two; use another output.dir", d.field, d.was, d.isNow)
+		}
+	}
+	return nil
 }
 
 // Close releases what Open acquired without running (the output and the
