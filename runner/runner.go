@@ -717,6 +717,9 @@ func (r *Runner) openSandbox(ctx context.Context, task envs.Task, ro *Rollout) (
 		}
 		return nil, FailSandbox, err
 	}
+	if im, ok := sb.(sandbox.ImageIdentifier); ok {
+		ro.ImageID = im.ImageID()
+	}
 	return sb, "", nil
 }
 

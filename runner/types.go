@@ -68,6 +68,7 @@ type Rollout struct {
 	Tools     []openai.Tool
 	Timings   Timings
 	Image     string
+	ImageID   string // content-addressed id of Image, when the backend knows it
 	Limits    sandbox.Limits
 	Network   string
 	Created   time.Time

@@ -101,7 +101,7 @@ type Docker struct {
 	reaper sync.WaitGroup
 }
 
-type imageInfo struct{ user string }
+type imageInfo struct{ user, id string }
 
 var _ Backend = (*Docker)(nil)
 
@@ -426,6 +426,7 @@ func (d *Docker) image(ctx context.Context, ref string) (imageInfo, error) {
 	if res.Config != nil {
 		info.user = res.Config.User
 	}
+	info.id = res.ID
 	d.mu.Lock()
 	d.images[ref] = info
 	d.mu.Unlock()
@@ -565,7 +566,7 @@ func (d *Docker) create(ctx context.Context, spec Spec, extraLabels map[string]s
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("create sandbox: %w", err)
 	}
-	s := &dockerSandbox{d: d, id: id, name: name, spec: spec, hj: hj, created: time.Now(), log: log, stderr: &tailBuffer{max: 8 << 10}}
+	s := &dockerSandbox{d: d, id: id, name: name, spec: spec, imageID: img.id, hj: hj, created: time.Now(), log: log, stderr: &tailBuffer{max: 8 << 10}}
 	s.touch()
 	pr, pw := io.Pipe()
 	s.demux = make(chan struct{})
@@ -765,6 +766,7 @@ type dockerSandbox struct {
 	id      string
 	name    string
 	spec    Spec
+	imageID string // the image's content-addressed id (sha256:…)
 	hj      client.HijackedResponse
 	conn    *conn
 	demux   chan struct{}
@@ -806,6 +808,12 @@ func (s *dockerSandbox) handshake(ctx context.Context) (agent.Hello, error) {
 
 // ID is the container id.
 func (s *dockerSandbox) ID() string { return s.id }
+
+// ImageID is the content-addressed id of the image the sandbox runs
+// (ImageIdentifier), for reproducibility manifests.
+func (s *dockerSandbox) ImageID() string { return s.imageID }
+
+var _ ImageIdentifier = (*dockerSandbox)(nil)
 
 // Labels returns the caller labels of the spec (for pooled sandboxes they
 // exist only here, not on the container).

@@ -117,6 +117,12 @@ type ProcessInfo struct {
 	OutputTotal int64
 }
 
+// ImageIdentifier is implemented by sandboxes that know the
+// content-addressed id of their image (the Docker backend's do).
+type ImageIdentifier interface {
+	ImageID() string
+}
+
 // Sandbox is one isolated environment. Implementations are safe for
 // concurrent use; Close is idempotent and removes every trace of the
 // sandbox even when ctx is already cancelled.

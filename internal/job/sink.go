@@ -80,7 +80,7 @@ func Record(run *runner.RunInfo, g *runner.Group, ro *runner.Rollout) (trajector
 			TotalMS: ro.Timings.Total.Milliseconds(),
 		},
 		Manifest: trajectory.Manifest{
-			ImageDigest: ro.Image, CPUs: ro.Limits.CPUs, MemoryBytes: ro.Limits.MemoryBytes, PidsLimit: ro.Limits.PIDs,
+			ImageDigest: imageDigest(ro), CPUs: ro.Limits.CPUs, MemoryBytes: ro.Limits.MemoryBytes, PidsLimit: ro.Limits.PIDs,
 			Network: ro.Network, RolloutTimeoutMS: run.RolloutTimeout.Milliseconds(), ToolTimeoutMS: run.ToolTimeout.Milliseconds(),
 			Parser: run.Parser, ServiceVersion: run.ServiceVersion, ConfigHash: run.ConfigHash,
 		},
@@ -111,4 +111,13 @@ func Record(run *runner.RunInfo, g *runner.Group, ro *runner.Rollout) (trajector
 	}
 	rec.DeriveTrainingFields()
 	return rec, nil
+}
+
+// imageDigest is the image's content-addressed id when the backend told
+// it (a tag can be rebuilt; the id cannot), else the reference used.
+func imageDigest(ro *runner.Rollout) string {
+	if ro.ImageID != "" {
+		return ro.ImageID
+	}
+	return ro.Image
 }
