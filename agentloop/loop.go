@@ -107,6 +107,7 @@ type Deps struct {
 // ToolError is one failed or invalid call, as Hermes records it.
 type ToolError struct {
 	Turn       int    `json:"turn"` // 1-based
+	CallID     string `json:"call_id"`
 	Tool       string `json:"tool_name"`
 	Arguments  string `json:"arguments"` // raw, cut to 200 chars
 	Error      string `json:"error"`
@@ -709,11 +710,11 @@ func (r *runner) record(slots []*slot, turn int) {
 			metrics().calls.WithLabelValues("-", "invalid").Inc()
 			r.res.Counters.InvalidCalls++
 			r.invalid++
-			r.addToolError(ToolError{Turn: turn + 1, Tool: s.invalid.Tool, Arguments: s.rawArgs, Error: s.invalid.Detail, ToolResult: s.content, Kind: s.invalid.Kind})
+			r.addToolError(ToolError{Turn: turn + 1, CallID: s.id, Tool: s.invalid.Tool, Arguments: s.rawArgs, Error: s.invalid.Detail, ToolResult: s.content, Kind: s.invalid.Kind})
 		default:
 			r.invalid = 0
 			if s.toolErr != nil {
-				r.addToolError(ToolError{Turn: turn + 1, Tool: s.name, Arguments: s.rawArgs, Error: s.toolErr.Error(), ToolResult: s.content, Kind: "execution"})
+				r.addToolError(ToolError{Turn: turn + 1, CallID: s.id, Tool: s.name, Arguments: s.rawArgs, Error: s.toolErr.Error(), ToolResult: s.content, Kind: "execution"})
 			}
 		}
 	}

@@ -518,7 +518,7 @@ func TestTokensModeParsing(t *testing.T) {
 		res.Messages[4].ToolCallID != a.ToolCalls[1].ID {
 		t.Fatalf("order: %+v", res.Messages[2:5])
 	}
-	if len(res.ToolErrors) != 1 || res.ToolErrors[0].Kind != tools.InvalidParse {
+	if len(res.ToolErrors) != 1 || res.ToolErrors[0].Kind != tools.InvalidParse || res.ToolErrors[0].CallID != res.Messages[3].ToolCallID {
 		t.Fatalf("tool errors %+v", res.ToolErrors)
 	}
 	// Tools offered, text returned, no parser configured: a clear error.

@@ -107,7 +107,7 @@ func Record(run *runner.RunInfo, g *runner.Group, ro *runner.Rollout) (trajector
 		rec.Reward, rec.Advantage = 0, nil
 	}
 	for _, te := range res.ToolErrors {
-		rec.ToolErrors = append(rec.ToolErrors, trajectory.ToolError{Turn: int32(te.Turn), Tool: te.Tool, Kind: te.Kind, Message: te.Error})
+		rec.ToolErrors = append(rec.ToolErrors, trajectory.ToolError{Turn: int32(te.Turn), CallID: te.CallID, Tool: te.Tool, Kind: te.Kind, Message: te.Error})
 	}
 	rec.DeriveTrainingFields()
 	return rec, nil
