@@ -581,8 +581,14 @@ func (r *Runner) attempt(ctx context.Context, log *slog.Logger, it datasets.Item
 		lcfg.ReasoningOptions.ThinkingDisabled = true
 	}
 	deps := agentloop.Deps{Policy: r.deps.Policy, Logger: log}
-	if sb != nil {
+	switch {
+	case sb != nil:
 		deps.Env = tools.NewEnv(sb, ro.ID)
+		deps.Env.Logger = log
+	case len(task.CallOnly) > 0:
+		// Call-only tools are recorded, never executed: they need a tool
+		// environment but no sandbox.
+		deps.Env = tools.NewEnv(nil, ro.ID)
 		deps.Env.Logger = log
 	}
 	res, err := agentloop.Run(ctx, lcfg, deps)

@@ -62,6 +62,16 @@ type Spec struct {
 	Image     string // overrides the env's sandbox image when set
 }
 
+// plan is how a spec runs: eval-only envs (terminal-bench) run as an
+// evaluation over their eval split, the others as training collection
+// over train.
+func (s Spec) plan(env envs.Env) (mode, split string) {
+	if env.Defaults().EvalOnly {
+		return job.ModeEval, "eval"
+	}
+	return job.ModeRun, "train"
+}
+
 // Options configure a demo run.
 type Options struct {
 	Out         string // parent directory; each env writes Out/<env>
@@ -115,7 +125,8 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		items, err := env.Items(ctx, "train")
+		_, split := s.plan(env)
+		items, err := env.Items(ctx, split)
 		if err != nil {
 			return nil, err
 		}
@@ -136,8 +147,13 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 	defer srv.Close()
 	var out []Result
 	for _, s := range o.Specs {
+		env, err := envs.New(s.Env, nil)
+		if err != nil {
+			return out, err
+		}
+		mode, split := s.plan(env)
 		cfg := runner.Config{
-			Env: s.Env, Split: "train", Groups: s.Groups, GroupSize: s.GroupSize, Seed: uint64(o.Seed),
+			Env: s.Env, Split: split, Groups: s.Groups, GroupSize: s.GroupSize, Seed: uint64(o.Seed),
 			Inference: inference.Config{Backend: o.Backend, Endpoints: []string{srv.URL}, ChatTokenIDs: true,
 				Timeout: 2 * time.Minute},
 			Sampling:       inference.Sampling{MaxTokens: 1024},
@@ -147,13 +163,13 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 			Output:         runner.Output{Dir: filepath.Join(o.Out, s.Env), MaxRowsPerFile: o.RowsPerFile},
 		}
 		cfg.Sandbox.Image = s.Image
-		env := s.Env
+		name := s.Env
 		prog := func(e runner.Event) {
 			if o.Progress != nil {
-				o.Progress(env, e)
+				o.Progress(name, e)
 			}
 		}
-		j, err := job.Open(ctx, cfg, job.Options{Logger: o.Logger, Progress: prog, SandboxInstance: o.SandboxInstance})
+		j, err := job.Open(ctx, cfg, job.Options{Mode: mode, Logger: o.Logger, Progress: prog, SandboxInstance: o.SandboxInstance})
 		if err != nil {
 			return out, err
 		}

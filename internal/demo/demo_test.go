@@ -119,7 +119,7 @@ func checkRecords(t *testing.T, recs []trajectory.Record, groups, size int) {
 			if r.Reward < 0 || r.Reward > 1 || r.Advantage == nil {
 				t.Errorf("group %s rollout %d: reward %v advantage %v", r.GroupID, r.RolloutIndex, r.Reward, r.Advantage)
 			}
-			if !strings.HasPrefix(r.Manifest.ImageDigest, "sha256:") {
+			if r.Env != "toolcall-match" /* the one env without sandboxes */ && !strings.HasPrefix(r.Manifest.ImageDigest, "sha256:") {
 				t.Errorf("group %s rollout %d: image digest %q is not a content id", r.GroupID, r.RolloutIndex, r.Manifest.ImageDigest)
 			}
 		} else if r.Failure == nil || r.Failure.Kind == "" {
@@ -325,4 +325,39 @@ func testInstance() string {
 
 func isOurs(labels map[string]string) bool {
 	return strings.HasPrefix(labels[sandbox.LabelInstance], testInstancePrefix)
+}
+
+// The other built-in envs end to end, each with its real verifier:
+// math-python (python tool, numeric answer), toolcall-match (single turn, no
+// sandbox) and terminal-bench (task images built FROM the bookworm base,
+// hidden tests uploaded after the loop, reward.txt; eval-only, so it runs
+// as an evaluation with a report). The simulated policy always follows the
+// reference solution, so every rollout must score 1.
+func TestOtherEnvsEndToEnd(t *testing.T) {
+	needImages(t, true)
+	out := t.TempDir()
+	specs := []Spec{
+		{Env: "math-python", Groups: 2, GroupSize: 2},
+		{Env: "toolcall-match", Groups: 2, GroupSize: 2},
+		{Env: "terminal-bench", Groups: 2, GroupSize: 2},
+	}
+	res, err := Run(context.Background(), Options{SandboxInstance: testInstance(), Out: out, Specs: specs, Seed: 4,
+		SuccessProb: 1, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		recs := readRun(t, r.Dir)
+		checkRecords(t, recs, specs[i].Groups, specs[i].GroupSize)
+		for _, rec := range recs {
+			if rec.Status != trajectory.StatusOK || rec.Reward != 1 {
+				t.Errorf("%s group %s rollout %d: status %s reward %v failure %+v components %v", r.Env, rec.GroupID, rec.RolloutIndex,
+					rec.Status, rec.Reward, rec.Failure, rec.RewardComponents)
+			}
+		}
+	}
+	if _, err := os.Stat(filepath.Join(res[2].Dir, "eval", "metrics.json")); err != nil {
+		t.Errorf("terminal-bench ran as an evaluation but wrote no report: %v", err)
+	}
+	assertNoContainers(t)
 }
