@@ -39,6 +39,12 @@ func (e *toolEpisode) Generate(context.Context, []openai.ChatCompletionMessage) 
 		return call(`{"command":"mkdir -p /tmp/w && cd /tmp/w && export SECRET=42"}`), nil
 	case 2:
 		return call(`{"command":"sleep 1000","background":true}`), nil
+	case 3:
+		// A writer detached into its own session (out of reach of the
+		// command's process group), launched through a script so that the
+		// terminal tool's detach check does not see it, that would rewrite
+		// what the reward reads.
+		return call(`{"command":"echo 'setsid sh -c \"while true; do echo forged > /tmp/w/report; sleep 0.05; done\" </dev/null >/dev/null 2>&1 &' > /tmp/w/d.sh && sh /tmp/w/d.sh"}`), nil
 	}
 	return inference.Turn{Parsed: true, Content: "done", FinishReason: "stop"}, nil
 }
@@ -81,6 +87,11 @@ func (e *tcEnv) Reward(ctx context.Context, _ datasets.Item, out envs.Outcome, _
 		}
 	}
 	e.saw <- strings.TrimSpace(r.Output)
+	tamper, err := out.Tools.Terminal(ctx, `rm -f /tmp/w/report; sleep 0.5; cat /tmp/w/report 2>/dev/null || echo clean`, 0)
+	if err != nil {
+		return rewards.Score{}, err
+	}
+	e.saw <- strings.TrimSpace(tamper.Output)
 	if running != 0 {
 		return rewards.Score{}, errors.New("the agent's background process still runs during the reward")
 	}
@@ -88,8 +99,8 @@ func (e *tcEnv) Reward(ctx context.Context, _ datasets.Item, out envs.Outcome, _
 }
 
 // The reward gets the rollout's ToolContext: the same shell session as the
-// agent (cwd and exported variables), with its background processes
-// stopped first.
+// agent (cwd and exported variables), with every process the agent left
+// (tracked background jobs and detached ones) stopped first.
 func TestRewardGetsTheAgentsToolContext(t *testing.T) {
 	ctx := context.Background()
 	ref, err := image.EnsureBusybox(ctx)
@@ -121,5 +132,8 @@ func TestRewardGetsTheAgentsToolContext(t *testing.T) {
 	}
 	if got := <-env.saw; got != "/tmp/w 42" {
 		t.Errorf("the reward's terminal saw %q, want the agent's cwd and variable %q", got, "/tmp/w 42")
+	}
+	if got := <-env.saw; got != "clean" {
+		t.Errorf("a process the agent detached still ran during the reward: report %q", got)
 	}
 }

@@ -1027,6 +1027,15 @@ func (s *dockerSandbox) Kill(ctx context.Context, id string) error {
 	return err
 }
 
+// KillAll stops every process in the container but its init and agent
+// (Quiescer).
+func (s *dockerSandbox) KillAll(ctx context.Context) (int, error) {
+	resp, err := s.procCall(ctx, "kill all processes", agent.Request{Op: agent.OpKillAll})
+	return resp.Killed, err
+}
+
+var _ Quiescer = (*dockerSandbox)(nil)
+
 func (s *dockerSandbox) WriteStdin(ctx context.Context, id string, data []byte) error {
 	_, err := s.procCall(ctx, "write stdin", agent.Request{Op: agent.OpStdin, Proc: id, Data: data})
 	return err

@@ -468,3 +468,24 @@ func TestSpecFilesAndUser(t *testing.T) {
 		t.Fatalf("explicit root user: %q %v", r.Stdout, err)
 	}
 }
+
+// KillAll stops every process the sandbox user left, detached ones
+// included, and the sandbox stays usable.
+func TestKillAll(t *testing.T) {
+	s := newSandbox(t, Spec{})
+	ctx := context.Background()
+	if _, err := s.Start(ctx, ExecRequest{Command: "sleep 1000"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Exec(ctx, ExecRequest{Command: "setsid sleep 2000 </dev/null >/dev/null 2>&1 &"}); err != nil {
+		t.Fatal(err)
+	}
+	n, err := s.(Quiescer).KillAll(ctx)
+	if err != nil || n < 2 {
+		t.Fatalf("killed %d: %v", n, err)
+	}
+	r, err := s.Exec(ctx, ExecRequest{Command: "ps -o comm | grep -c sleep"})
+	if err != nil || strings.TrimSpace(string(r.Stdout)) != "0" {
+		t.Fatalf("after KillAll: %q %v", r.Stdout, err)
+	}
+}

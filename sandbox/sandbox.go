@@ -123,6 +123,14 @@ type ImageIdentifier interface {
 	ImageID() string
 }
 
+// Quiescer is implemented by sandboxes that can stop every process the
+// sandbox user started — background jobs, daemons, setsid'd children —
+// leaving only the sandbox's own machinery. Rewards run after it, so
+// nothing the agent left behind can change what they read.
+type Quiescer interface {
+	KillAll(ctx context.Context) (killed int, err error)
+}
+
 // Sandbox is one isolated environment. Implementations are safe for
 // concurrent use; Close is idempotent and removes every trace of the
 // sandbox even when ctx is already cancelled.

@@ -386,8 +386,17 @@ func (tc *ToolContext) CallTool(ctx context.Context, name, argsJSON string) (str
 	return out.Content, nil
 }
 
-// KillProcesses stops the rollout's background processes (best effort).
+// KillProcesses stops the rollout's background processes. When the
+// sandbox can (sandbox.Quiescer, as Docker sandboxes do), it stops every
+// process the agent left, not only those the process tool tracks:
+// `nohup … &`, daemons and setsid'd children too.
 func (tc *ToolContext) KillProcesses(ctx context.Context) error {
+	if q, ok := tc.env.Sandbox.(sandbox.Quiescer); ok {
+		if _, err := q.KillAll(ctx); err != nil {
+			return fmt.Errorf("toolcontext kill processes: %w", err)
+		}
+		return nil
+	}
 	ps, err := tc.env.Sandbox.Processes(ctx)
 	if err != nil {
 		return fmt.Errorf("toolcontext list processes: %w", err)

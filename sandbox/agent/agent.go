@@ -265,6 +265,8 @@ func (s *server) handle(ctx context.Context, id uint32, req *Request, data <-cha
 		err = s.writeStdin(req.Proc, req.Data, req.Close)
 	case OpList:
 		resp.Procs = s.list()
+	case OpKillAll:
+		resp.Killed, err = killAll()
 	case OpWrite:
 		resp.Size, err = s.writeFile(ctx, req.Path, req.Mode, data)
 	case OpRead:

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -596,6 +597,52 @@ func (s *server) wait(ctx context.Context, id string, timeout time.Duration) (*P
 		return nil, fmt.Errorf("wait cancelled: %w", ctx.Err())
 	}
 	return p.info(), nil
+}
+
+// killAll SIGKILLs every process in the container except init (pid 1)
+// and the agent itself, whoever runs it — daemonised, setsid'd or
+// reparented children included — so that nothing the agent's user left
+// behind can act while a reward reads the sandbox. New processes forked
+// during a sweep are caught by the next one.
+func killAll() (int, error) {
+	self := os.Getpid()
+	killed := 0
+	for round := 0; round < 20; round++ {
+		ents, err := os.ReadDir("/proc")
+		if err != nil {
+			return killed, fmt.Errorf("list /proc: %w", err)
+		}
+		found := 0
+		for _, e := range ents {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil || pid == 1 || pid == self {
+				continue
+			}
+			if zombie(pid) {
+				continue // already dead, waiting for its parent
+			}
+			if syscall.Kill(pid, syscall.SIGKILL) == nil {
+				found++
+			}
+		}
+		killed += found
+		if found == 0 {
+			return killed, nil
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return killed, errors.New("processes kept appearing after 20 kill sweeps")
+}
+
+// zombie reports whether pid has exited but is not reaped yet.
+func zombie(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return true // gone
+	}
+	// The state follows the command name's closing parenthesis.
+	i := bytes.LastIndexByte(b, ')')
+	return i < 0 || i+2 >= len(b) || b[i+2] == 'Z'
 }
 
 func (s *server) killProc(id string) error {

@@ -38,6 +38,7 @@ const (
 	OpKill     = "kill"
 	OpStdin    = "stdin"
 	OpList     = "list"
+	OpKillAll  = "killall" // SIGKILL every process but init and the agent (before a reward)
 	OpWrite    = "write"    // request, then Data frames + End: the file's bytes
 	OpRead     = "read"     // response Data frames + End, then Response
 	OpUpload   = "upload"   // request, then Data frames + End: a tar stream
@@ -122,6 +123,8 @@ type Response struct {
 	Proc  *ProcInfo   `json:"proc,omitempty"`
 	Procs []ProcInfo  `json:"procs,omitempty"`
 	Size  int64       `json:"size,omitempty"`
+	// Killed is the number of processes OpKillAll signalled.
+	Killed int `json:"killed,omitempty"`
 }
 
 // ErrFrameTooLarge is returned when a peer announces a payload above MaxFrame.
