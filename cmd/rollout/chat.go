@@ -60,7 +60,7 @@ results, stop reason). --out writes the episode as one JSON trajectory object
 	fl.StringVar(&f.system, "system", "You are an agent working in a Linux sandbox. Use the tools to complete the task, then answer without calling a tool.", "system prompt (empty for none)")
 	fl.StringSliceVar(&f.toolsets, "toolsets", []string{tools.ToolsetTerminal, tools.ToolsetFile, tools.ToolsetTodo}, "toolsets or tool names to offer")
 	fl.DurationVar(&f.timeout, "timeout", 30*time.Minute, "wall-clock limit of the episode")
-	fl.BoolVar(&f.tokenIDs, "token-ids", false, "chat backend: ask the server for token ids and logprobs (vLLM ≥ 0.10.2, the simulator)")
+	fl.BoolVar(&f.tokenIDs, "token-ids", false, "chat backend: ask the server for token ids and logprobs (vLLM ≥ 0.10.2, the simulator); on by default with --out, --token-ids=false for servers without them")
 	fl.Float64Var(&f.temperature, "temperature", 1.0, "sampling temperature")
 	fl.IntVar(&f.maxTokens, "max-tokens", 0, "max tokens per generation (0: server default)")
 	return cmd
@@ -91,8 +91,14 @@ func runChat(cmd *cobra.Command, f chatFlags, task string) error {
 	ctx := cmd.Context()
 	log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: slog.LevelWarn}))
 
+	// --out promises tokens, loss_mask and logprobs: in chat mode only the
+	// server's token ids can give them, so ask unless told not to.
+	tokenIDs := f.tokenIDs
+	if f.out != "" && !cmd.Flags().Changed("token-ids") {
+		tokenIDs = true
+	}
 	policy, err := inference.New(inference.Config{Backend: f.backend, Endpoints: []string{f.endpoint}, Model: f.model,
-		ChatTokenIDs: f.tokenIDs, Logger: log})
+		ChatTokenIDs: tokenIDs, Logger: log})
 	if err != nil {
 		return usageError(cmd, err)
 	}

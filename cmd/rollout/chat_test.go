@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"errors"
 	"os"
 	"path/filepath"
@@ -69,9 +70,18 @@ func TestChatEpisode(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Close()
+	// Token-exact (vllm) and the default chat backend, whose --out must
+	// still carry tokens, masks and logprobs (it asks for token ids).
+	for _, backend := range [][]string{{"--backend", "vllm", "--parser", "hermes", "--reasoning-parser", "qwen3"}, {}} {
+		t.Run(fmt.Sprint("backend", backend), func(t *testing.T) { chatEpisode(t, srv.URL, backend) })
+	}
+}
+
+func chatEpisode(t *testing.T, url string, backend []string) {
 	out := filepath.Join(t.TempDir(), "traj.json")
-	text, code := runChatCmd(t, "--endpoint", srv.URL, "--backend", "vllm", "--parser", "hermes", "--reasoning-parser", "qwen3",
-		"--image", "rollout-sandbox:bookworm", "--out", out, "write a hello file")
+	args := append([]string{"--endpoint", url}, backend...)
+	args = append(args, "--image", "rollout-sandbox:bookworm", "--out", out, "write a hello file")
+	text, code := runChatCmd(t, args...)
 	if code != 0 {
 		t.Fatalf("exit %d\n%s", code, text)
 	}
