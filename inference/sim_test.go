@@ -127,6 +127,37 @@ func runEpisode(t *testing.T, pol inference.Policy, spec inference.EpisodeSpec, 
 	return out, seq, msgs
 }
 
+// goldenDrift is the drift the seeded 3-turn episode of
+// TestTokensModeExactPerTemplate has, per template behaviour (see
+// docs/inference.md, "What drift means"): 0 for append-only renders; the
+// earlier think blocks the ChatML-style templates strip; the Qwen3
+// template strips them only before the last user message; Mistral moves
+// [AVAILABLE_TOOLS] before the last user message. Every backend must give
+// the same number: a different one means the splice changed.
+func goldenDrift(family string, thinking, userMid bool) int {
+	switch family {
+	case "qwen3_coder", "qwen3_xml": // qwen3 template
+		if thinking && userMid {
+			return 51
+		}
+		return 0
+	case "mistral":
+		switch {
+		case thinking && userMid:
+			return 306
+		case thinking:
+			return 129
+		case userMid:
+			return 177
+		}
+		return 0
+	}
+	if thinking {
+		return 129
+	}
+	return 0
+}
+
 func TestTokensModeExactPerTemplate(t *testing.T) {
 	backends := []string{inference.BackendVLLM, inference.BackendVLLMGenerate, inference.BackendSGLang, inference.BackendAtropos}
 	for _, fam := range sim.Families() {
@@ -144,7 +175,9 @@ func TestTokensModeExactPerTemplate(t *testing.T) {
 						if seq.DriftTokens < 0 {
 							t.Fatalf("drift check did not run")
 						}
-						t.Logf("%d tokens, %d turns, drift %d", len(seq.Tokens), len(turns), seq.DriftTokens)
+						if want := goldenDrift(fam, thinking, userMid); seq.DriftTokens != want {
+							t.Fatalf("drift %d, want %d: the splice or a template changed (%d tokens, %d turns)", seq.DriftTokens, want, len(seq.Tokens), len(turns))
+						}
 					})
 				}
 			}
