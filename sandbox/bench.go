@@ -66,18 +66,23 @@ func MeasureExec(ctx context.Context, s Sandbox, n int, argv ...string) ([]time.
 	return out, nil
 }
 
-// MeasureDockerExecCLI times n runs of `docker exec <container> true`, the
-// per-command path of CLI-based harnesses (the baseline).
-func MeasureDockerExecCLI(ctx context.Context, containerID string, n int) ([]time.Duration, error) {
+// MeasureDockerExecCLI times n runs of `docker exec <container> ARGV...`
+// (default `true`) with the output read in full, the per-command path of
+// CLI-based harnesses (the baseline for MeasureExec).
+func MeasureDockerExecCLI(ctx context.Context, containerID string, n int, argv ...string) ([]time.Duration, error) {
 	docker, err := exec.LookPath("docker")
 	if err != nil {
 		return nil, fmt.Errorf("docker CLI: %w", err)
 	}
+	if len(argv) == 0 {
+		argv = []string{"true"}
+	}
+	args := append([]string{"exec", containerID}, argv...)
 	out := make([]time.Duration, 0, n)
 	for range n {
 		start := time.Now()
-		if b, err := exec.CommandContext(ctx, docker, "exec", containerID, "true").CombinedOutput(); err != nil {
-			return out, fmt.Errorf("docker exec: %v: %s", err, b)
+		if b, err := exec.CommandContext(ctx, docker, args...).CombinedOutput(); err != nil {
+			return out, fmt.Errorf("docker exec: %v: %.200s", err, b)
 		}
 		out = append(out, time.Since(start))
 	}

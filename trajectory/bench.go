@@ -138,6 +138,11 @@ func CompareSize(ctx context.Context, dir string, recs []Record) (SizeComparison
 	return c, nil
 }
 
+// WriteAtroposPythonJSON writes recs as the JSON lines Atropos itself
+// sends and saves (one ScoredDataGroup per group, Python's json.dumps
+// layout): the size baseline of `rollout bench output`.
+func WriteAtroposPythonJSON(out io.Writer, recs []Record) error { return writeAtroposPython(out, recs) }
+
 // writeAtroposPython writes recs as Atropos itself saves groups
 // (data_path_to_save_groups: json.dumps per group): Python separators, every
 // ScoredDataGroup key, and logprobs as the float64 repr of the float32 values

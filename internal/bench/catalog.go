@@ -1,0 +1,141 @@
+package bench
+
+import (
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+)
+
+// entry is a measure every run of its suite reports, measured or not: the
+// names issue 10 fixes (so results stay comparable across versions) and
+// every target the capability issues name.
+type entry struct {
+	suite, name, unit, target, source, desc string
+}
+
+// catalog lists them in report order.
+var catalog = []entry{
+	{"parsers", "parsers.hermes_mb_s", "MB/s", ">= 530", "issue 3 (10× Python 53 MB/s)", "hermes: realistic turn (2 KB prose + 3 calls), single core"},
+	{"parsers", "parsers.mistral_mb_s", "MB/s", ">= 730", "issue 3 (10× Python 73 MB/s)", "mistral: realistic turn, single core"},
+	{"parsers", "parsers.kimi_k2_mb_s", "MB/s", ">= 950", "issue 3 (10× Python 95 MB/s)", "kimi_k2: realistic turn, single core"},
+	{"parsers", "parsers.glm45_mb_s", "MB/s", ">= 160", "issue 3 (10× Python 16 MB/s)", "glm45: realistic turn, single core"},
+	{"parsers", "parsers.qwen3_coder_mb_s", "MB/s", ">= 130", "issue 3 (10× Python 13 MB/s)", "qwen3_coder: realistic turn, single core"},
+
+	{"sandbox", "sandbox.exec_p50_ms", "ms", "<= 5", "issue 4", "exec round trip of `true` through the agent channel, p50"},
+	{"sandbox", "sandbox.exec_p90_ms", "ms", "", "", "exec round trip of `true` through the agent channel, p90"},
+	{"sandbox", "sandbox.exec_p99_ms", "ms", "", "", "exec round trip of `true` through the agent channel, p99"},
+	{"sandbox", "sandbox.exec_vs_docker_cli_ratio", "×", "<= 0.05", "issue 4 (≥ 20× faster)", "channel p50 / `docker exec CID true` p50"},
+	{"sandbox", "sandbox.exec_1mb_p50_ms", "ms", "", "", "exec of a command printing 1 MiB through the channel, p50"},
+	{"sandbox", "sandbox.exec_1mb_p99_ms", "ms", "", "", "exec of a command printing 1 MiB through the channel, p99"},
+	{"sandbox", "sandbox.exec_1mb_vs_docker_cli_ratio", "×", "", "", "channel p50 / `docker exec` p50, 1 MiB of output"},
+	{"sandbox", "sandbox.cold_start_p50_ms", "ms", "", "", "cold sandbox create + start + agent handshake, p50"},
+	{"sandbox", "sandbox.cold_start_p99_ms", "ms", "", "", "cold sandbox create + start + agent handshake, p99"},
+	{"sandbox", "sandbox.cold_start_vs_docker_run_ratio", "×", "", "issue 4 (reported)", "cold start p50 / `docker run -d` p50"},
+	{"sandbox", "sandbox.pool_acquire_p50_ms", "ms", "<= 10", "issue 4", "acquire from a warm pool, p50"},
+	{"sandbox", "sandbox.pool_acquire_p99_ms", "ms", "", "", "acquire from a warm pool, p99"},
+	{"sandbox", "sandbox.max_concurrent", "sandboxes", ">= 200", "issue 4", "busybox sandboxes alive and answering an exec at the same time"},
+
+	{"inference", "inference.overhead_p50_us", "µs", "<= 100", "issue 5", "client-side cost of one tokens-mode generation (client p50 − bare net/http p50), zero-latency simulator"},
+	{"inference", "inference.client_p50_us", "µs", "", "", "full tokens-mode generation call against the zero-latency simulator, p50"},
+	{"inference", "inference.client_p99_us", "µs", "", "", "full tokens-mode generation call against the zero-latency simulator, p99"},
+	{"inference", "inference.burst_4096_errors", "requests", "== 0", "issue 5", "failed requests in two bursts of 4,096 concurrent generations"},
+	{"inference", "inference.burst_4096_closed_conns", "connections", "== 0", "issue 5 (no connection churn)", "connections closed during the two bursts"},
+	{"inference", "inference.burst_4096_new_conns", "connections", "", "", "connections dialled during the second burst (pool growth past the first burst's peak)"},
+	{"inference", "inference.burst_4096_requests_per_s", "req/s", "", "", "generations per second in the second burst of 4,096"},
+
+	{"loop", "loop.overhead_p50_us", "µs", "<= 200", "issue 6", "orchestration per turn (parse, dispatch of a no-op tool, budgets, bookkeeping), zero-latency simulator, p50"},
+	{"loop", "loop.overhead_p99_us", "µs", "", "", "orchestration per turn, p99"},
+	{"loop", "loop.cpu_1k_loops_cores", "cores", "", "", "process CPU / wall with 1,024 concurrent loops at 1 s generation latency"},
+	{"loop", "loop.rss_1k_loops_mb", "MiB", "", "", "peak process RSS with 1,024 concurrent loops"},
+	{"loop", "loop.cpu_4k_loops_cores", "cores", "< 0.25", "issue 6", "process CPU / wall with 4,096 concurrent loops at 1 s generation latency"},
+	{"loop", "loop.rss_4k_loops_mb", "MiB", "< 2048", "issue 6", "peak process RSS with 4,096 concurrent loops"},
+
+	{"runner", "runner.rollouts_per_s", "rollouts/s", "", "issue 7 (reported)", "terminal-tasks on busybox, simulator at zero latency, end to end"},
+	{"runner", "runner.cpu_s_per_rollout", "CPU-s", "", "issue 7 (reported)", "this process's CPU per rollout at zero latency (includes the in-process simulator; Docker excluded)"},
+	{"runner", "runner.docker_cpu_s_per_rollout", "CPU-s", "", "", "dockerd + containerd CPU per rollout at zero latency"},
+	{"runner", "runner.realistic_rollouts_per_s", "rollouts/s", "", "", "the same with TTFT 200 ms + 30 ms/token"},
+	{"runner", "runner.realistic_cpu_s_per_rollout", "CPU-s", "", "", "this process's CPU per rollout with TTFT 200 ms + 30 ms/token"},
+
+	{"output", "output.parquet_write_mb_s", "MB/s", "", "issue 8 (reported)", "Parquet write of 8k-token trajectories, MB/s of raw token-column data (13 B/position)"},
+	{"output", "output.parquet_write_rows_per_s", "rows/s", "", "issue 8 (reported)", "Parquet write of 8k-token trajectories, rows/s"},
+	{"output", "output.size_vs_atropos_jsonl_gz", "×", "<= 0.5", "issue 8", "Parquet bytes / the same records as Atropos JSONL gzip"},
+	{"output", "output.parquet_mb_per_1k", "MB", "", "", "Parquet size per 1,000 trajectories of 8k tokens"},
+	{"output", "service.groups_per_s", "groups/s", ">= 200", "issue 9", "groups of 8 × 8k tokens streamed over gRPC CollectGroups to a local client"},
+	{"output", "service.size_vs_atropos_json", "×", "<= 0.3", "issue 9", "serialized Group message / the same group as Atropos JSON"},
+}
+
+var catalogByName = func() map[string]entry {
+	m := map[string]entry{}
+	for _, c := range catalog {
+		if _, dup := m[c.name]; dup {
+			panic("bench: duplicate catalogue entry " + c.name)
+		}
+		m[c.name] = c
+	}
+	return m
+}()
+
+// Meets evaluates value against a target "OP NUMBER" with OP one of <=,
+// <, >=, >, ==.
+func Meets(value float64, target string) (bool, error) {
+	t := strings.TrimSpace(target)
+	var op string
+	for _, o := range []string{"<=", ">=", "==", "<", ">"} {
+		if strings.HasPrefix(t, o) {
+			op = o
+			break
+		}
+	}
+	if op == "" {
+		return false, fmt.Errorf("target %q: want <=, <, >=, > or == and a number", target)
+	}
+	x, err := strconv.ParseFloat(strings.TrimSpace(t[len(op):]), 64)
+	if err != nil {
+		return false, fmt.Errorf("target %q: %w", target, err)
+	}
+	switch op {
+	case "<=":
+		return value <= x, nil
+	case "<":
+		return value < x, nil
+	case ">=":
+		return value >= x, nil
+	case ">":
+		return value > x, nil
+	}
+	return value == x, nil
+}
+
+// round keeps d decimal places.
+func round(x float64, d int) float64 {
+	p := math.Pow(10, float64(d))
+	return math.Round(x*p) / p
+}
+
+// sig rounds to 4 significant digits: what a noisy measurement supports.
+func sig(x float64) float64 {
+	if x == 0 || math.IsNaN(x) || math.IsInf(x, 0) {
+		return x
+	}
+	d := 3 - int(math.Floor(math.Log10(math.Abs(x))))
+	if d < 0 {
+		p := math.Pow(10, float64(-d))
+		return math.Round(x/p) * p
+	}
+	return round(x, d)
+}
+
+// FormatNumber prints a measured number compactly (3 significant digits,
+// integers as integers).
+func FormatNumber(x float64) string {
+	switch {
+	case math.IsNaN(x) || math.IsInf(x, 0):
+		return fmt.Sprint(x)
+	case x == math.Trunc(x) && math.Abs(x) < 1e15:
+		return strconv.FormatFloat(x, 'f', 0, 64)
+	case math.Abs(x) >= 100:
+		return strconv.FormatFloat(x, 'f', 0, 64)
+	}
+	return strconv.FormatFloat(x, 'g', 3, 64)
+}

@@ -1,0 +1,90 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"runtime/debug"
+	"time"
+
+	"github.com/rollout-rl/rollout/agentloop/loopbench"
+	"github.com/rollout-rl/rollout/inference"
+	"github.com/rollout-rl/rollout/inference/sim"
+)
+
+func runInference(ctx context.Context, r *runCtx) ([]Measure, error) {
+	srv, err := sim.Start(ctx, sim.Config{Family: "hermes"})
+	if err != nil {
+		return nil, fmt.Errorf("start simulator: %w", err)
+	}
+	defer srv.Close()
+	conc := 4096
+	res, err := inference.MeasureOverhead(ctx, inference.BenchConfig{URL: srv.URL, Calls: r.n(3000, 300), Concurrency: conc})
+	if err != nil {
+		return nil, err
+	}
+	raw := "bare net/http POST of the same pre-encoded body, alternating with the client, same run"
+	return []Measure{
+		{Name: "inference.overhead_p50_us", Value: ptr(toUS(res.OverheadP50)),
+			Note: fmt.Sprintf("%d calls of 512 prompt ids → 16 tokens; client p50 %.0f µs − raw p50 %.0f µs", res.Calls, toUS(res.ClientP50), toUS(res.RawP50))},
+		{Name: "inference.client_p50_us", Value: ptr(toUS(res.ClientP50)), Baseline: ptr(toUS(res.RawP50)), BaselineName: raw},
+		{Name: "inference.client_p99_us", Value: ptr(toUS(res.ClientP99)), Baseline: ptr(toUS(res.RawP99)), BaselineName: raw},
+		{Name: "inference.burst_4096_errors", Value: ptr(float64(res.BurstErrors))},
+		{Name: "inference.burst_4096_closed_conns", Value: ptr(float64(res.ClosedConns))},
+		{Name: "inference.burst_4096_new_conns", Value: ptr(float64(res.NewConnsSecondBurst)),
+			Note: fmt.Sprintf("first burst dialled %d", res.NewConnsFirstBurst)},
+		{Name: "inference.burst_4096_requests_per_s", Value: ptr(sig(float64(conc) / res.SecondBurst.Seconds())),
+			Note: fmt.Sprintf("second burst took %s", res.SecondBurst.Round(time.Millisecond))},
+	}, nil
+}
+
+func runLoop(ctx context.Context, r *runCtx) ([]Measure, error) {
+	var out []Measure
+	// Per-turn overhead with the real tokens-mode backend on the
+	// in-process simulator at zero latency; model and HTTP time are
+	// excluded by construction (gaps between generations).
+	const perEpisode = 20
+	srv, err := sim.Start(ctx, sim.Config{Family: "hermes",
+		Bench: &sim.Bench{Tool: "noop", CallsPerTurn: 1, Turns: perEpisode, Arguments: map[string]any{"path": "a.txt"}}})
+	if err != nil {
+		return nil, fmt.Errorf("start simulator: %w", err)
+	}
+	pol, err := inference.New(inference.Config{Backend: inference.BackendVLLM, Endpoints: []string{srv.URL}, Logger: r.logger})
+	if err != nil {
+		srv.Close()
+		return nil, err
+	}
+	rep, err := loopbench.TurnOverheadPolicy(ctx, pol, "hermes", r.n(5000, 500), perEpisode)
+	if c, ok := pol.(interface{ Close() error }); ok {
+		_ = c.Close()
+	}
+	srv.Close()
+	if err != nil {
+		return nil, fmt.Errorf("turn overhead: %w", err)
+	}
+	out = append(out,
+		Measure{Name: "loop.overhead_p50_us", Value: ptr(toUS(rep.P50)), Note: fmt.Sprintf("%d turns, hermes parser, vllm tokens backend", rep.Turns)},
+		Measure{Name: "loop.overhead_p99_us", Value: ptr(toUS(rep.P99))},
+	)
+
+	// Many loops waiting on a slow policy: process CPU and peak RSS.
+	turns := r.n(3, 2)
+	for _, c := range []struct {
+		loops int
+		tag   string
+	}{{1024, "1k"}, {4096, "4k"}} {
+		runtime.GC()
+		debug.FreeOSMemory()
+		cr, err := loopbench.ConcurrentLoops(ctx, c.loops, turns, time.Second)
+		if err != nil {
+			return out, fmt.Errorf("%d concurrent loops: %w", c.loops, err)
+		}
+		note := fmt.Sprintf("%d turns each, wall %s, heap in use %.0f MiB, %d goroutines", cr.TurnsPerLoop,
+			cr.Wall.Round(time.Millisecond), float64(cr.HeapInuse)/(1<<20), cr.Goroutines)
+		out = append(out,
+			Measure{Name: "loop.cpu_" + c.tag + "_loops_cores", Value: ptr(sig(cr.CPUCores)), Note: note},
+			Measure{Name: "loop.rss_" + c.tag + "_loops_mb", Value: ptr(sig(float64(cr.PeakRSSBytes) / (1 << 20))),
+				Note: "whole process, after returning freed memory to the OS"})
+	}
+	return out, nil
+}

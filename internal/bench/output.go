@@ -1,0 +1,280 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
+
+	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
+	"github.com/rollout-rl/rollout/trajectory"
+)
+
+const (
+	benchTokens    = 8192
+	benchGroupSize = 8
+)
+
+// synthetic returns n records of benchTokens tokens in groups of
+// benchGroupSize: agent-like trajectories (trajectory.Synthetic).
+func synthetic(n int) []trajectory.Record {
+	recs := make([]trajectory.Record, n)
+	for i := range recs {
+		recs[i] = trajectory.Synthetic(11, i, trajectory.SyntheticOptions{Tokens: benchTokens, GroupSize: benchGroupSize})
+	}
+	return recs
+}
+
+func runOutput(ctx context.Context, r *runCtx) (out []Measure, err error) {
+	tmp, err := os.MkdirTemp("", "rollout-bench-output-*")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+
+	// Size: Parquet vs Atropos JSONL gzip for the same records, reported
+	// per 1,000 trajectories.
+	nSize := r.n(1000, 96)
+	recs := synthetic(nSize)
+	c, err := trajectory.CompareSize(ctx, tmp, recs)
+	if err != nil {
+		return nil, fmt.Errorf("size: %w", err)
+	}
+	per1k := func(b int64) float64 { return sig(float64(b) / float64(c.Rows) * 1000 / 1e6) }
+	sizeNote := fmt.Sprintf("%d trajectories × %d tokens: Parquet %d B, Atropos JSONL %d B raw, %d B gzip", c.Rows, benchTokens,
+		c.ParquetBytes, c.AtroposRawBytes, c.AtroposGzipBytes)
+	if r.quick() {
+		sizeNote = joinNote(sizeNote, "quick run: fewer trajectories, scaled to 1,000")
+	}
+	out = append(out,
+		Measure{Name: "output.size_vs_atropos_jsonl_gz", Value: ptr(sig(c.Ratio)), Note: sizeNote},
+		Measure{Name: "output.parquet_mb_per_1k", Value: ptr(per1k(c.ParquetBytes)), Baseline: ptr(per1k(c.AtroposGzipBytes)),
+			BaselineName: "the same records as Atropos JSONL, gzip"},
+	)
+
+	// Write throughput, side by side with encoding the same records as
+	// Atropos JSONL (no compression, no disk): median of rounds.
+	wrecs := recs[:min(len(recs), r.n(256, 64))]
+	var pq, js []float64 // rows/s
+	var pqMB, jsMB []float64
+	var tokBytes int64
+	for i := range wrecs {
+		tokBytes += int64(len(wrecs[i].Tokens)) * trajectory.TokenBytesPerPosition
+	}
+	for range r.n(3, 1) {
+		w, err := trajectory.MeasureWrite(ctx, tmp, wrecs, trajectory.WriterOptions{Logger: r.logger})
+		if err != nil {
+			return out, fmt.Errorf("write: %w", err)
+		}
+		pq, pqMB = append(pq, w.RowsPerSec), append(pqMB, w.TokenMBPerSec)
+		t := time.Now()
+		if _, err := trajectory.WriteAtropos(io.Discard, wrecs, trajectory.AtroposOptions{IncludeMessages: true}); err != nil {
+			return out, fmt.Errorf("atropos encode: %w", err)
+		}
+		s := time.Since(t).Seconds()
+		js, jsMB = append(js, float64(len(wrecs))/s), append(jsMB, float64(tokBytes)/1e6/s)
+	}
+	base := "encoding the same records as Atropos JSONL (no gzip, no disk), same run"
+	out = append(out,
+		Measure{Name: "output.parquet_write_mb_s", Value: ptr(sig(median(pqMB))), Baseline: ptr(sig(median(jsMB))), BaselineName: base,
+			Note: fmt.Sprintf("%d rows of %d tokens, default writer settings, until files are fsynced and renamed", len(wrecs), benchTokens)},
+		Measure{Name: "output.parquet_write_rows_per_s", Value: ptr(sig(median(pq))), Baseline: ptr(sig(median(js))), BaselineName: base},
+	)
+
+	// The service's Group message: size vs Atropos JSON, and streaming.
+	groups := groupRecords(recs)
+	var pbBytes, jsonBytes int64
+	for _, g := range groups {
+		m, err := groupMessage(g)
+		if err != nil {
+			return out, err
+		}
+		pbBytes += int64(proto.Size(m))
+		var buf bytes.Buffer
+		if err := trajectory.WriteAtroposPythonJSON(&buf, g); err != nil {
+			return out, fmt.Errorf("atropos json: %w", err)
+		}
+		jsonBytes += int64(buf.Len())
+	}
+	out = append(out, Measure{Name: "service.size_vs_atropos_json", Value: ptr(sig(float64(pbBytes) / float64(jsonBytes))),
+		Note: fmt.Sprintf("%d groups of %d × %d tokens: Group %d B/group, Atropos ScoredDataGroup JSON (Python json.dumps) %d B/group",
+			len(groups), benchGroupSize, benchTokens, pbBytes/int64(len(groups)), jsonBytes/int64(len(groups)))})
+
+	n := r.n(600, 100)
+	rate, err := streamGroups(ctx, groups, n)
+	if err != nil {
+		return out, fmt.Errorf("stream: %w", err)
+	}
+	out = append(out, Measure{Name: "service.groups_per_s", Value: ptr(sig(rate)),
+		Note: fmt.Sprintf("%d groups over loopback TCP; the generated RolloutService stubs and grpc-go, conversion from records per group as server/convert.go does; the runner and job machinery are not in the loop", n)})
+	return out, nil
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// groupRecords splits records into their groups, in order.
+func groupRecords(recs []trajectory.Record) [][]trajectory.Record {
+	var out [][]trajectory.Record
+	idx := map[string]int{}
+	for _, r := range recs {
+		i, ok := idx[r.GroupID]
+		if !ok {
+			i = len(out)
+			idx[r.GroupID] = i
+			out = append(out, nil)
+		}
+		out[i] = append(out[i], r)
+	}
+	return out
+}
+
+// groupMessage builds the service's Group message from a group's records,
+// field for field as server/convert.go builds it from the same record
+// conversion (job.Record).
+func groupMessage(g []trajectory.Record) (*rolloutv1.Group, error) {
+	if len(g) == 0 {
+		return nil, errors.New("empty group")
+	}
+	out := &rolloutv1.Group{GroupId: g[0].GroupID, ItemId: g[0].ItemID, Env: g[0].Env, Category: g[0].Category,
+		PolicyVersion: g[0].PolicyVersion, Rollouts: make([]*rolloutv1.Rollout, len(g))}
+	var sum float64
+	for _, rec := range g {
+		sum += rec.Reward
+	}
+	out.Mean = sum / float64(len(g))
+	for i := range g {
+		rec := &g[i]
+		pr := &rolloutv1.Rollout{
+			Index: rec.RolloutIndex, RolloutId: fmt.Sprintf("%s-%d", rec.GroupID, rec.RolloutIndex), Status: rec.Status,
+			Reward: rec.Reward, RewardComponents: rec.RewardComponents, Advantage: rec.Advantage, Tokens: rec.Tokens,
+			Logprobs: rec.Logprobs, PromptTokens: rec.PromptTokens, CompletionTokens: rec.CompletionTokens,
+			Turns: rec.Turns, FinishedNaturally: rec.FinishedNaturally, StopReason: rec.StopReason,
+			MessagesJson: rec.Messages, DriftTokens: rec.DriftTokens, Attempts: 1,
+		}
+		if rec.Failure != nil {
+			pr.FailureKind, pr.FailureMessage = rec.Failure.Kind, rec.Failure.Message
+		}
+		pr.LossMask = make([]int32, len(rec.LossMask))
+		for k, m := range rec.LossMask {
+			pr.LossMask[k] = int32(m)
+		}
+		out.Rollouts[i] = pr
+	}
+	return out, nil
+}
+
+// streamServer answers CollectGroups with n groups built from the given
+// record groups (cycled), within the credits of the start message.
+type streamServer struct {
+	rolloutv1.UnimplementedRolloutServiceServer
+	groups [][]trajectory.Record
+}
+
+func (s *streamServer) CollectGroups(stream rolloutv1.RolloutService_CollectGroupsServer) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	n := int(first.GetStart().GetInitialCredits())
+	for i := range n {
+		g, err := groupMessage(s.groups[i%len(s.groups)])
+		if err != nil {
+			return err
+		}
+		g.GroupId = fmt.Sprintf("%s-%d", g.GroupId, i)
+		if err := stream.Send(&rolloutv1.CollectGroupsResponse{Msg: &rolloutv1.CollectGroupsResponse_Group{Group: g}}); err != nil {
+			return err
+		}
+	}
+	// Wait for the client to close its side.
+	for {
+		if _, err := stream.Recv(); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+	}
+}
+
+// streamGroups serves a gRPC RolloutService on loopback TCP and times a
+// client receiving n groups from CollectGroups; it returns groups/s.
+func streamGroups(ctx context.Context, groups [][]trajectory.Record, n int) (float64, error) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	gs := grpc.NewServer()
+	rolloutv1.RegisterRolloutServiceServer(gs, &streamServer{groups: groups})
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = gs.Serve(lis) })
+	defer func() {
+		gs.Stop()
+		wg.Wait()
+	}()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	cli := rolloutv1.NewRolloutServiceClient(conn)
+
+	// One short warm-up stream (connection, HTTP/2 windows, code paths).
+	if _, err := collect(ctx, cli, min(n, 8)); err != nil {
+		return 0, err
+	}
+	el, err := collect(ctx, cli, n)
+	if err != nil {
+		return 0, err
+	}
+	return float64(n) / el.Seconds(), nil
+}
+
+// collect opens CollectGroups with n credits and receives n groups.
+func collect(ctx context.Context, cli rolloutv1.RolloutServiceClient, n int) (time.Duration, error) {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	start := time.Now()
+	st, err := cli.CollectGroups(sctx)
+	if err != nil {
+		return 0, err
+	}
+	if err := st.Send(&rolloutv1.CollectGroupsRequest{Msg: &rolloutv1.CollectGroupsRequest_Start{
+		Start: &rolloutv1.CollectStart{InitialCredits: int32(n)}}}); err != nil {
+		return 0, err
+	}
+	for got := 0; got < n; {
+		m, err := st.Recv()
+		if err != nil {
+			return 0, fmt.Errorf("after %d groups: %w", got, err)
+		}
+		if g := m.GetGroup(); g != nil {
+			if len(g.Rollouts) != benchGroupSize || len(g.Rollouts[0].Tokens) != benchTokens {
+				return 0, fmt.Errorf("group %s: %d rollouts", g.GroupId, len(g.Rollouts))
+			}
+			got++
+		}
+	}
+	el := time.Since(start)
+	if err := st.CloseSend(); err != nil {
+		return el, err
+	}
+	if _, err := st.Recv(); !errors.Is(err, io.EOF) {
+		return el, fmt.Errorf("end of stream: %v", err)
+	}
+	return el, nil
+}

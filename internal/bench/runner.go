@@ -1,0 +1,138 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/rollout-rl/rollout/inference/sim"
+	"github.com/rollout-rl/rollout/internal/demo"
+	"github.com/rollout-rl/rollout/runner"
+	"github.com/rollout-rl/rollout/sandbox/image"
+)
+
+// phases accumulates per-rollout phase timings from progress events.
+type phases struct {
+	mu                                        sync.Mutex
+	n, infra, turns                           int
+	sandbox, generation, tools, reward, total time.Duration
+}
+
+func (p *phases) event(_ string, e runner.Event) {
+	if e.Rollout == nil {
+		return
+	}
+	ro := e.Rollout
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.n++
+	if ro.Status != runner.StatusOK {
+		p.infra++
+	}
+	t := ro.Timings
+	p.sandbox += t.SandboxStart
+	p.generation += t.Generation
+	p.tools += t.Tools
+	p.reward += t.Reward
+	p.total += t.Total
+	p.turns += ro.Result.TurnsUsed
+}
+
+func (p *phases) mean(d time.Duration) float64 {
+	if p.n == 0 {
+		return 0
+	}
+	return toMS(d / time.Duration(p.n))
+}
+
+// runnerRun is one end-to-end run of terminal-tasks.
+type runnerRun struct {
+	rollouts   int
+	elapsed    time.Duration
+	cpu        time.Duration
+	daemonCPU  time.Duration
+	daemonSeen bool
+	ph         *phases
+}
+
+func runTerminalTasks(ctx context.Context, r *runCtx, ref string, groups int, lat sim.Latency) (runnerRun, error) {
+	dir, err := os.MkdirTemp("", "rollout-bench-runner-*")
+	if err != nil {
+		return runnerRun{}, err
+	}
+	defer os.RemoveAll(dir)
+	ph := &phases{}
+	cpu0 := processCPU()
+	d0, ok0 := daemonCPU()
+	res, err := demo.Run(ctx, demo.Options{Out: dir, Specs: []demo.Spec{{Env: "terminal-tasks", Groups: groups, GroupSize: 4, Image: ref}},
+		Seed: 1, Latency: lat, Logger: r.logger, Progress: ph.event, SandboxInstance: "bench-runner-" + randomSuffix()})
+	cpu := processCPU() - cpu0
+	d1, ok1 := daemonCPU()
+	if err != nil {
+		return runnerRun{}, err
+	}
+	out := runnerRun{cpu: cpu, ph: ph, daemonCPU: d1 - d0, daemonSeen: ok0 && ok1}
+	for _, x := range res {
+		out.rollouts += x.Summary.Rollouts
+		out.elapsed += x.Summary.Elapsed
+	}
+	if out.rollouts == 0 {
+		return out, fmt.Errorf("terminal-tasks ran no rollouts")
+	}
+	return out, nil
+}
+
+func runRunner(ctx context.Context, r *runCtx) ([]Measure, error) {
+	ref, err := image.EnsureBusybox(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("busybox image: %w", err)
+	}
+	var out []Measure
+	zero, err := runTerminalTasks(ctx, r, ref, r.n(8, 2), sim.Latency{})
+	if err != nil {
+		return nil, fmt.Errorf("zero latency: %w", err)
+	}
+	n := float64(zero.rollouts)
+	ph := zero.ph
+	note := fmt.Sprintf("%d rollouts (groups of 4, %d infra-failed), %.1f turns/rollout, wall %s", zero.rollouts, ph.infra,
+		float64(ph.turns)/float64(max(ph.n, 1)), zero.elapsed.Round(time.Millisecond))
+	out = append(out,
+		Measure{Name: "runner.rollouts_per_s", Value: ptr(sig(n / zero.elapsed.Seconds())), Note: note},
+		Measure{Name: "runner.cpu_s_per_rollout", Value: ptr(sig(zero.cpu.Seconds() / n))},
+	)
+	if zero.daemonSeen {
+		out = append(out, Measure{Name: "runner.docker_cpu_s_per_rollout", Value: ptr(sig(zero.daemonCPU.Seconds() / n)),
+			Note: "container processes and shims not included"})
+	} else {
+		out = append(out, NotMeasured("runner.docker_cpu_s_per_rollout", "dockerd/containerd not visible in /proc"))
+	}
+	out = append(out, phaseMeasures("runner.phase_", "zero latency", ph)...)
+
+	real, err := runTerminalTasks(ctx, r, ref, r.n(4, 1), sim.Latency{TTFT: 200 * time.Millisecond, PerToken: 30 * time.Millisecond})
+	if err != nil {
+		return out, fmt.Errorf("realistic latency: %w", err)
+	}
+	n = float64(real.rollouts)
+	out = append(out,
+		Measure{Name: "runner.realistic_rollouts_per_s", Value: ptr(sig(n / real.elapsed.Seconds())),
+			Note: fmt.Sprintf("%d rollouts, %d infra-failed, wall %s", real.rollouts, real.ph.infra, real.elapsed.Round(time.Millisecond))},
+		Measure{Name: "runner.realistic_cpu_s_per_rollout", Value: ptr(sig(real.cpu.Seconds() / n))},
+	)
+	out = append(out, phaseMeasures("runner.realistic_phase_", "TTFT 200 ms + 30 ms/token", real.ph)...)
+	return out, nil
+}
+
+// phaseMeasures reports where a rollout's wall time went, per rollout
+// (phases overlap nothing: they are sequential within a rollout).
+func phaseMeasures(prefix, what string, p *phases) []Measure {
+	desc := func(phase string) string { return "mean " + phase + " per rollout, " + what }
+	return []Measure{
+		{Name: prefix + "sandbox_start_ms", Unit: "ms", Value: ptr(p.mean(p.sandbox)), Description: desc("sandbox acquisition")},
+		{Name: prefix + "generation_ms", Unit: "ms", Value: ptr(p.mean(p.generation)), Description: desc("time in the policy (all turns)")},
+		{Name: prefix + "tools_ms", Unit: "ms", Value: ptr(p.mean(p.tools)), Description: desc("time in tool calls")},
+		{Name: prefix + "reward_ms", Unit: "ms", Value: ptr(p.mean(p.reward)), Description: desc("reward computation")},
+		{Name: prefix + "total_ms", Unit: "ms", Value: ptr(p.mean(p.total)), Description: desc("total")},
+	}
+}

@@ -1,0 +1,166 @@
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"time"
+
+	"github.com/rollout-rl/rollout/sandbox"
+	"github.com/rollout-rl/rollout/sandbox/image"
+)
+
+// measureFn takes n samples.
+type measureFn func(n int) ([]time.Duration, error)
+
+// sideBySide takes na samples of a and nb of b in rounds that alternate
+// between the two, so that load from other jobs on a shared machine falls
+// on both sides alike.
+func sideBySide(rounds int, a measureFn, na int, b measureFn, nb int) (sa, sb []time.Duration, err error) {
+	rounds = max(1, min(rounds, na, nb))
+	for i := range rounds {
+		// Spread the remainder over the first rounds.
+		ka := na/rounds + btoi(i < na%rounds)
+		kb := nb/rounds + btoi(i < nb%rounds)
+		x, err := a(ka)
+		sa = append(sa, x...)
+		if err != nil {
+			return sa, sb, err
+		}
+		y, err := b(kb)
+		sb = append(sb, y...)
+		if err != nil {
+			return sa, sb, err
+		}
+	}
+	return sa, sb, nil
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// toMS and toUS convert a duration to the report's units.
+func toMS(d time.Duration) float64 { return sig(float64(d) / 1e6) }
+func toUS(d time.Duration) float64 { return sig(float64(d) / 1e3) }
+
+func randomSuffix() string {
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func runSandbox(ctx context.Context, r *runCtx) (out []Measure, err error) {
+	ref, err := image.EnsureBusybox(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("busybox image: %w", err)
+	}
+	peak := r.n(200, 8)
+	// ReapInterval < 0: no reaping, so other services' containers on a
+	// shared engine are never touched; every container here is removed by
+	// the measurement that made it.
+	d, err := sandbox.NewDocker(ctx, sandbox.Options{Instance: "bench-" + randomSuffix(), ReapInterval: -1,
+		MaxContainers: peak + 32, Logger: r.logger})
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+		defer cancel()
+		if cerr := d.Close(cctx); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
+	spec := sandbox.Spec{Image: ref}
+	rounds := 5
+
+	// Exec round trip: the channel vs `docker exec` in the same container.
+	s, err := d.Create(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close(context.WithoutCancel(ctx))
+	ch, cli, err := sideBySide(rounds,
+		func(n int) ([]time.Duration, error) { return sandbox.MeasureExec(ctx, s, n) }, r.n(1000, 100),
+		func(n int) ([]time.Duration, error) { return sandbox.MeasureDockerExecCLI(ctx, s.ID(), n) }, r.n(60, 10))
+	if err != nil {
+		return out, fmt.Errorf("exec: %w", err)
+	}
+	cs, bs := sandbox.Summarize(ch), sandbox.Summarize(cli)
+	base := "`docker exec CID true` via the CLI, same container, same run"
+	out = append(out,
+		Measure{Name: "sandbox.exec_p50_ms", Value: ptr(toMS(cs.P50)), Baseline: ptr(toMS(bs.P50)), BaselineName: base, Note: fmt.Sprintf("n=%d (CLI n=%d)", cs.N, bs.N)},
+		Measure{Name: "sandbox.exec_p90_ms", Value: ptr(toMS(cs.P90)), Baseline: ptr(toMS(bs.P90)), BaselineName: base},
+		Measure{Name: "sandbox.exec_p99_ms", Value: ptr(toMS(cs.P99)), Baseline: ptr(toMS(bs.P99)), BaselineName: base},
+		Measure{Name: "sandbox.exec_vs_docker_cli_ratio", Value: ptr(sig(float64(cs.P50) / float64(bs.P50))),
+			Note: fmt.Sprintf("channel is %.0f× faster at p50", float64(bs.P50)/float64(cs.P50))},
+	)
+
+	// 1 MiB of output.
+	mb := []string{"head", "-c", "1048576", "/dev/zero"}
+	ch, cli, err = sideBySide(rounds,
+		func(n int) ([]time.Duration, error) { return sandbox.MeasureExec(ctx, s, n, mb...) }, r.n(200, 20),
+		func(n int) ([]time.Duration, error) { return sandbox.MeasureDockerExecCLI(ctx, s.ID(), n, mb...) }, r.n(40, 5))
+	if err != nil {
+		return out, fmt.Errorf("exec 1 MiB: %w", err)
+	}
+	cs, bs = sandbox.Summarize(ch), sandbox.Summarize(cli)
+	base = "`docker exec CID head -c 1048576 /dev/zero` via the CLI, same run"
+	out = append(out,
+		Measure{Name: "sandbox.exec_1mb_p50_ms", Value: ptr(toMS(cs.P50)), Baseline: ptr(toMS(bs.P50)), BaselineName: base, Note: fmt.Sprintf("n=%d (CLI n=%d)", cs.N, bs.N)},
+		Measure{Name: "sandbox.exec_1mb_p99_ms", Value: ptr(toMS(cs.P99)), Baseline: ptr(toMS(bs.P99)), BaselineName: base},
+		Measure{Name: "sandbox.exec_1mb_vs_docker_cli_ratio", Value: ptr(sig(float64(cs.P50) / float64(bs.P50)))},
+	)
+	_ = s.Close(ctx)
+
+	// Cold create + start + handshake vs `docker run -d`.
+	cr, run, err := sideBySide(rounds,
+		func(n int) ([]time.Duration, error) { return sandbox.MeasureCreate(ctx, d, spec, n) }, r.n(20, 3),
+		func(n int) ([]time.Duration, error) {
+			return sandbox.MeasureDockerRun(ctx, d.Client(), ref, d.BaseLabels(), n)
+		}, r.n(20, 3))
+	if err != nil {
+		return out, fmt.Errorf("cold start: %w", err)
+	}
+	cold, rs := sandbox.Summarize(cr), sandbox.Summarize(run)
+	base = "`docker run -d --network none IMAGE sleep 3600` via the CLI, same run"
+	out = append(out,
+		Measure{Name: "sandbox.cold_start_p50_ms", Value: ptr(toMS(cold.P50)), Baseline: ptr(toMS(rs.P50)), BaselineName: base, Note: fmt.Sprintf("n=%d", cold.N)},
+		Measure{Name: "sandbox.cold_start_p99_ms", Value: ptr(toMS(cold.P99)), Baseline: ptr(toMS(rs.P99)), BaselineName: base},
+		Measure{Name: "sandbox.cold_start_vs_docker_run_ratio", Value: ptr(sig(float64(cold.P50) / float64(rs.P50))),
+			Note: "the sandbox also installs limits and waits for the agent's handshake"},
+	)
+
+	// Warm pool acquire; the baseline is the cold start above.
+	p := sandbox.NewPool(d, sandbox.PoolOptions{})
+	acq, err := sandbox.MeasurePoolAcquire(ctx, p, spec, r.n(30, 5))
+	if cerr := p.Close(context.WithoutCancel(ctx)); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return out, fmt.Errorf("pool acquire: %w", err)
+	}
+	as := sandbox.Summarize(acq)
+	base = "cold start (create + start + handshake), same run"
+	out = append(out,
+		Measure{Name: "sandbox.pool_acquire_p50_ms", Value: ptr(toMS(as.P50)), Baseline: ptr(toMS(cold.P50)), BaselineName: base, Note: fmt.Sprintf("n=%d", as.N)},
+		Measure{Name: "sandbox.pool_acquire_p99_ms", Value: ptr(toMS(as.P99)), Baseline: ptr(toMS(cold.P99)), BaselineName: base},
+	)
+
+	// Peak: peak sandboxes at once, each answering an exec while all are
+	// alive. The harness tries exactly `peak`; it does not search beyond.
+	res := sandbox.MeasurePeak(ctx, d, sandbox.Spec{Image: ref, Limits: sandbox.Limits{MemoryBytes: 256 << 20, CPUs: 0.5, PIDs: 64}}, peak, 8)
+	note := fmt.Sprintf("tried %d; all created in %s", res.Target, res.Elapsed.Round(time.Millisecond))
+	if res.Err != nil {
+		note = joinNote(note, firstLine(res.Err.Error()))
+	}
+	if r.quick() {
+		note = joinNote(note, "quick run: the target needs the full count")
+	}
+	out = append(out, Measure{Name: "sandbox.max_concurrent", Value: ptr(float64(res.Alive)), Note: note})
+	return out, ctx.Err()
+}
