@@ -38,7 +38,7 @@ const (
 	OpKill     = "kill"
 	OpStdin    = "stdin"
 	OpList     = "list"
-	OpKillAll  = "killall" // SIGKILL every process but init and the agent (before a reward)
+	OpKillAll  = "killall"  // SIGKILL every process but init and the agent (before a reward)
 	OpWrite    = "write"    // request, then Data frames + End: the file's bytes
 	OpRead     = "read"     // response Data frames + End, then Response
 	OpUpload   = "upload"   // request, then Data frames + End: a tar stream
