@@ -23,12 +23,7 @@ func init() { Register("kimi_k2", kimiK2Parser{}) }
 
 func (kimiK2Parser) Parse(text string, _ []ToolSchema) Result {
 	var c collector
-	first := -1
-	for _, m := range []string{kimiSectionBegin, kimiSectionBeginAlt, kimiCallBegin} {
-		if k := strings.Index(text, m); k >= 0 && (first < 0 || k < first) {
-			first = k
-		}
-	}
+	first := kimiFirstMarker(text)
 	if first < 0 {
 		return c.result(text, -1)
 	}
@@ -75,6 +70,25 @@ func (kimiK2Parser) Parse(text string, _ []ToolSchema) Result {
 		c.fail("", "tool-call section opened but no call found", text[first:])
 	}
 	return c.result(text, first)
+}
+
+// kimiFirstMarker is the offset of the first section or call marker, or
+// -1. The three markers share the prefix "<|tool_call", so one scan of the
+// text finds the earliest of them (three strings.Index calls would each
+// read the whole prose when a marker is absent).
+func kimiFirstMarker(text string) int {
+	const prefix = "<|tool_call"
+	for from := 0; ; {
+		k := strings.Index(text[from:], prefix)
+		if k < 0 {
+			return -1
+		}
+		at := text[from+k:]
+		if strings.HasPrefix(at, kimiCallBegin) || strings.HasPrefix(at, kimiSectionBegin) || strings.HasPrefix(at, kimiSectionBeginAlt) {
+			return from + k
+		}
+		from += k + 1
+	}
 }
 
 // kimiName extracts NAME from "functions.NAME:IDX" (the prefix is optional).
