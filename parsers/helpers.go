@@ -458,6 +458,15 @@ func (a *argsBuilder) String() string {
 	return string(buf)
 }
 
+// asciiPlain marks the bytes a JSON string holds as they are: printable
+// ASCII but '"' and '\\'.
+var asciiPlain = func() (t [256]bool) {
+	for c := 0x20; c < utf8.RuneSelf; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
+
 // appendJSONString appends s as a JSON string literal. Unlike encoding/json
 // it leaves non-ASCII text and <>& alone (ensure_ascii=False in vLLM terms);
 // invalid UTF-8 becomes U+FFFD so the output is always valid JSON.
@@ -466,12 +475,15 @@ func appendJSONString(dst []byte, s string) []byte {
 	dst = append(dst, '"')
 	start := 0
 	for i := 0; i < len(s); {
+		// Runs of ASCII that need no escape, one table lookup per byte.
+		for i < len(s) && asciiPlain[s[i]] {
+			i++
+		}
+		if i >= len(s) {
+			break
+		}
 		c := s[i]
 		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' {
-				i++
-				continue
-			}
 			dst = append(dst, s[start:i]...)
 			switch c {
 			case '"', '\\':
