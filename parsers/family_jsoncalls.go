@@ -211,7 +211,14 @@ func (gigachat3Parser) Parse(text string, _ []ToolSchema) Result {
 	case body[j] != '{':
 		c.fail("", "function call header is not followed by a JSON object", text[k:])
 	default:
-		c.takeJSONCall(body, j, vlStdKeys, true)
+		// The format holds one call; anything after it (a second call
+		// object, prose) is reported rather than dropped silently
+		// (upstream's json.loads rejects the whole message).
+		if end, st := c.takeJSONCall(body, j, vlStdKeys, true); st == vlOK {
+			if e := vlSkipWS(body, end); e < len(body) {
+				c.fail(vlPeekName(body[e:]), "text after the call: gigachat3 allows one call per message", body[e:])
+			}
+		}
 	}
 	return c.result(textPtr(text[:k]))
 }
