@@ -28,11 +28,17 @@ type pending struct {
 type collector struct {
 	s      *Server
 	j      *job.Job
+	env    string
 	stream rolloutv1.RolloutService_CollectGroupsServer
+	// ctx is the stream's, cancelled early when the stream fails or the
+	// server shuts down with cancel-in-flight.
 	ctx    context.Context
+	cancel context.CancelFunc
 
 	sendMu sync.Mutex
 	wg     sync.WaitGroup
+	// changed is signalled when a group finished (the drain waits on it).
+	changed chan struct{}
 
 	mu        sync.Mutex
 	credits   int
@@ -44,11 +50,16 @@ type collector struct {
 	cursor    int
 	loaded    bool
 	exhausted bool
+	draining  bool // the server is shutting down: no new groups start
 	failed    error
 }
 
 // CollectGroups implements RolloutServiceServer.
 func (s *Server) CollectGroups(stream rolloutv1.RolloutService_CollectGroupsServer) error {
+	if !s.track() {
+		return errShuttingDown
+	}
+	defer s.wg.Done()
 	ctx := stream.Context()
 	first, err := stream.Recv()
 	if err != nil {
@@ -61,76 +72,153 @@ func (s *Server) CollectGroups(stream rolloutv1.RolloutService_CollectGroupsServ
 	if start.InitialCredits < 0 {
 		return status.Error(codes.InvalidArgument, "start.initial_credits: must not be negative")
 	}
+	if strings.TrimSpace(start.ConfigYaml) == "" {
+		return status.Error(codes.InvalidArgument, "start.config_yaml: empty")
+	}
 	cfg, err := runner.ParseConfig([]byte(start.ConfigYaml))
 	if err != nil {
-		return toStatus(fmt.Errorf("start.config_yaml: %w", err))
+		return fieldStatus("start.config_yaml", err)
 	}
-	if cfg.Output.Dir != "" {
-		if cfg.Output.Dir, err = s.resolvePath("start.config_yaml: output.dir", cfg.Output.Dir); err != nil {
-			return err
-		}
+	if err := s.checkConfig(&cfg, "start.config_yaml: ", false); err != nil {
+		return fieldStatus("start.config_yaml", err)
 	}
-	if cfg.Dataset.Path != "" {
-		if cfg.Dataset.Path, err = s.resolvePath("start.config_yaml: dataset.path", cfg.Dataset.Path); err != nil {
-			return err
-		}
+	owner := fmt.Sprintf("collect stream %p", stream)
+	if err := s.claimOutput(cfg.Output.Dir, owner); err != nil {
+		return err
 	}
-	j, err := job.Open(ctx, cfg, job.Options{Mode: job.ModeCollect, Logger: s.log.With("stream", "collect"), Sandboxes: s.sandboxes, Images: s.images})
+	defer s.releaseOutput(cfg.Output.Dir, owner)
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	c := &collector{s: s, stream: stream, ctx: cctx, cancel: cancel, credits: int(start.InitialCredits), changed: make(chan struct{}, 1)}
+	j, err := job.Open(ctx, cfg, job.Options{Mode: job.ModeCollect, Logger: s.log.With("stream", "collect"), Sandboxes: s.sandboxes, Images: s.images,
+		Progress: func(e runner.Event) {
+			if e.Rollout != nil {
+				observeRollout(c.env, e.Rollout)
+			}
+		}})
 	if err != nil {
-		return toStatus(fmt.Errorf("start.config_yaml: %w", err))
+		return fieldStatus("start.config_yaml", err)
 	}
-	c := &collector{s: s, j: j, stream: stream, ctx: ctx, credits: int(start.InitialCredits)}
+	c.j, c.env = j, j.Env.Name()
+	s.mu.Lock()
+	s.collectors[c] = true
+	s.mu.Unlock()
+	metricCollectStreams.Inc()
+	defer func() {
+		metricCollectStreams.Dec()
+		s.mu.Lock()
+		delete(s.collectors, c)
+		s.mu.Unlock()
+	}()
 	err = c.loop()
-	c.wg.Wait()
-	if cerr := j.Close(context.WithoutCancel(ctx)); cerr != nil && err == nil {
-		err = toStatus(cerr)
+	if err != nil {
+		cancel() // the stream failed: nobody will read in-flight groups
 	}
-	if err == nil {
-		c.mu.Lock()
-		err = c.failed
-		c.mu.Unlock()
+	c.wg.Wait()
+	c.mu.Lock()
+	if c.failed != nil {
+		err = c.failed // the cause, rather than the cancellation it led to
+	}
+	c.mu.Unlock()
+	if cerr := j.Close(context.WithoutCancel(ctx)); cerr != nil && err == nil {
+		err = toStatus(fmt.Errorf("close output: %w", cerr))
 	}
 	return err
+}
+
+// receive reads the trainer's messages on a goroutine so the loop can also
+// react to a server shutdown. The goroutine ends when the stream does
+// (grpc ends a blocked Recv once the handler has returned).
+func (c *collector) receive() (<-chan *rolloutv1.CollectGroupsRequest, <-chan error) {
+	msgs := make(chan *rolloutv1.CollectGroupsRequest)
+	errc := make(chan error, 1)
+	go func() {
+		for {
+			m, err := c.stream.Recv()
+			if err != nil {
+				errc <- err
+				return
+			}
+			select {
+			case msgs <- m:
+			case <-c.ctx.Done():
+				return
+			}
+		}
+	}()
+	return msgs, errc
 }
 
 func (c *collector) loop() error {
 	if err := c.status(); err != nil {
 		return err
 	}
+	msgs, recvErr := c.receive()
+	quit, done := c.s.quit, c.ctx.Done()
 	for {
-		msg, err := c.stream.Recv()
-		if errors.Is(err, io.EOF) {
-			return nil // the trainer is done asking: in-flight groups still arrive
-		}
-		if err != nil {
-			return err
-		}
-		switch m := msg.Msg.(type) {
-		case *rolloutv1.CollectGroupsRequest_Credit:
-			if m.Credit.Groups <= 0 {
-				return status.Error(codes.InvalidArgument, "credit.groups: must be positive")
+		select {
+		case msg := <-msgs:
+			if err := c.handle(msg); err != nil {
+				return err
 			}
+			c.pump()
+			if err := c.status(); err != nil {
+				return err
+			}
+		case err := <-recvErr:
+			if errors.Is(err, io.EOF) {
+				return nil // the trainer is done asking: in-flight groups still arrive
+			}
+			return err
+		case <-quit:
+			quit = nil
 			c.mu.Lock()
-			c.credits += int(m.Credit.Groups)
+			c.draining = true
 			c.mu.Unlock()
-		case *rolloutv1.CollectGroupsRequest_Items:
-			if err := c.enqueueItems(m.Items); err != nil {
-				return err
+		case <-c.changed:
+		case <-done:
+			if !c.isDraining() {
+				return status.FromContextError(c.ctx.Err()).Err()
 			}
-		case *rolloutv1.CollectGroupsRequest_Next:
-			if err := c.enqueueNext(m.Next); err != nil {
-				return err
-			}
-		case *rolloutv1.CollectGroupsRequest_Start:
-			return status.Error(codes.InvalidArgument, "start: only the first message may be start")
-		default:
-			return status.Error(codes.InvalidArgument, "msg: empty message")
+			done = nil // shutdown cancelled the in-flight groups: wait for them
 		}
-		c.pump()
-		if err := c.status(); err != nil {
-			return err
+		if c.isDraining() && c.idle() {
+			return status.Error(codes.Unavailable, "server shutting down: every started group was sent; reconnect to the restarted server to continue")
 		}
 	}
+}
+
+func (c *collector) isDraining() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.draining
+}
+
+func (c *collector) idle() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.inFlight == 0
+}
+
+func (c *collector) handle(msg *rolloutv1.CollectGroupsRequest) error {
+	switch m := msg.Msg.(type) {
+	case *rolloutv1.CollectGroupsRequest_Credit:
+		if m.Credit.Groups <= 0 {
+			return status.Error(codes.InvalidArgument, "credit.groups: must be positive")
+		}
+		c.mu.Lock()
+		c.credits += int(m.Credit.Groups)
+		c.mu.Unlock()
+	case *rolloutv1.CollectGroupsRequest_Items:
+		return c.enqueueItems(m.Items)
+	case *rolloutv1.CollectGroupsRequest_Next:
+		return c.enqueueNext(m.Next)
+	case *rolloutv1.CollectGroupsRequest_Start:
+		return status.Error(codes.InvalidArgument, "start: only the first message may be start")
+	default:
+		return status.Error(codes.InvalidArgument, "msg: empty message")
+	}
+	return nil
 }
 
 func (c *collector) groupOptions(reqID string, policy *int64, samplingJSON string, field string) (runner.GroupOptions, error) {
@@ -155,7 +243,10 @@ func (c *collector) enqueueItems(m *rolloutv1.CollectItems) error {
 	if err != nil {
 		return err
 	}
-	name := "request " + m.RequestId
+	name := "items"
+	if m.RequestId != "" {
+		name = "request " + m.RequestId
+	}
 	rows, err := datasets.ReadJSONL(strings.NewReader(strings.Join(m.ItemsJson, "\n")), name)
 	if err != nil {
 		return status.Errorf(codes.InvalidArgument, "items.items_json: %v", err)
@@ -208,11 +299,12 @@ func (c *collector) enqueueNext(m *rolloutv1.CollectNext) error {
 func (c *collector) pump() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for c.credits > 0 && len(c.queue) > 0 && c.ctx.Err() == nil {
+	for c.credits > 0 && len(c.queue) > 0 && c.ctx.Err() == nil && !c.draining {
 		p := c.queue[0]
 		c.queue = c.queue[1:]
 		c.credits--
 		c.inFlight++
+		metricCollectInFlight.Inc()
 		idx := c.started
 		c.started++
 		c.wg.Go(func() { c.run(idx, p) })
@@ -220,30 +312,55 @@ func (c *collector) pump() {
 }
 
 func (c *collector) run(idx int, p pending) {
+	defer func() {
+		select {
+		case c.changed <- struct{}{}:
+		default:
+		}
+	}()
 	g := c.j.Runner.RunGroup(c.ctx, idx, p.item, p.opts)
+	if c.ctx.Err() != nil && interrupted(g) {
+		// Cut short by cancellation (the stream ended, or shutdown with
+		// cancel-in-flight): like the runner, never deliver a partial
+		// group as if it were a result.
+		c.mu.Lock()
+		c.inFlight--
+		c.mu.Unlock()
+		metricCollectInFlight.Dec()
+		return
+	}
+	observeGroup(c.env, "collect", g)
 	err := c.j.Deliver(context.WithoutCancel(c.ctx), g)
 	var pg *rolloutv1.Group
 	if err == nil {
 		pg, err = groupProto(c.j.Runner.Info(), g)
 	}
-	c.mu.Lock()
-	c.inFlight--
-	if err != nil && c.failed == nil {
-		c.failed = toStatus(fmt.Errorf("group %s: %w", g.ID, err))
-	}
-	c.mu.Unlock()
 	if err != nil {
+		c.mu.Lock()
+		c.inFlight--
+		if c.failed == nil {
+			c.failed = toStatus(fmt.Errorf("group %s: %w", g.ID, err))
+		}
+		c.mu.Unlock()
+		metricCollectInFlight.Dec()
+		c.cancel() // the stream ends with the error
 		return
 	}
 	c.sendMu.Lock()
 	serr := c.stream.Send(&rolloutv1.CollectGroupsResponse{Msg: &rolloutv1.CollectGroupsResponse_Group{Group: pg}})
 	c.sendMu.Unlock()
+	// A group counts as in flight until it is sent, so the trainer never
+	// sees more groups outstanding than it granted.
 	c.mu.Lock()
+	c.inFlight--
 	if serr == nil {
 		c.sent++
 	}
 	c.mu.Unlock()
-	_ = c.status()
+	metricCollectInFlight.Dec()
+	if serr == nil {
+		_ = c.status()
+	}
 }
 
 func (c *collector) status() error {
@@ -254,4 +371,15 @@ func (c *collector) status() error {
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()
 	return c.stream.Send(&rolloutv1.CollectGroupsResponse{Msg: &rolloutv1.CollectGroupsResponse_Status{Status: st}})
+}
+
+// interrupted reports a group with a rollout cut short by cancellation
+// (the runner's rule for not writing a group).
+func interrupted(g *runner.Group) bool {
+	for i := range g.Rollouts {
+		if f := g.Rollouts[i].Failure; f != nil && f.Kind == runner.FailCancelled {
+			return true
+		}
+	}
+	return false
 }

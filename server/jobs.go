@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -36,6 +37,9 @@ type jobState struct {
 	CreatedAt  time.Time          `json:"created_at"`
 	FinishedAt *time.Time         `json:"finished_at,omitempty"`
 	Resumed    int32              `json:"resumed"`
+	// Progress of the last run (protojson), so ended jobs keep their
+	// counters across restarts.
+	Progress json.RawMessage `json:"progress,omitempty"`
 }
 
 // jobRun is a job in this process.
@@ -48,10 +52,17 @@ type jobRun struct {
 	done     chan struct{}
 	watchers map[*watcher]bool
 	stopped  bool // CancelJob was called
+	// interrupted: the server shut down before the job ended; it stays
+	// RUNNING on disk and resumes on the next start.
+	interrupted bool
 }
 
 func newJobRun(st jobState) *jobRun {
-	return &jobRun{st: st, done: make(chan struct{}), watchers: map[*watcher]bool{}, progress: &rolloutv1.JobProgress{}}
+	p := &rolloutv1.JobProgress{}
+	if st.State != rolloutv1.JobState_JOB_STATE_RUNNING && len(st.Progress) > 0 {
+		_ = protojson.Unmarshal(st.Progress, p) // counters are informational
+	}
+	return &jobRun{st: st, done: make(chan struct{}), watchers: map[*watcher]bool{}, progress: p}
 }
 
 func cloneProgress(p *rolloutv1.JobProgress) *rolloutv1.JobProgress {
@@ -149,7 +160,8 @@ func (s *store) load() ([]jobState, error) {
 	return out, nil
 }
 
-// startJob opens and launches a job in the background.
+// startJob opens a job, adds it to the server and launches it in the
+// background.
 func (s *Server) startJob(ctx context.Context, st jobState) (*jobRun, error) {
 	cfg, err := runner.ParseConfig([]byte(st.ConfigYAML))
 	if err != nil {
@@ -159,9 +171,23 @@ func (s *Server) startJob(ctx context.Context, st jobState) (*jobRun, error) {
 	if st.Mode == rolloutv1.JobMode_JOB_MODE_EVAL {
 		mode = job.ModeEval
 	}
-	if err := s.checkConfig(&cfg); err != nil {
+	if err := s.checkConfig(&cfg, "", true); err != nil {
 		return nil, err
 	}
+	if err := s.claimOutput(cfg.Output.Dir, "job "+st.ID); err != nil {
+		return nil, err
+	}
+	if !s.track() {
+		s.releaseOutput(cfg.Output.Dir, "job "+st.ID)
+		return nil, errShuttingDown
+	}
+	launched := false
+	defer func() {
+		if !launched {
+			s.releaseOutput(cfg.Output.Dir, "job "+st.ID)
+			s.wg.Done()
+		}
+	}()
 	jr := newJobRun(st)
 	log := s.log.With("job", st.ID)
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -179,20 +205,31 @@ func (s *Server) startJob(ctx context.Context, st jobState) (*jobRun, error) {
 	jr.st.Env = j.Env.Name()
 	jr.st.OutputDir = j.Dir
 	jr.st.State = rolloutv1.JobState_JOB_STATE_RUNNING
+	jr.st.Error, jr.st.FinishedAt = "", nil
 	if err := s.store.save(jr.st); err != nil {
 		_ = j.Close(context.WithoutCancel(ctx))
 		cancel()
 		return nil, err
 	}
-	s.wg.Go(func() {
+	s.addJob(jr)
+	launched = true
+	go func() {
+		defer s.wg.Done()
+		defer s.releaseOutput(cfg.Output.Dir, "job "+st.ID)
 		defer cancel()
 		sum, err := j.Run(runCtx)
 		s.finish(jr, sum, err)
-	})
+	}()
 	return jr, nil
 }
 
 func (s *Server) onProgress(jr *jobRun, e runner.Event) {
+	if e.Rollout != nil {
+		observeRollout(jr.st.Env, e.Rollout)
+	}
+	if e.Group != nil {
+		observeGroup(jr.st.Env, "job", e.Group)
+	}
 	jr.mu.Lock()
 	p := jr.progress
 	if e.Total > 0 {
@@ -221,16 +258,18 @@ func (s *Server) onProgress(jr *jobRun, e runner.Event) {
 	jr.broadcast(&rolloutv1.WatchJobResponse{Event: &rolloutv1.WatchJobResponse_Progress{Progress: cp}}, false)
 }
 
-// finish records a job's end. A job stopped by server shutdown stays
-// RUNNING in its state file so the next server resumes it.
+// finish records a job's end. A job interrupted by server shutdown stays
+// RUNNING in its state file so the next server resumes it; its watchers'
+// streams end with Unavailable.
 func (s *Server) finish(jr *jobRun, sum runner.Summary, err error) {
+	env := jr.st.Env
 	jr.mu.Lock()
 	now := time.Now().UTC()
-	shutdown := s.shuttingDown.Load() && !jr.stopped
+	shutdown := err != nil && s.shuttingDown.Load() && !jr.stopped
 	switch {
 	case shutdown:
 		// leave RUNNING: resumed on restart
-	case jr.stopped:
+	case jr.stopped && err != nil:
 		jr.st.State = rolloutv1.JobState_JOB_STATE_CANCELLED
 	case err != nil:
 		jr.st.State = rolloutv1.JobState_JOB_STATE_FAILED
@@ -241,16 +280,23 @@ func (s *Server) finish(jr *jobRun, sum runner.Summary, err error) {
 	if !shutdown {
 		jr.st.FinishedAt = &now
 	}
+	jr.interrupted = shutdown
 	jr.progress.GroupsSkipped = int32(sum.GroupsSkipped)
 	jr.progress.MeanReward = sum.MeanReward
+	if b, err := protojson.Marshal(jr.progress); err == nil {
+		jr.st.Progress = b
+	}
 	st := jr.st
 	jr.mu.Unlock()
 	if err := s.store.save(st); err != nil {
 		s.log.Error("save job state", "job", st.ID, "error", err)
 	}
-	s.log.Info("job ended", "job", st.ID, "state", st.State.String(), "groups", sum.Groups, "rollouts", sum.Rollouts, "error", errString(err))
-	fin := jr.proto()
-	jr.broadcast(&rolloutv1.WatchJobResponse{Event: &rolloutv1.WatchJobResponse_Finished{Finished: fin}}, false)
+	s.log.Info("job ended", "job", st.ID, "env", env, "state", st.State.String(), "interrupted", shutdown,
+		"groups", sum.Groups, "rollouts", sum.Rollouts, "error", errString(err))
+	if !shutdown {
+		fin := jr.proto()
+		jr.broadcast(&rolloutv1.WatchJobResponse{Event: &rolloutv1.WatchJobResponse_Finished{Finished: fin}}, false)
+	}
 	close(jr.done)
 }
 
@@ -289,16 +335,19 @@ func (s *Server) resumeJobs(ctx context.Context) error {
 			continue
 		}
 		st.Resumed++
-		jr, err := s.startJob(ctx, st)
-		if err != nil {
+		if _, err := s.startJob(ctx, st); err != nil {
 			now := time.Now().UTC()
 			st.State, st.Error, st.FinishedAt = rolloutv1.JobState_JOB_STATE_FAILED, "resume: "+err.Error(), &now
-			_ = s.store.save(st)
-			jr = newJobRun(st)
+			if serr := s.store.save(st); serr != nil {
+				s.log.Error("save job state", "job", st.ID, "error", serr)
+			}
+			jr := newJobRun(st)
 			close(jr.done)
+			s.addJob(jr)
+			s.log.Error("job could not be resumed", "job", st.ID, "error", err)
+			continue
 		}
-		s.log.Info("job resumed after restart", "job", st.ID, "error", errString(err))
-		s.addJob(jr)
+		s.log.Info("job resumed after restart", "job", st.ID, "resumed", st.Resumed)
 	}
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.yaml.in/yaml/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -54,11 +55,18 @@ type Server struct {
 	sandboxes runner.Sandboxes
 	images    runner.ImageBuilder
 
-	mu   sync.Mutex
-	jobs map[string]*jobRun
+	mu         sync.Mutex
+	jobs       map[string]*jobRun
+	starting   map[string]bool // job ids whose StartJob is in progress
+	collectors map[*collector]bool
+	outputs    map[string]string // output dir -> the job or stream writing it
 
+	// wg counts jobs and collect streams. Add happens only under mu while
+	// not shutting down, so it never races Shutdown's Wait.
 	wg           sync.WaitGroup
 	shuttingDown atomic.Bool
+	quit         chan struct{} // closed by Shutdown
+	quitOnce     sync.Once
 }
 
 var _ rolloutv1.RolloutServiceServer = (*Server)(nil)
@@ -77,7 +85,8 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	}
 	opts.DataDir = abs
 	s := &Server{opts: opts, log: opts.Logger, store: &store{dir: opts.StateDir}, sandboxes: opts.Sandboxes,
-		images: opts.Images, jobs: map[string]*jobRun{}}
+		images: opts.Images, jobs: map[string]*jobRun{}, starting: map[string]bool{}, collectors: map[*collector]bool{}, outputs: map[string]string{},
+		quit: make(chan struct{})}
 	if err := s.resumeJobs(ctx); err != nil {
 		return nil, fmt.Errorf("resume jobs: %w", err)
 	}
@@ -87,18 +96,27 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 // Register adds the service to a gRPC server.
 func (s *Server) Register(g *grpc.Server) { rolloutv1.RegisterRolloutServiceServer(g, s) }
 
-// Shutdown stops intake of every job; with cancelInFlight running rollouts
-// are cancelled too. It waits for the jobs to flush their outputs (or ctx).
-// Jobs interrupted here stay RUNNING on disk and resume on the next start.
+// Shutdown stops intake of every job and collect stream; with
+// cancelInFlight running rollouts are cancelled too. It waits for the jobs
+// to flush their outputs and for the streams to send their in-flight
+// groups, or for ctx, after which in-flight rollouts are cancelled and
+// waited for. Jobs interrupted here stay RUNNING on disk and resume on the
+// next start. New jobs and streams are refused from the first call on.
 func (s *Server) Shutdown(ctx context.Context, cancelInFlight bool) error {
-	s.shuttingDown.Store(true)
 	s.mu.Lock()
+	s.shuttingDown.Store(true)
+	s.quitOnce.Do(func() { close(s.quit) })
 	for _, jr := range s.jobs {
 		if jr.runner != nil {
 			jr.runner.StopIntake()
 		}
 		if cancelInFlight && jr.cancel != nil {
 			jr.cancel()
+		}
+	}
+	for c := range s.collectors {
+		if cancelInFlight {
+			c.cancel()
 		}
 	}
 	s.mu.Unlock()
@@ -114,9 +132,48 @@ func (s *Server) Shutdown(ctx context.Context, cancelInFlight bool) error {
 				jr.cancel()
 			}
 		}
+		for c := range s.collectors {
+			c.cancel()
+		}
 		s.mu.Unlock()
 		<-done
 		return ctx.Err()
+	}
+}
+
+// track counts a job or stream in wg unless the server is shutting down.
+func (s *Server) track() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.shuttingDown.Load() {
+		return false
+	}
+	s.wg.Add(1)
+	return true
+}
+
+var errShuttingDown = status.Error(codes.Unavailable, "server shutting down: retry against the restarted server")
+
+// claimOutput reserves an output dir for one writer: two writers in one
+// run directory would interleave part files and break resume.
+func (s *Server) claimOutput(dir, owner string) error {
+	if dir == "" {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if cur, ok := s.outputs[dir]; ok && cur != owner {
+		return status.Errorf(codes.FailedPrecondition, "output.dir: %s is being written by %s", dir, cur)
+	}
+	s.outputs[dir] = owner
+	return nil
+}
+
+func (s *Server) releaseOutput(dir, owner string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.outputs[dir] == owner {
+		delete(s.outputs, dir)
 	}
 }
 
@@ -155,10 +212,15 @@ func (s *Server) GetVersion(ctx context.Context, _ *rolloutv1.GetVersionRequest)
 // StartJob implements RolloutServiceServer.
 func (s *Server) StartJob(ctx context.Context, req *rolloutv1.StartJobRequest) (*rolloutv1.StartJobResponse, error) {
 	var text string
+	field := "config_yaml"
 	switch c := req.GetConfig().(type) {
 	case *rolloutv1.StartJobRequest_ConfigYaml:
 		text = c.ConfigYaml
 	case *rolloutv1.StartJobRequest_ConfigPath:
+		field = "config_path"
+		if c.ConfigPath == "" {
+			return nil, status.Error(codes.InvalidArgument, "config_path: empty")
+		}
 		p, err := s.resolvePath("config_path", c.ConfigPath)
 		if err != nil {
 			return nil, err
@@ -172,15 +234,10 @@ func (s *Server) StartJob(ctx context.Context, req *rolloutv1.StartJobRequest) (
 		return nil, status.Error(codes.InvalidArgument, "config: one of config_yaml or config_path is required")
 	}
 	if strings.TrimSpace(text) == "" {
-		return nil, status.Error(codes.InvalidArgument, "config_yaml: empty")
+		return nil, status.Errorf(codes.InvalidArgument, "%s: empty", field)
 	}
-	if req.JobId != "" {
-		if jr, err := s.job(req.JobId); err == nil {
-			return &rolloutv1.StartJobResponse{Job: jr.proto()}, nil
-		}
-		if !validID(req.JobId) {
-			return nil, status.Error(codes.InvalidArgument, "job_id: use letters, digits, '-' and '_' (at most 64)")
-		}
+	if req.JobId != "" && !validID(req.JobId) {
+		return nil, status.Error(codes.InvalidArgument, "job_id: use letters, digits, '-' and '_' (at most 64)")
 	}
 	switch req.Mode {
 	case rolloutv1.JobMode_JOB_MODE_UNSPECIFIED:
@@ -189,16 +246,36 @@ func (s *Server) StartJob(ctx context.Context, req *rolloutv1.StartJobRequest) (
 	default:
 		return nil, status.Errorf(codes.InvalidArgument, "mode: unknown value %d", req.Mode)
 	}
+	if s.shuttingDown.Load() {
+		return nil, errShuttingDown
+	}
 	id := req.JobId
 	if id == "" {
 		id = newJobID()
 	}
+	// Reserve the id: a retried StartJob returns the job the first one
+	// started instead of starting it twice.
+	s.mu.Lock()
+	if jr, ok := s.jobs[id]; ok {
+		s.mu.Unlock()
+		return &rolloutv1.StartJobResponse{Job: jr.proto()}, nil
+	}
+	if s.starting[id] {
+		s.mu.Unlock()
+		return nil, status.Errorf(codes.Aborted, "job_id: job %q is being started by another call; retry", id)
+	}
+	s.starting[id] = true
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.starting, id)
+		s.mu.Unlock()
+	}()
 	st := jobState{ID: id, Mode: req.Mode, ConfigYAML: text, CreatedAt: time.Now().UTC()}
 	jr, err := s.startJob(ctx, st)
 	if err != nil {
-		return nil, toStatus(err)
+		return nil, fieldStatus(field, err)
 	}
-	s.addJob(jr)
 	s.log.Info("job started", "job", id, "env", jr.st.Env, "output", jr.st.OutputDir)
 	return &rolloutv1.StartJobResponse{Job: jr.proto()}, nil
 }
@@ -260,7 +337,7 @@ func (s *Server) WatchJob(req *rolloutv1.WatchJobRequest, stream rolloutv1.Rollo
 	select {
 	case <-jr.done:
 		jr.mu.Unlock()
-		return stream.Send(&rolloutv1.WatchJobResponse{Event: &rolloutv1.WatchJobResponse_Finished{Finished: jr.proto()}})
+		return jr.sendEnd(stream)
 	default:
 	}
 	jr.watchers[w] = true
@@ -274,21 +351,52 @@ func (s *Server) WatchJob(req *rolloutv1.WatchJobRequest, stream rolloutv1.Rollo
 	if err := stream.Send(&rolloutv1.WatchJobResponse{Event: &rolloutv1.WatchJobResponse_Progress{Progress: p}}); err != nil {
 		return err
 	}
+	send := func(ev *rolloutv1.WatchJobResponse) (bool, error) {
+		if err := stream.Send(ev); err != nil {
+			return true, err
+		}
+		_, fin := ev.Event.(*rolloutv1.WatchJobResponse_Finished)
+		return fin, nil
+	}
 	for {
 		select {
 		case ev := <-w.ch:
-			if err := stream.Send(ev); err != nil {
+			if end, err := send(ev); end {
 				return err
-			}
-			if _, fin := ev.Event.(*rolloutv1.WatchJobResponse_Finished); fin {
-				return nil
 			}
 		case <-w.lost:
 			return status.Error(codes.ResourceExhausted, "watcher fell behind the job's groups and was disconnected; reconnect and read the run directory for what was missed")
+		case <-jr.done:
+			// The final event is queued before done closes: send what is
+			// left, then end the stream.
+			for {
+				select {
+				case ev := <-w.ch:
+					if end, err := send(ev); end {
+						return err
+					}
+					continue
+				default:
+				}
+				break
+			}
+			return jr.sendEnd(stream)
 		case <-stream.Context().Done():
 			return stream.Context().Err()
 		}
 	}
+}
+
+// sendEnd ends a watch of an ended job: the final job, or Unavailable when
+// the server is shutting down and the job will resume on the next start.
+func (j *jobRun) sendEnd(stream rolloutv1.RolloutService_WatchJobServer) error {
+	j.mu.Lock()
+	interrupted := j.interrupted
+	j.mu.Unlock()
+	if interrupted {
+		return status.Errorf(codes.Unavailable, "server shutting down: job %s resumes when the server restarts; watch it again then", j.st.ID)
+	}
+	return stream.Send(&rolloutv1.WatchJobResponse{Event: &rolloutv1.WatchJobResponse_Finished{Finished: j.proto()}})
 }
 
 // ListEnvironments implements RolloutServiceServer.
@@ -326,23 +434,69 @@ func envProto(e envs.Env) *rolloutv1.Environment {
 		Toolsets: d.Toolsets, Image: d.Image, EvalOnly: d.EvalOnly, Splits: d.Splits}
 }
 
-// checkConfig resolves the config's server paths under the path policy.
-func (s *Server) checkConfig(cfg *runner.Config) error {
+// checkConfig resolves the config's server paths under the path policy:
+// output.dir, dataset.path, an env file, and the env_config keys that name
+// host paths (path, dir, *_path, *_dir, e.g. terminal-bench's tasks_dir).
+// Field names in errors get prefix. A job needs an output dir; a collect
+// stream may go without.
+func (s *Server) checkConfig(cfg *runner.Config, prefix string, needOutput bool) error {
 	var err error
-	if cfg.Output.Dir == "" {
+	switch {
+	case cfg.Output.Dir == "" && needOutput:
 		return fmt.Errorf("%w: output.dir: required for a job (the run directory; it makes the job resumable)", runner.ErrConfig)
-	}
-	if cfg.Output.Dir, err = s.resolvePath("output.dir", cfg.Output.Dir); err != nil {
-		return err
+	case cfg.Output.Dir != "":
+		if cfg.Output.Dir, err = s.resolvePath(prefix+"output.dir", cfg.Output.Dir); err != nil {
+			return err
+		}
+		if st := s.opts.StateDir; st != "" {
+			if abs, aerr := filepath.Abs(st); aerr == nil && (cfg.Output.Dir == abs || strings.HasPrefix(cfg.Output.Dir, abs+string(filepath.Separator)) ||
+				strings.HasPrefix(abs, cfg.Output.Dir+string(filepath.Separator))) {
+				return status.Errorf(codes.PermissionDenied, "%soutput.dir: %s overlaps the server's state dir", prefix, cfg.Output.Dir)
+			}
+		}
 	}
 	if cfg.Dataset.Path != "" {
-		if cfg.Dataset.Path, err = s.resolvePath("dataset.path", cfg.Dataset.Path); err != nil {
+		if cfg.Dataset.Path, err = s.resolvePath(prefix+"dataset.path", cfg.Dataset.Path); err != nil {
 			return err
 		}
 	}
 	if strings.HasSuffix(cfg.Env, ".yaml") || strings.HasSuffix(cfg.Env, ".yml") {
-		if cfg.Env, err = s.resolvePath("env", cfg.Env); err != nil {
+		if cfg.Env, err = s.resolvePath(prefix+"env", cfg.Env); err != nil {
 			return err
+		}
+	}
+	return s.checkEnvPaths(&cfg.EnvConfig, prefix+"env_config")
+}
+
+// checkEnvPaths applies the path policy to env_config values whose keys
+// name paths, rewriting them to the resolved absolute path.
+func (s *Server) checkEnvPaths(n *yaml.Node, field string) error {
+	switch n.Kind {
+	case yaml.DocumentNode, yaml.SequenceNode:
+		for i, c := range n.Content {
+			f := field
+			if n.Kind == yaml.SequenceNode {
+				f = fmt.Sprintf("%s.%d", field, i)
+			}
+			if err := s.checkEnvPaths(c, f); err != nil {
+				return err
+			}
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i].Value, n.Content[i+1]
+			f := field + "." + k
+			if v.Kind == yaml.ScalarNode && v.Value != "" && (k == "path" || k == "dir" || strings.HasSuffix(k, "_path") || strings.HasSuffix(k, "_dir")) {
+				p, err := s.resolvePath(f, v.Value)
+				if err != nil {
+					return err
+				}
+				v.Value = p
+				continue
+			}
+			if err := s.checkEnvPaths(v, f); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -362,6 +516,18 @@ func (s *Server) resolvePath(field, p string) (string, error) {
 		}
 	}
 	return "", status.Errorf(codes.PermissionDenied, "%s: %s is outside the server's data dir %s and its allowed paths (--allow-path)", field, p, s.opts.DataDir)
+}
+
+// fieldStatus maps err like toStatus, prefixing invalid-input messages with
+// the request field they came from.
+func fieldStatus(field string, err error) error {
+	if _, ok := status.FromError(err); ok {
+		return err
+	}
+	if errors.Is(err, runner.ErrConfig) || errors.Is(err, envs.ErrConfig) || errors.Is(err, datasets.ErrInvalid) {
+		return status.Error(codes.InvalidArgument, field+": "+err.Error())
+	}
+	return toStatus(err)
 }
 
 // toStatus maps errors to gRPC codes, once, at the boundary.

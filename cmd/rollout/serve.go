@@ -1,0 +1,194 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/rollout-rl/rollout/internal/job"
+	"github.com/rollout-rl/rollout/sandbox"
+	"github.com/rollout-rl/rollout/server"
+)
+
+func init() { register(newServeCmd) }
+
+type serveFlags struct {
+	listen         string
+	metricsListen  string
+	stateDir       string
+	dataDir        string
+	allowPaths     []string
+	tokenFile      string
+	tlsCert        string
+	tlsKey         string
+	cancelInFlight bool
+	drainTimeout   time.Duration
+	maxMsgSize     int
+	rateLimit      float64
+	rateBurst      int
+	maxSandboxes   int
+}
+
+func newServeCmd() *cobra.Command {
+	f := &serveFlags{}
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Serve the gRPC API: jobs, trainer-driven collection, the env catalogue (docs/api.md)",
+		Long: `Serve the rollout gRPC API (rollout.v1.RolloutService, grpc.health.v1 and
+server reflection) on --listen, and Prometheus metrics on --metrics-listen.
+
+Jobs write to run directories under --data-dir and are recorded in
+--state-dir: after a restart, jobs that were running resume where their run
+directory left off. On SIGINT/SIGTERM the server stops intake, lets
+in-flight rollouts finish (up to --drain-timeout; --cancel-in-flight or a
+second signal cancels them), flushes outputs, removes its sandboxes and
+exits.
+
+Off loopback the server requires --auth-token-file (clients send
+"authorization: Bearer <token>"); use --tls-cert/--tls-key there too.`,
+		Example: `  rollout serve
+  rollout serve --listen 0.0.0.0:50051 --auth-token-file /etc/rollout/token \
+      --tls-cert server.crt --tls-key server.key --metrics-listen 127.0.0.1:9464
+  rollout serve --listen unix:///run/rollout.sock --data-dir /srv/rollout`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return serve(cmd, f)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.listen, "listen", "127.0.0.1:50051", "gRPC address: host:port, or unix:PATH")
+	fl.StringVar(&f.metricsListen, "metrics-listen", "", "HTTP address for GET /metrics (empty: no metrics port)")
+	fl.StringVar(&f.dataDir, "data-dir", ".", "where relative paths of job configs resolve (output.dir, dataset.path, env files)")
+	fl.StringVar(&f.stateDir, "state-dir", "", "where job states are kept so jobs resume after a restart (default <data-dir>/.rollout-server; \"none\" disables)")
+	fl.StringSliceVar(&f.allowPaths, "allow-path", nil, "absolute path prefix job configs may use besides --data-dir (repeatable)")
+	fl.StringVar(&f.tokenFile, "auth-token-file", "", "file holding the bearer token clients must send (required off loopback)")
+	fl.StringVar(&f.tlsCert, "tls-cert", "", "TLS certificate (PEM); with --tls-key")
+	fl.StringVar(&f.tlsKey, "tls-key", "", "TLS private key (PEM); with --tls-cert")
+	fl.BoolVar(&f.cancelInFlight, "cancel-in-flight", false, "at shutdown, cancel running rollouts instead of letting them finish")
+	fl.DurationVar(&f.drainTimeout, "drain-timeout", 10*time.Minute, "at shutdown, cancel rollouts still running after this long (0: wait)")
+	fl.IntVar(&f.maxMsgSize, "max-msg-size", server.DefaultMaxMsgSize, "largest gRPC message received or sent, in bytes")
+	fl.Float64Var(&f.rateLimit, "rate-limit", 0, "calls per second admitted across all clients, streams counted when opened (0: unlimited)")
+	fl.IntVar(&f.rateBurst, "rate-burst", 0, "burst size of --rate-limit (default: the rate, at least 1)")
+	fl.IntVar(&f.maxSandboxes, "max-sandboxes", 0, "sandbox containers alive at once across all jobs (default 512)")
+	return cmd
+}
+
+func serve(cmd *cobra.Command, f *serveFlags) error {
+	if (f.tlsCert == "") != (f.tlsKey == "") {
+		return usageError(cmd, errors.New("--tls-cert and --tls-key go together"))
+	}
+	if f.maxMsgSize <= 0 || f.rateLimit < 0 || f.rateBurst < 0 || f.maxSandboxes < 0 || f.drainTimeout < 0 {
+		return usageError(cmd, errors.New("--max-msg-size must be positive; --rate-limit, --rate-burst, --max-sandboxes and --drain-timeout must not be negative"))
+	}
+	var t server.Transport
+	if f.tokenFile != "" {
+		tok, err := server.ReadTokenFile(f.tokenFile)
+		if err != nil {
+			return withExitCode(2, err)
+		}
+		t.Token = tok
+	}
+	if err := server.CheckListen(f.listen, t.Token != ""); err != nil {
+		return withExitCode(2, err)
+	}
+	if f.tlsCert != "" {
+		cfg, err := server.LoadTLS(f.tlsCert, f.tlsKey)
+		if err != nil {
+			return withExitCode(2, err)
+		}
+		t.TLS = cfg
+	}
+	t.MaxMsgSize, t.RateLimit, t.RateBurst = f.maxMsgSize, f.rateLimit, f.rateBurst
+
+	log := newLogger(os.Stderr)
+	if !server.IsLocalAddr(f.listen) && t.TLS == nil {
+		log.Warn("listening off loopback without TLS: bearer tokens and trajectories travel in clear text (use --tls-cert/--tls-key)")
+	}
+	if f.metricsListen != "" && !server.IsLocalAddr(f.metricsListen) {
+		log.Warn("the metrics port is unauthenticated and listens off loopback", "addr", f.metricsListen)
+	}
+	stateDir := f.stateDir
+	switch stateDir {
+	case "":
+		stateDir = filepath.Join(f.dataDir, ".rollout-server")
+	case "none":
+		stateDir = ""
+	}
+
+	ctx := cmd.Context()
+	ln, err := server.Listen(ctx, f.listen)
+	if err != nil {
+		return err
+	}
+	o := server.RunOptions{Transport: t, Listener: ln, DrainTimeout: f.drainTimeout, CancelInFlight: f.cancelInFlight, Logger: log}
+	if f.metricsListen != "" {
+		m, err := server.Listen(ctx, f.metricsListen)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+		o.MetricsListener = m
+	}
+
+	// One Docker backend for every job, started on the first sandbox; it
+	// is closed last, removing whatever sandboxes remain.
+	shared := job.NewShared(sandbox.Options{Logger: log, MaxContainers: f.maxSandboxes})
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+		defer cancel()
+		if err := shared.Close(cctx); err != nil {
+			log.Warn("remove sandboxes", "error", err)
+		}
+	}()
+	svc, err := server.New(ctx, server.Options{StateDir: stateDir, DataDir: f.dataDir, AllowedPaths: f.allowPaths,
+		Sandboxes: shared, Images: shared, Logger: log})
+	if err != nil {
+		ln.Close()
+		if o.MetricsListener != nil {
+			o.MetricsListener.Close()
+		}
+		return err
+	}
+
+	// The first SIGINT/SIGTERM ends ctx (root command); a second one
+	// during the drain cancels in-flight rollouts.
+	force := make(chan struct{})
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	served := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		select {
+		case <-ctx.Done():
+		case <-served:
+			return
+		}
+		select {
+		case <-sigs: // may be the first signal, still queued
+		case <-served:
+			return
+		}
+		select {
+		case <-sigs:
+			close(force)
+		case <-served:
+		}
+	}()
+	o.Force = force
+	err = server.Run(ctx, svc, o)
+	close(served)
+	<-watched
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,115 @@
+package server
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/moby/moby/client"
+
+	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
+	"github.com/rollout-rl/rollout/internal/dockerclient"
+	"github.com/rollout-rl/rollout/internal/job"
+	"github.com/rollout-rl/rollout/sandbox"
+	"github.com/rollout-rl/rollout/sandbox/image"
+	"github.com/rollout-rl/rollout/trajectory"
+)
+
+// needDocker ensures the busybox sandbox image, skipping without an engine
+// (failing under CI=true, where Docker is required).
+func needDocker(t *testing.T) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	ref, err := image.EnsureBusybox(ctx)
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("Docker is required in CI: %v", err)
+		}
+		t.Skipf("no usable Docker engine: %v", err)
+	}
+	return ref
+}
+
+// TestDockerJob runs a sandboxed env through the server with the shared
+// Docker backend `rollout serve` uses: tool calls and rewards run in
+// containers, and closing the backend after the shutdown leaves none.
+func TestDockerJob(t *testing.T) {
+	ref := needDocker(t)
+	b := make([]byte, 4)
+	_, _ = crand.Read(b)
+	instance := "servertest-" + hex.EncodeToString(b)
+	shared := job.NewShared(sandbox.Options{Instance: instance, Logger: quiet})
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		_ = shared.Close(ctx)
+	})
+
+	s := newSim(t, "terminal-tasks", -1)
+	h := startServer(t, Options{Sandboxes: shared, Images: shared}, RunOptions{})
+	cfg := fmt.Sprintf(`env: terminal-tasks
+groups: 2
+group_size: 2
+inference:
+  backend: vllm
+  endpoints: [%s]
+  timeout: 2m
+parser: hermes
+sampling: {max_tokens: 1024}
+sandbox: {image: %s}
+output: {dir: runs/docker}
+`, s.URL, ref)
+	j := h.start(t, startReq(cfg, ""))
+	res := h.watch(bg(t), j.Id, true, nil)
+	if res.err != nil || res.finished.GetState() != rolloutv1.JobState_JOB_STATE_SUCCEEDED {
+		t.Fatalf("job: %v (%v)", res.finished, res.err)
+	}
+	if p := res.finished.Progress; p.GroupsDone != 2 || p.RolloutsOk != 4 {
+		t.Errorf("progress %v", p)
+	}
+	recs := readRun(t, j.OutputDir)
+	if len(recs) != 2 {
+		t.Fatalf("%d groups on disk", len(recs))
+	}
+	rewarded := 0
+	for g, rows := range recs {
+		for _, r := range rows {
+			if r.Status != trajectory.StatusOK || r.Turns < 2 {
+				t.Errorf("group %s rollout %d: %s, %d turns, %+v", g, r.RolloutIndex, r.Status, r.Turns, r.Failure)
+			}
+			if r.Reward > 0 {
+				rewarded++
+			}
+		}
+	}
+	if rewarded == 0 {
+		t.Error("no rollout earned a reward: the sandboxed tool calls did not take effect")
+	}
+
+	if err := h.stop(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := shared.Close(ctx); err != nil {
+		t.Fatalf("close the sandbox backend: %v", err)
+	}
+	cli, err := dockerclient.New(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	list, err := cli.ContainerList(ctx, client.ContainerListOptions{All: true,
+		Filters: make(client.Filters).Add("label", sandbox.LabelInstance+"="+instance)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range list.Items {
+		t.Errorf("container %s left behind (%s)", c.ID[:12], c.State)
+	}
+}

@@ -1,0 +1,256 @@
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+
+	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
+)
+
+// DefaultMaxMsgSize bounds one gRPC message each way. Groups travel one per
+// message; 8 rollouts of 32k tokens with their messages stay far below it.
+const DefaultMaxMsgSize = 64 << 20
+
+// Transport configures the gRPC server around the service.
+type Transport struct {
+	// Token, when set, is the bearer token every call must carry (health
+	// checks excepted), compared in constant time.
+	Token string
+	// TLS, when set, serves TLS.
+	TLS *tls.Config
+	// MaxMsgSize bounds received and sent messages (default
+	// DefaultMaxMsgSize).
+	MaxMsgSize int
+	// RateLimit admits that many calls per second across all clients
+	// (health checks excepted); 0 disables. Streams count once, when they
+	// open.
+	RateLimit float64
+	// RateBurst is the bucket size (default max(1, RateLimit)).
+	RateBurst int
+}
+
+// GRPC is the service on a gRPC server with health and reflection.
+type GRPC struct {
+	Server *grpc.Server
+	Health *health.Server
+	svc    *Server
+}
+
+// NewGRPC builds the gRPC server: the RolloutService, grpc.health.v1 (the
+// empty service name and rollout.v1.RolloutService report SERVING) and
+// server reflection, behind the metrics, auth and rate-limit interceptors.
+func NewGRPC(svc *Server, t Transport) *GRPC {
+	if t.MaxMsgSize <= 0 {
+		t.MaxMsgSize = DefaultMaxMsgSize
+	}
+	g := &guard{}
+	if t.Token != "" {
+		g.auth = newTokenAuth(t.Token)
+	}
+	if t.RateLimit > 0 {
+		burst := t.RateBurst
+		if burst <= 0 {
+			burst = max(1, int(t.RateLimit))
+		}
+		g.limit = rate.NewLimiter(rate.Limit(t.RateLimit), burst)
+	}
+	opts := []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(t.MaxMsgSize),
+		grpc.MaxSendMsgSize(t.MaxMsgSize),
+		grpc.ChainUnaryInterceptor(rpcUnaryMetrics, g.unary),
+		grpc.ChainStreamInterceptor(rpcStreamMetrics, g.stream),
+		// Watch and collect streams idle for long stretches: let clients
+		// keep them alive through NATs without being disconnected.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+	}
+	if t.TLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(t.TLS)))
+	}
+	gs := grpc.NewServer(opts...)
+	svc.Register(gs)
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(gs, hs)
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	hs.SetServingStatus(rolloutv1.RolloutService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	reflection.Register(gs)
+	return &GRPC{Server: gs, Health: hs, svc: svc}
+}
+
+// Shutdown stops the server gracefully: health turns NOT_SERVING, the
+// service stops intake and drains its jobs and streams (or cancels their
+// in-flight rollouts), then the gRPC server stops once its calls have
+// ended. When ctx ends first, in-flight rollouts are cancelled and the
+// remaining calls are cut.
+func (g *GRPC) Shutdown(ctx context.Context, cancelInFlight bool) error {
+	g.Health.Shutdown()
+	err := g.svc.Shutdown(ctx, cancelInFlight)
+	stopped := make(chan struct{})
+	go func() {
+		g.Server.GracefulStop()
+		close(stopped)
+	}()
+	// Streams end once their jobs have; give stragglers a moment before
+	// cutting them.
+	grace := time.NewTimer(5 * time.Second)
+	defer grace.Stop()
+	select {
+	case <-stopped:
+	case <-grace.C:
+		g.Server.Stop()
+		<-stopped
+	}
+	return err
+}
+
+// Listen opens addr: "host:port", or "unix:PATH" / "unix:///PATH" for a
+// unix socket (a stale socket is replaced; any other file is an error).
+func Listen(ctx context.Context, addr string) (net.Listener, error) {
+	var lc net.ListenConfig
+	if p, ok := strings.CutPrefix(addr, "unix:"); ok {
+		p = strings.TrimPrefix(p, "//")
+		// Replace a socket left by a previous server, nothing else.
+		if fi, err := os.Lstat(p); err == nil && fi.Mode()&os.ModeSocket != 0 {
+			if err := os.Remove(p); err != nil {
+				return nil, fmt.Errorf("listen on %s: %w", addr, err)
+			}
+		}
+		ln, err := lc.Listen(ctx, "unix", p)
+		if err != nil {
+			return nil, fmt.Errorf("listen on %s: %w", addr, err)
+		}
+		return ln, nil
+	}
+	ln, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	return ln, nil
+}
+
+// RunOptions configure Run.
+type RunOptions struct {
+	Transport
+	// Listener for gRPC (see Listen).
+	Listener net.Listener
+	// MetricsListener, when set, serves GET /metrics over HTTP.
+	MetricsListener net.Listener
+	// DrainTimeout bounds the graceful drain at shutdown; in-flight
+	// rollouts still running then are cancelled (0: wait as long as it
+	// takes).
+	DrainTimeout time.Duration
+	// CancelInFlight cancels in-flight rollouts at shutdown instead of
+	// letting them finish.
+	CancelInFlight bool
+	// Force, when closed during the drain, cancels in-flight rollouts (a
+	// second interrupt).
+	Force <-chan struct{}
+	// Ready, when set, is called once the server accepts calls.
+	Ready  func()
+	Logger *slog.Logger
+}
+
+// Run serves svc until ctx ends, then shuts down gracefully (see
+// GRPC.Shutdown); interrupted jobs stay RUNNING in the state dir and resume
+// on the next start. Run closes the listeners.
+func Run(ctx context.Context, svc *Server, o RunOptions) error {
+	log := o.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	g := NewGRPC(svc, o.Transport)
+	grpcDone := make(chan error, 1)
+	go func() { grpcDone <- g.Server.Serve(o.Listener) }()
+
+	var metricsSrv *http.Server
+	var metricsDone chan error // nil without metrics: never ready
+	if o.MetricsListener != nil {
+		reg := svc.Collector()
+		if err := prometheus.Register(reg); err != nil {
+			log.Warn("register job metrics", "error", err)
+		} else {
+			defer prometheus.Unregister(reg)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", MetricsHandler())
+		metricsSrv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		metricsDone = make(chan error, 1)
+		go func() { metricsDone <- metricsSrv.Serve(o.MetricsListener) }()
+		log.Info("metrics listening", "addr", "http://"+o.MetricsListener.Addr().String()+"/metrics")
+	}
+	log.Info("rollout service listening", "addr", o.Listener.Addr().String(), "tls", o.TLS != nil, "auth", o.Token != "")
+	if o.Ready != nil {
+		o.Ready()
+	}
+
+	var runErr error
+	grpcEnded, metricsEnded := false, false
+	select {
+	case <-ctx.Done():
+	case err := <-grpcDone:
+		grpcEnded, runErr = true, fmt.Errorf("grpc: %w", err)
+	case err := <-metricsDone:
+		metricsEnded = true
+		if !errors.Is(err, http.ErrServerClosed) {
+			runErr = fmt.Errorf("metrics: %w", err)
+		}
+	}
+	if runErr != nil {
+		log.Error("server failed, shutting down", "error", runErr)
+	}
+	log.Info("shutting down: intake stopped, draining jobs", "cancel_in_flight", o.CancelInFlight, "drain_timeout", o.DrainTimeout.String())
+	dctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	if o.DrainTimeout > 0 {
+		var c2 context.CancelFunc
+		dctx, c2 = context.WithTimeout(dctx, o.DrainTimeout)
+		defer c2()
+	}
+	stopForce := make(chan struct{})
+	forced := make(chan struct{})
+	go func() {
+		defer close(forced)
+		select {
+		case <-o.Force:
+			log.Warn("second interrupt: cancelling in-flight rollouts")
+			cancel()
+		case <-stopForce:
+		}
+	}()
+	err := g.Shutdown(dctx, o.CancelInFlight)
+	close(stopForce)
+	<-forced
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		log.Warn("drain cut short: in-flight rollouts were cancelled", "error", err)
+		err = nil
+	}
+	if !grpcEnded {
+		<-grpcDone // Serve returns once GracefulStop/Stop closed the listener
+	}
+	if metricsSrv != nil {
+		sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_ = metricsSrv.Shutdown(sctx)
+		scancel()
+	}
+	if metricsSrv != nil && !metricsEnded {
+		<-metricsDone
+	}
+	log.Info("rollout service stopped")
+	return errors.Join(runErr, err)
+}
