@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"io"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -487,5 +488,52 @@ func TestKillAll(t *testing.T) {
 	r, err := s.Exec(ctx, ExecRequest{Command: "ps -o comm | grep -c sleep"})
 	if err != nil || strings.TrimSpace(string(r.Stdout)) != "0" {
 		t.Fatalf("after KillAll: %q %v", r.Stdout, err)
+	}
+}
+
+// The exec channel needs nothing from the image: a scratch image holding a
+// single static binary — no shell, no /etc/passwd, no /tmp — still runs
+// argv commands and file operations; shell commands fail with a clear
+// exit 127, not a broken sandbox.
+func TestBareImage(t *testing.T) {
+	d := needDocker(t)
+	ctx := context.Background()
+	const ref = "rollout-sandbox-test:bare"
+	if _, err := d.Client().ImageInspect(ctx, ref); err != nil {
+		bb, err := os.ReadFile("/bin/busybox")
+		if err != nil {
+			t.Skipf("needs a static /bin/busybox: %v", err)
+		}
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		_ = tw.WriteHeader(&tar.Header{Name: "busybox", Typeflag: tar.TypeReg, Mode: 0o755, Size: int64(len(bb)), ModTime: time.Now()})
+		_, _ = tw.Write(bb)
+		if err := tw.Close(); err != nil {
+			t.Fatal(err)
+		}
+		res, err := d.Client().ImageImport(ctx, client.ImageImportSource{Source: &buf, SourceName: "-"}, ref, client.ImageImportOptions{})
+		if err != nil {
+			t.Fatalf("import bare image: %v", err)
+		}
+		_, _ = io.Copy(io.Discard, res)
+		res.Close()
+	}
+	s := newSandbox(t, Spec{Image: ref, Workdir: "/"})
+	r, err := s.Exec(ctx, ExecRequest{Argv: []string{"/busybox", "echo", "hi"}})
+	if err != nil || string(r.Stdout) != "hi\n" || r.ExitCode != 0 {
+		t.Fatalf("argv exec: %+v %v", r, err)
+	}
+	if err := s.WriteFile(ctx, "/data/x.bin", []byte{0, 1, 2, 255}, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := s.ReadFile(ctx, "/data/x.bin"); err != nil || !bytes.Equal(b, []byte{0, 1, 2, 255}) {
+		t.Fatalf("read back %v %v", b, err)
+	}
+	r, err = s.Exec(ctx, ExecRequest{Command: "echo hi"})
+	if err != nil || r.ExitCode != 127 {
+		t.Fatalf("shell command without a shell: %+v %v", r, err)
+	}
+	if r, err := s.Exec(ctx, ExecRequest{Argv: []string{"/busybox", "true"}}); err != nil || r.ExitCode != 0 {
+		t.Fatalf("sandbox broken after the failed shell command: %+v %v", r, err)
 	}
 }
