@@ -99,6 +99,23 @@ type Outcome struct {
 	Tools *toolcontext.ToolContext
 }
 
+// EvalMetricser is implemented by envs with evaluation metrics of their
+// own beyond pass@k and mean reward (e.g. a per-component success rate);
+// they join the env's block of the eval report's metrics.json. Rollouts
+// that failed for infrastructure reasons are not passed.
+type EvalMetricser interface {
+	EvalMetrics(rollouts []ScoredRollout) map[string]float64
+}
+
+// ScoredRollout is what EvalMetrics sees of one finished rollout.
+type ScoredRollout struct {
+	ItemID     string
+	Category   string
+	Reward     float64
+	Components map[string]float64
+	Turns      int
+}
+
 // Solver is implemented by envs whose items carry reference solutions the
 // simulator can follow (the demo and the tests). The JSON object has the
 // shape of the simulator's script: {"steps": [...], "wrong": [...]}.

@@ -347,3 +347,18 @@ func TestTerminalBenchRowsAndTars(t *testing.T) {
 		t.Error("terminal-bench must be eval-only by default")
 	}
 }
+
+func TestEvalMetrics(t *testing.T) {
+	var env EvalMetricser = &TerminalTasks{}
+	ms := env.EvalMetrics([]ScoredRollout{
+		{Reward: 1, Turns: 3, Components: map[string]float64{"check_0": 1, "check_1": 1}},
+		{Reward: 0.5, Turns: 9, Components: map[string]float64{"check_0": 1, "check_1": 0}},
+		{Reward: 1, Turns: 5, Components: map[string]float64{"check_0": 1}},
+	})
+	if ms["check_pass_rate"] != 0.8 || ms["turns_when_solved_mean"] != 4 {
+		t.Fatalf("metrics %v", ms)
+	}
+	if ms := env.EvalMetrics(nil); len(ms) != 0 {
+		t.Fatalf("no rollouts: %v", ms)
+	}
+}

@@ -150,3 +150,6 @@ func randomHex() string {
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
 }
+
+// EvalMetrics implements EvalMetricser: the turns a fully solved task took.
+func (e *SWETests) EvalMetrics(ros []ScoredRollout) map[string]float64 { return solvedTurns(ros) }

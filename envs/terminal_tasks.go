@@ -150,3 +150,35 @@ func (e *TerminalTasks) observe(ctx context.Context, sb Sandbox, path, command s
 	}
 	return string(res.Stdout), res.ExitCode == 0, nil
 }
+
+// EvalMetrics implements EvalMetricser: the pass rate of individual checks
+// (partial progress that pass@k hides) and the turns a solved task took.
+func (e *TerminalTasks) EvalMetrics(ros []ScoredRollout) map[string]float64 {
+	checks, passed := 0, 0.0
+	for _, r := range ros {
+		for _, v := range r.Components {
+			checks++
+			passed += v
+		}
+	}
+	out := solvedTurns(ros)
+	if checks > 0 {
+		out["check_pass_rate"] = passed / float64(checks)
+	}
+	return out
+}
+
+// solvedTurns is the mean number of turns of fully solved rollouts.
+func solvedTurns(ros []ScoredRollout) map[string]float64 {
+	n, turns := 0, 0
+	for _, r := range ros {
+		if r.Reward >= 1 {
+			n++
+			turns += r.Turns
+		}
+	}
+	if n == 0 {
+		return map[string]float64{}
+	}
+	return map[string]float64{"turns_when_solved_mean": float64(turns) / float64(n)}
+}

@@ -26,6 +26,9 @@ type EvalOptions struct {
 	// Duration overrides total_evaluation_time_seconds (default: the span
 	// of the records' start and end times).
 	Duration time.Duration
+	// EnvMetrics are an env's own evaluation metrics (envs.EvalMetricser),
+	// by env name; they join that env's task block "atropos|ENV|0".
+	EnvMetrics map[string]map[string]float64
 }
 
 // EvalReport is metrics.json: the lighteval-like layout Atropos'
@@ -170,6 +173,16 @@ func ComputeEval(recs []Record, opts EvalOptions) EvalReport {
 	}
 	for name, b := range buckets {
 		rep.Results[name] = evalMetrics(b.recs, thr, ks, name == "all" || isTaskKey(name))
+	}
+	for env, ms := range opts.EnvMetrics {
+		block := rep.Results["atropos|"+env+"|0"]
+		if block == nil {
+			block = map[string]float64{}
+			rep.Results["atropos|"+env+"|0"] = block
+		}
+		for k, v := range ms {
+			block[k] = v
+		}
 	}
 	return rep
 }

@@ -168,3 +168,17 @@ func TestEvalReportGolden(t *testing.T) {
 		checkGolden(t, "eval_"+name, b)
 	}
 }
+
+// An env's own metrics join its task block of metrics.json.
+func TestEvalEnvMetrics(t *testing.T) {
+	recs := fixtureRecords()
+	env := recs[0].Env
+	rep := ComputeEval(recs, EvalOptions{EnvMetrics: map[string]map[string]float64{env: {"check_pass_rate": 0.25}}})
+	block := rep.Results["atropos|"+env+"|0"]
+	if block["check_pass_rate"] != 0.25 {
+		t.Fatalf("env block %v", block)
+	}
+	if _, ok := block["pass@1"]; !ok {
+		t.Fatalf("the env's metrics replaced the standard ones: %v", block)
+	}
+}

@@ -268,7 +268,20 @@ func (j *Job) writeEval(ctx context.Context) error {
 	if cfg.Eval.K > 1 {
 		ks = append(ks, cfg.Eval.K)
 	}
-	_, err = trajectory.WriteEvalReport(filepath.Join(j.Dir, "eval"), recs, trajectory.EvalOptions{Ks: ks, PassThreshold: &thr})
+	opts := trajectory.EvalOptions{Ks: ks, PassThreshold: &thr}
+	if em, ok := j.Env.(envs.EvalMetricser); ok {
+		var ros []envs.ScoredRollout
+		for i := range recs {
+			if r := &recs[i]; r.Status == trajectory.StatusOK {
+				ros = append(ros, envs.ScoredRollout{ItemID: r.ItemID, Category: r.Category, Reward: r.Reward,
+					Components: r.RewardComponents, Turns: int(r.Turns)})
+			}
+		}
+		if ms := em.EvalMetrics(ros); len(ms) > 0 {
+			opts.EnvMetrics = map[string]map[string]float64{j.Env.Name(): ms}
+		}
+	}
+	_, err = trajectory.WriteEvalReport(filepath.Join(j.Dir, "eval"), recs, opts)
 	if err != nil {
 		return fmt.Errorf("eval report: %w", err)
 	}
