@@ -4,6 +4,7 @@ import (
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
 	"github.com/rollout-rl/rollout/internal/job"
 	"github.com/rollout-rl/rollout/runner"
+	"github.com/rollout-rl/rollout/trajectory"
 )
 
 // groupProto converts a finished group. The token columns come from the
@@ -24,21 +25,27 @@ func groupProto(run *runner.RunInfo, g *runner.Group) (*rolloutv1.Group, error) 
 		if err != nil {
 			return nil, err
 		}
-		pr := &rolloutv1.Rollout{
-			Index: int32(ro.Index), RolloutId: ro.ID, Status: rec.Status, Reward: rec.Reward,
-			RewardComponents: rec.RewardComponents, Advantage: rec.Advantage, Tokens: rec.Tokens,
-			Logprobs: rec.Logprobs, PromptTokens: rec.PromptTokens, CompletionTokens: rec.CompletionTokens,
-			Turns: rec.Turns, FinishedNaturally: rec.FinishedNaturally, StopReason: rec.StopReason,
-			MessagesJson: rec.Messages, DriftTokens: rec.DriftTokens, Attempts: int32(ro.Attempts),
-		}
-		if rec.Failure != nil {
-			pr.FailureKind, pr.FailureMessage = rec.Failure.Kind, rec.Failure.Message
-		}
-		pr.LossMask = make([]int32, len(rec.LossMask))
-		for k, m := range rec.LossMask {
-			pr.LossMask[k] = int32(m)
-		}
-		out.Rollouts[i] = pr
+		out.Rollouts[i] = RolloutProto(&rec, ro.ID, ro.Attempts)
 	}
 	return out, nil
+}
+
+// RolloutProto is the stream message of one rollout's trajectory record
+// (tokens, loss mask, logprobs, scores and status exactly as in Parquet).
+func RolloutProto(rec *trajectory.Record, rolloutID string, attempts int) *rolloutv1.Rollout {
+	pr := &rolloutv1.Rollout{
+		Index: rec.RolloutIndex, RolloutId: rolloutID, Status: rec.Status, Reward: rec.Reward,
+		RewardComponents: rec.RewardComponents, Advantage: rec.Advantage, Tokens: rec.Tokens,
+		Logprobs: rec.Logprobs, PromptTokens: rec.PromptTokens, CompletionTokens: rec.CompletionTokens,
+		Turns: rec.Turns, FinishedNaturally: rec.FinishedNaturally, StopReason: rec.StopReason,
+		MessagesJson: rec.Messages, DriftTokens: rec.DriftTokens, Attempts: int32(attempts),
+	}
+	if rec.Failure != nil {
+		pr.FailureKind, pr.FailureMessage = rec.Failure.Kind, rec.Failure.Message
+	}
+	pr.LossMask = make([]int32, len(rec.LossMask))
+	for k, m := range rec.LossMask {
+		pr.LossMask[k] = int32(m)
+	}
+	return pr
 }

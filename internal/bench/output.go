@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
+	"github.com/rollout-rl/rollout/server"
 	"github.com/rollout-rl/rollout/trajectory"
 )
 
@@ -158,21 +159,7 @@ func groupMessage(g []trajectory.Record) (*rolloutv1.Group, error) {
 	out.Mean = sum / float64(len(g))
 	for i := range g {
 		rec := &g[i]
-		pr := &rolloutv1.Rollout{
-			Index: rec.RolloutIndex, RolloutId: fmt.Sprintf("%s-%d", rec.GroupID, rec.RolloutIndex), Status: rec.Status,
-			Reward: rec.Reward, RewardComponents: rec.RewardComponents, Advantage: rec.Advantage, Tokens: rec.Tokens,
-			Logprobs: rec.Logprobs, PromptTokens: rec.PromptTokens, CompletionTokens: rec.CompletionTokens,
-			Turns: rec.Turns, FinishedNaturally: rec.FinishedNaturally, StopReason: rec.StopReason,
-			MessagesJson: rec.Messages, DriftTokens: rec.DriftTokens, Attempts: 1,
-		}
-		if rec.Failure != nil {
-			pr.FailureKind, pr.FailureMessage = rec.Failure.Kind, rec.Failure.Message
-		}
-		pr.LossMask = make([]int32, len(rec.LossMask))
-		for k, m := range rec.LossMask {
-			pr.LossMask[k] = int32(m)
-		}
-		out.Rollouts[i] = pr
+		out.Rollouts[i] = server.RolloutProto(rec, fmt.Sprintf("%s-%d", rec.GroupID, rec.RolloutIndex), 1)
 	}
 	return out, nil
 }
