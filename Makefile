@@ -1,5 +1,6 @@
 # rollout — see README.md. Every target works offline except for the first
-# `go mod download` (Go module proxy) and `make image` (Debian's apt).
+# `go mod download` (Go module proxy), and Debian's apt when `make image` or
+# `make test` finds mmdebstrap, busybox-static or python3-grpcio missing.
 GO      ?= go
 GOFLAGS ?=
 BIN     := bin/rollout
@@ -22,9 +23,12 @@ lint:
 	$(GO) vet ./...
 
 # test: everything CI checks. Base images are built only when missing or
-# stale (a no-op in well under a second otherwise).
+# stale (a no-op in well under a second otherwise). ensure-python-grpc.sh
+# installs Debian's python3-grpcio and python3-grpc-tools for the Python
+# example's test (as root; otherwise it says what to install).
 test: lint proto-check build
 	$(BIN) sandbox image build
+	scripts/ensure-python-grpc.sh
 	$(GO) test -race -count=1 ./...
 	FUZZTIME=$(FUZZTIME) scripts/fuzz-smoke.sh
 

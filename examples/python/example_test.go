@@ -1,0 +1,278 @@
+// Package pythonexample tests examples/python/rollout_example.py: it builds
+// the rollout binary, starts `rollout sim` and `rollout serve` on free
+// loopback ports and runs the example with Debian's python3.
+//
+// The test skips when python3 cannot import grpc and grpc_tools, except
+// with CI=true, where it fails: `make test` installs python3-grpcio and
+// python3-grpc-tools first (scripts/ensure-python-grpc.sh).
+package pythonexample
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const (
+	groups    = 3
+	groupSize = 4
+)
+
+// python is Debian's interpreter (ROLLOUT_PYTHON overrides it): the first
+// python3 on PATH may be a pyenv one that does not see Debian's packages.
+func python() string {
+	if p := os.Getenv("ROLLOUT_PYTHON"); p != "" {
+		return p
+	}
+	return "/usr/bin/python3"
+}
+
+func TestPythonExample(t *testing.T) {
+	py := python()
+	if out, err := exec.Command(py, "-c", "import grpc, grpc_tools").CombinedOutput(); err != nil {
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		msg := fmt.Sprintf("%s cannot import grpc and grpc_tools (%v: %s); install python3-grpcio and python3-grpc-tools "+
+			"(scripts/ensure-python-grpc.sh does it as root)", py, err, lines[len(lines)-1])
+		if os.Getenv("CI") == "true" {
+			t.Fatal("CI=true: " + msg)
+		}
+		t.Skip(msg)
+	}
+	if testing.Short() {
+		t.Skip("-short: skipping the end-to-end Python example")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "rollout")
+	build := exec.CommandContext(ctx, "go", "build", "-o", bin, "github.com/rollout-rl/rollout/cmd/rollout")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build rollout: %v\n%s", err, out)
+	}
+	dataDir := filepath.Join(dir, "data")
+	if err := os.Mkdir(dataDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	// The simulator follows toolcall-match's reference solutions on 60% of
+	// the episodes, so rewards vary within a group. Its latency keeps the
+	// first group from finishing before the example's WatchJob starts
+	// (WatchJob does not replay earlier groups).
+	simPort := startProcess(ctx, t, "sim", func(port int) []string {
+		return []string{bin, "sim", "--env", "toolcall-match", "--host", "127.0.0.1", "--port", strconv.Itoa(port),
+			"--success-prob", "0.6", "--seed", "7", "--ttft", "500ms"}
+	}, func(port int) bool {
+		resp, err := probe.Get("http://127.0.0.1:" + strconv.Itoa(port) + "/health")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+	servePort := startProcess(ctx, t, "serve", func(port int) []string {
+		return []string{bin, "serve", "--listen", "127.0.0.1:" + strconv.Itoa(port), "--data-dir", dataDir}
+	}, func(port int) bool {
+		c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), time.Second)
+		if err != nil {
+			return false
+		}
+		c.Close()
+		return true
+	})
+
+	cmd := exec.CommandContext(ctx, py, "rollout_example.py",
+		"--addr", "127.0.0.1:"+strconv.Itoa(servePort),
+		"--endpoint", "http://127.0.0.1:"+strconv.Itoa(simPort),
+		"--groups", strconv.Itoa(groups), "--group-size", strconv.Itoa(groupSize),
+		"--timeout", "300")
+	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1")
+	cmd.WaitDelay = 10 * time.Second
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	t.Logf("rollout_example.py output:\n%s", stdout.String())
+	if stderr.Len() > 0 {
+		t.Logf("rollout_example.py stderr:\n%s", stderr.String())
+	}
+	if err != nil {
+		t.Fatalf("rollout_example.py: %v", err)
+	}
+	checkOutput(t, stdout.String())
+}
+
+var groupLine = regexp.MustCompile(`^(watch|collect) group (\S+) (?:request=(\S+) )?item=(\S+) rewards=\[([^\]]*)\] tokens=\[([^\]]*)\] mean=(\S+)(.*)$`)
+
+// checkOutput checks that both parts received every group with its
+// rewards and tokens.
+func checkOutput(t *testing.T, out string) {
+	t.Helper()
+	items := map[string]map[string]bool{"watch": {}, "collect": {}}
+	for _, line := range strings.Split(out, "\n") {
+		m := groupLine.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		part, item := m[1], m[4]
+		if items[part][item] {
+			t.Errorf("%s: item %s received twice", part, item)
+		}
+		items[part][item] = true
+		rewards := strings.Split(m[5], ", ")
+		tokens := strings.Split(m[6], ", ")
+		if len(rewards) != groupSize || len(tokens) != groupSize {
+			t.Errorf("%d rewards and %d token counts, want %d: %q", len(rewards), len(tokens), groupSize, line)
+			continue
+		}
+		for i := range rewards {
+			r, err := strconv.ParseFloat(rewards[i], 64)
+			if err != nil || r < 0 || r > 1 {
+				t.Errorf("rollout %d: reward %q is not a number in [0, 1]: %q", i, rewards[i], line)
+			}
+			if n, err := strconv.Atoi(tokens[i]); err != nil || n <= 0 {
+				t.Errorf("rollout %d: token count %q is not positive: %q", i, tokens[i], line)
+			}
+		}
+		if part == "collect" && (m[3] != "step-1" || !strings.Contains(m[8], "policy_version=1")) {
+			t.Errorf("collected group without its request id and policy version: %q", line)
+		}
+	}
+	for part, got := range items {
+		if len(got) != groups {
+			t.Errorf("%s: %d distinct groups printed, want %d", part, len(got), groups)
+		}
+	}
+	for _, want := range []string{
+		"connected to rollout ",
+		fmt.Sprintf("JOB_STATE_SUCCEEDED, received %d/%d groups", groups, groups),
+		fmt.Sprintf("collect: received %d/%d groups, at most 1 in flight", groups, groups),
+		"\nOK\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q", want)
+		}
+	}
+}
+
+// startProcess starts a long-running child (argv from args) on a free
+// loopback port and waits until ready reports it serving. A child that
+// exits during startup (the port was taken in between) is retried on
+// another port. The child is stopped with SIGTERM (then SIGKILL) at the
+// end of the test.
+func startProcess(ctx context.Context, t *testing.T, name string, args func(port int) []string, ready func(port int) bool) int {
+	t.Helper()
+	var lastOut string
+	for attempt := 1; attempt <= 3; attempt++ {
+		port := freePort(t)
+		argv := args(port)
+		cmd := exec.Command(argv[0], argv[1:]...)
+		out := &syncBuffer{}
+		cmd.Stdout, cmd.Stderr = out, out
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("start %s: %v", name, err)
+		}
+		exited := make(chan error, 1)
+		go func() { exited <- cmd.Wait() }()
+		stopped := false
+		t.Cleanup(func() {
+			if stopped {
+				return
+			}
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case err := <-exited:
+				if err != nil {
+					t.Logf("%s exited after SIGTERM: %v", name, err)
+				}
+			case <-time.After(time.Minute):
+				_ = cmd.Process.Kill()
+				<-exited
+				t.Errorf("%s ignored SIGTERM for a minute and was killed", name)
+			}
+			if t.Failed() {
+				t.Logf("%s output:\n%s", name, out.String())
+			}
+		})
+		if waitReady(ctx, t, name, port, exited, out, ready) {
+			return port
+		}
+		stopped = true
+		lastOut = out.String()
+	}
+	t.Fatalf("%s could not start:\n%s", name, lastOut)
+	return 0
+}
+
+// waitReady polls ready until it reports the child serving (true) or the
+// child exits (false).
+func waitReady(ctx context.Context, t *testing.T, name string, port int, exited <-chan error, out *syncBuffer, ready func(int) bool) bool {
+	t.Helper()
+	deadline := time.NewTimer(time.Minute)
+	defer deadline.Stop()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-exited:
+			t.Logf("%s on port %d ended during startup (%v):\n%s", name, port, err, out.String())
+			return false
+		case <-deadline.C:
+			t.Fatalf("%s did not come up within a minute on port %d:\n%s", name, port, out.String())
+		case <-ctx.Done():
+			t.Fatalf("%s: %v", name, ctx.Err())
+		case <-tick.C:
+			if ready(port) {
+				return true
+			}
+		}
+	}
+}
+
+// probe checks the simulator's health without keeping connections (and
+// their goroutines) alive.
+var probe = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+
+// freePort returns a loopback port that was free a moment ago.
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// syncBuffer is a bytes.Buffer safe for a child's output and the test.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
