@@ -1,8 +1,10 @@
 // Package loopbench measures the agent loop's own cost: the orchestration
 // overhead of one turn (parsing, dispatch, budgets, bookkeeping) with a
 // zero-latency in-process policy and a no-op tool, and the CPU and memory
-// of thousands of concurrent loops waiting on a slow policy. `rollout
-// bench loop` and the package benchmarks call these functions.
+// of thousands of concurrent loops waiting on a slow policy (a fake timer
+// policy, or any real one such as the tokens-mode client on a simulator in
+// another process). `rollout bench loop` and the package benchmarks call
+// these functions.
 package loopbench
 
 import (
@@ -10,6 +12,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"runtime/metrics"
 	"sort"
 	"strconv"
 	"strings"
@@ -145,13 +148,20 @@ func summarize(s []time.Duration) OverheadReport {
 type ConcurrencyReport struct {
 	Loops        int
 	TurnsPerLoop int
-	Latency      time.Duration
-	Wall         time.Duration
+	// Latency is the generation latency of the fake policy (ConcurrentLoops);
+	// zero for ConcurrentLoopsPolicy, whose latency is the server's.
+	Latency time.Duration
+	Wall    time.Duration
+	// CPU is the process CPU time (user + system) spent while the loops ran.
+	CPU time.Duration
 	// CPUCores is process CPU time over wall time (1.0 = one full core).
 	CPUCores     float64
 	PeakRSSBytes int64
-	HeapInuse    uint64
-	Goroutines   int
+	// HeapInuse is the peak of the heap in use (live and not yet swept
+	// objects plus fragmentation) while the loops ran.
+	HeapInuse uint64
+	// Goroutines is the peak goroutine count while the loops ran.
+	Goroutines int
 }
 
 func (r ConcurrencyReport) String() string {
@@ -159,19 +169,56 @@ func (r ConcurrencyReport) String() string {
 		r.Loops, r.TurnsPerLoop, r.Latency, r.Wall.Round(time.Millisecond), r.CPUCores*100, float64(r.PeakRSSBytes)/(1<<20), float64(r.HeapInuse)/(1<<20), r.Goroutines)
 }
 
+// Generations is the number of policy calls the loops made: each loop's
+// tool-calling turns plus its final answer.
+func (r ConcurrencyReport) Generations() int { return r.Loops * (r.TurnsPerLoop + 1) }
+
+// CPUPerGeneration is the process CPU time per policy call (per loop turn),
+// which unlike CPUCores does not depend on how far the wall time stretched.
+func (r ConcurrencyReport) CPUPerGeneration() time.Duration {
+	if r.Generations() == 0 {
+		return 0
+	}
+	return r.CPU / time.Duration(r.Generations())
+}
+
 // ConcurrentLoops runs loops episodes at once, each turnsPerLoop turns with
-// a latency-long generation, and measures process CPU and peak RSS.
+// a latency-long generation from a fake in-process policy (a timer; no
+// HTTP, JSON or tokens), and measures process CPU and peak RSS: the loop's
+// own cost with the inference client left out.
 func ConcurrentLoops(ctx context.Context, loops, turnsPerLoop int, latency time.Duration) (ConcurrencyReport, error) {
+	rep, err := concurrentLoops(ctx, loops, turnsPerLoop, "hermes", func() inference.Policy {
+		return &policy{turns: turnsPerLoop, latency: latency}
+	})
+	rep.Latency = latency
+	return rep, err
+}
+
+// ConcurrentLoopsPolicy runs loops episodes at once through one shared
+// policy, e.g. the real tokens-mode client (inference.New with backend
+// vllm) on a simulator with Bench{Tool: "noop", CallsPerTurn: 1, Turns:
+// turnsPerLoop} and a generation latency, and measures this process's CPU
+// and peak RSS. With the simulator in another process, that is the cost of
+// the loops plus the inference client (HTTP, JSON, /tokenize, token
+// sequences). Every loop must make exactly turnsPerLoop no-op calls
+// (Hermes format) and then finish.
+func ConcurrentLoopsPolicy(ctx context.Context, pol inference.Policy, loops, turnsPerLoop int) (ConcurrencyReport, error) {
+	return concurrentLoops(ctx, loops, turnsPerLoop, "hermes", func() inference.Policy { return pol })
+}
+
+// concurrentLoops runs the loops, each with the policy newPolicy returns,
+// while a sampler records peak RSS, heap and goroutines every 100 ms.
+func concurrentLoops(ctx context.Context, loops, turnsPerLoop int, parser string, newPolicy func() inference.Policy) (ConcurrencyReport, error) {
 	set, err := NoopTools()
 	if err != nil {
 		return ConcurrencyReport{}, err
 	}
-	rep := ConcurrencyReport{Loops: loops, TurnsPerLoop: turnsPerLoop, Latency: latency}
+	rep := ConcurrencyReport{Loops: loops, TurnsPerLoop: turnsPerLoop}
 	runtime.GC()
 	cpu0 := cpuTime()
 	start := time.Now()
 	stop := make(chan struct{})
-	var peak int64
+	var peak peaks
 	var sampler sync.WaitGroup
 	sampler.Add(1)
 	go func() {
@@ -179,9 +226,7 @@ func ConcurrentLoops(ctx context.Context, loops, turnsPerLoop int, latency time.
 		t := time.NewTicker(100 * time.Millisecond)
 		defer t.Stop()
 		for {
-			if r := rss(); r > peak {
-				peak = r
-			}
+			peak.sample()
 			select {
 			case <-stop:
 				return
@@ -191,41 +236,71 @@ func ConcurrentLoops(ctx context.Context, loops, turnsPerLoop int, latency time.
 	}()
 	var wg sync.WaitGroup
 	errs := make(chan error, loops)
-	var gmax int
 	for i := 0; i < loops; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			p := &policy{turns: turnsPerLoop, latency: latency}
 			cfg := agentloop.Config{ID: "bench-" + strconv.Itoa(i), Messages: []openai.ChatCompletionMessage{{Role: "user", Content: "bench"}},
-				Tools: set, Parser: "hermes", MaxTurns: turnsPerLoop + 1}
-			res, err := agentloop.Run(ctx, cfg, agentloop.Deps{Policy: p, Env: tools.NewEnv(nil, cfg.ID)})
-			if err == nil && res.StopReason != agentloop.StopFinished {
-				err = fmt.Errorf("loop %d ended with %s", i, res.StopReason)
+				Tools: set, Parser: parser, MaxTurns: turnsPerLoop + 1}
+			res, err := agentloop.Run(ctx, cfg, agentloop.Deps{Policy: newPolicy(), Env: tools.NewEnv(nil, cfg.ID)})
+			switch {
+			case err != nil:
+			case res.StopReason != agentloop.StopFinished:
+				err = fmt.Errorf("loop %d ended with %s after %d calls", i, res.StopReason, res.Counters.ToolCalls)
+			case res.Counters.ToolCalls != turnsPerLoop || res.Counters.ToolErrors > 0:
+				err = fmt.Errorf("loop %d made %d calls (%d failed), want %d; is the policy calling the noop tool?",
+					i, res.Counters.ToolCalls, res.Counters.ToolErrors, turnsPerLoop)
 			}
 			if err != nil {
 				errs <- err
 			}
 		}()
 	}
-	// Sample the heap while everyone waits on the policy.
-	time.Sleep(latency / 2)
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	rep.HeapInuse = ms.HeapInuse
-	gmax = runtime.NumGoroutine()
 	wg.Wait()
 	rep.Wall = time.Since(start)
 	close(stop)
 	sampler.Wait()
-	rep.CPUCores = (cpuTime() - cpu0).Seconds() / rep.Wall.Seconds()
-	rep.PeakRSSBytes = peak
-	rep.Goroutines = gmax
+	rep.CPU = cpuTime() - cpu0
+	rep.CPUCores = rep.CPU.Seconds() / rep.Wall.Seconds()
+	rep.PeakRSSBytes = peak.rss
+	rep.HeapInuse = peak.heap
+	rep.Goroutines = peak.goroutines
 	close(errs)
-	for err := range errs {
-		return rep, err
+	if n := len(errs); n > 0 {
+		return rep, fmt.Errorf("%d of %d loops failed, first: %w", n, loops, <-errs)
 	}
 	return rep, nil
+}
+
+// peaks tracks the highest RSS, heap in use and goroutine count seen.
+// runtime/metrics is read rather than runtime.ReadMemStats, which stops
+// the world.
+type peaks struct {
+	rss        int64
+	heap       uint64
+	goroutines int
+	samples    []metrics.Sample
+}
+
+func (p *peaks) sample() {
+	if p.samples == nil {
+		p.samples = []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}, {Name: "/memory/classes/heap/unused:bytes"},
+			{Name: "/sched/goroutines:goroutines"}}
+	}
+	if r := rss(); r > p.rss {
+		p.rss = r
+	}
+	metrics.Read(p.samples)
+	var heap uint64
+	for _, s := range p.samples[:2] {
+		if s.Value.Kind() == metrics.KindUint64 {
+			heap += s.Value.Uint64()
+		}
+	}
+	p.heap = max(p.heap, heap)
+	if s := p.samples[2]; s.Value.Kind() == metrics.KindUint64 {
+		p.goroutines = max(p.goroutines, int(s.Value.Uint64()))
+	}
 }
 
 func cpuTime() time.Duration {

@@ -3,6 +3,7 @@ package loopbench
 import (
 	"context"
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -99,6 +100,23 @@ func TestTurnOverheadWithSimulator(t *testing.T) {
 	}
 	if rep.Turns < 10 {
 		t.Fatalf("%v", rep)
+	}
+}
+
+func TestConcurrentLoopsPolicyWithSimulator(t *testing.T) {
+	pol, done := simPolicy(t, 2)
+	defer done()
+	rep, err := ConcurrentLoopsPolicy(context.Background(), pol, 16, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Loops != 16 || rep.Generations() != 48 || rep.PeakRSSBytes <= 0 || rep.Goroutines < 1 || rep.HeapInuse == 0 {
+		t.Fatalf("report %v", rep)
+	}
+	// A policy that stops calling the tool before the expected number of
+	// turns is an error, not a silently cheaper measurement.
+	if _, err := ConcurrentLoopsPolicy(context.Background(), pol, 4, 3); err == nil || !strings.Contains(err.Error(), "want 3") {
+		t.Fatalf("want a call-count error, got %v", err)
 	}
 }
 

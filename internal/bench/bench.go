@@ -84,6 +84,11 @@ type Options struct {
 	// Corpus is a directory of <parser>.txt files for the parsers suite
 	// (default: the repository's parsers/testdata/bench).
 	Corpus string
+	// SimBinary is the rollout executable whose `sim` command serves the
+	// simulator for measures that keep it out of this process (the loop
+	// suite's *_client_* measures). Default: this executable, unless it is
+	// a test binary, in which case those measures are not taken.
+	SimBinary string
 	// Log receives progress lines (nil: discarded).
 	Log io.Writer
 	// Logger is handed to the components under test and is the default

@@ -46,10 +46,15 @@ var catalog = []entry{
 
 	{"loop", "loop.overhead_p50_us", "µs", "<= 200", "issue 6", "orchestration per turn (parse, dispatch of a no-op tool, budgets, bookkeeping), zero-latency simulator, p50"},
 	{"loop", "loop.overhead_p99_us", "µs", "", "", "orchestration per turn, p99"},
-	{"loop", "loop.cpu_1k_loops_cores", "cores", "", "", "process CPU / wall with 1,024 concurrent loops at 1 s generation latency"},
+	{"loop", "loop.cpu_1k_loops_cores", "cores", "", "", "process CPU / wall with 1,024 concurrent loops at 1 s generation latency (fake in-process timer policy: no inference client)"},
 	{"loop", "loop.rss_1k_loops_mb", "MiB", "", "", "peak process RSS with 1,024 concurrent loops"},
-	{"loop", "loop.cpu_4k_loops_cores", "cores", "< 0.25", "issue 6", "process CPU / wall with 4,096 concurrent loops at 1 s generation latency"},
+	{"loop", "loop.cpu_4k_loops_cores", "cores", "< 0.25", "issue 6", "process CPU / wall with 4,096 concurrent loops at 1 s generation latency (fake in-process timer policy: no inference client)"},
 	{"loop", "loop.rss_4k_loops_mb", "MiB", "< 2048", "issue 6", "peak process RSS with 4,096 concurrent loops"},
+	{"loop", "loop.cpu_1k_loops_client_cores", "cores", "", "", "as loop.cpu_1k_loops_cores, through the real tokens-mode client (vllm backend: HTTP, JSON, /tokenize) on `rollout sim` in a child process at 1 s TTFT: loops + client CPU / wall, simulator not counted; understates the need when the machine saturates and turns stretch past 1 s (see loop.cpu_per_turn_client_us)"},
+	{"loop", "loop.rss_1k_loops_client_mb", "MiB", "", "", "peak RSS of this process (loops + client) with 1,024 concurrent loops through the real client; the simulator runs in a child process"},
+	{"loop", "loop.cpu_4k_loops_client_cores", "cores", "< 0.25", "issue 6 (with the real client)", "as loop.cpu_4k_loops_cores, through the real tokens-mode client (vllm backend: HTTP, JSON, /tokenize) on `rollout sim` in a child process at 1 s TTFT: loops + client CPU / wall, simulator not counted; understates the need when the machine saturates and turns stretch past 1 s (see loop.cpu_per_turn_client_us)"},
+	{"loop", "loop.rss_4k_loops_client_mb", "MiB", "< 2048", "issue 6 (with the real client)", "peak RSS of this process (loops + client) with 4,096 concurrent loops through the real client; the simulator runs in a child process"},
+	{"loop", "loop.cpu_per_turn_client_us", "µs", "", "", "CPU of this process per loop turn (one generation), 4,096 loops through the real client; unlike CPU / wall, independent of how long turns took"},
 
 	{"runner", "runner.rollouts_per_s", "rollouts/s", "", "issue 7 (reported)", "terminal-tasks on busybox, simulator at zero latency, end to end"},
 	{"runner", "runner.cpu_s_per_rollout", "CPU-s", "", "issue 7 (reported)", "this process's CPU per rollout at zero latency (includes the in-process simulator; Docker excluded)"},

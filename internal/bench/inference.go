@@ -69,6 +69,7 @@ func runLoop(ctx context.Context, r *runCtx) ([]Measure, error) {
 
 	// Many loops waiting on a slow policy: process CPU and peak RSS.
 	turns := r.n(3, 2)
+	var fake4k loopbench.ConcurrencyReport
 	for _, c := range []struct {
 		loops int
 		tag   string
@@ -79,12 +80,14 @@ func runLoop(ctx context.Context, r *runCtx) ([]Measure, error) {
 		if err != nil {
 			return out, fmt.Errorf("%d concurrent loops: %w", c.loops, err)
 		}
-		note := fmt.Sprintf("%d turns each, wall %s, heap in use %.0f MiB, %d goroutines", cr.TurnsPerLoop,
+		fake4k = cr
+		note := fmt.Sprintf("%d turns each, wall %s, peak heap in use %.0f MiB, peak %d goroutines", cr.TurnsPerLoop,
 			cr.Wall.Round(time.Millisecond), float64(cr.HeapInuse)/(1<<20), cr.Goroutines)
 		out = append(out,
 			Measure{Name: "loop.cpu_" + c.tag + "_loops_cores", Value: ptr(sig(cr.CPUCores)), Note: note},
 			Measure{Name: "loop.rss_" + c.tag + "_loops_mb", Value: ptr(sig(float64(cr.PeakRSSBytes) / (1 << 20))),
 				Note: "whole process, after returning freed memory to the OS"})
 	}
-	return out, nil
+	client, err := runLoopClient(ctx, r, turns, fake4k)
+	return append(out, client...), err
 }

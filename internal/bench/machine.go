@@ -138,25 +138,34 @@ func daemonCPU() (time.Duration, bool) {
 		if err != nil {
 			continue
 		}
-		// pid (comm) state ppid ... utime(14) stime(15)
-		s := string(b)
-		open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
-		if open < 0 || end < open {
+		comm, cpu, ok := parseStatCPU(b)
+		if !ok || (comm != "dockerd" && comm != "containerd") {
 			continue
 		}
-		if comm := s[open+1 : end]; comm != "dockerd" && comm != "containerd" {
-			continue
-		}
-		f := strings.Fields(s[end+1:])
-		if len(f) < 13 {
-			continue
-		}
-		ut, _ := strconv.ParseInt(f[11], 10, 64)
-		st, _ := strconv.ParseInt(f[12], 10, 64)
-		total += time.Duration(ut+st) * time.Second / clockTicks
+		total += cpu
 		found = true
 	}
 	return total, found
+}
+
+// parseStatCPU reads the command name and the CPU time (user + system)
+// from a /proc/PID/stat line: pid (comm) state ppid ... utime(14) stime(15).
+func parseStatCPU(b []byte) (comm string, cpu time.Duration, ok bool) {
+	s := string(b)
+	open, end := strings.IndexByte(s, '('), strings.LastIndexByte(s, ')')
+	if open < 0 || end < open {
+		return "", 0, false
+	}
+	f := strings.Fields(s[end+1:])
+	if len(f) < 13 {
+		return "", 0, false
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return "", 0, false
+	}
+	return s[open+1 : end], time.Duration(ut+st) * time.Second / clockTicks, true
 }
 
 // clockTicks is USER_HZ, 100 on every Linux architecture Go supports.

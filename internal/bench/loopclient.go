@@ -1,0 +1,109 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"runtime/debug"
+	"time"
+
+	"github.com/rollout-rl/rollout/agentloop/loopbench"
+	"github.com/rollout-rl/rollout/inference"
+)
+
+// clientLoopNames are the measures of runLoopClient.
+var clientLoopNames = []string{"loop.cpu_1k_loops_client_cores", "loop.rss_1k_loops_client_mb",
+	"loop.cpu_4k_loops_client_cores", "loop.rss_4k_loops_client_mb", "loop.cpu_per_turn_client_us"}
+
+// runLoopClient runs the concurrent loops of loop.cpu_*_loops_cores again,
+// but through the real tokens-mode client (backend vllm: /tokenize,
+// /v1/completions with id prompts, JSON, token sequences) against `rollout
+// sim` in a child process at 1 s time to first token, so that this
+// process's CPU and RSS are the loops' and the client's only. fake is the
+// 4,096-loop run with the fake policy, the baseline of the per-turn CPU.
+func runLoopClient(ctx context.Context, r *runCtx, turns int, fake loopbench.ConcurrencyReport) ([]Measure, error) {
+	exe, err := r.simBinary()
+	if err != nil {
+		var out []Measure
+		for _, n := range clientLoopNames {
+			out = append(out, NotMeasured(n, err.Error()))
+		}
+		return out, nil
+	}
+	const ttft = time.Second
+	sp, err := startSimProcess(ctx, exe, simBenchConfig(turns, ttft))
+	if err != nil {
+		return nil, fmt.Errorf("simulator process: %w", err)
+	}
+	var out []Measure
+	var last loopbench.ConcurrencyReport
+	for _, c := range []struct {
+		loops int
+		tag   string
+	}{{r.n(1024, 128), "1k"}, {r.n(4096, 512), "4k"}} {
+		runtime.GC()
+		debug.FreeOSMemory()
+		cr, st, err := clientLoops(ctx, sp, r, c.loops, turns)
+		if err != nil {
+			return out, errors.Join(fmt.Errorf("%d concurrent loops through the client: %w", c.loops, err), sp.Close())
+		}
+		last = cr
+		ideal := time.Duration(turns+1) * ttft
+		simNote := "simulator process not visible in /proc"
+		if st.simSeen {
+			simNote = fmt.Sprintf("simulator process (not counted) %.2f cores, peak RSS %.0f MiB", st.simCPU.Seconds()/cr.Wall.Seconds(),
+				float64(st.simPeakRSS)/(1<<20))
+		}
+		note := fmt.Sprintf("%d loops × %d turns + final answer, TTFT %s: wall %s (%.1f× the ideal %s), %.0f µs CPU per turn, "+
+			"%.1f cores needed to keep every loop at 1 turn/s; peak heap in use %.0f MiB, peak %d goroutines, "+
+			"%d connections dialled, %d closed; %s",
+			cr.Loops, cr.TurnsPerLoop, ttft, cr.Wall.Round(time.Millisecond), cr.Wall.Seconds()/ideal.Seconds(), ideal,
+			float64(cr.CPUPerGeneration())/1e3, cr.CPUPerGeneration().Seconds()*float64(cr.Loops)/ttft.Seconds(),
+			float64(cr.HeapInuse)/(1<<20), cr.Goroutines, st.dials, st.closes, simNote)
+		out = append(out,
+			Measure{Name: "loop.cpu_" + c.tag + "_loops_client_cores", Value: ptr(sig(cr.CPUCores)), Note: note},
+			Measure{Name: "loop.rss_" + c.tag + "_loops_client_mb", Value: ptr(sig(float64(cr.PeakRSSBytes) / (1 << 20))),
+				Note: "after returning freed memory to the OS"})
+	}
+	m := Measure{Name: "loop.cpu_per_turn_client_us", Value: ptr(toUS(last.CPUPerGeneration())),
+		Note: fmt.Sprintf("%d loops; ratio: the client's cost over the loop's own", last.Loops)}
+	if fake.Loops > 0 {
+		m.Baseline = ptr(toUS(fake.CPUPerGeneration()))
+		m.BaselineName = fmt.Sprintf("the same %d loops with the fake in-process timer policy (no client), same run", fake.Loops)
+	}
+	out = append(out, m)
+	if err := sp.Close(); err != nil {
+		return out, fmt.Errorf("stop simulator process: %w", err)
+	}
+	return out, nil
+}
+
+// clientStats is what clientLoops sees besides the loops' report.
+type clientStats struct {
+	dials, closes int64
+	simCPU        time.Duration
+	simPeakRSS    int64
+	simSeen       bool
+}
+
+// clientLoops runs loops loops through a fresh tokens-mode client on sp.
+func clientLoops(ctx context.Context, sp *simProcess, r *runCtx, loops, turns int) (loopbench.ConcurrencyReport, clientStats, error) {
+	pol, err := inference.New(inference.Config{Backend: inference.BackendVLLM, Endpoints: []string{sp.URL}, Logger: r.logger})
+	if err != nil {
+		return loopbench.ConcurrencyReport{}, clientStats{}, err
+	}
+	cl, ok := pol.(*inference.Client)
+	if !ok {
+		return loopbench.ConcurrencyReport{}, clientStats{}, fmt.Errorf("inference.New returned %T, want *inference.Client", pol)
+	}
+	defer cl.Close()
+	var st clientStats
+	cpu0, ok0 := sp.cpu()
+	cr, err := loopbench.ConcurrentLoopsPolicy(ctx, pol, loops, turns)
+	cpu1, ok1 := sp.cpu()
+	rss, ok2 := sp.peakRSS()
+	st.simCPU, st.simPeakRSS, st.simSeen = cpu1-cpu0, rss, ok0 && ok1 && ok2
+	st.dials, st.closes = cl.Pool().NewConns(), cl.Pool().ClosedConns()
+	return cr, st, err
+}
