@@ -14,8 +14,11 @@ import (
 	"unicode/utf8"
 
 	openai "github.com/sashabaranov/go-openai"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rollout-rl/rollout/inference"
+	"github.com/rollout-rl/rollout/internal/tracing"
 	"github.com/rollout-rl/rollout/parsers"
 	"github.com/rollout-rl/rollout/tools"
 )
@@ -363,6 +366,16 @@ type slot struct {
 
 // turn runs one generation and its tools; done reports the episode ended.
 func (r *runner) turn(ctx, parent context.Context, ep inference.Episode, turn int) (done bool) {
+	// The turn's span is the parent of its generation and tool calls: they
+	// get ctx. parent stays the caller's, for telling cancellation apart.
+	ctx, span := tracer.Start(ctx, "agentloop.turn")
+	invalidBefore := r.res.Counters.InvalidCalls
+	defer func() {
+		if span.IsRecording() {
+			r.annotateTurn(span, turn, done, invalidBefore)
+		}
+		span.End()
+	}()
 	stats := TurnStats{Turn: turn + 1}
 	t0 := time.Now()
 	gen, err := ep.Generate(ctx, r.res.Messages)
@@ -435,6 +448,30 @@ func (r *runner) turn(ctx, parent context.Context, ep inference.Episode, turn in
 		return true
 	}
 	return false
+}
+
+const tracer = tracing.Tracer("github.com/rollout-rl/rollout/agentloop")
+
+// annotateTurn sets the attributes of a finished turn's span from the
+// turn's stats (every exit of turn appends them) and, when the episode
+// ended in this turn, its stop reason.
+func (r *runner) annotateTurn(span trace.Span, turn int, done bool, invalidBefore int) {
+	span.SetAttributes(tracing.Rollout.String(r.cfg.ID), tracing.Turn.Int(turn+1))
+	if n := len(r.res.Turns); n > 0 && r.res.Turns[n-1].Turn == turn+1 {
+		st := r.res.Turns[n-1]
+		span.SetAttributes(
+			attribute.Int("agentloop.tool_calls", st.ToolCalls),
+			attribute.Int("agentloop.invalid_calls", r.res.Counters.InvalidCalls-invalidBefore),
+			attribute.Bool("agentloop.parallel", st.Parallel),
+			attribute.String("agentloop.finish_reason", st.FinishReason),
+		)
+	}
+	if done {
+		span.SetAttributes(attribute.String("agentloop.stop_reason", string(r.res.StopReason)))
+		if r.res.StopReason.Failed() {
+			tracing.Fail(span, r.res.Err)
+		}
+	}
 }
 
 // interpret separates reasoning, content and calls of a generation.

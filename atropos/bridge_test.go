@@ -19,6 +19,7 @@ import (
 	"github.com/rollout-rl/rollout/agentloop"
 	"github.com/rollout-rl/rollout/datasets"
 	"github.com/rollout-rl/rollout/inference"
+	"github.com/rollout-rl/rollout/internal/atropostest"
 	"github.com/rollout-rl/rollout/rewards"
 	"github.com/rollout-rl/rollout/runner"
 )
@@ -66,7 +67,7 @@ func testGroup(k int) *runner.Group {
 }
 
 // checkGroup asserts that got is testGroup(k) as Atropos expects it.
-func checkGroup(t *testing.T, got scoredData, k, envID int) {
+func checkGroup(t *testing.T, got atropostest.ScoredData, k, envID int) {
 	t.Helper()
 	if got.EnvID == nil || *got.EnvID != envID {
 		t.Errorf("group %d: env_id %s, want %d", k, ptrString(got.EnvID), envID)
@@ -103,12 +104,12 @@ func checkGroup(t *testing.T, got scoredData, k, envID int) {
 }
 
 // groupIndex recovers k from a received group's first completion token.
-func groupIndex(g scoredData) int { return g.Tokens[0][3] / 1000 }
+func groupIndex(g atropostest.ScoredData) int { return g.Tokens[0][3] / 1000 }
 
-func newBridge(t *testing.T, api *fakeAPI, mod func(*Options)) *Bridge {
+func newBridge(t *testing.T, api *atropostest.API, mod func(*Options)) *Bridge {
 	t.Helper()
 	opts := Options{
-		URL: api.url(), SpoolDir: t.TempDir(), GroupSize: testG, Name: "rollout-test",
+		URL: api.URL(), SpoolDir: t.TempDir(), GroupSize: testG, Name: "rollout-test",
 		PollInterval: 10 * time.Millisecond, RegisterInterval: 10 * time.Millisecond,
 		RetryMin: 2 * time.Millisecond, RetryMax: 40 * time.Millisecond, RequestTimeout: 10 * time.Second,
 		Logger: testLogger(),
@@ -130,10 +131,10 @@ func newBridge(t *testing.T, api *fakeAPI, mod func(*Options)) *Bridge {
 
 // startTrainer registers a trainer and makes its first GET /batch, which
 // opens the gate for envs.
-func startTrainer(t *testing.T, api *fakeAPI, batchSize int) {
+func startTrainer(t *testing.T, api *atropostest.API, batchSize int) {
 	t.Helper()
-	api.trainerRegister(t, batchSize, 4096, 1000)
-	api.trainerBatch(t)
+	api.TrainerRegister(t, batchSize, 4096, 1000)
+	api.TrainerBatch(t)
 }
 
 // eventually waits for cond (it never asserts on elapsed time: the
@@ -175,7 +176,7 @@ func closeBridge(t *testing.T, b *Bridge) {
 }
 
 func TestDeliversGroupsWithAtroposFields(t *testing.T) {
-	api := newFakeAPI(t)
+	api := atropostest.New(t)
 	startTrainer(t, api, 64)
 	b := newBridge(t, api, nil)
 	for k := range 5 {
@@ -195,7 +196,7 @@ func TestDeliversGroupsWithAtroposFields(t *testing.T) {
 	}
 	closeBridge(t, b)
 
-	got, reqs := api.snapshot()
+	got, reqs := api.Snapshot()
 	if len(got) != 5 {
 		t.Fatalf("received %d groups, want 5", len(got))
 	}
@@ -206,20 +207,20 @@ func TestDeliversGroupsWithAtroposFields(t *testing.T) {
 		checkGroup(t, g, groupIndex(g), 0)
 	}
 	for _, r := range reqs {
-		if !r.gzipped {
-			t.Errorf("%s request without Content-Encoding: gzip", r.path)
+		if !r.Gzipped {
+			t.Errorf("%s request without Content-Encoding: gzip", r.Path)
 		}
 	}
-	api.mu.Lock()
-	defer api.mu.Unlock()
-	if api.statusEnvGets == 0 {
+	api.Mu.Lock()
+	defer api.Mu.Unlock()
+	if api.StatusEnvGets == 0 {
 		t.Error("the bridge never polled GET /status-env with its JSON body")
 	}
-	if len(api.disconnected) != 1 || api.disconnected[0] != 0 {
-		t.Errorf("disconnect-env calls %v, want [0]", api.disconnected)
+	if len(api.Disconnected) != 1 || api.Disconnected[0] != 0 {
+		t.Errorf("disconnect-env calls %v, want [0]", api.Disconnected)
 	}
-	if len(api.envs) != 1 || api.envs[0].name != "rollout-test" || api.envs[0].groupSize != testG || api.envs[0].maxLen != 2048 {
-		t.Errorf("registered envs %+v", api.envs)
+	if len(api.Envs) != 1 || api.Envs[0].Name != "rollout-test" || api.Envs[0].GroupSize != testG || api.Envs[0].MaxLen != 2048 {
+		t.Errorf("registered envs %+v", api.Envs)
 	}
 }
 
@@ -228,28 +229,28 @@ func TestDeliversGroupsWithAtroposFields(t *testing.T) {
 func TestBacklogUsesScoredDataList(t *testing.T) {
 	for _, mode := range []string{"list", "no list endpoint", "list refused"} {
 		t.Run(mode, func(t *testing.T) {
-			api := newFakeAPI(t)
+			api := atropostest.New(t)
 			startTrainer(t, api, 64)
-			api.failAll("/scored_data", 503)
-			api.failAll("/scored_data_list", 503)
+			api.FailAll("/scored_data", 503)
+			api.FailAll("/scored_data_list", 503)
 			b := newBridge(t, api, func(o *Options) { o.ListBatch = 3 })
 			for k := range 7 {
 				admit(t, b)
 				write(t, b, testGroup(k))
 			}
 			eventually(t, "the backlog", func() bool { return b.Stats().Pending == 7 })
-			api.clearFail("/scored_data_list")
+			api.ClearFail("/scored_data_list")
 			switch mode {
 			case "no list endpoint":
-				api.failAll("/scored_data_list", 404)
+				api.FailAll("/scored_data_list", 404)
 			case "list refused":
 				// One bad group fails a whole list: the bridge resends
 				// that list group by group to find it.
-				api.failNext("/scored_data_list", 422)
+				api.FailNext("/scored_data_list", 422)
 			}
-			api.clearFail("/scored_data")
+			api.ClearFail("/scored_data")
 			eventually(t, "7 groups delivered", func() bool { return b.Stats().Delivered == 7 })
-			got, reqs := api.snapshot()
+			got, reqs := api.Snapshot()
 			if len(got) != 7 {
 				t.Fatalf("received %d groups", len(got))
 			}
@@ -261,13 +262,13 @@ func TestBacklogUsesScoredDataList(t *testing.T) {
 			}
 			lists := 0
 			for _, r := range reqs {
-				if !r.gzipped {
-					t.Errorf("%s without gzip", r.path)
+				if !r.Gzipped {
+					t.Errorf("%s without gzip", r.Path)
 				}
-				if r.path == "/scored_data_list" && r.status == 200 {
+				if r.Path == "/scored_data_list" && r.Status == 200 {
 					lists++
-					if r.groups > 3 {
-						t.Errorf("a list of %d groups, ListBatch is 3", r.groups)
+					if r.Groups > 3 {
+						t.Errorf("a list of %d groups, ListBatch is 3", r.Groups)
 					}
 				}
 			}
@@ -284,8 +285,8 @@ func TestBacklogUsesScoredDataList(t *testing.T) {
 // Register-env retries until the API is up and waits while the trainer
 // has not made its first GET /batch; Admit blocks meanwhile.
 func TestWaitsForAPIAndTrainer(t *testing.T) {
-	api := newFakeAPI(t)
-	api.stop()
+	api := atropostest.New(t)
+	api.Stop()
 	b := newBridge(t, api, nil)
 
 	short := func() error {
@@ -298,12 +299,12 @@ func TestWaitsForAPIAndTrainer(t *testing.T) {
 	}
 	eventually(t, "the bridge to notice the API is down", func() bool { return b.Stats().Down })
 
-	api.start()
-	api.trainerRegister(t, 16, 4096, 1000)
+	api.Start()
+	api.TrainerRegister(t, 16, 4096, 1000)
 	eventually(t, "register-env attempts on the live API", func() bool {
-		api.mu.Lock()
-		defer api.mu.Unlock()
-		return api.registerCalls >= 2
+		api.Mu.Lock()
+		defer api.Mu.Unlock()
+		return api.RegisterCalls >= 2
 	})
 	if err := short(); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("admit before the trainer started: %v", err)
@@ -312,7 +313,7 @@ func TestWaitsForAPIAndTrainer(t *testing.T) {
 		t.Fatalf("before the trainer started: %+v", st)
 	}
 
-	api.trainerBatch(t) // the trainer starts
+	api.TrainerBatch(t) // the trainer starts
 	admit(t, b)
 	write(t, b, testGroup(0))
 	eventually(t, "delivery", func() bool { return b.Stats().Delivered == 1 })
@@ -321,7 +322,7 @@ func TestWaitsForAPIAndTrainer(t *testing.T) {
 // An outage mid-run (connection refused, then 503s) loses no group and
 // duplicates none; the runner's groups keep spooling meanwhile.
 func TestOutageLosesNothing(t *testing.T) {
-	api := newFakeAPI(t)
+	api := atropostest.New(t)
 	startTrainer(t, api, 64)
 	b := newBridge(t, api, nil)
 	k := 0
@@ -335,7 +336,7 @@ func TestOutageLosesNothing(t *testing.T) {
 	}
 	eventually(t, "first groups", func() bool { return b.Stats().Delivered == 3 })
 
-	api.stop() // connection refused
+	api.Stop() // connection refused
 	for range 4 {
 		next()
 	}
@@ -344,27 +345,27 @@ func TestOutageLosesNothing(t *testing.T) {
 		t.Fatalf("nothing spooled during the outage: %+v", st)
 	}
 
-	api.failAll("/scored_data", 503)
-	api.failAll("/scored_data_list", 503)
-	api.start()
+	api.FailAll("/scored_data", 503)
+	api.FailAll("/scored_data_list", 503)
+	api.Start()
 	next()
 	eventually(t, "503s", func() bool {
-		_, reqs := api.snapshot()
+		_, reqs := api.Snapshot()
 		n := 0
 		for _, r := range reqs {
-			if r.status == 503 {
+			if r.Status == 503 {
 				n++
 			}
 		}
 		return n >= 3
 	})
-	api.clearFail("/scored_data")
-	api.clearFail("/scored_data_list")
+	api.ClearFail("/scored_data")
+	api.ClearFail("/scored_data_list")
 	next()
 	eventually(t, "every group delivered", func() bool { return b.Stats().Delivered == int64(k) })
 	closeBridge(t, b)
 
-	got, _ := api.snapshot()
+	got, _ := api.Snapshot()
 	if len(got) != k {
 		t.Fatalf("received %d groups, want %d (lost or duplicated)", len(got), k)
 	}
@@ -379,7 +380,7 @@ func TestOutageLosesNothing(t *testing.T) {
 // After an API restart (state lost, another env registered first), the
 // bridge re-registers and replays the spooled groups under its new env_id.
 func TestReregistersAfterRestart(t *testing.T) {
-	api := newFakeAPI(t)
+	api := atropostest.New(t)
 	startTrainer(t, api, 64)
 	b := newBridge(t, api, nil)
 	for k := range 2 {
@@ -388,8 +389,8 @@ func TestReregistersAfterRestart(t *testing.T) {
 	}
 	eventually(t, "first groups", func() bool { return b.Stats().Delivered == 2 })
 
-	api.restart(func(f *fakeAPI) {
-		f.envs = []fakeEnv{{name: "other", groupSize: 8, maxLen: 4096, weight: 1, connected: true}}
+	api.Restart(func(f *atropostest.API) {
+		f.Envs = []atropostest.Env{{Name: "other", GroupSize: 8, MaxLen: 4096, Weight: 1, Connected: true}}
 	})
 	eventually(t, "the registration to be dropped", func() bool { return !b.Stats().Registered })
 	// Groups written while the env is not registered stay spooled. (A
@@ -406,7 +407,7 @@ func TestReregistersAfterRestart(t *testing.T) {
 	if st := b.Stats(); st.EnvID != 1 {
 		t.Fatalf("env_id after restart = %d, want 1 (another env took 0)", st.EnvID)
 	}
-	got, _ := api.snapshot()
+	got, _ := api.Snapshot()
 	if len(got) != 5 {
 		t.Fatalf("received %d groups, want 5", len(got))
 	}
@@ -424,8 +425,8 @@ func TestReregistersAfterRestart(t *testing.T) {
 // going backwards is a restart too, even when the old env_id answers.
 func TestRestartDetection(t *testing.T) {
 	t.Run("4xx unknown env", func(t *testing.T) {
-		api := newFakeAPI(t)
-		api.strict = true
+		api := atropostest.New(t)
+		api.Strict = true
 		startTrainer(t, api, 64)
 		// Poll only when the sender asks, so the 404 is what tells.
 		b := newBridge(t, api, func(o *Options) { o.PollInterval = time.Hour })
@@ -434,21 +435,21 @@ func TestRestartDetection(t *testing.T) {
 		eventually(t, "first group", func() bool { return b.Stats().Delivered == 1 })
 		// The restarted API already has its trainer, so nothing but the
 		// 404 tells the bridge that its env_id is gone.
-		api.restart(func(f *fakeAPI) {
-			f.trainer, f.started = &fakeTrainer{BatchSize: 64, MaxTokenLen: 4096, NumSteps: 1000}, true
+		api.Restart(func(f *atropostest.API) {
+			f.Trainer, f.Started = &atropostest.Trainer{BatchSize: 64, MaxTokenLen: 4096, NumSteps: 1000}, true
 		})
 		write(t, b, testGroup(1))
 		eventually(t, "delivery after re-registration", func() bool { return b.Stats().Delivered == 2 })
 		if st := b.Stats(); st.Registrations != 2 || st.Rejected != 0 {
 			t.Fatalf("stats %+v", st)
 		}
-		got, _ := api.snapshot()
+		got, _ := api.Snapshot()
 		if len(got) != 2 {
 			t.Fatalf("received %d groups", len(got))
 		}
 	})
 	t.Run("current_step backwards", func(t *testing.T) {
-		api := newFakeAPI(t)
+		api := atropostest.New(t)
 		startTrainer(t, api, 8)
 		b := newBridge(t, api, nil)
 		for k := range 2 {
@@ -456,13 +457,13 @@ func TestRestartDetection(t *testing.T) {
 			write(t, b, testGroup(k))
 		}
 		eventually(t, "first groups", func() bool { return b.Stats().Delivered == 2 })
-		if n := api.trainerBatch(t); n != 2 {
+		if n := api.TrainerBatch(t); n != 2 {
 			t.Fatalf("batch of %d groups", n)
 		}
 		eventually(t, "step 1 seen", func() bool { return b.Stats().CurrentStep == 1 })
-		api.restart(func(f *fakeAPI) {
-			f.trainer, f.started = &fakeTrainer{BatchSize: 8, MaxTokenLen: 4096, NumSteps: 1000}, true
-			f.envs = []fakeEnv{{name: "other", groupSize: testG, maxLen: 4096, weight: 1, connected: true}}
+		api.Restart(func(f *atropostest.API) {
+			f.Trainer, f.Started = &atropostest.Trainer{BatchSize: 8, MaxTokenLen: 4096, NumSteps: 1000}, true
+			f.Envs = []atropostest.Env{{Name: "other", GroupSize: testG, MaxLen: 4096, Weight: 1, Connected: true}}
 		})
 		eventually(t, "re-registration", func() bool { st := b.Stats(); return st.Registrations == 2 && st.Registered })
 		if st := b.Stats(); st.EnvID != 1 {
@@ -476,15 +477,15 @@ func TestRestartDetection(t *testing.T) {
 func TestRejectedGroup(t *testing.T) {
 	for _, cont := range []bool{false, true} {
 		t.Run(fmt.Sprintf("continue=%v", cont), func(t *testing.T) {
-			api := newFakeAPI(t)
+			api := atropostest.New(t)
 			startTrainer(t, api, 64)
 			b := newBridge(t, api, func(o *Options) { o.ContinueOnReject = cont })
 			admit(t, b)
-			api.failNext("/scored_data", 422)
+			api.FailNext("/scored_data", 422)
 			write(t, b, testGroup(0))
 			eventually(t, "the refusal", func() bool { return b.Stats().Rejected == 1 })
-			_, reqs := api.snapshot()
-			if len(reqs) != 1 || reqs[0].status != 422 {
+			_, reqs := api.Snapshot()
+			if len(reqs) != 1 || reqs[0].Status != 422 {
 				t.Fatalf("requests %+v: a 4xx must not be retried", reqs)
 			}
 			lines := readLines(t, filepath.Join(b.opts.SpoolDir, rejectedName))
@@ -522,9 +523,9 @@ func TestRejectedGroup(t *testing.T) {
 // A group the trainer would drop (a sequence reaching its max_token_len)
 // is dead-lettered before sending; the run goes on.
 func TestTooLongGroupIsDeadLettered(t *testing.T) {
-	api := newFakeAPI(t)
-	api.trainerRegister(t, 64, 5, 1000) // testGroup sequences have 5 tokens
-	api.trainerBatch(t)
+	api := atropostest.New(t)
+	api.TrainerRegister(t, 64, 5, 1000) // testGroup sequences have 5 tokens
+	api.TrainerBatch(t)
 	b := newBridge(t, api, nil)
 	admit(t, b)
 	write(t, b, testGroup(0))
@@ -534,7 +535,7 @@ func TestTooLongGroupIsDeadLettered(t *testing.T) {
 		t.Fatalf("dead letters %q", lines)
 	}
 	admit(t, b)
-	if got, _ := api.snapshot(); len(got) != 0 {
+	if got, _ := api.Snapshot(); len(got) != 0 {
 		t.Fatalf("a too-long group was sent")
 	}
 }
@@ -559,11 +560,11 @@ func readLines(t *testing.T, path string) []string {
 // next bridge on the same directory, in order; a torn last line (a crash
 // mid-write) is cut off.
 func TestSpoolSurvivesTheProcess(t *testing.T) {
-	api := newFakeAPI(t)
+	api := atropostest.New(t)
 	startTrainer(t, api, 64)
 	dir := t.TempDir()
-	api.failAll("/scored_data", 503)
-	api.failAll("/scored_data_list", 503)
+	api.FailAll("/scored_data", 503)
+	api.FailAll("/scored_data_list", 503)
 	b1 := newBridge(t, api, func(o *Options) { o.SpoolDir = dir })
 	for k := range 3 {
 		admit(t, b1)
@@ -588,15 +589,15 @@ func TestSpoolSurvivesTheProcess(t *testing.T) {
 	_, _ = f.WriteString(`{"seq":99,"group_id":"torn","gro`)
 	_ = f.Close()
 
-	api.clearFail("/scored_data")
-	api.clearFail("/scored_data_list")
+	api.ClearFail("/scored_data")
+	api.ClearFail("/scored_data_list")
 	b2 := newBridge(t, api, func(o *Options) { o.SpoolDir = dir })
 	eventually(t, "replay", func() bool { return b2.Stats().Delivered == 3 })
 	admit(t, b2)
 	write(t, b2, testGroup(3))
 	eventually(t, "the new group", func() bool { return b2.Stats().Delivered == 4 })
 	closeBridge(t, b2)
-	got, _ := api.snapshot()
+	got, _ := api.Snapshot()
 	if len(got) != 4 {
 		t.Fatalf("received %d groups, want 4", len(got))
 	}
@@ -613,7 +614,7 @@ func TestConfigurationErrors(t *testing.T) {
 		t.Errorf("no spool dir: %v", err)
 	}
 
-	api := newFakeAPI(t)
+	api := atropostest.New(t)
 	startTrainer(t, api, 64)
 	b := newBridge(t, api, nil)
 	admit(t, b)
@@ -629,7 +630,7 @@ func TestConfigurationErrors(t *testing.T) {
 	}
 
 	// A group size that does not divide the trainer's batch size.
-	api2 := newFakeAPI(t)
+	api2 := atropostest.New(t)
 	startTrainer(t, api2, 6)
 	b2 := newBridge(t, api2, nil)
 	if err := b2.Admit(context.Background()); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "batch size 6") {
@@ -640,16 +641,16 @@ func TestConfigurationErrors(t *testing.T) {
 // Intake stops (runner.ErrIntakeStopped) once the trainer's steps plus the
 // queued batches exceed its num_steps.
 func TestStopsAtTotalSteps(t *testing.T) {
-	api := newFakeAPI(t)
-	api.trainerRegister(t, 8, 4096, 1)
-	api.trainerBatch(t)
+	api := atropostest.New(t)
+	api.TrainerRegister(t, 8, 4096, 1)
+	api.TrainerBatch(t)
 	b := newBridge(t, api, nil)
 	for k := range 2 {
 		admit(t, b)
 		write(t, b, testGroup(k))
 	}
 	eventually(t, "delivery", func() bool { return b.Stats().Delivered == 2 })
-	api.trainerBatch(t) // step 1, and 2 more groups make another batch
+	api.TrainerBatch(t) // step 1, and 2 more groups make another batch
 	for k := 2; k < 4; k++ {
 		admit(t, b)
 		write(t, b, testGroup(k))

@@ -28,5 +28,11 @@
 // group in flight if this process crashes, as the API has no idempotency
 // key).
 //
+// OpenRun builds the bridge of one run from its config's atropos keys
+// (runner.Config.Atropos), with the spool in the run directory so that a
+// resumed run replays it; `rollout run --atropos-url` and the server's jobs
+// (through server.Options.JobSinks, wired by `rollout serve`) use it, and
+// RunBridge.Finish ends it with the run's outcome.
+//
 // docs/atropos.md describes running against an Atropos API.
 package atropos

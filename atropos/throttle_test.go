@@ -13,6 +13,7 @@ import (
 	"github.com/rollout-rl/rollout/datasets"
 	"github.com/rollout-rl/rollout/envs"
 	"github.com/rollout-rl/rollout/inference"
+	"github.com/rollout-rl/rollout/internal/atropostest"
 	"github.com/rollout-rl/rollout/rewards"
 	"github.com/rollout-rl/rollout/runner"
 )
@@ -74,7 +75,7 @@ func (e *countEnv) Reward(_ context.Context, _ datasets.Item, out envs.Outcome, 
 // two groups; while it is full no group starts (intake pauses) and no
 // rollout is cancelled; each batch the trainer takes lets two more in.
 func TestThrottlePausesRunnerIntake(t *testing.T) {
-	api := newFakeAPI(t)
+	api := atropostest.New(t)
 	startTrainer(t, api, 2*testG)
 	b := newBridge(t, api, func(o *Options) { o.MaxBatchesOffPolicy = 1 })
 
@@ -106,9 +107,9 @@ func TestThrottlePausesRunnerIntake(t *testing.T) {
 		// holds what is left.
 		left := groups - served
 		eventually(t, "a full trainer queue", func() bool {
-			api.mu.Lock()
-			defer api.mu.Unlock()
-			return len(api.queue) == min(2, left)
+			api.Mu.Lock()
+			defer api.Mu.Unlock()
+			return len(api.Queue) == min(2, left)
 		})
 		started := pol.starts.Load()
 		if left > 2 {
@@ -116,13 +117,13 @@ func TestThrottlePausesRunnerIntake(t *testing.T) {
 				t.Fatalf("queue full but not throttled: %+v", b.Stats())
 			}
 			// Several more polls: still paused, nothing new started.
-			api.mu.Lock()
-			polls := api.statusEnvGets
-			api.mu.Unlock()
+			api.Mu.Lock()
+			polls := api.StatusEnvGets
+			api.Mu.Unlock()
 			eventually(t, "more polls", func() bool {
-				api.mu.Lock()
-				defer api.mu.Unlock()
-				return api.statusEnvGets >= polls+5
+				api.Mu.Lock()
+				defer api.Mu.Unlock()
+				return api.StatusEnvGets >= polls+5
 			})
 			if now := pol.starts.Load(); now != started {
 				t.Fatalf("%d rollouts started while intake was paused", now-started)
@@ -131,7 +132,7 @@ func TestThrottlePausesRunnerIntake(t *testing.T) {
 				t.Fatalf("%d rollouts started with %d groups served, want %d", started, served, want)
 			}
 		}
-		n := api.trainerBatch(t)
+		n := api.TrainerBatch(t)
 		if n != 2 {
 			t.Fatalf("trainer batch of %d groups, want 2", n)
 		}
@@ -144,10 +145,10 @@ func TestThrottlePausesRunnerIntake(t *testing.T) {
 	if res.sum.Groups != groups || res.sum.RolloutsOK != groups*testG || res.sum.InfraFailed != 0 || pol.cancelled.Load() != 0 {
 		t.Fatalf("summary %+v, %d cancelled generations", res.sum, pol.cancelled.Load())
 	}
-	got, _ := api.snapshot()
-	api.mu.Lock()
-	maxQueue := api.maxQueue
-	api.mu.Unlock()
+	got, _ := api.Snapshot()
+	api.Mu.Lock()
+	maxQueue := api.MaxQueue
+	api.Mu.Unlock()
 	if len(got) != groups || maxQueue > 2 {
 		t.Fatalf("received %d groups (want %d); the queue peaked at %d groups (bound 2)", len(got), groups, maxQueue)
 	}

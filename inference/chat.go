@@ -36,6 +36,13 @@ type chatEpisode struct {
 var _ Episode = (*chatEpisode)(nil)
 
 func (e *chatEpisode) Generate(ctx context.Context, messages []openai.ChatCompletionMessage) (Turn, error) {
+	ctx, span := startGeneration(ctx, &e.spec, BackendChat)
+	t, err := e.generate(ctx, messages)
+	endGeneration(span, t, err)
+	return t, err
+}
+
+func (e *chatEpisode) generate(ctx context.Context, messages []openai.ChatCompletionMessage) (Turn, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.finished {

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/rollout-rl/rollout/internal/tracing"
 )
 
 // maxResponseBytes bounds a response body; a full 128k-token completion
@@ -118,6 +120,7 @@ func (c *httpCaller) doJSON(ctx context.Context, base, method, path, reqID strin
 	if reqID != "" {
 		req.Header.Set("X-Request-Id", reqID)
 	}
+	tracing.Inject(ctx, req.Header)
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(ctxErr, context.DeadlineExceeded) {

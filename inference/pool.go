@@ -453,7 +453,9 @@ func (p *Pool) do(ctx context.Context, aff *affinity, op, reqID string, fn func(
 		if attempt > 0 && reqID != "" {
 			attemptID = reqID + "-r" + strconv.Itoa(attempt)
 		}
+		actx, span := startRequest(actx, op, ep.base, attemptID, attempt)
 		err = fn(actx, ep.base, attemptID)
+		endRequest(span, err)
 		cancel()
 		ep.m.observer(op).Observe(time.Since(t0).Seconds())
 		callerGone := ctx.Err() != nil

@@ -92,6 +92,13 @@ func (e *tokenEpisode) renderPrompt(ctx context.Context, msgs []openai.ChatCompl
 }
 
 func (e *tokenEpisode) Generate(ctx context.Context, messages []openai.ChatCompletionMessage) (Turn, error) {
+	ctx, span := startGeneration(ctx, &e.spec, e.c.gen.name())
+	t, err := e.generate(ctx, messages)
+	endGeneration(span, t, err)
+	return t, err
+}
+
+func (e *tokenEpisode) generate(ctx context.Context, messages []openai.ChatCompletionMessage) (Turn, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.finished {

@@ -67,6 +67,35 @@ type Config struct {
 	PolicyVersion *int64 `yaml:"policy_version,omitempty" json:"policy_version,omitempty"`
 	// AllowEvalOnly runs an eval-only env with `rollout run`.
 	AllowEvalOnly bool `yaml:"allow_eval_only,omitempty" json:"allow_eval_only,omitempty"`
+	// Atropos also sends the run's groups to an Atropos trainer (package
+	// atropos; docs/atropos.md). The runner does not read it.
+	Atropos Atropos `yaml:"atropos,omitempty" json:"atropos,omitempty"`
+}
+
+// Atropos configures the Atropos bridge of a collection run: the run acts
+// as one Atropos environment of the trajectory API at URL. Package atropos
+// maps it to its Options, where each knob is documented; zero values take
+// the bridge's defaults. Only `rollout run` and run jobs use it.
+type Atropos struct {
+	// URL of the Atropos API (run-api). Empty: no bridge, unless the
+	// server sets a default (`rollout serve --atropos-url`).
+	URL string `yaml:"url,omitempty" json:"url,omitempty"`
+	// Disabled sends nothing, even when the server sets a default URL.
+	Disabled bool `yaml:"disabled,omitempty" json:"disabled,omitempty"`
+	// Name is the registered desired_name (default: the env's name).
+	Name                string   `yaml:"name,omitempty" json:"name,omitempty"`
+	Weight              float64  `yaml:"weight,omitempty" json:"weight,omitempty"`
+	MinBatchAllocation  *float64 `yaml:"min_batch_allocation,omitempty" json:"min_batch_allocation,omitempty"`
+	MaxTokenLength      int      `yaml:"max_token_length,omitempty" json:"max_token_length,omitempty"`
+	MaxBatchesOffPolicy int      `yaml:"max_batches_off_policy,omitempty" json:"max_batches_off_policy,omitempty"`
+	TotalSteps          int      `yaml:"total_steps,omitempty" json:"total_steps,omitempty"`
+	MaxPending          int      `yaml:"max_pending,omitempty" json:"max_pending,omitempty"`
+	OmitMessages        bool     `yaml:"omit_messages,omitempty" json:"omit_messages,omitempty"`
+	// ZeroAdvantageOnTruncation, SendEqualScores, ContinueOnReject: see
+	// atropos.Options.
+	ZeroAdvantageOnTruncation bool `yaml:"zero_advantage_on_truncation,omitempty" json:"zero_advantage_on_truncation,omitempty"`
+	SendEqualScores           bool `yaml:"send_equal_scores,omitempty" json:"send_equal_scores,omitempty"`
+	ContinueOnReject          bool `yaml:"continue_on_reject,omitempty" json:"continue_on_reject,omitempty"`
 }
 
 // Toolsets selects the tools of a run. Enabled empty = the env's toolsets.

@@ -383,6 +383,8 @@ func (r *Runner) RunGroup(ctx context.Context, idx int, it datasets.Item, o Grou
 		sampling = *o.Sampling
 	}
 	log := r.log.With("group", g.ID)
+	ctx, span := r.startGroup(ctx, it, len(g.Rollouts))
+	defer endGroup(span, g)
 	task, taskErr := r.deps.Env.Task(ctx, it)
 	g.Task = task
 	set, setErr := r.toolSet(task, uint64(idx))
@@ -490,8 +492,10 @@ func appendUnique(list []string, s string) []string {
 func (r *Runner) runWithRetries(ctx context.Context, log *slog.Logger, it datasets.Item, task envs.Task, taskErr error, set *tools.Set, setErr error, idx int, sampling inference.Sampling) Rollout {
 	var ro Rollout
 	for attempt := 1; ; attempt++ {
-		ro = r.attempt(ctx, log, it, task, taskErr, set, setErr, idx, sampling)
+		actx, span := r.startRollout(ctx, it.Key(), idx, attempt)
+		ro = r.attempt(actx, log, it, task, taskErr, set, setErr, idx, sampling)
 		ro.Attempts = attempt
+		endRollout(span, &ro)
 		if ro.Status == StatusOK || attempt > max(r.cfg.Retries, 0) || ctx.Err() != nil || !retryable(ro.Failure.Kind) {
 			return ro
 		}
@@ -551,7 +555,9 @@ func (r *Runner) attempt(ctx context.Context, log *slog.Logger, it datasets.Item
 	if task.Sandbox != nil {
 		var err error
 		var kind string
-		sb, kind, err = r.openSandbox(ctx, task, &ro)
+		sctx, span := startSandbox(ctx)
+		sb, kind, err = r.openSandbox(sctx, task, &ro)
+		endSandbox(span, &ro, err)
 		if err != nil {
 			ro.fail(kind, err)
 			return ro
@@ -625,7 +631,9 @@ func (r *Runner) attempt(ctx context.Context, log *slog.Logger, it datasets.Item
 		}
 		out.Tools = tc
 	}
-	score, err := r.deps.Env.Reward(rctx, it, out, box)
+	sctx, span := startReward(rctx)
+	score, err := r.deps.Env.Reward(sctx, it, out, box)
+	endReward(span, score.Value, err)
 	ro.Timings.Reward = time.Since(rstart)
 	if err != nil {
 		kind := FailReward

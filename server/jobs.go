@@ -192,14 +192,21 @@ func (s *Server) startJob(ctx context.Context, st jobState) (*jobRun, error) {
 	log := s.log.With("job", st.ID)
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	jr.cancel = cancel
+	var extra ExtraSinks
+	if s.opts.JobSinks != nil {
+		if extra, err = s.opts.JobSinks(runCtx, JobSpec{ID: st.ID, Mode: mode, Config: cfg, Logger: log}); err != nil {
+			cancel()
+			return nil, err // the hook's errors name what failed
+		}
+	}
 	j, err := job.Open(runCtx, cfg, job.Options{
 		Mode: mode, Logger: log, Sandboxes: s.sandboxes, Images: s.images, RunID: "",
 		Progress: func(e runner.Event) { s.onProgress(jr, e) },
-		Sinks:    []runner.Sink{&watchSink{jr: jr}},
+		Sinks:    append([]runner.Sink{&watchSink{jr: jr}}, extra.Sinks...),
 	})
 	if err != nil {
 		cancel()
-		return nil, err
+		return nil, s.endSinks(extra, err, false)
 	}
 	jr.runner = j.Runner
 	jr.st.Env = j.Env.Name()
@@ -209,7 +216,7 @@ func (s *Server) startJob(ctx context.Context, st jobState) (*jobRun, error) {
 	if err := s.store.save(jr.st); err != nil {
 		_ = j.Close(context.WithoutCancel(ctx))
 		cancel()
-		return nil, err
+		return nil, s.endSinks(extra, err, false)
 	}
 	s.addJob(jr)
 	launched = true
@@ -218,9 +225,24 @@ func (s *Server) startJob(ctx context.Context, st jobState) (*jobRun, error) {
 		defer s.releaseOutput(cfg.Output.Dir, "job "+st.ID)
 		defer cancel()
 		sum, err := j.Run(runCtx)
-		s.finish(jr, sum, err)
+		s.finish(jr, sum, s.endSinks(extra, err, true))
 	}()
 	return jr, nil
+}
+
+// endSinks calls the job's ExtraSinks.End with the run's error and returns
+// the job's. After a run (ran) it may wait, up to jobEndTimeout or until a
+// shutdown's drain runs out; for a job that never ran its ctx is done.
+func (s *Server) endSinks(extra ExtraSinks, runErr error, ran bool) error {
+	if extra.End == nil {
+		return runErr
+	}
+	ctx, cancel := context.WithTimeout(s.hard, jobEndTimeout)
+	defer cancel()
+	if !ran {
+		cancel()
+	}
+	return extra.End(ctx, runErr)
 }
 
 func (s *Server) onProgress(jr *jobRun, e runner.Event) {

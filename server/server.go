@@ -44,7 +44,44 @@ type Options struct {
 	Sandboxes runner.Sandboxes
 	Images    runner.ImageBuilder
 	Logger    *slog.Logger
+	// JobSinks, when set, gives each job extra sinks (`rollout serve
+	// --atropos-url` adds an Atropos bridge through it; the server does not
+	// know what they are). It is called for every job started or resumed,
+	// after the job's config passed the path policy and before the job
+	// opens, not for CollectGroups streams, whose groups go to their
+	// caller. An error fails StartJob (InvalidArgument for one wrapping
+	// runner.ErrConfig).
+	JobSinks func(ctx context.Context, spec JobSpec) (ExtraSinks, error)
 }
+
+// JobSpec is a job as Options.JobSinks sees it.
+type JobSpec struct {
+	ID   string
+	Mode string // job.ModeRun or job.ModeEval
+	// Config is the job's run config with its paths resolved (output.dir
+	// is absolute).
+	Config runner.Config
+	Logger *slog.Logger // carries the job id
+}
+
+// ExtraSinks are what Options.JobSinks adds to one job.
+type ExtraSinks struct {
+	// Sinks follow the job's Parquet output and WatchJob streams; sinks
+	// that implement runner.Admitter gate the job's intake.
+	Sinks []runner.Sink
+	// End, when set, is called once the job's run has returned, with its
+	// error, and returns the error the job ends with: runErr, possibly
+	// joined with the sinks' own failures, or nil for an intake stop the
+	// sinks asked for (the job then succeeds). ctx is detached from the
+	// job's cancellation, bounded (jobEndTimeout) and cancelled when a
+	// shutdown's drain runs out. A job that could not open gets its error
+	// and a ctx that is already done: release, do not wait.
+	End func(ctx context.Context, runErr error) error
+}
+
+// jobEndTimeout bounds ExtraSinks.End, e.g. an Atropos bridge delivering
+// its spool to an API that is down.
+const jobEndTimeout = 2 * time.Minute
 
 // Server implements rolloutv1.RolloutServiceServer.
 type Server struct {
@@ -67,6 +104,10 @@ type Server struct {
 	shuttingDown atomic.Bool
 	quit         chan struct{} // closed by Shutdown
 	quitOnce     sync.Once
+	// hard ends when a shutdown's drain runs out: jobs' ExtraSinks.End
+	// stop waiting then.
+	hard     context.Context
+	hardStop context.CancelFunc
 }
 
 var _ rolloutv1.RolloutServiceServer = (*Server)(nil)
@@ -87,7 +128,9 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	s := &Server{opts: opts, log: opts.Logger, store: &store{dir: opts.StateDir}, sandboxes: opts.Sandboxes,
 		images: opts.Images, jobs: map[string]*jobRun{}, starting: map[string]bool{}, collectors: map[*collector]bool{}, outputs: map[string]string{},
 		quit: make(chan struct{})}
+	s.hard, s.hardStop = context.WithCancel(context.WithoutCancel(ctx))
 	if err := s.resumeJobs(ctx); err != nil {
+		s.hardStop()
 		return nil, fmt.Errorf("resume jobs: %w", err)
 	}
 	return s, nil
@@ -126,6 +169,7 @@ func (s *Server) Shutdown(ctx context.Context, cancelInFlight bool) error {
 	case <-done:
 		return nil
 	case <-ctx.Done():
+		s.hardStop()
 		s.mu.Lock()
 		for _, jr := range s.jobs {
 			if jr.cancel != nil {

@@ -12,6 +12,10 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/rollout-rl/rollout/internal/tracing"
 	"github.com/rollout-rl/rollout/sandbox"
 )
 
@@ -151,6 +155,16 @@ type Outcome struct {
 // Execute runs a prepared call. The error is non-nil only when the episode
 // cannot go on: the sandbox is gone (IsInfra) or ctx ended.
 func (s *Set) Execute(ctx context.Context, env *Env, call *Call) (out Outcome, err error) {
+	ctx, span := tracer.Start(ctx, "tools.execute")
+	if span.IsRecording() {
+		span.SetAttributes(tracing.ToolName.String(call.Name), tracing.ToolCall.String(call.ID),
+			attrClass.String(call.tool.tool.Class.String()))
+		if env != nil {
+			span.SetAttributes(tracing.Rollout.String(env.RolloutID))
+		}
+	}
+	// Deferred first, so it runs after the recover below has set out.
+	defer func() { endExecSpan(span, out, err) }()
 	defer func() {
 		if r := recover(); r != nil {
 			env.logger().Error("tool panicked", "rollout", env.RolloutID, "tool", call.Name, "panic", r, "stack", string(debug.Stack()))
@@ -174,6 +188,30 @@ func (s *Set) Execute(ctx context.Context, env *Env, call *Call) (out Outcome, e
 		out.Err = errors.New(msg)
 	}
 	return out, nil
+}
+
+const tracer = tracing.Tracer("github.com/rollout-rl/rollout/tools")
+
+const (
+	attrClass = attribute.Key("rollout.tool.class")
+	attrError = attribute.Key("rollout.tool.error")
+)
+
+// endExecSpan ends a tool call's span: an infrastructure error fails it
+// with an error event; a tool error (the model sees it in the result)
+// fails it with the message as rollout.tool.error.
+func endExecSpan(span trace.Span, out Outcome, err error) {
+	if span.IsRecording() {
+		switch {
+		case err != nil:
+			tracing.Fail(span, err)
+		case out.Err != nil:
+			msg := tracing.Cut(out.Err.Error())
+			span.SetAttributes(attrError.String(msg))
+			tracing.FailMsg(span, msg)
+		}
+	}
+	span.End()
 }
 
 // failedWithNegativeExit mirrors Hermes' post-check: a JSON object with a

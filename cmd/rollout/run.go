@@ -1,13 +1,16 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/rollout-rl/rollout/atropos"
 	"github.com/rollout-rl/rollout/internal/job"
 	"github.com/rollout-rl/rollout/runner"
 )
@@ -33,6 +36,8 @@ type runFlags struct {
 	k           int
 	allowEvalOn bool
 	image       string
+	atroposURL  string
+	tracing     tracingFlags
 }
 
 func (f *runFlags) add(cmd *cobra.Command, mode string) {
@@ -49,10 +54,12 @@ func (f *runFlags) add(cmd *cobra.Command, mode string) {
 	fl.IntVar(&f.maxTurns, "max-turns", 0, "turn limit per rollout (overrides max_turns)")
 	fl.Uint64Var(&f.seed, "seed", 0, "seed (overrides seed when non-zero)")
 	fl.StringVar(&f.image, "image", "", "sandbox image for every rollout (overrides sandbox.image)")
+	f.tracing.add(fl)
 	if mode == job.ModeEval {
 		fl.IntVar(&f.k, "k", 0, "k of pass@k (overrides eval.k; default group size)")
 	} else {
 		fl.BoolVar(&f.allowEvalOn, "allow-eval-only", false, "run an eval-only env for collection")
+		fl.StringVar(&f.atroposURL, "atropos-url", "", "also feed the groups to this Atropos API (run-api) as an Atropos env (overrides atropos.url; docs/atropos.md)")
 	}
 }
 
@@ -97,6 +104,9 @@ func (f *runFlags) apply(cmd *cobra.Command, cfg *runner.Config) {
 	if f.image != "" {
 		cfg.Sandbox.Image = f.image
 	}
+	if f.atroposURL != "" {
+		cfg.Atropos.URL, cfg.Atropos.Disabled = f.atroposURL, false
+	}
 }
 
 func newCollectCmd(mode string) *cobra.Command {
@@ -118,6 +128,11 @@ func newCollectCmd(mode string) *cobra.Command {
 				return withExitCode(2, err)
 			}
 			f.apply(cmd, &cfg)
+			stopTracing, err := f.tracing.start(cmd.Context(), newLogger(os.Stderr))
+			if err != nil {
+				return withExitCode(2, err)
+			}
+			defer stopTracing()
 			return collect(cmd, cfg, mode)
 		},
 	}
@@ -130,8 +145,25 @@ func collect(cmd *cobra.Command, cfg runner.Config, mode string) error {
 	ctx := cmd.Context()
 	log := newLogger(os.Stderr)
 	prog := newProgress(os.Stderr, log)
-	j, err := job.Open(ctx, cfg, job.Options{Mode: mode, Logger: log, Progress: prog.event})
+	// The Atropos bridge, when the config or --atropos-url asks for one.
+	bridge, err := atropos.OpenRun(ctx, cfg, atropos.RunSetup{Mode: mode, Logger: log})
 	if err != nil {
+		if errors.Is(err, runner.ErrConfig) {
+			return withExitCode(2, err)
+		}
+		return err
+	}
+	var sinks []runner.Sink
+	if bridge != nil {
+		sinks = append(sinks, bridge)
+	}
+	j, err := job.Open(ctx, cfg, job.Options{Mode: mode, Logger: log, Progress: prog.event, Sinks: sinks})
+	if err != nil {
+		if bridge != nil {
+			done, cancel := context.WithCancel(ctx)
+			cancel() // the run never started: release the bridge, wait for nothing
+			err = bridge.Finish(done, err)
+		}
 		if errors.Is(err, runner.ErrConfig) {
 			return withExitCode(2, err)
 		}
@@ -139,11 +171,36 @@ func collect(cmd *cobra.Command, cfg runner.Config, mode string) error {
 	}
 	sum, err := j.Run(ctx)
 	prog.done()
+	if bridge != nil {
+		err = finishBridge(ctx, bridge, err)
+	}
 	printSummary(cmd.OutOrStdout(), j.Dir, sum)
+	if bridge != nil {
+		st := bridge.Bridge().Stats()
+		fmt.Fprintf(cmd.OutOrStdout(), "atropos:     %d groups delivered, %d skipped (equal scores or no ok rollout), %d rejected, %d still spooled\n",
+			st.Delivered, st.Skipped, st.Rejected, st.Pending)
+	}
 	if mode == job.ModeEval && err == nil {
 		fmt.Fprintf(cmd.OutOrStdout(), "eval report: %s/eval/metrics.json\n", j.Dir)
 	}
 	return err
+}
+
+// finishBridge ends a run's Atropos bridge: it waits up to 2 minutes for
+// the spooled groups to reach the API, 5 seconds after an interrupted run,
+// and Ctrl-C during the wait ends it. What is left stays in the spool for
+// the next run on the output dir, and makes the command fail.
+func finishBridge(ctx context.Context, b *atropos.RunBridge, runErr error) error {
+	d := 2 * time.Minute
+	if ctx.Err() != nil {
+		d = 5 * time.Second
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d)
+	defer cancel()
+	if ctx.Err() == nil {
+		defer context.AfterFunc(ctx, cancel)()
+	}
+	return b.Finish(cctx, runErr)
 }
 
 // newLogger logs text on a terminal and JSON otherwise.

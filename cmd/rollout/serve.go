@@ -12,7 +12,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/rollout-rl/rollout/atropos"
 	"github.com/rollout-rl/rollout/internal/job"
+	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/sandbox"
 	"github.com/rollout-rl/rollout/server"
 )
@@ -34,6 +36,8 @@ type serveFlags struct {
 	rateLimit      float64
 	rateBurst      int
 	maxSandboxes   int
+	atroposURL     string
+	tracing        tracingFlags
 }
 
 func newServeCmd() *cobra.Command {
@@ -77,6 +81,8 @@ Off loopback the server requires --auth-token-file (clients send
 	fl.Float64Var(&f.rateLimit, "rate-limit", 0, "calls per second admitted across all clients, streams counted when opened (0: unlimited)")
 	fl.IntVar(&f.rateBurst, "rate-burst", 0, "burst size of --rate-limit (default: the rate, at least 1)")
 	fl.IntVar(&f.maxSandboxes, "max-sandboxes", 0, "sandbox containers alive at once across all jobs (default 512)")
+	fl.StringVar(&f.atroposURL, "atropos-url", "", "feed the groups of run jobs to this Atropos API (run-api), one Atropos env per job; a job's atropos.url overrides it, atropos.disabled opts out (docs/atropos.md)")
+	f.tracing.add(fl)
 	return cmd
 }
 
@@ -86,6 +92,11 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 	}
 	if f.maxMsgSize <= 0 || f.rateLimit < 0 || f.rateBurst < 0 || f.maxSandboxes < 0 || f.drainTimeout < 0 {
 		return usageError(cmd, errors.New("--max-msg-size must be positive; --rate-limit, --rate-burst, --max-sandboxes and --drain-timeout must not be negative"))
+	}
+	if f.atroposURL != "" {
+		if err := atropos.CheckURL(f.atroposURL); err != nil {
+			return usageError(cmd, fmt.Errorf("--atropos-url: %w", err))
+		}
 	}
 	var t server.Transport
 	if f.tokenFile != "" {
@@ -108,6 +119,12 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 	t.MaxMsgSize, t.RateLimit, t.RateBurst = f.maxMsgSize, f.rateLimit, f.rateBurst
 
 	log := newLogger(os.Stderr)
+	// Deferred first, so it flushes last: after the drain and sandbox removal.
+	stopTracing, err := f.tracing.start(cmd.Context(), log)
+	if err != nil {
+		return withExitCode(2, err)
+	}
+	defer stopTracing()
 	if !server.IsLocalAddr(f.listen) && t.TLS == nil {
 		log.Warn("listening off loopback without TLS: bearer tokens and trajectories travel in clear text (use --tls-cert/--tls-key)")
 	}
@@ -148,7 +165,7 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 		}
 	}()
 	svc, err := server.New(ctx, server.Options{StateDir: stateDir, DataDir: f.dataDir, AllowedPaths: f.allowPaths,
-		Sandboxes: shared, Images: shared, Logger: log})
+		Sandboxes: shared, Images: shared, Logger: log, JobSinks: atroposJobSinks(f.atroposURL)})
 	if err != nil {
 		ln.Close()
 		if o.MetricsListener != nil {
@@ -191,4 +208,17 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 		return fmt.Errorf("serve: %w", err)
 	}
 	return nil
+}
+
+// atroposJobSinks gives each run job whose config or --atropos-url names an
+// Atropos API its own bridge (spool in the job's run directory, so a
+// resumed job replays it); the server ends it when the job ends.
+func atroposJobSinks(defaultURL string) func(context.Context, server.JobSpec) (server.ExtraSinks, error) {
+	return func(ctx context.Context, spec server.JobSpec) (server.ExtraSinks, error) {
+		b, err := atropos.OpenRun(ctx, spec.Config, atropos.RunSetup{Mode: spec.Mode, DefaultURL: defaultURL, Logger: spec.Logger})
+		if err != nil || b == nil {
+			return server.ExtraSinks{}, err
+		}
+		return server.ExtraSinks{Sinks: []runner.Sink{b}, End: b.Finish}, nil
+	}
 }

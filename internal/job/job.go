@@ -99,6 +99,16 @@ func Open(ctx context.Context, cfg runner.Config, opts Options) (*Job, error) {
 	if opts.Mode == ModeRun && env.Defaults().EvalOnly && !cfg.AllowEvalOnly {
 		return nil, fmt.Errorf("%w: env %s is eval-only: use `rollout eval`, or set allow_eval_only: true", runner.ErrConfig, env.Name())
 	}
+	// The bridge itself is the caller's sink (package atropos); a config
+	// asking for it where no trainer should see the groups is refused, not
+	// ignored.
+	if cfg.Atropos.URL != "" && !cfg.Atropos.Disabled && opts.Mode != ModeRun {
+		why := "evaluation groups must not reach a trainer"
+		if opts.Mode == ModeCollect {
+			why = "trainer-driven collection returns its groups on the stream"
+		}
+		return nil, fmt.Errorf("%w: atropos.url: only collection runs (rollout run, run jobs) feed an Atropos trainer; %s", runner.ErrConfig, why)
+	}
 	if opts.Mode == ModeEval && cfg.Split == "" && cfg.Dataset.Path == "" {
 		cfg.Split = "eval"
 	}
