@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sync/singleflight"
 )
 
 // Backend names accepted by Config.Backend.
@@ -74,16 +76,19 @@ func (c Config) poolConfig(endpoints []string) PoolConfig {
 // Client is the Policy built from a Config. It also exposes its pools for
 // health pages and benchmarks. Close it when done.
 type Client struct {
-	cfg     Config
-	pool    *Pool
-	tok     *Pool // == pool unless TokenizerEndpoints is set
-	gen     generator
-	log     *slog.Logger
-	mu      sync.Mutex
-	models  map[string]int // model → max_model_len (0 unknown)
-	first   string         // resolved default model
-	closing map[string][]int32
-	eotText map[string]string
+	cfg    Config
+	pool   *Pool
+	tok    *Pool // == pool unless TokenizerEndpoints is set
+	gen    generator
+	log    *slog.Logger
+	mu     sync.Mutex
+	models map[string]int // model → max_model_len (0 unknown)
+	first  string         // resolved default model
+	// modelsOnce collapses the /v1/models calls of episodes starting
+	// together (thousands at a run's start) into one request.
+	modelsOnce singleflight.Group
+	closing    map[string][]int32
+	eotText    map[string]string
 }
 
 var _ Policy = (*Client)(nil)
@@ -186,7 +191,8 @@ func (c *Client) resolveModel(ctx context.Context, want string) (string, int, er
 		return want, n, nil
 	}
 	c.mu.Unlock()
-	resp, err := c.pool.Models(ctx)
+	v, err, _ := c.modelsOnce.Do("models", func() (any, error) { return c.pool.Models(ctx) })
+	resp, _ := v.(*ModelsResponse)
 	if err != nil {
 		if want != "" && c.gen == nil {
 			// A chat server without /v1/models (some proxies) still works

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -495,5 +496,31 @@ func TestParsedAssistantMessages(t *testing.T) {
 			checkSequence(t, seq, turns)
 			t.Logf("%d turns, %d tokens, drift %d", len(turns), len(seq.Tokens), seq.DriftTokens)
 		})
+	}
+}
+
+// Episodes starting together ask /v1/models once, not once each (a run's
+// first groups start thousands of episodes at the same moment).
+func TestModelsAskedOnceUnderConcurrentStarts(t *testing.T) {
+	srv := startSim(t, sim.Config{Family: "hermes", Latency: sim.Latency{TTFT: 0}})
+	c := openClient(t, inference.Config{Backend: inference.BackendVLLM, Endpoints: []string{srv.URL}})
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for i := 0; i < 64; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := c.Start(context.Background(), inference.EpisodeSpec{ID: fmt.Sprintf("ep-%d", i)}); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if n := srv.Stats().ByRoute["GET /v1/models"]; n < 1 || n > 4 {
+		t.Fatalf("/v1/models asked %d times for 64 concurrent starts", n)
 	}
 }
