@@ -29,8 +29,8 @@ lint:
 test: lint proto-check build
 	$(BIN) sandbox image build
 	scripts/ensure-python-grpc.sh
-	$(GO) test -race -count=1 ./...
 	FUZZTIME=$(FUZZTIME) scripts/fuzz-smoke.sh
+	$(GO) test -race -count=1 ./...
 
 # fuzz-smoke runs every parser fuzz target for FUZZTIME (a smoke run in
 # `make test`; raise it for a real fuzzing session).
