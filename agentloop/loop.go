@@ -315,7 +315,13 @@ func (r *runner) run(parent context.Context) {
 
 func (r *runner) finish(ctx, parent context.Context, ep inference.Episode) {
 	if parent.Err() != nil {
-		return // cancelled: nobody wants the sequence, and Finish may do I/O
+		// Cancelled before the sequence was taken: the episode may have
+		// ended well, but without its tokens it is not a usable rollout,
+		// so it must not pass as one (a resumed run collects it again).
+		if !r.res.StopReason.Failed() {
+			r.stop(StopCancelled, fmt.Errorf("rollout %s: cancelled before its token sequence was taken: %w", r.cfg.ID, context.Cause(parent)))
+		}
+		return
 	}
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.FinishTimeout)
 	defer cancel()

@@ -542,3 +542,19 @@ func TestConfigErrorStopReason(t *testing.T) {
 		t.Fatalf("%s %v", res.StopReason, err)
 	}
 }
+
+// An episode that ends well but whose caller is cancelled before the token
+// sequence is taken is not an ok episode: without its tokens it would be
+// silently wrong training data.
+func TestCancelledBeforeFinish(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	answer := func(context.Context, []openai.ChatCompletionMessage) (inference.Turn, error) {
+		cancel() // the run is stopped while this last turn is in flight
+		return inference.Turn{Parsed: true, Content: "done", FinishReason: "stop"}, nil
+	}
+	res, _, _, _ := run(t, ctx, Config{}, nil, answer)
+	if res.StopReason != StopCancelled || !res.StopReason.Failed() {
+		t.Fatalf("stop %s: an episode without its sequence passed as ok", res.StopReason)
+	}
+}

@@ -18,7 +18,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/rollout-rl/rollout/envs"
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
 	"github.com/rollout-rl/rollout/inference/sim"
 	"github.com/rollout-rl/rollout/internal/demo"
@@ -52,15 +51,7 @@ type gatedSim struct {
 func newSim(t *testing.T, env string, passes int) *gatedSim {
 	t.Helper()
 	ctx := context.Background()
-	e, err := envs.New(env, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	items, err := e.Items(ctx, "train")
-	if err != nil {
-		t.Fatal(err)
-	}
-	scripts, err := demo.Scripts(ctx, e, items)
+	scripts, err := demo.EnvScripts(ctx, env, "train")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/rollout-rl/rollout/atropos"
-	"github.com/rollout-rl/rollout/envs"
 	"github.com/rollout-rl/rollout/inference/sim"
 	"github.com/rollout-rl/rollout/internal/atropostest"
 	"github.com/rollout-rl/rollout/internal/demo"
@@ -25,15 +24,7 @@ import (
 // toolcall-match (success probability 0.7, so groups have reward variance).
 func startSim(t *testing.T, ctx context.Context) string {
 	t.Helper()
-	env, err := envs.New("toolcall-match", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	items, err := env.Items(ctx, "train")
-	if err != nil {
-		t.Fatal(err)
-	}
-	scripts, err := demo.Scripts(ctx, env, items)
+	scripts, err := demo.EnvScripts(ctx, "toolcall-match", "train")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,6 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/rollout-rl/rollout/envs"
 	"github.com/rollout-rl/rollout/inference/sim"
 	"github.com/rollout-rl/rollout/internal/demo"
 )
@@ -43,15 +42,7 @@ func runRollout(ctx context.Context, args ...string) (string, int) {
 func TestServeAndJobCommands(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	env, err := envs.New("toolcall-match", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	items, err := env.Items(ctx, "train")
-	if err != nil {
-		t.Fatal(err)
-	}
-	scripts, err := demo.Scripts(ctx, env, items)
+	scripts, err := demo.EnvScripts(ctx, "toolcall-match", "train")
 	if err != nil {
 		t.Fatal(err)
 	}

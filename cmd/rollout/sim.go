@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,8 +11,6 @@ import (
 	"github.com/spf13/cobra"
 	"go.yaml.in/yaml/v3"
 
-	"github.com/rollout-rl/rollout/datasets"
-	"github.com/rollout-rl/rollout/envs"
 	"github.com/rollout-rl/rollout/inference/sim"
 	"github.com/rollout-rl/rollout/internal/demo"
 )
@@ -81,7 +78,7 @@ See docs/simulator.md.`,
 				final.Addr = net.JoinHostPort(host, strconv.Itoa(port))
 			}
 			for _, name := range envNames {
-				scripts, err := envScripts(cmd.Context(), name)
+				scripts, err := demo.EnvScripts(cmd.Context(), name)
 				if err != nil {
 					return usageError(cmd, fmt.Errorf("--env %s: %w", name, err))
 				}
@@ -158,25 +155,4 @@ func loadSimConfig(path string) (sim.Config, error) {
 	}
 	_, c.SuccessProbSet = keys["success_prob"]
 	return c, nil
-}
-
-// envScripts are the simulator scripts that solve every item (train and
-// eval splits) of a built-in env, as the demo uses them.
-func envScripts(ctx context.Context, name string) ([]sim.Script, error) {
-	env, err := envs.New(name, nil)
-	if err != nil {
-		return nil, err
-	}
-	var items []datasets.Item
-	for _, split := range []string{"train", "eval"} {
-		its, err := env.Items(ctx, split)
-		if err != nil {
-			continue // an env may lack a split
-		}
-		items = append(items, its...)
-	}
-	if len(items) == 0 {
-		return nil, fmt.Errorf("env %s has no items", name)
-	}
-	return demo.Scripts(ctx, env, items)
 }

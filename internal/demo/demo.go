@@ -22,6 +22,31 @@ import (
 	"github.com/rollout-rl/rollout/runner"
 )
 
+// EnvScripts are the simulator scripts that solve the items of a built-in
+// env's splits (every split it offers when none is named), for a
+// simulator whose policy should follow the env's reference solutions.
+func EnvScripts(ctx context.Context, name string, splits ...string) ([]sim.Script, error) {
+	env, err := envs.New(name, nil)
+	if err != nil {
+		return nil, err
+	}
+	if len(splits) == 0 {
+		splits = env.Defaults().Splits
+	}
+	var items []datasets.Item
+	for _, split := range splits {
+		its, err := env.Items(ctx, split)
+		if err != nil {
+			return nil, fmt.Errorf("env %s split %s: %w", name, split, err)
+		}
+		items = append(items, its...)
+	}
+	if len(items) == 0 {
+		return nil, fmt.Errorf("env %s has no items", name)
+	}
+	return Scripts(ctx, env, items)
+}
+
 // Scripts turns the reference solutions of items into simulator scripts,
 // matched on each task's first user message.
 func Scripts(ctx context.Context, env envs.Env, items []datasets.Item) ([]sim.Script, error) {
