@@ -537,8 +537,8 @@ func compactJSON(raw string) (string, error) {
 // nothing to drop the input is returned without copying, otherwise runs of
 // kept bytes are copied whole.
 func compactScanned(s string) string {
-	var buf []byte // allocated at the first whitespace to drop
-	last := 0      // s[last:i] is kept but not yet copied
+	var b strings.Builder // grown at the first whitespace to drop; String() does not copy
+	last := 0             // s[last:i] is kept but not yet copied
 	i := 0
 	for i < len(s) {
 		c := s[i]
@@ -562,10 +562,10 @@ func compactScanned(s string) string {
 				}
 			}
 		case isJSONSpace(c):
-			if buf == nil {
-				buf = make([]byte, 0, len(s))
+			if b.Cap() == 0 {
+				b.Grow(len(s))
 			}
-			buf = append(buf, s[last:i]...)
+			b.WriteString(s[last:i])
 			for i < len(s) && isJSONSpace(s[i]) {
 				i++
 			}
@@ -574,11 +574,11 @@ func compactScanned(s string) string {
 			i++
 		}
 	}
-	if buf == nil {
+	if b.Cap() == 0 {
 		return s
 	}
-	buf = append(buf, s[last:min(len(s), i)]...)
-	return string(buf)
+	b.WriteString(s[last:min(len(s), i)])
+	return b.String()
 }
 
 // normalizeArgs validates that raw is a JSON object and returns it compact,
