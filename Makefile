@@ -22,11 +22,13 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^gen/')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet ./...
 
-# test: everything CI checks. Base images are built only when missing or
+# test: everything CI checks. ensure-docker.sh (re)starts a missing or hung
+# local dockerd as root. Base images are built only when missing or
 # stale (a no-op in well under a second otherwise). ensure-python-grpc.sh
 # installs Debian's python3-grpcio and python3-grpc-tools for the Python
 # example's test (as root; otherwise it says what to install).
 test: lint proto-check build
+	scripts/ensure-docker.sh
 	$(BIN) sandbox image build
 	scripts/ensure-python-grpc.sh
 	FUZZTIME=$(FUZZTIME) scripts/fuzz-smoke.sh

@@ -218,10 +218,14 @@ func MeasurePeak(ctx context.Context, b Backend, spec Spec, target, parallel int
 		}
 	}
 	res.Alive = alive
+	// Removal runs two at a time: Docker 20.10's daemon can deadlock when
+	// many containers are torn down at once (moby/moby#42545), and it
+	// did so here with eight.
+	rm := make(chan struct{}, 2)
 	for _, s := range all {
 		wg.Go(func() {
-			sem <- struct{}{}
-			defer func() { <-sem }()
+			rm <- struct{}{}
+			defer func() { <-rm }()
 			_ = s.Close(context.WithoutCancel(ctx))
 		})
 	}
