@@ -9,32 +9,14 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/rollout-rl/rollout/internal/tracing/tracingtest"
 )
 
-// recordSpans installs an in-memory SDK provider for the test (global:
-// these tests do not run in parallel).
-func recordSpans(t *testing.T) *tracetest.SpanRecorder {
-	t.Helper()
-	sr := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
-	otel.SetTracerProvider(tp)
-	t.Cleanup(func() {
-		_ = tp.Shutdown(context.Background())
-		otel.SetTracerProvider(noop.NewTracerProvider())
-	})
-	return sr
-}
-
 func spanAttr(s sdktrace.ReadOnlySpan, key string) attribute.Value {
-	for _, kv := range s.Attributes() {
-		if string(kv.Key) == key {
-			return kv.Value
-		}
-	}
-	return attribute.Value{}
+	v, _ := tracingtest.Attr(s, key)
+	return v
 }
 
 // childrenOf returns the spans whose parent is p, by name.
@@ -52,7 +34,7 @@ func childrenOf(spans []sdktrace.ReadOnlySpan, p interface{ SpanContext() trace.
 // (also those run in parallel goroutines) under their turn; a tool error
 // and a sandbox failure mark their spans failed.
 func TestTurnAndToolSpans(t *testing.T) {
-	sr := recordSpans(t)
+	sr := tracingtest.Record(t)
 	ctx, root := otel.Tracer("test").Start(context.Background(), "caller")
 	res, err, _, _ := run(t, ctx, Config{}, nil,
 		calls([2]string{"look", `{"path":"a"}`}, [2]string{"look", `{"path":"b"}`}),

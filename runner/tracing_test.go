@@ -7,35 +7,17 @@ import (
 	"testing"
 
 	openai "github.com/sashabaranov/go-openai"
-	"go.opentelemetry.io/otel"
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
-	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
-	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/rollout-rl/rollout/datasets"
 	"github.com/rollout-rl/rollout/envs"
 	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/inference/sim"
+	"github.com/rollout-rl/rollout/internal/tracing/tracingtest"
 	"github.com/rollout-rl/rollout/rewards"
 )
-
-// recordSpans installs an SDK tracer provider that keeps every ended span
-// in memory, for the duration of the test. The tests of this file must not
-// run in parallel: the provider is global.
-func recordSpans(t *testing.T) *tracetest.SpanRecorder {
-	t.Helper()
-	sr := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
-	otel.SetTracerProvider(tp)
-	t.Cleanup(func() {
-		_ = tp.Shutdown(context.Background())
-		otel.SetTracerProvider(noop.NewTracerProvider())
-	})
-	return sr
-}
 
 // spanTree indexes ended spans by id and by parent.
 type spanTree struct {
@@ -86,22 +68,13 @@ func (t *spanTree) kids(s sdktrace.ReadOnlySpan, name string) []sdktrace.ReadOnl
 	return out
 }
 
-func attr(s sdktrace.ReadOnlySpan, key string) (attribute.Value, bool) {
-	for _, kv := range s.Attributes() {
-		if string(kv.Key) == key {
-			return kv.Value, true
-		}
-	}
-	return attribute.Value{}, false
-}
-
 func attrString(s sdktrace.ReadOnlySpan, key string) string {
-	v, _ := attr(s, key)
+	v, _ := tracingtest.Attr(s, key)
 	return v.Emit()
 }
 
 func attrInt(s sdktrace.ReadOnlySpan, key string) int64 {
-	v, _ := attr(s, key)
+	v, _ := tracingtest.Attr(s, key)
 	return v.AsInt64()
 }
 
@@ -132,7 +105,7 @@ func (callEnv) Reward(_ context.Context, _ datasets.Item, out envs.Outcome, _ en
 // the simulator and checks the span tree: group > rollout > turn >
 // generation > HTTP request, turn > tool call, rollout > reward.
 func TestTracingSpanTree(t *testing.T) {
-	sr := recordSpans(t)
+	sr := tracingtest.Record(t)
 	srv, err := sim.Start(context.Background(), sim.Config{Family: "hermes", Scripts: []sim.Script{{Match: "look it up", Steps: []sim.Step{
 		{ToolCalls: []sim.Call{{Name: "lookup", Arguments: map[string]any{"key": "x"}}}},
 		{Final: "found it"},
@@ -200,7 +173,7 @@ func TestTracingSpanTree(t *testing.T) {
 			attrString(ro, "rollout.stop_reason") != "finished" || ro.Status().Code == codes.Error {
 			t.Errorf("rollout %s: attributes %v status %v", id, ro.Attributes(), ro.Status())
 		}
-		if v, ok := attr(ro, "rollout.reward"); !ok || v.AsFloat64() != 1 {
+		if v, ok := tracingtest.Attr(ro, "rollout.reward"); !ok || v.AsFloat64() != 1 {
 			t.Errorf("rollout %s: reward %v", id, v.Emit())
 		}
 		if rw := tree.kids(ro, "runner.reward"); len(rw) != 1 {
@@ -252,7 +225,7 @@ func TestTracingSpanTree(t *testing.T) {
 // its own, marked failed with the failure kind, as are its turn and (here
 // fake) generation.
 func TestTracingFailedAttempts(t *testing.T) {
-	sr := recordSpans(t)
+	sr := tracingtest.Record(t)
 	env := &scoreEnv{items: items(1), reward: func(envs.Outcome) (rewards.Score, error) { return rewards.Score{Value: 1}, nil }}
 	pol := &scriptPolicy{fail: func(string) error { return fmt.Errorf("generate: %w", inference.ErrInfra) }}
 	cfg := baseConfig()
@@ -278,7 +251,7 @@ func TestTracingFailedAttempts(t *testing.T) {
 		if ro.Status().Code != codes.Error || attrString(ro, "rollout.status") != StatusInfraFailed || attrString(ro, "rollout.failure_kind") != FailInference {
 			t.Errorf("attempt span: status %v attributes %v", ro.Status(), ro.Attributes())
 		}
-		if _, ok := attr(ro, "rollout.reward"); ok {
+		if _, ok := tracingtest.Attr(ro, "rollout.reward"); ok {
 			t.Error("a failed rollout carries a reward")
 		}
 		turns := tree.kids(ro, "agentloop.turn")
