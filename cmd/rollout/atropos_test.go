@@ -259,41 +259,12 @@ func TestServeAtropos(t *testing.T) {
 		t.Fatal(err)
 	}
 	addr := "unix://" + filepath.Join(dir, "rollout.sock")
-	serveCtx, stopServe := context.WithCancel(ctx)
-	defer stopServe()
-	served := make(chan string, 1)
-	go func() {
-		out, code := runRollout(serveCtx, "serve", "--listen", addr, "--data-dir", dir, "--state-dir", "none", "--atropos-url", api.URL())
-		if code != 0 {
-			out += "\nexit code " + strconv.Itoa(code)
-		}
-		served <- out
-	}()
-	for {
-		if _, code := runRollout(ctx, "job", "list", "--addr", addr); code == 0 {
-			break
-		}
-		select {
-		case out := <-served:
-			t.Fatalf("serve ended early:\n%s", out)
-		case <-ctx.Done():
-			t.Fatal("the server never came up")
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+	stopServe := startServe(t, ctx, addr, "--data-dir", dir, "--state-dir", "none", "--atropos-url", api.URL())
 	out, code := runRollout(ctx, "job", "start", "-c", cfg, "--watch", "--addr", addr)
 	if code != 0 || !strings.Contains(out, "SUCCEEDED") {
 		t.Fatalf("job start --watch: exit %d\n%s", code, out)
 	}
 	stopServe()
-	select {
-	case out := <-served:
-		if strings.Contains(out, "exit code") {
-			t.Errorf("serve did not stop cleanly:\n%s", out)
-		}
-	case <-time.After(3 * time.Minute):
-		t.Fatal("serve did not stop")
-	}
 	// Every group is sent (send_equal_scores) and the job ends only after
 	// its bridge delivered them.
 	run := filepath.Join(dir, "runs/atropos")

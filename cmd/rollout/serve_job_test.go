@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -37,6 +38,52 @@ func runRollout(ctx context.Context, args ...string) (string, int) {
 	return out.String(), code
 }
 
+// startServe runs `rollout serve --listen addr ARGS...` in the background
+// until it answers `rollout job list`. The returned stop cancels it (as a
+// signal would) and fails the test unless it shuts down cleanly.
+func startServe(t *testing.T, ctx context.Context, addr string, args ...string) (stop func()) {
+	t.Helper()
+	serveCtx, cancel := context.WithCancel(ctx)
+	served := make(chan string, 1)
+	go func() {
+		out, code := runRollout(serveCtx, append([]string{"serve", "--listen", addr}, args...)...)
+		if code != 0 {
+			out += "\nexit code " + strconv.Itoa(code)
+		}
+		served <- out
+	}()
+	for {
+		if _, code := runRollout(ctx, "job", "list", "--addr", addr); code == 0 {
+			break
+		}
+		select {
+		case out := <-served:
+			cancel()
+			t.Fatalf("serve ended early:\n%s", out)
+		case <-ctx.Done():
+			cancel()
+			t.Fatal("the server never came up")
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case out := <-served:
+				if strings.Contains(out, "exit code") {
+					t.Errorf("serve did not stop cleanly:\n%s", out)
+				}
+			case <-time.After(3 * time.Minute):
+				t.Fatal("serve did not stop")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
 // TestServeAndJobCommands serves on a unix socket and drives it with
 // `rollout job ...`, then stops the server as a signal would.
 func TestServeAndJobCommands(t *testing.T) {
@@ -60,30 +107,9 @@ func TestServeAndJobCommands(t *testing.T) {
 	}
 	addr := "unix://" + filepath.Join(dir, "rollout.sock")
 
-	serveCtx, stopServe := context.WithCancel(ctx)
-	defer stopServe()
-	served := make(chan string, 1)
-	go func() {
-		out, code := runRollout(serveCtx, "serve", "--listen", addr, "--data-dir", dir)
-		if code != 0 {
-			out += "\nexit code " + strconv.Itoa(code)
-		}
-		served <- out
-	}()
+	stopServe := startServe(t, ctx, addr, "--data-dir", dir)
 	job := func(args ...string) (string, int) {
 		return runRollout(ctx, append(append([]string{"job"}, args...), "--addr", addr)...)
-	}
-	for {
-		if _, code := job("list"); code == 0 {
-			break
-		}
-		select {
-		case out := <-served:
-			t.Fatalf("serve ended early:\n%s", out)
-		case <-ctx.Done():
-			t.Fatal("the server never came up")
-		case <-time.After(20 * time.Millisecond):
-		}
 	}
 
 	out, code := job("start", "-c", cfg, "--id", "cli-1", "--out", "runs/cli", "--groups", "2", "--watch", "--include-groups")
@@ -129,14 +155,6 @@ func TestServeAndJobCommands(t *testing.T) {
 	}
 
 	stopServe()
-	select {
-	case out := <-served:
-		if strings.Contains(out, "exit code") {
-			t.Errorf("serve did not stop cleanly:\n%s", out)
-		}
-	case <-time.After(3 * time.Minute):
-		t.Fatal("serve did not stop")
-	}
 	if _, err := os.Stat(filepath.Join(dir, ".rollout-server", "jobs", "cli-1.json")); err != nil {
 		t.Errorf("job state not kept in the default state dir: %v", err)
 	}
