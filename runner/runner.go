@@ -385,16 +385,17 @@ func (r *Runner) RunGroup(ctx context.Context, idx int, it datasets.Item, o Grou
 	log := r.log.With("group", g.ID)
 	ctx, span := r.startGroup(ctx, it, len(g.Rollouts))
 	defer endGroup(span, g)
-	task, taskErr := r.deps.Env.Task(ctx, it)
-	g.Task = task
-	set, setErr := r.toolSet(task, uint64(idx))
-	if taskErr == nil && setErr == nil {
-		r.expectSandboxes(ctx, task, len(g.Rollouts))
+	gr := &groupRun{item: it, sampling: sampling, log: log}
+	gr.task, gr.taskErr = r.deps.Env.Task(ctx, it)
+	g.Task = gr.task
+	gr.set, gr.setErr = r.toolSet(gr.task, uint64(idx))
+	if gr.taskErr == nil && gr.setErr == nil {
+		r.expectSandboxes(ctx, gr, len(g.Rollouts))
 	}
 	var eg errgroup.Group
 	for i := range g.Rollouts {
 		eg.Go(func() error {
-			g.Rollouts[i] = r.runWithRetries(ctx, log, it, task, taskErr, set, setErr, i, sampling)
+			g.Rollouts[i] = r.runWithRetries(ctx, gr, i)
 			if r.deps.Progress != nil {
 				ro := g.Rollouts[i]
 				r.deps.Progress(Event{Rollout: &ro, Total: int(r.planned.Load())})
@@ -489,11 +490,45 @@ func appendUnique(list []string, s string) []string {
 
 // runWithRetries runs one rollout slot, retrying infra failures with a
 // fresh sandbox and rollout id.
-func (r *Runner) runWithRetries(ctx context.Context, log *slog.Logger, it datasets.Item, task envs.Task, taskErr error, set *tools.Set, setErr error, idx int, sampling inference.Sampling) Rollout {
+// groupRun is what the rollouts of one group share: the item, its task and
+// tool set (or why they could not be made), the sampling parameters, and
+// the task's sandbox spec, computed once for the group.
+type groupRun struct {
+	item     datasets.Item
+	task     envs.Task
+	taskErr  error
+	set      *tools.Set
+	setErr   error
+	sampling inference.Sampling
+	log      *slog.Logger
+
+	specMu sync.Mutex
+	spec   *sandbox.Spec // nil until computed; failures are not kept
+}
+
+// sandboxSpec is the group's sandbox spec. The first rollout computes it
+// (building the task image, which hashes the whole build context) and the
+// others reuse it; a failure is not kept, so a retry tries again.
+func (gr *groupRun) sandboxSpec(ctx context.Context, r *Runner) (sandbox.Spec, string, error) {
+	gr.specMu.Lock()
+	defer gr.specMu.Unlock()
+	if gr.spec != nil {
+		return *gr.spec, "", nil
+	}
+	spec, kind, err := r.sandboxSpec(ctx, gr.task)
+	if err != nil {
+		return spec, kind, err
+	}
+	gr.spec = &spec
+	return spec, "", nil
+}
+
+func (r *Runner) runWithRetries(ctx context.Context, gr *groupRun, idx int) Rollout {
+	log := gr.log
 	var ro Rollout
 	for attempt := 1; ; attempt++ {
-		actx, span := r.startRollout(ctx, it.Key(), idx, attempt)
-		ro = r.attempt(actx, log, it, task, taskErr, set, setErr, idx, sampling)
+		actx, span := r.startRollout(ctx, gr.item.Key(), idx, attempt)
+		ro = r.attempt(actx, gr, idx)
 		ro.Attempts = attempt
 		endRollout(span, &ro)
 		if ro.Status == StatusOK || attempt > max(r.cfg.Retries, 0) || ctx.Err() != nil || !retryable(ro.Failure.Kind) {
@@ -523,10 +558,11 @@ func backoff(attempt int) time.Duration {
 
 // attempt is one try of one rollout. It never panics: a panic becomes a
 // FailPanic record.
-func (r *Runner) attempt(ctx context.Context, log *slog.Logger, it datasets.Item, task envs.Task, taskErr error, set *tools.Set, setErr error, idx int, sampling inference.Sampling) (ro Rollout) {
+func (r *Runner) attempt(ctx context.Context, gr *groupRun, idx int) (ro Rollout) {
+	task, set, sampling := gr.task, gr.set, gr.sampling
 	start := time.Now()
 	ro = Rollout{ID: newID("ro"), Index: idx, Status: StatusOK, Created: start}
-	log = log.With("rollout", ro.ID, "index", idx)
+	log := gr.log.With("rollout", ro.ID, "index", idx)
 	defer func() {
 		if p := recover(); p != nil {
 			log.Error("rollout panicked", "panic", p, "stack", string(debug.Stack()))
@@ -534,12 +570,12 @@ func (r *Runner) attempt(ctx context.Context, log *slog.Logger, it datasets.Item
 		}
 		ro.Timings.Total = time.Since(start)
 	}()
-	if taskErr != nil {
-		ro.fail(FailTask, taskErr)
+	if gr.taskErr != nil {
+		ro.fail(FailTask, gr.taskErr)
 		return ro
 	}
-	if setErr != nil {
-		ro.fail(FailTask, fmt.Errorf("tools: %w", setErr))
+	if gr.setErr != nil {
+		ro.fail(FailTask, fmt.Errorf("tools: %w", gr.setErr))
 		return ro
 	}
 	if set != nil {
@@ -556,7 +592,7 @@ func (r *Runner) attempt(ctx context.Context, log *slog.Logger, it datasets.Item
 		var err error
 		var kind string
 		sctx, span := startSandbox(ctx)
-		sb, kind, err = r.openSandbox(sctx, task, &ro)
+		sb, kind, err = r.openSandbox(sctx, gr, &ro)
 		endSandbox(span, &ro, err)
 		if err != nil {
 			ro.fail(kind, err)
@@ -632,7 +668,7 @@ func (r *Runner) attempt(ctx context.Context, log *slog.Logger, it datasets.Item
 		out.Tools = tc
 	}
 	sctx, span := startReward(rctx)
-	score, err := r.deps.Env.Reward(sctx, it, out, box)
+	score, err := r.deps.Env.Reward(sctx, gr.item, out, box)
 	endReward(span, score.Value, err)
 	ro.Timings.Reward = time.Since(rstart)
 	if err != nil {
@@ -657,12 +693,12 @@ func (r *Runner) attempt(ctx context.Context, log *slog.Logger, it datasets.Item
 // n sandboxes of the task's spec, so it starts them all at once while the
 // group sets up. Errors are left to the rollouts, which meet them again
 // and record them.
-func (r *Runner) expectSandboxes(ctx context.Context, task envs.Task, n int) {
+func (r *Runner) expectSandboxes(ctx context.Context, gr *groupRun, n int) {
 	ex, ok := r.deps.Sandboxes.(Expecter)
-	if !ok || task.Sandbox == nil {
+	if !ok || gr.task.Sandbox == nil {
 		return
 	}
-	spec, _, err := r.sandboxSpec(ctx, task)
+	spec, _, err := gr.sandboxSpec(ctx, r)
 	if err != nil {
 		return
 	}
@@ -708,11 +744,11 @@ func (r *Runner) sandboxSpec(ctx context.Context, task envs.Task) (sandbox.Spec,
 }
 
 // openSandbox creates the rollout's sandbox under the sandbox limit.
-func (r *Runner) openSandbox(ctx context.Context, task envs.Task, ro *Rollout) (sandbox.Sandbox, string, error) {
+func (r *Runner) openSandbox(ctx context.Context, gr *groupRun, ro *Rollout) (sandbox.Sandbox, string, error) {
 	if r.deps.Sandboxes == nil {
 		return nil, FailSandbox, errors.New("this task needs a sandbox and the runner has no sandbox backend")
 	}
-	spec, kind, err := r.sandboxSpec(ctx, task)
+	spec, kind, err := gr.sandboxSpec(ctx, r)
 	if err != nil {
 		return nil, kind, err
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/rollout-rl/rollout/envs"
 	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/rewards"
+	"github.com/rollout-rl/rollout/sandbox"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -399,5 +400,59 @@ func TestNoRetries(t *testing.T) {
 	cfg.Retries = -2
 	if _, err := New(cfg, Deps{Logger: quiet, Env: env, Policy: pol}); err == nil || !strings.Contains(err.Error(), "retries") {
 		t.Fatalf("retries -2: %v", err)
+	}
+}
+
+type countingImages struct{ n atomic.Int64 }
+
+func (c *countingImages) BuildTask(context.Context, envs.ImageBuild) (string, error) {
+	c.n.Add(1)
+	return "task-image", nil
+}
+
+type refusingSandboxes struct{ images chan string }
+
+func (s *refusingSandboxes) Create(_ context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	s.images <- spec.Image
+	return nil, fmt.Errorf("create: %w", sandbox.ErrUnavailable)
+}
+
+// buildEnv's tasks need a task image and a sandbox.
+type buildEnv struct{ scoreEnv }
+
+func (e *buildEnv) Task(ctx context.Context, it datasets.Item) (envs.Task, error) {
+	t, err := e.scoreEnv.Task(ctx, it)
+	t.Sandbox = &sandbox.Spec{}
+	t.Build = &envs.ImageBuild{Dir: "/nonexistent"}
+	return t, err
+}
+
+// A group builds its task image once, however many rollouts and retries
+// it has (the build hashes the whole context), and every sandbox gets it.
+func TestTaskImageBuiltOncePerGroup(t *testing.T) {
+	env := &buildEnv{scoreEnv{items: items(2), reward: func(envs.Outcome) (rewards.Score, error) { return rewards.Score{Value: 1}, nil }}}
+	imgs := &countingImages{}
+	boxes := &refusingSandboxes{images: make(chan string, 64)}
+	cfg := baseConfig()
+	cfg.Retries = 1
+	r, err := New(cfg, Deps{Logger: quiet, Env: env, Policy: &scriptPolicy{}, Images: imgs, Sandboxes: boxes, Sinks: []Sink{&memSink{}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, err := r.Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Rollouts != 8 || sum.Retries != 8 || sum.FailuresByKind[FailSandbox] != 8 {
+		t.Fatalf("summary %+v", sum)
+	}
+	if n := imgs.n.Load(); n != 2 {
+		t.Errorf("task image built %d times for 2 groups", n)
+	}
+	close(boxes.images)
+	for img := range boxes.images {
+		if img != "task-image" {
+			t.Fatalf("sandbox created from %q", img)
+		}
 	}
 }
