@@ -410,7 +410,17 @@ func (c *countingImages) BuildTask(context.Context, envs.ImageBuild) (string, er
 	return "task-image", nil
 }
 
-type refusingSandboxes struct{ images chan string }
+type refusingSandboxes struct {
+	images   chan string
+	expected atomic.Int64 // sandboxes announced through Expect
+}
+
+func (s *refusingSandboxes) Expect(spec sandbox.Spec, n int) error {
+	if spec.Image == "task-image" {
+		s.expected.Add(int64(n))
+	}
+	return nil
+}
 
 func (s *refusingSandboxes) Create(_ context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
 	s.images <- spec.Image
@@ -428,7 +438,8 @@ func (e *buildEnv) Task(ctx context.Context, it datasets.Item) (envs.Task, error
 }
 
 // A group builds its task image once, however many rollouts and retries
-// it has (the build hashes the whole context), and every sandbox gets it.
+// it has (the build hashes the whole context), and every sandbox gets it;
+// each group announces its G sandboxes to a pooling backend first.
 func TestTaskImageBuiltOncePerGroup(t *testing.T) {
 	env := &buildEnv{scoreEnv{items: items(2), reward: func(envs.Outcome) (rewards.Score, error) { return rewards.Score{Value: 1}, nil }}}
 	imgs := &countingImages{}
@@ -448,6 +459,9 @@ func TestTaskImageBuiltOncePerGroup(t *testing.T) {
 	}
 	if n := imgs.n.Load(); n != 2 {
 		t.Errorf("task image built %d times for 2 groups", n)
+	}
+	if n := boxes.expected.Load(); n != 8 {
+		t.Errorf("%d sandboxes announced to the warm pool for 2 groups of 4", n)
 	}
 	close(boxes.images)
 	for img := range boxes.images {
