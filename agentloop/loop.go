@@ -26,10 +26,11 @@ import (
 // StopReason says why an episode ended.
 type StopReason string
 
-// Stop reasons. Only the last four are failures of the rollout rather than
-// outcomes of the model's behaviour.
+// Stop reasons. The first six are outcomes of the model's behaviour; the
+// rest are failures of the rollout (Failed).
 const (
 	StopFinished      StopReason = "finished"           // the model answered without a tool call
+	StopLength        StopReason = "length"             // the last generation hit max_tokens (finish_reason "length")
 	StopMaxTurns      StopReason = "max_turns"          // the turn budget ran out
 	StopContextLength StopReason = "context_length"     // the next prompt does not fit
 	StopTimeout       StopReason = "timeout"            // the per-rollout wall-clock timeout expired
@@ -64,6 +65,73 @@ const (
 	DefaultParallelism           = 8
 )
 
+// Truncation policies: what the loop does with a generation that ended at
+// the token limit (finish_reason "length").
+const (
+	// TruncationStop ends the episode with stop reason "length"; no call of
+	// the cut turn is executed. The default: the model did not finish its
+	// turn, and a trainer can tell (zero advantage on truncation).
+	TruncationStop = "stop"
+	// TruncationToolError answers each cut call with a tool error the
+	// model sees, executes the turn's well-formed calls and continues. A
+	// cut turn without calls still stops with "length".
+	TruncationToolError = "tool_error"
+)
+
+// Texts the loop inserts (as user messages, or appended to a tool result).
+// They are off by default: inserted text is context the policy did not
+// produce, which changes the on-policy distribution.
+const (
+	EmptyReplyNudgeText = "Your last reply was empty. Continue with the task: call a tool, or give your final answer."
+	GraceTurnText       = "You have used all your turns. Do not call any more tools: give your final answer now."
+)
+
+// Extra tool-call error kinds of the loop (beside the tools.Invalid* kinds).
+const (
+	// InvalidTruncated: the call was cut by the token limit
+	// (on_truncation: tool_error).
+	InvalidTruncated = "truncated"
+	// InvalidTooManyCalls: the call came after MaxCallsPerTurn calls of
+	// its turn.
+	InvalidTooManyCalls = "too_many_calls"
+)
+
+// Event kinds: what the loop changed in, or added to, the conversation.
+const (
+	// EventArgumentsReplaced: a call's arguments were not a JSON object
+	// (cut, malformed or empty); the history holds "{}" instead, Original
+	// what the model wrote.
+	EventArgumentsReplaced = "arguments_replaced"
+	// EventToolNameRepaired: a near-miss tool name was mapped to a tool
+	// (RepairToolNames); Original is the name the model wrote, Detail the
+	// tool called.
+	EventToolNameRepaired = "tool_name_repaired"
+	// EventMessageInserted: the loop added a user message (Detail:
+	// "empty_reply_nudge" or "grace_turn").
+	EventMessageInserted = "message_inserted"
+	// EventBudgetWarning: a budget warning was added to a tool result.
+	EventBudgetWarning = "budget_warning"
+	// EventCallUnparsed: the parser could not read a call; it is not in
+	// the assistant message (its answer is a parse_error tool message).
+	// Original is the parser's snippet of the call text.
+	EventCallUnparsed = "call_unparsed"
+	// EventCallNotExecuted: a call of the last turn was not executed
+	// because the episode stopped (Detail: "length" or "grace_turn").
+	EventCallNotExecuted = "call_not_executed"
+)
+
+// Event is one intervention of the loop, recorded so that a trainer can
+// tell the policy's own text from the loop's. Message is the index in
+// Result.Messages of the message concerned.
+type Event struct {
+	Turn     int    `json:"turn"` // 1-based
+	Kind     string `json:"kind"`
+	Message  int    `json:"message"`
+	CallID   string `json:"call_id,omitempty"`
+	Original string `json:"original,omitempty"`
+	Detail   string `json:"detail,omitempty"`
+}
+
 // Config is one episode's input.
 type Config struct {
 	// ID is the rollout id (logs, endpoint affinity, tool call ids).
@@ -91,6 +159,24 @@ type Config struct {
 	// BudgetWarnings appends a warning to the last tool result at 70 % and
 	// 90 % of MaxTurns.
 	BudgetWarnings bool
+	// OnTruncation is TruncationStop (default, also "") or
+	// TruncationToolError.
+	OnTruncation string
+	// GraceTurn: when MaxTurns generations are used and the last one
+	// called tools, insert GraceTurnText and allow one more generation,
+	// whose calls are not executed. The stop reason stays max_turns.
+	GraceTurn bool
+	// EmptyReplyNudges answers up to that many empty replies (no call,
+	// blank content) with EmptyReplyNudgeText instead of finishing
+	// (0 = never).
+	EmptyReplyNudges int
+	// RepairToolNames executes a call to a near-miss tool name as the tool
+	// it unambiguously means (tools.Set.RepairName); the history shows the
+	// repaired name.
+	RepairToolNames bool
+	// MaxCallsPerTurn answers the calls after the first N of a turn with
+	// a tool error without executing them (0 = no limit).
+	MaxCallsPerTurn int
 	// Budget is the tool result budget (zero value = Hermes' defaults).
 	Budget tools.Budget
 	// Parallelism bounds concurrent calls within a turn (default 8).
@@ -136,13 +222,17 @@ type TurnStats struct {
 
 // Counters summarise the episode.
 type Counters struct {
-	ToolCalls        int `json:"tool_calls"`
-	InvalidCalls     int `json:"invalid_calls"`
-	ToolErrors       int `json:"tool_errors"`
-	ParallelTurns    int `json:"parallel_turns"`
-	SpilledResults   int `json:"spilled_results"`
-	PromptTokens     int `json:"prompt_tokens"`
-	CompletionTokens int `json:"completion_tokens"`
+	ToolCalls      int `json:"tool_calls"`
+	InvalidCalls   int `json:"invalid_calls"`
+	ToolErrors     int `json:"tool_errors"`
+	ParallelTurns  int `json:"parallel_turns"`
+	SpilledResults int `json:"spilled_results"`
+	// Loop interventions (see Result.Events).
+	ReplacedArguments int `json:"replaced_arguments"`
+	RepairedNames     int `json:"repaired_names"`
+	InsertedMessages  int `json:"inserted_messages"`
+	PromptTokens      int `json:"prompt_tokens"`
+	CompletionTokens  int `json:"completion_tokens"`
 }
 
 // Result is the outcome of one episode. It is filled on every exit path.
@@ -159,13 +249,15 @@ type Result struct {
 	FinishedNaturally bool               `json:"finished_naturally"`
 	StopReason        StopReason         `json:"stop_reason"`
 	// Err is the error behind a failed stop reason (nil otherwise).
-	Err              error         `json:"-"`
-	Error            string        `json:"error,omitempty"`
-	ReasoningPerTurn []*string     `json:"reasoning_per_turn"`
-	ToolErrors       []ToolError   `json:"tool_errors"`
-	Turns            []TurnStats   `json:"turns"`
-	Counters         Counters      `json:"counters"`
-	Duration         time.Duration `json:"duration_ns"`
+	Err              error       `json:"-"`
+	Error            string      `json:"error,omitempty"`
+	ReasoningPerTurn []*string   `json:"reasoning_per_turn"`
+	ToolErrors       []ToolError `json:"tool_errors"`
+	// Events are the loop's interventions in the conversation, in order.
+	Events   []Event       `json:"loop_events"`
+	Turns    []TurnStats   `json:"turns"`
+	Counters Counters      `json:"counters"`
+	Duration time.Duration `json:"duration_ns"`
 }
 
 type runner struct {
@@ -179,10 +271,11 @@ type runner struct {
 	res     *Result
 	invalid int // consecutive invalid calls
 	warned  int // budget warnings already given (0, 1 = 70 %, 2 = 90 %)
+	nudges  int // empty-reply nudges given
 }
 
 // Run plays one episode. The returned error is nil when the episode ended
-// for a model reason (finished, max_turns, context_length, timeout,
+// for a model reason (finished, length, max_turns, context_length, timeout,
 // invalid_tool_calls); otherwise it is Result.Err: an ErrConfig, a
 // cancellation, or an infrastructure error that wraps the collaborator's
 // class (inference.ErrInfra/ErrRequest, sandbox.ErrUnavailable/ErrClosed).
@@ -234,6 +327,19 @@ func newRunner(cfg Config, deps Deps) (*runner, error) {
 	if cfg.Timeout < 0 {
 		return nil, fmt.Errorf("%w: negative timeout", ErrConfig)
 	}
+	switch cfg.OnTruncation {
+	case "":
+		cfg.OnTruncation = TruncationStop
+	case TruncationStop, TruncationToolError:
+	default:
+		return nil, fmt.Errorf("%w: on_truncation %q, want %q or %q", ErrConfig, cfg.OnTruncation, TruncationStop, TruncationToolError)
+	}
+	if cfg.EmptyReplyNudges < 0 {
+		return nil, fmt.Errorf("%w: empty_reply_nudges %d is negative", ErrConfig, cfg.EmptyReplyNudges)
+	}
+	if cfg.MaxCallsPerTurn < 0 {
+		return nil, fmt.Errorf("%w: max_calls_per_turn %d is negative", ErrConfig, cfg.MaxCallsPerTurn)
+	}
 	hasTools := cfg.Tools != nil && cfg.Tools.Len() > 0
 	if hasTools && deps.Env == nil {
 		return nil, fmt.Errorf("%w: tools offered without a tool environment (Deps.Env)", ErrConfig)
@@ -260,7 +366,7 @@ func newRunner(cfg Config, deps Deps) (*runner, error) {
 	if hasTools {
 		r.schemas = cfg.Tools.Schemas()
 	}
-	r.res = &Result{ID: cfg.ID, Messages: cloneMessages(cfg.Messages), ReasoningPerTurn: []*string{}, ToolErrors: []ToolError{}, Turns: []TurnStats{}}
+	r.res = &Result{ID: cfg.ID, Messages: cloneMessages(cfg.Messages), ReasoningPerTurn: []*string{}, ToolErrors: []ToolError{}, Events: []Event{}, Turns: []TurnStats{}}
 	return r, nil
 }
 
@@ -306,11 +412,35 @@ func (r *runner) run(parent context.Context) {
 			r.ctxStop(ctx, parent)
 			return
 		}
-		if done := r.turn(ctx, parent, ep, turn); done {
+		if done := r.turn(ctx, parent, ep, turn, false); done {
+			return
+		}
+	}
+	if r.cfg.GraceTurn && r.cfg.MaxTurns > 0 {
+		if ctx.Err() != nil {
+			r.ctxStop(ctx, parent)
+			return
+		}
+		r.insert(r.cfg.MaxTurns, "grace_turn", GraceTurnText)
+		if done := r.turn(ctx, parent, ep, r.cfg.MaxTurns, true); done {
 			return
 		}
 	}
 	r.stop(StopMaxTurns, nil)
+}
+
+// insert appends a user message of the loop's own and records it. The
+// backends render it like any non-assistant message: in tokens mode its
+// ids are masked (never trained), exactly like a tool result.
+func (r *runner) insert(turn int, why, text string) {
+	r.res.Messages = append(r.res.Messages, openai.ChatCompletionMessage{Role: openai.ChatMessageRoleUser, Content: text})
+	r.res.Counters.InsertedMessages++
+	r.event(Event{Turn: turn, Kind: EventMessageInserted, Message: len(r.res.Messages) - 1, Detail: why})
+}
+
+func (r *runner) event(e Event) {
+	r.res.Events = append(r.res.Events, e)
+	metrics().events.WithLabelValues(e.Kind).Inc()
 }
 
 func (r *runner) finish(ctx, parent context.Context, ep inference.Episode) {
@@ -363,15 +493,22 @@ type slot struct {
 	id      string
 	name    string
 	rawArgs string
-	call    *tools.Call
-	invalid *tools.InvalidCallError
-	parse   *parsers.CallError
-	content string
-	toolErr error
+	// wroteName is the name the model wrote when name repair changed it.
+	wroteName string
+	call      *tools.Call
+	invalid   *tools.InvalidCallError
+	parse     *parsers.CallError
+	content   string
+	toolErr   error
 }
 
+// finishLength is the finish_reason of a generation cut by max_tokens.
+const finishLength = "length"
+
 // turn runs one generation and its tools; done reports the episode ended.
-func (r *runner) turn(ctx, parent context.Context, ep inference.Episode, turn int) (done bool) {
+// grace marks the extra turn after the turn budget: its calls are not
+// executed.
+func (r *runner) turn(ctx, parent context.Context, ep inference.Episode, turn int, grace bool) (done bool) {
 	// The turn's span is the parent of its generation and tool calls: they
 	// get ctx. parent stays the caller's, for telling cancellation apart.
 	ctx, span := tracer.Start(ctx, "agentloop.turn")
@@ -403,22 +540,58 @@ func (r *runner) turn(ctx, parent context.Context, ep inference.Episode, turn in
 		return true
 	}
 	r.res.ReasoningPerTurn = append(r.res.ReasoningPerTurn, reasoning)
-	msg := openai.ChatCompletionMessage{Role: openai.ChatMessageRoleAssistant, Content: content}
-	if reasoning != nil {
-		msg.ReasoningContent = *reasoning
-	}
-	for _, s := range slots {
-		if s.parse == nil {
-			msg.ToolCalls = append(msg.ToolCalls, openai.ToolCall{ID: s.id, Type: openai.ToolTypeFunction,
-				Function: openai.FunctionCall{Name: s.name, Arguments: s.rawArgs}})
+	if r.cfg.RepairToolNames && r.cfg.Tools != nil {
+		for _, s := range slots {
+			if s.parse != nil {
+				continue
+			}
+			if name, ok := r.cfg.Tools.RepairName(s.name); ok {
+				s.wroteName, s.name = s.name, name
+			}
 		}
 	}
-	r.res.Messages = append(r.res.Messages, msg)
-	if len(slots) == 0 {
+	msgIdx := len(r.res.Messages)
+	r.res.Messages = append(r.res.Messages, r.assistantMessage(turn, msgIdx, reasoning, content, slots))
+	cut := gen.FinishReason == finishLength
+	switch {
+	case cut && (len(slots) == 0 || r.cfg.OnTruncation == TruncationStop):
+		// The model ran out of tokens mid-turn: what it would have done
+		// next is unknown, so nothing of the turn is executed.
+		r.notExecuted(slots, turn, msgIdx, "length")
 		r.res.Turns = append(r.res.Turns, stats)
+		r.stop(StopLength, nil)
+		return true
+	case grace:
+		r.notExecuted(slots, turn, msgIdx, "grace_turn")
+		r.res.Turns = append(r.res.Turns, stats)
+		r.res.FinishedNaturally = len(slots) == 0
+		r.stop(StopMaxTurns, nil)
+		return true
+	case len(slots) == 0:
+		r.res.Turns = append(r.res.Turns, stats)
+		if strings.TrimSpace(content) == "" && r.nudges < r.cfg.EmptyReplyNudges && turn+1 < r.cfg.MaxTurns {
+			r.nudges++
+			r.insert(turn+1, "empty_reply_nudge", EmptyReplyNudgeText)
+			return false
+		}
 		r.res.FinishedNaturally = true
 		r.stop(StopFinished, nil)
 		return true
+	}
+	if cut {
+		// on_truncation: tool_error. Only the last call can be cut.
+		if last := slots[len(slots)-1]; last.parse != nil || !isObject(last.rawArgs) {
+			last.invalid = &tools.InvalidCallError{Kind: InvalidTruncated, Tool: nameOr(last.name), Detail: "the generation hit max_tokens inside the call",
+				Result: tools.ErrorResult(fmt.Sprintf("Your tool call (%s) was cut off: the reply reached the max_tokens limit before the call was complete, so it was not executed. Make it shorter, or split the work into smaller calls.", nameOr(last.name)))}
+		}
+	}
+	if n := r.cfg.MaxCallsPerTurn; n > 0 && len(slots) > n {
+		for i, s := range slots[n:] {
+			if s.invalid == nil {
+				s.invalid = &tools.InvalidCallError{Kind: InvalidTooManyCalls, Tool: nameOr(s.name), Detail: fmt.Sprintf("call %d of %d in one turn; the limit is %d", n+i+1, len(slots), n),
+					Result: tools.ErrorResult(fmt.Sprintf("Too many tool calls in one turn: at most %d are executed, this was call %d. It was not executed.", n, n+i+1))}
+			}
+		}
 	}
 
 	t1 := time.Now()
@@ -443,9 +616,12 @@ func (r *runner) turn(ctx, parent context.Context, ep inference.Episode, turn in
 	}
 	r.applyBudgets(ctx, slots)
 	r.record(slots, turn)
-	r.budgetWarning(slots, turn)
+	warned := r.budgetWarning(slots, turn)
 	for _, s := range slots {
 		r.res.Messages = append(r.res.Messages, openai.ChatCompletionMessage{Role: openai.ChatMessageRoleTool, ToolCallID: s.id, Content: s.content})
+	}
+	if warned != "" {
+		r.event(Event{Turn: turn + 1, Kind: EventBudgetWarning, Message: len(r.res.Messages) - 1, CallID: slots[len(slots)-1].id, Detail: warned})
 	}
 	stats.Tools = time.Since(t1)
 	r.res.Turns = append(r.res.Turns, stats)
@@ -567,8 +743,69 @@ func (r *runner) slotsFromParse(pr parsers.Result) []*slot {
 	return out
 }
 
+// assistantMessage is the turn's assistant message as the history holds it
+// and as it is re-sent: the well-formed calls, with arguments that are not
+// a JSON object replaced by "{}" (a server's chat template loads them as
+// JSON; the vLLM and llama.cpp templates fail on anything else). What the
+// model wrote is kept in the events; in tokens mode the sampled ids are the
+// record, and the message is only a view of them.
+func (r *runner) assistantMessage(turn, msgIdx int, reasoning *string, content string, slots []*slot) openai.ChatCompletionMessage {
+	msg := openai.ChatCompletionMessage{Role: openai.ChatMessageRoleAssistant, Content: content}
+	if reasoning != nil {
+		msg.ReasoningContent = *reasoning
+	}
+	for _, s := range slots {
+		if s.parse != nil {
+			// Not in the message: the parser could not read it.
+			r.event(Event{Turn: turn + 1, Kind: EventCallUnparsed, Message: msgIdx, CallID: s.id, Original: s.rawArgs, Detail: s.parse.Reason})
+			continue
+		}
+		args := s.rawArgs
+		if !isObject(args) {
+			args = "{}"
+			r.res.Counters.ReplacedArguments++
+			r.event(Event{Turn: turn + 1, Kind: EventArgumentsReplaced, Message: msgIdx, CallID: s.id, Original: s.rawArgs, Detail: args})
+		}
+		if s.wroteName != "" {
+			r.res.Counters.RepairedNames++
+			r.event(Event{Turn: turn + 1, Kind: EventToolNameRepaired, Message: msgIdx, CallID: s.id, Original: s.wroteName, Detail: s.name})
+		}
+		msg.ToolCalls = append(msg.ToolCalls, openai.ToolCall{ID: s.id, Type: openai.ToolTypeFunction,
+			Function: openai.FunctionCall{Name: s.name, Arguments: args}})
+	}
+	return msg
+}
+
+// isObject reports whether s is one JSON object (what templates accept as
+// tool-call arguments).
+func isObject(s string) bool {
+	s = strings.TrimSpace(s)
+	if !strings.HasPrefix(s, "{") {
+		return false
+	}
+	var v map[string]json.RawMessage
+	return json.Unmarshal([]byte(s), &v) == nil
+}
+
+func nameOr(name string) string {
+	if name == "" {
+		return "unknown"
+	}
+	return name
+}
+
+// notExecuted records the calls of a turn after which the episode stops.
+func (r *runner) notExecuted(slots []*slot, turn, msgIdx int, why string) {
+	for _, s := range slots {
+		r.event(Event{Turn: turn + 1, Kind: EventCallNotExecuted, Message: msgIdx, CallID: s.id, Detail: why})
+	}
+}
+
 func (r *runner) prepare(slots []*slot, turn int) {
 	for _, s := range slots {
+		if s.invalid != nil {
+			continue // answered by the loop (cut, or over the per-turn limit)
+		}
 		if s.parse != nil {
 			name := s.parse.Name
 			if name == "" {
@@ -786,9 +1023,10 @@ func cut(s string, n int) string {
 
 // budgetWarning tells the model how many turns it has left, once at 70 %
 // and once at 90 % of max_turns, inside the last tool result.
-func (r *runner) budgetWarning(slots []*slot, turn int) {
+// It returns the warning given, or "".
+func (r *runner) budgetWarning(slots []*slot, turn int) string {
 	if !r.cfg.BudgetWarnings || len(slots) == 0 {
-		return
+		return ""
 	}
 	used, max := turn+1, r.cfg.MaxTurns
 	var msg string
@@ -800,7 +1038,7 @@ func (r *runner) budgetWarning(slots []*slot, turn int) {
 		r.warned = 1
 		msg = fmt.Sprintf("[Budget warning: %d of %d turns used, %d left. Start wrapping up.]", used, max, max-used)
 	default:
-		return
+		return ""
 	}
 	last := slots[len(slots)-1]
 	var obj map[string]any
@@ -811,8 +1049,9 @@ func (r *runner) budgetWarning(slots []*slot, turn int) {
 		enc.SetEscapeHTML(false)
 		if enc.Encode(obj) == nil {
 			last.content = strings.TrimSuffix(buf.String(), "\n")
-			return
+			return msg
 		}
 	}
 	last.content += "\n\n" + msg
+	return msg
 }

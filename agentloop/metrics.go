@@ -14,6 +14,7 @@ type loopMetrics struct {
 	calls     *prometheus.CounterVec
 	toolDur   *prometheus.HistogramVec
 	parallelT prometheus.Counter
+	events    *prometheus.CounterVec
 }
 
 var (
@@ -52,8 +53,12 @@ func metrics() *loopMetrics {
 				Name: "rollout_agentloop_parallel_turns_total",
 				Help: "Turns whose tool calls ran concurrently.",
 			}),
+			events: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "rollout_agentloop_events_total",
+				Help: "Interventions of the loop in conversations by kind (arguments_replaced, tool_name_repaired, message_inserted, budget_warning, call_not_executed).",
+			}, []string{"kind"}),
 		}
-		for _, c := range []prometheus.Collector{m.episodes, m.active, m.turns, m.calls, m.toolDur, m.parallelT} {
+		for _, c := range []prometheus.Collector{m.episodes, m.active, m.turns, m.calls, m.toolDur, m.parallelT, m.events} {
 			if err := prometheus.Register(c); err != nil {
 				var are prometheus.AlreadyRegisteredError
 				if !errors.As(err, &are) {

@@ -28,6 +28,7 @@ type Trajectory struct {
 	FinishedNaturally bool                           `json:"finished_naturally"`
 	ReasoningPerTurn  []*string                      `json:"reasoning_per_turn"`
 	ToolErrors        []ToolError                    `json:"tool_errors"`
+	LoopEvents        []Event                        `json:"loop_events"`
 	Turns             []TurnStats                    `json:"turns"`
 	Counters          Counters                       `json:"counters"`
 	DurationMS        int64                          `json:"duration_ms"`
@@ -53,8 +54,15 @@ func (r Result) Trajectory() Trajectory {
 	return Trajectory{ID: r.ID, Messages: r.Messages, Tokens: seq.Tokens, LossMask: seq.Mask, Logprobs: seq.Logprobs,
 		TurnStarts: seq.TurnStarts, PromptLen: seq.PromptLen, DriftTokens: seq.DriftTokens,
 		StopReason: r.StopReason, Error: r.Error, TurnsUsed: r.TurnsUsed, FinishedNaturally: r.FinishedNaturally,
-		ReasoningPerTurn: r.ReasoningPerTurn, ToolErrors: r.ToolErrors, Turns: r.Turns, Counters: r.Counters,
+		ReasoningPerTurn: r.ReasoningPerTurn, ToolErrors: r.ToolErrors, LoopEvents: nonNil(r.Events), Turns: r.Turns, Counters: r.Counters,
 		DurationMS: r.Duration.Milliseconds()}
+}
+
+func nonNil(e []Event) []Event {
+	if e == nil {
+		return []Event{}
+	}
+	return e
 }
 
 // Transcript renders the conversation for people: messages from index
@@ -91,6 +99,22 @@ func (r Result) Transcript(from, maxResult int) string {
 		default:
 			fmt.Fprintf(&b, "%s: %s\n", m.Role, strings.TrimSpace(m.Content))
 		}
+	}
+	for _, e := range r.Events {
+		if e.Message < from {
+			continue
+		}
+		fmt.Fprintf(&b, "loop (turn %d): %s", e.Turn, e.Kind)
+		if e.Detail != "" {
+			fmt.Fprintf(&b, " %s", e.Detail)
+		}
+		if e.CallID != "" {
+			fmt.Fprintf(&b, " [%s]", e.CallID)
+		}
+		if e.Original != "" {
+			fmt.Fprintf(&b, " (model wrote %q)", cut(e.Original, 200))
+		}
+		b.WriteString("\n")
 	}
 	fmt.Fprintf(&b, "stop: %s (turns %d, finished naturally: %v, tool calls %d, tool errors %d, %d prompt + %d completion tokens, %s)\n",
 		r.StopReason, r.TurnsUsed, r.FinishedNaturally, r.Counters.ToolCalls, r.Counters.ToolErrors,
