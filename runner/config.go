@@ -13,6 +13,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/rollout-rl/rollout/agentloop"
 	"github.com/rollout-rl/rollout/datasets"
 	"github.com/rollout-rl/rollout/inference"
 )
@@ -54,6 +55,9 @@ type Config struct {
 	// MaxConsecutiveInvalid ends an episode after that many invalid calls
 	// in a row (default 5).
 	MaxConsecutiveInvalid int `yaml:"max_consecutive_invalid,omitempty" json:"max_consecutive_invalid,omitempty"`
+	// Loop holds the agent loop's knobs for model misbehaviour and the
+	// text it may insert (docs/config.md, "The agent loop's knobs").
+	Loop LoopConfig `yaml:"loop,omitempty" json:"loop,omitempty"`
 
 	Toolsets Toolsets      `yaml:"toolsets,omitempty" json:"toolsets,omitempty"`
 	Sandbox  SandboxConfig `yaml:"sandbox,omitempty" json:"sandbox,omitempty"`
@@ -96,6 +100,35 @@ type Atropos struct {
 	ZeroAdvantageOnTruncation bool `yaml:"zero_advantage_on_truncation,omitempty" json:"zero_advantage_on_truncation,omitempty"`
 	SendEqualScores           bool `yaml:"send_equal_scores,omitempty" json:"send_equal_scores,omitempty"`
 	ContinueOnReject          bool `yaml:"continue_on_reject,omitempty" json:"continue_on_reject,omitempty"`
+}
+
+// LoopConfig configures what the agent loop does when the model misbehaves,
+// and the Hermes loop behaviours that insert or repair text. The defaults
+// are RL-safe: nothing is inserted into or rewritten in the conversation the
+// policy sees (inserted text is context the policy did not produce, so it
+// shifts the on-policy distribution), and a generation cut at max_tokens
+// ends the episode with stop reason "length". Whatever is inserted or
+// repaired is recorded in the record's loop_events.
+type LoopConfig struct {
+	// OnTruncation: "stop" (default) ends the episode with stop reason
+	// "length" when a generation hits max_tokens, executing none of its
+	// calls; "tool_error" answers a cut call with a tool error and goes on.
+	OnTruncation string `yaml:"on_truncation,omitempty" json:"on_truncation,omitempty"`
+	// BudgetWarnings adds a warning to the last tool result at 70 % and
+	// 90 % of max_turns.
+	BudgetWarnings bool `yaml:"budget_warnings,omitempty" json:"budget_warnings,omitempty"`
+	// GraceTurn allows one more generation after max_turns, after a user
+	// message asking for the final answer; its calls are not executed.
+	GraceTurn bool `yaml:"grace_turn,omitempty" json:"grace_turn,omitempty"`
+	// EmptyReplyNudges answers up to that many empty replies with a user
+	// message asking the model to go on (0 = off: an empty reply finishes).
+	EmptyReplyNudges int `yaml:"empty_reply_nudges,omitempty" json:"empty_reply_nudges,omitempty"`
+	// RepairToolNames executes a call to a near-miss tool name (case,
+	// '-'/'_'/' ', a unique prefix) as the tool it means.
+	RepairToolNames bool `yaml:"repair_tool_names,omitempty" json:"repair_tool_names,omitempty"`
+	// MaxCallsPerTurn answers calls past the first N of a turn with a tool
+	// error (0 = no limit).
+	MaxCallsPerTurn int `yaml:"max_calls_per_turn,omitempty" json:"max_calls_per_turn,omitempty"`
 }
 
 // Toolsets selects the tools of a run. Enabled empty = the env's toolsets.
@@ -262,6 +295,12 @@ func (c Config) Validate() error {
 		return bad("max_turns", "must not be negative")
 	case c.Retries < -1:
 		return bad("retries", "must be -1 (no retries), 0 (the default, 2) or positive")
+	case c.Loop.OnTruncation != "" && c.Loop.OnTruncation != agentloop.TruncationStop && c.Loop.OnTruncation != agentloop.TruncationToolError:
+		return bad("loop.on_truncation", "%q, want %s or %s", c.Loop.OnTruncation, agentloop.TruncationStop, agentloop.TruncationToolError)
+	case c.Loop.EmptyReplyNudges < 0:
+		return bad("loop.empty_reply_nudges", "must not be negative")
+	case c.Loop.MaxCallsPerTurn < 0:
+		return bad("loop.max_calls_per_turn", "must not be negative (0 = no limit)")
 	case c.Limits.RolloutsInFlight < 0 || c.Limits.GroupsInFlight < 0 || c.Limits.Sandboxes < 0:
 		return bad("limits", "must not be negative")
 	}

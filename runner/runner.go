@@ -12,6 +12,7 @@ import (
 	"math"
 	rnd "math/rand/v2"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -543,9 +544,13 @@ func (r *Runner) runWithRetries(ctx context.Context, gr *groupRun, idx int) Roll
 	}
 }
 
+// retryable: a failure that another attempt may not meet again. A
+// rejected request (inference_rejected: the server refused what we sent,
+// e.g. a 4xx, or a 5xx the inference package classes as caused by the
+// request's content) is not: the same conversation would be refused again.
 func retryable(kind string) bool {
 	switch kind {
-	case FailTask, FailCancelled, FailPanic:
+	case FailTask, FailCancelled, FailPanic, FailRejected:
 		return false
 	}
 	return true
@@ -615,6 +620,9 @@ func (r *Runner) attempt(ctx context.Context, gr *groupRun, idx int) (ro Rollout
 		Sampling: sampling, Parser: r.cfg.Parser, ReasoningParser: r.cfg.ReasoningParser,
 		MaxTurns: r.cfg.MaxTurns, Timeout: time.Duration(r.cfg.RolloutTimeout),
 		MaxConsecutiveInvalid: r.cfg.MaxConsecutiveInvalid,
+		OnTruncation:          r.cfg.Loop.OnTruncation, BudgetWarnings: r.cfg.Loop.BudgetWarnings,
+		GraceTurn: r.cfg.Loop.GraceTurn, EmptyReplyNudges: r.cfg.Loop.EmptyReplyNudges,
+		RepairToolNames: r.cfg.Loop.RepairToolNames, MaxCallsPerTurn: r.cfg.Loop.MaxCallsPerTurn,
 	}
 	if task.MaxTurns > 0 {
 		lcfg.MaxTurns = task.MaxTurns
@@ -644,6 +652,10 @@ func (r *Runner) attempt(ctx context.Context, gr *groupRun, idx int) (ro Rollout
 			err = errors.New(res.Error)
 		}
 		ro.fail(loopFailure(res.StopReason, err), err)
+		return ro
+	}
+	if err := r.checkSequence(res); err != nil {
+		ro.fail(FailInference, err)
 		return ro
 	}
 
@@ -771,6 +783,38 @@ func (r *Runner) openSandbox(ctx context.Context, gr *groupRun, ro *Rollout) (sa
 		ro.ImageID = im.ImageID()
 	}
 	return sb, "", nil
+}
+
+// tokensExpected reports whether the run's backend promises token ids: a
+// tokens-mode backend, or the chat backend with chat_token_ids. An empty
+// backend name (a library caller's own Policy) promises nothing.
+func (r *Runner) tokensExpected() bool {
+	b := r.cfg.Inference.Backend
+	return b != "" && (b != inference.BackendChat || r.cfg.Inference.ChatTokenIDs)
+}
+
+// checkSequence refuses a silent empty: when token ids are expected, an
+// episode the model finished must come with a sequence whose tokens, mask
+// and logprobs are aligned, and with trained (sampled) tokens when a
+// generation succeeded. A server that does not return ids (llama.cpp's
+// chat endpoint without logprobs, say) must fail the rollout, never pass
+// as ok with nothing a trainer could use.
+func (r *Runner) checkSequence(res agentloop.Result) error {
+	if !r.tokensExpected() {
+		return nil
+	}
+	seq := res.Sequence
+	n := len(seq.Tokens)
+	switch {
+	case n == 0:
+		return fmt.Errorf("%w: server returned no token ids (backend %s expects them; %d generations)", inference.ErrInfra, r.cfg.Inference.Backend, len(res.ReasoningPerTurn))
+	case len(seq.Mask) != n || len(seq.Logprobs) != n:
+		return fmt.Errorf("%w: misaligned token sequence: %d tokens, %d mask entries, %d logprobs", inference.ErrInfra, n, len(seq.Mask), len(seq.Logprobs))
+	}
+	if len(res.ReasoningPerTurn) > 0 && !slices.Contains(seq.Mask, 1) {
+		return fmt.Errorf("%w: server returned no ids for the sampled tokens: %d tokens, none trained after %d generations", inference.ErrInfra, n, len(res.ReasoningPerTurn))
+	}
+	return nil
 }
 
 func loopFailure(reason agentloop.StopReason, err error) string {
