@@ -664,8 +664,16 @@ func (r *runner) interpret(gen inference.Turn) (reasoning *string, content strin
 			reasoning = &s
 		}
 		content = gen.Content
-		for _, tc := range gen.ToolCalls {
-			slots = append(slots, &slot{id: tc.ID, name: tc.Function.Name, rawArgs: tc.Function.Arguments})
+		for i, tc := range gen.ToolCalls {
+			s := &slot{id: tc.ID, name: tc.Function.Name, rawArgs: tc.Function.Arguments}
+			if strings.TrimSpace(s.name) == "" {
+				// A call without a name cannot go into the history (chat
+				// templates refuse it): it is answered like a call the
+				// parser could not read.
+				s.parse = &parsers.CallError{Index: i, Reason: "the call has no tool name", Snippet: s.rawArgs}
+				s.id = "" // not in the assistant message: its answer gets an id of its own
+			}
+			slots = append(slots, s)
 		}
 		// Text fallback with the configured family: the server may have
 		// left well-formed calls in the content.

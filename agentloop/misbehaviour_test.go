@@ -135,6 +135,19 @@ func TestMisbehaviour(t *testing.T) {
 			},
 		},
 		{
+			name:  "call without a name",
+			steps: []step{chatTurn("tool_calls", "", [2]string{"", `{"path":"a"}`}, [2]string{"look", `{"path":"b"}`}), final("ok")},
+			check: func(t *testing.T, res Result) {
+				a := res.Messages[1]
+				if len(a.ToolCalls) != 1 || a.ToolCalls[0].Function.Name != "look" || toolErrorKinds(res) != tools.InvalidParse {
+					t.Fatalf("assistant %+v tool errors %s", a, toolErrorKinds(res))
+				}
+				if !strings.Contains(res.Messages[2].Content, "no tool name") || res.Messages[3].Content != `{"content":"b"}` {
+					t.Fatalf("results %+v", res.Messages[2:4])
+				}
+			},
+		},
+		{
 			name:  "unknown tool",
 			steps: []step{chatTurn("tool_calls", "", [2]string{"Look", `{"path":"a"}`}), final("ok")},
 			check: func(t *testing.T, res Result) {

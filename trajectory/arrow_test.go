@@ -128,6 +128,10 @@ func expectedArrowRow(r Record) map[string]any {
 	for _, te := range r.ToolErrors {
 		toolErrs = append(toolErrs, map[string]any{"turn": te.Turn, "tool": te.Tool, "call_id": te.CallID, "kind": te.Kind, "message": te.Message})
 	}
+	loopEvents := []any{}
+	for _, e := range r.LoopEvents {
+		loopEvents = append(loopEvents, map[string]any{"turn": e.Turn, "kind": e.Kind, "message": e.Message, "call_id": e.CallID, "original": e.Original, "detail": e.Detail})
+	}
 	m := r.Manifest
 	return map[string]any{
 		"schema_version": int32(SchemaVersion), "run_id": r.RunID, "env": r.Env, "category": r.Category,
@@ -137,7 +141,7 @@ func expectedArrowRow(r Record) map[string]any {
 		"prompt_tokens": r.PromptTokens, "completion_tokens": r.CompletionTokens,
 		"reward": r.Reward, "reward_components": comps, "advantage": adv,
 		"turns": r.Turns, "finished_naturally": r.FinishedNaturally, "stop_reason": r.StopReason,
-		"status": r.Status, "failure": failure, "tool_errors": toolErrs,
+		"status": r.Status, "failure": failure, "tool_errors": toolErrs, "loop_events": loopEvents,
 		"timings": map[string]any{"generation_ms": r.Timings.GenerationMS, "tools_ms": r.Timings.ToolsMS,
 			"sandbox_start_ms": r.Timings.SandboxStartMS, "reward_ms": r.Timings.RewardMS, "total_ms": r.Timings.TotalMS},
 		"drift_tokens": r.DriftTokens,

@@ -501,7 +501,7 @@ func AtroposGroups(recs []Record, opts AtroposOptions) ([]ScoredDataGroup, Expor
 				allAdv = false
 			}
 			ov := map[string]any{}
-			if opts.ZeroAdvantageOnTruncation && r.StopReason == "length" {
+			if opts.ZeroAdvantageOnTruncation && r.StopReason == StopLength {
 				ov["set_advantage_to_zero"] = true
 				anyOverride = true
 			}

@@ -73,6 +73,11 @@ type Record struct {
 	Status     string      `parquet:"status,dict"`
 	Failure    *Failure    `parquet:"failure,optional"`
 	ToolErrors []ToolError `parquet:"tool_errors,list"`
+	// LoopEvents are the agent loop's interventions in the conversation
+	// (arguments replaced, tool names repaired, messages inserted, …), so a
+	// trainer can tell the policy's own text from the loop's. Files written
+	// before the column existed read as empty.
+	LoopEvents []LoopEvent `parquet:"loop_events,list"`
 
 	Timings     Timings   `parquet:"timings"`
 	DriftTokens int32     `parquet:"drift_tokens"`
@@ -95,6 +100,26 @@ type ToolError struct {
 	Kind    string `parquet:"kind,dict"`
 	Message string `parquet:"message"`
 }
+
+// LoopEvent is one intervention of the agent loop (agentloop.Event).
+// Message is the index in messages of the message concerned; Original is
+// what the model wrote when the loop changed it.
+type LoopEvent struct {
+	Turn     int32  `parquet:"turn"`
+	Kind     string `parquet:"kind,dict"`
+	Message  int32  `parquet:"message"`
+	CallID   string `parquet:"call_id"`
+	Original string `parquet:"original"`
+	Detail   string `parquet:"detail"`
+}
+
+// Stop reasons the exports and summaries treat specially (the agent loop's
+// values; the column holds any of docs/agentloop.md's).
+const (
+	// StopLength: the last generation hit max_tokens. The Atropos export
+	// can zero such rollouts' advantage (ZeroAdvantageOnTruncation).
+	StopLength = "length"
+)
 
 // Timings are wall-clock milliseconds spent in each phase of a rollout.
 type Timings struct {

@@ -109,6 +109,9 @@ func Record(run *runner.RunInfo, g *runner.Group, ro *runner.Rollout) (trajector
 	for _, te := range res.ToolErrors {
 		rec.ToolErrors = append(rec.ToolErrors, trajectory.ToolError{Turn: int32(te.Turn), CallID: te.CallID, Tool: te.Tool, Kind: te.Kind, Message: te.Error})
 	}
+	for _, e := range res.Events {
+		rec.LoopEvents = append(rec.LoopEvents, trajectory.LoopEvent{Turn: int32(e.Turn), Kind: e.Kind, Message: int32(e.Message), CallID: e.CallID, Original: e.Original, Detail: e.Detail})
+	}
 	rec.DeriveTrainingFields()
 	return rec, nil
 }

@@ -1,0 +1,62 @@
+package trajectory
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/parquet-go/parquet-go"
+)
+
+// A part file written before a nullable column was added still reads: the
+// column reads as empty (docs/trajectory-schema.md: adding a column keeps
+// the schema version). Here: loop_events.
+func TestReadsFilesWithoutLoopEvents(t *testing.T) {
+	rt := reflect.TypeFor[Record]()
+	var fields []reflect.StructField
+	for i := range rt.NumField() {
+		if f := rt.Field(i); f.Name != "LoopEvents" {
+			fields = append(fields, f)
+		}
+	}
+	old := reflect.StructOf(fields)
+	want := fixtureRecords()[1]
+	want.LoopEvents = nil
+	row := reflect.New(old).Elem()
+	src := reflect.ValueOf(want)
+	for i := range old.NumField() {
+		row.Field(i).Set(src.FieldByName(old.Field(i).Name))
+	}
+	path := filepath.Join(t.TempDir(), "part-00000.parquet")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := parquet.NewWriter(f, parquet.SchemaOf(row.Interface()), parquet.KeyValueMetadata(MetadataSchemaVersionKey, strconv.Itoa(SchemaVersion)))
+	if err := w.Write(row.Interface()); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 {
+		t.Fatalf("%d records", len(got))
+	}
+	if len(got[0].LoopEvents) != 0 {
+		t.Fatalf("loop events %+v", got[0].LoopEvents)
+	}
+	got[0].LoopEvents = nil
+	if d := cmp.Diff(want, got[0]); d != "" {
+		t.Fatalf("record (-want +got):\n%s", d)
+	}
+}
