@@ -152,6 +152,10 @@ func TestLengthIsAModelOutcome(t *testing.T) {
 	if seen.Load() != "length" {
 		t.Fatalf("the reward saw stop reason %v", seen.Load())
 	}
+	sum, _ := runWith(t, baseConfig(), &funcPolicy{gen: answer("The answer is", "length")}, nil)
+	if sum.StopReasons["length"] != sum.RolloutsOK || sum.RolloutsOK == 0 || len(sum.StopReasons) != 1 {
+		t.Fatalf("summary stop reasons %v (ok %d)", sum.StopReasons, sum.RolloutsOK)
+	}
 }
 
 // The loop's knobs are reachable from the run config.

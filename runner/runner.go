@@ -151,6 +151,7 @@ func New(cfg Config, deps Deps) (*Runner, error) {
 		},
 	}
 	r.sum.FailuresByKind = map[string]int{}
+	r.sum.StopReasons = map[string]int{}
 	r.intakeStop = make(chan struct{})
 	return r, nil
 }
@@ -348,6 +349,7 @@ func (r *Runner) Summary() Summary {
 	defer r.mu.Unlock()
 	s := r.sum
 	s.FailuresByKind = maps.Clone(r.sum.FailuresByKind)
+	s.StopReasons = maps.Clone(r.sum.StopReasons)
 	if s.RolloutsOK > 0 {
 		s.MeanReward = r.reward / float64(s.RolloutsOK)
 	}
@@ -366,6 +368,7 @@ func (r *Runner) count(g *Group) {
 		r.sum.Retries += ro.Attempts - 1
 		if ro.Status == StatusOK {
 			r.sum.RolloutsOK++
+			r.sum.StopReasons[string(ro.Result.StopReason)]++
 			r.reward += ro.Score.Value
 		} else {
 			r.sum.InfraFailed++

@@ -144,6 +144,9 @@ type Summary struct {
 	InfraFailed       int
 	Retries           int
 	FailuresByKind    map[string]int
-	MeanReward        float64
-	Elapsed           time.Duration
+	// StopReasons counts the ok rollouts by the agent loop's stop reason
+	// (finished, length, max_turns, …).
+	StopReasons map[string]int
+	MeanReward  float64
+	Elapsed     time.Duration
 }

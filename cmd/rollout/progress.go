@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -118,6 +120,9 @@ func printSummary(w io.Writer, dir string, s runner.Summary) {
 	fmt.Fprintf(w, "rollouts:    %d (%d ok, %d infra-failed after retries, %d retries)\n", s.Rollouts, s.RolloutsOK, s.InfraFailed, s.Retries)
 	for k, n := range s.FailuresByKind {
 		fmt.Fprintf(w, "  failure %-18s %d\n", k+":", n)
+	}
+	for _, k := range slices.Sorted(maps.Keys(s.StopReasons)) {
+		fmt.Fprintf(w, "  stop    %-18s %d\n", k+":", s.StopReasons[k])
 	}
 	fmt.Fprintf(w, "mean reward: %.4f (ok rollouts)\n", s.MeanReward)
 	if s.Elapsed > 0 {
