@@ -41,6 +41,7 @@ type viewRecord struct {
 	Timings           Timings            `json:"timings"`
 	DriftTokens       int32              `json:"drift_tokens"`
 	ToolErrors        []viewToolError    `json:"tool_errors"`
+	LoopEvents        []viewLoopEvent    `json:"loop_events"`
 	Messages          json.RawMessage    `json:"messages"`
 	Tools             json.RawMessage    `json:"tools"`
 	Tokens            []int32            `json:"tokens"`
@@ -53,6 +54,14 @@ type viewToolError struct {
 	Tool    string `json:"tool"`
 	Kind    string `json:"kind"`
 	Message string `json:"message"`
+}
+
+type viewLoopEvent struct {
+	Turn     int32  `json:"turn"`
+	Kind     string `json:"kind"`
+	Message  int32  `json:"message"`
+	Original string `json:"original"`
+	Detail   string `json:"detail"`
 }
 
 func jsonOrNull(s string) json.RawMessage {
@@ -81,6 +90,9 @@ func WriteHTML(w io.Writer, recs []Record, opts HTMLOptions) error {
 			Messages: jsonOrNull(r.Messages), Tools: jsonOrNull(r.Tools), Tokens: r.Tokens, LossMask: r.LossMask, Logprobs: r.Logprobs}
 		for _, te := range r.ToolErrors {
 			v.ToolErrors = append(v.ToolErrors, viewToolError{te.Turn, te.Tool, te.Kind, te.Message})
+		}
+		for _, e := range r.LoopEvents {
+			v.LoopEvents = append(v.LoopEvents, viewLoopEvent{e.Turn, e.Kind, e.Message, e.Original, e.Detail})
 		}
 		view = append(view, v)
 	}
