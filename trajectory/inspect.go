@@ -21,8 +21,10 @@ type Summary struct {
 	StopReasons      map[string]int
 	FailureKinds     map[string]FailureCount
 	ToolErrorKinds   map[string]int
-	Phases           []PhaseStat
-	Slowest          []SlowRollout
+	// LoopEvents counts the agent loop's interventions by kind.
+	LoopEvents map[string]int
+	Phases     []PhaseStat
+	Slowest    []SlowRollout
 }
 
 // Distribution summarises a set of values.
@@ -62,7 +64,7 @@ type SlowRollout struct {
 
 // Summarize computes a Summary of recs.
 func Summarize(run *Run, recs []Record) Summary {
-	s := Summary{Envs: map[string]int{}, StopReasons: map[string]int{}, FailureKinds: map[string]FailureCount{}, ToolErrorKinds: map[string]int{}}
+	s := Summary{Envs: map[string]int{}, StopReasons: map[string]int{}, FailureKinds: map[string]FailureCount{}, ToolErrorKinds: map[string]int{}, LoopEvents: map[string]int{}}
 	if run != nil {
 		s.Files, s.Unlisted = len(run.Files), len(run.Unlisted)
 	}
@@ -81,6 +83,9 @@ func Summarize(run *Run, recs []Record) Summary {
 		}
 		for _, te := range r.ToolErrors {
 			s.ToolErrorKinds[te.Tool+": "+te.Kind]++
+		}
+		for _, e := range r.LoopEvents {
+			s.LoopEvents[e.Kind]++
 		}
 		if r.Status == StatusOK {
 			s.OK++
@@ -200,6 +205,9 @@ func WriteSummary(w io.Writer, dir string, s Summary) error {
 		p("tokens\t%d (%.1f%% trained, %.0f per rollout)\n", s.Tokens, 100*float64(s.Trained)/float64(s.Tokens), float64(s.Tokens)/float64(max(s.Rows, 1)))
 	}
 	p("stop reasons\t%s\n", countsLine(s.StopReasons))
+	if len(s.LoopEvents) > 0 {
+		p("loop events\t%s\n", countsLine(s.LoopEvents))
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
