@@ -57,7 +57,7 @@ type Config struct {
 	MaxConsecutiveInvalid int `yaml:"max_consecutive_invalid,omitempty" json:"max_consecutive_invalid,omitempty"`
 	// Loop holds the agent loop's knobs for model misbehaviour and the
 	// text it may insert (docs/config.md, "The agent loop's knobs").
-	Loop LoopConfig `yaml:"loop,omitempty" json:"loop,omitempty"`
+	Loop LoopConfig `yaml:"loop,omitempty" json:"loop,omitzero"`
 
 	Toolsets Toolsets      `yaml:"toolsets,omitempty" json:"toolsets,omitempty"`
 	Sandbox  SandboxConfig `yaml:"sandbox,omitempty" json:"sandbox,omitempty"`

@@ -2,6 +2,7 @@ package runner
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -219,5 +220,21 @@ loop:
 		if ro.Result.StopReason != agentloop.StopFinished || len(ro.Result.Events) != 0 || ro.Result.TurnsUsed != 1 {
 			t.Fatalf("stop %s events %+v", ro.Result.StopReason, ro.Result.Events)
 		}
+	}
+}
+
+// A config without loop: hashes as before the block existed.
+func TestLoopBlockKeepsOldConfigHashes(t *testing.T) {
+	c := baseConfig()
+	b, err := json.Marshal(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(b), `"loop"`) {
+		t.Fatalf("an unset loop block is in the hashed JSON: %s", b)
+	}
+	c.Loop.GraceTurn = true
+	if c.Hash() == baseConfig().Hash() {
+		t.Fatal("the loop block does not change the config hash")
 	}
 }
