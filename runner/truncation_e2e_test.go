@@ -6,9 +6,11 @@ package runner_test
 // outcome, never an infrastructure failure.
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -102,6 +104,8 @@ type e2eCase struct {
 	maxToks  int
 	g        int
 	wantStop agentloop.StopReason
+	// after, when set, runs with the simulator still up.
+	after func(t *testing.T, url string, recs []trajectory.Record)
 }
 
 func runE2E(t *testing.T, c e2eCase) ([]trajectory.Record, *recordingPolicy) {
@@ -163,6 +167,9 @@ func runE2E(t *testing.T, c e2eCase) ([]trajectory.Record, *recordingPolicy) {
 				}
 			}
 		}
+	}
+	if c.after != nil {
+		c.after(t, srv.URL, recs)
 	}
 	return recs, rec
 }
@@ -292,8 +299,14 @@ func TestNudgeAndNameRepairRecorded(t *testing.T) {
 	empty := sim.Script{Match: lookupTask, Steps: []sim.Step{{Final: ""}, {Final: "found it"}}}
 	for _, backend := range []string{inference.BackendVLLM, inference.BackendChat} {
 		t.Run(backend+"/nudge", func(t *testing.T) {
-			recs, _ := runE2E(t, e2eCase{backend: backend, simCfg: sim.Config{Scripts: []sim.Script{empty}, SuccessProb: 1}, maxToks: 200, g: 2,
-				loop: runner.LoopConfig{EmptyReplyNudges: 1}, wantStop: agentloop.StopFinished})
+			c := e2eCase{backend: backend, simCfg: sim.Config{Scripts: []sim.Script{empty}, SuccessProb: 1}, maxToks: 200, g: 2,
+				loop: runner.LoopConfig{EmptyReplyNudges: 1}, wantStop: agentloop.StopFinished}
+			c.after = func(t *testing.T, url string, recs []trajectory.Record) {
+				for _, r := range recs {
+					checkNudgeMasked(t, url, r)
+				}
+			}
+			recs, _ := runE2E(t, c)
 			for _, r := range recs {
 				var msgs []openai.ChatCompletionMessage
 				if err := json.Unmarshal([]byte(r.Messages), &msgs); err != nil {
@@ -304,9 +317,6 @@ func TestNudgeAndNameRepairRecorded(t *testing.T) {
 				}
 				if len(r.LoopEvents) != 1 || r.LoopEvents[0].Kind != agentloop.EventMessageInserted || r.LoopEvents[0].Message != 2 {
 					t.Fatalf("events %+v", r.LoopEvents)
-				}
-				if backend == inference.BackendVLLM {
-					checkNudgeMasked(t, r)
 				}
 			}
 		})
@@ -321,10 +331,11 @@ func TestNudgeAndNameRepairRecorded(t *testing.T) {
 	}
 }
 
-// checkNudgeMasked: in tokens mode the inserted message is rendered by the
-// server's template between the two generations and masked, like a tool
-// result: the trained positions are exactly the two sampled turns.
-func checkNudgeMasked(t *testing.T, r trajectory.Record) {
+// checkNudgeMasked: the inserted message is rendered by the server's
+// template between the two generations and masked, like a tool result: the
+// trained positions are exactly the two sampled turns (tokens mode, and
+// chat mode with the server's token ids).
+func checkNudgeMasked(t *testing.T, url string, r trajectory.Record) {
 	t.Helper()
 	var runs [][2]int // [start, end) of trained runs
 	for i, m := range r.LossMask {
@@ -337,8 +348,21 @@ func checkNudgeMasked(t *testing.T, r trajectory.Record) {
 	if len(runs) != 2 {
 		t.Fatalf("%d trained runs, want 2 (one per generation): %v", len(runs), runs)
 	}
-	between := runs[1][0] - runs[0][1]
-	if between < 5 {
-		t.Fatalf("only %d masked ids between the generations: the nudge is not in the sequence", between)
+	// The masked ids between the two generations are the template's
+	// rendering of the nudge (and the turn markers around it).
+	body, _ := json.Marshal(map[string]any{"tokens": r.Tokens[runs[0][1]:runs[1][0]]})
+	resp, err := http.Post(url+"/detokenize", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Prompt string `json:"prompt"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("detokenize: %v (HTTP %d)", err, resp.StatusCode)
+	}
+	if !strings.Contains(out.Prompt, agentloop.EmptyReplyNudgeText) {
+		t.Fatalf("masked ids between the generations read %q: the nudge is not there", out.Prompt)
 	}
 }
