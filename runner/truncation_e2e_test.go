@@ -102,6 +102,7 @@ type e2eCase struct {
 	simCfg   sim.Config
 	loop     runner.LoopConfig
 	maxToks  int
+	maxTurns int
 	g        int
 	wantStop agentloop.StopReason
 	// after, when set, runs with the simulator still up.
@@ -124,7 +125,7 @@ func runE2E(t *testing.T, c e2eCase) ([]trajectory.Record, *recordingPolicy) {
 	defer pol.Close()
 	rec := &recordingPolicy{Policy: pol}
 	cfg := runner.Config{Env: "lookup", Inference: icfg, Parser: "hermes", Retries: 2, Loop: c.loop, GroupSize: c.g,
-		Sampling: inference.Sampling{MaxTokens: c.maxToks}}
+		Sampling: inference.Sampling{MaxTokens: c.maxToks}, MaxTurns: c.maxTurns}
 	sink := &groupSink{}
 	r, err := runner.New(cfg, runner.Deps{Logger: slog.New(slog.DiscardHandler), Env: lookupEnv{g: c.g}, Policy: rec, Sinks: []runner.Sink{sink}, RunID: "run_e2e"})
 	if err != nil {
@@ -364,5 +365,37 @@ func checkNudgeMasked(t *testing.T, url string, r trajectory.Record) {
 	}
 	if !strings.Contains(out.Prompt, agentloop.EmptyReplyNudgeText) {
 		t.Fatalf("masked ids between the generations read %q: the nudge is not there", out.Prompt)
+	}
+}
+
+// The grace turn, through the simulator: after max_turns a user message
+// asks for the final answer, one more generation answers; the stop reason
+// stays max_turns, the message is recorded and masked.
+func TestGraceTurnRecorded(t *testing.T) {
+	script := sim.Script{Match: lookupTask, Steps: []sim.Step{
+		{ToolCalls: []sim.Call{{Name: "lookup", Arguments: map[string]any{"key": "x"}}}},
+		{Final: "found it"},
+	}}
+	for _, backend := range []string{inference.BackendVLLM, inference.BackendChat} {
+		t.Run(backend, func(t *testing.T) {
+			c := e2eCase{backend: backend, simCfg: sim.Config{Scripts: []sim.Script{script}, SuccessProb: 1}, maxToks: 200, g: 2,
+				loop: runner.LoopConfig{GraceTurn: true}, wantStop: agentloop.StopMaxTurns, maxTurns: 1}
+			recs, _ := runE2E(t, c)
+			for _, r := range recs {
+				var msgs []openai.ChatCompletionMessage
+				if err := json.Unmarshal([]byte(r.Messages), &msgs); err != nil {
+					t.Fatal(err)
+				}
+				if len(msgs) != 5 || msgs[3].Role != "user" || msgs[3].Content != agentloop.GraceTurnText || msgs[4].Content != "found it" {
+					t.Fatalf("messages %+v", msgs)
+				}
+				if !r.FinishedNaturally || r.Turns != 2 || len(r.LoopEvents) != 1 || r.LoopEvents[0].Detail != "grace_turn" || r.LoopEvents[0].Message != 3 {
+					t.Fatalf("natural %v turns %d events %+v", r.FinishedNaturally, r.Turns, r.LoopEvents)
+				}
+				if r.Reward < 1 {
+					t.Errorf("reward %v: the grace answer is scored", r.Reward)
+				}
+			}
+		})
 	}
 }
