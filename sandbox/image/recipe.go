@@ -112,7 +112,9 @@ func Describe(name string) (string, error) {
 func lookup(name string) (*recipe, error) {
 	r, ok := recipes[name]
 	if !ok {
-		return nil, fmt.Errorf("%w: %q (known: %s)", ErrUnknownRecipe, name, strings.Join(Names(), ", "))
+		all := append(Names(), EngineNames()...)
+		sort.Strings(all)
+		return nil, fmt.Errorf("%w: %q (known: %s)", ErrUnknownRecipe, name, strings.Join(all, ", "))
 	}
 	return r, nil
 }
