@@ -11,8 +11,12 @@
 package llamacpptest
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"io"
+	"net/http"
 	"os"
 	"testing"
 	"time"
@@ -44,6 +48,62 @@ type Engine struct {
 	Args []string
 
 	e *engine.Engine
+}
+
+// Call sends body as JSON to route (GET when body is nil) and decodes a
+// 200 answer into out (when non-nil). It returns the status and the raw
+// body; transport errors fail the test.
+func (e *Engine) Call(t testing.TB, route string, body, out any) (int, []byte) {
+	t.Helper()
+	hc := &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{DisableKeepAlives: true}}
+	method, rd := http.MethodGet, io.Reader(nil)
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			t.Fatalf("llamacpptest: %s: encode: %v", route, err)
+		}
+		method, rd = http.MethodPost, bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, e.URL+route, rd)
+	if err != nil {
+		t.Fatalf("llamacpptest: %s: %v", route, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatalf("llamacpptest: %s: %v", route, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("llamacpptest: %s: read: %v", route, err)
+	}
+	if resp.StatusCode == http.StatusOK && out != nil {
+		if err := json.Unmarshal(raw, out); err != nil {
+			t.Fatalf("llamacpptest: %s: decode %s: %v", route, raw, err)
+		}
+	}
+	return resp.StatusCode, raw
+}
+
+// MustCall is Call that fails the test (with the server's log tail) unless
+// the answer is 200.
+func (e *Engine) MustCall(t testing.TB, route string, body, out any) {
+	t.Helper()
+	if code, raw := e.Call(t, route, body, out); code != http.StatusOK {
+		t.Fatalf("llamacpptest: %s: HTTP %d: %s\nserver log:\n%s", route, code, raw, e.LogTail(20))
+	}
+}
+
+// Tokenize returns the server's token ids for text, special tokens parsed
+// and no BOS added: what a rendered chat prompt is made of.
+func (e *Engine) Tokenize(t testing.TB, text string) []int {
+	t.Helper()
+	var r struct {
+		Tokens []int `json:"tokens"`
+	}
+	e.MustCall(t, "/tokenize", map[string]any{"content": text, "add_special": false, "parse_special": true}, &r)
+	return r.Tokens
 }
 
 // LogTail returns the last n lines of the server's log, for failure

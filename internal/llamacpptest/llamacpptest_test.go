@@ -1,60 +1,26 @@
 package llamacpptest
 
 import (
-	"bytes"
-	"encoding/json"
 	"fmt"
-	"io"
 	"math"
 	"net/http"
 	"strings"
 	"testing"
-	"time"
 
 	"go.uber.org/goleak"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// api posts (or, with a nil body, gets) one route and decodes the answer,
-// failing the test on a non-200 status.
 func api(t *testing.T, e *Engine, route string, body any, out any) {
 	t.Helper()
-	if code, raw := call(t, e, route, body, out); code != http.StatusOK {
-		t.Fatalf("%s: HTTP %d: %s\nserver log:\n%s", route, code, raw, e.LogTail(20))
-	}
+	e.MustCall(t, route, body, out)
 }
 
 func call(t *testing.T, e *Engine, route string, body any, out any) (int, string) {
 	t.Helper()
-	hc := &http.Client{Timeout: time.Minute, Transport: &http.Transport{DisableKeepAlives: true}}
-	var (
-		resp *http.Response
-		err  error
-	)
-	if body == nil {
-		resp, err = hc.Get(e.URL + route)
-	} else {
-		b, merr := json.Marshal(body)
-		if merr != nil {
-			t.Fatal(merr)
-		}
-		resp, err = hc.Post(e.URL+route, "application/json", bytes.NewReader(b))
-	}
-	if err != nil {
-		t.Fatalf("%s: %v", route, err)
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("%s: read: %v", route, err)
-	}
-	if resp.StatusCode == http.StatusOK && out != nil {
-		if err := json.Unmarshal(raw, out); err != nil {
-			t.Fatalf("%s: decode %s: %v", route, raw, err)
-		}
-	}
-	return resp.StatusCode, string(raw)
+	code, raw := e.Call(t, route, body, out)
+	return code, string(raw)
 }
 
 var tools = []map[string]any{{
@@ -93,14 +59,7 @@ type piece struct {
 	Piece string `json:"piece"`
 }
 
-func tokenize(t *testing.T, e *Engine, text string) []int {
-	t.Helper()
-	var r struct {
-		Tokens []int `json:"tokens"`
-	}
-	api(t, e, "/tokenize", map[string]any{"content": text, "add_special": false, "parse_special": true}, &r)
-	return r.Tokens
-}
+func tokenize(t *testing.T, e *Engine, text string) []int { t.Helper(); return e.Tokenize(t, text) }
 
 // TestEngine runs the checks the other suites rely on against one server.
 func TestEngine(t *testing.T) {
