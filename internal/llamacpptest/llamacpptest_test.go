@@ -162,6 +162,31 @@ func TestEngine(t *testing.T) {
 		}
 	})
 
+	t.Run("apply-template parallel calls, reasoning, tool turns", func(t *testing.T) {
+		var r struct {
+			Prompt string `json:"prompt"`
+		}
+		api(t, e, "/apply-template", map[string]any{"tools": tools, "messages": []map[string]any{
+			{"role": "user", "content": []map[string]any{{"type": "text", "text": "Do it."}}},
+			{"role": "assistant", "content": "Let me check.", "reasoning_content": "thinking", "tool_calls": []map[string]any{
+				{"id": "a", "type": "function", "function": map[string]any{"name": "terminal", "arguments": `{"command": "ls"}`}},
+				{"id": "b", "type": "function", "function": map[string]any{"name": "read_file", "arguments": `{"path": "a.txt"}`}},
+			}},
+			{"role": "tool", "tool_call_id": "a", "content": "a.txt"},
+			{"role": "tool", "tool_call_id": "b", "content": "hello"},
+			{"role": "user", "content": "ok"},
+		}}, &r)
+		want := "<|im_start|>user\nDo it.<|im_end|>\n" +
+			"<|im_start|>assistant\n<think>\nthinking\n</think>\n\nLet me check.\n" +
+			"<tool_call>\n{\"name\": \"terminal\", \"arguments\": {\"command\": \"ls\"}}\n</tool_call>\n" +
+			"<tool_call>\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"a.txt\"}}\n</tool_call><|im_end|>\n" +
+			"<|im_start|>user\n<tool_response>\na.txt\n</tool_response>\n<tool_response>\nhello\n</tool_response><|im_end|>\n" +
+			"<|im_start|>user\nok<|im_end|>\n<|im_start|>assistant\n"
+		if !strings.HasSuffix(r.Prompt, want) {
+			t.Errorf("rendered prompt:\n%s\nwant it to end with:\n%s", r.Prompt, want)
+		}
+	})
+
 	t.Run("chat completion with tools", func(t *testing.T) {
 		var r struct {
 			Choices []struct {
