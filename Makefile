@@ -12,7 +12,7 @@ COMMIT  ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 BUF     := $(GO) tool -modfile=buildtools/go.mod buf
 LDFLAGS := -X github.com/rollout-rl/rollout/internal/version.Version=$(VERSION) -X github.com/rollout-rl/rollout/internal/version.Commit=$(COMMIT)
 
-.PHONY: build test lint proto proto-check image bench demo fuzz-smoke clean
+.PHONY: build test lint proto proto-check image engine-image bench demo fuzz-smoke clean
 
 build:
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/rollout
@@ -24,12 +24,15 @@ lint:
 
 # test: everything CI checks. ensure-docker.sh (re)starts a missing or hung
 # local dockerd as root. Base images are built only when missing or
-# stale (a no-op in well under a second otherwise). ensure-python-grpc.sh
+# stale (a no-op in well under a second otherwise); so is the llama.cpp
+# engine image the real-engine tests run against (~1 min cold, from Debian
+# sid; docs/real-engines.md). ensure-python-grpc.sh
 # installs Debian's python3-grpcio and python3-grpc-tools for the Python
 # example's test (as root; otherwise it says what to install).
 test: lint proto-check build
 	scripts/ensure-docker.sh
 	$(BIN) sandbox image build
+	$(BIN) sandbox image build --name llamacpp
 	scripts/ensure-python-grpc.sh
 	FUZZTIME=$(FUZZTIME) scripts/fuzz-smoke.sh
 	$(GO) test -race -count=1 ./...
@@ -60,6 +63,11 @@ proto-check:
 # from Debian packages; see docs/images.md.
 image: build
 	$(BIN) sandbox image build
+
+# engine-image builds rollout-llamacpp:sid (llama-server from Debian sid and
+# the project's tiny random Qwen3 GGUF); see docs/real-engines.md.
+engine-image: build
+	$(BIN) sandbox image build --name llamacpp
 
 # demo runs the main job end to end (simulator + real sandboxes) into
 # out/demo; the base images are built first when missing.

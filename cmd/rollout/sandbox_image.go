@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -32,10 +33,12 @@ func newSandboxImageBuildCmd() *cobra.Command {
 	)
 	cmd := &cobra.Command{
 		Use:   "build",
-		Short: "Build the sandbox base images from Debian packages; a no-op when they are current",
+		Short: "Build the sandbox base images (and, on request, engine images) from Debian packages; a no-op when they are current",
 		Long: "Build rollout-sandbox:<name> images from Debian packages on this machine and import them\n" +
 			"through the Docker Engine API. An image whose recipe hash label matches is left alone.\n" +
-			"Recipes: " + fmt.Sprint(image.Names()) + ". See docs/images.md.",
+			"Sandbox recipes (--name all): " + fmt.Sprint(image.Names()) + ".\n" +
+			"Engine recipes, built only when named: " + engineRecipes() + ".\n" +
+			"See docs/images.md and docs/real-engines.md.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			names := image.Names()
@@ -73,10 +76,19 @@ func newSandboxImageBuildCmd() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&name, "name", "all", "image to build: all or one of the recipe names")
+	cmd.Flags().StringVar(&name, "name", "all", "image to build: all (the sandbox images) or one recipe name, e.g. llamacpp")
 	cmd.Flags().BoolVar(&force, "force", false, "rebuild even when the image is current")
 	cmd.Flags().BoolVarP(&verbose, "verbose", "v", false, "show the build tools' output (mmdebstrap, apt-get) on stderr")
 	return cmd
+}
+
+// engineRecipes lists the engine recipes with their image references.
+func engineRecipes() string {
+	var parts []string
+	for _, n := range image.EngineNames() {
+		parts = append(parts, n+" ("+image.Ref(n)+")")
+	}
+	return strings.Join(parts, ", ")
 }
 
 func short(id string) string {

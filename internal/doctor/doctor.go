@@ -123,6 +123,9 @@ func Run(ctx context.Context, opts Options) Report {
 			missing = true
 		}
 	}
+	for _, name := range image.EngineNames() {
+		checkEngineImage(ctx, &r, cli, name)
+	}
 	if missing {
 		if p, err := image.MmdebstrapPath(); err == nil {
 			r.add("mmdebstrap", Info, "found at %s (needed to build rollout-sandbox:bookworm)", p)
@@ -200,6 +203,24 @@ func checkImage(ctx context.Context, r *Report, cli image.API, name string) bool
 	default:
 		r.add(label, OK, "present, recipe %s current", short(st.HaveHash))
 		return true
+	}
+}
+
+// checkEngineImage reports an engine image (docs/real-engines.md). Rollouts
+// do not need it, so a missing or stale one is only Info.
+func checkEngineImage(ctx context.Context, r *Report, cli image.API, name string) {
+	label := "image " + image.Ref(name)
+	fix := fmt.Sprintf("`rollout sandbox image build --name %s` builds it (only the real-engine tests and `rollout engine %s` need it)", name, name)
+	st, err := image.Inspect(ctx, cli, name)
+	switch {
+	case err != nil:
+		r.add(label, Info, "%v", err)
+	case !st.Present:
+		r.add(label, Info, "not built: %s", fix)
+	case st.WantErr == nil && st.HaveHash != st.WantHash:
+		r.add(label, Info, "stale (recipe %s, current %s): %s", short(st.HaveHash), short(st.WantHash), fix)
+	default:
+		r.add(label, OK, "present, recipe %s", short(st.HaveHash))
 	}
 }
 

@@ -4,11 +4,16 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
+	"sort"
 	"strings"
 	"syscall"
 	"time"
@@ -37,7 +42,7 @@ func init() {
 	addRecipe(&recipe{
 		name:   "bookworm",
 		doc:    "Debian 12 minbase + bash, coreutils, python3, pytest, git, patch, ripgrep, procps, ca-certificates",
-		spec:   func(context.Context) (string, error) { return bookworm.spec(), nil },
+		spec:   func(context.Context) (string, error) { return bookworm.spec() },
 		rootfs: bookworm.rootfs,
 		layer:  withShell(agentUser, "/bin/bash"),
 		// Documentation, man pages and translations: nothing in a sandbox
@@ -71,18 +76,75 @@ type debootstrapRecipe struct {
 	packages []string
 	dpkgOpts []string
 	aptOpts  []string
+	// onlySuite uses the suite alone, without <suite>-updates and
+	// <suite>-security (sid has neither).
+	onlySuite bool
+	// files are uploaded into the tree at filesDir after the packages are
+	// installed; customize are shell commands then run inside the tree
+	// (chroot), in order. Both are part of the spec.
+	files     fs.FS
+	filesDir  string
+	customize []string
 }
 
 // spec deliberately leaves out the mirror: the same recipe built from two
 // mirrors of one archive is the same image. Package versions are not part
 // of it either (they move with point releases); `--force` picks them up.
-func (d *debootstrapRecipe) spec() string {
-	return fmt.Sprintf("mmdebstrap suite=%s variant=%s include=%s dpkgopt=%s aptopt=%s components=main suites=%s",
+func (d *debootstrapRecipe) spec() (string, error) {
+	s := fmt.Sprintf("mmdebstrap suite=%s variant=%s include=%s dpkgopt=%s aptopt=%s components=main suites=%s",
 		d.suite, d.variant, strings.Join(d.packages, ","), strings.Join(d.dpkgOpts, "|"),
 		strings.Join(d.aptOpts, "|"), strings.Join(d.suites(), ","))
+	if d.files == nil && len(d.customize) == 0 {
+		// Unchanged text for the recipes that have neither, so their
+		// hash (and images) stay what they were.
+		return s, nil
+	}
+	var b strings.Builder
+	b.WriteString(s)
+	files, err := d.fileList()
+	if err != nil {
+		return "", err
+	}
+	for _, f := range files {
+		data, err := fs.ReadFile(d.files, f)
+		if err != nil {
+			return "", fmt.Errorf("read %s: %w", f, err)
+		}
+		sum := sha256.Sum256(data)
+		fmt.Fprintf(&b, "\nfile %s sha256=%s", path.Join(d.filesDir, f), hex.EncodeToString(sum[:]))
+	}
+	for _, c := range d.customize {
+		fmt.Fprintf(&b, "\ncustomize: %s", c)
+	}
+	return b.String(), nil
+}
+
+// fileList is the regular files of d.files, sorted.
+func (d *debootstrapRecipe) fileList() ([]string, error) {
+	if d.files == nil {
+		return nil, nil
+	}
+	var out []string
+	err := fs.WalkDir(d.files, ".", func(p string, e fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if e.Type().IsRegular() {
+			out = append(out, p)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list recipe files: %w", err)
+	}
+	sort.Strings(out)
+	return out, nil
 }
 
 func (d *debootstrapRecipe) suites() []string {
+	if d.onlySuite {
+		return []string{d.suite}
+	}
 	return []string{d.suite, d.suite + "-updates", d.suite + "-security"}
 }
 
@@ -93,6 +155,9 @@ func (d *debootstrapRecipe) sources() []string {
 	main := m[d.suite]
 	if main == "" {
 		main = "http://deb.debian.org/debian"
+	}
+	if d.onlySuite {
+		return []string{fmt.Sprintf("deb %s %s main", main, d.suite)}
 	}
 	updates := m[d.suite+"-updates"]
 	if updates == "" {
@@ -109,7 +174,9 @@ func (d *debootstrapRecipe) sources() []string {
 	}
 }
 
-func (d *debootstrapRecipe) args() []string {
+// args are mmdebstrap's arguments; staged is the host directory holding
+// d.files (from stage), "" when there are none.
+func (d *debootstrapRecipe) args(staged string) []string {
 	args := []string{
 		"--variant=" + d.variant,
 		"--include=" + strings.Join(d.packages, ","),
@@ -122,6 +189,17 @@ func (d *debootstrapRecipe) args() []string {
 	for _, o := range d.aptOpts {
 		args = append(args, "--aptopt="+o)
 	}
+	if staged != "" {
+		// copy-in copies the staged directory (by its base name) into the
+		// parent of filesDir.
+		parent, base := path.Split(strings.TrimSuffix(d.filesDir, "/"))
+		args = append(args,
+			`--customize-hook=mkdir -p "$1`+parent+`"`,
+			"--customize-hook=copy-in "+filepath.Join(staged, base)+" "+parent)
+	}
+	for _, c := range d.customize {
+		args = append(args, `--customize-hook=chroot "$1" /bin/sh -c '`+strings.ReplaceAll(c, "'", `'\''`)+`'`)
+	}
 	// Target "-" streams the tar to stdout, so it goes straight into the
 	// import without a temporary file.
 	args = append(args, d.suite, "-")
@@ -133,7 +211,19 @@ func (d *debootstrapRecipe) rootfs(ctx context.Context, w io.Writer, log io.Writ
 	if err != nil {
 		return err
 	}
-	cmd := exec.CommandContext(ctx, bin, d.args()...)
+	staged := ""
+	if d.files != nil {
+		dir, err := os.MkdirTemp("", "rollout-recipe-")
+		if err != nil {
+			return fmt.Errorf("stage recipe files: %w", err)
+		}
+		defer os.RemoveAll(dir)
+		if err := d.stage(filepath.Join(dir, path.Base(d.filesDir))); err != nil {
+			return err
+		}
+		staged = dir
+	}
+	cmd := exec.CommandContext(ctx, bin, d.args(staged)...)
 	cmd.Env = systemEnv()
 	// On cancellation ask politely: mmdebstrap then unmounts /proc, /sys
 	// and /dev from its chroot and removes its temporary directory, which
@@ -152,6 +242,29 @@ func (d *debootstrapRecipe) rootfs(ctx context.Context, w io.Writer, log io.Writ
 			return ctx.Err()
 		}
 		return fmt.Errorf("mmdebstrap %s: %w\n%s", d.suite, err, tail.String())
+	}
+	return nil
+}
+
+// stage writes d.files under dir (world-readable: the hooks may run as
+// another user in unshare mode).
+func (d *debootstrapRecipe) stage(dir string) error {
+	files, err := d.fileList()
+	if err != nil {
+		return err
+	}
+	for _, f := range files {
+		data, err := fs.ReadFile(d.files, f)
+		if err != nil {
+			return fmt.Errorf("stage %s: %w", f, err)
+		}
+		dst := filepath.Join(dir, filepath.FromSlash(f))
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return fmt.Errorf("stage %s: %w", f, err)
+		}
+		if err := os.WriteFile(dst, data, 0o644); err != nil {
+			return fmt.Errorf("stage %s: %w", f, err)
+		}
 	}
 	return nil
 }

@@ -20,9 +20,20 @@ const (
 	LabelUser = "io.rollout.sandbox.user"
 )
 
-// Repository is the image repository of the base images; the tag is the
-// recipe name.
+// Repository is the image repository of the sandbox base images; the tag
+// is the recipe name.
 const Repository = "rollout-sandbox"
+
+// Kind says what a base image is for.
+type Kind int
+
+const (
+	// Sandbox images run rollouts (rollout-sandbox:<name>).
+	Sandbox Kind = iota
+	// Engine images run an inference engine for tests and local use
+	// (e.g. rollout-llamacpp:sid); they are never sandboxes.
+	Engine
+)
 
 // recipeFormat is bumped when the way recipes are turned into images changes
 // in a way the recipe text does not show (e.g. the tar rewriting), so every
@@ -36,6 +47,9 @@ var agentUser = userLayer{User: "agent", UID: 1000, GID: 1000, Home: "/home/agen
 type recipe struct {
 	name string
 	doc  string
+	// kind is Sandbox unless set; ref overrides Repository:name.
+	kind Kind
+	ref  string
 	// spec returns the canonical description of everything that determines
 	// the image; its hash is the recipe hash. It must be cheap: it runs on
 	// every Ensure.
@@ -56,18 +70,35 @@ var recipes = map[string]*recipe{}
 
 func addRecipe(r *recipe) { recipes[r.name] = r }
 
-// Names lists the base image recipes, sorted.
-func Names() []string {
+// Names lists the sandbox base image recipes, sorted: what `rollout sandbox
+// image build` builds by default and `rollout doctor` requires.
+func Names() []string { return KindNames(Sandbox) }
+
+// EngineNames lists the engine image recipes (see docs/real-engines.md),
+// sorted. They are built only on request.
+func EngineNames() []string { return KindNames(Engine) }
+
+// KindNames lists the recipes of one kind, sorted.
+func KindNames(k Kind) []string {
 	out := make([]string, 0, len(recipes))
-	for n := range recipes {
-		out = append(out, n)
+	for n, r := range recipes {
+		if r.kind == k {
+			out = append(out, n)
+		}
 	}
 	sort.Strings(out)
 	return out
 }
 
-// Ref is the image reference of the named base image.
-func Ref(name string) string { return Repository + ":" + name }
+// Ref is the image reference of the named base image:
+// rollout-sandbox:<name> for sandbox images, the recipe's own reference
+// for engine images (rollout-llamacpp:sid).
+func Ref(name string) string {
+	if r, ok := recipes[name]; ok && r.ref != "" {
+		return r.ref
+	}
+	return Repository + ":" + name
+}
 
 // Describe returns a one-line description of the named recipe.
 func Describe(name string) (string, error) {
@@ -81,7 +112,9 @@ func Describe(name string) (string, error) {
 func lookup(name string) (*recipe, error) {
 	r, ok := recipes[name]
 	if !ok {
-		return nil, fmt.Errorf("%w: %q (known: %s)", ErrUnknownRecipe, name, strings.Join(Names(), ", "))
+		all := append(Names(), EngineNames()...)
+		sort.Strings(all)
+		return nil, fmt.Errorf("%w: %q (known: %s)", ErrUnknownRecipe, name, strings.Join(all, ", "))
 	}
 	return r, nil
 }
@@ -103,6 +136,9 @@ func (r *recipe) hash(ctx context.Context) (string, error) {
 	}
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\nname=%s\n%s\nlayer: %s\n", recipeFormat, r.name, spec, r.layer.spec())
+	if r.ref != "" {
+		fmt.Fprintf(h, "ref: %s\n", r.ref)
+	}
 	for _, p := range r.prune {
 		fmt.Fprintf(h, "prune: %s\n", p)
 	}
