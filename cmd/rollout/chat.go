@@ -29,6 +29,7 @@ type chatFlags struct {
 	tokenIDs                                                              bool
 	temperature                                                           float64
 	maxTokens                                                             int
+	extraBody                                                             string
 }
 
 func newChatCmd() *cobra.Command {
@@ -63,6 +64,7 @@ results, stop reason). --out writes the episode as one JSON trajectory object
 	fl.BoolVar(&f.tokenIDs, "token-ids", false, "chat backend: ask the server for token ids and logprobs (vLLM ≥ 0.10.2, the simulator); on by default with --out, --token-ids=false for servers without them")
 	fl.Float64Var(&f.temperature, "temperature", 1.0, "sampling temperature")
 	fl.IntVar(&f.maxTokens, "max-tokens", 0, "max tokens per generation (0: server default)")
+	fl.StringVar(&f.extraBody, "extra-body", "", `JSON object merged into every generation request (the run config's sampling.extra_body), e.g. '{"logit_bias": {"659": 4}}'`)
 	return cmd
 }
 
@@ -83,6 +85,12 @@ func runChat(cmd *cobra.Command, f chatFlags, task string) error {
 		}
 	default:
 		return usageError(cmd, fmt.Errorf("unknown --backend %q; want chat, vllm, vllm-generate or sglang", f.backend))
+	}
+	var extra map[string]any
+	if f.extraBody != "" {
+		if err := json.Unmarshal([]byte(f.extraBody), &extra); err != nil || extra == nil {
+			return usageError(cmd, fmt.Errorf("--extra-body must be a JSON object: %q", f.extraBody))
+		}
 	}
 	set, err := tools.Default().Resolve(f.toolsets, nil)
 	if err != nil {
@@ -130,7 +138,7 @@ func runChat(cmd *cobra.Command, f chatFlags, task string) error {
 	msgs = append(msgs, openai.ChatCompletionMessage{Role: openai.ChatMessageRoleUser, Content: task})
 	temp := f.temperature
 	cfg := agentloop.Config{ID: id, Messages: msgs, Tools: set, Model: f.model, Parser: f.parser, ReasoningParser: f.reasoningParser,
-		MaxTurns: f.maxTurns, Timeout: f.timeout, Sampling: inference.Sampling{Temperature: &temp, MaxTokens: f.maxTokens}}
+		MaxTurns: f.maxTurns, Timeout: f.timeout, Sampling: inference.Sampling{Temperature: &temp, MaxTokens: f.maxTokens, ExtraBody: extra}}
 	res, runErr := agentloop.Run(ctx, cfg, agentloop.Deps{Policy: policy, Env: tools.NewEnv(sb, id), Logger: log})
 	if errors.Is(runErr, agentloop.ErrConfig) && res.TurnsUsed == 0 {
 		return usageError(cmd, runErr)
