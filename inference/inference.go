@@ -22,6 +22,16 @@ var (
 	// ErrContextLength: the next prompt cannot fit max_tokens in the model's
 	// context; the episode stops with stop reason "context_length".
 	ErrContextLength = errors.New("context length exceeded")
+	// ErrContent: the server refused the request because of its content —
+	// a chat template that cannot render the history (llama.cpp's HTTP 500
+	// "Failed to parse tool call arguments as JSON"), a validation error.
+	// It always comes with ErrRequest (whatever the HTTP status), is never
+	// retried by the pool and never counts against the endpoint's health.
+	ErrContent = errors.New("request content rejected by the server")
+	// ErrNoTokenIDs: token ids were requested (tokens mode, or chat mode
+	// with chat_token_ids) and no source returned them. Comes with
+	// ErrInfra: the server or its configuration cannot serve the run.
+	ErrNoTokenIDs = errors.New("token ids requested but not returned")
 )
 
 // Sampling parameters. Pointers distinguish "unset" from zero: a
@@ -35,6 +45,8 @@ type Sampling struct {
 	Stop               []string       `json:"stop,omitempty" yaml:"stop,omitempty"`
 	Seed               *int64         `json:"seed,omitempty" yaml:"seed,omitempty"`
 	RepetitionPenalty  *float64       `json:"repetition_penalty,omitempty" yaml:"repetition_penalty,omitempty"`
+	PresencePenalty    *float64       `json:"presence_penalty,omitempty" yaml:"presence_penalty,omitempty"`
+	FrequencyPenalty   *float64       `json:"frequency_penalty,omitempty" yaml:"frequency_penalty,omitempty"`
 	ChatTemplateKwargs map[string]any `json:"chat_template_kwargs,omitempty" yaml:"chat_template_kwargs,omitempty"`
 	ExtraBody          map[string]any `json:"extra_body,omitempty" yaml:"extra_body,omitempty"`
 }

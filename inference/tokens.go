@@ -58,6 +58,9 @@ func (e *tokenEpisode) tokOpts(suffix string) CallOptions {
 
 // render asks the server for the ids of messages under the chat template.
 func (e *tokenEpisode) render(ctx context.Context, msgs []openai.ChatCompletionMessage, genPrompt bool, suffix string) ([]int32, error) {
+	if e.c.cfg.Backend == BackendLlamaCpp {
+		return llamaRender(ctx, e.c.tok, e.tokOpts(suffix), msgs, e.spec.Tools, genPrompt, e.spec.Sampling.ChatTemplateKwargs)
+	}
 	resp, err := e.c.tok.Tokenize(ctx, e.tokOpts(suffix), &TokenizeRequest{
 		Model:               e.spec.Model,
 		Messages:            msgs,
@@ -74,6 +77,9 @@ func (e *tokenEpisode) render(ctx context.Context, msgs []openai.ChatCompletionM
 // renderPrompt is render for the first prompt; it also learns
 // max_model_len from /tokenize when /v1/models did not report it.
 func (e *tokenEpisode) renderPrompt(ctx context.Context, msgs []openai.ChatCompletionMessage) ([]int32, error) {
+	if e.c.cfg.Backend == BackendLlamaCpp {
+		return e.render(ctx, msgs, true, "t1-prompt")
+	}
 	gp := true
 	resp, err := e.c.tok.Tokenize(ctx, e.tokOpts("t1-prompt"), &TokenizeRequest{
 		Model:               e.spec.Model,
