@@ -312,7 +312,7 @@ func TestLlamaCppChatTokenIDs(t *testing.T) {
 // is an error of its own class, never a turn with 0 tokens.
 func TestChatTokenIDsMissingIsAnError(t *testing.T) {
 	srv, _ := fakeServer(t, map[string]func(http.ResponseWriter, []byte){
-		"GET /v1/models":          reply(`{"data":[{"id":"m","max_model_len":4096}]}`),
+		"GET /v1/models":            reply(`{"data":[{"id":"m","max_model_len":4096}]}`),
 		"POST /v1/chat/completions": reply(`{"id":"c","choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":"stop","logprobs":null}],"usage":{"prompt_tokens":1,"completion_tokens":1}}`),
 	})
 	c := openClient(t, inference.Config{Backend: inference.BackendChat, Endpoints: []string{srv.URL}, ChatTokenIDs: true})
