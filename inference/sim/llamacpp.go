@@ -380,7 +380,8 @@ func (h *handler) llamaCompletion(w http.ResponseWriter, r *http.Request) {
 		resp["tokens"] = ids
 	}
 	if req.NProbs > 0 {
-		resp["completion_probabilities"] = h.llamaProbs(probIDs, probLPs, req.NProbs, req.PostSamplingProbs)
+		// llama.cpp lists at most the vocabulary.
+		resp["completion_probabilities"] = h.llamaProbs(probIDs, probLPs, min(req.NProbs, h.tok.VocabSize()), req.PostSamplingProbs)
 	}
 	h.writeBody(w, f, resp)
 }
