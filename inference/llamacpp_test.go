@@ -389,3 +389,34 @@ func TestTemplateContentErrorNotRetried(t *testing.T) {
 		})
 	}
 }
+
+// sampler_fields: openai states only the fields the OpenAI API knows, and
+// the report lists only those.
+func TestSamplerFieldsOpenAI(t *testing.T) {
+	srv := startSim(t, sim.Config{Family: "hermes", Seed: 3, RecordSamplers: true})
+	cfg := inference.Config{Backend: inference.BackendChat, Endpoints: []string{srv.URL}, SamplerFields: inference.SamplerFieldsOpenAI}
+	c := openClient(t, cfg)
+	ep, err := c.Start(context.Background(), inference.EpisodeSpec{ID: "oa", Sampling: inference.Sampling{MaxTokens: 16}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ep.Generate(context.Background(), []openai.ChatCompletionMessage{{Role: "user", Content: "hi"}}); err != nil {
+		t.Fatal(err)
+	}
+	got := srv.Samplers()[0].Fields
+	for _, k := range []string{"top_k", "min_p", "repetition_penalty"} {
+		if _, ok := got[k]; ok {
+			t.Errorf("%s sent with sampler_fields openai: %v", k, got)
+		}
+	}
+	if got["temperature"] != 1.0 || got["top_p"] != 1.0 || got["presence_penalty"] != 0.0 {
+		t.Fatalf("OpenAI fields not stated: %v", got)
+	}
+	r := c.SamplerReport(inference.Sampling{})
+	if _, ok := r.Fields["top_k"]; ok || len(r.Fields) != 4 {
+		t.Fatalf("report fields %v", r.Fields)
+	}
+	if _, err := inference.Open(inference.Config{Backend: inference.BackendChat, Endpoints: []string{srv.URL}, SamplerFields: "all"}); err == nil {
+		t.Fatal("unknown sampler_fields accepted")
+	}
+}

@@ -111,9 +111,27 @@ type SamplerReport struct {
 // EffectiveSampling is the sampler a run sends: the inference config's
 // sampling, overlaid by the run's (runner config) sampling, with every unset
 // field made neutral.
+//
+// For the chat backend the llama.cpp-only fields are included once the
+// client has seen that the server is llama.cpp (Client.SamplerReport);
+// with sampler_fields "openai" only the fields sent are listed.
 func EffectiveSampling(cfg Config, run Sampling) SamplerReport {
+	return effectiveSampling(cfg, run, cfg.Backend == BackendLlamaCpp)
+}
+
+func effectiveSampling(cfg Config, run Sampling, llama bool) SamplerReport {
 	s := withNeutral(mergeSampling(cfg.Sampling, run), topKOffFor(cfg.Backend))
-	return samplerReport(cfg.Backend, s, cfg.Backend == BackendLlamaCpp)
+	r := samplerReport(cfg.Backend, s, llama)
+	if cfg.Backend == BackendChat && cfg.SamplerFields == SamplerFieldsOpenAI {
+		for k := range r.Fields {
+			switch k {
+			case "temperature", "top_p", "presence_penalty", "frequency_penalty":
+			default:
+				delete(r.Fields, k)
+			}
+		}
+	}
+	return r
 }
 
 func samplerReport(backend string, s Sampling, llama bool) SamplerReport {
@@ -139,6 +157,9 @@ func samplerFields(backend string, s Sampling, llama bool) map[string]any {
 	}
 	if llama {
 		m["repeat_penalty"] = *s.RepetitionPenalty
+		if backend == BackendChat {
+			m["repetition_penalty"] = *s.RepetitionPenalty // the OpenAI-style field is sent too
+		}
 		for _, f := range llamaNeutral {
 			m[f.key] = f.val
 		}
@@ -213,7 +234,10 @@ func (c *Client) ServerSampler() (server map[string]any, mismatch []string) {
 // SamplerReport is EffectiveSampling for this client plus the server's view
 // when one was recorded.
 func (c *Client) SamplerReport(run Sampling) SamplerReport {
-	r := EffectiveSampling(c.cfg, run)
+	c.mu.Lock()
+	llama := c.llama
+	c.mu.Unlock()
+	r := effectiveSampling(c.cfg, run, llama)
 	r.Server, r.Mismatch = c.ServerSampler()
 	return r
 }
@@ -235,6 +259,10 @@ func (c *Client) recordServerSampler(sent map[string]any, echoed map[string]any)
 		ev, ok := echoed[k]
 		if !ok {
 			continue // the server does not echo every field
+		}
+		switch v.(type) {
+		case map[string]any, []any:
+			continue // extra_body structures (logit_bias) echo in another shape
 		}
 		if !sameValue(v, ev) {
 			mism = append(mism, fmt.Sprintf("%s: sent %v, server uses %v", k, v, ev))
