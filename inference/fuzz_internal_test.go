@@ -36,10 +36,13 @@ func FuzzGenerateDecoders(f *testing.F) {
 		`{"text":["a"],"finish_reasons":["stop"],"logprobs":[[[{"785":-0.21}]]],"prompt_token_ids":[1],"token_ids":[[785]]}`,
 		`{"choices":[{"index":0,"token_ids":[1],"logprobs":{"content":[{"token":"token_id:2","logprob":"x"}]}}]}`,
 		`[]`, `null`, `{"choices":null}`, `{"meta_info":{"output_token_logprobs":[[]]},"output_ids":[1]}`,
+		`{"content":"a","tokens":[5,9],"stop_type":"eos","completion_probabilities":[{"id":5,"logprob":-0.5},{"id":9,"logprob":-0.1}],"generation_settings":{"top_k":40}}`,
+		`{"content":"a","tokens":[5,9,7],"stop_type":"word","stopping_word":"x","completion_probabilities":[{"id":5,"logprob":-0.5}]}`,
+		`{"tokens":[5],"stop_type":"limit","truncated":true,"completion_probabilities":[{"id":6,"prob":0.5}]}`,
 	} {
 		f.Add([]byte(s))
 	}
-	gens := []generator{completionsGen{}, vllmGenerateGen{}, sglangGen{}, atroposGen{}}
+	gens := []generator{completionsGen{}, vllmGenerateGen{}, sglangGen{}, atroposGen{}, llamaGen{}}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		p, err := NewPool(PoolConfig{Endpoints: []string{"http://fuzz.invalid"}, Retries: -1})
 		if err != nil {
