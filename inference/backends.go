@@ -36,6 +36,10 @@ type sample struct {
 	stop     stopKind
 	text     *string // server-decoded text (special tokens kept) when returned
 	endpoint string
+	// unscored are positions of ids the server gave no logprob for
+	// (llama.cpp, incomplete UTF-8): kept in the sequence, masked 0, with
+	// the 1.0 placeholder.
+	unscored []int
 }
 
 type generator interface {

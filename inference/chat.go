@@ -114,6 +114,13 @@ func (e *chatEpisode) generate(ctx context.Context, messages []openai.ChatComple
 			}
 			return Turn{}, noIDsError(ep, op, reqID, what, nil)
 		}
+		if ch.TokenIDs == nil && resp.Usage != nil && resp.Usage.CompletionTokens != len(ids) {
+			// The ids came from the logprob entries, and some are missing:
+			// llama.cpp withholds the entry of a token that leaves the text
+			// inside a UTF-8 character. They cannot be recovered here.
+			return Turn{}, noIDsError(ep, op, reqID, fmt.Sprintf("the answer names %d of its %d completion tokens (llama.cpp gives no logprob entry to a token that ends inside a UTF-8 character; the llamacpp tokens backend keeps them)",
+				len(ids), resp.Usage.CompletionTokens), nil)
+		}
 		if promptIDs == nil {
 			// llama.cpp returns no prompt ids: render the same request's
 			// messages on the server, as its chat route did.

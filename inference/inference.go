@@ -80,7 +80,8 @@ type Turn struct {
 	PromptTokens     int
 	CompletionTokens int
 	// CompletionIDs/Logprobs are the sampled ids and their logprobs when the
-	// backend returns them (always in tokens mode).
+	// backend returns them (always in tokens mode). A sampled id the server
+	// gave no logprob for holds the 1.0 placeholder (Sequence.Unscored).
 	CompletionIDs []int32
 	Logprobs      []float32
 	Endpoint      string // base URL that served the turn
@@ -89,7 +90,8 @@ type Turn struct {
 // Sequence is the token-exact record of an episode.
 type Sequence struct {
 	Tokens []int32
-	// Mask is 1 on sampled (trained) positions, 0 elsewhere.
+	// Mask is 1 on sampled (trained) positions, 0 elsewhere (also on the
+	// few sampled ids without a logprob; see Unscored).
 	Mask []int8
 	// Logprobs are aligned to Tokens; untrained positions hold 1.0 (the
 	// Atropos placeholder).
@@ -97,6 +99,11 @@ type Sequence struct {
 	// TurnStarts are the indices in Tokens where each generation begins.
 	TurnStarts []int
 	PromptLen  int // tokens of the first prompt
+	// Unscored counts sampled ids the server returned no logprob for
+	// (llama.cpp withholds the probability of a token that leaves the text
+	// inside a UTF-8 character): they stay in Tokens, verbatim, with Mask 0
+	// and the 1.0 placeholder — in context, not trained.
+	Unscored int
 	// DriftTokens counts the tokens that differ (insertions + deletions)
 	// when the final conversation is re-rendered; -1 when the check could
 	// not run (the render request failed).

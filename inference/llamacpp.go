@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 
 	openai "github.com/sashabaranov/go-openai"
 )
@@ -214,27 +215,26 @@ func (g llamaGen) generate(ctx context.Context, p *Pool, in genInput) (sample, e
 		e.Err = ErrNoTokenIDs
 		return sample{}, e
 	}
-	probs := resp.Probs
-	if resp.StopType == "word" && len(probs) < len(ids) {
-		// The stop word's tokens are withheld from the probabilities (and
-		// from content); they were sampled but are not the model's answer,
-		// as with vLLM's stop strings. Drop them from the turn.
-		ids = ids[:len(probs)]
-	}
-	if len(probs) != len(ids) {
-		return sample{}, badAnswer(ep, op, reqID, "%d completion_probabilities for %d tokens (is n_probs supported by this server?)", len(probs), len(ids))
-	}
-	lps := make([]float32, len(ids))
-	for i, pr := range probs {
-		if pr.Logprob == nil || !validLogprob(*pr.Logprob) {
-			return sample{}, badAnswer(ep, op, reqID, "logprob %d missing or invalid (post_sampling_probs must be false)", i)
+	if resp.StopType == "word" && len(ids) > 0 {
+		// llama.cpp keeps the stop word's tokens in "tokens" but cuts as
+		// many entries as the word tokenises to from the probabilities
+		// (and the word from content). They were sampled but are not the
+		// model's answer, as with vLLM's stop strings: drop the same
+		// number of trailing ids from the turn.
+		k, err := g.stopWordTokens(ctx, p, o, resp.StoppingWord)
+		if err != nil {
+			return sample{}, err
 		}
-		if pr.ID != nil && *pr.ID != ids[i] {
-			return sample{}, badAnswer(ep, op, reqID, "logprob %d is for token %d but tokens[%d] = %d", i, *pr.ID, i, ids[i])
+		if k > len(ids) {
+			return sample{}, badAnswer(ep, op, reqID, "stopping word %q is %d tokens, more than the %d generated", resp.StoppingWord, k, len(ids))
 		}
-		lps[i] = float32(*pr.Logprob)
+		ids = ids[:len(ids)-k]
 	}
-	s := sample{ids: ids, logprobs: lps, endpoint: ep}
+	lps, missing, err := alignProbs(ids, resp.Probs)
+	if err != nil {
+		return sample{}, badAnswer(ep, op, reqID, "%v", err)
+	}
+	s := sample{ids: ids, logprobs: lps, unscored: missing, endpoint: ep}
 	switch resp.StopType {
 	case "eos":
 		s.finish, s.stop = "stop", stopToken
@@ -250,6 +250,67 @@ func (g llamaGen) generate(ctx context.Context, p *Pool, in genInput) (sample, e
 		s.finish, s.stop = "length", stopNone
 	}
 	return s, nil
+}
+
+// stopWordTokens is how many entries llama.cpp cut from the
+// probabilities for a stop word: the word tokenised without special-token
+// parsing, as the server does.
+func (g llamaGen) stopWordTokens(ctx context.Context, p *Pool, o CallOptions, word string) (int, error) {
+	if word == "" {
+		return 0, nil
+	}
+	o.Extra = nil
+	o.RequestID += "-stopword"
+	ids, err := p.LlamaTokenize(ctx, o, &LlamaTokenizeRequest{Content: word})
+	if err != nil {
+		return 0, err
+	}
+	return len(ids), nil
+}
+
+// alignProbs matches completion_probabilities to the sampled ids.
+// llama.cpp records a token's probability only when the text generated so
+// far ends in a complete UTF-8 character: the ids of a character split
+// over several tokens get no entry except the last one, and a generation
+// cut inside a character leaves its last ids without one. So entries are
+// matched from the end by id (a missing run always precedes the entry
+// that completes its character, or ends the turn); ids without an entry
+// are returned in missing (their logprob is the 1.0 placeholder and they
+// are not trained). An entry that matches no id is an error.
+func alignProbs(ids []int32, probs []LlamaProb) ([]float32, []int, error) {
+	lps := make([]float32, len(ids))
+	var missing []int
+	j := len(probs) - 1
+	for i := len(ids) - 1; i >= 0; i-- {
+		if j >= 0 {
+			pr := probs[j]
+			if pr.ID == nil && len(probs) != len(ids) {
+				return nil, nil, fmt.Errorf("%d completion_probabilities for %d tokens and entry %d has no id", len(probs), len(ids), j)
+			}
+			if pr.ID == nil || *pr.ID == ids[i] {
+				if pr.Logprob == nil || !validLogprob(*pr.Logprob) {
+					return nil, nil, fmt.Errorf("logprob %d missing or invalid (post_sampling_probs must be false)", j)
+				}
+				lps[i] = float32(*pr.Logprob)
+				j--
+				continue
+			}
+		}
+		lps[i] = 1.0
+		missing = append(missing, i)
+	}
+	if j >= 0 {
+		return nil, nil, fmt.Errorf("%d completion_probabilities for %d tokens: entry %d (token %v) matches no sampled id (is n_probs supported by this server?)", len(probs), len(ids), j, idOf(probs[j]))
+	}
+	slices.Reverse(missing)
+	return lps, missing, nil
+}
+
+func idOf(p LlamaProb) any {
+	if p.ID == nil {
+		return "?"
+	}
+	return *p.ID
 }
 
 // echoedSampler keeps the generation_settings keys that name sampler

@@ -420,3 +420,55 @@ func TestSamplerFieldsOpenAI(t *testing.T) {
 		t.Fatal("unknown sampler_fields accepted")
 	}
 }
+
+// llama.cpp gives no probability to a token that leaves the text inside a
+// UTF-8 character: tokens mode keeps such ids verbatim but untrained
+// (mask 0, placeholder 1.0, counted in Unscored); chat mode, whose ids come
+// only from the logprob entries, fails with ErrNoTokenIDs instead of
+// returning a sequence with ids missing.
+func TestLlamaCppIncompleteUTF8(t *testing.T) {
+	script := sim.Script{Match: "count them", Steps: []sim.Step{{Final: "Zählung: drei — fertig ✓"}}}
+	srv := startSim(t, sim.Config{Engine: sim.EngineLlamaCpp, Family: "hermes", Seed: 1, Scripts: []sim.Script{script}})
+	c := openClient(t, inference.Config{Backend: inference.BackendLlamaCpp, Endpoints: []string{srv.URL}})
+	turns, seq, _ := runEpisode(t, c, inference.EpisodeSpec{ID: "utf8", Sampling: inference.Sampling{MaxTokens: 256}}, 1, false)
+	tr := turns[0]
+	if !strings.Contains(tr.Text, "Zählung: drei — fertig ✓") {
+		t.Fatalf("text %q", tr.Text)
+	}
+	// ä: 2 bytes, —: 3, ✓: 3 → 1 + 2 + 2 ids without a probability.
+	if seq.Unscored != 5 {
+		t.Fatalf("unscored %d, want 5", seq.Unscored)
+	}
+	ts := seq.TurnStarts[0]
+	if !slices.Equal(seq.Tokens[ts:ts+len(tr.CompletionIDs)], tr.CompletionIDs) {
+		t.Fatal("sampled ids not verbatim")
+	}
+	trained := 0
+	for i := range tr.CompletionIDs {
+		m, lp := seq.Mask[ts+i], seq.Logprobs[ts+i]
+		if lp != tr.Logprobs[i] {
+			t.Fatalf("position %d: logprob %v, turn says %v", i, lp, tr.Logprobs[i])
+		}
+		if m == 1 {
+			trained++
+			if lp > 0 {
+				t.Fatalf("trained position %d has the placeholder", i)
+			}
+		} else if lp != 1.0 {
+			t.Fatalf("untrained sampled position %d has logprob %v", i, lp)
+		}
+	}
+	if trained+seq.Unscored != len(tr.CompletionIDs) || seq.DriftTokens != 0 {
+		t.Fatalf("%d trained + %d unscored of %d; drift %d", trained, seq.Unscored, len(tr.CompletionIDs), seq.DriftTokens)
+	}
+
+	chat := openClient(t, inference.Config{Backend: inference.BackendChat, Endpoints: []string{srv.URL}, ChatTokenIDs: true})
+	ep, err := chat.Start(context.Background(), inference.EpisodeSpec{ID: "utf8-chat", Sampling: inference.Sampling{MaxTokens: 256}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = ep.Generate(context.Background(), []openai.ChatCompletionMessage{{Role: "user", Content: "list files in /tmp and count them"}})
+	if !errors.Is(err, inference.ErrNoTokenIDs) || !strings.Contains(err.Error(), "UTF-8") {
+		t.Fatalf("want ErrNoTokenIDs, got %v", err)
+	}
+}

@@ -115,7 +115,7 @@ func (e *tokenEpisode) generate(ctx context.Context, messages []openai.ChatCompl
 	}
 	// Snapshot: a failed turn leaves the episode as it was, so the caller
 	// may retry Generate with the same messages.
-	snapLen, snapTurns, snapConsumed, snapPending := len(e.seq.Tokens), len(e.seq.TurnStarts), e.consumed, e.pending
+	snapLen, snapTurns, snapConsumed, snapPending, snapUnscored := len(e.seq.Tokens), len(e.seq.TurnStarts), e.consumed, e.pending, e.seq.Unscored
 	ok := false
 	defer func() {
 		if !ok {
@@ -124,6 +124,7 @@ func (e *tokenEpisode) generate(ctx context.Context, messages []openai.ChatCompl
 			e.seq.Logprobs = e.seq.Logprobs[:snapLen]
 			e.seq.TurnStarts = e.seq.TurnStarts[:snapTurns]
 			e.consumed, e.pending = snapConsumed, snapPending
+			e.seq.Unscored = snapUnscored
 			if snapLen == 0 {
 				e.seq.PromptLen = 0
 			}
@@ -205,6 +206,10 @@ func (e *tokenEpisode) generate(ctx context.Context, messages []openai.ChatCompl
 	for range s.ids {
 		e.seq.Mask = append(e.seq.Mask, 1)
 	}
+	for _, i := range s.unscored {
+		e.seq.Mask[start+i] = 0 // sampled, but no logprob to train with
+	}
+	e.seq.Unscored += len(s.unscored)
 	if s.stop == stopToken {
 		// The sampled stop token stands for the template's end-of-turn
 		// token; what the template writes after it was never sampled.
@@ -443,6 +448,7 @@ func (e *tokenEpisode) Finish(ctx context.Context, messages []openai.ChatComplet
 		Logprobs:   slices.Clone(e.seq.Logprobs),
 		TurnStarts: slices.Clone(e.seq.TurnStarts),
 		PromptLen:  e.seq.PromptLen,
+		Unscored:   e.seq.Unscored,
 	}
 	if e.turns == 0 {
 		return out, nil

@@ -134,20 +134,25 @@ func (h *handler) generationSettings(sent map[string]any, nPredict int) map[stri
 }
 
 // llamaEncode tokenises text as llama.cpp does: BOS first when add_special
-// and the model adds one; special markers parsed unless parse_special is
-// false (then every byte is plain text).
+// and the model adds one; control markers parsed unless parse_special is
+// false.
 func (h *handler) llamaEncode(text string, addSpecial, parseSpecial bool) []int {
 	var ids []int
 	if addSpecial && h.tmpl.bos != "" {
 		ids = append(ids, h.tok.mustID(h.tmpl.bos))
 	}
-	if !parseSpecial {
-		for i := 0; i < len(text); i++ {
-			ids = append(ids, int(text[i]))
+	for _, id := range h.tok.Encode(text) {
+		if !parseSpecial && h.tok.IsControl(id) {
+			// Control tokens are plain text without parse_special;
+			// user-defined markers (<tool_call>) are always matched.
+			for _, b := range h.tok.Bytes(id) {
+				ids = append(ids, int(b))
+			}
+			continue
 		}
-		return ids
+		ids = append(ids, id)
 	}
-	return append(ids, h.tok.Encode(text)...)
+	return ids
 }
 
 // llamaTemplateText renders a conversation as llama.cpp's --jinja path
@@ -390,8 +395,11 @@ func (h *handler) llamaCompletion(w http.ResponseWriter, r *http.Request) {
 // distribution, or with post_sampling_probs the probabilities after the
 // sampler chain (renormalised, so they differ from exp(logprob)).
 func (h *handler) llamaProbs(ids []int, lps []float64, k int, post bool) []any {
-	out := make([]any, len(ids))
+	out := make([]any, 0, len(ids))
 	for j, id := range ids {
+		if !h.scored(ids, j) {
+			continue
+		}
 		e := h.llamaProbEntry(id, lps[j], post)
 		var top []any
 		for _, t := range h.topLogprobs(id, lps[j], k) {
@@ -402,9 +410,31 @@ func (h *handler) llamaProbs(ids []int, lps []float64, k int, post bool) []any {
 		} else {
 			e["top_logprobs"] = top
 		}
-		out[j] = e
+		out = append(out, e)
 	}
 	return out
+}
+
+// scored reports whether llama.cpp records a probability for ids[j]: only
+// when the text generated up to and including it does not end inside a
+// UTF-8 character (its validate_utf8 check on the last four bytes).
+func (h *handler) scored(ids []int, j int) bool {
+	var tail []byte
+	for i := j; i >= 0 && len(tail) < 4; i-- {
+		tail = append(h.tok.Bytes(ids[i]), tail...) // Bytes returns a fresh slice
+	}
+	if len(tail) > 4 {
+		tail = tail[len(tail)-4:]
+	}
+	n := len(tail)
+	for i := 1; i <= n; i++ {
+		c := tail[n-i]
+		switch {
+		case c&0xE0 == 0xC0 && i < 2, c&0xF0 == 0xE0 && i < 3, c&0xF8 == 0xF0 && i < 4:
+			return false
+		}
+	}
+	return true
 }
 
 func (h *handler) llamaProbEntry(id int, lp float64, post bool) map[string]any {
@@ -421,15 +451,18 @@ func (h *handler) llamaProbEntry(id int, lp float64, post bool) map[string]any {
 // llamaChatLogprobs is logprobs.content of llama.cpp's chat route: tokens
 // by text, ids in "id", top_logprobs of k entries.
 func (h *handler) llamaChatLogprobs(c genChoice, k int) []any {
-	out := make([]any, len(c.IDs))
+	out := make([]any, 0, len(c.IDs))
 	for j, id := range c.IDs {
+		if !h.scored(c.IDs, j) {
+			continue // withheld, as on /completion
+		}
 		e := map[string]any{"id": id, "token": h.tok.TokenString(id), "bytes": bytesOf(h.tok.Bytes(id)), "logprob": c.Logprobs[j]}
 		var top []any
 		for _, t := range h.topLogprobs(id, c.Logprobs[j], k) {
 			top = append(top, map[string]any{"id": t.ID, "token": h.tok.TokenString(t.ID), "bytes": bytesOf(h.tok.Bytes(t.ID)), "logprob": t.LP})
 		}
 		e["top_logprobs"] = top
-		out[j] = e
+		out = append(out, e)
 	}
 	return out
 }
