@@ -50,9 +50,35 @@ func groupsFromEnv(t *testing.T, def int) int {
 	return def
 }
 
+// retries counts the rollouts `rollout run` retried as infrastructure
+// failures (its "rollout infra failure, retrying" log lines), by the
+// server's message or the error's last clause.
+func retries(stderr string) map[string]int {
+	out := map[string]int{}
+	for _, line := range strings.Split(stderr, "\n") {
+		var l struct {
+			Msg, Error string
+		}
+		if json.Unmarshal([]byte(line), &l) != nil || l.Msg != "rollout infra failure, retrying" {
+			continue
+		}
+		msg := l.Error
+		if i := strings.LastIndex(msg, ": HTTP "); i >= 0 {
+			msg = msg[i+2:]
+		} else if i := strings.Index(msg, "chat_token_ids is set but"); i >= 0 {
+			msg = msg[i:]
+			if j := strings.Index(msg, ";"); j > 0 {
+				msg = msg[:j]
+			}
+		}
+		out[msg]++
+	}
+	return out
+}
+
 // run writes the run config and runs `rollout run`; it returns the output
-// directory and the command's stdout.
-func (c collection) run(t *testing.T, ctx context.Context, e *llamacpptest.Engine) (string, string) {
+// directory and the rollouts retried as infrastructure failures.
+func (c collection) run(t *testing.T, ctx context.Context, e *llamacpptest.Engine) (string, map[string]int) {
 	t.Helper()
 	dir := t.TempDir()
 	out := filepath.Join(dir, "out")
@@ -73,6 +99,8 @@ func (c collection) run(t *testing.T, ctx context.Context, e *llamacpptest.Engin
 		"loop":            map[string]any{"on_truncation": c.onTruncation},
 		"parser":          "hermes",
 		"rollout_timeout": "5m",
+		// Mangled calls are the point: let episodes run to max_turns.
+		"max_consecutive_invalid": 20,
 		"limits":          map[string]any{"rollouts_in_flight": c.inFlight, "groups_in_flight": max(1, c.inFlight/c.groupSize), "sandboxes": c.inFlight},
 		"sandbox":         map[string]any{"warm_pool": -1},
 		"output":          map[string]any{"dir": out},
@@ -91,7 +119,7 @@ func (c collection) run(t *testing.T, ctx context.Context, e *llamacpptest.Engin
 	if code != 0 {
 		t.Fatalf("rollout run: exit %d\nstdout:\n%s\nstderr (tail):\n%s\nserver log:\n%s", code, stdout, tail(stderr, 40), e.LogTail(30))
 	}
-	return out, stdout
+	return out, retries(stderr)
 }
 
 func tail(s string, n int) string {
@@ -134,6 +162,14 @@ type message struct {
 		} `json:"function"`
 	} `json:"tool_calls"`
 }
+
+// logprobTolerance: llama.cpp's logits depend on how a position was
+// batched (measured on tiny-qwen3: re-scoring the same ids after the same
+// prefix differs by up to 0.08 nats between a cached and an uncached
+// prompt, by ~0.02 at the first generated position), so a logprob is
+// compared within 0.15 nats. A misaligned id (an id shifted or dropped)
+// is off by nats, not hundredths.
+const logprobTolerance = 0.15
 
 // check reads the run's records and asserts the suite's invariants:
 // every rollout ok (model misbehaviour is never infrastructure), and, when
@@ -226,7 +262,7 @@ func check(t *testing.T, e *llamacpptest.Engine, dir string, wantIDs bool, resco
 		for _, j := range pick {
 			want := rescore(t, e, vocab, r.Tokens[:j], r.Tokens[j])
 			s.checked++
-			if got := float64(r.Logprobs[j]); math.Abs(got-want) > 2e-3 {
+			if got := float64(r.Logprobs[j]); math.Abs(got-want) > logprobTolerance {
 				t.Errorf("%s: token %d (id %d, %q): recorded logprob %.5f, the server's %.5f after the recorded prefix",
 					name, j, r.Tokens[j], detokenize(t, e, r.Tokens[j:j+1]), got, want)
 				break

@@ -3,6 +3,7 @@ package realengine
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,13 +23,34 @@ const (
 	biasEnd  = 0
 )
 
+// engineArgs: --no-prefill-assistant makes /apply-template render a
+// trailing assistant message as a whole turn (with <|im_end|>) rather than
+// as a prefill; the llamacpp backend's template probes render such
+// conversations (without it every tokens-mode rollout fails with "cannot
+// find the assistant-turn closing").
+var engineArgs = []string{"--no-prefill-assistant"}
+
 // slots is llama-server's -np: at least the rollouts in flight, each with
 // 8192 tokens of context (terminal-tasks' first prompt is ~2,500 tokens).
 const slots = 8
 
+// biasFromEnv returns the bias strengths: REALENGINE_BIAS="call,json,end"
+// (for tuning), else the constants above.
+func biasFromEnv(t *testing.T) (float64, float64, float64) {
+	v := os.Getenv("REALENGINE_BIAS")
+	if v == "" {
+		return biasCall, biasJSON, biasEnd
+	}
+	var c, j, e float64
+	if _, err := fmt.Sscanf(v, "%g,%g,%g", &c, &j, &e); err != nil {
+		t.Fatalf("REALENGINE_BIAS=%q: want call,json,end: %v", v, err)
+	}
+	return c, j, e
+}
+
 func startEngine(t *testing.T) *llamacpptest.Engine {
 	t.Helper()
-	return llamacpptest.Start(t, llamacpptest.Options{Slots: slots, Ctx: slots * 8192, Threads: 1})
+	return llamacpptest.Start(t, llamacpptest.Options{Slots: slots, Ctx: slots * 8192, Threads: 1, ExtraArgs: engineArgs})
 }
 
 func suiteCtx(t *testing.T) context.Context {
@@ -88,12 +110,18 @@ func TestChatCommand(t *testing.T) {
 func TestCollectChat(t *testing.T) {
 	e := startEngine(t)
 	c := collection{backend: "chat", chatIDs: chatIDs, groups: groupsFromEnv(t, 5), groupSize: 4, maxTokens: 64, maxTurns: 4,
-		onTruncation: "tool_error", bias: toolCallBias(t, e, biasCall, biasJSON, biasEnd), inFlight: slots}
-	dir, _ := c.run(t, suiteCtx(t), e)
+		onTruncation: "tool_error", bias: collectionBias(t, e), inFlight: slots}
+	dir, retried := c.run(t, suiteCtx(t), e)
+	checkSampler(t, e, dir)
 	s := check(t, e, dir, chatIDs, 8)
 	errs := serverErrors(e)
-	t.Logf("chat mode: %s\n  server errors: %v", s, errs)
+	t.Logf("chat mode: %s\n  server errors: %v\n  rollouts retried as infrastructure failures: %v", s, errs, retried)
 	judge(t, c, s, errs)
+}
+
+func collectionBias(t *testing.T, e *llamacpptest.Engine) map[string]float64 {
+	c, j, end := biasFromEnv(t)
+	return toolCallBias(t, e, c, j, end)
 }
 
 // judge asserts what every collection must show.
@@ -114,10 +142,105 @@ func judge(t *testing.T, c collection, s stats, errs map[string]int) {
 	if s.byStop["length"]+s.toolErrors["truncated"] == 0 {
 		t.Errorf("no generation recorded as cut at max_tokens: %v, tool errors %v", s.byStop, s.toolErrors)
 	}
-	if s.turnsWithCalls == 0 {
-		t.Errorf("no turn with a tool call: the bias does not work")
+	if attempted := s.calls + s.toolErrors["parse_error"] + s.toolErrors["truncated"]; attempted == 0 {
+		t.Errorf("no tool call attempted: the bias does not work")
 	}
 }
 
 // chatIDs: chat mode asks llama.cpp for token ids (its logprob entries).
-const chatIDs = false
+const chatIDs = true
+
+// TestCollectTokens is the same collection in tokens mode: the llamacpp
+// backend renders through /apply-template + /tokenize, generates from ids
+// with /completion and parses the calls itself (hermes).
+func TestCollectTokens(t *testing.T) {
+	e := startEngine(t)
+	c := collection{backend: "llamacpp", groups: groupsFromEnv(t, 5), groupSize: 4, maxTokens: 64, maxTurns: 4,
+		onTruncation: "tool_error", bias: collectionBias(t, e), inFlight: slots}
+	dir, retried := c.run(t, suiteCtx(t), e)
+	checkSampler(t, e, dir)
+	s := check(t, e, dir, true, 8)
+	errs := serverErrors(e)
+	t.Logf("tokens mode: %s\n  server errors: %v\n  rollouts retried as infrastructure failures: %v", s, errs, retried)
+	// In tokens mode nothing the model writes reaches the server's parser:
+	// no rollout may be retried as an infrastructure failure.
+	if len(retried) != 0 {
+		t.Errorf("tokens mode: rollouts retried as infrastructure failures: %v", retried)
+	}
+	judge(t, c, s, errs)
+	for msg := range errs {
+		if !knownServerErrors[msg] {
+			t.Errorf("tokens mode: the server answered %d× %q", errs[msg], msg)
+		}
+	}
+}
+
+// neutralSampler is what llama-server must report for every slot a run
+// used: the neutral sampler at temperature 1 (issue 14, defect 3).
+var neutralSampler = map[string]float64{
+	"temperature": 1, "top_k": 0, "top_p": 1, "min_p": 0, "typical_p": 1, "repeat_penalty": 1,
+	"presence_penalty": 0, "frequency_penalty": 0, "xtc_probability": 0, "dry_multiplier": 0, "mirostat": 0,
+	"top_n_sigma": -1, "dynatemp_range": 0,
+}
+
+// checkSampler compares the sampler the server reports for its slots
+// (GET /slots: each slot's last request) with the neutral one, and checks
+// that run.json records a sampler without mismatches. Call it before
+// anything else sends requests.
+func checkSampler(t *testing.T, e *llamacpptest.Engine, dir string) {
+	t.Helper()
+	var slotList []struct {
+		ID       int            `json:"id"`
+		NDecoded int            `json:"n_decoded"`
+		Params   map[string]any `json:"params"`
+	}
+	e.MustCall(t, "/slots", nil, &slotList)
+	used := 0
+	for _, sl := range slotList {
+		if sl.Params == nil {
+			continue
+		}
+		if n, _ := sl.Params["n_probs"].(float64); n < 1 {
+			continue // never used by the run (both modes ask for logprobs)
+		}
+		used++
+		for k, want := range neutralSampler {
+			got, ok := sl.Params[k].(float64)
+			if !ok || got != want {
+				t.Errorf("slot %d: the server sampled with %s = %v, want %v", sl.ID, k, sl.Params[k], want)
+			}
+		}
+	}
+	if used == 0 {
+		t.Errorf("GET /slots: no slot shows the run's requests")
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, "run.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m struct {
+		Sampler *struct {
+			Fields   map[string]any `json:"fields"`
+			Server   map[string]any `json:"server"`
+			Mismatch []string       `json:"mismatch"`
+		} `json:"sampler"`
+	}
+	if err := json.Unmarshal(raw, &m); err != nil {
+		t.Fatal(err)
+	}
+	if m.Sampler == nil || len(m.Sampler.Fields) == 0 {
+		t.Fatalf("run.json records no sampler: %s", raw)
+	}
+	if len(m.Sampler.Mismatch) != 0 {
+		t.Errorf("run.json: the server's sampler differs from the one sent in %v", m.Sampler.Mismatch)
+	}
+	t.Logf("run.json sampler: fields %v; server %v", m.Sampler.Fields, m.Sampler.Server)
+}
+
+// knownServerErrors are errors the server may log in tokens mode without
+// failing a rollout: the final drift check re-renders the whole history,
+// and an assistant message left empty (its only call unparsable, so not in
+// tool_calls) is refused by llama.cpp's template; the drift check is then
+// skipped with a warning (see docs/real-engines.md, "The real-engine
+// suite").
+var knownServerErrors = map[string]bool{"Assistant message must contain either 'content' or 'tool_calls'!": true}
