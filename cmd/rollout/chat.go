@@ -54,7 +54,7 @@ results, stop reason). --out writes the episode as one JSON trajectory object
 	fl.StringVar(&f.parser, "parser", "", "tool-call parser (vLLM --tool-call-parser name); required for tokens-mode backends")
 	fl.StringVar(&f.reasoningParser, "reasoning-parser", "", "reasoning parser (tokens-mode backends)")
 	fl.StringVar(&f.image, "image", "", "sandbox image (required)")
-	fl.StringVar(&f.backend, "backend", inference.BackendChat, "backend: chat, vllm, vllm-generate or sglang")
+	fl.StringVar(&f.backend, "backend", inference.BackendChat, "backend: chat, vllm, vllm-generate, sglang or llamacpp")
 	fl.StringVar(&f.model, "model", "", "model name (default: the first model of /v1/models)")
 	fl.IntVar(&f.maxTurns, "max-turns", agentloop.DefaultMaxTurns, "maximum generations")
 	fl.StringVar(&f.out, "out", "", "write the episode as one JSON trajectory object to this file")
@@ -79,12 +79,12 @@ func runChat(cmd *cobra.Command, f chatFlags, task string) error {
 	}
 	switch f.backend {
 	case inference.BackendChat:
-	case inference.BackendVLLM, inference.BackendVLLMGenerate, inference.BackendSGLang:
+	case inference.BackendVLLM, inference.BackendVLLMGenerate, inference.BackendSGLang, inference.BackendLlamaCpp:
 		if f.parser == "" {
 			return usageError(cmd, fmt.Errorf("--parser is required with --backend %s (tool calls are parsed client-side)", f.backend))
 		}
 	default:
-		return usageError(cmd, fmt.Errorf("unknown --backend %q; want chat, vllm, vllm-generate or sglang", f.backend))
+		return usageError(cmd, fmt.Errorf("unknown --backend %q; want chat, vllm, vllm-generate, sglang or llamacpp", f.backend))
 	}
 	var extra map[string]any
 	if f.extraBody != "" {

@@ -101,9 +101,9 @@ func (c collection) run(t *testing.T, ctx context.Context, e *llamacpptest.Engin
 		"rollout_timeout": "5m",
 		// Mangled calls are the point: let episodes run to max_turns.
 		"max_consecutive_invalid": 20,
-		"limits":          map[string]any{"rollouts_in_flight": c.inFlight, "groups_in_flight": max(1, c.inFlight/c.groupSize), "sandboxes": c.inFlight},
-		"sandbox":         map[string]any{"warm_pool": -1},
-		"output":          map[string]any{"dir": out},
+		"limits":                  map[string]any{"rollouts_in_flight": c.inFlight, "groups_in_flight": max(1, c.inFlight/c.groupSize), "sandboxes": c.inFlight},
+		"sandbox":                 map[string]any{"warm_pool": -1},
+		"output":                  map[string]any{"dir": out},
 	}
 	if c.backend == "chat" {
 		delete(cfg, "parser")

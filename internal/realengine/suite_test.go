@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -59,25 +60,33 @@ func suiteCtx(t *testing.T) context.Context {
 	return ctx
 }
 
-// TestChatCommand runs `rollout chat` against the engine: the agent loop
-// with real tools in a busybox sandbox, a few turns of a biased model.
+// TestChatCommand runs `rollout chat` against the engine in tokens mode
+// (backend llamacpp, hermes parser): the agent loop with real tools in a
+// busybox sandbox, a few turns of a biased model, and the --out trajectory
+// checked token by token against the server.
 func TestChatCommand(t *testing.T) {
 	e := startEngine(t)
-	bias := toolCallBias(t, e, biasCall, biasJSON, -4)
+	bias := toolCallBias(t, e, 6, 2, -2)
 	out := filepath.Join(t.TempDir(), "traj.json")
-	stdout, stderr, code := runRollout(t, suiteCtx(t), "chat", "--endpoint", e.URL, "--image", "rollout-sandbox:busybox",
-		"--max-turns", "4", "--max-tokens", "48", "--toolsets", "terminal", "--extra-body", mustJSON(map[string]any{"logit_bias": bias}),
-		"--token-ids=false", "--out", out, "List the files in /workspace.")
+	stdout, stderr, code := runRollout(t, suiteCtx(t), "chat", "--endpoint", e.URL, "--backend", "llamacpp", "--parser", "hermes",
+		"--image", "rollout-sandbox:busybox", "--max-turns", "4", "--max-tokens", "48", "--toolsets", "terminal",
+		"--extra-body", mustJSON(map[string]any{"logit_bias": bias}), "--out", out, "List the files in /workspace.")
 	if code != 0 {
 		t.Fatalf("rollout chat: exit %d\n%s\n%s\nserver log:\n%s", code, stdout, stderr, e.LogTail(30))
 	}
 	var traj struct {
 		Messages   []message `json:"messages"`
+		Tokens     []int32   `json:"tokens"`
+		LossMask   []int8    `json:"loss_mask"`
+		Logprobs   []float32 `json:"logprobs"`
 		StopReason string    `json:"stop_reason"`
 		TurnsUsed  int       `json:"turns_used"`
 		Turns      []struct {
 			FinishReason string `json:"finish_reason"`
 		} `json:"turns"`
+		ToolErrors []struct {
+			Kind string `json:"kind"`
+		} `json:"tool_errors"`
 	}
 	raw, err := os.ReadFile(out)
 	if err != nil {
@@ -86,22 +95,34 @@ func TestChatCommand(t *testing.T) {
 	if err := json.Unmarshal(raw, &traj); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("rollout chat: stop %s after %d turns\n%s", traj.StopReason, traj.TurnsUsed, tail(stdout, 30))
+	t.Logf("rollout chat: stop %s after %d turns, %d tool errors\n%s", traj.StopReason, traj.TurnsUsed, len(traj.ToolErrors), tail(stdout, 30))
 	if !strings.Contains(stdout, "user: List the files in /workspace.") || !strings.Contains(stdout, "stop: ") {
 		t.Errorf("transcript lacks the task or the stop line:\n%s", stdout)
 	}
 	if traj.TurnsUsed < 1 || len(traj.Turns) != traj.TurnsUsed {
-		t.Errorf("turns_used %d, %d turn records", traj.TurnsUsed, len(traj.Turns))
+		t.Fatalf("turns_used %d, %d turn records", traj.TurnsUsed, len(traj.Turns))
 	}
-	// A model biased away from <|im_end|> runs into max_tokens: the
-	// truncation is recorded as such (issue 14, defect 6), never as a
-	// natural finish.
-	last := traj.Turns[len(traj.Turns)-1].FinishReason
-	if last == "length" && traj.StopReason != "length" && traj.StopReason != "max_turns" {
+	// A cut generation is recorded as such (issue 14, defect 6), never as
+	// a natural finish.
+	if last := traj.Turns[len(traj.Turns)-1].FinishReason; last == "length" && traj.StopReason != "length" && traj.StopReason != "max_turns" {
 		t.Errorf("last generation finished with %q but stop reason is %q", last, traj.StopReason)
 	}
-	if n := serverErrors(e)["Failed to parse tool call arguments as JSON"]; n != 0 {
-		t.Errorf("the server refused %d histories with unparsable tool-call arguments", n)
+	n := len(traj.Tokens)
+	if n == 0 || len(traj.LossMask) != n || len(traj.Logprobs) != n {
+		t.Fatalf("%d tokens, %d loss_mask, %d logprobs", n, len(traj.LossMask), len(traj.Logprobs))
+	}
+	vocab, trained := nVocab(t, e), 0
+	for j, m := range traj.LossMask {
+		if m != 1 {
+			continue
+		}
+		trained++
+		if want := rescore(t, e, vocab, traj.Tokens[:j], traj.Tokens[j]); math.Abs(float64(traj.Logprobs[j])-want) > logprobTolerance {
+			t.Fatalf("token %d (id %d): logprob %.5f, the server's %.5f after the recorded prefix", j, traj.Tokens[j], traj.Logprobs[j], want)
+		}
+	}
+	if trained == 0 {
+		t.Errorf("no trained token in %d", n)
 	}
 }
 
@@ -244,3 +265,32 @@ func checkSampler(t *testing.T, e *llamacpptest.Engine, dir string) {
 // skipped with a warning (see docs/real-engines.md, "The real-engine
 // suite").
 var knownServerErrors = map[string]bool{"Assistant message must contain either 'content' or 'tool_calls'!": true}
+
+// TestContextOverflow runs both modes against a server whose slots hold
+// little more than terminal-tasks' first prompt (~2,600 tokens with the
+// terminal and file tools), so episodes outgrow the context within a few
+// turns: the stop reason is context_length, never an infrastructure
+// failure (issue 14, defect 5) — whether the pre-flight check (one slot's
+// n_ctx from /props) or the server's HTTP 400 exceed_context_size_error
+// catches it.
+func TestContextOverflow(t *testing.T) {
+	const slotCtx = 2816
+	e := llamacpptest.Start(t, llamacpptest.Options{Slots: 2, Ctx: 2 * slotCtx, Threads: 1, ExtraArgs: engineArgs})
+	bias := collectionBias(t, e)
+	for _, c := range []collection{
+		{backend: "llamacpp", groups: 1, groupSize: 2, maxTokens: 64, maxTurns: 12, onTruncation: "tool_error", bias: bias, inFlight: 2},
+		{backend: "chat", chatIDs: true, groups: 1, groupSize: 2, maxTokens: 64, maxTurns: 12, onTruncation: "tool_error", bias: bias, inFlight: 2},
+	} {
+		t.Run(c.backend, func(t *testing.T) {
+			dir, retried := c.run(t, suiteCtx(t), e)
+			s := check(t, e, dir, true, 4)
+			t.Logf("%s, -c %d per slot: %s\n  retried: %v", c.backend, slotCtx, s, retried)
+			if s.infra != 0 {
+				t.Errorf("%d infrastructure failures", s.infra)
+			}
+			if s.byStop["context_length"] == 0 {
+				t.Errorf("no rollout stopped with context_length: %v", s.byStop)
+			}
+		})
+	}
+}
