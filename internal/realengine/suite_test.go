@@ -134,7 +134,7 @@ func TestCollectChat(t *testing.T) {
 		onTruncation: "tool_error", bias: collectionBias(t, e), inFlight: slots}
 	dir, retried := c.run(t, suiteCtx(t), e)
 	checkSampler(t, e, dir)
-	s := check(t, e, dir, chatIDs, 8)
+	s := check(t, e, dir, chatIDs, 8, chatModeDefects)
 	errs := serverErrors(e)
 	t.Logf("chat mode: %s\n  server errors: %v\n  rollouts retried as infrastructure failures: %v", s, errs, retried)
 	judge(t, c, s, errs)
@@ -180,7 +180,7 @@ func TestCollectTokens(t *testing.T) {
 		onTruncation: "tool_error", bias: collectionBias(t, e), inFlight: slots}
 	dir, retried := c.run(t, suiteCtx(t), e)
 	checkSampler(t, e, dir)
-	s := check(t, e, dir, true, 8)
+	s := check(t, e, dir, true, 8, nil)
 	errs := serverErrors(e)
 	t.Logf("tokens mode: %s\n  server errors: %v\n  rollouts retried as infrastructure failures: %v", s, errs, retried)
 	// In tokens mode nothing the model writes reaches the server's parser:
@@ -283,7 +283,11 @@ func TestContextOverflow(t *testing.T) {
 	} {
 		t.Run(c.backend, func(t *testing.T) {
 			dir, retried := c.run(t, suiteCtx(t), e)
-			s := check(t, e, dir, true, 4)
+			var known []string
+			if c.backend == "chat" {
+				known = chatModeDefects
+			}
+			s := check(t, e, dir, true, 4, known)
 			t.Logf("%s, -c %d per slot: %s\n  retried: %v", c.backend, slotCtx, s, retried)
 			if s.infra != 0 {
 				t.Errorf("%d infrastructure failures", s.infra)
