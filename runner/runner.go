@@ -658,7 +658,11 @@ func (r *Runner) attempt(ctx context.Context, gr *groupRun, idx int) (ro Rollout
 		return ro
 	}
 	if err := r.checkSequence(res); err != nil {
-		ro.fail(FailInference, err)
+		kind := FailInference
+		if errors.Is(err, inference.ErrRequest) {
+			kind = FailRejected // not retried: the same prompt would not fit again
+		}
+		ro.fail(kind, err)
 		return ro
 	}
 
@@ -805,6 +809,11 @@ func (r *Runner) tokensExpected() bool {
 func (r *Runner) checkSequence(res agentloop.Result) error {
 	if !r.tokensExpected() {
 		return nil
+	}
+	if len(res.ReasoningPerTurn) == 0 && res.StopReason == agentloop.StopContextLength {
+		// Not the server failing to return ids: the task's first prompt
+		// alone does not fit the context, so nothing was generated.
+		return fmt.Errorf("%w: the first prompt does not fit the model's context (stop reason context_length before any generation); nothing to train on", inference.ErrRequest)
 	}
 	seq := res.Sequence
 	n := len(seq.Tokens)

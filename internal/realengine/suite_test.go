@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rollout-rl/rollout/internal/llamacpptest"
+	"github.com/rollout-rl/rollout/trajectory"
 )
 
 // The biased model: <tool_call> and </tool_call> strongly favoured, the
@@ -266,20 +267,20 @@ func checkSampler(t *testing.T, e *llamacpptest.Engine, dir string) {
 // suite").
 var knownServerErrors = map[string]bool{"Assistant message must contain either 'content' or 'tool_calls'!": true}
 
-// TestContextOverflow runs both modes against a server whose slots hold
+// TestContextOverflow runs tokens mode against a server whose slots hold
 // little more than terminal-tasks' first prompt (~2,600 tokens with the
 // terminal and file tools), so episodes outgrow the context within a few
 // turns: the stop reason is context_length, never an infrastructure
 // failure (issue 14, defect 5) — whether the pre-flight check (one slot's
 // n_ctx from /props) or the server's HTTP 400 exceed_context_size_error
-// catches it.
+// catches it. (Chat mode rarely gets past a first turn cut at max_tokens
+// without a call; its HTTP 400 path is TestFirstPromptOverflow's.)
 func TestContextOverflow(t *testing.T) {
 	const slotCtx = 2816
 	e := llamacpptest.Start(t, llamacpptest.Options{Slots: 2, Ctx: 2 * slotCtx, Threads: 1, ExtraArgs: engineArgs})
 	bias := collectionBias(t, e)
 	for _, c := range []collection{
 		{backend: "llamacpp", groups: 1, groupSize: 2, maxTokens: 64, maxTurns: 12, onTruncation: "tool_error", bias: bias, inFlight: 2},
-		{backend: "chat", chatIDs: true, groups: 1, groupSize: 2, maxTokens: 64, maxTurns: 12, onTruncation: "tool_error", bias: bias, inFlight: 2},
 	} {
 		t.Run(c.backend, func(t *testing.T) {
 			dir, retried := c.run(t, suiteCtx(t), e)
@@ -294,6 +295,39 @@ func TestContextOverflow(t *testing.T) {
 			}
 			if s.byStop["context_length"] == 0 {
 				t.Errorf("no rollout stopped with context_length: %v", s.byStop)
+			}
+		})
+	}
+}
+
+// TestFirstPromptOverflow: a slot smaller than terminal-tasks' first prompt.
+// Nothing can be generated; the rollout fails as inference_rejected with a
+// message that says so, and is not retried — not as "server returned no
+// token ids", retried as an infrastructure failure.
+func TestFirstPromptOverflow(t *testing.T) {
+	e := llamacpptest.Start(t, llamacpptest.Options{Slots: 1, Ctx: 2048, Threads: 1, ExtraArgs: engineArgs})
+	for _, c := range []collection{
+		{backend: "llamacpp", groups: 1, groupSize: 2, maxTokens: 64, maxTurns: 4, onTruncation: "stop", inFlight: 2},
+		{backend: "chat", chatIDs: true, groups: 1, groupSize: 2, maxTokens: 64, maxTurns: 4, onTruncation: "stop", inFlight: 2},
+	} {
+		t.Run(c.backend, func(t *testing.T) {
+			dir, retried := c.run(t, suiteCtx(t), e)
+			if len(retried) != 0 {
+				t.Errorf("retried as infrastructure failures: %v", retried)
+			}
+			run, err := trajectory.Open(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			recs, err := run.ReadAll(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range recs {
+				if r.Status != "infra_failed" || r.Failure == nil || r.Failure.Kind != "inference_rejected" ||
+					!strings.Contains(r.Failure.Message, "first prompt does not fit") || r.StopReason != "context_length" {
+					t.Errorf("%s/%d: status %s, stop %s, failure %+v: want inference_rejected, the first prompt does not fit", r.ItemID, r.RolloutIndex, r.Status, r.StopReason, r.Failure)
+				}
 			}
 		})
 	}
