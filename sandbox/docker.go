@@ -58,6 +58,9 @@ var DefaultLimits = Limits{
 	DiskBytes:   1 << 30,
 }
 
+// runscPIDsHeadroom is added to the pids limit of runsc containers.
+const runscPIDsHeadroom = 1024
+
 // Delivery modes for the agent binary.
 const (
 	DeliveryAuto = ""     // bind when the engine is local, else copy
@@ -394,6 +397,9 @@ func (d *Docker) validate(spec *Spec) error {
 	default:
 		return fmt.Errorf("runtime %q (want %q or %q)", spec.Runtime, RuntimeRunc, RuntimeRunsc)
 	}
+	if spec.Runtime == RuntimeRunsc && spec.Network != NetworkNone {
+		return fmt.Errorf("runtime %q with network %q: not implemented (runsc sandboxes have no network; see docs/security.md)", spec.Runtime, spec.Network)
+	}
 	l := &spec.Limits
 	for _, f := range []struct {
 		name string
@@ -571,6 +577,9 @@ func (d *Docker) create(ctx context.Context, spec Spec, extraLabels map[string]s
 		metricFailures.WithLabelValues("create").Inc()
 		// The create may still have happened on the daemon; remove by name.
 		d.removeContainer(ctx, name)
+		if spec.Runtime != RuntimeRunc && strings.Contains(strings.ToLower(err.Error()), "runtime") {
+			return nil, fmt.Errorf("create sandbox from %s: %w: runtime %s: %v (register it with the engine: scripts/ensure-runsc.sh)", spec.Image, ErrInvalid, spec.Runtime, err)
+		}
 		if cerrdefs.IsInvalidArgument(err) {
 			return nil, fmt.Errorf("create sandbox from %s: %w: %v", spec.Image, ErrInvalid, err)
 		}
@@ -714,6 +723,14 @@ func (d *Docker) containerConfig(spec Spec, img imageInfo, extraLabels map[strin
 	}
 	init := true
 	pids := spec.Limits.PIDs
+	if spec.Runtime == RuntimeRunsc {
+		// Under gVisor the container's pids cgroup holds the sentry (a Go
+		// program whose host threads grow with the sandbox's activity),
+		// not the sandbox's processes: the limit gets headroom for it, or
+		// the sentry itself dies. The sandbox's processes are tasks inside
+		// the sentry, bounded by its memory limit.
+		pids += runscPIDsHeadroom
+	}
 	netMode := spec.Network
 	switch spec.Network {
 	case NetworkBridge:

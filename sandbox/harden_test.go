@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -281,4 +282,78 @@ func netInfo(t *testing.T, d *Docker, id, network string) (gw, ip string) {
 		t.Fatalf("container %s is not on network %s", id[:12], network)
 	}
 	return ep.Gateway.String(), ep.IPAddress.String()
+}
+
+// needRunsc skips unless the engine has the runsc runtime (CI runs
+// scripts/ensure-runsc.sh first; ROLLOUT_REQUIRE_RUNSC=1 makes it a failure).
+func needRunsc(t *testing.T) {
+	t.Helper()
+	d := needDocker(t)
+	info, err := d.cli.Info(context.Background(), client.InfoOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := info.Info.Runtimes[RuntimeRunsc]; !ok {
+		if os.Getenv("ROLLOUT_REQUIRE_RUNSC") == "1" {
+			t.Fatal("the engine has no runsc runtime (scripts/ensure-runsc.sh)")
+		}
+		t.Skip("the engine has no runsc runtime (scripts/ensure-runsc.sh registers it)")
+	}
+}
+
+// Under gVisor the exec channel and every kind of call work: commands,
+// the shell session, files both ways, background processes, kill-all,
+// and the limits read back.
+func TestRunsc(t *testing.T) {
+	needRunsc(t)
+	s := newSandbox(t, Spec{Runtime: RuntimeRunsc, Limits: Limits{PIDs: 64}})
+	ctx := context.Background()
+	if a := s.(LimitsReporter).Applied(); a.Runtime != RuntimeRunsc || a.PIDs != 64+runscPIDsHeadroom {
+		t.Errorf("applied %+v", a)
+	}
+	r, err := s.Exec(ctx, ExecRequest{Command: "dmesg | head -1; id -u"})
+	if err != nil || !strings.Contains(string(r.Stdout), "gVisor") || !strings.HasSuffix(string(r.Stdout), "1000\n") {
+		t.Fatalf("exec under runsc: %q %v", r.Stdout, err)
+	}
+	if _, err := s.Exec(ctx, ExecRequest{Command: "cd /tmp && export X=7", Shell: true}); err != nil {
+		t.Fatal(err)
+	}
+	r, err = s.Exec(ctx, ExecRequest{Command: "echo $(pwd) $X", Shell: true})
+	if err != nil || string(r.Stdout) != "/tmp 7\n" {
+		t.Fatalf("shell session: %q %q exit %d %v", r.Stdout, r.Stderr, r.ExitCode, err)
+	}
+	data := []byte("binary\x00\xffdata")
+	if err := s.WriteFile(ctx, "/workspace/f.bin", data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.ReadFile(ctx, "/workspace/f.bin"); err != nil || string(got) != string(data) {
+		t.Fatalf("read back %q %v", got, err)
+	}
+	p, err := s.Start(ctx, ExecRequest{Command: "sleep 300"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err = s.Exec(ctx, ExecRequest{Command: "sleep 0.1", Timeout: 5 * time.Second})
+	if err != nil || r.ExitCode != 0 {
+		t.Fatalf("timed exec: %+v %v", r, err)
+	}
+	r, err = s.Exec(ctx, ExecRequest{Command: "sleep 30", Timeout: 200 * time.Millisecond})
+	if err != nil || !r.TimedOut {
+		t.Fatalf("timeout under runsc: %+v %v", r, err)
+	}
+	if n, err := s.(Quiescer).KillAll(ctx); err != nil || n < 1 {
+		t.Fatalf("kill all: %d %v", n, err)
+	}
+	if info, err := s.Poll(ctx, p.ID); err != nil || info.Running {
+		t.Fatalf("background process after kill-all: %+v %v", info, err)
+	}
+}
+
+// runsc with a network is refused as invalid, before anything starts.
+func TestRunscNetworkRefused(t *testing.T) {
+	d := needDocker(t)
+	_, err := d.Create(context.Background(), Spec{Image: testImage, Runtime: RuntimeRunsc, Network: NetworkBridge})
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "not implemented") {
+		t.Fatalf("runsc + bridge: %v", err)
+	}
 }
