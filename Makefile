@@ -27,8 +27,11 @@ lint:
 # stale (a no-op in well under a second otherwise). ensure-python-grpc.sh
 # installs Debian's python3-grpcio and python3-grpc-tools for the Python
 # example's test (as root; otherwise it says what to install).
+# ensure-runsc.sh installs Debian's runsc and registers it with the engine
+# (SIGHUP, no restart) for the gVisor tests (docs/security.md).
 test: lint proto-check build
 	scripts/ensure-docker.sh
+	scripts/ensure-runsc.sh
 	$(BIN) sandbox image build
 	scripts/ensure-python-grpc.sh
 	FUZZTIME=$(FUZZTIME) scripts/fuzz-smoke.sh
