@@ -2,11 +2,13 @@ package job_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -200,5 +202,70 @@ func TestConfigMaxima(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.field+":") {
 			t.Errorf("%s: %v, want a config error naming %s", c.yaml, err, c.field)
 		}
+	}
+}
+
+// The largest group the config allows, with 2 sandboxes: it runs in waves
+// (never more than 2 containers), and cancelling the run (what SIGTERM does
+// in `rollout run`) ends it with no container left behind.
+func TestHugeGroupWavesAndCancel(t *testing.T) {
+	ref, cli := needDocker(t)
+	url := simURL(t, "terminal-tasks")
+	cfg, err := runner.ParseConfig(fmt.Appendf(nil, `env: terminal-tasks
+groups: 1
+group_size: %d
+inference: {backend: vllm, endpoints: [%s], timeout: 2m}
+parser: hermes
+sampling: {max_tokens: 512}
+sandbox: {image: %s}
+limits: {sandboxes: 2}
+output: {dir: %s}
+`, runner.MaxGroupSize, url, ref, filepath.Join(t.TempDir(), "run")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	instance := "jobtest-" + fmt.Sprint(time.Now().UnixNano())
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var finished atomic.Int64
+	j, err := job.Open(ctx, cfg, job.Options{SandboxInstance: instance, Progress: func(e runner.Event) {
+		if e.Rollout != nil && e.Rollout.Status == runner.StatusOK {
+			finished.Add(1)
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	peak := watchContainers(cli, instance, stop)
+	done := make(chan error, 1)
+	go func() {
+		_, err := j.Run(ctx)
+		done <- err
+	}()
+	deadline := time.Now().Add(5 * time.Minute)
+	for finished.Load() < 6 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if finished.Load() < 6 {
+		t.Fatal("fewer than 6 rollouts finished in 5 minutes")
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("run after cancel: %v", err)
+		}
+	case <-time.After(3 * time.Minute): // bounds a hang only
+		t.Fatal("the run did not end within 3 minutes of its cancellation")
+	}
+	close(stop)
+	if p := <-peak; p > 2 {
+		t.Errorf("peak containers %d with limits.sandboxes 2", p)
+	}
+	res, err := cli.ContainerList(context.Background(), client.ContainerListOptions{All: true,
+		Filters: make(client.Filters).Add("label", sandbox.LabelInstance+"="+instance)})
+	if err != nil || len(res.Items) != 0 {
+		t.Errorf("containers left after the cancelled run: %d %v", len(res.Items), err)
 	}
 }
