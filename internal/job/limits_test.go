@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -158,9 +159,12 @@ output: {dir: %s}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
+	var mu sync.Mutex
 	var kinds []string
 	var attempts []int
 	j, err := job.Open(ctx, cfg, job.Options{Progress: func(e runner.Event) {
+		mu.Lock()
+		defer mu.Unlock()
 		if e.Rollout != nil && e.Rollout.Failure != nil {
 			kinds = append(kinds, e.Rollout.Failure.Kind)
 			attempts = append(attempts, e.Rollout.Attempts)
