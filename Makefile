@@ -29,8 +29,11 @@ lint:
 # sid; docs/real-engines.md). ensure-python-grpc.sh
 # installs Debian's python3-grpcio and python3-grpc-tools for the Python
 # example's test (as root; otherwise it says what to install).
+# ensure-runsc.sh installs Debian's runsc and registers it with the engine
+# (SIGHUP, no restart) for the gVisor tests (docs/security.md).
 test: lint proto-check build
 	scripts/ensure-docker.sh
+	scripts/ensure-runsc.sh
 	$(BIN) sandbox image build
 	$(BIN) sandbox image build --name llamacpp
 	scripts/ensure-python-grpc.sh

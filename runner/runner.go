@@ -393,10 +393,17 @@ func (r *Runner) RunGroup(ctx context.Context, idx int, it datasets.Item, o Grou
 	gr.task, gr.taskErr = r.deps.Env.Task(ctx, it)
 	g.Task = gr.task
 	gr.set, gr.setErr = r.toolSet(gr.task, uint64(idx))
+	// A group larger than the limits runs in waves: at most as many of its
+	// rollouts run (and hold goroutines) at once as the limits allow.
+	wave := min(len(g.Rollouts), r.cfg.Limits.RolloutsInFlight)
+	if gr.task.Sandbox != nil {
+		wave = min(wave, r.cfg.Limits.Sandboxes)
+	}
 	if gr.taskErr == nil && gr.setErr == nil {
-		r.expectSandboxes(ctx, gr, len(g.Rollouts))
+		r.expectSandboxes(ctx, gr, wave)
 	}
 	var eg errgroup.Group
+	eg.SetLimit(max(wave, 1))
 	for i := range g.Rollouts {
 		eg.Go(func() error {
 			g.Rollouts[i] = r.runWithRetries(ctx, gr, i)
@@ -535,7 +542,7 @@ func (r *Runner) runWithRetries(ctx context.Context, gr *groupRun, idx int) Roll
 		ro = r.attempt(actx, gr, idx)
 		ro.Attempts = attempt
 		endRollout(span, &ro)
-		if ro.Status == StatusOK || attempt > max(r.cfg.Retries, 0) || ctx.Err() != nil || !retryable(ro.Failure.Kind) {
+		if ro.Status == StatusOK || attempt > max(r.cfg.Retries, 0) || ctx.Err() != nil || !retryable(ro.Failure.Kind) || ro.deterministic {
 			return ro
 		}
 		log.Warn("rollout infra failure, retrying", "rollout", ro.ID, "kind", ro.Failure.Kind, "error", ro.Failure.Message, "attempt", attempt)
@@ -688,7 +695,11 @@ func (r *Runner) attempt(ctx context.Context, gr *groupRun, idx int) (ro Rollout
 	ro.Timings.Reward = time.Since(rstart)
 	if err != nil {
 		kind := FailReward
-		if errors.Is(rctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
+		if errors.Is(err, sandbox.ErrUnavailable) || errors.Is(err, sandbox.ErrClosed) {
+			// The sandbox died under the reward (killed, OOM, past its
+			// disk limit): infrastructure, not the reward's logic.
+			kind = FailSandbox
+		} else if errors.Is(rctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
 			kind = FailRewardTimout
 		} else if ctx.Err() != nil {
 			kind = FailCancelled
@@ -752,6 +763,15 @@ func (r *Runner) sandboxSpec(ctx context.Context, task envs.Task) (sandbox.Spec,
 	if c.PIDs > 0 {
 		spec.Limits.PIDs = c.PIDs
 	}
+	if c.DiskMB > 0 {
+		spec.Limits.DiskBytes = c.DiskMB << 20
+	}
+	if c.ReadOnlyRoot {
+		spec.Limits.ReadOnlyRoot = true
+	}
+	if c.Runtime != "" {
+		spec.Runtime = c.Runtime
+	}
 	if spec.Image == "" {
 		return spec, FailTask, errors.New("no sandbox image: set sandbox.image in the run config or the env's image")
 	}
@@ -768,7 +788,7 @@ func (r *Runner) openSandbox(ctx context.Context, gr *groupRun, ro *Rollout) (sa
 		return nil, kind, err
 	}
 	spec.Labels = map[string]string{sandbox.LabelRun: r.info.RunID, sandbox.LabelRollout: ro.ID}
-	ro.Image, ro.Limits, ro.Network = spec.Image, spec.Limits, spec.Network
+	ro.Image, ro.Limits, ro.Network, ro.Runtime = spec.Image, spec.Limits, spec.Network, spec.Runtime
 	if err := r.boxes.Acquire(ctx, 1); err != nil {
 		return nil, FailCancelled, err
 	}
@@ -780,10 +800,20 @@ func (r *Runner) openSandbox(ctx context.Context, gr *groupRun, ro *Rollout) (sa
 		if ctx.Err() != nil {
 			return nil, FailCancelled, err
 		}
+		// A bad spec (a missing image, impossible limits) fails the same
+		// way every time: never retried.
+		ro.deterministic = errors.Is(err, sandbox.ErrInvalid)
 		return nil, FailSandbox, err
 	}
 	if im, ok := sb.(sandbox.ImageIdentifier); ok {
 		ro.ImageID = im.ImageID()
+	}
+	// The manifest records what the container got, not what was asked.
+	if lr, ok := sb.(sandbox.LimitsReporter); ok {
+		a := lr.Applied()
+		ro.Limits.MemoryBytes, ro.Limits.CPUs, ro.Limits.PIDs = a.MemoryBytes, a.CPUs, a.PIDs
+		ro.Limits.DiskBytes, ro.Limits.ReadOnlyRoot = a.DiskBytes, a.ReadOnlyRoot
+		ro.Network, ro.Runtime = a.Network, a.Runtime
 	}
 	return sb, "", nil
 }

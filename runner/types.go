@@ -69,9 +69,14 @@ type Rollout struct {
 	Timings   Timings
 	Image     string
 	ImageID   string // content-addressed id of Image, when the backend knows it
-	Limits    sandbox.Limits
-	Network   string
-	Created   time.Time
+	// Limits, Network and Runtime are those the sandbox's container was
+	// created with (read back from the engine), else those asked for.
+	Limits  sandbox.Limits
+	Network string
+	Runtime string
+	Created time.Time
+	// deterministic: the failure would repeat on a retry (a bad spec).
+	deterministic bool
 }
 
 // Group is one item's G rollouts, assembled.

@@ -112,7 +112,7 @@ func TestReaper(t *testing.T) {
 		t.Fatal(err)
 	}
 	dead.labels[LabelPID] = "2147480000"
-	orphan, err := dead.create(ctx, Spec{Image: testImage}, nil, true)
+	orphan, err := dead.create(ctx, Spec{Image: testImage}, nil, slotWait)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +126,7 @@ func TestReaper(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	leaked, err := own.create(ctx, Spec{Image: testImage}, nil, true)
+	leaked, err := own.create(ctx, Spec{Image: testImage}, nil, slotWait)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -99,6 +99,12 @@ func (s *Server) CollectGroups(stream rolloutv1.RolloutService_CollectGroupsServ
 	if err != nil {
 		return fieldStatus("start.config_yaml", err)
 	}
+	release, err := s.quota.reserve(clientOf(ctx), sandboxesOf(j.Runner), 0)
+	if err != nil {
+		_ = j.Close(context.WithoutCancel(ctx))
+		return err
+	}
+	defer release()
 	c.j, c.env = j, j.Env.Name()
 	s.mu.Lock()
 	s.collectors[c] = true

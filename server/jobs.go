@@ -37,6 +37,8 @@ type jobState struct {
 	CreatedAt  time.Time          `json:"created_at"`
 	FinishedAt *time.Time         `json:"finished_at,omitempty"`
 	Resumed    int32              `json:"resumed"`
+	// Client that started the job (a token digest), for quotas.
+	Client string `json:"client,omitempty"`
 	// Progress of the last run (protojson), so ended jobs keep their
 	// counters across restarts.
 	Progress json.RawMessage `json:"progress,omitempty"`
@@ -208,6 +210,21 @@ func (s *Server) startJob(ctx context.Context, st jobState) (*jobRun, error) {
 		cancel()
 		return nil, s.endSinks(extra, err, false)
 	}
+	rows, err := jobRows(runCtx, j.Runner)
+	var release func()
+	if err == nil {
+		release, err = s.quota.reserve(st.Client, sandboxesOf(j.Runner), rows)
+	}
+	if err != nil {
+		_ = j.Close(context.WithoutCancel(ctx))
+		cancel()
+		return nil, s.endSinks(extra, err, false)
+	}
+	defer func() {
+		if !launched {
+			release()
+		}
+	}()
 	jr.runner = j.Runner
 	jr.st.Env = j.Env.Name()
 	jr.st.OutputDir = j.Dir
@@ -224,6 +241,7 @@ func (s *Server) startJob(ctx context.Context, st jobState) (*jobRun, error) {
 		defer s.wg.Done()
 		defer s.releaseOutput(cfg.Output.Dir, "job "+st.ID)
 		defer cancel()
+		defer release()
 		sum, err := j.Run(runCtx)
 		s.finish(jr, sum, s.endSinks(extra, err, true))
 	}()

@@ -52,6 +52,8 @@ type Options struct {
 	// caller. An error fails StartJob (InvalidArgument for one wrapping
 	// runner.ErrConfig).
 	JobSinks func(ctx context.Context, spec JobSpec) (ExtraSinks, error)
+	// Quotas bound each client's jobs, sandboxes and rows (quota.go).
+	Quotas Quotas
 }
 
 // JobSpec is a job as Options.JobSinks sees it.
@@ -91,6 +93,7 @@ type Server struct {
 	store     *store
 	sandboxes runner.Sandboxes
 	images    runner.ImageBuilder
+	quota     *quotaBook
 
 	mu         sync.Mutex
 	jobs       map[string]*jobRun
@@ -127,7 +130,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	opts.DataDir = abs
 	s := &Server{opts: opts, log: opts.Logger, store: &store{dir: opts.StateDir}, sandboxes: opts.Sandboxes,
 		images: opts.Images, jobs: map[string]*jobRun{}, starting: map[string]bool{}, collectors: map[*collector]bool{}, outputs: map[string]string{},
-		quit: make(chan struct{})}
+		quit: make(chan struct{}), quota: newQuotaBook(opts.Quotas)}
 	s.hard, s.hardStop = context.WithCancel(context.WithoutCancel(ctx))
 	if err := s.resumeJobs(ctx); err != nil {
 		s.hardStop()
@@ -315,7 +318,7 @@ func (s *Server) StartJob(ctx context.Context, req *rolloutv1.StartJobRequest) (
 		delete(s.starting, id)
 		s.mu.Unlock()
 	}()
-	st := jobState{ID: id, Mode: req.Mode, ConfigYAML: text, CreatedAt: time.Now().UTC()}
+	st := jobState{ID: id, Mode: req.Mode, ConfigYAML: text, CreatedAt: time.Now().UTC(), Client: clientOf(ctx)}
 	jr, err := s.startJob(ctx, st)
 	if err != nil {
 		return nil, fieldStatus(field, err)

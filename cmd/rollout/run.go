@@ -169,7 +169,9 @@ func collect(cmd *cobra.Command, cfg runner.Config, mode string) error {
 		}
 		return err
 	}
+	stopped := boundStop(ctx, log)
 	sum, err := j.Run(ctx)
+	stopped()
 	prog.done()
 	if bridge != nil {
 		err = finishBridge(ctx, bridge, err)

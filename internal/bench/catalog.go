@@ -35,6 +35,9 @@ var catalog = []entry{
 	{"sandbox", "sandbox.pool_acquire_p50_ms", "ms", "<= 10", "issue 4", "acquire from a warm pool, p50"},
 	{"sandbox", "sandbox.pool_acquire_p99_ms", "ms", "", "", "acquire from a warm pool, p99"},
 	{"sandbox", "sandbox.max_concurrent", "sandboxes", ">= 200", "issue 4", "busybox sandboxes alive and answering an exec at the same time"},
+	{"sandbox", "sandbox.runsc_cold_start_p50_ms", "ms", "", "issue 16 (reported)", "cold sandbox start under gVisor (runsc), p50; baseline: runc, same run"},
+	{"sandbox", "sandbox.runsc_exec_p50_ms", "ms", "", "issue 16 (reported)", "exec round trip of `true` under gVisor (runsc), p50; baseline: runc, same run"},
+	{"sandbox", "sandbox.runsc_exec_p99_ms", "ms", "", "", "exec round trip of `true` under gVisor (runsc), p99; baseline: runc, same run"},
 
 	{"inference", "inference.overhead_p50_us", "µs", "<= 100", "issue 5", "client-side cost of one tokens-mode generation (client p50 − bare net/http p50), zero-latency simulator"},
 	{"inference", "inference.client_p50_us", "µs", "", "", "full tokens-mode generation call against the zero-latency simulator, p50"},

@@ -124,7 +124,10 @@ func Open(ctx context.Context, cfg runner.Config, opts Options) (*Job, error) {
 	j := &Job{cfg: cfg, opts: opts, Env: env, Dir: cfg.Output.Dir}
 	sbs := opts.Sandboxes
 	if sbs == nil {
-		j.docker = &lazyDocker{log: opts.Logger, instance: opts.SandboxInstance, warm: warmPoolSize(cfg)}
+		// The job's own backend holds at most limits.sandboxes containers,
+		// warm ones included: the run's bound holds at every moment.
+		limit := sandboxLimit(cfg)
+		j.docker = &lazyDocker{log: opts.Logger, instance: opts.SandboxInstance, warm: min(warmPoolSize(cfg), limit), maxContainers: limit}
 		sbs = j.docker
 	}
 	imgs := opts.Images
@@ -314,16 +317,27 @@ type lazyDocker struct {
 	// starts a group's G sandboxes as soon as the runner announces them
 	// (runner.Expecter); warm <= 0 creates every sandbox on demand.
 	warm int
-	once sync.Once
-	d    *sandbox.Docker
-	pool *sandbox.Pool
-	err  error
+	// maxContainers is the backend's MaxContainers when it starts with
+	// log and instance only (0: the backend's default).
+	maxContainers int
+	once          sync.Once
+	d             *sandbox.Docker
+	pool          *sandbox.Pool
+	err           error
 }
 
 var (
 	_ runner.Sandboxes = (*lazyDocker)(nil)
 	_ runner.Expecter  = (*lazyDocker)(nil)
 )
+
+// sandboxLimit is limits.sandboxes with its default.
+func sandboxLimit(cfg runner.Config) int {
+	if n := cfg.Limits.Sandboxes; n > 0 {
+		return n
+	}
+	return 32
+}
 
 // warmPoolSize is sandbox.warm_pool: 0 means four groups' worth.
 func warmPoolSize(cfg runner.Config) int {
@@ -335,7 +349,7 @@ func warmPoolSize(cfg runner.Config) int {
 
 func (l *lazyDocker) get(ctx context.Context) (*sandbox.Docker, error) {
 	l.once.Do(func() {
-		opts := sandbox.Options{Logger: l.log, Instance: l.instance}
+		opts := sandbox.Options{Logger: l.log, Instance: l.instance, MaxContainers: l.maxContainers}
 		if l.opts != nil {
 			opts = *l.opts
 		}
