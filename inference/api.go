@@ -84,7 +84,7 @@ func (p *Pool) Tokenize(ctx context.Context, o CallOptions, req *TokenizeRequest
 }
 
 // Detokenize posts /detokenize and returns the text (vLLM's `prompt` key,
-// SGLang's `text`).
+// SGLang's `text`, llama.cpp's `content`).
 func (p *Pool) Detokenize(ctx context.Context, o CallOptions, model string, tokens []int32) (string, error) {
 	var out detokenizeResponse
 	ep, err := p.post(ctx, o, "/detokenize", &DetokenizeRequest{Model: model, Tokens: tokens}, &out)
@@ -96,8 +96,10 @@ func (p *Pool) Detokenize(ctx context.Context, o CallOptions, model string, toke
 		return *out.Prompt, nil
 	case out.Text != nil:
 		return *out.Text, nil
+	case out.Content != nil:
+		return *out.Content, nil
 	}
-	return "", &Error{Class: ErrInfra, Endpoint: ep, Op: "POST /detokenize", RequestID: o.RequestID, Status: 200, Msg: "response has neither prompt nor text"}
+	return "", &Error{Class: ErrInfra, Endpoint: ep, Op: "POST /detokenize", RequestID: o.RequestID, Status: 200, Msg: "response has neither prompt, text nor content"}
 }
 
 // Generate posts vLLM's /inference/v1/generate.

@@ -36,6 +36,10 @@ type sample struct {
 	stop     stopKind
 	text     *string // server-decoded text (special tokens kept) when returned
 	endpoint string
+	// unscored are positions of ids the server gave no logprob for
+	// (llama.cpp, incomplete UTF-8): kept in the sequence, masked 0, with
+	// the 1.0 placeholder.
+	unscored []int
 }
 
 type generator interface {
@@ -205,11 +209,17 @@ func chatStyleLogprobs(ep, op, reqID string, ids []int32, lp *ChatLogprobs, requ
 		return ids, nil, nil
 	}
 	if ids == nil {
+		// No token_ids: llama.cpp gives each entry's id in "id"; vLLM
+		// without return_token_ids names tokens "token_id:N".
 		ids = make([]int32, len(lp.Content))
 		for i, e := range lp.Content {
+			if e.ID != nil {
+				ids[i] = *e.ID
+				continue
+			}
 			id, ok := parseTokenID(e.Token)
 			if !ok {
-				return nil, nil, badAnswer(ep, op, reqID, "no token_ids and logprob token %d is %q, not token_id:N", i, e.Token)
+				return nil, nil, badAnswer(ep, op, reqID, "no token_ids and logprob token %d is %q, not token_id:N, and has no id", i, e.Token)
 			}
 			ids[i] = id
 		}
@@ -224,6 +234,9 @@ func chatStyleLogprobs(ep, op, reqID string, ids []int32, lp *ChatLogprobs, requ
 		}
 		if id, ok := parseTokenID(e.Token); ok && id != ids[i] {
 			return nil, nil, badAnswer(ep, op, reqID, "logprob %d is for token %d but token_ids[%d] = %d", i, id, i, ids[i])
+		}
+		if e.ID != nil && *e.ID != ids[i] {
+			return nil, nil, badAnswer(ep, op, reqID, "logprob %d is for token %d but token_ids[%d] = %d", i, *e.ID, i, ids[i])
 		}
 		lps[i] = float32(*e.Logprob)
 	}
@@ -246,6 +259,8 @@ func (sglangGen) generate(ctx context.Context, p *Pool, in genInput) (sample, er
 		MinP:              in.s.MinP,
 		Stop:              in.s.Stop,
 		RepetitionPenalty: in.s.RepetitionPenalty,
+		PresencePenalty:   in.s.PresencePenalty,
+		FrequencyPenalty:  in.s.FrequencyPenalty,
 		SkipSpecialTokens: falsePtr,
 	}
 	extra := in.s.ExtraBody

@@ -3,6 +3,7 @@ package inference
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"sync"
@@ -59,11 +60,21 @@ func (e *chatEpisode) generate(ctx context.Context, messages []openai.ChatComple
 			Msg: fmt.Sprintf("turn %d: prompt of at least %d tokens + max_tokens %d exceeds max_model_len %d", turnNo, e.known, s.MaxTokens, e.maxLen),
 			Err: ErrContextLength}
 	}
+	e.c.mu.Lock()
+	llama := e.c.llama
+	e.c.mu.Unlock()
 	req := &ChatRequest{
 		Model:              e.spec.Model,
 		Messages:           messages,
 		samplingFields:     samplingOf(s, s.MaxTokens),
 		ChatTemplateKwargs: s.ChatTemplateKwargs,
+	}
+	extra := s.ExtraBody
+	if e.c.cfg.SamplerFields == SamplerFieldsOpenAI {
+		// Only the fields the OpenAI API knows.
+		req.TopK, req.MinP, req.RepetitionPenalty = nil, nil, nil
+	} else if llama {
+		extra = llamaChatSampler(s)
 	}
 	if len(e.spec.Tools) > 0 {
 		req.Tools = e.spec.Tools // vLLM rejects "tools": []
@@ -71,9 +82,15 @@ func (e *chatEpisode) generate(ctx context.Context, messages []openai.ChatComple
 	if e.c.cfg.ChatTokenIDs {
 		req.Logprobs = true
 		req.TopLogprobs = zeroIntPt
+		if llama {
+			// llama.cpp returns no logprobs at all with top_logprobs 0.
+			one := 1
+			req.TopLogprobs = &one
+		}
 		req.ReturnTokenIDs = true
 	}
-	resp, ep, err := e.c.pool.ChatCompletion(ctx, CallOptions{Affinity: &e.aff, RequestID: reqID, Extra: s.ExtraBody}, req)
+	o := CallOptions{Affinity: &e.aff, RequestID: reqID, Extra: extra}
+	resp, ep, err := e.c.pool.ChatCompletion(ctx, o, req)
 	if err != nil {
 		return Turn{}, fmt.Errorf("episode %s turn %d: chat: %w", e.spec.ID, turnNo, err)
 	}
@@ -85,6 +102,34 @@ func (e *chatEpisode) generate(ctx context.Context, messages []openai.ChatComple
 	ids, lps, err := chatStyleLogprobs(ep, op, reqID, ch.TokenIDs, ch.Logprobs, false)
 	if err != nil {
 		return Turn{}, err
+	}
+	promptIDs := resp.PromptTokenIDs
+	if e.c.cfg.ChatTokenIDs {
+		// No silent empties: ids were asked for, so a turn without them
+		// is an error, never a turn with 0 tokens.
+		if ids == nil || lps == nil {
+			what := "the answer has no completion token ids"
+			if ids != nil {
+				what = "the answer has token ids but no logprobs"
+			}
+			return Turn{}, noIDsError(ep, op, reqID, what, nil)
+		}
+		if ch.TokenIDs == nil && resp.Usage != nil && resp.Usage.CompletionTokens != len(ids) {
+			// The ids came from the logprob entries, and some are missing:
+			// llama.cpp withholds the entry of a token that leaves the text
+			// inside a UTF-8 character. They cannot be recovered here.
+			return Turn{}, noIDsError(ep, op, reqID, fmt.Sprintf("the answer names %d of its %d completion tokens (llama.cpp gives no logprob entry to a token that ends inside a UTF-8 character; the llamacpp tokens backend keeps them)",
+				len(ids), resp.Usage.CompletionTokens), nil)
+		}
+		if promptIDs == nil {
+			// llama.cpp returns no prompt ids: render the same request's
+			// messages on the server, as its chat route did.
+			po := CallOptions{Affinity: &e.aff, RequestID: reqID + "-prompt"}
+			promptIDs, err = e.c.promptIDsFallback(ctx, po, messages, req.Tools, s.ChatTemplateKwargs)
+			if err != nil || len(promptIDs) == 0 {
+				return Turn{}, noIDsError(ep, op, reqID, "the answer has no prompt_token_ids", err)
+			}
+		}
 	}
 	if ch.FinishReason == "" {
 		return Turn{}, badAnswer(ep, op, reqID, "finish_reason missing")
@@ -107,8 +152,8 @@ func (e *chatEpisode) generate(ctx context.Context, messages []openai.ChatComple
 	if resp.Usage != nil {
 		t.PromptTokens, t.CompletionTokens = resp.Usage.PromptTokens, resp.Usage.CompletionTokens
 	}
-	if resp.PromptTokenIDs != nil {
-		t.PromptTokens = len(resp.PromptTokenIDs)
+	if promptIDs != nil {
+		t.PromptTokens = len(promptIDs)
 	}
 	if ids != nil {
 		t.CompletionTokens = len(ids)
@@ -118,7 +163,7 @@ func (e *chatEpisode) generate(ctx context.Context, messages []openai.ChatComple
 		em.tokensOut.Add(float64(t.CompletionTokens))
 	}
 	e.known = t.PromptTokens + t.CompletionTokens
-	e.splice(resp.PromptTokenIDs, ids, lps)
+	e.splice(promptIDs, ids, lps)
 	e.turns = turnNo
 	return t, nil
 }
@@ -156,6 +201,18 @@ func (e *chatEpisode) splice(prompt, ids []int32, lps []float32) {
 	for range ids {
 		q.Mask = append(q.Mask, 1)
 	}
+}
+
+// llamaChatSampler is the extra body of a chat request to llama.cpp: its
+// own names for the fields vLLM names differently, and its extra samplers
+// made neutral. The configured extra_body wins.
+func llamaChatSampler(s Sampling) map[string]any {
+	out := map[string]any{"repeat_penalty": *s.RepetitionPenalty}
+	for _, f := range llamaNeutral {
+		out[f.key] = f.val
+	}
+	maps.Copy(out, s.ExtraBody)
+	return out
 }
 
 func hasPrefix(s, pre []int32) bool {

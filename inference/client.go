@@ -133,15 +133,23 @@ func (c *httpCaller) doJSON(ctx context.Context, base, method, path, reqID strin
 	data, rerr := readBody(resp.Body)
 	if resp.StatusCode != http.StatusOK {
 		msg := serverMessage(data)
+		typ := serverErrorType(data)
 		switch {
+		case resp.StatusCode >= 400 && (typ == "exceed_context_size_error" || contextLengthMessage(msg)) && resp.StatusCode != http.StatusTooManyRequests:
+			return mk(ErrRequest, resp.StatusCode, msg, ErrContextLength)
+		case resp.StatusCode >= 500 && contentMessage(msg):
+			// The server failed on what we sent (a template that cannot
+			// render this history): not its health, not transient.
+			return mk(ErrRequest, resp.StatusCode, msg, ErrContent)
 		case resp.StatusCode >= 500:
 			return mk(ErrInfra, resp.StatusCode, msg, nil)
 		case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusRequestTimeout:
 			// Overload, not a bad request: the runner may retry the rollout,
 			// but the pool never re-sends a 4xx itself.
 			return &Error{Class: ErrInfra, Endpoint: base, Op: op, RequestID: reqID, Status: resp.StatusCode, Msg: msg, acknowledged: true}
-		case resp.StatusCode >= 400 && contextLengthMessage(msg):
-			return mk(ErrRequest, resp.StatusCode, msg, ErrContextLength)
+		case resp.StatusCode == http.StatusBadRequest || resp.StatusCode == http.StatusUnprocessableEntity:
+			// Validation and template errors: the request's content.
+			return mk(ErrRequest, resp.StatusCode, msg, ErrContent)
 		case resp.StatusCode >= 400:
 			return mk(ErrRequest, resp.StatusCode, msg, nil)
 		default:
@@ -210,6 +218,27 @@ func serverMessage(data []byte) string {
 		}
 	}
 	return snippet(data)
+}
+
+// serverErrorType reads {"error": {"type": …}} (llama.cpp, OpenAI) or a
+// top-level "type" (vLLM's ErrorResponse); "" when absent.
+func serverErrorType(data []byte) string {
+	var v struct {
+		Error json.RawMessage `json:"error"`
+		Type  string          `json:"type"`
+	}
+	if json.Unmarshal(data, &v) != nil {
+		return ""
+	}
+	if len(v.Error) > 0 {
+		var inner struct {
+			Type string `json:"type"`
+		}
+		if json.Unmarshal(v.Error, &inner) == nil && inner.Type != "" {
+			return inner.Type
+		}
+	}
+	return v.Type
 }
 
 func snippet(b []byte) string {

@@ -204,6 +204,7 @@ func TestErrorClassification(t *testing.T) {
 		url        string
 		class      error
 		ctxLen     bool
+		content    bool
 		wantCalls  int
 		msgContain string
 	}{
@@ -211,6 +212,12 @@ func TestErrorClassification(t *testing.T) {
 		{name: "400 context", handler: replyStatus(400, `{"error":{"message":"This model's maximum context length is 4096 tokens","type":"BadRequestError","code":400}}`), class: inference.ErrRequest, ctxLen: true, wantCalls: 1},
 		{name: "422", handler: replyStatus(422, `{"detail":"field required"}`), class: inference.ErrRequest, wantCalls: 1, msgContain: "field required"},
 		{name: "500 retried", handler: replyStatus(500, `{"error":{"message":"engine dead"}}`), class: inference.ErrInfra, wantCalls: 3, msgContain: "engine dead"},
+		{name: "llama.cpp 400 context", handler: replyStatus(400, `{"error":{"code":400,"message":"request (5000 tokens) exceeds the available context size (4096 tokens), try increasing it","type":"exceed_context_size_error","n_prompt_tokens":5000,"n_ctx":4096}}`), class: inference.ErrRequest, ctxLen: true, wantCalls: 1},
+		{name: "llama.cpp 400 context by type", handler: replyStatus(400, `{"error":{"code":400,"message":"prompt does not fit","type":"exceed_context_size_error"}}`), class: inference.ErrRequest, ctxLen: true, wantCalls: 1},
+		{name: "sglang 400 context", handler: replyStatus(400, `{"object":"error","message":"The input (5000 tokens) is longer than the model's context length (4096 tokens).","type":"BadRequestError","code":400}`), class: inference.ErrRequest, ctxLen: true, wantCalls: 1},
+		{name: "llama.cpp 500 template content not retried", handler: replyStatus(500, `{"error":{"code":500,"message":"Failed to parse tool call arguments as JSON: [json.exception.parse_error.101] parse error","type":"server_error"}}`), class: inference.ErrRequest, content: true, wantCalls: 1, msgContain: "Failed to parse tool call arguments"},
+		{name: "jinja 500 content not retried", handler: replyStatus(500, `{"detail":"jinja2.exceptions.UndefinedError: 'dict object' has no attribute 'name'"}`), class: inference.ErrRequest, content: true, wantCalls: 1},
+		{name: "400 validation is content", handler: replyStatus(400, `{"error":{"message":"top_logprobs must be between 0 and 20","type":"BadRequestError","code":400}}`), class: inference.ErrRequest, content: true, wantCalls: 1},
 		{name: "malformed not retried", handler: reply(`{"id": "x", "choices": [`), class: inference.ErrInfra, wantCalls: 1, msgContain: "malformed"},
 		{name: "not json", handler: reply(`<html>oops</html>`), class: inference.ErrInfra, wantCalls: 1},
 		{name: "truncated not retried", handler: func(w http.ResponseWriter, _ []byte) {
@@ -259,6 +266,9 @@ func TestErrorClassification(t *testing.T) {
 			}
 			if errors.Is(err, inference.ErrContextLength) != tc.ctxLen {
 				t.Fatalf("context length = %v: %v", !tc.ctxLen, err)
+			}
+			if tc.content && !errors.Is(err, inference.ErrContent) {
+				t.Fatalf("not a content error: %v", err)
 			}
 			var ie *inference.Error
 			if !errors.As(err, &ie) || ie.Endpoint == "" {

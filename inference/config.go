@@ -19,12 +19,19 @@ const (
 	BackendVLLMGenerate = "vllm-generate" // tokens mode over /inference/v1/generate + /detokenize
 	BackendSGLang       = "sglang"        // tokens mode over SGLang /generate
 	BackendAtropos      = "atropos"       // tokens mode over the Atropos custom vLLM /generate
+	BackendLlamaCpp     = "llamacpp"      // tokens mode over llama-server's /apply-template, /tokenize, /completion
 )
 
 // Backends lists the accepted backend names.
 func Backends() []string {
-	return []string{BackendChat, BackendVLLM, BackendVLLMGenerate, BackendSGLang, BackendAtropos}
+	return []string{BackendChat, BackendVLLM, BackendVLLMGenerate, BackendSGLang, BackendAtropos, BackendLlamaCpp}
 }
+
+// Values of Config.SamplerFields.
+const (
+	SamplerFieldsFull   = "full"
+	SamplerFieldsOpenAI = "openai"
+)
 
 // Config selects a backend and its endpoints. Durations in YAML are Go
 // duration strings ("30s").
@@ -52,6 +59,13 @@ type Config struct {
 	// logprobs (vLLM ≥ 0.10.2, the simulator). Leave off for OpenAI or
 	// OpenRouter, which reject unknown fields.
 	ChatTokenIDs bool `yaml:"chat_token_ids,omitempty" json:"chat_token_ids,omitempty"`
+	// SamplerFields chooses which sampler fields the chat backend states:
+	// "full" (default: temperature, top_p, top_k, min_p, repetition,
+	// presence and frequency penalties, plus llama.cpp's own when the
+	// server is llama.cpp) or "openai" (temperature, top_p, presence and
+	// frequency penalty only, for APIs that reject unknown fields). Token
+	// backends always send the full sampler.
+	SamplerFields string `yaml:"sampler_fields,omitempty" json:"sampler_fields,omitempty"`
 	// Sampling holds defaults; an EpisodeSpec's fields override them one by one.
 	Sampling Sampling     `yaml:"sampling,omitempty" json:"sampling,omitempty"`
 	Logger   *slog.Logger `yaml:"-" json:"-"`
@@ -89,6 +103,10 @@ type Client struct {
 	modelsOnce singleflight.Group
 	closing    map[string][]int32
 	eotText    map[string]string
+	// llama is true when the server is llama.cpp (the backend says so, or
+	// /v1/models carries llama.cpp's "meta" block).
+	llama   bool
+	sampler samplerState
 }
 
 var _ Policy = (*Client)(nil)
@@ -119,11 +137,19 @@ func Open(cfg Config) (*Client, error) {
 		c.gen = sglangGen{}
 	case BackendAtropos:
 		c.gen = atroposGen{}
+	case BackendLlamaCpp:
+		c.gen = llamaGen{c: c}
 	case "":
 		return nil, fmt.Errorf("inference: backend not set; want one of %s", strings.Join(Backends(), ", "))
 	default:
 		return nil, fmt.Errorf("inference: unknown backend %q; want one of %s", cfg.Backend, strings.Join(Backends(), ", "))
 	}
+	switch cfg.SamplerFields {
+	case "", SamplerFieldsFull, SamplerFieldsOpenAI:
+	default:
+		return nil, fmt.Errorf("inference: sampler_fields %q: want %q or %q", cfg.SamplerFields, SamplerFieldsFull, SamplerFieldsOpenAI)
+	}
+	c.llama = cfg.Backend == BackendLlamaCpp
 	if cfg.MaxConcurrentPerEndpoint < 0 {
 		return nil, fmt.Errorf("inference: max_concurrent_per_endpoint %d is negative", cfg.MaxConcurrentPerEndpoint)
 	}
@@ -161,7 +187,8 @@ func (c *Client) Start(ctx context.Context, spec EpisodeSpec) (Episode, error) {
 		return nil, err
 	}
 	spec.Model = model
-	spec.Sampling = mergeSampling(c.cfg.Sampling, spec.Sampling)
+	spec.Sampling = withNeutral(mergeSampling(c.cfg.Sampling, spec.Sampling), topKOffFor(c.cfg.Backend))
+	c.warnSampler(spec.Sampling)
 	if spec.Sampling.MaxTokens < 0 {
 		return nil, &Error{Class: ErrRequest, Op: "start", RequestID: spec.ID, Msg: fmt.Sprintf("max_tokens %d is negative", spec.Sampling.MaxTokens)}
 	}
@@ -191,8 +218,29 @@ func (c *Client) resolveModel(ctx context.Context, want string) (string, int, er
 		return want, n, nil
 	}
 	c.mu.Unlock()
-	v, err, _ := c.modelsOnce.Do("models", func() (any, error) { return c.pool.Models(ctx) })
-	resp, _ := v.(*ModelsResponse)
+	v, err, _ := c.modelsOnce.Do("models", func() (any, error) {
+		resp, err := c.pool.Models(ctx)
+		if err != nil {
+			return nil, err
+		}
+		// llama.cpp: no max_model_len, a "meta" block instead; the real
+		// per-request limit is one slot's share of the context (/props).
+		out := &modelsInfo{resp: resp}
+		for _, m := range resp.Data {
+			if m.Meta != nil || c.cfg.Backend == BackendLlamaCpp {
+				out.llama = true
+			}
+		}
+		if out.llama {
+			out.slotCtx = c.llamaContext(ctx)
+		}
+		return out, nil
+	})
+	info, _ := v.(*modelsInfo)
+	var resp *ModelsResponse
+	if info != nil {
+		resp = info.resp
+	}
 	if err != nil {
 		if want != "" && c.gen == nil {
 			// A chat server without /v1/models (some proxies) still works
@@ -210,8 +258,19 @@ func (c *Client) resolveModel(ctx context.Context, want string) (string, int, er
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.llama = c.llama || info.llama
 	for _, m := range resp.Data {
-		c.models[m.ID] = m.MaxModelLen
+		n := m.MaxModelLen
+		if n == 0 && m.Meta != nil {
+			n = m.Meta.NCtx
+			if n == 0 {
+				n = m.Meta.NCtxTrain
+			}
+		}
+		if info.slotCtx > 0 && (n == 0 || info.slotCtx < n) {
+			n = info.slotCtx
+		}
+		c.models[m.ID] = n
 	}
 	if c.first == "" {
 		c.first = resp.Data[0].ID
@@ -228,6 +287,13 @@ func (c *Client) resolveModel(ctx context.Context, want string) (string, int, er
 		return "", 0, &Error{Class: ErrRequest, Op: "GET /v1/models", Msg: fmt.Sprintf("model %q is not served (served: %s)", want, strings.Join(ids, ", "))}
 	}
 	return want, n, nil
+}
+
+// modelsInfo is what one /v1/models (+ /props on llama.cpp) round learns.
+type modelsInfo struct {
+	resp    *ModelsResponse
+	llama   bool
+	slotCtx int // llama.cpp /props default_generation_settings.n_ctx
 }
 
 // mergeSampling overlays o on base field by field.
@@ -256,6 +322,12 @@ func mergeSampling(base, o Sampling) Sampling {
 	}
 	if o.RepetitionPenalty != nil {
 		out.RepetitionPenalty = o.RepetitionPenalty
+	}
+	if o.PresencePenalty != nil {
+		out.PresencePenalty = o.PresencePenalty
+	}
+	if o.FrequencyPenalty != nil {
+		out.FrequencyPenalty = o.FrequencyPenalty
 	}
 	if len(base.ChatTemplateKwargs) > 0 || len(o.ChatTemplateKwargs) > 0 {
 		out.ChatTemplateKwargs = maps.Clone(base.ChatTemplateKwargs)

@@ -78,7 +78,7 @@ func retryable(err error) bool {
 	if !errors.As(err, &e) {
 		return false
 	}
-	if e.acknowledged {
+	if e.acknowledged || errors.Is(e.Class, ErrRequest) {
 		return false
 	}
 	if e.Status >= 500 {
@@ -103,12 +103,42 @@ func isNetErr(err error) bool {
 	return errors.As(err, &ne)
 }
 
-// contextLengthMessage recognises the server's "prompt too long" 400s
-// (vLLM: "maximum context length", "is longer than the maximum model
-// length"; SGLang: "exceeds the maximum"; OpenAI: "context_length_exceeded").
+// contextLengthMessage recognises the servers' "prompt too long" errors:
+//   - vLLM: "This model's maximum context length is N tokens…", "… is
+//     longer than the maximum model length of N" (and "Please reduce the
+//     length of the messages or completion");
+//   - SGLang: "The input (N tokens) is longer than the model's context
+//     length (M tokens)", "… exceeds the maximum …";
+//   - llama.cpp: type exceed_context_size_error, "request (N tokens) exceeds
+//     the available context size (M tokens)…" (the type is checked by the
+//     caller);
+//   - OpenAI: "context_length_exceeded".
 func contextLengthMessage(msg string) bool {
 	m := strings.ToLower(msg)
-	for _, s := range []string{"maximum context length", "context_length_exceeded", "maximum model length", "context length", "exceeds the max", "too long"} {
+	for _, s := range []string{"maximum context length", "context_length_exceeded", "maximum model length", "context length",
+		"exceeds the max", "too long", "available context size", "exceed_context_size"} {
+		if strings.Contains(m, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// contentMessage recognises a 5xx the server returned because of the
+// request's content rather than its own state — the chat template failing
+// on the history. These are ErrRequest + ErrContent: not retried, not held
+// against the endpoint. Patterns (case-insensitive):
+//   - llama.cpp: "Failed to parse tool call arguments as JSON", "Failed to
+//     parse messages", "Failed to apply chat template"/"chat template";
+//   - Jinja errors surfacing from Python servers: "TemplateError",
+//     "UndefinedError", "jinja2.exceptions", "raise_exception";
+//   - JSON decoding of tool-call arguments: "JSONDecodeError", "Expecting
+//     value", "Expecting property name".
+func contentMessage(msg string) bool {
+	m := strings.ToLower(msg)
+	for _, s := range []string{"failed to parse tool call arguments", "failed to parse messages", "chat template",
+		"templateerror", "undefinederror", "jinja2.exceptions", "raise_exception",
+		"jsondecodeerror", "expecting value", "expecting property name"} {
 		if strings.Contains(m, s) {
 			return true
 		}

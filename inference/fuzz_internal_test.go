@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -36,10 +37,13 @@ func FuzzGenerateDecoders(f *testing.F) {
 		`{"text":["a"],"finish_reasons":["stop"],"logprobs":[[[{"785":-0.21}]]],"prompt_token_ids":[1],"token_ids":[[785]]}`,
 		`{"choices":[{"index":0,"token_ids":[1],"logprobs":{"content":[{"token":"token_id:2","logprob":"x"}]}}]}`,
 		`[]`, `null`, `{"choices":null}`, `{"meta_info":{"output_token_logprobs":[[]]},"output_ids":[1]}`,
+		`{"content":"a","tokens":[5,9],"stop_type":"eos","completion_probabilities":[{"id":5,"logprob":-0.5},{"id":9,"logprob":-0.1}],"generation_settings":{"top_k":40}}`,
+		`{"content":"a","tokens":[5,9,7],"stop_type":"word","stopping_word":"x","completion_probabilities":[{"id":5,"logprob":-0.5}]}`,
+		`{"tokens":[5],"stop_type":"limit","truncated":true,"completion_probabilities":[{"id":6,"prob":0.5}]}`,
 	} {
 		f.Add([]byte(s))
 	}
-	gens := []generator{completionsGen{}, vllmGenerateGen{}, sglangGen{}, atroposGen{}}
+	gens := []generator{completionsGen{}, vllmGenerateGen{}, sglangGen{}, atroposGen{}, llamaGen{}}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		p, err := NewPool(PoolConfig{Endpoints: []string{"http://fuzz.invalid"}, Retries: -1})
 		if err != nil {
@@ -148,5 +152,28 @@ func BenchmarkGeneratePathInMemory(b *testing.B) {
 		if _, err := (completionsGen{}).generate(ctx, p, in); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// Entries are matched from the end: a character split over several tokens
+// has an entry only for its last token.
+func TestAlignProbs(t *testing.T) {
+	id := func(v int32) *int32 { return &v }
+	lp := func(v float64) *float64 { return &v }
+	// 0xE3 0x80 0x80 (one 3-byte character), then 'a': entries for the
+	// completing 0x80 and for 'a' only.
+	ids := []int32{0xE3, 0x80, 0x80, 'a'}
+	probs := []LlamaProb{{ID: id(0x80), Logprob: lp(-0.5)}, {ID: id('a'), Logprob: lp(-0.25)}}
+	lps, missing, err := alignProbs(ids, probs)
+	if err != nil || !slices.Equal(missing, []int{0, 1}) || !slices.Equal(lps, []float32{1, 1, -0.5, -0.25}) {
+		t.Fatalf("lps %v missing %v err %v", lps, missing, err)
+	}
+	// A generation cut inside a character: the trailing ids have none.
+	lps, missing, err = alignProbs([]int32{'a', 0xE3}, []LlamaProb{{ID: id('a'), Logprob: lp(-1)}})
+	if err != nil || !slices.Equal(missing, []int{1}) || lps[0] != -1 {
+		t.Fatalf("lps %v missing %v err %v", lps, missing, err)
+	}
+	if _, _, err := alignProbs([]int32{1, 2}, []LlamaProb{{ID: id(3), Logprob: lp(-1)}}); err == nil {
+		t.Fatal("an entry for an id never sampled was accepted")
 	}
 }

@@ -22,6 +22,16 @@ var (
 	// ErrContextLength: the next prompt cannot fit max_tokens in the model's
 	// context; the episode stops with stop reason "context_length".
 	ErrContextLength = errors.New("context length exceeded")
+	// ErrContent: the server refused the request because of its content —
+	// a chat template that cannot render the history (llama.cpp's HTTP 500
+	// "Failed to parse tool call arguments as JSON"), a validation error.
+	// It always comes with ErrRequest (whatever the HTTP status), is never
+	// retried by the pool and never counts against the endpoint's health.
+	ErrContent = errors.New("request content rejected by the server")
+	// ErrNoTokenIDs: token ids were requested (tokens mode, or chat mode
+	// with chat_token_ids) and no source returned them. Comes with
+	// ErrInfra: the server or its configuration cannot serve the run.
+	ErrNoTokenIDs = errors.New("token ids requested but not returned")
 )
 
 // Sampling parameters. Pointers distinguish "unset" from zero: a
@@ -35,6 +45,8 @@ type Sampling struct {
 	Stop               []string       `json:"stop,omitempty" yaml:"stop,omitempty"`
 	Seed               *int64         `json:"seed,omitempty" yaml:"seed,omitempty"`
 	RepetitionPenalty  *float64       `json:"repetition_penalty,omitempty" yaml:"repetition_penalty,omitempty"`
+	PresencePenalty    *float64       `json:"presence_penalty,omitempty" yaml:"presence_penalty,omitempty"`
+	FrequencyPenalty   *float64       `json:"frequency_penalty,omitempty" yaml:"frequency_penalty,omitempty"`
 	ChatTemplateKwargs map[string]any `json:"chat_template_kwargs,omitempty" yaml:"chat_template_kwargs,omitempty"`
 	ExtraBody          map[string]any `json:"extra_body,omitempty" yaml:"extra_body,omitempty"`
 }
@@ -68,7 +80,8 @@ type Turn struct {
 	PromptTokens     int
 	CompletionTokens int
 	// CompletionIDs/Logprobs are the sampled ids and their logprobs when the
-	// backend returns them (always in tokens mode).
+	// backend returns them (always in tokens mode). A sampled id the server
+	// gave no logprob for holds the 1.0 placeholder (Sequence.Unscored).
 	CompletionIDs []int32
 	Logprobs      []float32
 	Endpoint      string // base URL that served the turn
@@ -77,7 +90,8 @@ type Turn struct {
 // Sequence is the token-exact record of an episode.
 type Sequence struct {
 	Tokens []int32
-	// Mask is 1 on sampled (trained) positions, 0 elsewhere.
+	// Mask is 1 on sampled (trained) positions, 0 elsewhere (also on the
+	// few sampled ids without a logprob; see Unscored).
 	Mask []int8
 	// Logprobs are aligned to Tokens; untrained positions hold 1.0 (the
 	// Atropos placeholder).
@@ -85,6 +99,11 @@ type Sequence struct {
 	// TurnStarts are the indices in Tokens where each generation begins.
 	TurnStarts []int
 	PromptLen  int // tokens of the first prompt
+	// Unscored counts sampled ids the server returned no logprob for
+	// (llama.cpp withholds the probability of a token that leaves the text
+	// inside a UTF-8 character): they stay in Tokens, verbatim, with Mask 0
+	// and the 1.0 placeholder — in context, not trained.
+	Unscored int
 	// DriftTokens counts the tokens that differ (insertions + deletions)
 	// when the final conversation is re-rendered; -1 when the check could
 	// not run (the render request failed).

@@ -58,6 +58,9 @@ func (e *tokenEpisode) tokOpts(suffix string) CallOptions {
 
 // render asks the server for the ids of messages under the chat template.
 func (e *tokenEpisode) render(ctx context.Context, msgs []openai.ChatCompletionMessage, genPrompt bool, suffix string) ([]int32, error) {
+	if e.c.cfg.Backend == BackendLlamaCpp {
+		return llamaRender(ctx, e.c.tok, e.tokOpts(suffix), msgs, e.spec.Tools, genPrompt, e.spec.Sampling.ChatTemplateKwargs)
+	}
 	resp, err := e.c.tok.Tokenize(ctx, e.tokOpts(suffix), &TokenizeRequest{
 		Model:               e.spec.Model,
 		Messages:            msgs,
@@ -74,6 +77,9 @@ func (e *tokenEpisode) render(ctx context.Context, msgs []openai.ChatCompletionM
 // renderPrompt is render for the first prompt; it also learns
 // max_model_len from /tokenize when /v1/models did not report it.
 func (e *tokenEpisode) renderPrompt(ctx context.Context, msgs []openai.ChatCompletionMessage) ([]int32, error) {
+	if e.c.cfg.Backend == BackendLlamaCpp {
+		return e.render(ctx, msgs, true, "t1-prompt")
+	}
 	gp := true
 	resp, err := e.c.tok.Tokenize(ctx, e.tokOpts("t1-prompt"), &TokenizeRequest{
 		Model:               e.spec.Model,
@@ -109,7 +115,7 @@ func (e *tokenEpisode) generate(ctx context.Context, messages []openai.ChatCompl
 	}
 	// Snapshot: a failed turn leaves the episode as it was, so the caller
 	// may retry Generate with the same messages.
-	snapLen, snapTurns, snapConsumed, snapPending := len(e.seq.Tokens), len(e.seq.TurnStarts), e.consumed, e.pending
+	snapLen, snapTurns, snapConsumed, snapPending, snapUnscored := len(e.seq.Tokens), len(e.seq.TurnStarts), e.consumed, e.pending, e.seq.Unscored
 	ok := false
 	defer func() {
 		if !ok {
@@ -118,6 +124,7 @@ func (e *tokenEpisode) generate(ctx context.Context, messages []openai.ChatCompl
 			e.seq.Logprobs = e.seq.Logprobs[:snapLen]
 			e.seq.TurnStarts = e.seq.TurnStarts[:snapTurns]
 			e.consumed, e.pending = snapConsumed, snapPending
+			e.seq.Unscored = snapUnscored
 			if snapLen == 0 {
 				e.seq.PromptLen = 0
 			}
@@ -199,6 +206,10 @@ func (e *tokenEpisode) generate(ctx context.Context, messages []openai.ChatCompl
 	for range s.ids {
 		e.seq.Mask = append(e.seq.Mask, 1)
 	}
+	for _, i := range s.unscored {
+		e.seq.Mask[start+i] = 0 // sampled, but no logprob to train with
+	}
+	e.seq.Unscored += len(s.unscored)
 	if s.stop == stopToken {
 		// The sampled stop token stands for the template's end-of-turn
 		// token; what the template writes after it was never sampled.
@@ -437,6 +448,7 @@ func (e *tokenEpisode) Finish(ctx context.Context, messages []openai.ChatComplet
 		Logprobs:   slices.Clone(e.seq.Logprobs),
 		TurnStarts: slices.Clone(e.seq.TurnStarts),
 		PromptLen:  e.seq.PromptLen,
+		Unscored:   e.seq.Unscored,
 	}
 	if e.turns == 0 {
 		return out, nil

@@ -26,6 +26,8 @@ type samplingFields struct {
 	Stop              []string `json:"stop,omitempty"`
 	Seed              *int64   `json:"seed,omitempty"`
 	RepetitionPenalty *float64 `json:"repetition_penalty,omitempty"`
+	PresencePenalty   *float64 `json:"presence_penalty,omitempty"`
+	FrequencyPenalty  *float64 `json:"frequency_penalty,omitempty"`
 }
 
 func samplingOf(s Sampling, maxTokens int) samplingFields {
@@ -38,6 +40,8 @@ func samplingOf(s Sampling, maxTokens int) samplingFields {
 		Stop:              s.Stop,
 		Seed:              s.Seed,
 		RepetitionPenalty: s.RepetitionPenalty,
+		PresencePenalty:   s.PresencePenalty,
+		FrequencyPenalty:  s.FrequencyPenalty,
 	}
 }
 
@@ -76,10 +80,12 @@ func (m ChatMessage) ReasoningText() string {
 	return ""
 }
 
-// LogprobEntry is one position of a chat-style logprobs.content list.
+// LogprobEntry is one position of a chat-style logprobs.content list. ID is
+// llama.cpp's token id (it has no token_ids field and names tokens by text).
 type LogprobEntry struct {
 	Token   string   `json:"token"`
 	Logprob *float64 `json:"logprob"`
+	ID      *int32   `json:"id,omitempty"`
 }
 
 // ChatLogprobs is choices[i].logprobs in chat and /inference/v1/generate.
@@ -171,10 +177,12 @@ type DetokenizeRequest struct {
 	Tokens []int32 `json:"tokens"`
 }
 
-// detokenizeResponse reads vLLM's `prompt` and SGLang's `text`.
+// detokenizeResponse reads vLLM's `prompt`, SGLang's `text` and
+// llama.cpp's `content`.
 type detokenizeResponse struct {
-	Prompt *string `json:"prompt"`
-	Text   *string `json:"text"`
+	Prompt  *string `json:"prompt"`
+	Text    *string `json:"text"`
+	Content *string `json:"content"`
 }
 
 // GenerateParams is sampling_params of vLLM's /inference/v1/generate.
@@ -216,6 +224,8 @@ type SGLangParams struct {
 	MinP              *float64 `json:"min_p,omitempty"`
 	Stop              []string `json:"stop,omitempty"`
 	RepetitionPenalty *float64 `json:"repetition_penalty,omitempty"`
+	PresencePenalty   *float64 `json:"presence_penalty,omitempty"`
+	FrequencyPenalty  *float64 `json:"frequency_penalty,omitempty"`
 	SkipSpecialTokens *bool    `json:"skip_special_tokens,omitempty"`
 	NoStopTrim        *bool    `json:"no_stop_trim,omitempty"`
 }
@@ -282,9 +292,18 @@ type ModelsResponse struct {
 
 // ModelCard is one /v1/models entry.
 type ModelCard struct {
-	ID          string `json:"id"`
-	Root        string `json:"root"`
-	MaxModelLen int    `json:"max_model_len"`
+	ID          string     `json:"id"`
+	Root        string     `json:"root"`
+	MaxModelLen int        `json:"max_model_len"`
+	Meta        *ModelMeta `json:"meta,omitempty"`
+}
+
+// ModelMeta is llama.cpp's /v1/models "meta" block (it has no
+// max_model_len). NCtx is the server's whole context (all slots).
+type ModelMeta struct {
+	NCtx      int `json:"n_ctx"`
+	NCtxTrain int `json:"n_ctx_train"`
+	NVocab    int `json:"n_vocab"`
 }
 
 // withExtra appends extra keys to a JSON object. Python's json keeps the

@@ -32,8 +32,12 @@ type RunManifest struct {
 	UpdatedAt     time.Time         `json:"updated_at"`
 	Config        json.RawMessage   `json:"config,omitempty"`
 	Versions      map[string]string `json:"versions,omitempty"`
-	Counts        RunCounts         `json:"counts"`
-	Files         []FileEntry       `json:"files"`
+	// Sampler is the effective sampler every generation request stated
+	// and, where the server reports it, the server's own view
+	// (inference.SamplerReport; docs/inference.md, "Honest sampling").
+	Sampler json.RawMessage `json:"sampler,omitempty"`
+	Counts  RunCounts       `json:"counts"`
+	Files   []FileEntry     `json:"files"`
 }
 
 // RunCounts totals the rows in the finished files of a run.

@@ -28,6 +28,9 @@ type WriterOptions struct {
 	Config json.RawMessage
 	// Versions (service version, commit, model, …) are stored in run.json.
 	Versions map[string]string
+	// Sampler is the run's effective sampler (run.json "sampler"); a JSON
+	// object, e.g. an inference.SamplerReport. SetSampler replaces it later.
+	Sampler json.RawMessage
 
 	// MaxRowsPerFile rotates the part file after this many rows (10,000).
 	MaxRowsPerFile int64
@@ -103,6 +106,9 @@ type Writer struct {
 	manifest RunManifest
 	next     int
 	cur      *partFile
+
+	samplerMu sync.Mutex
+	sampler   json.RawMessage // pending SetSampler value; nil: none
 }
 
 type request struct {
@@ -162,6 +168,9 @@ func NewWriter(ctx context.Context, dir string, opts WriterOptions) (*Writer, er
 	}
 	if opts.Versions != nil {
 		w.manifest.Versions = opts.Versions
+	}
+	if opts.Sampler != nil {
+		w.manifest.Sampler = opts.Sampler
 	}
 	w.manifest.State = RunRunning
 	w.manifest.Error = ""
@@ -366,6 +375,26 @@ func (w *Writer) Close(ctx context.Context) error {
 	case <-ctx.Done():
 		return fmt.Errorf("close trajectory writer: %w", ctx.Err())
 	}
+}
+
+// SetSampler replaces run.json's "sampler" (e.g. once the server has
+// reported its own view of it). It takes effect at the next rewrite of
+// run.json: the next finished part file, or Close. Safe for concurrent use.
+func (w *Writer) SetSampler(raw json.RawMessage) {
+	w.samplerMu.Lock()
+	w.sampler = append(json.RawMessage(nil), raw...)
+	w.samplerMu.Unlock()
+}
+
+// saveManifest writes run.json from the writer goroutine, applying a
+// pending SetSampler first.
+func (w *Writer) saveManifest() error {
+	w.samplerMu.Lock()
+	if w.sampler != nil {
+		w.manifest.Sampler, w.sampler = w.sampler, nil
+	}
+	w.samplerMu.Unlock()
+	return writeManifest(w.dir, &w.manifest)
 }
 
 // Manifest returns a copy of run.json as last written. Only valid after
@@ -588,7 +617,7 @@ func (w *Writer) finishPart() error {
 	metricFiles.Inc()
 	metricBytes.Add(float64(p.out.n))
 	w.log.Info("trajectory part file finished", "file", p.name, "rows", p.rows, "bytes", p.out.n)
-	if err := writeManifest(w.dir, &w.manifest); err != nil {
+	if err := w.saveManifest(); err != nil {
 		w.fail(fmt.Errorf("update run.json: %w", err))
 		return err
 	}
@@ -613,7 +642,7 @@ func (w *Writer) fail(err error) {
 	w.manifest.State = RunFailed
 	w.manifest.Error = err.Error()
 	w.manifest.UpdatedAt = time.Now().UTC()
-	if merr := writeManifest(w.dir, &w.manifest); merr != nil {
+	if merr := w.saveManifest(); merr != nil {
 		w.log.Error("cannot record failure in run.json", "err", merr)
 	}
 }
@@ -643,7 +672,7 @@ func (w *Writer) shutdown() error {
 	if err := w.err(); err != nil {
 		// Best effort: record the final lost count next to the failure.
 		w.manifest.UpdatedAt = time.Now().UTC()
-		if merr := writeManifest(w.dir, &w.manifest); merr != nil {
+		if merr := w.saveManifest(); merr != nil {
 			w.log.Error("cannot update run.json after failure", "err", merr)
 		}
 		if w.manifest.Counts.Lost > 0 {
@@ -656,7 +685,7 @@ func (w *Writer) shutdown() error {
 	}
 	w.manifest.State = RunClosed
 	w.manifest.UpdatedAt = time.Now().UTC()
-	if err := writeManifest(w.dir, &w.manifest); err != nil {
+	if err := w.saveManifest(); err != nil {
 		w.fail(fmt.Errorf("close run.json: %w", err))
 		return w.err()
 	}

@@ -484,3 +484,43 @@ func TestCrashDuringWrite(t *testing.T) {
 		t.Errorf("temp files after resume: %v", tmp)
 	}
 }
+
+// run.json carries the sampler given at open, replaced by SetSampler at the
+// next rewrite (here Close), and kept on resume.
+func TestManifestSampler(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	w, err := NewWriter(ctx, dir, WriterOptions{RunID: "r", Sampler: json.RawMessage(`{"backend":"vllm","neutral":true}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	compact := func(raw json.RawMessage) string {
+		var b bytes.Buffer
+		if err := json.Compact(&b, raw); err != nil {
+			t.Fatalf("sampler %s: %v", raw, err)
+		}
+		return b.String()
+	}
+	m, err := ReadManifest(dir)
+	if err != nil || compact(m.Sampler) != `{"backend":"vllm","neutral":true}` {
+		t.Fatalf("at open: %s %v", m.Sampler, err)
+	}
+	w.SetSampler(json.RawMessage(`{"backend":"vllm","server":{"top_k":-1}}`))
+	if err := w.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	m, err = ReadManifest(dir)
+	if err != nil || compact(m.Sampler) != `{"backend":"vllm","server":{"top_k":-1}}` {
+		t.Fatalf("after SetSampler: %s %v", m.Sampler, err)
+	}
+	w, err = NewWriter(ctx, dir, WriterOptions{RunID: "r"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if m, _ = ReadManifest(dir); !strings.Contains(string(m.Sampler), `"server"`) {
+		t.Fatalf("lost on resume: %s", m.Sampler)
+	}
+}

@@ -70,6 +70,8 @@ See docs/simulator.md.`,
 			set("seed", func() { final.Seed = cfg.Seed })
 			set("reasoning", func() { final.Reasoning = cfg.Reasoning })
 			set("exact-length", func() { final.ExactLength = cfg.ExactLength })
+			set("engine", func() { final.Engine = cfg.Engine })
+			set("slots", func() { final.Slots = cfg.Slots })
 			set("success-prob", func() { final.SuccessProb, final.SuccessProbSet = successProb, true })
 			if fl.Changed("host") || fl.Changed("port") || final.Addr == "" {
 				if port < 0 || port > 65535 {
@@ -125,6 +127,8 @@ See docs/simulator.md.`,
 	f.BoolVar(&cfg.Reasoning, "reasoning", false, "open every turn with a <think> block")
 	f.StringArrayVar(&envNames, "env", nil, "also follow this built-in env's reference solutions (repeatable; e.g. terminal-tasks, swe-tests)")
 	f.BoolVar(&cfg.ExactLength, "exact-length", false, "always generate exactly max_tokens tokens (finish_reason length)")
+	f.StringVar(&cfg.Engine, "engine", "vllm", "server to imitate: vllm (vLLM, SGLang and Atropos routes) or llamacpp (llama-server's routes and quirks)")
+	f.IntVar(&cfg.Slots, "slots", 1, "llamacpp engine: llama-server's -np; --max-model-len is one slot's context")
 	return cmd
 }
 

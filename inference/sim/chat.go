@@ -93,6 +93,10 @@ func (h *handler) chat(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
+	if h.llama() {
+		h.llamaChat(w, r, &req, choice)
+		return
+	}
 	promptText, prompt, e := h.render(req.chatRender)
 	if e != nil {
 		writeError(w, e)

@@ -44,7 +44,25 @@ type Config struct {
 	// Logger, when set, logs one line per request (route, status,
 	// duration, injected fault).
 	Logger *slog.Logger `yaml:"-" json:"-"`
+	// Engine selects the server the simulator imitates: "vllm" (default:
+	// vLLM's routes plus SGLang's and Atropos' /generate) or "llamacpp"
+	// (llama.cpp's llama-server: /completion, /tokenize, /detokenize,
+	// /apply-template, /props, chat logprobs with ids; docs/simulator.md).
+	Engine string `yaml:"engine" json:"engine,omitempty"`
+	// Slots is llama-server's -np (llamacpp engine): MaxModelLen is one
+	// slot's context and /v1/models meta.n_ctx reports MaxModelLen×Slots.
+	// Default 1.
+	Slots int `yaml:"slots" json:"slots,omitempty"`
+	// RecordSamplers makes the server keep the sampler fields of every
+	// generation request (Server.Samplers), for tests of what reached it.
+	RecordSamplers bool `yaml:"-" json:"-"`
 }
+
+// Engines the simulator imitates.
+const (
+	EngineVLLM     = "vllm"
+	EngineLlamaCpp = "llamacpp"
+)
 
 // Latency models generation time: TTFT + PerToken × tokens + U[0, Jitter).
 type Latency struct {
@@ -163,6 +181,19 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Model == "" {
 		c.Model = "rollout-sim"
+	}
+	switch c.Engine {
+	case "":
+		c.Engine = EngineVLLM
+	case EngineVLLM, EngineLlamaCpp:
+	default:
+		return c, fmt.Errorf("engine %q: want %q or %q", c.Engine, EngineVLLM, EngineLlamaCpp)
+	}
+	if c.Slots == 0 {
+		c.Slots = 1
+	}
+	if c.Slots < 0 {
+		return c, fmt.Errorf("slots %d: must be positive", c.Slots)
 	}
 	if c.MaxModelLen == 0 {
 		c.MaxModelLen = 32768

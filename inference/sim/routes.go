@@ -17,6 +17,10 @@ import (
 const maxBody = 64 << 20
 
 func (h *handler) routes() {
+	if h.cfg.Engine == EngineLlamaCpp {
+		h.llamaRoutes()
+		return
+	}
 	h.mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	h.mux.HandleFunc("GET /version", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, 200, map[string]string{"version": simVersion})
@@ -151,6 +155,9 @@ type chatRender struct {
 func (h *handler) render(c chatRender) (string, []int, *apiError) {
 	if c.ChatTemplate != nil {
 		return "", nil, badRequest("Refused request with untrusted chat template")
+	}
+	if e := toolArgsError(c.Messages, false); e != nil {
+		return "", nil, e
 	}
 	if c.Tools != nil && len(c.Tools) == 0 {
 		return "", nil, badRequest("`tools` must not be an empty array")

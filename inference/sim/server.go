@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -157,6 +158,7 @@ type handler struct {
 	promptN  atomic.Int64
 	genN     atomic.Int64
 	success  map[string]int64 // finished requests by finish reason
+	samplers []SamplerRecord  // with Config.RecordSamplers
 }
 
 func newHandler(cfg Config) (*handler, error) {
@@ -248,7 +250,77 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.byStatus[sw.status]++
 		h.mu.Unlock()
 	}()
+	if h.cfg.RecordSamplers && samplerRoutes[pattern] {
+		h.recordSampler(pattern, r)
+	}
 	h.mux.ServeHTTP(sw, r)
+}
+
+// samplerRoutes are the generation routes whose sampler fields are
+// recorded with Config.RecordSamplers.
+var samplerRoutes = map[string]bool{
+	"POST /completion": true, "POST /completions": true, "POST /v1/chat/completions": true, "POST /chat/completions": true,
+	"POST /v1/completions": true, "POST /inference/v1/generate": true, "POST /generate": true,
+}
+
+// samplerKeys are the request fields that shape the sampling distribution,
+// under every engine's spelling.
+var samplerKeys = []string{"temperature", "top_p", "top_k", "min_p", "repetition_penalty", "repeat_penalty", "presence_penalty",
+	"frequency_penalty", "typical_p", "top_n_sigma", "xtc_probability", "xtc_threshold", "dry_multiplier", "mirostat",
+	"dynatemp_range", "dynatemp_exponent", "repeat_last_n", "min_keep", "n_probs", "post_sampling_probs", "logit_bias", "seed", "sampling_seed"}
+
+// SamplerRecord is the sampler one generation request stated: Fields holds
+// the sampler keys present in the body (top level, or inside
+// sampling_params for vLLM's generate and SGLang), as decoded JSON.
+type SamplerRecord struct {
+	Route  string
+	Fields map[string]any
+}
+
+// maxSamplerRecords bounds the recorded requests (the first ones are kept).
+const maxSamplerRecords = 4096
+
+func (h *handler) recordSampler(route string, r *http.Request) {
+	body, err := io.ReadAll(io.LimitReader(r.Body, maxBody))
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	if err != nil {
+		return
+	}
+	var top map[string]json.RawMessage
+	if json.Unmarshal(body, &top) != nil {
+		return
+	}
+	rec := SamplerRecord{Route: route, Fields: map[string]any{}}
+	pick := func(m map[string]json.RawMessage) {
+		for _, k := range samplerKeys {
+			if raw, ok := m[k]; ok {
+				var v any
+				if json.Unmarshal(raw, &v) == nil {
+					rec.Fields[k] = v
+				}
+			}
+		}
+	}
+	pick(top)
+	if raw, ok := top["sampling_params"]; ok {
+		var sp map[string]json.RawMessage
+		if json.Unmarshal(raw, &sp) == nil {
+			pick(sp)
+		}
+	}
+	h.mu.Lock()
+	if len(h.samplers) < maxSamplerRecords {
+		h.samplers = append(h.samplers, rec)
+	}
+	h.mu.Unlock()
+}
+
+// Samplers returns the sampler of every generation request served so far
+// (Config.RecordSamplers; at most the first 4096).
+func (s *Server) Samplers() []SamplerRecord {
+	s.h.mu.Lock()
+	defer s.h.mu.Unlock()
+	return append([]SamplerRecord(nil), s.h.samplers...)
 }
 
 func (h *handler) countFault(kind string) {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,9 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/rollout-rl/rollout/inference"
+	"github.com/rollout-rl/rollout/inference/sim"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -305,5 +309,28 @@ func TestFormatNumber(t *testing.T) {
 	}
 	if got := sig(0.00012345); got != 0.0001235 && got != 0.0001234 {
 		t.Errorf("sig = %v", got)
+	}
+}
+
+// The per-turn cost of the llamacpp backend is measured beside the vllm
+// one on the same workload; the llama.cpp path needs more requests per
+// turn (template and tokenisation are separate routes, and the text comes
+// from /detokenize).
+func TestTurnCostBackends(t *testing.T) {
+	r := &runCtx{logger: slog.New(slog.DiscardHandler)}
+	v, err := turnCost(context.Background(), r, inference.BackendVLLM, sim.EngineVLLM, 40)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := turnCost(context.Background(), r, inference.BackendLlamaCpp, sim.EngineLlamaCpp, 40)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v.turns < 40 || l.turns < 40 || v.p50 <= 0 || l.p50 <= 0 {
+		t.Fatalf("vllm %+v, llamacpp %+v", v, l)
+	}
+	t.Logf("vllm p50 %v p99 %v %.1f req/turn; llamacpp p50 %v p99 %v %.1f req/turn", v.p50, v.p99, v.reqPerTurn, l.p50, l.p99, l.reqPerTurn)
+	if l.reqPerTurn <= v.reqPerTurn {
+		t.Fatalf("requests per turn: llamacpp %.1f, vllm %.1f", l.reqPerTurn, v.reqPerTurn)
 	}
 }

@@ -46,6 +46,9 @@ var catalog = []entry{
 	{"inference", "inference.burst_4096_closed_conns", "connections", "== 0", "issue 5 (no connection churn)", "connections closed during the two bursts"},
 	{"inference", "inference.burst_4096_new_conns", "connections", "", "", "connections dialled during the second burst (pool growth past the first burst's peak)"},
 	{"inference", "inference.burst_4096_requests_per_s", "req/s", "", "", "generations per second in the second burst of 4,096"},
+	{"inference", "inference.turn_vllm_p50_us", "µs", "", "", "one tokens-mode turn (Episode.Generate: segment renders, generation, decode) with the vllm backend on the zero-latency in-process simulator, simulator time included, p50"},
+	{"inference", "inference.turn_llamacpp_p50_us", "µs", "", "issue 14 (reported beside vllm)", "as inference.turn_vllm_p50_us with the llamacpp backend on the simulator's llama.cpp flavour (/apply-template + /tokenize per render, /completion, /detokenize); baseline: the vllm turn, same run"},
+	{"inference", "inference.turn_llamacpp_p99_us", "µs", "", "", "llamacpp backend turn, p99 (baseline: vllm p99, same run)"},
 
 	{"loop", "loop.overhead_p50_us", "µs", "<= 200", "issue 6", "orchestration per turn (parse, dispatch of a no-op tool, budgets, bookkeeping), zero-latency simulator, p50"},
 	{"loop", "loop.overhead_p99_us", "µs", "", "", "orchestration per turn, p99"},

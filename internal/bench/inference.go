@@ -5,7 +5,11 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
+	"slices"
+	"sync"
 	"time"
+
+	openai "github.com/sashabaranov/go-openai"
 
 	"github.com/rollout-rl/rollout/agentloop/loopbench"
 	"github.com/rollout-rl/rollout/inference"
@@ -24,7 +28,22 @@ func runInference(ctx context.Context, r *runCtx) ([]Measure, error) {
 		return nil, err
 	}
 	raw := "bare net/http POST of the same pre-encoded body, alternating with the client, same run"
+	turns := r.n(2000, 200)
+	vt, err := turnCost(ctx, r, inference.BackendVLLM, sim.EngineVLLM, turns)
+	if err != nil {
+		return nil, fmt.Errorf("vllm turn cost: %w", err)
+	}
+	lt, err := turnCost(ctx, r, inference.BackendLlamaCpp, sim.EngineLlamaCpp, turns)
+	if err != nil {
+		return nil, fmt.Errorf("llamacpp turn cost: %w", err)
+	}
+	vllmBase := "vllm tokens backend on the simulator, same workload, same run"
 	return []Measure{
+		{Name: "inference.turn_vllm_p50_us", Value: ptr(toUS(vt.p50)),
+			Note: fmt.Sprintf("%d turns, %.1f requests per turn", vt.turns, vt.reqPerTurn)},
+		{Name: "inference.turn_llamacpp_p50_us", Value: ptr(toUS(lt.p50)), Baseline: ptr(toUS(vt.p50)), BaselineName: vllmBase,
+			Note: fmt.Sprintf("%d turns, %.1f requests per turn", lt.turns, lt.reqPerTurn)},
+		{Name: "inference.turn_llamacpp_p99_us", Value: ptr(toUS(lt.p99)), Baseline: ptr(toUS(vt.p99)), BaselineName: vllmBase},
 		{Name: "inference.overhead_p50_us", Value: ptr(toUS(res.OverheadP50)),
 			Note: fmt.Sprintf("%d calls of 512 prompt ids → 16 tokens; client p50 %.0f µs − raw p50 %.0f µs", res.Calls, toUS(res.ClientP50), toUS(res.RawP50))},
 		{Name: "inference.client_p50_us", Value: ptr(toUS(res.ClientP50)), Baseline: ptr(toUS(res.RawP50)), BaselineName: raw},
@@ -90,4 +109,77 @@ func runLoop(ctx context.Context, r *runCtx) ([]Measure, error) {
 	}
 	client, err := runLoopClient(ctx, r, turns, fake4k)
 	return append(out, client...), err
+}
+
+// turnStats is the cost of one tokens-mode turn through a backend.
+type turnStats struct {
+	p50, p99   time.Duration
+	turns      int
+	reqPerTurn float64
+}
+
+// turnCost times Episode.Generate of a backend on the zero-latency
+// in-process simulator of the matching engine, driven by the agent loop
+// with the no-op bench workload: the client's whole per-turn path (the
+// renders of the new segment, the generation, the decode) plus the
+// simulator's own serving time, which is the same code for both engines.
+func turnCost(ctx context.Context, r *runCtx, backend, engine string, turns int) (turnStats, error) {
+	const perEpisode = 20
+	srv, err := sim.Start(ctx, sim.Config{Family: "hermes", Engine: engine,
+		Bench: &sim.Bench{Tool: "noop", CallsPerTurn: 1, Turns: perEpisode, Arguments: map[string]any{"path": "a.txt"}}})
+	if err != nil {
+		return turnStats{}, fmt.Errorf("start simulator: %w", err)
+	}
+	defer srv.Close()
+	c, err := inference.Open(inference.Config{Backend: backend, Endpoints: []string{srv.URL}, Logger: r.logger,
+		Sampling: inference.Sampling{MaxTokens: 256}})
+	if err != nil {
+		return turnStats{}, err
+	}
+	defer c.Close()
+	gt := &genTimer{inner: c}
+	if _, err := loopbench.TurnOverheadPolicy(ctx, gt, "hermes", turns, perEpisode); err != nil {
+		return turnStats{}, err
+	}
+	gt.mu.Lock()
+	d := slices.Clone(gt.d)
+	gt.mu.Unlock()
+	if len(d) == 0 {
+		return turnStats{}, fmt.Errorf("no turns timed")
+	}
+	slices.Sort(d)
+	q := func(f float64) time.Duration { return d[min(len(d)-1, int(f*float64(len(d))))] }
+	return turnStats{p50: q(.5), p99: q(.99), turns: len(d), reqPerTurn: float64(srv.Stats().Requests) / float64(len(d))}, nil
+}
+
+// genTimer records how long each Episode.Generate takes.
+type genTimer struct {
+	inner inference.Policy
+	mu    sync.Mutex
+	d     []time.Duration
+}
+
+func (g *genTimer) Start(ctx context.Context, spec inference.EpisodeSpec) (inference.Episode, error) {
+	ep, err := g.inner.Start(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	return &timedEpisode{Episode: ep, g: g}, nil
+}
+
+type timedEpisode struct {
+	inference.Episode
+	g *genTimer
+}
+
+func (e *timedEpisode) Generate(ctx context.Context, msgs []openai.ChatCompletionMessage) (inference.Turn, error) {
+	t0 := time.Now()
+	t, err := e.Episode.Generate(ctx, msgs)
+	d := time.Since(t0)
+	if err == nil {
+		e.g.mu.Lock()
+		e.g.d = append(e.g.d, d)
+		e.g.mu.Unlock()
+	}
+	return t, err
 }

@@ -66,6 +66,29 @@ type Job struct {
 	writer *trajectory.Writer
 	docker *lazyDocker
 	Dir    string
+	// sampler reports the run's effective sampler with the server's view
+	// (inference.Client); nil for other policies.
+	sampler samplerReporter
+}
+
+// samplerReporter is the policy's side of run.json "sampler".
+type samplerReporter interface {
+	SamplerReport(run inference.Sampling) inference.SamplerReport
+}
+
+// recordSampler rewrites run.json's sampler with the server's view of it,
+// when the server reported one (llama.cpp's generation_settings).
+func (j *Job) recordSampler() {
+	if j.sampler == nil || j.writer == nil {
+		return
+	}
+	rep := j.sampler.SamplerReport(j.cfg.Sampling)
+	if rep.Server == nil {
+		return
+	}
+	if b, err := json.Marshal(rep); err == nil {
+		j.writer.SetSampler(b)
+	}
 }
 
 // OpenEnv builds the env a config names: a registered name, or the path of
@@ -122,6 +145,9 @@ func Open(ctx context.Context, cfg runner.Config, opts Options) (*Job, error) {
 		return nil, fmt.Errorf("%w: inference: %w", runner.ErrConfig, err)
 	}
 	j := &Job{cfg: cfg, opts: opts, Env: env, Dir: cfg.Output.Dir}
+	if sr, ok := policy.(samplerReporter); ok {
+		j.sampler = sr
+	}
 	sbs := opts.Sandboxes
 	if sbs == nil {
 		// The job's own backend holds at most limits.sandboxes containers,
@@ -182,8 +208,14 @@ func openWriter(ctx context.Context, cfg runner.Config, opts Options, env string
 			runID = newRunID()
 		}
 	}
+	// The sampler every request states (neutral where the config is
+	// silent); the server's view is added when the run ends.
+	samplerJSON, err := json.Marshal(inference.EffectiveSampling(cfg.Inference, cfg.Sampling))
+	if err != nil {
+		return nil, "", fmt.Errorf("encode sampler: %w", err)
+	}
 	w, err := trajectory.NewWriter(ctx, cfg.Output.Dir, trajectory.WriterOptions{
-		RunID: runID, Config: cfgJSON, MaxRowsPerFile: cfg.Output.MaxRowsPerFile, Logger: opts.Logger,
+		RunID: runID, Config: cfgJSON, Sampler: samplerJSON, MaxRowsPerFile: cfg.Output.MaxRowsPerFile, Logger: opts.Logger,
 		Versions: map[string]string{"service": version.Get().Version, "commit": version.Get().Commit, "env": env, "mode": opts.Mode},
 	})
 	if err != nil {
@@ -228,6 +260,7 @@ func sameRun(priorJSON json.RawMessage, cfg runner.Config) error {
 func (j *Job) Close(ctx context.Context) error {
 	var err error
 	if j.writer != nil {
+		j.recordSampler()
 		err = j.writer.Close(ctx)
 	}
 	if j.docker != nil {
@@ -245,6 +278,7 @@ func (j *Job) Run(ctx context.Context) (runner.Summary, error) {
 	defer cancel()
 	var closeErr error
 	if j.writer != nil {
+		j.recordSampler()
 		closeErr = j.writer.Close(cctx)
 	}
 	if j.docker != nil {

@@ -1,13 +1,19 @@
 package job
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
+	"log/slog"
 	"strings"
 	"testing"
 
+	openai "github.com/sashabaranov/go-openai"
+
 	"github.com/rollout-rl/rollout/inference"
+	"github.com/rollout-rl/rollout/inference/sim"
 	"github.com/rollout-rl/rollout/runner"
+	"github.com/rollout-rl/rollout/trajectory"
 )
 
 // A run directory resumes only under a config that defines the same groups.
@@ -39,5 +45,59 @@ func TestSameRun(t *testing.T) {
 	}
 	if err := sameRun(json.RawMessage(`{"group_size":"x"}`), base); err == nil || errors.Is(err, runner.ErrConfig) {
 		t.Fatalf("unreadable prior config: %v", err)
+	}
+}
+
+// run.json records the sampler every request states (neutral where the
+// config is silent, the config's non-neutral fields named) and, once the
+// server has reported it, the server's own view.
+func TestManifestRecordsSampler(t *testing.T) {
+	srv, err := sim.Start(context.Background(), sim.Config{Engine: sim.EngineLlamaCpp, Family: "hermes", Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	topP := 0.9
+	cfg := runner.Config{Env: "terminal-tasks", GroupSize: 2, Seed: 1,
+		Inference: inference.Config{Backend: inference.BackendLlamaCpp, Endpoints: []string{srv.URL}},
+		Sampling:  inference.Sampling{TopP: &topP, MaxTokens: 32}}
+	cfg.Output.Dir = t.TempDir()
+	ctx := context.Background()
+	j, err := Open(ctx, cfg, Options{Mode: ModeRun, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := func() inference.SamplerReport {
+		t.Helper()
+		m, err := trajectory.ReadManifest(cfg.Output.Dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var r inference.SamplerReport
+		if err := json.Unmarshal(m.Sampler, &r); err != nil {
+			t.Fatalf("run.json sampler %s: %v", m.Sampler, err)
+		}
+		return r
+	}
+	r := read()
+	if r.Backend != "llamacpp" || r.Neutral || len(r.NonNeutral) != 1 || r.NonNeutral[0] != "top_p" ||
+		r.Fields["top_p"] != 0.9 || r.Fields["top_k"] != 0.0 || r.Fields["temperature"] != 1.0 || r.Server != nil {
+		t.Fatalf("sampler at start: %+v", r)
+	}
+	// One generation through the job's policy: the server echoes its view.
+	c := j.sampler.(*inference.Client)
+	ep, err := c.Start(ctx, inference.EpisodeSpec{ID: "m", Sampling: cfg.Sampling})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ep.Generate(ctx, []openai.ChatCompletionMessage{{Role: "user", Content: "hi"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r = read()
+	if r.Server == nil || r.Server["top_p"] != 0.9 || r.Server["top_k"] != 0.0 || len(r.Mismatch) != 0 {
+		t.Fatalf("server view: %+v", r)
 	}
 }

@@ -1,0 +1,363 @@
+package inference
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"slices"
+
+	openai "github.com/sashabaranov/go-openai"
+)
+
+// llama.cpp's llama-server through its native endpoints:
+//
+//   - prompt ids: POST /apply-template {messages, tools, add_generation_prompt,
+//     chat_template_kwargs} → {prompt}, then POST /tokenize {content,
+//     add_special: true, parse_special: true} → {tokens}; this is what the
+//     server's own chat route does with a conversation, so the ids are the
+//     ones a chat request would feed the model;
+//   - generation: POST /completion with a token-id prompt, n_predict,
+//     n_probs 1 with post_sampling_probs false (logprobs of the full
+//     distribution, as vLLM's raw logprobs), return_tokens, cache_prompt and
+//     the full sampler; the sampled ids and logprobs are kept verbatim;
+//   - text: POST /detokenize {tokens} → {content} (special tokens kept);
+//   - context: /v1/models meta.n_ctx and /props
+//     default_generation_settings.n_ctx (one slot's share, the real limit).
+
+// LlamaTemplateRequest is the /apply-template body.
+type LlamaTemplateRequest struct {
+	Messages            []openai.ChatCompletionMessage `json:"messages"`
+	Tools               []openai.Tool                  `json:"tools,omitempty"`
+	AddGenerationPrompt *bool                          `json:"add_generation_prompt,omitempty"`
+	ChatTemplateKwargs  map[string]any                 `json:"chat_template_kwargs,omitempty"`
+}
+
+// LlamaTokenizeRequest is the /tokenize body of llama.cpp.
+type LlamaTokenizeRequest struct {
+	Content      string `json:"content"`
+	AddSpecial   bool   `json:"add_special"`
+	ParseSpecial bool   `json:"parse_special"`
+}
+
+// LlamaCompletionRequest is the /completion body with a token-id prompt.
+// The sampler fields are all sent (see sampling.go).
+type LlamaCompletionRequest struct {
+	Prompt            []int32  `json:"prompt"`
+	NPredict          int      `json:"n_predict"`
+	NProbs            int      `json:"n_probs"`
+	PostSamplingProbs bool     `json:"post_sampling_probs"`
+	ReturnTokens      bool     `json:"return_tokens"`
+	CachePrompt       bool     `json:"cache_prompt"`
+	Stop              []string `json:"stop,omitempty"`
+	Seed              *int64   `json:"seed,omitempty"`
+	Temperature       float64  `json:"temperature"`
+	TopK              int      `json:"top_k"`
+	TopP              float64  `json:"top_p"`
+	MinP              float64  `json:"min_p"`
+	RepeatPenalty     float64  `json:"repeat_penalty"`
+	PresencePenalty   float64  `json:"presence_penalty"`
+	FrequencyPenalty  float64  `json:"frequency_penalty"`
+	TypicalP          float64  `json:"typical_p"`
+	TopNSigma         float64  `json:"top_n_sigma"`
+	XTCProbability    float64  `json:"xtc_probability"`
+	XTCThreshold      float64  `json:"xtc_threshold"`
+	DryMultiplier     float64  `json:"dry_multiplier"`
+	Mirostat          int      `json:"mirostat"`
+	DynatempRange     float64  `json:"dynatemp_range"`
+	DynatempExponent  float64  `json:"dynatemp_exponent"`
+	RepeatLastN       int      `json:"repeat_last_n"`
+	MinKeep           int      `json:"min_keep"`
+}
+
+// LlamaProb is one completion_probabilities entry (post_sampling_probs
+// false: logprobs).
+type LlamaProb struct {
+	ID      *int32   `json:"id"`
+	Token   string   `json:"token"`
+	Logprob *float64 `json:"logprob"`
+}
+
+// LlamaCompletionResponse is the non-streaming /completion answer.
+type LlamaCompletionResponse struct {
+	Content            string         `json:"content"`
+	Tokens             []int32        `json:"tokens"`
+	StopType           string         `json:"stop_type"`
+	StoppingWord       string         `json:"stopping_word"`
+	Truncated          bool           `json:"truncated"`
+	TokensPredicted    int            `json:"tokens_predicted"`
+	TokensEvaluated    int            `json:"tokens_evaluated"`
+	Probs              []LlamaProb    `json:"completion_probabilities"`
+	GenerationSettings map[string]any `json:"generation_settings"`
+}
+
+// LlamaProps is the part of GET /props the client reads.
+type LlamaProps struct {
+	DefaultGenerationSettings struct {
+		NCtx int `json:"n_ctx"`
+	} `json:"default_generation_settings"`
+	TotalSlots int `json:"total_slots"`
+}
+
+// LlamaApplyTemplate posts /apply-template and returns the rendered prompt.
+func (p *Pool) LlamaApplyTemplate(ctx context.Context, o CallOptions, req *LlamaTemplateRequest) (string, error) {
+	var out struct {
+		Prompt *string `json:"prompt"`
+	}
+	ep, err := p.post(ctx, o, "/apply-template", req, &out)
+	if err != nil {
+		return "", err
+	}
+	if out.Prompt == nil {
+		return "", &Error{Class: ErrInfra, Endpoint: ep, Op: "POST /apply-template", RequestID: o.RequestID, Status: 200, Msg: "response has no prompt"}
+	}
+	return *out.Prompt, nil
+}
+
+// LlamaTokenize posts llama.cpp's /tokenize.
+func (p *Pool) LlamaTokenize(ctx context.Context, o CallOptions, req *LlamaTokenizeRequest) ([]int32, error) {
+	var out struct {
+		Tokens []int32 `json:"tokens"`
+	}
+	ep, err := p.post(ctx, o, "/tokenize", req, &out)
+	if err != nil {
+		return nil, err
+	}
+	if out.Tokens == nil {
+		return nil, &Error{Class: ErrInfra, Endpoint: ep, Op: "POST /tokenize", RequestID: o.RequestID, Status: 200, Msg: "response has no tokens (is this llama.cpp's /tokenize?)"}
+	}
+	return out.Tokens, nil
+}
+
+// LlamaCompletion posts /completion.
+func (p *Pool) LlamaCompletion(ctx context.Context, o CallOptions, req *LlamaCompletionRequest) (*LlamaCompletionResponse, string, error) {
+	var out LlamaCompletionResponse
+	ep, err := p.post(ctx, o, "/completion", req, &out)
+	if err != nil {
+		return nil, "", err
+	}
+	return &out, ep, nil
+}
+
+// LlamaProps gets /props from the first endpoint that answers.
+func (p *Pool) LlamaProps(ctx context.Context) (*LlamaProps, error) {
+	var out LlamaProps
+	if _, err := p.call(ctx, nil, http.MethodGet, "/props", "", nil, &out); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// llamaRender renders msgs with the server's template and tokenises the
+// result as the server's chat route does (BOS per the model, special
+// tokens parsed).
+func llamaRender(ctx context.Context, p *Pool, o CallOptions, msgs []openai.ChatCompletionMessage, tools []openai.Tool, genPrompt bool, kwargs map[string]any) ([]int32, error) {
+	req := &LlamaTemplateRequest{Messages: msgs, AddGenerationPrompt: &genPrompt, ChatTemplateKwargs: kwargs}
+	if len(tools) > 0 {
+		req.Tools = tools
+	}
+	text, err := p.LlamaApplyTemplate(ctx, o, req)
+	if err != nil {
+		return nil, err
+	}
+	return p.LlamaTokenize(ctx, o, &LlamaTokenizeRequest{Content: text, AddSpecial: true, ParseSpecial: true})
+}
+
+// llamaContext returns one slot's context from /props (the limit a request
+// really has), 0 when the server does not say.
+func (c *Client) llamaContext(ctx context.Context) int {
+	props, err := c.pool.LlamaProps(ctx)
+	if err != nil {
+		c.log.Warn("inference: llama.cpp /props failed; context-length guard uses /v1/models meta.n_ctx", "err", err)
+		return 0
+	}
+	return props.DefaultGenerationSettings.NCtx
+}
+
+// ---- llama.cpp /completion ----
+
+type llamaGen struct{ c *Client }
+
+func (llamaGen) name() string { return BackendLlamaCpp }
+
+func llamaRequest(in genInput) *LlamaCompletionRequest {
+	s := withNeutral(in.s, topKOffLlamaCpp)
+	return &LlamaCompletionRequest{
+		Prompt: in.prompt, NPredict: in.maxTokens, NProbs: 1, PostSamplingProbs: false, ReturnTokens: true, CachePrompt: true,
+		Stop: in.s.Stop, Seed: in.s.Seed,
+		Temperature: *s.Temperature, TopK: *s.TopK, TopP: *s.TopP, MinP: *s.MinP,
+		RepeatPenalty: *s.RepetitionPenalty, PresencePenalty: *s.PresencePenalty, FrequencyPenalty: *s.FrequencyPenalty,
+		TypicalP: 1, TopNSigma: -1, XTCProbability: 0, XTCThreshold: 0.1, DryMultiplier: 0, Mirostat: 0,
+		DynatempRange: 0, DynatempExponent: 1, RepeatLastN: 64, MinKeep: 0,
+	}
+}
+
+func (g llamaGen) generate(ctx context.Context, p *Pool, in genInput) (sample, error) {
+	const op = "POST /completion"
+	req := llamaRequest(in)
+	o := in.opts
+	o.Extra = in.s.ExtraBody
+	resp, ep, err := p.LlamaCompletion(ctx, o, req)
+	if err != nil {
+		return sample{}, err
+	}
+	reqID := in.opts.RequestID
+	if g.c != nil && resp.GenerationSettings != nil {
+		sent := samplerFields(BackendLlamaCpp, withNeutral(in.s, topKOffLlamaCpp), true)
+		delete(sent, "post_sampling_probs")
+		for k, v := range in.s.ExtraBody {
+			sent[k] = v
+		}
+		g.c.recordServerSampler(sent, echoedSampler(resp.GenerationSettings, sent))
+	}
+	ids := resp.Tokens
+	if ids == nil && resp.TokensPredicted > 0 {
+		e := badAnswer(ep, op, reqID, "%d tokens predicted but no tokens returned (does this llama-server build support return_tokens?)", resp.TokensPredicted)
+		e.Err = ErrNoTokenIDs
+		return sample{}, e
+	}
+	if resp.StopType == "word" && len(ids) > 0 {
+		// llama.cpp keeps the stop word's tokens in "tokens" but cuts as
+		// many entries as the word tokenises to from the probabilities
+		// (and the word from content). They were sampled but are not the
+		// model's answer, as with vLLM's stop strings: drop the same
+		// number of trailing ids from the turn.
+		k, err := g.stopWordTokens(ctx, p, o, resp.StoppingWord)
+		if err != nil {
+			return sample{}, err
+		}
+		if k > len(ids) {
+			return sample{}, badAnswer(ep, op, reqID, "stopping word %q is %d tokens, more than the %d generated", resp.StoppingWord, k, len(ids))
+		}
+		ids = ids[:len(ids)-k]
+	}
+	lps, missing, err := alignProbs(ids, resp.Probs)
+	if err != nil {
+		return sample{}, badAnswer(ep, op, reqID, "%v", err)
+	}
+	s := sample{ids: ids, logprobs: lps, unscored: missing, endpoint: ep}
+	switch resp.StopType {
+	case "eos":
+		s.finish, s.stop = "stop", stopToken
+	case "word":
+		s.finish, s.stop = "stop", stopString
+	case "limit":
+		s.finish, s.stop = "length", stopNone
+	default:
+		return sample{}, badAnswer(ep, op, reqID, "stop_type %q: want eos, word or limit", resp.StopType)
+	}
+	if resp.Truncated {
+		// The slot's context filled up during generation.
+		s.finish, s.stop = "length", stopNone
+	}
+	return s, nil
+}
+
+// stopWordTokens is how many entries llama.cpp cut from the
+// probabilities for a stop word: the word tokenised without special-token
+// parsing, as the server does.
+func (g llamaGen) stopWordTokens(ctx context.Context, p *Pool, o CallOptions, word string) (int, error) {
+	if word == "" {
+		return 0, nil
+	}
+	o.Extra = nil
+	o.RequestID += "-stopword"
+	ids, err := p.LlamaTokenize(ctx, o, &LlamaTokenizeRequest{Content: word})
+	if err != nil {
+		return 0, err
+	}
+	return len(ids), nil
+}
+
+// alignProbs matches completion_probabilities to the sampled ids.
+// llama.cpp records a token's probability only when the text generated so
+// far ends in a complete UTF-8 character: the ids of a character split
+// over several tokens get no entry except the last one, and a generation
+// cut inside a character leaves its last ids without one. So entries are
+// matched from the end by id (a missing run always precedes the entry
+// that completes its character, or ends the turn); ids without an entry
+// are returned in missing (their logprob is the 1.0 placeholder and they
+// are not trained). An entry that matches no id is an error.
+func alignProbs(ids []int32, probs []LlamaProb) ([]float32, []int, error) {
+	lps := make([]float32, len(ids))
+	var missing []int
+	j := len(probs) - 1
+	for i := len(ids) - 1; i >= 0; i-- {
+		if j >= 0 {
+			pr := probs[j]
+			if pr.ID == nil && len(probs) != len(ids) {
+				return nil, nil, fmt.Errorf("%d completion_probabilities for %d tokens and entry %d has no id", len(probs), len(ids), j)
+			}
+			if pr.ID == nil || *pr.ID == ids[i] {
+				if pr.Logprob == nil || !validLogprob(*pr.Logprob) {
+					return nil, nil, fmt.Errorf("logprob %d missing or invalid (post_sampling_probs must be false)", j)
+				}
+				lps[i] = float32(*pr.Logprob)
+				j--
+				continue
+			}
+		}
+		lps[i] = 1.0
+		missing = append(missing, i)
+	}
+	if j >= 0 {
+		return nil, nil, fmt.Errorf("%d completion_probabilities for %d tokens: entry %d (token %v) matches no sampled id (is n_probs supported by this server?)", len(probs), len(ids), j, idOf(probs[j]))
+	}
+	slices.Reverse(missing)
+	return lps, missing, nil
+}
+
+func idOf(p LlamaProb) any {
+	if p.ID == nil {
+		return "?"
+	}
+	return *p.ID
+}
+
+// echoedSampler keeps the generation_settings keys that name sampler
+// fields sent (plus the sampler order), so the manifest stays small.
+func echoedSampler(gs map[string]any, sent map[string]any) map[string]any {
+	out := map[string]any{}
+	for k := range sent {
+		if v, ok := gs[k]; ok {
+			out[k] = v
+		}
+	}
+	for _, k := range []string{"samplers", "n_probs", "post_sampling_probs", "n_ctx"} {
+		if v, ok := gs[k]; ok {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// ---- chat mode: ids from another source ----
+
+// promptIDsFallback renders the chat request's messages on the server when
+// the chat answer carries no prompt ids (llama.cpp): the same template and
+// tokenisation the chat route applied.
+func (c *Client) promptIDsFallback(ctx context.Context, o CallOptions, msgs []openai.ChatCompletionMessage, tools []openai.Tool, kwargs map[string]any) ([]int32, error) {
+	c.mu.Lock()
+	llama := c.llama
+	c.mu.Unlock()
+	if llama {
+		return llamaRender(ctx, c.pool, o, msgs, tools, true, kwargs)
+	}
+	gp := true
+	resp, err := c.pool.Tokenize(ctx, o, &TokenizeRequest{Messages: msgs, Tools: tools, AddGenerationPrompt: &gp, ChatTemplateKwargs: kwargs})
+	if err != nil {
+		return nil, err
+	}
+	return resp.Tokens, nil
+}
+
+// noIDsError is the error of a turn whose ids were requested and that no
+// source returned.
+func noIDsError(ep, op, reqID, what string, cause error) error {
+	e := &Error{Class: ErrInfra, Endpoint: ep, Op: op, RequestID: reqID, Status: 200, acknowledged: true,
+		Msg: fmt.Sprintf("chat_token_ids is set but %s; the server must return token ids (vLLM ≥ 0.10.2 return_token_ids, llama.cpp logprobs with ids) or chat_token_ids must be off", what),
+		Err: ErrNoTokenIDs}
+	if cause != nil {
+		e.Msg += fmt.Sprintf(" (fallback render failed: %v)", cause)
+	}
+	return e
+}
