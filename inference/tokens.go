@@ -335,6 +335,14 @@ func (e *tokenEpisode) segment(ctx context.Context, lastAssistant openai.ChatCom
 	if err != nil {
 		return nil, err
 	}
+	if lastAssistant.Content == "" && len(lastAssistant.MultiContent) == 0 && len(lastAssistant.ToolCalls) == 0 {
+		// A turn whose only call could not be parsed leaves an empty
+		// assistant message, which some templates refuse (llama.cpp: HTTP
+		// 400 "Assistant message must contain either 'content' or
+		// 'tool_calls'"). Its rendering is never used (see above), so any
+		// content will do.
+		lastAssistant.Content = baseUser
+	}
 	base := []openai.ChatCompletionMessage{{Role: openai.ChatMessageRoleUser, Content: baseUser}, lastAssistant}
 	with := append(slices.Clip(base), newMsgs...)
 	var rb, rn []int32

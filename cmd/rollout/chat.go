@@ -29,6 +29,7 @@ type chatFlags struct {
 	tokenIDs                                                              bool
 	temperature                                                           float64
 	maxTokens                                                             int
+	extraBody                                                             string
 }
 
 func newChatCmd() *cobra.Command {
@@ -53,7 +54,7 @@ results, stop reason). --out writes the episode as one JSON trajectory object
 	fl.StringVar(&f.parser, "parser", "", "tool-call parser (vLLM --tool-call-parser name); required for tokens-mode backends")
 	fl.StringVar(&f.reasoningParser, "reasoning-parser", "", "reasoning parser (tokens-mode backends)")
 	fl.StringVar(&f.image, "image", "", "sandbox image (required)")
-	fl.StringVar(&f.backend, "backend", inference.BackendChat, "backend: chat, vllm, vllm-generate or sglang")
+	fl.StringVar(&f.backend, "backend", inference.BackendChat, "backend: chat, vllm, vllm-generate, sglang or llamacpp")
 	fl.StringVar(&f.model, "model", "", "model name (default: the first model of /v1/models)")
 	fl.IntVar(&f.maxTurns, "max-turns", agentloop.DefaultMaxTurns, "maximum generations")
 	fl.StringVar(&f.out, "out", "", "write the episode as one JSON trajectory object to this file")
@@ -63,6 +64,7 @@ results, stop reason). --out writes the episode as one JSON trajectory object
 	fl.BoolVar(&f.tokenIDs, "token-ids", false, "chat backend: ask the server for token ids and logprobs (vLLM ≥ 0.10.2, the simulator); on by default with --out, --token-ids=false for servers without them")
 	fl.Float64Var(&f.temperature, "temperature", 1.0, "sampling temperature")
 	fl.IntVar(&f.maxTokens, "max-tokens", 0, "max tokens per generation (0: server default)")
+	fl.StringVar(&f.extraBody, "extra-body", "", `JSON object merged into every generation request (the run config's sampling.extra_body), e.g. '{"logit_bias": {"659": 4}}'`)
 	return cmd
 }
 
@@ -77,12 +79,18 @@ func runChat(cmd *cobra.Command, f chatFlags, task string) error {
 	}
 	switch f.backend {
 	case inference.BackendChat:
-	case inference.BackendVLLM, inference.BackendVLLMGenerate, inference.BackendSGLang:
+	case inference.BackendVLLM, inference.BackendVLLMGenerate, inference.BackendSGLang, inference.BackendLlamaCpp:
 		if f.parser == "" {
 			return usageError(cmd, fmt.Errorf("--parser is required with --backend %s (tool calls are parsed client-side)", f.backend))
 		}
 	default:
-		return usageError(cmd, fmt.Errorf("unknown --backend %q; want chat, vllm, vllm-generate or sglang", f.backend))
+		return usageError(cmd, fmt.Errorf("unknown --backend %q; want chat, vllm, vllm-generate, sglang or llamacpp", f.backend))
+	}
+	var extra map[string]any
+	if f.extraBody != "" {
+		if err := json.Unmarshal([]byte(f.extraBody), &extra); err != nil || extra == nil {
+			return usageError(cmd, fmt.Errorf("--extra-body must be a JSON object: %q", f.extraBody))
+		}
 	}
 	set, err := tools.Default().Resolve(f.toolsets, nil)
 	if err != nil {
@@ -130,7 +138,7 @@ func runChat(cmd *cobra.Command, f chatFlags, task string) error {
 	msgs = append(msgs, openai.ChatCompletionMessage{Role: openai.ChatMessageRoleUser, Content: task})
 	temp := f.temperature
 	cfg := agentloop.Config{ID: id, Messages: msgs, Tools: set, Model: f.model, Parser: f.parser, ReasoningParser: f.reasoningParser,
-		MaxTurns: f.maxTurns, Timeout: f.timeout, Sampling: inference.Sampling{Temperature: &temp, MaxTokens: f.maxTokens}}
+		MaxTurns: f.maxTurns, Timeout: f.timeout, Sampling: inference.Sampling{Temperature: &temp, MaxTokens: f.maxTokens, ExtraBody: extra}}
 	res, runErr := agentloop.Run(ctx, cfg, agentloop.Deps{Policy: policy, Env: tools.NewEnv(sb, id), Logger: log})
 	if errors.Is(runErr, agentloop.ErrConfig) && res.TurnsUsed == 0 {
 		return usageError(cmd, runErr)

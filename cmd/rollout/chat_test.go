@@ -43,6 +43,8 @@ func TestChatUsage(t *testing.T) {
 		{"--endpoint", "http://x", "--image", "i", "--backend", "vllm", "task"},
 		{"--endpoint", "http://x", "--image", "i", "--backend", "tgi", "task"},
 		{"--endpoint", "http://x", "--image", "i", "--toolsets", "web", "task"},
+		{"--endpoint", "http://x", "--image", "i", "--extra-body", "[1]", "task"},
+		{"--endpoint", "http://x", "--image", "i", "--extra-body", "{", "task"},
 	} {
 		if out, code := runChatCmd(t, args...); code != 2 {
 			t.Errorf("%v: exit %d, want 2\n%s", args, code, out)
