@@ -41,6 +41,7 @@ const (
 	LabelHost     = "io.rollout.sandbox.host"     // hostname of that process
 	LabelPID      = "io.rollout.sandbox.pid"      // pid of that process
 	LabelPIDStart = "io.rollout.sandbox.pidstart" // its start time (clock ticks), against pid reuse
+	LabelBoot     = "io.rollout.sandbox.boot"     // kernel boot id of that host, against pid reuse across reboots
 	LabelPool     = "io.rollout.sandbox.pool"     // spec fingerprint of a warm-pool container
 	// Conventional caller labels (Spec.Labels keys).
 	LabelRun     = "io.rollout.run"
@@ -196,6 +197,7 @@ func newDocker(cli *client.Client, opts Options) (*Docker, error) {
 			LabelHost:     host,
 			LabelPID:      strconv.Itoa(os.Getpid()),
 			LabelPIDStart: pidStart(os.Getpid()),
+			LabelBoot:     bootID(),
 		},
 		bind:   bind,
 		slots:  make(chan struct{}, opts.MaxContainers),
@@ -640,6 +642,7 @@ func (d *Docker) containerConfig(spec Spec, img imageInfo, extraLabels map[strin
 	if optional {
 		cmd = append(cmd, "-optional-user", "-fallback-user", img.user)
 	}
+	// StdinOnce + AutoRemove bind the container to its owner (owner.go).
 	cfg := &container.Config{
 		Image:        spec.Image,
 		User:         "0:0",
@@ -649,6 +652,7 @@ func (d *Docker) containerConfig(spec Spec, img imageInfo, extraLabels map[strin
 		Cmd:          cmd,
 		WorkingDir:   "/",
 		OpenStdin:    true,
+		StdinOnce:    true,
 		AttachStdin:  true,
 		AttachStdout: true,
 		AttachStderr: true,
@@ -664,6 +668,7 @@ func (d *Docker) containerConfig(spec Spec, img imageInfo, extraLabels map[strin
 		CapAdd:         []string{"CHOWN", "SETUID", "SETGID", "KILL"},
 		SecurityOpt:    []string{"no-new-privileges"},
 		Init:           &init,
+		AutoRemove:     true,
 		ReadonlyRootfs: spec.Limits.ReadOnlyRoot,
 		// The protocol runs over stdout; a log driver would copy every
 		// transferred byte to the daemon's disk.
