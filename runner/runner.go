@@ -263,16 +263,21 @@ func (r *Runner) Run(ctx context.Context) (Summary, error) {
 			defer wg.Done()
 			defer groupSlots.Release(1)
 			g := r.RunGroup(ctx, idx, it, GroupOptions{PolicyVersion: r.cfg.PolicyVersion})
-			sinkMu.Lock()
-			defer sinkMu.Unlock()
-			if sinkErr != nil {
+			failed := func() bool {
+				sinkMu.Lock()
+				defer sinkMu.Unlock()
+				return sinkErr != nil
+			}
+			if failed() {
 				return
 			}
 			// A group cut short by cancellation is incomplete: writing it
 			// would let a resumed run treat the item as done and leave a
 			// permanent gap. It is dropped here and collected again whole.
 			if ctx.Err() != nil && interrupted(g) {
+				sinkMu.Lock()
 				r.sum.GroupsInterrupted++
+				sinkMu.Unlock()
 				r.log.Info("group interrupted by cancellation; not written, a resumed run collects it again",
 					"group_id", g.ID, "item", it.Key())
 				return
@@ -280,7 +285,32 @@ func (r *Runner) Run(ctx context.Context) (Summary, error) {
 			// Groups that finished are written even when ctx was cancelled
 			// meanwhile, so that the work done is not lost.
 			wctx := context.WithoutCancel(ctx)
+			// Durable sinks first, outside the lock: groups finishing
+			// together share their fsyncs. Nothing below announces the
+			// group before they returned.
 			for _, s := range r.deps.Sinks {
+				if !isDurable(s) {
+					continue
+				}
+				if err := s.WriteGroup(wctx, &r.info, g); err != nil {
+					sinkMu.Lock()
+					if sinkErr == nil {
+						sinkErr = fmt.Errorf("write group %s: %w", g.ID, err)
+					}
+					sinkMu.Unlock()
+					stopIntake()
+					return
+				}
+			}
+			sinkMu.Lock()
+			defer sinkMu.Unlock()
+			if sinkErr != nil {
+				return
+			}
+			for _, s := range r.deps.Sinks {
+				if isDurable(s) {
+					continue
+				}
 				if err := s.WriteGroup(wctx, &r.info, g); err != nil {
 					sinkErr = fmt.Errorf("write group %s: %w", g.ID, err)
 					stopIntake()
@@ -288,6 +318,7 @@ func (r *Runner) Run(ctx context.Context) (Summary, error) {
 				}
 			}
 			r.count(g)
+			r.log.Debug("group done", "group", g.ID, "ok", g.OK, "mean", g.Mean)
 			if r.deps.Progress != nil {
 				r.deps.Progress(Event{Group: g, Total: len(todo)})
 			}
@@ -312,6 +343,12 @@ func (r *Runner) Run(ctx context.Context) (Summary, error) {
 	default:
 	}
 	return r.sum, nil
+}
+
+// isDurable reports whether s is a Durable sink.
+func isDurable(s Sink) bool {
+	d, ok := s.(Durable)
+	return ok && d.DurableWrites()
 }
 
 // interrupted reports whether cancellation cut one of g's rollouts short.
@@ -377,7 +414,7 @@ func (r *Runner) count(g *Group) {
 // group. Run calls it for every item; trainer-driven collection calls it
 // directly. idx seeds the group's toolset sampling.
 func (r *Runner) RunGroup(ctx context.Context, idx int, it datasets.Item, o GroupOptions) *Group {
-	g := &Group{ID: it.Key(), Item: it, Rollouts: make([]Rollout, r.cfg.GroupSize), PolicyVersion: o.PolicyVersion, RequestID: o.RequestID}
+	g := &Group{ID: it.Key(), Item: it, Rollouts: make([]Rollout, r.cfg.GroupSize), PolicyVersion: o.PolicyVersion, RequestID: o.RequestID, Sequence: -1}
 	sampling := r.cfg.Sampling
 	if o.Sampling != nil {
 		sampling = *o.Sampling
@@ -405,7 +442,6 @@ func (r *Runner) RunGroup(ctx context.Context, idx int, it datasets.Item, o Grou
 	}
 	_ = eg.Wait()
 	assemble(g, r.cfg.Advantage)
-	log.Debug("group done", "ok", g.OK, "mean", g.Mean)
 	return g
 }
 

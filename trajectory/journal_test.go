@@ -371,3 +371,68 @@ func TestConcurrentGroupsShareFsyncs(t *testing.T) {
 		t.Errorf("snapshot has %d groups, %d acknowledged", len(seen), len(acked))
 	}
 }
+
+// TestGroupSequenceNumbers: the sequence numbers WriteGroupSeq returns
+// are the positions EachGroup reads, across rotations, a crash and a
+// resume.
+func TestGroupSequenceNumbers(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	opts := WriterOptions{RunID: "r", MaxRowsPerFile: 4}
+	w, err := NewWriter(ctx, dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[int64]string{}
+	write := func(w *Writer, g int) {
+		var grp []Record
+		for i := range 2 {
+			r := Synthetic(3, g*2+i, SyntheticOptions{Tokens: 16, GroupSize: 2, PromptTokens: 2})
+			grp = append(grp, r)
+		}
+		seq, err := w.WriteGroupSeq(ctx, grp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if prev, dup := want[seq]; dup {
+			t.Fatalf("sequence %d returned for %s and %s", seq, prev, grp[0].GroupID)
+		}
+		want[seq] = grp[0].GroupID
+	}
+	for g := range 5 {
+		write(w, g)
+	}
+	crash := t.TempDir()
+	copyDir(t, dir, crash) // part-00000, part-00001 and a journal with one group
+	if err := w.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w, err = NewWriter(ctx, crash, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for g := 5; g < 8; g++ {
+		write(w, g)
+	}
+	if err := w.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	run, err := Open(crash)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[int64]string{}
+	err = run.EachGroup(ctx, func(seq int64, recs []Record) error {
+		got[seq] = recs[0].GroupID
+		if len(recs) != 2 {
+			t.Errorf("group %d has %d records", seq, len(recs))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Fatalf("sequence numbers (-written +read):\n%s", d)
+	}
+}

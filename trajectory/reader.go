@@ -284,3 +284,68 @@ func (r *Run) ReadAll(ctx context.Context) ([]Record, error) {
 	})
 	return out, err
 }
+
+// EachGroup calls fn for every group of the run in order, with its
+// sequence number: the 0-based position that Writer.WriteGroupSeq returned
+// for it. A group is a run of records with the same group id within one
+// file (WriteGroup never splits a group across files).
+func (r *Run) EachGroup(ctx context.Context, fn func(seq int64, recs []Record) error) error {
+	var seq int64
+	var cur []Record
+	flush := func() error {
+		if len(cur) == 0 {
+			return nil
+		}
+		err := fn(seq, cur)
+		seq++
+		cur = nil
+		return err
+	}
+	add := func(rec *Record) error {
+		if len(cur) > 0 && rec.GroupID != cur[0].GroupID {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+		cur = append(cur, *rec)
+		return nil
+	}
+	eachPart := func(p string) error {
+		f, err := OpenFile(p)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := f.Each(ctx, add); err != nil {
+			return err
+		}
+		return flush()
+	}
+	for _, p := range r.Files {
+		if err := eachPart(p); err != nil {
+			return err
+		}
+	}
+	for _, jp := range r.Journals {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		_, err := readJournal(jp, slog.Default(), func(recs []Record) error {
+			for i := range recs {
+				if err := add(&recs[i]); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if errors.Is(err, os.ErrNotExist) {
+			err = eachPart(filepath.Join(filepath.Dir(jp), partOfJournal(filepath.Base(jp))))
+		} else if err == nil {
+			err = flush()
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}

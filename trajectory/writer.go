@@ -108,11 +108,17 @@ type Writer struct {
 	final  error // set before done is closed
 
 	// owned by the goroutine
-	manifest RunManifest
-	next     int
-	cur      *partFile
-	frame    bytes.Buffer
-	pending  []chan error // waiters of frames written since the last sync request
+	manifest   RunManifest
+	next       int
+	cur        *partFile
+	frame      bytes.Buffer
+	pending    []chan durableResult // waiters of frames written since the last sync request
+	pendingSeq []int64              // their sequence numbers
+	// groups is the sequence number of the next group: groups are counted
+	// in read order, a new one starting wherever the group id changes or a
+	// file begins (Run.EachGroup counts the same way).
+	groups    int64
+	lastGroup string
 
 	syncCh       chan syncReq
 	syncDone     chan struct{}
@@ -125,8 +131,14 @@ type Writer struct {
 // request is done.
 type syncReq struct {
 	j       *journalFile
-	waiters []chan error
+	waiters []chan durableResult
+	seqs    []int64
 	barrier chan struct{}
+}
+
+type durableResult struct {
+	seq int64
+	err error
 }
 
 type request struct {
@@ -134,9 +146,10 @@ type request struct {
 	group []*Record // a batch that rotation never splits (WriteGroup)
 	ctrl  ctrlKind
 	reply chan error
-	// durable, when set, receives nil once the records are durable (journal
-	// fsynced), or the error that kept them from it.
-	durable chan error
+	// durable, when set, receives the group's sequence number once the
+	// records are durable (journal fsynced), or the error that kept them
+	// from it.
+	durable chan durableResult
 }
 
 type ctrlKind int
@@ -218,6 +231,9 @@ func NewWriter(ctx context.Context, dir string, opts WriterOptions) (*Writer, er
 	if err := w.adoptUnlisted(); err != nil {
 		return nil, err
 	}
+	if err := w.countGroups(); err != nil {
+		return nil, err
+	}
 	if err := w.recoverJournals(); err != nil {
 		return nil, err
 	}
@@ -227,6 +243,42 @@ func NewWriter(ctx context.Context, dir string, opts WriterOptions) (*Writer, er
 	go w.syncLoop()
 	go w.loop()
 	return w, nil
+}
+
+// countGroups sets the next group sequence number from run.json; files
+// listed by an older release without a group count are read.
+func (w *Writer) countGroups() error {
+	w.groups = 0
+	for i := range w.manifest.Files {
+		fe := &w.manifest.Files[i]
+		if fe.Groups == 0 && fe.Rows > 0 {
+			n, err := countFileGroups(filepath.Join(w.dir, fe.Name))
+			if err != nil {
+				return fmt.Errorf("resume run dir: %w", err)
+			}
+			fe.Groups = n
+		}
+		w.groups += fe.Groups
+	}
+	return nil
+}
+
+func countFileGroups(path string) (int64, error) {
+	f, err := OpenFile(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	var n int64
+	last, first := "", true
+	err = f.Each(context.Background(), func(rec *Record) error {
+		if first || rec.GroupID != last {
+			n++
+		}
+		first, last = false, rec.GroupID
+		return nil
+	})
+	return n, err
 }
 
 // recoverJournals compacts the journals a crash left without their part
@@ -299,7 +351,12 @@ func (w *Writer) adoptUnlisted() error {
 		}
 		fe := FileEntry{Name: name, FinishedAt: time.Now().UTC()}
 		var ok, infra int64
+		last := ""
 		err = f.Each(context.Background(), func(rec *Record) error {
+			if fe.Rows == 0 || rec.GroupID != last {
+				fe.Groups++
+			}
+			last = rec.GroupID
 			fe.Rows++
 			fe.TokenValues += int64(len(rec.Tokens))
 			if rec.Status == StatusOK {
@@ -354,31 +411,44 @@ func (w *Writer) Write(ctx context.Context, rec Record) error {
 // written and fsynced (groups written concurrently share one fsync). With
 // NoJournal it returns once the group is queued.
 func (w *Writer) WriteGroup(ctx context.Context, recs []Record) error {
+	_, err := w.WriteGroupSeq(ctx, recs)
+	return err
+}
+
+// WriteGroupSeq is WriteGroup that also returns the group's sequence
+// number: its 0-based position among the groups of the run directory in
+// the order Run.EachGroup reads them (-1 with NoJournal, or for an empty
+// group).
+func (w *Writer) WriteGroupSeq(ctx context.Context, recs []Record) (int64, error) {
 	batch := make([]*Record, len(recs))
 	for i := range recs {
 		rec := recs[i]
 		if err := w.prepare(&rec); err != nil {
-			return err
+			return -1, err
 		}
 		batch[i] = &rec
 	}
 	if len(batch) == 0 {
-		return nil
+		return -1, nil
 	}
 	if w.opts.NoJournal {
-		return w.send(ctx, request{group: batch})
+		return -1, w.send(ctx, request{group: batch})
 	}
-	durable := make(chan error, 1)
+	durable := make(chan durableResult, 1)
 	if err := w.send(ctx, request{group: batch, durable: durable}); err != nil {
-		return err
+		return -1, err
 	}
 	select {
-	case err := <-durable:
-		return err
+	case res := <-durable:
+		return res.seq, res.err
 	case <-ctx.Done():
-		return fmt.Errorf("write trajectory group: waiting for the journal: %w", ctx.Err())
+		return -1, fmt.Errorf("write trajectory group: waiting for the journal: %w", ctx.Err())
 	}
 }
+
+// Journaled reports whether WriteGroup waits for durability (the journal
+// is on).
+func (w *Writer) Journaled() bool { return !w.opts.NoJournal }
 
 // JournalBytes is the number of bytes appended to journals so far (the
 // price of durability, on top of the Parquet files).
@@ -534,7 +604,7 @@ func (w *Writer) handleRequest(req request) {
 	}
 	reply := func(err error) {
 		if req.durable != nil {
-			req.durable <- err
+			req.durable <- durableResult{seq: -1, err: err}
 		}
 	}
 	if p := w.syncFailed.Load(); p != nil {
@@ -569,8 +639,13 @@ func (w *Writer) handleRequest(req request) {
 			reply(err)
 			return
 		}
+		seq := w.groups
+		if w.cur.rows > 0 && recs[0].GroupID == w.lastGroup {
+			seq-- // continues the group of the previous unit
+		}
 		if req.durable != nil {
 			w.pending = append(w.pending, req.durable)
+			w.pendingSeq = append(w.pendingSeq, seq)
 		}
 		p.journaled += int64(len(recs))
 	} else {
@@ -587,8 +662,8 @@ func (w *Writer) requestSync() {
 	if len(w.pending) == 0 {
 		return
 	}
-	w.syncCh <- syncReq{j: w.cur.journal, waiters: w.pending}
-	w.pending = nil
+	w.syncCh <- syncReq{j: w.cur.journal, waiters: w.pending, seqs: w.pendingSeq}
+	w.pending, w.pendingSeq = nil, nil
 }
 
 // syncBarrier waits until every journal fsync requested so far is done.
@@ -645,8 +720,12 @@ func (w *Writer) syncLoop() {
 			}
 		}
 		for _, r := range batch {
-			for _, c := range r.waiters {
-				c <- err
+			for i, c := range r.waiters {
+				res := durableResult{seq: r.seqs[i], err: err}
+				if err != nil {
+					res.seq = -1
+				}
+				c <- res
 			}
 		}
 		if barrier != nil {
@@ -691,6 +770,11 @@ func (w *Writer) appendRow(rec *Record) error {
 	if _, err := p.pw.Write([]Record{*rec}); err != nil {
 		return fmt.Errorf("write %s: %w", p.tmp, err)
 	}
+	if p.rows == 0 || rec.GroupID != w.lastGroup {
+		w.groups++
+		p.groups++
+	}
+	w.lastGroup = rec.GroupID
 	p.rows++
 	p.rowsInGroup++
 	p.tokens += int64(len(rec.Tokens))
@@ -728,6 +812,7 @@ type partFile struct {
 	rowsInGroup      int64
 	groupBytes       int64
 	tokens           int64
+	groups           int64
 	journal          *journalFile // nil without journal (NoJournal, compaction)
 	journaled        int64        // rows in the journal
 }
@@ -859,7 +944,7 @@ func (w *Writer) finishPart() error {
 		}
 	}
 	w.manifest.Files = append(w.manifest.Files, FileEntry{
-		Name: p.name, Rows: p.rows, Bytes: p.out.n, TokenValues: p.tokens, FinishedAt: time.Now().UTC(),
+		Name: p.name, Rows: p.rows, Groups: p.groups, Bytes: p.out.n, TokenValues: p.tokens, FinishedAt: time.Now().UTC(),
 	})
 	w.manifest.Counts.Rows += p.rows
 	w.manifest.Counts.OK += p.ok
