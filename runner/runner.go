@@ -262,6 +262,7 @@ func (r *Runner) Run(ctx context.Context) (Summary, error) {
 		go func(idx int, it datasets.Item) {
 			defer wg.Done()
 			defer groupSlots.Release(1)
+			r.log.Debug("group started", "group", it.Key())
 			g := r.RunGroup(ctx, idx, it, GroupOptions{PolicyVersion: r.cfg.PolicyVersion})
 			failed := func() bool {
 				sinkMu.Lock()
@@ -318,7 +319,7 @@ func (r *Runner) Run(ctx context.Context) (Summary, error) {
 				}
 			}
 			r.count(g)
-			r.log.Debug("group done", "group", g.ID, "ok", g.OK, "mean", g.Mean)
+			r.log.Debug("group done", "group", g.ID, "sequence", g.Sequence, "ok", g.OK, "mean", g.Mean)
 			if r.deps.Progress != nil {
 				r.deps.Progress(Event{Group: g, Total: len(todo)})
 			}

@@ -98,8 +98,9 @@ type Docker struct {
 	images map[string]imageInfo
 	closed bool
 
-	stop   context.CancelFunc
-	reaper sync.WaitGroup
+	stop     context.CancelFunc
+	reaper   sync.WaitGroup
+	watchdog *watchdog // owner.go
 }
 
 type imageInfo struct{ user, id string }
@@ -123,6 +124,7 @@ func NewDocker(ctx context.Context, opts Options) (*Docker, error) {
 		_ = cli.Close()
 		return nil, err
 	}
+	d.watchdog = startWatchdog(d.labels, d.log)
 	if d.opts.ReapInterval > 0 {
 		if _, err := d.Reap(ctx, ReapOptions{}); err != nil {
 			d.log.Warn("start-up reap failed", "err", err)
@@ -252,6 +254,7 @@ func (d *Docker) Close(ctx context.Context) error {
 		})
 	}
 	wg.Wait()
+	d.watchdog.stop()
 	errs = append(errs, d.cli.Close())
 	return errors.Join(errs...)
 }
