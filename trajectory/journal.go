@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/gob"
+	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -22,7 +24,14 @@ import (
 //
 //	file   = magic "RLJOURN1" (8 bytes) frame*
 //	frame  = length u32 LE | crc32c(payload) u32 LE | crc32c(first 8 bytes) u32 LE | payload
-//	payload = gob encoding of journalFrame (one group, or one lone record)
+//	payload = gob length u32 LE | gob encoding of journalFrame | columns
+//	columns = per record: n u32 LE | tokens (n × int32 LE) | loss_mask (n × int8) | m u32 LE | logprobs (m × float32 LE)
+//
+// A frame holds one group (or one lone record). The token columns, the bulk
+// of a record, are copied raw rather than through gob (masks are derived
+// from tokens and loss_mask, as Record.Validate requires them to be); the
+// callers of WriteGroup encode their frames concurrently, so the writer
+// goroutine only appends bytes.
 //
 // The journal is created, its header fsynced and the directory fsynced
 // before the first frame; each frame is fsynced before WriteGroup returns
@@ -68,15 +77,41 @@ func partOfJournal(name string) string {
 // appendFrame appends the frame of recs to buf.
 func appendFrame(buf *bytes.Buffer, recs []*Record) error {
 	start := buf.Len()
-	var hdr [frameHeaderLen]byte
+	var hdr [frameHeaderLen + 4]byte
 	buf.Write(hdr[:])
 	fr := journalFrame{Records: make([]Record, len(recs))}
+	cols := 0
 	for i, r := range recs {
 		fr.Records[i] = *r
+		fr.Records[i].Tokens, fr.Records[i].LossMask, fr.Records[i].Masks, fr.Records[i].Logprobs = nil, nil, nil, nil
+		cols += 8 + 9*len(r.Tokens) + 4*len(r.Logprobs)
 	}
 	if err := gob.NewEncoder(buf).Encode(&fr); err != nil {
 		buf.Truncate(start)
 		return fmt.Errorf("encode journal frame: %w", err)
+	}
+	binary.LittleEndian.PutUint32(buf.Bytes()[start+frameHeaderLen:], uint32(buf.Len()-start-frameHeaderLen-4))
+	buf.Grow(cols)
+	var tmp [4]byte
+	for _, r := range recs {
+		binary.LittleEndian.PutUint32(tmp[:], uint32(len(r.Tokens)))
+		buf.Write(tmp[:])
+		b := buf.AvailableBuffer()[:4*len(r.Tokens)+len(r.Tokens)]
+		for i, t := range r.Tokens {
+			binary.LittleEndian.PutUint32(b[4*i:], uint32(t))
+		}
+		lm := b[4*len(r.Tokens):]
+		for i, m := range r.LossMask {
+			lm[i] = byte(m)
+		}
+		buf.Write(b)
+		binary.LittleEndian.PutUint32(tmp[:], uint32(len(r.Logprobs)))
+		buf.Write(tmp[:])
+		b = buf.AvailableBuffer()[:4*len(r.Logprobs)]
+		for i, f := range r.Logprobs {
+			binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(f))
+		}
+		buf.Write(b)
 	}
 	b := buf.Bytes()[start:]
 	payload := b[frameHeaderLen:]
@@ -155,8 +190,8 @@ func readJournal(path string, log *slog.Logger, fn func(recs []Record) error) (J
 			}
 			return st, corrupt(off, "frame payload checksum mismatch")
 		}
-		var fr journalFrame
-		if err := gob.NewDecoder(bytes.NewReader(payload)).Decode(&fr); err != nil {
+		fr, err := decodeFrame(payload)
+		if err != nil {
 			return st, corrupt(off, "frame does not decode: %v", err)
 		}
 		if err := fn(fr.Records); err != nil {
@@ -168,6 +203,70 @@ func readJournal(path string, log *slog.Logger, fn func(recs []Record) error) (J
 	}
 	st.ValidBytes = off
 	return st, nil
+}
+
+// decodeFrame decodes a frame payload whose checksum matched.
+func decodeFrame(payload []byte) (journalFrame, error) {
+	var fr journalFrame
+	if len(payload) < 4 {
+		return fr, errors.New("payload shorter than its gob length")
+	}
+	n := binary.LittleEndian.Uint32(payload)
+	if uint64(n) > uint64(len(payload)-4) {
+		return fr, fmt.Errorf("gob length %d exceeds the payload", n)
+	}
+	if err := gob.NewDecoder(bytes.NewReader(payload[4 : 4+n])).Decode(&fr); err != nil {
+		return fr, err
+	}
+	rest := payload[4+n:]
+	take := func(k int) ([]byte, error) {
+		if k < 0 || k > len(rest) {
+			return nil, errors.New("token columns cut short")
+		}
+		b := rest[:k]
+		rest = rest[k:]
+		return b, nil
+	}
+	for i := range fr.Records {
+		r := &fr.Records[i]
+		b, err := take(4)
+		if err != nil {
+			return fr, err
+		}
+		nt := int(binary.LittleEndian.Uint32(b))
+		if b, err = take(5 * nt); err != nil {
+			return fr, err
+		}
+		if nt > 0 {
+			r.Tokens, r.LossMask, r.Masks = make([]int32, nt), make([]int8, nt), make([]int32, nt)
+			for k := range nt {
+				r.Tokens[k] = int32(binary.LittleEndian.Uint32(b[4*k:]))
+				r.LossMask[k] = int8(b[4*nt+k])
+				if r.LossMask[k] != 0 {
+					r.Masks[k] = r.Tokens[k]
+				} else {
+					r.Masks[k] = MaskIgnore
+				}
+			}
+		}
+		if b, err = take(4); err != nil {
+			return fr, err
+		}
+		nl := int(binary.LittleEndian.Uint32(b))
+		if b, err = take(4 * nl); err != nil {
+			return fr, err
+		}
+		if nl > 0 {
+			r.Logprobs = make([]float32, nl)
+			for k := range nl {
+				r.Logprobs[k] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*k:]))
+			}
+		}
+	}
+	if len(rest) != 0 {
+		return fr, fmt.Errorf("%d bytes after the token columns", len(rest))
+	}
+	return fr, nil
 }
 
 func allZero(b []byte) bool {

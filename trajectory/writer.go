@@ -111,7 +111,6 @@ type Writer struct {
 	manifest   RunManifest
 	next       int
 	cur        *partFile
-	frame      bytes.Buffer
 	pending    []chan durableResult // waiters of frames written since the last sync request
 	pendingSeq []int64              // their sequence numbers
 	// groups is the sequence number of the next group: groups are counted
@@ -146,6 +145,8 @@ type request struct {
 	group []*Record // a batch that rotation never splits (WriteGroup)
 	ctrl  ctrlKind
 	reply chan error
+	// frame is the unit's journal frame, encoded by the caller.
+	frame []byte
 	// durable, when set, receives the group's sequence number once the
 	// records are durable (journal fsynced), or the error that kept them
 	// from it.
@@ -398,7 +399,23 @@ func (w *Writer) Write(ctx context.Context, rec Record) error {
 	if err := w.prepare(&rec); err != nil {
 		return err
 	}
-	return w.send(ctx, request{rec: &rec})
+	req := request{rec: &rec}
+	if !w.opts.NoJournal {
+		var err error
+		if req.frame, err = encodeFrame([]*Record{&rec}); err != nil {
+			return err
+		}
+	}
+	return w.send(ctx, req)
+}
+
+// encodeFrame encodes the journal frame of one unit.
+func encodeFrame(recs []*Record) ([]byte, error) {
+	var buf bytes.Buffer
+	if err := appendFrame(&buf, recs); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
 }
 
 // WriteGroup writes the records of one GRPO group as a unit: they land in
@@ -434,8 +451,12 @@ func (w *Writer) WriteGroupSeq(ctx context.Context, recs []Record) (int64, error
 	if w.opts.NoJournal {
 		return -1, w.send(ctx, request{group: batch})
 	}
+	frame, err := encodeFrame(batch)
+	if err != nil {
+		return -1, err
+	}
 	durable := make(chan durableResult, 1)
-	if err := w.send(ctx, request{group: batch, durable: durable}); err != nil {
+	if err := w.send(ctx, request{group: batch, frame: frame, durable: durable}); err != nil {
 		return -1, err
 	}
 	select {
@@ -625,11 +646,13 @@ func (w *Writer) handleRequest(req request) {
 	}
 	p := w.cur
 	if j := p.journal; j != nil {
-		w.frame.Reset()
-		err := appendFrame(&w.frame, recs)
+		frame, err := req.frame, error(nil)
+		if frame == nil {
+			frame, err = encodeFrame(recs)
+		}
 		if err == nil {
 			var n int
-			n, err = j.f.Write(w.frame.Bytes())
+			n, err = j.f.Write(frame)
 			j.bytes += int64(n)
 			w.journalBytes.Add(int64(n))
 		}

@@ -66,6 +66,9 @@ var catalog = []entry{
 	{"output", "output.parquet_write_rows_per_s", "rows/s", "", "issue 8 (reported)", "Parquet write of 8k-token trajectories, rows/s"},
 	{"output", "output.size_vs_atropos_jsonl_gz", "×", "<= 0.5", "issue 8", "Parquet bytes / the same records as Atropos JSONL gzip"},
 	{"output", "output.parquet_mb_per_1k", "MB", "", "", "Parquet size per 1,000 trajectories of 8k tokens"},
+	{"output", "output.durable_groups_per_s", "groups/s", "", "issue 15 (reported)", "groups of 8 × 8k tokens written with durability on (journal fsynced before WriteGroup returns), 8 concurrent writers"},
+	{"output", "output.durable_throughput_ratio", "×", ">= 0.95", "issue 15", "groups/s with durability on / off, same run"},
+	{"output", "output.durable_extra_bytes_ratio", "×", "", "issue 15 (reported)", "journal bytes written / Parquet bytes, the extra writes durability costs"},
 	{"output", "service.groups_per_s", "groups/s", ">= 200", "issue 9", "groups of 8 × 8k tokens streamed over gRPC CollectGroups to a local client"},
 	{"output", "service.size_vs_atropos_json", "×", "<= 0.3", "issue 9", "serialized Group message / the same group as Atropos JSON"},
 }
