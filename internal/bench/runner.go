@@ -133,7 +133,7 @@ func runRunner(ctx context.Context, r *runCtx) ([]Measure, error) {
 	out = append(out,
 		Measure{Name: "runner.durable_groups_per_s", Value: ptr(sig(median(on))), Baseline: ptr(sig(median(off))),
 			BaselineName: "the same run with durability off (no journal), same bench run",
-			Note: fmt.Sprintf("terminal-tasks on busybox, zero-latency simulator, median of %d runs on and %d off", len(on), len(off))},
+			Note:         fmt.Sprintf("terminal-tasks on busybox, zero-latency simulator, median of %d runs on and %d off", len(on), len(off))},
 		Measure{Name: "runner.durable_throughput_ratio", Value: ptr(sig(median(on) / median(off)))},
 	)
 
