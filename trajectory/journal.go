@@ -137,11 +137,16 @@ type JournalStats struct {
 // tail is dropped (logged when log is non-nil); corruption before it is an
 // ErrCorruptFile naming path and offset.
 func readJournal(path string, log *slog.Logger, fn func(recs []Record) error) (JournalStats, error) {
-	var st JournalStats
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return st, &FileError{Path: path, Err: err}
+		return JournalStats{}, &FileError{Path: path, Err: err}
 	}
+	return scanJournal(path, data, log, fn)
+}
+
+// scanJournal is readJournal on the journal's bytes.
+func scanJournal(path string, data []byte, log *slog.Logger, fn func(recs []Record) error) (JournalStats, error) {
+	var st JournalStats
 	torn := func(off int64, why string) (JournalStats, error) {
 		st.ValidBytes, st.TornBytes = off, int64(len(data))-off
 		if log != nil {
