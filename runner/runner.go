@@ -264,17 +264,23 @@ func (r *Runner) Run(ctx context.Context) (Summary, error) {
 		go func(idx int, it datasets.Item) {
 			defer wg.Done()
 			defer groupSlots.Release(1)
+			r.log.Debug("group started", "group", it.Key())
 			g := r.RunGroup(ctx, idx, it, GroupOptions{PolicyVersion: r.cfg.PolicyVersion})
-			sinkMu.Lock()
-			defer sinkMu.Unlock()
-			if sinkErr != nil {
+			failed := func() bool {
+				sinkMu.Lock()
+				defer sinkMu.Unlock()
+				return sinkErr != nil
+			}
+			if failed() {
 				return
 			}
 			// A group cut short by cancellation is incomplete: writing it
 			// would let a resumed run treat the item as done and leave a
 			// permanent gap. It is dropped here and collected again whole.
 			if ctx.Err() != nil && interrupted(g) {
+				sinkMu.Lock()
 				r.sum.GroupsInterrupted++
+				sinkMu.Unlock()
 				r.log.Info("group interrupted by cancellation; not written, a resumed run collects it again",
 					"group_id", g.ID, "item", it.Key())
 				return
@@ -282,7 +288,32 @@ func (r *Runner) Run(ctx context.Context) (Summary, error) {
 			// Groups that finished are written even when ctx was cancelled
 			// meanwhile, so that the work done is not lost.
 			wctx := context.WithoutCancel(ctx)
+			// Durable sinks first, outside the lock: groups finishing
+			// together share their fsyncs. Nothing below announces the
+			// group before they returned.
 			for _, s := range r.deps.Sinks {
+				if !isDurable(s) {
+					continue
+				}
+				if err := s.WriteGroup(wctx, &r.info, g); err != nil {
+					sinkMu.Lock()
+					if sinkErr == nil {
+						sinkErr = fmt.Errorf("write group %s: %w", g.ID, err)
+					}
+					sinkMu.Unlock()
+					stopIntake()
+					return
+				}
+			}
+			sinkMu.Lock()
+			defer sinkMu.Unlock()
+			if sinkErr != nil {
+				return
+			}
+			for _, s := range r.deps.Sinks {
+				if isDurable(s) {
+					continue
+				}
 				if err := s.WriteGroup(wctx, &r.info, g); err != nil {
 					sinkErr = fmt.Errorf("write group %s: %w", g.ID, err)
 					stopIntake()
@@ -290,6 +321,7 @@ func (r *Runner) Run(ctx context.Context) (Summary, error) {
 				}
 			}
 			r.count(g)
+			r.log.Debug("group done", "group", g.ID, "sequence", g.Sequence, "ok", g.OK, "mean", g.Mean)
 			if r.deps.Progress != nil {
 				r.deps.Progress(Event{Group: g, Total: len(todo)})
 			}
@@ -314,6 +346,12 @@ func (r *Runner) Run(ctx context.Context) (Summary, error) {
 	default:
 	}
 	return r.sum, nil
+}
+
+// isDurable reports whether s is a Durable sink.
+func isDurable(s Sink) bool {
+	d, ok := s.(Durable)
+	return ok && d.DurableWrites()
 }
 
 // interrupted reports whether cancellation cut one of g's rollouts short.
@@ -381,7 +419,7 @@ func (r *Runner) count(g *Group) {
 // group. Run calls it for every item; trainer-driven collection calls it
 // directly. idx seeds the group's toolset sampling.
 func (r *Runner) RunGroup(ctx context.Context, idx int, it datasets.Item, o GroupOptions) *Group {
-	g := &Group{ID: it.Key(), Item: it, Rollouts: make([]Rollout, r.cfg.GroupSize), PolicyVersion: o.PolicyVersion, RequestID: o.RequestID}
+	g := &Group{ID: it.Key(), Item: it, Rollouts: make([]Rollout, r.cfg.GroupSize), PolicyVersion: o.PolicyVersion, RequestID: o.RequestID, Sequence: -1}
 	sampling := r.cfg.Sampling
 	if o.Sampling != nil {
 		sampling = *o.Sampling
@@ -416,7 +454,6 @@ func (r *Runner) RunGroup(ctx context.Context, idx int, it datasets.Item, o Grou
 	}
 	_ = eg.Wait()
 	assemble(g, r.cfg.Advantage)
-	log.Debug("group done", "ok", g.OK, "mean", g.Mean)
 	return g
 }
 

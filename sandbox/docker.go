@@ -41,6 +41,7 @@ const (
 	LabelHost     = "io.rollout.sandbox.host"     // hostname of that process
 	LabelPID      = "io.rollout.sandbox.pid"      // pid of that process
 	LabelPIDStart = "io.rollout.sandbox.pidstart" // its start time (clock ticks), against pid reuse
+	LabelBoot     = "io.rollout.sandbox.boot"     // kernel boot id of that host, against pid reuse across reboots
 	LabelPool     = "io.rollout.sandbox.pool"     // spec fingerprint of a warm-pool container
 	// Conventional caller labels (Spec.Labels keys).
 	LabelRun     = "io.rollout.run"
@@ -111,8 +112,9 @@ type Docker struct {
 	images map[string]imageInfo
 	closed bool
 
-	stop   context.CancelFunc
-	reaper sync.WaitGroup
+	stop     context.CancelFunc
+	reaper   sync.WaitGroup
+	watchdog *watchdog // owner.go
 }
 
 type imageInfo struct{ user, id string }
@@ -138,6 +140,7 @@ func NewDocker(ctx context.Context, opts Options) (*Docker, error) {
 	}
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	d.stop = cancel
+	d.watchdog = startWatchdog(d.labels, d.log)
 	if d.opts.ReapInterval > 0 {
 		if _, err := d.Reap(ctx, ReapOptions{}); err != nil {
 			d.log.Warn("start-up reap failed", "err", err)
@@ -220,6 +223,7 @@ func newDocker(cli *client.Client, opts Options) (*Docker, error) {
 			LabelHost:     host,
 			LabelPID:      strconv.Itoa(os.Getpid()),
 			LabelPIDStart: pidStart(os.Getpid()),
+			LabelBoot:     bootID(),
 		},
 		bind:   bind,
 		slots:  newSlotSem(opts.MaxContainers),
@@ -275,6 +279,7 @@ func (d *Docker) Close(ctx context.Context) error {
 		})
 	}
 	wg.Wait()
+	d.watchdog.stop()
 	errs = append(errs, d.cli.Close())
 	return errors.Join(errs...)
 }
@@ -708,6 +713,7 @@ func (d *Docker) containerConfig(spec Spec, img imageInfo, extraLabels map[strin
 	if optional {
 		cmd = append(cmd, "-optional-user", "-fallback-user", img.user)
 	}
+	// StdinOnce + AutoRemove bind the container to its owner (owner.go).
 	cfg := &container.Config{
 		Image:        spec.Image,
 		User:         "0:0",
@@ -717,6 +723,7 @@ func (d *Docker) containerConfig(spec Spec, img imageInfo, extraLabels map[strin
 		Cmd:          cmd,
 		WorkingDir:   "/",
 		OpenStdin:    true,
+		StdinOnce:    true,
 		AttachStdin:  true,
 		AttachStdout: true,
 		AttachStderr: true,
@@ -752,6 +759,7 @@ func (d *Docker) containerConfig(spec Spec, img imageInfo, extraLabels map[strin
 		CapAdd:         []string{"CHOWN", "SETUID", "SETGID", "KILL"},
 		SecurityOpt:    []string{"no-new-privileges"},
 		Init:           &init,
+		AutoRemove:     true,
 		ReadonlyRootfs: spec.Limits.ReadOnlyRoot,
 		// The protocol runs over stdout; a log driver would copy every
 		// transferred byte to the daemon's disk.

@@ -34,18 +34,14 @@ func ownBackend(t *testing.T, opts Options) *Docker {
 	return d
 }
 
-// countContainers polls the engine for containers carrying the backend's
+// peakContainers polls the engine for containers carrying the backend's
 // instance label until stop, returning the largest count seen.
-func countContainers(t *testing.T, d *Docker, stop <-chan struct{}) <-chan int {
+func peakContainers(t *testing.T, d *Docker, stop <-chan struct{}) <-chan int {
 	out := make(chan int, 1)
 	go func() {
 		peak := 0
 		for {
-			res, err := d.cli.ContainerList(context.Background(), client.ContainerListOptions{All: true,
-				Filters: make(client.Filters).Add("label", LabelInstance+"="+d.opts.Instance)})
-			if err == nil {
-				peak = max(peak, len(res.Items))
-			}
+			peak = max(peak, countContainers(context.Background(), d.cli, d.opts.Instance))
 			select {
 			case <-stop:
 				out <- peak
@@ -66,7 +62,7 @@ func TestPoolHoldsMaxContainers(t *testing.T) {
 	defer p.Close(context.Background())
 	spec := Spec{Image: testImage}
 	stop := make(chan struct{})
-	peak := countContainers(t, d, stop)
+	peak := peakContainers(t, d, stop)
 	if err := p.Expect(spec, 12); err != nil {
 		t.Fatal(err)
 	}

@@ -379,26 +379,56 @@ func (s *Server) WatchJob(req *rolloutv1.WatchJobRequest, stream rolloutv1.Rollo
 	if err != nil {
 		return err
 	}
+	if req.FromSequence != nil && (!req.IncludeGroups || *req.FromSequence < 0) {
+		return status.Error(codes.InvalidArgument, "from_sequence: needs include_groups and must not be negative")
+	}
 	w := &watcher{groups: req.IncludeGroups, ch: make(chan *rolloutv1.WatchJobResponse, 1024), lost: make(chan struct{})}
 	jr.mu.Lock()
+	ended := false
 	select {
 	case <-jr.done:
-		jr.mu.Unlock()
-		return jr.sendEnd(stream)
+		ended = true
 	default:
+		// Registered before the run directory is read: a group made durable
+		// from now on arrives live; one already durable is on disk. One
+		// that is both is sent once (by sequence).
+		jr.watchers[w] = true
 	}
-	jr.watchers[w] = true
 	p := cloneProgress(jr.progress)
+	dir, cfgYAML := jr.st.OutputDir, jr.st.ConfigYAML
 	jr.mu.Unlock()
-	defer func() {
-		jr.mu.Lock()
-		delete(jr.watchers, w)
-		jr.mu.Unlock()
-	}()
+	if !ended {
+		defer func() {
+			jr.mu.Lock()
+			delete(jr.watchers, w)
+			jr.mu.Unlock()
+		}()
+	}
+	next := int64(-1) // live groups below this sequence were replayed
+	if req.FromSequence != nil {
+		next = *req.FromSequence
+		dropEqual := false
+		if cfg, err := runner.ParseConfig([]byte(cfgYAML)); err == nil {
+			dropEqual = cfg.Advantage.DropEqual
+		}
+		err := replayGroups(stream.Context(), dir, next, dropEqual, func(g *rolloutv1.Group) error {
+			next = g.GetSequence() + 1
+			return stream.Send(&rolloutv1.WatchJobResponse{Event: &rolloutv1.WatchJobResponse_Group{Group: g}})
+		})
+		if err != nil {
+			return toStatus(err)
+		}
+	}
+	if ended {
+		return jr.sendEnd(stream)
+	}
 	if err := stream.Send(&rolloutv1.WatchJobResponse{Event: &rolloutv1.WatchJobResponse_Progress{Progress: p}}); err != nil {
 		return err
 	}
 	send := func(ev *rolloutv1.WatchJobResponse) (bool, error) {
+		if g := ev.GetGroup(); g != nil && g.Sequence != nil && *g.Sequence < next {
+			return false, nil // already replayed from the run directory
+		}
 		if err := stream.Send(ev); err != nil {
 			return true, err
 		}

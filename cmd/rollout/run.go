@@ -205,10 +205,15 @@ func finishBridge(ctx context.Context, b *atropos.RunBridge, runErr error) error
 	return b.Finish(cctx, runErr)
 }
 
-// newLogger logs text on a terminal and JSON otherwise.
+// newLogger logs text on a terminal and JSON otherwise, at the level of
+// $ROLLOUT_LOG_LEVEL (debug, info, warn, error; default info).
 func newLogger(w *os.File) *slog.Logger {
-	if isTerminal(w) {
-		return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(os.Getenv("ROLLOUT_LOG_LEVEL"))); err != nil {
+		level = slog.LevelInfo
 	}
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	if isTerminal(w) {
+		return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+	}
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
 }

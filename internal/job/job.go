@@ -55,6 +55,9 @@ type Options struct {
 	// SandboxInstance names the job's own Docker backend in the instance
 	// label of its containers (default: random); ignored with Sandboxes.
 	SandboxInstance string
+	// NoJournal turns the trajectory journal off (durability off: a crash
+	// loses the groups of the open part file). For measurements only.
+	NoJournal bool
 }
 
 // Job is an assembled run.
@@ -215,7 +218,7 @@ func openWriter(ctx context.Context, cfg runner.Config, opts Options, env string
 		return nil, "", fmt.Errorf("encode sampler: %w", err)
 	}
 	w, err := trajectory.NewWriter(ctx, cfg.Output.Dir, trajectory.WriterOptions{
-		RunID: runID, Config: cfgJSON, Sampler: samplerJSON, MaxRowsPerFile: cfg.Output.MaxRowsPerFile, Logger: opts.Logger,
+		RunID: runID, Config: cfgJSON, Sampler: samplerJSON, MaxRowsPerFile: cfg.Output.MaxRowsPerFile, Logger: opts.Logger, NoJournal: opts.NoJournal,
 		Versions: map[string]string{"service": version.Get().Version, "commit": version.Get().Commit, "env": env, "mode": opts.Mode},
 	})
 	if err != nil {
