@@ -24,6 +24,7 @@ import (
 	"github.com/rollout-rl/rollout/envs"
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
 	"github.com/rollout-rl/rollout/internal/dockerclient"
+	"github.com/rollout-rl/rollout/internal/job"
 	"github.com/rollout-rl/rollout/internal/version"
 	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/sandbox"
@@ -585,6 +586,8 @@ func toStatus(err error) error {
 	switch {
 	case errors.Is(err, runner.ErrConfig), errors.Is(err, envs.ErrConfig), errors.Is(err, datasets.ErrInvalid):
 		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, job.ErrOutputInUse):
+		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
