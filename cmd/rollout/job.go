@@ -273,7 +273,7 @@ func newJobCancelCmd(c *clientFlags) *cobra.Command {
 				}
 				j := resp.Job
 				if j.State == rolloutv1.JobState_JOB_STATE_RUNNING {
-					fmt.Fprintf(cmd.OutOrStdout(), "job %s: intake stopped; it ends once its in-flight groups are written (rollout job watch %s)\n", j.Id, j.Id)
+					fmt.Fprintf(cmd.OutOrStdout(), "job %s: intake stopped; it ends once its in-flight groups are written, within seconds if its endpoints are unreachable (rollout job watch %s)\n", j.Id, j.Id)
 				} else {
 					fmt.Fprintf(cmd.OutOrStdout(), "job %s already ended: %s\n", j.Id, stateName(j.State))
 				}
