@@ -100,8 +100,6 @@ func (c Config) validateRanges(bad func(field, format string, args ...any) error
 		return bad("atropos.max_token_length", "must not be negative")
 	case a.MaxBatchesOffPolicy < 0:
 		return bad("atropos.max_batches_off_policy", "must not be negative")
-	case a.TotalSteps < 0:
-		return bad("atropos.total_steps", "must not be negative")
 	case a.MaxPending < 0:
 		return bad("atropos.max_pending", "must not be negative")
 	}
