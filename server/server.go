@@ -45,6 +45,10 @@ type Options struct {
 	Sandboxes runner.Sandboxes
 	Images    runner.ImageBuilder
 	Logger    *slog.Logger
+	// CancelGrace bounds how long a job cancelled without cancel_in_flight
+	// lets its in-flight rollouts finish before it cancels them too
+	// (cancel.go): 0 means DefaultCancelGrace, negative no bound.
+	CancelGrace time.Duration
 	// JobSinks, when set, gives each job extra sinks (`rollout serve
 	// --atropos-url` adds an Atropos bridge through it; the server does not
 	// know what they are). It is called for every job started or resumed,
@@ -366,6 +370,8 @@ func (s *Server) CancelJob(_ context.Context, req *rolloutv1.CancelJobRequest) (
 		jr.runner.StopIntake()
 		if req.CancelInFlight {
 			jr.cancel()
+		} else {
+			s.boundCancel(jr)
 		}
 	}
 	return &rolloutv1.CancelJobResponse{Job: jr.proto()}, nil
