@@ -51,7 +51,7 @@ func TestOpenRunChoices(t *testing.T) {
 		{"no output dir", func(c *runner.Config) { c.Output.Dir = "" }, "output.dir"},
 		{"bad url", func(c *runner.Config) { c.Atropos.URL = "localhost:8000" }, "http(s)://"},
 		{"bad env", func(c *runner.Config) { c.Env = "no-such-env" }, "env"},
-		{"negative off-policy", func(c *runner.Config) { c.Atropos.MaxBatchesOffPolicy = -1 }, "MaxBatchesOffPolicy"},
+		{"negative off-policy", func(c *runner.Config) { c.Atropos.MaxBatchesOffPolicy = -1 }, "atropos.max_batches_off_policy"},
 		{"invalid run config", func(c *runner.Config) { c.Inference.Endpoints = nil }, "inference.endpoints"},
 		{"chat mode", func(c *runner.Config) { c.Inference.Backend = inference.BackendChat }, "token ids"},
 	}

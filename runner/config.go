@@ -75,6 +75,11 @@ type Config struct {
 	// Atropos also sends the run's groups to an Atropos trainer (package
 	// atropos; docs/atropos.md). The runner does not read it.
 	Atropos Atropos `yaml:"atropos,omitempty" json:"atropos,omitempty"`
+	// MaxInfraFailedFraction is the exit policy of `rollout run`/`eval`
+	// and of jobs: a run whose infra_failed rollouts exceed this fraction
+	// of its rollouts fails after writing them (default 0.5; 1 fails only
+	// a run without any ok rollout). The runner does not read it.
+	MaxInfraFailedFraction *float64 `yaml:"max_infra_failed_fraction,omitempty" json:"max_infra_failed_fraction,omitempty"`
 }
 
 // Atropos configures the Atropos bridge of a collection run: the run acts
@@ -343,6 +348,9 @@ func (c Config) Validate() error {
 		if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
 			return bad("inference.endpoints", "%q is not an http(s) URL", u)
 		}
+	}
+	if err := c.validateRanges(bad); err != nil {
+		return err
 	}
 	return nil
 }

@@ -90,6 +90,10 @@ type Runner struct {
 	// stopIntake ends intake (CancelJob without cancel_in_flight).
 	stopOnce   sync.Once
 	intakeStop chan struct{}
+	// preflight (preflight.go): the items, resolved once.
+	preMu    sync.Mutex
+	preDone  bool
+	preItems []datasets.Item
 }
 
 // GroupOptions adjust one group in trainer-driven collection.
@@ -198,7 +202,7 @@ func (r *Runner) Items(ctx context.Context) ([]datasets.Item, error) {
 // cancellation) and are still handed to the sinks when possible.
 func (r *Runner) Run(ctx context.Context) (Summary, error) {
 	start := time.Now()
-	items, err := r.Items(ctx)
+	items, err := r.runItems(ctx)
 	if err != nil {
 		return r.sum, err
 	}
@@ -503,7 +507,11 @@ func (r *Runner) toolSet(task envs.Task, groupIdx uint64) (*tools.Set, error) {
 	if len(enabled) == 0 {
 		return nil, nil
 	}
-	return reg.Resolve(enabled, r.cfg.Toolsets.Disabled)
+	set, err := reg.Resolve(enabled, r.cfg.Toolsets.Disabled)
+	if err == nil {
+		err = r.checkParser(set)
+	}
+	return set, err
 }
 
 const callOnlyToolset = "call-only"

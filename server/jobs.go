@@ -190,6 +190,12 @@ func (s *Server) startJob(ctx context.Context, st jobState) (*jobRun, error) {
 			s.wg.Done()
 		}
 	}()
+	// The output dir's writer lock comes first: the job sinks (the Atropos
+	// spool) write there too. Another process's writer is refused here.
+	lock, err := job.LockOutput(cfg.Output.Dir, "job "+st.ID)
+	if err != nil {
+		return nil, err
+	}
 	jr := newJobRun(st)
 	log := s.log.With("job", st.ID)
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -198,11 +204,12 @@ func (s *Server) startJob(ctx context.Context, st jobState) (*jobRun, error) {
 	if s.opts.JobSinks != nil {
 		if extra, err = s.opts.JobSinks(runCtx, JobSpec{ID: st.ID, Mode: mode, Config: cfg, Logger: log}); err != nil {
 			cancel()
+			_ = lock.Unlock()
 			return nil, err // the hook's errors name what failed
 		}
 	}
 	j, err := job.Open(runCtx, cfg, job.Options{
-		Mode: mode, Logger: log, Sandboxes: s.sandboxes, Images: s.images, RunID: "",
+		Mode: mode, Logger: log, Sandboxes: s.sandboxes, Images: s.images, RunID: "", Lock: lock,
 		Progress: func(e runner.Event) { s.onProgress(jr, e) },
 		Sinks:    append([]runner.Sink{&watchSink{jr: jr}}, extra.Sinks...),
 	})

@@ -24,6 +24,7 @@ import (
 	"github.com/rollout-rl/rollout/envs"
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
 	"github.com/rollout-rl/rollout/internal/dockerclient"
+	"github.com/rollout-rl/rollout/internal/job"
 	"github.com/rollout-rl/rollout/internal/version"
 	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/sandbox"
@@ -44,6 +45,10 @@ type Options struct {
 	Sandboxes runner.Sandboxes
 	Images    runner.ImageBuilder
 	Logger    *slog.Logger
+	// CancelGrace bounds how long a job cancelled without cancel_in_flight
+	// lets its in-flight rollouts finish before it cancels them too
+	// (cancel.go): 0 means DefaultCancelGrace, negative no bound.
+	CancelGrace time.Duration
 	// JobSinks, when set, gives each job extra sinks (`rollout serve
 	// --atropos-url` adds an Atropos bridge through it; the server does not
 	// know what they are). It is called for every job started or resumed,
@@ -368,6 +373,8 @@ func (s *Server) CancelJob(_ context.Context, req *rolloutv1.CancelJobRequest) (
 		jr.runner.StopIntake()
 		if req.CancelInFlight {
 			jr.cancel()
+		} else {
+			s.boundCancel(jr)
 		}
 	}
 	return &rolloutv1.CancelJobResponse{Job: jr.proto()}, nil
@@ -618,6 +625,8 @@ func toStatus(err error) error {
 	switch {
 	case errors.Is(err, runner.ErrConfig), errors.Is(err, envs.ErrConfig), errors.Is(err, datasets.ErrInvalid):
 		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, job.ErrOutputInUse):
+		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):

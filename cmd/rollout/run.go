@@ -13,6 +13,7 @@ import (
 	"github.com/rollout-rl/rollout/atropos"
 	"github.com/rollout-rl/rollout/internal/job"
 	"github.com/rollout-rl/rollout/runner"
+	"github.com/rollout-rl/rollout/trajectory"
 )
 
 func init() {
@@ -145,29 +146,34 @@ func collect(cmd *cobra.Command, cfg runner.Config, mode string) error {
 	ctx := cmd.Context()
 	log := newLogger(os.Stderr)
 	prog := newProgress(os.Stderr, log)
+	// The output dir's writer lock before anything writes there (the
+	// bridge's spool): a second writer is refused naming the holder.
+	var lock *trajectory.DirLock
+	if cfg.Output.Dir != "" && cfg.Validate() == nil {
+		l, err := job.LockOutput(cfg.Output.Dir, "rollout "+mode)
+		if err != nil {
+			return err
+		}
+		lock = l
+	}
 	// The Atropos bridge, when the config or --atropos-url asks for one.
 	bridge, err := atropos.OpenRun(ctx, cfg, atropos.RunSetup{Mode: mode, Logger: log})
 	if err != nil {
-		if errors.Is(err, runner.ErrConfig) {
-			return withExitCode(2, err)
-		}
-		return err
+		_ = lock.Unlock()
+		return exitStatus(err)
 	}
 	var sinks []runner.Sink
 	if bridge != nil {
 		sinks = append(sinks, bridge)
 	}
-	j, err := job.Open(ctx, cfg, job.Options{Mode: mode, Logger: log, Progress: prog.event, Sinks: sinks})
+	j, err := job.Open(ctx, cfg, job.Options{Mode: mode, Logger: log, Progress: prog.event, Sinks: sinks, Lock: lock})
 	if err != nil {
 		if bridge != nil {
 			done, cancel := context.WithCancel(ctx)
 			cancel() // the run never started: release the bridge, wait for nothing
 			err = bridge.Finish(done, err)
 		}
-		if errors.Is(err, runner.ErrConfig) {
-			return withExitCode(2, err)
-		}
-		return err
+		return exitStatus(err)
 	}
 	stopped := boundStop(ctx, log)
 	sum, err := j.Run(ctx)
@@ -182,10 +188,10 @@ func collect(cmd *cobra.Command, cfg runner.Config, mode string) error {
 		fmt.Fprintf(cmd.OutOrStdout(), "atropos:     %d groups delivered, %d skipped (equal scores or no ok rollout), %d rejected, %d still spooled\n",
 			st.Delivered, st.Skipped, st.Rejected, st.Pending)
 	}
-	if mode == job.ModeEval && err == nil {
+	if mode == job.ModeEval && (err == nil || errors.Is(err, job.ErrRunFailed)) {
 		fmt.Fprintf(cmd.OutOrStdout(), "eval report: %s/eval/metrics.json\n", j.Dir)
 	}
-	return err
+	return exitStatus(err)
 }
 
 // finishBridge ends a run's Atropos bridge: it waits up to 2 minutes for

@@ -47,6 +47,10 @@ type Options struct {
 	// the end.
 	Sandboxes runner.Sandboxes
 	Images    runner.ImageBuilder
+	// Lock is the output dir's writer lock when the caller took it
+	// already (LockOutput), because it writes there before Open; the job
+	// then owns it. Nil: Open takes it.
+	Lock *trajectory.DirLock
 	// Sinks are added after the Parquet sink.
 	Sinks []runner.Sink
 	// Items replaces the dataset (trainer-driven collection).
@@ -72,6 +76,7 @@ type Job struct {
 	// sampler reports the run's effective sampler with the server's view
 	// (inference.Client); nil for other policies.
 	sampler samplerReporter
+	lock    *trajectory.DirLock // the output dir's writer lock (failfast.go)
 }
 
 // samplerReporter is the policy's side of run.json "sampler".
@@ -107,8 +112,9 @@ func OpenEnv(cfg runner.Config) (envs.Env, error) {
 	return envs.New(cfg.Env, node)
 }
 
-// Open validates cfg and assembles the job. Nothing is started until Run.
-func Open(ctx context.Context, cfg runner.Config, opts Options) (*Job, error) {
+// open assembles the job (Open, in failfast.go, adds the output lock and
+// the preflight). Nothing is started until Run.
+func open(ctx context.Context, cfg runner.Config, opts Options) (*Job, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
@@ -269,13 +275,14 @@ func (j *Job) Close(ctx context.Context) error {
 	if j.docker != nil {
 		err = errors.Join(err, j.docker.Close(ctx))
 	}
-	return err
+	return errors.Join(err, j.lock.Unlock())
 }
 
-// Run collects every group, then closes the output and the sandbox
+// run collects every group, then closes the output and the sandbox
 // backend (even when the run failed or was cancelled). In eval mode it
-// also writes the eval report into the run directory.
-func (j *Job) Run(ctx context.Context) (runner.Summary, error) {
+// also writes the eval report into the run directory. Run (failfast.go)
+// wraps it with the endpoint checks and the exit policy.
+func (j *Job) run(ctx context.Context) (runner.Summary, error) {
 	sum, runErr := j.Runner.Run(ctx)
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
