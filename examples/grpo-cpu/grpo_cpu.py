@@ -327,7 +327,7 @@ def run(args):
     torch.manual_seed(args.seed)
     np.random.seed(args.seed)
     torch.set_num_threads(args.threads)
-    model = tiny_qwen3.load(args.policy)
+    model = tiny_qwen3.load(args.policy, kv_f16=args.kv_f16)
     n_vocab = model.cfg.n_vocab
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     os.makedirs(args.out, exist_ok=True)
@@ -430,6 +430,8 @@ def main():
     ap.add_argument("--max-grad-norm", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    ap.add_argument("--kv-f16", action="store_true",
+                    help="emulate an engine with llama.cpp's default float16 KV cache (default: the engine runs -ctk f32 -ctv f32 -fa off)")
     ap.add_argument("--agreement-tol", type=float, default=1e-3, help="maximum p99 |engine - trainer| logprob")
     ap.add_argument("--min-rise", type=float, default=0.2, help="required rise of the mean reward, first to last steps")
     ap.add_argument("--window", type=int, default=2, help="steps averaged at each end for the rise")

@@ -13,6 +13,13 @@ a causal mask, scaled by 1/sqrt(head_dim). Rotary embeddings are NEOX-style
 i + head_dim/2 by pos * base^(-2i/head_dim). llama.cpp stores the q/k
 weights of qwen3 unpermuted (the HF layout), so no rows are reordered.
 
+llama.cpp's default KV cache is float16, and its non-flash attention then
+also rounds q and the attention weights to float16 for the matrix products;
+kv_f16=True reproduces those roundings (about 1e-4 agreement instead of
+1e-6 with an engine started with -ctk f32 -ctv f32). Flash attention
+(-fa on, or auto on CPU) computes differently again: start the engine with
+-fa off.
+
 GGUF weights are (out, in) row-major, the layout of torch's Linear weight
 (ggml's ne is the reverse of the numpy shape), so they are used as they are.
 """
@@ -64,6 +71,11 @@ class Config:
         self.tied = not any(t.name == "output.weight" for t in g.tensors)
 
 
+def _f16(x):
+    """Rounds to float16 and back; the gradient passes straight through."""
+    return x + (x.detach().half().float() - x.detach())
+
+
 def rms_norm(x, weight, eps):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
@@ -71,9 +83,10 @@ def rms_norm(x, weight, eps):
 class TinyQwen3(torch.nn.Module):
     """The model; parameters are named after the GGUF tensors (dots → '__')."""
 
-    def __init__(self, g):
+    def __init__(self, g, kv_f16=False):
         super().__init__()
         self.cfg = Config(g)
+        self.kv_f16 = kv_f16
         self.source = g
         self.names = []
         for t in g.tensors:
@@ -147,11 +160,16 @@ class TinyQwen3(torch.nn.Module):
             v = F.linear(h, self.w(b + "attn_v.weight")).view(n, c.n_head_kv, c.head_dim)
             q = self.rope(rms_norm(q, self.w(b + "attn_q_norm.weight"), c.eps), pos)
             k = self.rope(rms_norm(k, self.w(b + "attn_k_norm.weight"), c.eps), pos)
+            if self.kv_f16:
+                q, k, v = _f16(q), _f16(k), _f16(v)
             # Query head j reads KV head j // rep (llama.cpp's grouping).
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
             att = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(c.head_dim) + mask
-            out = torch.einsum("hqk,khd->qhd", torch.softmax(att, dim=-1), v).reshape(n, c.n_head * c.head_dim)
+            p = torch.softmax(att, dim=-1)
+            if self.kv_f16:
+                p = _f16(p)
+            out = torch.einsum("hqk,khd->qhd", p, v).reshape(n, c.n_head * c.head_dim)
             x = x + F.linear(out, self.w(b + "attn_output.weight"))
             h = rms_norm(x, self.w(b + "ffn_norm.weight"), c.eps)
             x = x + F.linear(F.silu(F.linear(h, self.w(b + "ffn_gate.weight"))) * F.linear(h, self.w(b + "ffn_up.weight")),
@@ -179,8 +197,8 @@ class TinyQwen3(torch.nn.Module):
         return gguf_io.GGUFFile(list(self.source.metadata), tensors)
 
 
-def load(path):
-    return TinyQwen3(gguf_io.read(path))
+def load(path, kv_f16=False):
+    return TinyQwen3(gguf_io.read(path), kv_f16=kv_f16)
 
 
 def save(model, path):
