@@ -8,10 +8,11 @@ same GGUF. This isolates the model half of the agreement that grpo_cpu.py
 checks on rollout's records: when this passes and the loop's check fails,
 the records are misaligned.
 
-llama-server leaves out the probability entry of a sampled token whose text
-is an incomplete UTF-8 sequence (a lone byte token of a multi-byte
-character): the entry of the token that completes the character carries
-the joined text. Such tokens are counted as "without logprob" and not
+llama-server leaves out the probability entry of a sampled token after
+which the generated text ends inside a UTF-8 sequence (e.g. a lone lead
+byte of a multi-byte character): the entry of the token that completes the
+sequence carries the joined text. align() reproduces that rule from the
+tokens' bytes; such tokens are counted as "without logprob" and not
 compared.
 
 Exit status 2 when p99 |engine - trainer| exceeds --tol.
@@ -36,14 +37,65 @@ def post(url, body):
         return json.load(resp)
 
 
-def align(ids, probs):
-    """Pairs each probability entry with its token: entries come in token
-    order, and a token without one is skipped. Returns (index, logprob)."""
-    out, j = [], 0
+def byte_decoder():
+    """The inverse of the byte-level BPE alphabet (GPT-2's convention, which
+    llama.cpp's "gpt2" tokenizer model uses): printable Latin-1 bytes stand
+    for themselves, the others for code points 256 and up in byte order."""
+    keep = set(range(0x21, 0x7F)) | set(range(0xA1, 0xAD)) | set(range(0xAE, 0x100))
+    out, shifted = {}, 0
+    for b in range(256):
+        if b in keep:
+            out[chr(b)] = b
+        else:
+            out[chr(256 + shifted)] = b
+            shifted += 1
+    return out
+
+
+def token_bytes(g):
+    """The bytes each token id stands for, from a GGUF's vocabulary
+    (normal tokens are byte-level BPE text; control and user-defined tokens
+    their own UTF-8 text)."""
+    if g.get("tokenizer.ggml.model") != "gpt2":
+        raise ValueError("tokenizer model %r: only byte-level BPE (gpt2) is handled" % g.get("tokenizer.ggml.model"))
+    dec = byte_decoder()
+    out = []
+    for tok, typ in zip(g.get("tokenizer.ggml.tokens"), g.get("tokenizer.ggml.token_type")):
+        if typ == 1:
+            out.append(bytes(dec[c] for c in tok))
+        else:
+            out.append(tok.encode("utf-8"))
+    return out
+
+
+def incomplete_utf8(text):
+    """llama-server's test for a generated text that ends inside a UTF-8
+    sequence: a lead byte among the last three bytes with fewer bytes after
+    it than its sequence needs (the bytes after it are not checked)."""
+    for i in range(1, min(4, len(text)) + 1):
+        c = text[-i]
+        if (c & 0xE0) == 0xC0 and i < 2 or (c & 0xF0) == 0xE0 and i < 3 or (c & 0xF8) == 0xF0 and i < 4:
+            return True
+    return False
+
+
+def align(ids, probs, tb):
+    """Pairs llama-server's probability entries with the sampled tokens.
+    The server holds back a token while the generated text ends inside a
+    UTF-8 sequence and gives no entry for it; the entry of the token that
+    completes the sequence carries the joined text. Returns (index,
+    logprob) pairs; an entry that does not fall where this rule puts it is
+    an error."""
+    out, j, text = [], 0, b""
     for i, t in enumerate(ids):
-        if j < len(probs) and probs[j]["id"] == t:
-            out.append((i, probs[j]["logprob"]))
-            j += 1
+        text += tb[t]
+        if incomplete_utf8(text):
+            continue
+        if j >= len(probs) or probs[j]["id"] != t:
+            raise ValueError("token %d (id %d): expected its probability entry, found %s"
+                             % (i, t, "none" if j >= len(probs) else "one for id %d" % probs[j]["id"]))
+        out.append((i, probs[j]["logprob"]))
+        j += 1
     if j != len(probs):
         raise ValueError("%d of %d probability entries match no sampled token" % (len(probs) - j, len(probs)))
     return out
@@ -61,6 +113,7 @@ def main():
     args = ap.parse_args()
 
     model = tiny_qwen3.load(args.policy, kv_f16=args.kv_f16)
+    tb = token_bytes(model.source)
     prompt = post(args.endpoint + "/tokenize", {"content": args.prompt, "add_special": False})["tokens"]
     deltas, without, total = [], 0, 0
     for seed in range(args.samples):
@@ -68,7 +121,7 @@ def main():
             "prompt": prompt, "n_predict": args.max_tokens, "n_probs": 1, "temperature": 1.0, "top_k": 0,
             "top_p": 1.0, "min_p": 0.0, "seed": seed, "return_tokens": True, "cache_prompt": True})
         ids = res["tokens"]
-        pairs = align(ids, res["completion_probabilities"])
+        pairs = align(ids, res["completion_probabilities"], tb)
         with torch.no_grad():
             mine = model.token_logprobs(prompt + ids)[len(prompt):].numpy()
         deltas += [abs(float(mine[i]) - lp) for i, lp in pairs]

@@ -38,6 +38,7 @@ import time
 import urllib.error
 import urllib.request
 
+import grpc
 import numpy as np
 import torch
 
@@ -225,7 +226,7 @@ def run_config(args):
         "seed: %d" % args.seed,
         "inference:",
         "  backend: " + args.backend,
-        "  endpoints: [%s]" % args.endpoint,
+        "  endpoints: [%s]" % (args.inference_endpoint or args.endpoint),
         "sampling: {temperature: %r, top_p: 1.0, max_tokens: %d}" % (args.temperature, args.max_tokens),
         "parser: hermes",
         "max_turns: 1",
@@ -276,6 +277,8 @@ def check_agreement(deltas, args):
 
 def summary(deltas):
     d = np.asarray(deltas, dtype=np.float64)
+    if d.size == 0:
+        return {"tokens": 0, "mean": 0.0, "p50": 0.0, "p99": 0.0, "max": 0.0, "frac_gt_1e-3": 0.0}
     return {
         "tokens": int(d.size),
         "mean": float(d.mean()),
@@ -321,7 +324,6 @@ def items_for(step, args):
 
 def run(args):
     from rollout_example import generate_stubs
-    import grpc
 
     t0 = time.time()
     torch.manual_seed(args.seed)
@@ -354,6 +356,11 @@ def run(args):
                     tc = time.time() - ts
                     rewards = [r.reward for g in groups for r in g.rollouts if r.status == "ok"]
                     failed = sum(1 for g in groups for r in g.rollouts if r.status != "ok")
+                    if not rewards:
+                        bad = [r for g in groups for r in g.rollouts]
+                        raise RuntimeError("step %d: no rollout succeeded (%d failed; first: %s: %s)"
+                                           % (step, len(bad), bad[0].failure_kind if bad else "-",
+                                              bad[0].failure_message if bad else "no rollouts"))
                     rollouts = [r for g in groups for r in rollouts_of(g)]
                     if args.corrupt != "none":
                         corrupt(rollouts, args.corrupt)
@@ -413,6 +420,8 @@ def main():
     ap.add_argument("--addr", required=True, help="rollout serve address (host:port)")
     ap.add_argument("--endpoint", required=True, help="llama-server base URL (the engine rollout samples from)")
     ap.add_argument("--policy", required=True, help="the GGUF the engine serves: read at start, rewritten after every step")
+    ap.add_argument("--inference-endpoint", default="",
+                    help="the endpoint rollout's backend uses (default: --endpoint)")
     ap.add_argument("--reload-cmd", default="", help="shell command that makes the engine load --policy again (e.g. docker restart NAME)")
     ap.add_argument("--reload-timeout", type=float, default=120, help="seconds to wait for the engine's /health after a reload")
     ap.add_argument("--env", default=os.path.join(HERE, "digits.yaml"), help="env (a registered name or a YAML env path on the server)")
@@ -449,6 +458,12 @@ def main():
     except CheckFailed as e:
         print("FAILED: " + str(e), flush=True)
         return e.code
+    except grpc.RpcError as e:
+        print("ERROR: rollout serve: %s: %s" % (e.code().name, e.details()), flush=True)
+        return 1
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
+        print("ERROR: %s" % e, flush=True)
+        return 1
     return 0
 
 
