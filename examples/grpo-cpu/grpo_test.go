@@ -46,7 +46,7 @@ const backend = "llamacpp"
 
 // The loop's size: small enough for two cores within a few minutes.
 const (
-	steps         = 8
+	steps         = 16
 	groupsPerStep = 4
 	groupSize     = 8
 	minRise       = 0.2
