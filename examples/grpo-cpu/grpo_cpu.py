@@ -102,8 +102,11 @@ def corrupt(rollouts, what):
             # Off by one: every token id moved one position to the left.
             r.tokens = r.tokens[1:] + r.tokens[-1:]
         elif what == "mask":
-            # Off by one: the loss mask moved one position to the right.
-            r.mask = [0] + r.mask[:-1]
+            # Off by one: the loss mask moved one position to the left, so
+            # the token before each sampled turn counts as trained. (Moved
+            # right, a single-turn mask only loses its first trained token:
+            # consistent data, which no check can call wrong.)
+            r.mask = r.mask[1:] + [0]
         elif what == "logprobs":
             # The logprobs of the trained tokens, each paired with the next
             # trained token's (placeholders stay where they are).
