@@ -179,3 +179,49 @@ class GGUFErrors(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class ProbabilityAlignment(unittest.TestCase):
+    """engine_agreement.align against llama-server's withheld entries."""
+
+    # Token bytes: 0 'a', 1 '\xe2' (3-byte lead), 2 '\x1f', 3 '\xc3' (2-byte lead), 4 '\xa9'.
+    TB = [b"a", b"\xe2", b"\x1f", b"\xc3", b"\xa9"]
+
+    def entries(self, *pairs):
+        return [{"id": i, "logprob": lp} for i, lp in pairs]
+
+    def test_all_complete(self):
+        import engine_agreement as ea
+        got = ea.align([0, 2, 0], self.entries((0, -1.0), (2, -2.0), (0, -3.0)), self.TB)
+        self.assertEqual(got, [(0, -1.0), (1, -2.0), (2, -3.0)])
+
+    def test_lead_byte_held_until_enough_bytes(self):
+        # Seen on llama-server: after \xe2 the next \x1f is still "incomplete"
+        # (3 bytes needed, continuation bytes not checked); the entry of the
+        # second \x1f carries all three. Pairing by id alone would give it
+        # to position 2.
+        import engine_agreement as ea
+        got = ea.align([0, 1, 2, 2, 0], self.entries((0, -1.0), (2, -2.0), (0, -3.0)), self.TB)
+        self.assertEqual(got, [(0, -1.0), (3, -2.0), (4, -3.0)])
+
+    def test_trailing_incomplete_has_no_entry(self):
+        import engine_agreement as ea
+        self.assertEqual(ea.align([0, 3], self.entries((0, -1.0)), self.TB), [(0, -1.0)])
+        self.assertEqual(ea.align([3, 4], self.entries((4, -1.0)), self.TB), [(1, -1.0)])
+
+    def test_misplaced_entry_is_an_error(self):
+        import engine_agreement as ea
+        with self.assertRaisesRegex(ValueError, "expected its probability entry"):
+            ea.align([0, 2], self.entries((2, -1.0), (0, -2.0)), self.TB)
+        with self.assertRaisesRegex(ValueError, "match no sampled token"):
+            ea.align([0], self.entries((0, -1.0), (0, -2.0)), self.TB)
+
+    def test_token_bytes_of_byte_level_vocab(self):
+        import engine_agreement as ea
+        g = synthetic()
+        g.metadata = [m for m in g.metadata if m[0] not in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type")] + [
+            ("tokenizer.ggml.model", gguf_io.STRING, "gpt2", None),
+            ("tokenizer.ggml.tokens", gguf_io.ARRAY, ["a", "\u0120b", "\u00c3", "<|im_end|>"], gguf_io.STRING),
+            ("tokenizer.ggml.token_type", gguf_io.ARRAY, [1, 1, 1, 3], gguf_io.INT32),
+        ]
+        self.assertEqual(ea.token_bytes(g), [b"a", b" b", b"\xc3", b"<|im_end|>"])
