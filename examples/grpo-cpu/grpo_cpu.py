@@ -230,6 +230,11 @@ def run_config(args):
         "inference:",
         "  backend: " + args.backend,
         "  endpoints: [%s]" % (args.inference_endpoint or args.endpoint),
+        # The engine restarts between steps: a pooled connection to the old
+        # process fails once, and the default 5 s backoff and breaker
+        # cooldown would stall the next collection.
+        "  backoff_max: 200ms",
+        "  breaker_cooldown: 500ms",
         "sampling: {temperature: %r, top_p: 1.0, max_tokens: %d}" % (args.temperature, args.max_tokens),
         "parser: hermes",
         "max_turns: 1",
