@@ -1,6 +1,7 @@
 # rollout — see README.md. Every target works offline except for the first
 # `go mod download` (Go module proxy), and Debian's apt when `make image` or
-# `make test` finds mmdebstrap, busybox-static or python3-grpcio missing.
+# `make test` finds mmdebstrap, busybox-static, python3-grpcio or python3-torch
+# missing.
 GO      ?= go
 GOFLAGS ?=
 BIN     := bin/rollout
@@ -28,12 +29,18 @@ lint:
 # engine image the real-engine tests run against (~1 min cold, from Debian
 # sid; docs/real-engines.md). ensure-python-grpc.sh
 # installs Debian's python3-grpcio and python3-grpc-tools for the Python
-# example's test (as root; otherwise it says what to install).
+# example's test, ensure-python-torch.sh python3-torch, python3-numpy and
+# python3-matplotlib for the GRPO example's (as root; otherwise they say
+# what to install).
+# ensure-runsc.sh installs Debian's runsc and registers it with the engine
+# (SIGHUP, no restart) for the gVisor tests (docs/security.md).
 test: lint proto-check build
 	scripts/ensure-docker.sh
+	scripts/ensure-runsc.sh
 	$(BIN) sandbox image build
 	$(BIN) sandbox image build --name llamacpp
 	scripts/ensure-python-grpc.sh
+	scripts/ensure-python-torch.sh
 	FUZZTIME=$(FUZZTIME) scripts/fuzz-smoke.sh
 	$(GO) test -race -count=1 ./...
 

@@ -238,6 +238,9 @@ func (b *Bridge) WriteGroup(ctx context.Context, run *runner.RunInfo, g *runner.
 		b.st.skipped++
 		b.mu.Unlock()
 		log.Debug("group not sent", "reason", skip)
+		if err := b.spool.markHanded([]string{g.ID}); err != nil {
+			return fmt.Errorf("atropos: group %s: %w", g.ID, err)
+		}
 		return nil
 	}
 	if !reserved && !closing && b.Err() == nil {
@@ -291,16 +294,21 @@ func (b *Bridge) convert(run *runner.RunInfo, g *runner.Group) (*spoolEntry, str
 		}
 		recs = append(recs, rec)
 	}
+	return b.convertRecords(g.ID, run.RunID, recs)
+}
+
+// convertRecords is convert from a group's trajectory records.
+func (b *Bridge) convertRecords(groupID, runID string, recs []trajectory.Record) (*spoolEntry, string, error) {
 	groups, _, err := trajectory.AtroposGroups(recs, trajectory.AtroposOptions{
 		GroupSize:                 b.opts.GroupSize,
 		ZeroAdvantageOnTruncation: b.opts.ZeroAdvantageOnTruncation,
 		IncludeMessages:           !b.opts.OmitMessages,
 	})
 	if errors.Is(err, trajectory.ErrNoTokens) {
-		return nil, "", b.setFatal(fmt.Errorf("%w: group %s: %w (the inference backend must run in tokens mode)", ErrConfig, g.ID, err))
+		return nil, "", b.setFatal(fmt.Errorf("%w: group %s: %w (the inference backend must run in tokens mode)", ErrConfig, groupID, err))
 	}
 	if err != nil {
-		return nil, "", fmt.Errorf("atropos: group %s: %w", g.ID, err)
+		return nil, "", fmt.Errorf("atropos: group %s: %w", groupID, err)
 	}
 	if len(groups) == 0 {
 		return nil, "no successful rollout", nil
@@ -310,18 +318,18 @@ func (b *Bridge) convert(run *runner.RunInfo, g *runner.Group) (*spoolEntry, str
 		return nil, "all scores equal", nil
 	}
 	if sd.InferenceLogprobs == nil && !b.opts.AllowMissingLogprobs {
-		return nil, "", b.setFatal(fmt.Errorf("%w: group %s has no inference_logprobs, which the Atropos GRPO trainer requires (use a backend that returns logprobs, or AllowMissingLogprobs)", ErrConfig, g.ID))
+		return nil, "", b.setFatal(fmt.Errorf("%w: group %s has no inference_logprobs, which the Atropos GRPO trainer requires (use a backend that returns logprobs, or AllowMissingLogprobs)", ErrConfig, groupID))
 	}
 	data, err := marshalLine(sd)
 	if err != nil {
-		return nil, "", fmt.Errorf("atropos: encode group %s: %w", g.ID, err)
+		return nil, "", fmt.Errorf("atropos: encode group %s: %w", groupID, err)
 	}
 	maxLen := 0
 	for _, t := range sd.Tokens {
 		maxLen = max(maxLen, len(t))
 	}
 	return &spoolEntry{
-		GroupID: g.ID, RunID: run.RunID, SpooledAt: time.Now().UTC(),
+		GroupID: groupID, RunID: runID, SpooledAt: time.Now().UTC(),
 		Sequences: len(sd.Tokens), MaxLen: maxLen, Group: json.RawMessage(data[:len(data)-1]),
 	}, "", nil
 }

@@ -2,15 +2,18 @@ package atropos
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"sync"
 
 	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/internal/job"
 	"github.com/rollout-rl/rollout/runner"
+	"github.com/rollout-rl/rollout/trajectory"
 )
 
 // SpoolSubdir is the spool's directory inside a run directory: a resumed
@@ -90,8 +93,9 @@ func OpenRun(ctx context.Context, cfg runner.Config, setup RunSetup) (*RunBridge
 	if name == "" {
 		name = env.Name()
 	}
+	spoolDir := filepath.Join(cfg.Output.Dir, SpoolSubdir)
 	b, err := New(context.WithoutCancel(ctx), Options{
-		URL: url, SpoolDir: filepath.Join(cfg.Output.Dir, SpoolSubdir), GroupSize: g, Name: name,
+		URL: url, SpoolDir: spoolDir, GroupSize: g, Name: name,
 		MaxTokenLength: a.MaxTokenLength, Weight: a.Weight, MinBatchAllocation: a.MinBatchAllocation,
 		MaxBatchesOffPolicy: a.MaxBatchesOffPolicy, TotalSteps: a.TotalSteps, MaxPending: a.MaxPending,
 		OmitMessages: a.OmitMessages, ZeroAdvantageOnTruncation: a.ZeroAdvantageOnTruncation,
@@ -104,7 +108,100 @@ func OpenRun(ctx context.Context, cfg runner.Config, setup RunSetup) (*RunBridge
 	if err != nil {
 		return nil, err
 	}
+	if err := b.reconcile(ctx, cfg.Output.Dir); err != nil {
+		_ = b.Close(context.WithoutCancel(ctx))
+		return nil, err
+	}
 	return &RunBridge{b: b, url: url}, nil
+}
+
+// reconcile closes the crash window between the run directory and the
+// spool: the runner hands a group to the bridge only after it is durable in
+// the run directory, so a crash in between leaves groups there that the
+// bridge never saw, and the resumed run counts them as done. Every group of
+// the run directory from the spool's since.json on that the spool does not
+// know (pending, or in handed.log: delivered, refused or skipped) is
+// converted from its records and spooled now. A spool without since.json
+// (new, or from an older release) gets one at the run directory's current
+// group count: groups written before the bridge existed are not its own.
+func (b *Bridge) reconcile(ctx context.Context, runDir string) error {
+	sincePath := filepath.Join(b.opts.SpoolDir, sinceName)
+	count := func() (int64, error) {
+		run, err := trajectory.Open(runDir)
+		if errors.Is(err, trajectory.ErrNoManifest) || errors.Is(err, os.ErrNotExist) {
+			return 0, nil
+		}
+		if err != nil {
+			return 0, err
+		}
+		var n int64
+		err = run.EachGroup(ctx, func(int64, []trajectory.Record) error { n++; return nil })
+		return n, err
+	}
+	raw, err := os.ReadFile(sincePath)
+	if errors.Is(err, os.ErrNotExist) {
+		n, err := count()
+		if err != nil {
+			return fmt.Errorf("atropos: reconcile with the run directory: %w", err)
+		}
+		data, _ := json.Marshal(map[string]int64{"from_sequence": n})
+		if err := os.WriteFile(sincePath, data, 0o644); err != nil {
+			return fmt.Errorf("atropos: %w", err)
+		}
+		return syncDir(b.opts.SpoolDir)
+	}
+	if err != nil {
+		return fmt.Errorf("atropos: %w", err)
+	}
+	var since struct {
+		From int64 `json:"from_sequence"`
+	}
+	if err := json.Unmarshal(raw, &since); err != nil {
+		return fmt.Errorf("atropos: %s: %w", sincePath, err)
+	}
+	known, err := b.spool.known()
+	if err != nil {
+		return err
+	}
+	run, err := trajectory.Open(runDir)
+	if errors.Is(err, trajectory.ErrNoManifest) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("atropos: reconcile with the run directory: %w", err)
+	}
+	spooled := 0
+	err = run.EachGroup(ctx, func(seq int64, recs []trajectory.Record) error {
+		id := recs[0].GroupID
+		if seq < since.From || known[id] {
+			return nil
+		}
+		e, skip, err := b.convertRecords(id, recs[0].RunID, recs)
+		if err != nil {
+			return err
+		}
+		if skip != "" {
+			b.mu.Lock()
+			b.st.skipped++
+			b.mu.Unlock()
+			return b.spool.markHanded([]string{id})
+		}
+		if err := b.spool.append(e); err != nil {
+			return fmt.Errorf("atropos: spool group %s: %w", id, err)
+		}
+		spooled++
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("atropos: reconcile with the run directory: %w", err)
+	}
+	if spooled > 0 {
+		b.log.Info("spooled groups the previous run made durable but never handed to the bridge", "groups", spooled)
+		b.mu.Lock()
+		b.notify()
+		b.mu.Unlock()
+	}
+	return nil
 }
 
 // Bridge returns the underlying bridge (for Stats).

@@ -14,6 +14,7 @@ import (
 	"github.com/rollout-rl/rollout/internal/atropostest"
 	"github.com/rollout-rl/rollout/internal/job"
 	"github.com/rollout-rl/rollout/runner"
+	"github.com/rollout-rl/rollout/trajectory"
 )
 
 func runConfig(t *testing.T, a runner.Atropos) runner.Config {
@@ -50,7 +51,7 @@ func TestOpenRunChoices(t *testing.T) {
 		{"no output dir", func(c *runner.Config) { c.Output.Dir = "" }, "output.dir"},
 		{"bad url", func(c *runner.Config) { c.Atropos.URL = "localhost:8000" }, "http(s)://"},
 		{"bad env", func(c *runner.Config) { c.Env = "no-such-env" }, "env"},
-		{"negative off-policy", func(c *runner.Config) { c.Atropos.MaxBatchesOffPolicy = -1 }, "MaxBatchesOffPolicy"},
+		{"negative off-policy", func(c *runner.Config) { c.Atropos.MaxBatchesOffPolicy = -1 }, "atropos.max_batches_off_policy"},
 		{"invalid run config", func(c *runner.Config) { c.Inference.Endpoints = nil }, "inference.endpoints"},
 		{"chat mode", func(c *runner.Config) { c.Inference.Backend = inference.BackendChat }, "token ids"},
 	}
@@ -142,5 +143,77 @@ func TestRunBridgeFinishErrors(t *testing.T) {
 	}
 	if err := b2.Finish(context.Background(), runner.ErrIntakeStopped); err != runner.ErrIntakeStopped {
 		t.Fatalf("Finish: %v; want the intake stop unchanged", err)
+	}
+}
+
+// A crash between the run directory and the spool: groups durable in the
+// run directory that the bridge never saw are spooled by the next OpenRun
+// and delivered once; groups it delivered or skipped are not sent again.
+func TestRunBridgeReconcilesRunDirectory(t *testing.T) {
+	api := atropostest.New(t)
+	api.StartTrainer(t, 64, 4096, 1000)
+	cfg := runConfig(t, runner.Atropos{})
+	cfg.GroupSize = testG
+	ctx := context.Background()
+	writeRun := func(ks ...int) {
+		w, err := trajectory.NewWriter(ctx, cfg.Output.Dir, trajectory.WriterOptions{RunID: testRun.RunID, Logger: testLogger()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range ks {
+			g := testGroup(k)
+			recs := make([]trajectory.Record, len(g.Rollouts))
+			for i := range g.Rollouts {
+				if recs[i], err = job.Record(testRun, g, &g.Rollouts[i]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := w.WriteGroup(ctx, recs); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := w.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Group 0 was written before the bridge existed: never the bridge's.
+	writeRun(0)
+	open := func() *RunBridge {
+		b, err := OpenRun(ctx, cfg, RunSetup{Mode: job.ModeRun, DefaultURL: api.URL(), Logger: testLogger()})
+		if err != nil || b == nil {
+			t.Fatalf("OpenRun: %v, %v", b, err)
+		}
+		return b
+	}
+	finish := func(b *RunBridge) {
+		fctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		if err := b.Finish(fctx, nil); err != nil {
+			t.Fatalf("Finish: %v", err)
+		}
+	}
+	// Run 1: group 1 goes through the bridge; groups 2 and 3 are durable in
+	// the run directory when the process dies, before the bridge saw them.
+	b := open()
+	admit(t, b.Bridge())
+	writeRun(1)
+	write(t, b.Bridge(), testGroup(1))
+	finish(b)
+	writeRun(2, 3)
+	// Run 2 (the resume) hands them over; run 3 finds nothing to do.
+	finish(open())
+	finish(open())
+	got, _ := api.Snapshot()
+	sent := map[string]int{}
+	for _, g := range got {
+		sent[fmt.Sprint(g)]++
+	}
+	if len(got) != 3 {
+		t.Fatalf("the API received %d groups, want 3 (groups 1, 2 and 3 once each)", len(got))
+	}
+	for k, n := range sent {
+		if n != 1 {
+			t.Errorf("group %s received %d times", k, n)
+		}
 	}
 }

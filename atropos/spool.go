@@ -21,6 +21,10 @@ import (
 //	segment-00000001.jsonl  append-only, one spoolEntry per line, fsynced per line
 //	cursor.json             {"acked_seq": N}: every entry with seq <= N was delivered
 //	rejected.jsonl          append-only dead letters: groups the API refused, with the reason
+//	handed.log              append-only group ids the bridge is done with (delivered, refused or
+//	                        skipped), fsynced before the cursor moves past them
+//	since.json              {"from_sequence": N}: the run directory's groups from N on are the
+//	                        bridge's (written when the spool is created)
 //
 // Every group is written to a segment before it is sent, so a crash, an API
 // outage or an API restart loses nothing; the sender replays entries in seq
@@ -32,6 +36,8 @@ const (
 	segmentSuffix = ".jsonl"
 	cursorName    = "cursor.json"
 	rejectedName  = "rejected.jsonl"
+	handedName    = "handed.log"
+	sinceName     = "since.json"
 )
 
 // spoolEntry is one line of a segment: a group as it will be POSTed, minus
@@ -81,6 +87,7 @@ type spool struct {
 	pending []entryRef
 	perSeg  map[int]int // pending entries per segment
 	rej     *os.File
+	handed  *os.File
 	closed  bool
 }
 
@@ -124,7 +131,70 @@ func openSpool(dir string, segBytes int64) (*spool, error) {
 		_ = s.w.Close()
 		return nil, fmt.Errorf("open spool dead letters: %w", err)
 	}
+	s.handed, err = os.OpenFile(filepath.Join(dir, handedName), os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o644)
+	if err != nil {
+		_ = s.w.Close()
+		_ = s.rej.Close()
+		return nil, fmt.Errorf("open spool hand-off log: %w", err)
+	}
 	return s, nil
+}
+
+// markHanded records durably that the bridge is done with these groups.
+func (s *spool) markHanded(ids []string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.markHandedLocked(ids)
+}
+
+func (s *spool) markHandedLocked(ids []string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	if s.closed {
+		return ErrClosed
+	}
+	var b bytes.Buffer
+	for _, id := range ids {
+		b.WriteString(strconv.Quote(id))
+		b.WriteByte('\n')
+	}
+	if _, err := s.handed.Write(b.Bytes()); err != nil {
+		return fmt.Errorf("write spool hand-off log: %w", err)
+	}
+	if err := s.handed.Sync(); err != nil {
+		return fmt.Errorf("sync spool hand-off log: %w", err)
+	}
+	return nil
+}
+
+// known returns the groups the bridge has seen: done with (handed.log) or
+// still pending in the spool. A torn last line of handed.log is ignored:
+// its group was still pending when the crash came.
+func (s *spool) known() (map[string]bool, error) {
+	out := map[string]bool{}
+	b, err := os.ReadFile(filepath.Join(s.dir, handedName))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("read spool hand-off log: %w", err)
+	}
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			break
+		}
+		id, err := strconv.Unquote(string(b[:i]))
+		if err != nil {
+			return nil, fmt.Errorf("spool hand-off log %s: corrupt line %q", filepath.Join(s.dir, handedName), b[:i])
+		}
+		out[id] = true
+		b = b[i+1:]
+	}
+	s.mu.Lock()
+	for _, r := range s.pending {
+		out[r.groupID] = true
+	}
+	s.mu.Unlock()
+	return out, nil
 }
 
 func (s *spool) readCursor() error {
@@ -334,6 +404,13 @@ func (s *spool) ack(refs []entryRef) error {
 		}
 	}
 	last := refs[len(refs)-1].seq
+	ids := make([]string, len(refs))
+	for i, r := range refs {
+		ids[i] = r.groupID
+	}
+	if err := s.markHandedLocked(ids); err != nil {
+		return err
+	}
 	if err := s.writeCursor(last); err != nil {
 		return err
 	}
@@ -408,6 +485,9 @@ func (s *spool) close() error {
 	}
 	if rerr := s.rej.Close(); err == nil {
 		err = rerr
+	}
+	if herr := s.handed.Close(); err == nil {
+		err = herr
 	}
 	if err != nil {
 		return fmt.Errorf("close spool: %w", err)

@@ -48,6 +48,8 @@ type YAMLSandbox struct {
 	CPUs         float64           `yaml:"cpus"`
 	PIDs         int64             `yaml:"pids"`
 	ReadOnlyRoot bool              `yaml:"read_only_root"`
+	DiskMB       int64             `yaml:"disk_mb"`
+	Runtime      string            `yaml:"runtime"`
 	Files        []struct {
 		Path    string `yaml:"path"`
 		Content string `yaml:"content"` // template
@@ -109,6 +111,16 @@ func NewYAMLEnv(spec YAMLSpec, baseDir string) (*YAMLEnv, error) {
 	}
 	if spec.Sandbox != nil && spec.Sandbox.Image == "" {
 		return nil, fmt.Errorf("%w: sandbox.image is required when sandbox is set", ErrConfig)
+	}
+	if sb := spec.Sandbox; sb != nil {
+		for _, f := range []struct {
+			name string
+			neg  bool
+		}{{"memory_mb", sb.MemoryMB < 0}, {"cpus", sb.CPUs < 0}, {"pids", sb.PIDs < 0}, {"disk_mb", sb.DiskMB < 0}} {
+			if f.neg {
+				return nil, fmt.Errorf("%w: sandbox.%s: must not be negative (0 = the default)", ErrConfig, f.name)
+			}
+		}
 	}
 	t, err := template.New("prompt").Option("missingkey=error").Parse(spec.Prompt)
 	if err != nil {
@@ -216,7 +228,9 @@ func (e *YAMLEnv) Task(_ context.Context, it datasets.Item) (Task, error) {
 	}
 	if sb := e.spec.Sandbox; sb != nil {
 		spec := &sandbox.Spec{Image: sb.Image, Workdir: sb.Workdir, User: sb.User, Network: sb.Network, Env: sb.Env,
-			Limits: sandbox.Limits{MemoryBytes: sb.MemoryMB << 20, CPUs: sb.CPUs, PIDs: sb.PIDs, ReadOnlyRoot: sb.ReadOnlyRoot}}
+			Runtime: sb.Runtime,
+			Limits: sandbox.Limits{MemoryBytes: sb.MemoryMB << 20, CPUs: sb.CPUs, PIDs: sb.PIDs, ReadOnlyRoot: sb.ReadOnlyRoot,
+				DiskBytes: sb.DiskMB << 20}}
 		for _, f := range sb.Files {
 			body, err := render("sandbox.files "+f.Path, f.Content, it)
 			if err != nil {

@@ -55,6 +55,13 @@ type Config struct {
 	BreakerFailures int           `yaml:"breaker_failures,omitempty" json:"breaker_failures,omitempty"`
 	BreakerCooldown time.Duration `yaml:"breaker_cooldown,omitempty" json:"breaker_cooldown,omitempty"`
 	HealthTimeout   time.Duration `yaml:"health_timeout,omitempty" json:"health_timeout,omitempty"`
+	// ReadyTimeout bounds the start check: every endpoint must answer
+	// /v1/models (and serve the model) within it (default 10s; raise it
+	// when the servers start together with the run). See health.go.
+	ReadyTimeout time.Duration `yaml:"ready_timeout,omitempty" json:"ready_timeout,omitempty"`
+	// UnreachableTimeout fails a running run once no endpoint has
+	// answered for that long (default 60s).
+	UnreachableTimeout time.Duration `yaml:"unreachable_timeout,omitempty" json:"unreachable_timeout,omitempty"`
 	// ChatTokenIDs makes the chat backend ask for return_token_ids and
 	// logprobs (vLLM ≥ 0.10.2, the simulator). Leave off for OpenAI or
 	// OpenRouter, which reject unknown fields.

@@ -96,6 +96,7 @@ type endpoint struct {
 	state     breakerState
 	openUntil time.Time
 	cooldown  time.Duration
+	health    epHealth // reachability for Client.Watch (health.go)
 }
 
 // affinity pins an episode to the endpoint that served it last, so the
@@ -416,6 +417,7 @@ func (p *Pool) release(ep *endpoint, err error, callerGone bool) {
 // feedLocked updates the breaker with one outcome; 4xx says nothing about
 // the endpoint's health.
 func (p *Pool) feedLocked(ep *endpoint, err error) {
+	ep.health.observe(err, time.Now())
 	switch {
 	case err == nil:
 		ep.fails = 0

@@ -205,6 +205,8 @@ func TestSumAndSpecs(t *testing.T) {
 		{Spec{Type: "exit_code", Command: "x", Want: "0"}, "want must be an integer"},
 		{Spec{Type: "file_content", Path: "/a", Want: 3}, "want must be a string"},
 		{Spec{Type: "format", Regex: "("}, "bad regex"},
+		{Spec{Type: "match_fraction"}, "match_fraction: regex is required"},
+		{Spec{Type: "match_fraction", Regex: "["}, "match_fraction: bad regex"},
 		{Spec{Type: "llm_judge"}, "base_url and model are required"},
 	}
 	for _, b := range bad {
@@ -282,6 +284,34 @@ func TestParseVerdict(t *testing.T) {
 	for _, text := range []string{`{"score": 2}`, `{"score": "high"}`, `no`} {
 		if _, err := parseVerdict(text); err == nil {
 			t.Errorf("parseVerdict(%q) accepted", text)
+		}
+	}
+}
+
+func TestMatchFraction(t *testing.T) {
+	cases := []struct {
+		regex, final string
+		want         float64
+	}{
+		{`[0-9]`, "", 0},
+		{`[0-9]`, "abcd", 0},
+		{`[0-9]`, "1234", 1},
+		{`[0-9]`, "a1b2", 0.5},
+		{`[0-9]+`, "12 34", 0.8},
+		{`é`, "éa", 0.5},       // runes, not bytes
+		{`aa`, "aaa", 2.0 / 3}, // non-overlapping
+	}
+	for _, c := range cases {
+		r, err := Build(Spec{Type: "match_fraction", Regex: c.regex})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := r.Score(context.Background(), Input{Final: c.final})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := s.Value - c.want; diff > 1e-12 || diff < -1e-12 {
+			t.Errorf("match_fraction %q on %q = %v, want %v", c.regex, c.final, s.Value, c.want)
 		}
 	}
 }

@@ -29,7 +29,7 @@ type Spec struct {
 	RelTol float64 `yaml:"rel_tol,omitempty" json:"rel_tol,omitempty"`
 	AbsTol float64 `yaml:"abs_tol,omitempty" json:"abs_tol,omitempty"`
 
-	// format
+	// format, match_fraction
 	Regex        string `yaml:"regex,omitempty" json:"regex,omitempty"`
 	MaxChars     int    `yaml:"max_chars,omitempty" json:"max_chars,omitempty"`
 	RequireBoxed bool   `yaml:"require_boxed,omitempty" json:"require_boxed,omitempty"`
@@ -42,7 +42,7 @@ type Spec struct {
 }
 
 // Types lists the reward types a Spec may name.
-var Types = []string{"exit_code", "file_content", "tests_passed", "numeric_match", "format", "llm_judge"}
+var Types = []string{"exit_code", "file_content", "tests_passed", "numeric_match", "format", "match_fraction", "llm_judge"}
 
 // Build turns one spec into a Reward.
 func Build(s Spec) (Reward, error) {
@@ -75,6 +75,8 @@ func Build(s Spec) (Reward, error) {
 		return NumericMatch{RelTol: s.RelTol, AbsTol: s.AbsTol}, nil
 	case "format":
 		return NewFormat(s.Regex, s.MaxChars, s.RequireBoxed)
+	case "match_fraction":
+		return NewMatchFraction(s.Regex)
 	case "llm_judge":
 		return NewJudge(Judge{BaseURL: s.BaseURL, Model: s.Model, Prompt: s.Prompt, Retries: s.Retries, Timeout: s.Timeout})
 	case "":

@@ -16,6 +16,7 @@ import (
 	"github.com/rollout-rl/rollout/agentloop"
 	"github.com/rollout-rl/rollout/datasets"
 	"github.com/rollout-rl/rollout/inference"
+	"github.com/rollout-rl/rollout/sandbox"
 )
 
 // ErrConfig is wrapped by every invalid run configuration.
@@ -74,6 +75,11 @@ type Config struct {
 	// Atropos also sends the run's groups to an Atropos trainer (package
 	// atropos; docs/atropos.md). The runner does not read it.
 	Atropos Atropos `yaml:"atropos,omitempty" json:"atropos,omitempty"`
+	// MaxInfraFailedFraction is the exit policy of `rollout run`/`eval`
+	// and of jobs: a run whose infra_failed rollouts exceed this fraction
+	// of its rollouts fails after writing them (default 0.5; 1 fails only
+	// a run without any ok rollout). The runner does not read it.
+	MaxInfraFailedFraction *float64 `yaml:"max_infra_failed_fraction,omitempty" json:"max_infra_failed_fraction,omitempty"`
 }
 
 // Atropos configures the Atropos bridge of a collection run: the run acts
@@ -146,6 +152,15 @@ type SandboxConfig struct {
 	MemoryMB int64   `yaml:"memory_mb,omitempty" json:"memory_mb,omitempty"`
 	CPUs     float64 `yaml:"cpus,omitempty" json:"cpus,omitempty"`
 	PIDs     int64   `yaml:"pids,omitempty" json:"pids,omitempty"`
+	// DiskMB bounds what a sandbox may write (default 1024; see
+	// sandbox.Limits.DiskBytes).
+	DiskMB int64 `yaml:"disk_mb,omitempty" json:"disk_mb,omitempty"`
+	// ReadOnlyRoot gives every sandbox a read-only root with tmpfs /tmp
+	// and workdir of disk_mb each.
+	ReadOnlyRoot bool `yaml:"read_only_root,omitempty" json:"read_only_root,omitempty"`
+	// Runtime is the engine's OCI runtime: runc (default) or runsc
+	// (gVisor; scripts/ensure-runsc.sh registers it).
+	Runtime string `yaml:"runtime,omitempty" json:"runtime,omitempty"`
 	// WarmPool caps the sandboxes started ahead of use: when a group
 	// starts, its G sandboxes are all started at once through a warm pool
 	// (0 = 4×G; negative = no pool, each rollout creates its own).
@@ -301,8 +316,28 @@ func (c Config) Validate() error {
 		return bad("loop.empty_reply_nudges", "must not be negative")
 	case c.Loop.MaxCallsPerTurn < 0:
 		return bad("loop.max_calls_per_turn", "must not be negative (0 = no limit)")
-	case c.Limits.RolloutsInFlight < 0 || c.Limits.GroupsInFlight < 0 || c.Limits.Sandboxes < 0:
-		return bad("limits", "must not be negative")
+	case c.GroupSize > MaxGroupSize:
+		return bad("group_size", "%d exceeds the maximum %d (a group's rollouts are held in memory together)", c.GroupSize, MaxGroupSize)
+	case c.Groups > MaxGroups:
+		return bad("groups", "%d exceeds the maximum %d (split the run)", c.Groups, MaxGroups)
+	}
+	for _, l := range []struct {
+		field string
+		v     int
+	}{
+		{"limits.rollouts_in_flight", c.Limits.RolloutsInFlight},
+		{"limits.groups_in_flight", c.Limits.GroupsInFlight},
+		{"limits.sandboxes", c.Limits.Sandboxes},
+	} {
+		if l.v < 0 {
+			return bad(l.field, "must not be negative")
+		}
+		if l.v > MaxConcurrency {
+			return bad(l.field, "%d exceeds the maximum %d", l.v, MaxConcurrency)
+		}
+	}
+	if err := c.Sandbox.validate(bad); err != nil {
+		return err
 	}
 	switch c.Advantage.Mode {
 	case "", AdvantageGRPO, AdvantageMean, AdvantageNone:
@@ -313,6 +348,51 @@ func (c Config) Validate() error {
 		if !strings.HasPrefix(u, "http://") && !strings.HasPrefix(u, "https://") {
 			return bad("inference.endpoints", "%q is not an http(s) URL", u)
 		}
+	}
+	if err := c.validateRanges(bad); err != nil {
+		return err
+	}
+	return nil
+}
+
+// Maxima of the run config: values past them are config errors, not a
+// way to exhaust the host.
+const (
+	MaxGroupSize   = 4096
+	MaxGroups      = 10_000_000
+	MaxConcurrency = 4096 // limits.rollouts_in_flight, groups_in_flight, sandboxes
+)
+
+func (s SandboxConfig) validate(bad func(field, format string, args ...any) error) error {
+	switch {
+	case s.MemoryMB < 0:
+		return bad("sandbox.memory_mb", "must not be negative (0 = the env's or the default 2048)")
+	case s.MemoryMB > 0 && s.MemoryMB < 8:
+		return bad("sandbox.memory_mb", "%d is below the minimum 8", s.MemoryMB)
+	case s.MemoryMB > 1<<30:
+		return bad("sandbox.memory_mb", "%d is not a plausible memory size", s.MemoryMB)
+	case s.CPUs < 0 || s.CPUs != s.CPUs:
+		return bad("sandbox.cpus", "must not be negative (0 = the env's or the default 1)")
+	case s.CPUs > 1024:
+		return bad("sandbox.cpus", "%v exceeds the maximum 1024", s.CPUs)
+	case s.PIDs < 0:
+		return bad("sandbox.pids", "must not be negative (0 = the env's or the default 512)")
+	case s.PIDs > 0 && s.PIDs < 16:
+		return bad("sandbox.pids", "%d is below the minimum 16 (the agent and a shell need a few)", s.PIDs)
+	case s.DiskMB < 0:
+		return bad("sandbox.disk_mb", "must not be negative (0 = the env's or the default 1024)")
+	case s.DiskMB > 1<<30:
+		return bad("sandbox.disk_mb", "%d is not a plausible disk size", s.DiskMB)
+	}
+	switch s.Network {
+	case "", sandbox.NetworkNone, sandbox.NetworkBridge, sandbox.NetworkOpen:
+	default:
+		return bad("sandbox.network", "%q, want none, bridge (egress only) or open (unrestricted: reaches the host and other containers)", s.Network)
+	}
+	switch s.Runtime {
+	case "", sandbox.RuntimeRunc, sandbox.RuntimeRunsc:
+	default:
+		return bad("sandbox.runtime", "%q, want runc or runsc (gVisor)", s.Runtime)
 	}
 	return nil
 }

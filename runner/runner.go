@@ -90,6 +90,10 @@ type Runner struct {
 	// stopIntake ends intake (CancelJob without cancel_in_flight).
 	stopOnce   sync.Once
 	intakeStop chan struct{}
+	// preflight (preflight.go): the items, resolved once.
+	preMu    sync.Mutex
+	preDone  bool
+	preItems []datasets.Item
 }
 
 // GroupOptions adjust one group in trainer-driven collection.
@@ -198,7 +202,7 @@ func (r *Runner) Items(ctx context.Context) ([]datasets.Item, error) {
 // cancellation) and are still handed to the sinks when possible.
 func (r *Runner) Run(ctx context.Context) (Summary, error) {
 	start := time.Now()
-	items, err := r.Items(ctx)
+	items, err := r.runItems(ctx)
 	if err != nil {
 		return r.sum, err
 	}
@@ -264,17 +268,23 @@ func (r *Runner) Run(ctx context.Context) (Summary, error) {
 		go func(idx int, it datasets.Item) {
 			defer wg.Done()
 			defer groupSlots.Release(1)
+			r.log.Debug("group started", "group", it.Key())
 			g := r.RunGroup(ctx, idx, it, GroupOptions{PolicyVersion: r.cfg.PolicyVersion})
-			sinkMu.Lock()
-			defer sinkMu.Unlock()
-			if sinkErr != nil {
+			failed := func() bool {
+				sinkMu.Lock()
+				defer sinkMu.Unlock()
+				return sinkErr != nil
+			}
+			if failed() {
 				return
 			}
 			// A group cut short by cancellation is incomplete: writing it
 			// would let a resumed run treat the item as done and leave a
 			// permanent gap. It is dropped here and collected again whole.
 			if ctx.Err() != nil && interrupted(g) {
+				sinkMu.Lock()
 				r.sum.GroupsInterrupted++
+				sinkMu.Unlock()
 				r.log.Info("group interrupted by cancellation; not written, a resumed run collects it again",
 					"group_id", g.ID, "item", it.Key())
 				return
@@ -282,7 +292,32 @@ func (r *Runner) Run(ctx context.Context) (Summary, error) {
 			// Groups that finished are written even when ctx was cancelled
 			// meanwhile, so that the work done is not lost.
 			wctx := context.WithoutCancel(ctx)
+			// Durable sinks first, outside the lock: groups finishing
+			// together share their fsyncs. Nothing below announces the
+			// group before they returned.
 			for _, s := range r.deps.Sinks {
+				if !isDurable(s) {
+					continue
+				}
+				if err := s.WriteGroup(wctx, &r.info, g); err != nil {
+					sinkMu.Lock()
+					if sinkErr == nil {
+						sinkErr = fmt.Errorf("write group %s: %w", g.ID, err)
+					}
+					sinkMu.Unlock()
+					stopIntake()
+					return
+				}
+			}
+			sinkMu.Lock()
+			defer sinkMu.Unlock()
+			if sinkErr != nil {
+				return
+			}
+			for _, s := range r.deps.Sinks {
+				if isDurable(s) {
+					continue
+				}
 				if err := s.WriteGroup(wctx, &r.info, g); err != nil {
 					sinkErr = fmt.Errorf("write group %s: %w", g.ID, err)
 					stopIntake()
@@ -290,6 +325,7 @@ func (r *Runner) Run(ctx context.Context) (Summary, error) {
 				}
 			}
 			r.count(g)
+			r.log.Debug("group done", "group", g.ID, "sequence", g.Sequence, "ok", g.OK, "mean", g.Mean)
 			if r.deps.Progress != nil {
 				r.deps.Progress(Event{Group: g, Total: len(todo)})
 			}
@@ -314,6 +350,12 @@ func (r *Runner) Run(ctx context.Context) (Summary, error) {
 	default:
 	}
 	return r.sum, nil
+}
+
+// isDurable reports whether s is a Durable sink.
+func isDurable(s Sink) bool {
+	d, ok := s.(Durable)
+	return ok && d.DurableWrites()
 }
 
 // interrupted reports whether cancellation cut one of g's rollouts short.
@@ -381,7 +423,7 @@ func (r *Runner) count(g *Group) {
 // group. Run calls it for every item; trainer-driven collection calls it
 // directly. idx seeds the group's toolset sampling.
 func (r *Runner) RunGroup(ctx context.Context, idx int, it datasets.Item, o GroupOptions) *Group {
-	g := &Group{ID: it.Key(), Item: it, Rollouts: make([]Rollout, r.cfg.GroupSize), PolicyVersion: o.PolicyVersion, RequestID: o.RequestID}
+	g := &Group{ID: it.Key(), Item: it, Rollouts: make([]Rollout, r.cfg.GroupSize), PolicyVersion: o.PolicyVersion, RequestID: o.RequestID, Sequence: -1}
 	sampling := r.cfg.Sampling
 	if o.Sampling != nil {
 		sampling = *o.Sampling
@@ -393,10 +435,17 @@ func (r *Runner) RunGroup(ctx context.Context, idx int, it datasets.Item, o Grou
 	gr.task, gr.taskErr = r.deps.Env.Task(ctx, it)
 	g.Task = gr.task
 	gr.set, gr.setErr = r.toolSet(gr.task, uint64(idx))
+	// A group larger than the limits runs in waves: at most as many of its
+	// rollouts run (and hold goroutines) at once as the limits allow.
+	wave := min(len(g.Rollouts), r.cfg.Limits.RolloutsInFlight)
+	if gr.task.Sandbox != nil {
+		wave = min(wave, r.cfg.Limits.Sandboxes)
+	}
 	if gr.taskErr == nil && gr.setErr == nil {
-		r.expectSandboxes(ctx, gr, len(g.Rollouts))
+		r.expectSandboxes(ctx, gr, wave)
 	}
 	var eg errgroup.Group
+	eg.SetLimit(max(wave, 1))
 	for i := range g.Rollouts {
 		eg.Go(func() error {
 			g.Rollouts[i] = r.runWithRetries(ctx, gr, i)
@@ -409,7 +458,6 @@ func (r *Runner) RunGroup(ctx context.Context, idx int, it datasets.Item, o Grou
 	}
 	_ = eg.Wait()
 	assemble(g, r.cfg.Advantage)
-	log.Debug("group done", "ok", g.OK, "mean", g.Mean)
 	return g
 }
 
@@ -459,7 +507,11 @@ func (r *Runner) toolSet(task envs.Task, groupIdx uint64) (*tools.Set, error) {
 	if len(enabled) == 0 {
 		return nil, nil
 	}
-	return reg.Resolve(enabled, r.cfg.Toolsets.Disabled)
+	set, err := reg.Resolve(enabled, r.cfg.Toolsets.Disabled)
+	if err == nil {
+		err = r.checkParser(set)
+	}
+	return set, err
 }
 
 const callOnlyToolset = "call-only"
@@ -535,7 +587,7 @@ func (r *Runner) runWithRetries(ctx context.Context, gr *groupRun, idx int) Roll
 		ro = r.attempt(actx, gr, idx)
 		ro.Attempts = attempt
 		endRollout(span, &ro)
-		if ro.Status == StatusOK || attempt > max(r.cfg.Retries, 0) || ctx.Err() != nil || !retryable(ro.Failure.Kind) {
+		if ro.Status == StatusOK || attempt > max(r.cfg.Retries, 0) || ctx.Err() != nil || !retryable(ro.Failure.Kind) || ro.deterministic {
 			return ro
 		}
 		log.Warn("rollout infra failure, retrying", "rollout", ro.ID, "kind", ro.Failure.Kind, "error", ro.Failure.Message, "attempt", attempt)
@@ -692,7 +744,11 @@ func (r *Runner) attempt(ctx context.Context, gr *groupRun, idx int) (ro Rollout
 	ro.Timings.Reward = time.Since(rstart)
 	if err != nil {
 		kind := FailReward
-		if errors.Is(rctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
+		if errors.Is(err, sandbox.ErrUnavailable) || errors.Is(err, sandbox.ErrClosed) {
+			// The sandbox died under the reward (killed, OOM, past its
+			// disk limit): infrastructure, not the reward's logic.
+			kind = FailSandbox
+		} else if errors.Is(rctx.Err(), context.DeadlineExceeded) && ctx.Err() == nil {
 			kind = FailRewardTimout
 		} else if ctx.Err() != nil {
 			kind = FailCancelled
@@ -756,6 +812,15 @@ func (r *Runner) sandboxSpec(ctx context.Context, task envs.Task) (sandbox.Spec,
 	if c.PIDs > 0 {
 		spec.Limits.PIDs = c.PIDs
 	}
+	if c.DiskMB > 0 {
+		spec.Limits.DiskBytes = c.DiskMB << 20
+	}
+	if c.ReadOnlyRoot {
+		spec.Limits.ReadOnlyRoot = true
+	}
+	if c.Runtime != "" {
+		spec.Runtime = c.Runtime
+	}
 	if spec.Image == "" {
 		return spec, FailTask, errors.New("no sandbox image: set sandbox.image in the run config or the env's image")
 	}
@@ -772,7 +837,7 @@ func (r *Runner) openSandbox(ctx context.Context, gr *groupRun, ro *Rollout) (sa
 		return nil, kind, err
 	}
 	spec.Labels = map[string]string{sandbox.LabelRun: r.info.RunID, sandbox.LabelRollout: ro.ID}
-	ro.Image, ro.Limits, ro.Network = spec.Image, spec.Limits, spec.Network
+	ro.Image, ro.Limits, ro.Network, ro.Runtime = spec.Image, spec.Limits, spec.Network, spec.Runtime
 	if err := r.boxes.Acquire(ctx, 1); err != nil {
 		return nil, FailCancelled, err
 	}
@@ -784,10 +849,20 @@ func (r *Runner) openSandbox(ctx context.Context, gr *groupRun, ro *Rollout) (sa
 		if ctx.Err() != nil {
 			return nil, FailCancelled, err
 		}
+		// A bad spec (a missing image, impossible limits) fails the same
+		// way every time: never retried.
+		ro.deterministic = errors.Is(err, sandbox.ErrInvalid)
 		return nil, FailSandbox, err
 	}
 	if im, ok := sb.(sandbox.ImageIdentifier); ok {
 		ro.ImageID = im.ImageID()
+	}
+	// The manifest records what the container got, not what was asked.
+	if lr, ok := sb.(sandbox.LimitsReporter); ok {
+		a := lr.Applied()
+		ro.Limits.MemoryBytes, ro.Limits.CPUs, ro.Limits.PIDs = a.MemoryBytes, a.CPUs, a.PIDs
+		ro.Limits.DiskBytes, ro.Limits.ReadOnlyRoot = a.DiskBytes, a.ReadOnlyRoot
+		ro.Network, ro.Runtime = a.Network, a.Runtime
 	}
 	return sb, "", nil
 }

@@ -69,9 +69,14 @@ type Rollout struct {
 	Timings   Timings
 	Image     string
 	ImageID   string // content-addressed id of Image, when the backend knows it
-	Limits    sandbox.Limits
-	Network   string
-	Created   time.Time
+	// Limits, Network and Runtime are those the sandbox's container was
+	// created with (read back from the engine), else those asked for.
+	Limits  sandbox.Limits
+	Network string
+	Runtime string
+	Created time.Time
+	// deterministic: the failure would repeat on a retry (a bad spec).
+	deterministic bool
 }
 
 // Group is one item's G rollouts, assembled.
@@ -91,12 +96,28 @@ type Group struct {
 	PolicyVersion *int64
 	// RequestID echoes the trainer request that asked for the item.
 	RequestID string
+	// Sequence is the group's position in the run directory, set by the
+	// durable sink before any other sink sees the group (-1: no run
+	// directory, or the journal is off). WatchJob and CollectGroups clients
+	// resume from it.
+	Sequence int64
 }
 
 // Sink receives finished groups. WriteGroup may block (back-pressure); an
 // error stops intake and fails the run.
 type Sink interface {
 	WriteGroup(ctx context.Context, run *RunInfo, g *Group) error
+}
+
+// Durable is implemented by a sink that stores groups durably (the run
+// directory) and whose WriteGroup is safe for concurrent use. Run hands each
+// finished group to the durable sinks first — for several groups at once,
+// so that they can share an fsync — and only after they returned to the
+// other sinks (watchers, trainers), the counters, the log and the progress
+// callback: nothing announces a group that a crash could still lose.
+type Durable interface {
+	Sink
+	DurableWrites() bool
 }
 
 // Admitter is implemented by sinks that gate intake, e.g. a trainer whose

@@ -103,3 +103,72 @@ func (g *createGate) Parallelism() int {
 	defer g.mu.Unlock()
 	return g.limit
 }
+
+// slotSem counts the containers a backend holds (warm ones included) under
+// MaxContainers. It is a hard bound: a slot is taken before a container is
+// created and given back only once it is removed. Unlike a channel it lets
+// a waiter also watch other events (the pool's), through changed().
+type slotSem struct {
+	mu      sync.Mutex
+	cap     int
+	used    int
+	changed chan struct{} // closed and replaced on every release
+}
+
+func newSlotSem(n int) *slotSem { return &slotSem{cap: n, changed: make(chan struct{})} }
+
+// tryAcquire takes a slot when one is free.
+func (s *slotSem) tryAcquire() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.used >= s.cap {
+		return false
+	}
+	s.used++
+	return true
+}
+
+// acquire waits for a slot as long as ctx allows.
+func (s *slotSem) acquire(ctx context.Context) error {
+	for {
+		s.mu.Lock()
+		if s.used < s.cap {
+			s.used++
+			s.mu.Unlock()
+			return nil
+		}
+		ch := s.changed
+		s.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// release gives a slot back and wakes every waiter.
+func (s *slotSem) release() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.used <= 0 {
+		panic("sandbox: slot released twice")
+	}
+	s.used--
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// wait returns a channel closed at the next release.
+func (s *slotSem) wait() <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.changed
+}
+
+// inUse is the number of slots taken.
+func (s *slotSem) inUse() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.used
+}

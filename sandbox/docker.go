@@ -41,6 +41,7 @@ const (
 	LabelHost     = "io.rollout.sandbox.host"     // hostname of that process
 	LabelPID      = "io.rollout.sandbox.pid"      // pid of that process
 	LabelPIDStart = "io.rollout.sandbox.pidstart" // its start time (clock ticks), against pid reuse
+	LabelBoot     = "io.rollout.sandbox.boot"     // kernel boot id of that host, against pid reuse across reboots
 	LabelPool     = "io.rollout.sandbox.pool"     // spec fingerprint of a warm-pool container
 	// Conventional caller labels (Spec.Labels keys).
 	LabelRun     = "io.rollout.run"
@@ -58,6 +59,9 @@ var DefaultLimits = Limits{
 	DiskBytes:   1 << 30,
 }
 
+// runscPIDsHeadroom is added to the pids limit of runsc containers.
+const runscPIDsHeadroom = 1024
+
 // Delivery modes for the agent binary.
 const (
 	DeliveryAuto = ""     // bind when the engine is local, else copy
@@ -74,9 +78,17 @@ type Options struct {
 	CreateRate         float64       // creates per second (default 50)
 	ReapInterval       time.Duration // periodic reaper (default 30s; < 0 disables, start-up reap too)
 	LeakGrace          time.Duration // own untracked containers younger than this are left alone (default 2m)
+	DiskCheckInterval  time.Duration // disk watchdog period (default 1s; disk.go)
 	Agent              *AgentBinary  // default ResolveAgent()
 	Delivery           string
 	Logger             *slog.Logger
+	// HostMemoryReserve is kept free on the host beyond a new sandbox's
+	// memory limit: a create waits until MemAvailable >= limit + reserve
+	// (default 512 MiB; negative disables host admission).
+	HostMemoryReserve int64
+	// HostDiskReserve is kept free on the engine's data root beyond a new
+	// sandbox's disk limit (default 2 GiB).
+	HostDiskReserve int64
 }
 
 // Docker creates sandboxes as local Docker containers. It is safe for
@@ -88,17 +100,21 @@ type Docker struct {
 	agent  AgentBinary
 	labels map[string]string
 	bind   bool
-	slots  chan struct{}
+	slots  *slotSem
 	gate   *createGate
 	rate   *rateLimiter
+	egress egressState
+	host   hostState
+	probe  hostProbe
 
 	mu     sync.Mutex
 	live   map[string]*dockerSandbox // by container id
 	images map[string]imageInfo
 	closed bool
 
-	stop   context.CancelFunc
-	reaper sync.WaitGroup
+	stop     context.CancelFunc
+	reaper   sync.WaitGroup
+	watchdog *watchdog // owner.go
 }
 
 type imageInfo struct{ user, id string }
@@ -122,14 +138,16 @@ func NewDocker(ctx context.Context, opts Options) (*Docker, error) {
 		_ = cli.Close()
 		return nil, err
 	}
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	d.stop = cancel
+	d.watchdog = startWatchdog(d.labels, d.log)
 	if d.opts.ReapInterval > 0 {
 		if _, err := d.Reap(ctx, ReapOptions{}); err != nil {
 			d.log.Warn("start-up reap failed", "err", err)
 		}
-		rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		d.stop = cancel
 		d.reaper.Go(func() { d.reapLoop(rctx) })
 	}
+	d.reaper.Go(func() { d.diskLoop(rctx) })
 	return d, nil
 }
 
@@ -155,8 +173,17 @@ func newDocker(cli *client.Client, opts Options) (*Docker, error) {
 	if opts.LeakGrace <= 0 {
 		opts.LeakGrace = 2 * time.Minute
 	}
+	if opts.DiskCheckInterval <= 0 {
+		opts.DiskCheckInterval = time.Second
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
+	}
+	if opts.HostMemoryReserve == 0 {
+		opts.HostMemoryReserve = 512 << 20
+	}
+	if opts.HostDiskReserve <= 0 {
+		opts.HostDiskReserve = 2 << 30
 	}
 	var ab AgentBinary
 	if opts.Agent != nil {
@@ -196,13 +223,15 @@ func newDocker(cli *client.Client, opts Options) (*Docker, error) {
 			LabelHost:     host,
 			LabelPID:      strconv.Itoa(os.Getpid()),
 			LabelPIDStart: pidStart(os.Getpid()),
+			LabelBoot:     bootID(),
 		},
 		bind:   bind,
-		slots:  make(chan struct{}, opts.MaxContainers),
+		slots:  newSlotSem(opts.MaxContainers),
 		gate:   newCreateGate(opts.MaxParallelCreates, opts.SlowCreate),
 		rate:   newRateLimiter(opts.CreateRate, opts.MaxParallelCreates),
 		live:   map[string]*dockerSandbox{},
 		images: map[string]imageInfo{},
+		probe:  procHost{},
 	}
 	return d, nil
 }
@@ -250,6 +279,7 @@ func (d *Docker) Close(ctx context.Context) error {
 		})
 	}
 	wg.Wait()
+	d.watchdog.stop()
 	errs = append(errs, d.cli.Close())
 	return errors.Join(errs...)
 }
@@ -361,13 +391,31 @@ func (d *Docker) validate(spec *Spec) error {
 	switch spec.Network {
 	case "":
 		spec.Network = NetworkNone
-	case NetworkNone, NetworkBridge:
+	case NetworkNone, NetworkBridge, NetworkOpen:
 	default:
-		return fmt.Errorf("network %q (want %q or %q)", spec.Network, NetworkNone, NetworkBridge)
+		return fmt.Errorf("network %q (want %q, %q for egress only, or %q for unrestricted access)", spec.Network, NetworkNone, NetworkBridge, NetworkOpen)
+	}
+	switch spec.Runtime {
+	case "":
+		spec.Runtime = RuntimeRunc
+	case RuntimeRunc, RuntimeRunsc:
+	default:
+		return fmt.Errorf("runtime %q (want %q or %q)", spec.Runtime, RuntimeRunc, RuntimeRunsc)
+	}
+	if spec.Runtime == RuntimeRunsc && spec.Network != NetworkNone {
+		return fmt.Errorf("runtime %q with network %q: not implemented (runsc sandboxes have no network; see docs/security.md)", spec.Runtime, spec.Network)
 	}
 	l := &spec.Limits
-	if l.MemoryBytes < 0 || l.CPUs < 0 || l.PIDs < 0 || l.DiskBytes < 0 || l.MaxLifetime < 0 || l.IdleTimeout < 0 {
-		return errors.New("negative limit")
+	for _, f := range []struct {
+		name string
+		neg  bool
+	}{
+		{"memory", l.MemoryBytes < 0}, {"cpus", l.CPUs < 0 || math.IsNaN(l.CPUs) || math.IsInf(l.CPUs, 0)}, {"pids", l.PIDs < 0},
+		{"disk", l.DiskBytes < 0}, {"max lifetime", l.MaxLifetime < 0}, {"idle timeout", l.IdleTimeout < 0},
+	} {
+		if f.neg {
+			return fmt.Errorf("%s limit must not be negative", f.name)
+		}
 	}
 	if l.MemoryBytes == 0 {
 		l.MemoryBytes = DefaultLimits.MemoryBytes
@@ -386,6 +434,9 @@ func (d *Docker) validate(spec *Spec) error {
 	}
 	if l.DiskBytes == 0 {
 		l.DiskBytes = DefaultLimits.DiskBytes
+	}
+	if l.DiskBytes < 1<<20 {
+		return fmt.Errorf("disk limit %d bytes is below 1 MiB", l.DiskBytes)
 	}
 	for k, v := range spec.Env {
 		if k == "" || strings.ContainsAny(k, "=\x00") || strings.Contains(v, "\x00") {
@@ -437,7 +488,7 @@ func (d *Docker) image(ctx context.Context, ref string) (imageInfo, error) {
 // create rate) as long as ctx allows.
 func (d *Docker) Create(ctx context.Context, spec Spec) (Sandbox, error) {
 	start := time.Now()
-	s, err := d.create(ctx, spec, nil, true)
+	s, err := d.create(ctx, spec, nil, slotWait)
 	if err != nil {
 		return nil, err
 	}
@@ -445,7 +496,21 @@ func (d *Docker) Create(ctx context.Context, spec Spec) (Sandbox, error) {
 	return s, nil
 }
 
-func (d *Docker) create(ctx context.Context, spec Spec, extraLabels map[string]string, block bool) (_ *dockerSandbox, err error) {
+// Slot modes of create.
+const (
+	slotWait = iota // wait for a slot under MaxContainers
+	slotHeld        // the caller took the slot (the pool); create gives it back on failure
+)
+
+func (d *Docker) create(ctx context.Context, spec Spec, extraLabels map[string]string, slot int) (_ *dockerSandbox, err error) {
+	// holding: this call owns a slot it must give back unless the sandbox
+	// is handed out (then Close gives it back).
+	holding := slot == slotHeld
+	defer func() {
+		if holding {
+			d.slots.release()
+		}
+	}()
 	spec.Labels = maps.Clone(spec.Labels)
 	spec.Env = maps.Clone(spec.Env)
 	if err := d.validate(&spec); err != nil {
@@ -462,25 +527,19 @@ func (d *Docker) create(ctx context.Context, spec Spec, extraLabels map[string]s
 		return nil, fmt.Errorf("create sandbox: %w: backend closed", ErrClosed)
 	}
 	// Admission: a slot under MaxContainers, held until Close.
-	if block {
-		select {
-		case d.slots <- struct{}{}:
-		case <-ctx.Done():
-			return nil, fmt.Errorf("create sandbox: waiting for a free slot (%d in use): %w", cap(d.slots), ctx.Err())
+	switch slot {
+	case slotWait:
+		if err := d.slots.acquire(ctx); err != nil {
+			return nil, fmt.Errorf("create sandbox: waiting for a free slot (%d in use): %w", d.slots.cap, err)
 		}
-	} else {
-		select {
-		case d.slots <- struct{}{}:
-		default:
-			return nil, fmt.Errorf("create sandbox: %w: all %d slots in use", ErrUnavailable, cap(d.slots))
-		}
+		holding = true
+	case slotHeld:
+	default:
+		return nil, fmt.Errorf("create sandbox: %w: unknown slot mode %d", ErrInvalid, slot)
 	}
-	slotHeld := true
-	defer func() {
-		if slotHeld {
-			<-d.slots
-		}
-	}()
+	if err := d.admitHost(ctx, spec, slot == slotWait); err != nil {
+		return nil, fmt.Errorf("create sandbox: %w", err)
+	}
 	if err := d.rate.wait(ctx); err != nil {
 		return nil, fmt.Errorf("create sandbox: waiting for the create rate limit: %w", err)
 	}
@@ -494,6 +553,12 @@ func (d *Docker) create(ctx context.Context, spec Spec, extraLabels map[string]s
 	if err != nil {
 		metricFailures.WithLabelValues("create").Inc()
 		return nil, fmt.Errorf("create sandbox: %w", err)
+	}
+	if spec.Network == NetworkBridge {
+		if err := d.ensureEgress(ctx); err != nil {
+			metricFailures.WithLabelValues("create").Inc()
+			return nil, fmt.Errorf("create sandbox: %w", err)
+		}
 	}
 	name := "rollout-" + d.opts.Instance + "-" + randomID(6)
 	cfg, hc := d.containerConfig(spec, img, extraLabels)
@@ -517,6 +582,9 @@ func (d *Docker) create(ctx context.Context, spec Spec, extraLabels map[string]s
 		metricFailures.WithLabelValues("create").Inc()
 		// The create may still have happened on the daemon; remove by name.
 		d.removeContainer(ctx, name)
+		if spec.Runtime != RuntimeRunc && strings.Contains(strings.ToLower(err.Error()), "runtime") {
+			return nil, fmt.Errorf("create sandbox from %s: %w: runtime %s: %v (register it with the engine: scripts/ensure-runsc.sh)", spec.Image, ErrInvalid, spec.Runtime, err)
+		}
 		if cerrdefs.IsInvalidArgument(err) {
 			return nil, fmt.Errorf("create sandbox from %s: %w: %v", spec.Image, ErrInvalid, err)
 		}
@@ -536,6 +604,10 @@ func (d *Docker) create(ctx context.Context, spec Spec, extraLabels map[string]s
 	}()
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("create sandbox: %w", err)
+	}
+	applied, upperDir, err := d.inspectCreated(ctx, id, spec)
+	if err != nil {
+		return nil, fmt.Errorf("create sandbox %s: %w", id[:12], err)
 	}
 	if !d.bind {
 		tarball, terr := agentTar(d.agent.Path)
@@ -566,7 +638,8 @@ func (d *Docker) create(ctx context.Context, spec Spec, extraLabels map[string]s
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("create sandbox: %w", err)
 	}
-	s := &dockerSandbox{d: d, id: id, name: name, spec: spec, imageID: img.id, hj: hj, created: time.Now(), log: log, stderr: &tailBuffer{max: 8 << 10}}
+	s := &dockerSandbox{d: d, id: id, name: name, spec: spec, imageID: img.id, hj: hj, created: time.Now(), log: log, stderr: &tailBuffer{max: 8 << 10},
+		applied: applied, upperDir: upperDir}
 	s.touch()
 	pr, pw := io.Pipe()
 	s.demux = make(chan struct{})
@@ -610,7 +683,7 @@ func (d *Docker) create(ctx context.Context, spec Spec, extraLabels map[string]s
 	d.live[id] = s
 	metricLive.Set(float64(len(d.live)))
 	d.mu.Unlock()
-	slotHeld = false
+	holding = false
 	metricCreates.Inc()
 	for _, f := range spec.Files {
 		if ferr := s.WriteFile(ctx, f.Path, f.Data, f.Mode); ferr != nil {
@@ -640,6 +713,7 @@ func (d *Docker) containerConfig(spec Spec, img imageInfo, extraLabels map[strin
 	if optional {
 		cmd = append(cmd, "-optional-user", "-fallback-user", img.user)
 	}
+	// StdinOnce + AutoRemove bind the container to its owner (owner.go).
 	cfg := &container.Config{
 		Image:        spec.Image,
 		User:         "0:0",
@@ -649,14 +723,35 @@ func (d *Docker) containerConfig(spec Spec, img imageInfo, extraLabels map[strin
 		Cmd:          cmd,
 		WorkingDir:   "/",
 		OpenStdin:    true,
+		StdinOnce:    true,
 		AttachStdin:  true,
 		AttachStdout: true,
 		AttachStderr: true,
 	}
 	init := true
 	pids := spec.Limits.PIDs
+	if spec.Runtime == RuntimeRunsc {
+		// Under gVisor the container's pids cgroup holds the sentry (a Go
+		// program whose host threads grow with the sandbox's activity),
+		// not the sandbox's processes: the limit gets headroom for it, or
+		// the sentry itself dies. The sandbox's processes are tasks inside
+		// the sentry, bounded by its memory limit.
+		pids += runscPIDsHeadroom
+	}
+	netMode := spec.Network
+	switch spec.Network {
+	case NetworkBridge:
+		netMode = EgressNetwork
+	case NetworkOpen:
+		netMode = "bridge"
+	}
+	runtime := ""
+	if spec.Runtime != RuntimeRunc {
+		runtime = spec.Runtime
+	}
 	hc := &container.HostConfig{
-		NetworkMode: container.NetworkMode(spec.Network),
+		NetworkMode: container.NetworkMode(netMode),
+		Runtime:     runtime,
 		// Only the root agent holds these: it switches to the sandbox user
 		// (SETUID/SETGID), prepares the workdir (CHOWN) and kills process
 		// groups of that user (KILL). Commands run without capabilities.
@@ -664,6 +759,7 @@ func (d *Docker) containerConfig(spec Spec, img imageInfo, extraLabels map[strin
 		CapAdd:         []string{"CHOWN", "SETUID", "SETGID", "KILL"},
 		SecurityOpt:    []string{"no-new-privileges"},
 		Init:           &init,
+		AutoRemove:     true,
 		ReadonlyRootfs: spec.Limits.ReadOnlyRoot,
 		// The protocol runs over stdout; a log driver would copy every
 		// transferred byte to the daemon's disk.
@@ -781,6 +877,9 @@ type dockerSandbox struct {
 	once     sync.Once
 	closeErr error
 	reason   atomic.Value // string: why the backend closed it
+	applied  Applied      // limits read back from the created container
+	upperDir string       // host path of the writable layer ("" unknown)
+	diskUsed atomic.Int64 // last measured by the disk watchdog
 }
 
 func (s *dockerSandbox) touch() { s.lastUsed.Store(time.Now().UnixNano()) }
@@ -839,6 +938,9 @@ func (s *dockerSandbox) wrap(what string, err error) error {
 		return nil
 	}
 	if s.closing.Load() && errors.Is(err, ErrUnavailable) {
+		if r, _ := s.reason.Load().(string); r != "" {
+			return fmt.Errorf("%s in sandbox %s: %w (%s)", what, s.short(), ErrClosed, r)
+		}
 		return fmt.Errorf("%s in sandbox %s: %w", what, s.short(), ErrClosed)
 	}
 	if errors.Is(err, ErrUnavailable) {
@@ -1071,7 +1173,7 @@ func (s *dockerSandbox) Close(ctx context.Context) error {
 		s.d.mu.Lock()
 		if _, ok := s.d.live[s.id]; ok {
 			delete(s.d.live, s.id)
-			<-s.d.slots
+			s.d.slots.release()
 		}
 		metricLive.Set(float64(len(s.d.live)))
 		s.d.mu.Unlock()

@@ -31,6 +31,9 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(ownerChildEnv) != "" {
+		os.Exit(ownerChild())
+	}
 	code := func() int {
 		dir, err := os.MkdirTemp("", "rollout-agent-test")
 		if err != nil {

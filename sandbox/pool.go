@@ -34,6 +34,8 @@ type Pool struct {
 	sets   map[string]*warmSet
 	idle   int // ready + filling across sets
 	closed bool
+	// changed is closed and replaced whenever a start finishes.
+	changed chan struct{}
 }
 
 type warmSet struct {
@@ -54,7 +56,7 @@ func NewPool(d *Docker, opts PoolOptions) *Pool {
 		opts.MaxIdle = 64
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Pool{d: d, opts: opts, ctx: ctx, cancel: cancel, sets: map[string]*warmSet{}}
+	return &Pool{d: d, opts: opts, ctx: ctx, cancel: cancel, sets: map[string]*warmSet{}, changed: make(chan struct{})}
 }
 
 // Fingerprint identifies the container a spec produces (labels excluded):
@@ -142,7 +144,10 @@ func (p *Pool) Ready(spec Spec) int {
 func (p *Pool) Create(ctx context.Context, spec Spec) (Sandbox, error) { return p.Acquire(ctx, spec) }
 
 // Acquire hands out a warm sandbox of spec, waits for one being started,
-// or creates one.
+// or creates one. Every container counts against the backend's
+// MaxContainers, warm ones included: when none is free, an idle warm
+// sandbox of another spec is removed to make room, else Acquire waits for
+// a slot (a hard bound, never exceeded).
 func (p *Pool) Acquire(ctx context.Context, spec Spec) (Sandbox, error) {
 	start := time.Now()
 	p.mu.Lock()
@@ -158,8 +163,69 @@ func (p *Pool) Acquire(ctx context.Context, spec Spec) (Sandbox, error) {
 	if ws.demand > 0 {
 		ws.demand--
 	}
-	var got *dockerSandbox
-	for got == nil && len(ws.ready) > 0 {
+	for {
+		// p.mu is held here.
+		if got := p.popReadyLocked(ws); got != nil {
+			p.refillLocked(ws)
+			p.mu.Unlock()
+			return p.handOut(got, spec, start), nil
+		}
+		if ws.filling > len(ws.waiters) {
+			// One being started is ours.
+			got, err := p.waitFill(ctx, ws)
+			if err != nil {
+				return nil, err
+			}
+			if got != nil {
+				return p.handOut(got, spec, start), nil
+			}
+			// Its start failed: try again (a create of our own meets the
+			// error and returns it).
+			p.mu.Lock()
+			if p.closed {
+				p.mu.Unlock()
+				return nil, fmt.Errorf("acquire sandbox: %w: pool closed", ErrClosed)
+			}
+			continue
+		}
+		if p.d.slots.tryAcquire() {
+			p.refillLocked(ws)
+			p.mu.Unlock()
+			sb, err := p.d.create(ctx, spec, nil, slotHeld)
+			if err != nil {
+				return nil, fmt.Errorf("acquire sandbox: %w", err)
+			}
+			metricAcquire.WithLabelValues("create").Observe(time.Since(start).Seconds())
+			return sb, nil
+		}
+		if victim := p.evictLocked(); victim != nil {
+			// Idle warm sandboxes never block a rollout: remove one (of
+			// another spec: ours has none ready) to free its slot.
+			p.mu.Unlock()
+			_ = victim.Close(context.WithoutCancel(ctx))
+			p.mu.Lock()
+			continue
+		}
+		slotFreed, poolChanged := p.d.slots.wait(), p.changed
+		p.mu.Unlock()
+		select {
+		case <-slotFreed:
+		case <-poolChanged:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("acquire sandbox: waiting for a free slot (%d in use): %w", p.d.slots.cap, ctx.Err())
+		}
+		p.mu.Lock()
+		if p.closed {
+			p.mu.Unlock()
+			return nil, fmt.Errorf("acquire sandbox: %w: pool closed", ErrClosed)
+		}
+	}
+}
+
+// popReadyLocked takes a healthy ready sandbox of ws, discarding broken ones.
+func (p *Pool) popReadyLocked(ws *warmSet) *dockerSandbox {
+	defer metricPoolIdle.WithLabelValues(ws.spec.Image).Set(float64(len(ws.ready)))
+	for len(ws.ready) > 0 {
 		sb := ws.ready[0]
 		ws.ready = ws.ready[1:]
 		p.idle--
@@ -167,59 +233,69 @@ func (p *Pool) Acquire(ctx context.Context, spec Spec) (Sandbox, error) {
 			p.wg.Go(func() { _ = sb.Close(p.ctx) })
 			continue
 		}
-		got = sb
+		return sb
 	}
-	var wait chan *dockerSandbox
-	if got == nil && ws.filling > len(ws.waiters) {
-		wait = make(chan *dockerSandbox, 1)
-		ws.waiters = append(ws.waiters, wait)
-	}
-	p.refillLocked(ws)
-	metricPoolIdle.WithLabelValues(ws.spec.Image).Set(float64(len(ws.ready)))
-	p.mu.Unlock()
-
-	if wait != nil {
-		select {
-		case got = <-wait:
-		case <-ctx.Done():
-			p.mu.Lock()
-			for i, w := range ws.waiters {
-				if w == wait {
-					ws.waiters = append(ws.waiters[:i], ws.waiters[i+1:]...)
-					break
-				}
-			}
-			select {
-			case sb := <-wait:
-				if sb != nil {
-					ws.ready = append(ws.ready, sb)
-					p.idle++
-				}
-			default:
-			}
-			p.mu.Unlock()
-			return nil, fmt.Errorf("acquire sandbox: %w", ctx.Err())
-		}
-	}
-	if got != nil {
-		got.pooled.Store(false)
-		got.spec.Labels = maps.Clone(spec.Labels)
-		got.touch()
-		metricAcquire.WithLabelValues("pool").Observe(time.Since(start).Seconds())
-		return got, nil
-	}
-	sb, err := p.d.create(ctx, spec, nil, true)
-	if err != nil {
-		return nil, fmt.Errorf("acquire sandbox: %w", err)
-	}
-	metricAcquire.WithLabelValues("create").Observe(time.Since(start).Seconds())
-	return sb, nil
+	return nil
 }
 
-// refillLocked starts fillers up to base + demand warm sandboxes.
+// evictLocked takes the oldest ready sandbox of any set, or nil.
+func (p *Pool) evictLocked() *dockerSandbox {
+	for _, ws := range p.sets {
+		if len(ws.ready) > 0 {
+			sb := ws.ready[0]
+			ws.ready = ws.ready[1:]
+			p.idle--
+			metricPoolIdle.WithLabelValues(ws.spec.Image).Set(float64(len(ws.ready)))
+			return sb
+		}
+	}
+	return nil
+}
+
+// waitFill waits (p.mu held on entry, released on return) for a sandbox
+// being started for ws; nil when that start failed.
+func (p *Pool) waitFill(ctx context.Context, ws *warmSet) (*dockerSandbox, error) {
+	wait := make(chan *dockerSandbox, 1)
+	ws.waiters = append(ws.waiters, wait)
+	p.mu.Unlock()
+	select {
+	case got := <-wait:
+		return got, nil
+	case <-ctx.Done():
+		p.mu.Lock()
+		for i, w := range ws.waiters {
+			if w == wait {
+				ws.waiters = append(ws.waiters[:i], ws.waiters[i+1:]...)
+				break
+			}
+		}
+		select {
+		case sb := <-wait:
+			if sb != nil {
+				ws.ready = append(ws.ready, sb)
+				p.idle++
+			}
+		default:
+		}
+		p.mu.Unlock()
+		return nil, fmt.Errorf("acquire sandbox: %w", ctx.Err())
+	}
+}
+
+func (p *Pool) handOut(got *dockerSandbox, spec Spec, start time.Time) Sandbox {
+	got.pooled.Store(false)
+	got.spec.Labels = maps.Clone(spec.Labels)
+	got.touch()
+	metricAcquire.WithLabelValues("pool").Observe(time.Since(start).Seconds())
+	return got
+}
+
+// refillLocked starts fillers up to base + demand warm sandboxes, within
+// MaxIdle and the backend's free slots (a filler holds its slot from the
+// start, so the warm pool can never exceed MaxContainers).
 func (p *Pool) refillLocked(ws *warmSet) {
 	missing := ws.base + ws.demand - len(ws.ready) - ws.filling
-	for ; missing > 0 && p.idle < p.opts.MaxIdle; missing-- {
+	for ; missing > 0 && p.idle < p.opts.MaxIdle && p.d.slots.tryAcquire(); missing-- {
 		ws.filling++
 		p.idle++
 		spec := ws.spec
@@ -227,10 +303,17 @@ func (p *Pool) refillLocked(ws *warmSet) {
 	}
 }
 
+// changedLocked wakes Acquires waiting for the pool's state to change.
+func (p *Pool) changedLocked() {
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
 func (p *Pool) fill(ws *warmSet, spec Spec) {
-	sb, err := p.d.create(p.ctx, spec, map[string]string{LabelPool: ws.key}, false)
+	sb, err := p.d.create(p.ctx, spec, map[string]string{LabelPool: ws.key}, slotHeld)
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	defer p.changedLocked()
 	ws.filling--
 	if err != nil {
 		p.idle--
@@ -271,6 +354,7 @@ func (p *Pool) Close(ctx context.Context) error {
 	}
 	p.closed = true
 	p.cancel()
+	p.changedLocked()
 	p.mu.Unlock()
 	p.wg.Wait()
 	p.mu.Lock()

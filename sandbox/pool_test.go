@@ -112,13 +112,14 @@ func TestReaper(t *testing.T) {
 		t.Fatal(err)
 	}
 	dead.labels[LabelPID] = "2147480000"
-	orphan, err := dead.create(ctx, Spec{Image: testImage}, nil, true)
+	orphan, err := dead.create(ctx, Spec{Image: testImage}, nil, slotWait)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Simulate the crash: the process is gone without closing anything.
-	orphan.hj.Close()
-	<-orphan.demux
+	// The attach connections stay open until after the reap: closed, they
+	// would let the engine remove the containers by itself (owner binding,
+	// owner.go), and the reaper is the second line for what it could not
+	// remove (an engine down while the owner died, a create never started).
 
 	// A container of our own instance that we do not track (a create whose
 	// answer was lost).
@@ -126,18 +127,20 @@ func TestReaper(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	leaked, err := own.create(ctx, Spec{Image: testImage}, nil, true)
+	leaked, err := own.create(ctx, Spec{Image: testImage}, nil, slotWait)
 	if err != nil {
 		t.Fatal(err)
 	}
-	leaked.hj.Close()
-	<-leaked.demux
 	live := newSandbox(t, Spec{})
 
 	own.live = map[string]*dockerSandbox{live.ID(): nil}
 	removed, err := own.Reap(ctx, ReapOptions{})
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, s := range []*dockerSandbox{orphan, leaked} {
+		s.hj.Close()
+		<-s.demux
 	}
 	reasons := map[string]string{}
 	for _, r := range removed {

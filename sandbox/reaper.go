@@ -95,7 +95,7 @@ func reap(ctx context.Context, cli *client.Client, self map[string]string, track
 			if !tracked[c.ID] && time.Since(time.Unix(c.Created, 0)) > grace {
 				reason = "leaked"
 			}
-		case !alive(c.Labels[LabelPID], c.Labels[LabelPIDStart]):
+		case !alive(c.Labels[LabelPID], c.Labels[LabelPIDStart], c.Labels[LabelBoot]):
 			reason = "orphan"
 		}
 		if reason == "" {
@@ -116,8 +116,15 @@ func reap(ctx context.Context, cli *client.Client, self map[string]string, track
 }
 
 // alive reports whether the process that labelled a container still runs
-// (same pid and same start time, so a recycled pid does not count).
-func alive(pidLabel, startLabel string) bool {
+// (same boot, same pid and same start time, so a recycled pid does not
+// count). Containers without a boot label (older releases) are judged by
+// pid and start time alone.
+func alive(pidLabel, startLabel, bootLabel string) bool {
+	if bootLabel != "" {
+		if b := bootID(); b != "" && b != bootLabel {
+			return false
+		}
+	}
 	pid, err := strconv.Atoi(pidLabel)
 	if err != nil || pid <= 0 {
 		return false

@@ -36,18 +36,34 @@ var (
 
 // Network policies for Spec.Network.
 const (
-	NetworkNone   = "none"   // default: no network at all
-	NetworkBridge = "bridge" // opt-in outbound network
+	NetworkNone = "none" // default: no network at all
+	// NetworkBridge is egress only: public addresses, never the host, the
+	// engine's bridge gateways, private ranges or other sandboxes (a
+	// project-managed network plus host firewall rules; network.go).
+	NetworkBridge = "bridge"
+	// NetworkOpen is the engine's default bridge with no restriction: the
+	// host's services and other containers are reachable. Explicit only.
+	NetworkOpen = "open"
+)
+
+// OCI runtimes for Spec.Runtime.
+const (
+	RuntimeRunc  = "runc"  // default
+	RuntimeRunsc = "runsc" // gVisor: a user-space kernel between the sandbox and the host
 )
 
 // Limits bounds a sandbox's resources. Zero values take the backend's
 // defaults (see DefaultLimits).
 type Limits struct {
-	MemoryBytes  int64   // hard limit, swap disabled
-	CPUs         float64 // CPU quota in cores
-	PIDs         int64   // pids cgroup limit
-	DiskBytes    int64   // size of the writable workspace tmpfs when ReadOnlyRoot
-	ReadOnlyRoot bool    // read-only root with writable tmpfs /tmp and workdir
+	MemoryBytes int64   // hard limit, swap disabled
+	CPUs        float64 // CPU quota in cores
+	PIDs        int64   // pids cgroup limit
+	// DiskBytes bounds what the sandbox may write (default 1 GiB): the
+	// writable layer (a watchdog removes the sandbox past it) and, with
+	// ReadOnlyRoot, the size of each writable tmpfs (the kernel refuses
+	// writes past it).
+	DiskBytes    int64
+	ReadOnlyRoot bool // read-only root with writable tmpfs /tmp and workdir
 	MaxLifetime  time.Duration
 	IdleTimeout  time.Duration
 }
@@ -66,7 +82,10 @@ type Spec struct {
 	Env     map[string]string // initial environment
 	User    string            // default: "agent" when the image has it, else image default
 	Limits  Limits
-	Network string // NetworkNone (default) or NetworkBridge
+	Network string // NetworkNone (default), NetworkBridge (egress only) or NetworkOpen
+	// Runtime is the engine's OCI runtime: "" or RuntimeRunc (default),
+	// RuntimeRunsc (gVisor, when the engine has it registered).
+	Runtime string
 	Files   []File
 	Labels  map[string]string // added to the service's own labels
 }

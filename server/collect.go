@@ -52,6 +52,9 @@ type collector struct {
 	exhausted bool
 	draining  bool // the server is shutting down: no new groups start
 	failed    error
+	// done holds the groups already in the run directory of a resumed
+	// stream (start.from_sequence): `next` skips them.
+	done map[string]bool
 }
 
 // CollectGroups implements RolloutServiceServer.
@@ -68,6 +71,9 @@ func (s *Server) CollectGroups(stream rolloutv1.RolloutService_CollectGroupsServ
 	start := first.GetStart()
 	if start == nil {
 		return status.Error(codes.InvalidArgument, "start: the first message of CollectGroups must be start")
+	}
+	if start.FromSequence != nil && *start.FromSequence < 0 {
+		return status.Error(codes.InvalidArgument, "start.from_sequence: must not be negative")
 	}
 	if start.InitialCredits < 0 {
 		return status.Error(codes.InvalidArgument, "start.initial_credits: must not be negative")
@@ -99,7 +105,19 @@ func (s *Server) CollectGroups(stream rolloutv1.RolloutService_CollectGroupsServ
 	if err != nil {
 		return fieldStatus("start.config_yaml", err)
 	}
+	release, err := s.quota.reserve(clientOf(ctx), sandboxesOf(j.Runner), 0)
+	if err != nil {
+		_ = j.Close(context.WithoutCancel(ctx))
+		return err
+	}
+	defer release()
 	c.j, c.env = j, j.Env.Name()
+	if start.FromSequence != nil {
+		if err := c.resume(cfg, *start.FromSequence); err != nil {
+			_ = j.Close(context.WithoutCancel(ctx))
+			return err
+		}
+	}
 	s.mu.Lock()
 	s.collectors[c] = true
 	s.mu.Unlock()
@@ -147,6 +165,32 @@ func (c *collector) receive() (<-chan *rolloutv1.CollectGroupsRequest, <-chan er
 		}
 	}()
 	return msgs, errc
+}
+
+// resume continues an earlier stream on the same run directory: its
+// groups from sequence from on are sent first (they may have been made
+// durable but never received), and `next` skips items already collected.
+func (c *collector) resume(cfg runner.Config, from int64) error {
+	if cfg.Output.Dir == "" {
+		return status.Error(codes.InvalidArgument, "start.from_sequence: needs output.dir (the run directory to resume)")
+	}
+	done := map[string]bool{}
+	err := replayGroups(c.ctx, cfg.Output.Dir, 0, cfg.Advantage.DropEqual, func(g *rolloutv1.Group) error {
+		done[g.GroupId] = true
+		if g.GetSequence() < from {
+			return nil
+		}
+		c.sendMu.Lock()
+		defer c.sendMu.Unlock()
+		return c.stream.Send(&rolloutv1.CollectGroupsResponse{Msg: &rolloutv1.CollectGroupsResponse_Group{Group: g}})
+	})
+	if err != nil {
+		return toStatus(err)
+	}
+	c.mu.Lock()
+	c.done = done
+	c.mu.Unlock()
+	return nil
 }
 
 func (c *collector) loop() error {
@@ -285,6 +329,9 @@ func (c *collector) enqueueNext(m *rolloutv1.CollectNext) error {
 		c.dataset, c.loaded = items, true
 	}
 	for range m.Count {
+		for c.cursor < len(c.dataset) && c.done[c.dataset[c.cursor].Key()] {
+			c.cursor++ // collected by the stream this one resumes
+		}
 		if c.cursor >= len(c.dataset) {
 			c.exhausted = true
 			break
@@ -329,8 +376,12 @@ func (c *collector) run(idx int, p pending) {
 		metricCollectInFlight.Dec()
 		return
 	}
-	observeGroup(c.env, "collect", g)
+	// Deliver returns once the group is durable in the run directory (when
+	// the stream has one); only then is it counted and sent.
 	err := c.j.Deliver(context.WithoutCancel(c.ctx), g)
+	if err == nil {
+		observeGroup(c.env, "collect", g)
+	}
 	var pg *rolloutv1.Group
 	if err == nil {
 		pg, err = groupProto(c.j.Runner.Info(), g)

@@ -225,3 +225,86 @@ func TestCollectGroupsShutdown(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestCollectGroupsResume: a trainer that lost its stream after receiving
+// group 0 reconnects with from_sequence 1: groups 1 and 2 (durable, maybe
+// never received) come first without credits, then `next` continues with
+// items not yet collected, numbered on.
+func TestCollectGroupsResume(t *testing.T) {
+	s := newSim(t, "toolcall-match", -1)
+	h := startServer(t, Options{}, RunOptions{})
+	cfg := jobYAML(s.URL, "runs/collect", 0, 2)
+	stream, err := h.cli.CollectGroups(bg(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &collectClient{t: t, stream: stream}
+	c.send(&rolloutv1.CollectGroupsRequest{Msg: &rolloutv1.CollectGroupsRequest_Start{Start: &rolloutv1.CollectStart{ConfigYaml: cfg, InitialCredits: 3}}})
+	c.send(&rolloutv1.CollectGroupsRequest{Msg: &rolloutv1.CollectGroupsRequest_Next{Next: &rolloutv1.CollectNext{Count: 3}}})
+	c.until("3 groups", c.settled(3, 0))
+	if err := stream.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	for more := true; more; {
+		if more, err = c.recv(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first := map[int64]string{}
+	for _, g := range c.groups {
+		if g.Sequence == nil {
+			t.Fatalf("group %s without a sequence", g.GroupId)
+		}
+		first[*g.Sequence] = g.GroupId
+	}
+	if len(first) != 3 || first[0] == "" || first[1] == "" || first[2] == "" {
+		t.Fatalf("sequences of the first stream: %v", first)
+	}
+
+	stream2, err := h.cli.CollectGroups(bg(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	from := int64(1)
+	if err := stream2.Send(&rolloutv1.CollectGroupsRequest{Msg: &rolloutv1.CollectGroupsRequest_Start{Start: &rolloutv1.CollectStart{
+		ConfigYaml: cfg, InitialCredits: 2, FromSequence: &from}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := stream2.Send(&rolloutv1.CollectGroupsRequest{Msg: &rolloutv1.CollectGroupsRequest_Next{Next: &rolloutv1.CollectNext{Count: 2}}}); err != nil {
+		t.Fatal(err)
+	}
+	var got []*rolloutv1.Group
+	for len(got) < 4 {
+		m, err := stream2.Recv()
+		if err != nil {
+			t.Fatalf("second stream after %d groups: %v", len(got), err)
+		}
+		if g := m.GetGroup(); g != nil {
+			got = append(got, g)
+		}
+	}
+	if err := stream2.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := stream2.Recv(); err != nil {
+			if !errors.Is(err, io.EOF) {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+	if got[0].GetSequence() != 1 || got[0].GroupId != first[1] || got[1].GetSequence() != 2 || got[1].GroupId != first[2] {
+		t.Errorf("replayed %s#%d, %s#%d; want %s#1, %s#2", got[0].GroupId, got[0].GetSequence(), got[1].GroupId, got[1].GetSequence(), first[1], first[2])
+	}
+	seen := map[string]bool{first[0]: true, first[1]: true, first[2]: true}
+	for _, g := range got[2:] {
+		if seen[g.GroupId] {
+			t.Errorf("group %s collected again", g.GroupId)
+		}
+		seen[g.GroupId] = true
+		if s := g.GetSequence(); s != 3 && s != 4 {
+			t.Errorf("new group %s has sequence %d, want 3 or 4", g.GroupId, s)
+		}
+	}
+}

@@ -37,6 +37,8 @@ type jobState struct {
 	CreatedAt  time.Time          `json:"created_at"`
 	FinishedAt *time.Time         `json:"finished_at,omitempty"`
 	Resumed    int32              `json:"resumed"`
+	// Client that started the job (a token digest), for quotas.
+	Client string `json:"client,omitempty"`
 	// Progress of the last run (protojson), so ended jobs keep their
 	// counters across restarts.
 	Progress json.RawMessage `json:"progress,omitempty"`
@@ -188,6 +190,12 @@ func (s *Server) startJob(ctx context.Context, st jobState) (*jobRun, error) {
 			s.wg.Done()
 		}
 	}()
+	// The output dir's writer lock comes first: the job sinks (the Atropos
+	// spool) write there too. Another process's writer is refused here.
+	lock, err := job.LockOutput(cfg.Output.Dir, "job "+st.ID)
+	if err != nil {
+		return nil, err
+	}
 	jr := newJobRun(st)
 	log := s.log.With("job", st.ID)
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -196,11 +204,12 @@ func (s *Server) startJob(ctx context.Context, st jobState) (*jobRun, error) {
 	if s.opts.JobSinks != nil {
 		if extra, err = s.opts.JobSinks(runCtx, JobSpec{ID: st.ID, Mode: mode, Config: cfg, Logger: log}); err != nil {
 			cancel()
+			_ = lock.Unlock()
 			return nil, err // the hook's errors name what failed
 		}
 	}
 	j, err := job.Open(runCtx, cfg, job.Options{
-		Mode: mode, Logger: log, Sandboxes: s.sandboxes, Images: s.images, RunID: "",
+		Mode: mode, Logger: log, Sandboxes: s.sandboxes, Images: s.images, RunID: "", Lock: lock,
 		Progress: func(e runner.Event) { s.onProgress(jr, e) },
 		Sinks:    append([]runner.Sink{&watchSink{jr: jr}}, extra.Sinks...),
 	})
@@ -208,6 +217,21 @@ func (s *Server) startJob(ctx context.Context, st jobState) (*jobRun, error) {
 		cancel()
 		return nil, s.endSinks(extra, err, false)
 	}
+	rows, err := jobRows(runCtx, j.Runner)
+	var release func()
+	if err == nil {
+		release, err = s.quota.reserve(st.Client, sandboxesOf(j.Runner), rows)
+	}
+	if err != nil {
+		_ = j.Close(context.WithoutCancel(ctx))
+		cancel()
+		return nil, s.endSinks(extra, err, false)
+	}
+	defer func() {
+		if !launched {
+			release()
+		}
+	}()
 	jr.runner = j.Runner
 	jr.st.Env = j.Env.Name()
 	jr.st.OutputDir = j.Dir
@@ -224,6 +248,7 @@ func (s *Server) startJob(ctx context.Context, st jobState) (*jobRun, error) {
 		defer s.wg.Done()
 		defer s.releaseOutput(cfg.Output.Dir, "job "+st.ID)
 		defer cancel()
+		defer release()
 		sum, err := j.Run(runCtx)
 		s.finish(jr, sum, s.endSinks(extra, err, true))
 	}()

@@ -2,8 +2,11 @@ package server
 
 import (
 	"encoding/json"
+	"errors"
+	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
@@ -208,6 +211,37 @@ func TestRestartResumes(t *testing.T) {
 	}
 	if got.Job.Resumed != 1 {
 		t.Errorf("resumed %d, want 1", got.Job.Resumed)
+	}
+	// A client that had received groups 0 and 1 continues from sequence 2
+	// across the restart: every later group exactly once, in order.
+	fromSeq := int64(2)
+	stream, err := h2.cli.WatchJob(ctx, &rolloutv1.WatchJobRequest{JobId: "resume-me", IncludeGroups: true, FromSequence: &fromSeq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seqs []int64
+	seen := map[string]bool{}
+	for {
+		ev, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("watch from sequence 2: %v", err)
+		}
+		if g := ev.GetGroup(); g != nil {
+			if g.Sequence == nil {
+				t.Fatalf("group %s without a sequence", g.GroupId)
+			}
+			if seen[g.GroupId] {
+				t.Errorf("group %s sent twice", g.GroupId)
+			}
+			seen[g.GroupId] = true
+			seqs = append(seqs, *g.Sequence)
+		}
+	}
+	if want := []int64{2, 3, 4, 5, 6}; !slices.Equal(seqs, want) {
+		t.Errorf("sequences after reconnecting from 2: %v, want %v", seqs, want)
 	}
 	res = h2.watch(ctx, "resume-me", false, nil)
 	if res.err != nil || res.finished.GetState() != rolloutv1.JobState_JOB_STATE_SUCCEEDED {

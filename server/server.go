@@ -24,6 +24,7 @@ import (
 	"github.com/rollout-rl/rollout/envs"
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
 	"github.com/rollout-rl/rollout/internal/dockerclient"
+	"github.com/rollout-rl/rollout/internal/job"
 	"github.com/rollout-rl/rollout/internal/version"
 	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/sandbox"
@@ -44,6 +45,10 @@ type Options struct {
 	Sandboxes runner.Sandboxes
 	Images    runner.ImageBuilder
 	Logger    *slog.Logger
+	// CancelGrace bounds how long a job cancelled without cancel_in_flight
+	// lets its in-flight rollouts finish before it cancels them too
+	// (cancel.go): 0 means DefaultCancelGrace, negative no bound.
+	CancelGrace time.Duration
 	// JobSinks, when set, gives each job extra sinks (`rollout serve
 	// --atropos-url` adds an Atropos bridge through it; the server does not
 	// know what they are). It is called for every job started or resumed,
@@ -52,6 +57,8 @@ type Options struct {
 	// caller. An error fails StartJob (InvalidArgument for one wrapping
 	// runner.ErrConfig).
 	JobSinks func(ctx context.Context, spec JobSpec) (ExtraSinks, error)
+	// Quotas bound each client's jobs, sandboxes and rows (quota.go).
+	Quotas Quotas
 }
 
 // JobSpec is a job as Options.JobSinks sees it.
@@ -91,6 +98,7 @@ type Server struct {
 	store     *store
 	sandboxes runner.Sandboxes
 	images    runner.ImageBuilder
+	quota     *quotaBook
 
 	mu         sync.Mutex
 	jobs       map[string]*jobRun
@@ -127,7 +135,7 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	opts.DataDir = abs
 	s := &Server{opts: opts, log: opts.Logger, store: &store{dir: opts.StateDir}, sandboxes: opts.Sandboxes,
 		images: opts.Images, jobs: map[string]*jobRun{}, starting: map[string]bool{}, collectors: map[*collector]bool{}, outputs: map[string]string{},
-		quit: make(chan struct{})}
+		quit: make(chan struct{}), quota: newQuotaBook(opts.Quotas)}
 	s.hard, s.hardStop = context.WithCancel(context.WithoutCancel(ctx))
 	if err := s.resumeJobs(ctx); err != nil {
 		s.hardStop()
@@ -315,7 +323,7 @@ func (s *Server) StartJob(ctx context.Context, req *rolloutv1.StartJobRequest) (
 		delete(s.starting, id)
 		s.mu.Unlock()
 	}()
-	st := jobState{ID: id, Mode: req.Mode, ConfigYAML: text, CreatedAt: time.Now().UTC()}
+	st := jobState{ID: id, Mode: req.Mode, ConfigYAML: text, CreatedAt: time.Now().UTC(), Client: clientOf(ctx)}
 	jr, err := s.startJob(ctx, st)
 	if err != nil {
 		return nil, fieldStatus(field, err)
@@ -365,6 +373,8 @@ func (s *Server) CancelJob(_ context.Context, req *rolloutv1.CancelJobRequest) (
 		jr.runner.StopIntake()
 		if req.CancelInFlight {
 			jr.cancel()
+		} else {
+			s.boundCancel(jr)
 		}
 	}
 	return &rolloutv1.CancelJobResponse{Job: jr.proto()}, nil
@@ -376,26 +386,56 @@ func (s *Server) WatchJob(req *rolloutv1.WatchJobRequest, stream rolloutv1.Rollo
 	if err != nil {
 		return err
 	}
+	if req.FromSequence != nil && (!req.IncludeGroups || *req.FromSequence < 0) {
+		return status.Error(codes.InvalidArgument, "from_sequence: needs include_groups and must not be negative")
+	}
 	w := &watcher{groups: req.IncludeGroups, ch: make(chan *rolloutv1.WatchJobResponse, 1024), lost: make(chan struct{})}
 	jr.mu.Lock()
+	ended := false
 	select {
 	case <-jr.done:
-		jr.mu.Unlock()
-		return jr.sendEnd(stream)
+		ended = true
 	default:
+		// Registered before the run directory is read: a group made durable
+		// from now on arrives live; one already durable is on disk. One
+		// that is both is sent once (by sequence).
+		jr.watchers[w] = true
 	}
-	jr.watchers[w] = true
 	p := cloneProgress(jr.progress)
+	dir, cfgYAML := jr.st.OutputDir, jr.st.ConfigYAML
 	jr.mu.Unlock()
-	defer func() {
-		jr.mu.Lock()
-		delete(jr.watchers, w)
-		jr.mu.Unlock()
-	}()
+	if !ended {
+		defer func() {
+			jr.mu.Lock()
+			delete(jr.watchers, w)
+			jr.mu.Unlock()
+		}()
+	}
+	next := int64(-1) // live groups below this sequence were replayed
+	if req.FromSequence != nil {
+		next = *req.FromSequence
+		dropEqual := false
+		if cfg, err := runner.ParseConfig([]byte(cfgYAML)); err == nil {
+			dropEqual = cfg.Advantage.DropEqual
+		}
+		err := replayGroups(stream.Context(), dir, next, dropEqual, func(g *rolloutv1.Group) error {
+			next = g.GetSequence() + 1
+			return stream.Send(&rolloutv1.WatchJobResponse{Event: &rolloutv1.WatchJobResponse_Group{Group: g}})
+		})
+		if err != nil {
+			return toStatus(err)
+		}
+	}
+	if ended {
+		return jr.sendEnd(stream)
+	}
 	if err := stream.Send(&rolloutv1.WatchJobResponse{Event: &rolloutv1.WatchJobResponse_Progress{Progress: p}}); err != nil {
 		return err
 	}
 	send := func(ev *rolloutv1.WatchJobResponse) (bool, error) {
+		if g := ev.GetGroup(); g != nil && g.Sequence != nil && *g.Sequence < next {
+			return false, nil // already replayed from the run directory
+		}
 		if err := stream.Send(ev); err != nil {
 			return true, err
 		}
@@ -585,6 +625,8 @@ func toStatus(err error) error {
 	switch {
 	case errors.Is(err, runner.ErrConfig), errors.Is(err, envs.ErrConfig), errors.Is(err, datasets.ErrInvalid):
 		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, job.ErrOutputInUse):
+		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):

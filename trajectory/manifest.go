@@ -54,6 +54,7 @@ type RunCounts struct {
 type FileEntry struct {
 	Name        string    `json:"name"`
 	Rows        int64     `json:"rows"`
+	Groups      int64     `json:"groups,omitempty"` // groups (units of WriteGroup) in the file
 	Bytes       int64     `json:"bytes"`
 	TokenValues int64     `json:"token_values"`
 	FinishedAt  time.Time `json:"finished_at"`

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -153,6 +154,12 @@ type Run struct {
 	// Unlisted are finished part files not (yet) in run.json: a crash
 	// between rename and manifest update leaves at most one.
 	Unlisted []string
+	// Journals hold the groups not yet compacted into a part file (the
+	// open part of a running run, or what a crash left for the resume);
+	// they are read after Files.
+	Journals []string
+	// JournalRecords counts the records in Journals when Open ran.
+	JournalRecords int
 }
 
 // Open opens a run directory written by Writer, or a single part file. Every
@@ -174,6 +181,12 @@ func Open(path string) (*Run, error) {
 	m, err := ReadManifest(path)
 	if err != nil {
 		return nil, err
+	}
+	// Journals are listed before the part files: a part file finished in
+	// between then shows up in both lists and is read from the part file.
+	pending, _, _, err := pendingJournals(path)
+	if err != nil {
+		return nil, fmt.Errorf("list run dir %s: %w", path, err)
 	}
 	onDisk, err := partFiles(path)
 	if err != nil {
@@ -204,18 +217,57 @@ func Open(path string) (*Run, error) {
 		}
 		f.Close()
 	}
+	for _, name := range pending {
+		if present[partOfJournal(name)] {
+			continue
+		}
+		jp := filepath.Join(path, name)
+		st, err := readJournal(jp, slog.Default(), func([]Record) error { return nil })
+		if errors.Is(err, os.ErrNotExist) {
+			continue // compacted meanwhile: its part file is there now
+		}
+		if err != nil {
+			return nil, err
+		}
+		run.Journals = append(run.Journals, jp)
+		run.JournalRecords += st.Records
+	}
 	return run, nil
 }
 
-// Each calls fn for every record of the run, file by file.
+// Each calls fn for every record of the run, file by file: the finished
+// part files, then the journals. A journal compacted since Open is read
+// from its part file instead.
 func (r *Run) Each(ctx context.Context, fn func(rec *Record) error) error {
-	for _, p := range r.Files {
+	eachPart := func(p string) error {
 		f, err := OpenFile(p)
 		if err != nil {
 			return err
 		}
-		err = f.Each(ctx, fn)
-		f.Close()
+		defer f.Close()
+		return f.Each(ctx, fn)
+	}
+	for _, p := range r.Files {
+		if err := eachPart(p); err != nil {
+			return err
+		}
+	}
+	for _, jp := range r.Journals {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		_, err := readJournal(jp, slog.Default(), func(recs []Record) error {
+			for i := range recs {
+				if err := fn(&recs[i]); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if errors.Is(err, os.ErrNotExist) {
+			part := filepath.Join(filepath.Dir(jp), partOfJournal(filepath.Base(jp)))
+			err = eachPart(part)
+		}
 		if err != nil {
 			return err
 		}
@@ -231,4 +283,69 @@ func (r *Run) ReadAll(ctx context.Context) ([]Record, error) {
 		return nil
 	})
 	return out, err
+}
+
+// EachGroup calls fn for every group of the run in order, with its
+// sequence number: the 0-based position that Writer.WriteGroupSeq returned
+// for it. A group is a run of records with the same group id within one
+// file (WriteGroup never splits a group across files).
+func (r *Run) EachGroup(ctx context.Context, fn func(seq int64, recs []Record) error) error {
+	var seq int64
+	var cur []Record
+	flush := func() error {
+		if len(cur) == 0 {
+			return nil
+		}
+		err := fn(seq, cur)
+		seq++
+		cur = nil
+		return err
+	}
+	add := func(rec *Record) error {
+		if len(cur) > 0 && rec.GroupID != cur[0].GroupID {
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+		cur = append(cur, *rec)
+		return nil
+	}
+	eachPart := func(p string) error {
+		f, err := OpenFile(p)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := f.Each(ctx, add); err != nil {
+			return err
+		}
+		return flush()
+	}
+	for _, p := range r.Files {
+		if err := eachPart(p); err != nil {
+			return err
+		}
+	}
+	for _, jp := range r.Journals {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		_, err := readJournal(jp, slog.Default(), func(recs []Record) error {
+			for i := range recs {
+				if err := add(&recs[i]); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if errors.Is(err, os.ErrNotExist) {
+			err = eachPart(filepath.Join(filepath.Dir(jp), partOfJournal(filepath.Base(jp))))
+		} else if err == nil {
+			err = flush()
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }

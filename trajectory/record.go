@@ -142,6 +142,11 @@ type Manifest struct {
 	Parser           string  `parquet:"parser,dict"`
 	ServiceVersion   string  `parquet:"service_version,dict"`
 	ConfigHash       string  `parquet:"config_hash,dict"`
+	// DiskBytes and Runtime complete the applied limits: the sandbox's
+	// disk bound and OCI runtime (runc, runsc). Zero/empty in files
+	// written before they existed.
+	DiskBytes int64  `parquet:"disk_bytes"`
+	Runtime   string `parquet:"runtime,dict"`
 }
 
 // ErrInvalidRecord is returned (wrapped) by Validate and Writer.Write for a

@@ -1,6 +1,7 @@
 package trajectory
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -50,6 +51,10 @@ type WriterOptions struct {
 	QueueSize int
 	// Logger receives rotation and failure logs (slog.Default()).
 	Logger *slog.Logger
+	// NoJournal turns the journal off (durability off): WriteGroup then
+	// returns once the group is queued, and a crash loses every record not
+	// yet in a finished part file. For measurements and throwaway runs.
+	NoJournal bool
 }
 
 func (o *WriterOptions) defaults() {
@@ -82,8 +87,11 @@ var ErrClosed = errors.New("trajectory writer closed")
 // Writer appends records to rolling Parquet part files in one run directory.
 // A single goroutine owns the files; Write hands records to it through a
 // bounded channel. Part files are written as hidden temp files and become
-// visible (fsynced, renamed, directory fsynced) only when complete, so a crash
-// loses at most the records not yet in a finished file.
+// visible (fsynced, renamed, directory fsynced) only when complete. Every
+// record is also appended to the part's journal (journal.go) and fsynced
+// there before WriteGroup returns, so a crash loses nothing that was
+// acknowledged: NewWriter compacts the journal into its part file on resume,
+// and readers (Open) see finished parts and journals as one run.
 //
 // Write is safe for concurrent use. After a write error (disk full, I/O
 // error) the writer stops accepting records: Write, Checkpoint and Close
@@ -103,12 +111,39 @@ type Writer struct {
 	final  error // set before done is closed
 
 	// owned by the goroutine
-	manifest RunManifest
-	next     int
-	cur      *partFile
+	manifest   RunManifest
+	next       int
+	cur        *partFile
+	pending    []chan durableResult // waiters of frames written since the last sync request
+	pendingSeq []int64              // their sequence numbers
+	// groups is the sequence number of the next group: groups are counted
+	// in read order, a new one starting wherever the group id changes or a
+	// file begins (Run.EachGroup counts the same way).
+	groups    int64
+	lastGroup string
+
+	syncCh       chan syncReq
+	syncDone     chan struct{}
+	syncFailed   atomic.Pointer[error]
+	journalBytes atomic.Int64
 
 	samplerMu sync.Mutex
 	sampler   json.RawMessage // pending SetSampler value; nil: none
+}
+
+// syncReq asks the sync goroutine to fsync a journal and then answer its
+// waiters; a request with barrier set only closes it once every earlier
+// request is done.
+type syncReq struct {
+	j       *journalFile
+	waiters []chan durableResult
+	seqs    []int64
+	barrier chan struct{}
+}
+
+type durableResult struct {
+	seq int64
+	err error
 }
 
 type request struct {
@@ -116,6 +151,12 @@ type request struct {
 	group []*Record // a batch that rotation never splits (WriteGroup)
 	ctrl  ctrlKind
 	reply chan error
+	// frame is the unit's journal frame, encoded by the caller.
+	frame []byte
+	// durable, when set, receives the group's sequence number once the
+	// records are durable (journal fsynced), or the error that kept them
+	// from it.
+	durable chan durableResult
 }
 
 type ctrlKind int
@@ -142,11 +183,13 @@ func NewWriter(ctx context.Context, dir string, opts WriterOptions) (*Writer, er
 		return nil, fmt.Errorf("create run dir %s: %w", dir, err)
 	}
 	w := &Writer{
-		dir:  dir,
-		opts: opts,
-		log:  opts.Logger.With("run_id", opts.RunID, "dir", dir),
-		in:   make(chan request, opts.QueueSize),
-		done: make(chan struct{}),
+		dir:      dir,
+		opts:     opts,
+		log:      opts.Logger.With("run_id", opts.RunID, "dir", dir),
+		in:       make(chan request, opts.QueueSize),
+		done:     make(chan struct{}),
+		syncCh:   make(chan syncReq, 2*opts.QueueSize),
+		syncDone: make(chan struct{}),
 	}
 	now := time.Now().UTC()
 	if m, err := ReadManifest(dir); err == nil {
@@ -198,11 +241,102 @@ func NewWriter(ctx context.Context, dir string, opts WriterOptions) (*Writer, er
 	if err := w.adoptUnlisted(); err != nil {
 		return nil, err
 	}
+	if err := w.countGroups(); err != nil {
+		return nil, err
+	}
+	if err := w.recoverJournals(); err != nil {
+		return nil, err
+	}
 	if err := writeManifest(dir, &w.manifest); err != nil {
 		return nil, fmt.Errorf("start run dir %s: %w", dir, err)
 	}
+	go w.syncLoop()
 	go w.loop()
 	return w, nil
+}
+
+// countGroups sets the next group sequence number from run.json; files
+// listed by an older release without a group count are read.
+func (w *Writer) countGroups() error {
+	w.groups = 0
+	for i := range w.manifest.Files {
+		fe := &w.manifest.Files[i]
+		if fe.Groups == 0 && fe.Rows > 0 {
+			n, err := countFileGroups(filepath.Join(w.dir, fe.Name))
+			if err != nil {
+				return fmt.Errorf("resume run dir: %w", err)
+			}
+			fe.Groups = n
+		}
+		w.groups += fe.Groups
+	}
+	return nil
+}
+
+func countFileGroups(path string) (int64, error) {
+	f, err := OpenFile(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	var n int64
+	last, first := "", true
+	err = f.Each(context.Background(), func(rec *Record) error {
+		if first || rec.GroupID != last {
+			n++
+		}
+		first, last = false, rec.GroupID
+		return nil
+	})
+	return n, err
+}
+
+// recoverJournals compacts the journals a crash left without their part
+// file into that part file, and deletes journals whose part file exists
+// (the crash came between the rename and the delete).
+func (w *Writer) recoverJournals() error {
+	pending, obsolete, maxNum, err := pendingJournals(w.dir)
+	if err != nil {
+		return fmt.Errorf("list run dir %s: %w", w.dir, err)
+	}
+	for _, name := range obsolete {
+		if err := os.Remove(filepath.Join(w.dir, name)); err != nil {
+			return fmt.Errorf("remove compacted journal: %w", err)
+		}
+	}
+	if maxNum >= w.next {
+		w.next = maxNum + 1
+	}
+	for _, name := range pending {
+		path := filepath.Join(w.dir, name)
+		recs, st, err := ReadJournal(path, w.log)
+		if err != nil {
+			return fmt.Errorf("resume run dir: %w", err)
+		}
+		if len(recs) > 0 {
+			if err := w.openPartNamed(partOfJournal(name), false); err != nil {
+				return fmt.Errorf("resume run dir: compact %s: %w", name, err)
+			}
+			for i := range recs {
+				if err := w.appendRow(&recs[i]); err != nil {
+					return fmt.Errorf("resume run dir: compact %s: %w", name, err)
+				}
+			}
+			if err := w.finishPart(); err != nil {
+				return fmt.Errorf("resume run dir: compact %s: %w", name, err)
+			}
+			w.log.Info("trajectory journal compacted into its part file", "journal", name, "groups", st.Frames, "rows", st.Records)
+		}
+		if err := os.Remove(path); err != nil {
+			return fmt.Errorf("remove compacted journal: %w", err)
+		}
+	}
+	if len(pending) > 0 {
+		if err := syncDir(w.dir); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // adoptUnlisted adds finished part files that a crash left out of run.json
@@ -227,7 +361,12 @@ func (w *Writer) adoptUnlisted() error {
 		}
 		fe := FileEntry{Name: name, FinishedAt: time.Now().UTC()}
 		var ok, infra int64
+		last := ""
 		err = f.Each(context.Background(), func(rec *Record) error {
+			if fe.Rows == 0 || rec.GroupID != last {
+				fe.Groups++
+			}
+			last = rec.GroupID
 			fe.Rows++
 			fe.TokenValues += int64(len(rec.Tokens))
 			if rec.Status == StatusOK {
@@ -263,34 +402,87 @@ func (w *Writer) Dir() string { return w.dir }
 // Write queues rec for the current part file. It blocks while the queue is
 // full (back-pressure) until ctx is done. An invalid record is refused with
 // ErrInvalidRecord and does not stop the writer. A nil return means the
-// record was accepted into memory; it is durable once its file is finished
-// (rotation, Checkpoint or Close).
+// record was accepted into memory; it becomes durable (journal fsynced)
+// moments later without the caller waiting for it. Use WriteGroup to know.
 func (w *Writer) Write(ctx context.Context, rec Record) error {
 	if err := w.prepare(&rec); err != nil {
 		return err
 	}
-	return w.send(ctx, request{rec: &rec})
+	req := request{rec: &rec}
+	if !w.opts.NoJournal {
+		var err error
+		if req.frame, err = encodeFrame([]*Record{&rec}); err != nil {
+			return err
+		}
+	}
+	return w.send(ctx, req)
 }
 
-// WriteGroup queues the records of one GRPO group as a unit: they land in
-// the same part file (rotation happens only between units), so a crash
-// leaves either the whole group on disk or none of it, and resume never
-// sees a partial group. Every record is validated first; one invalid record
-// refuses the whole group.
+// encodeFrame encodes the journal frame of one unit.
+func encodeFrame(recs []*Record) ([]byte, error) {
+	var buf bytes.Buffer
+	if err := appendFrame(&buf, recs); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// WriteGroup writes the records of one GRPO group as a unit: they land in
+// the same part file (rotation happens only between units) and in one
+// journal frame, so a crash leaves either the whole group on disk or none
+// of it, and resume never sees a partial group. Every record is validated
+// first; one invalid record refuses the whole group.
+//
+// WriteGroup returns nil only once the group is durable: its journal frame
+// written and fsynced (groups written concurrently share one fsync). With
+// NoJournal it returns once the group is queued.
 func (w *Writer) WriteGroup(ctx context.Context, recs []Record) error {
+	_, err := w.WriteGroupSeq(ctx, recs)
+	return err
+}
+
+// WriteGroupSeq is WriteGroup that also returns the group's sequence
+// number: its 0-based position among the groups of the run directory in
+// the order Run.EachGroup reads them (-1 with NoJournal, or for an empty
+// group).
+func (w *Writer) WriteGroupSeq(ctx context.Context, recs []Record) (int64, error) {
 	batch := make([]*Record, len(recs))
 	for i := range recs {
 		rec := recs[i]
 		if err := w.prepare(&rec); err != nil {
-			return err
+			return -1, err
 		}
 		batch[i] = &rec
 	}
 	if len(batch) == 0 {
-		return nil
+		return -1, nil
 	}
-	return w.send(ctx, request{group: batch})
+	if w.opts.NoJournal {
+		return -1, w.send(ctx, request{group: batch})
+	}
+	frame, err := encodeFrame(batch)
+	if err != nil {
+		return -1, err
+	}
+	durable := make(chan durableResult, 1)
+	if err := w.send(ctx, request{group: batch, frame: frame, durable: durable}); err != nil {
+		return -1, err
+	}
+	select {
+	case res := <-durable:
+		return res.seq, res.err
+	case <-ctx.Done():
+		return -1, fmt.Errorf("write trajectory group: waiting for the journal: %w", ctx.Err())
+	}
 }
+
+// Journaled reports whether WriteGroup waits for durability (the journal
+// is on).
+func (w *Writer) Journaled() bool { return !w.opts.NoJournal }
+
+// JournalBytes is the number of bytes appended to journals so far (the
+// price of durability, on top of the Parquet files).
+func (w *Writer) JournalBytes() int64 { return w.journalBytes.Load() }
 
 // prepare stamps defaults and validates rec.
 func (w *Writer) prepare(rec *Record) error {
@@ -408,34 +600,188 @@ func (w *Writer) Manifest() RunManifest {
 
 func (w *Writer) loop() {
 	defer close(w.done)
+	defer func() {
+		close(w.syncCh)
+		<-w.syncDone
+	}()
 	tick := time.NewTicker(tickEvery(w.opts.MaxFileAge))
 	defer tick.Stop()
 	for {
 		select {
 		case req := <-w.in:
-			switch req.ctrl {
-			case ctrlNone:
-				if req.group != nil {
-					for i, rec := range req.group {
-						w.handleRecord(rec, i == len(req.group)-1)
+			// Take everything queued, then ask for one fsync for all of it
+			// (group commit); control requests flush first.
+			for {
+				if req.ctrl != ctrlNone {
+					w.requestSync()
+				}
+				switch req.ctrl {
+				case ctrlNone:
+					w.handleRequest(req)
+				case ctrlCheckpoint:
+					err := w.err()
+					if err == nil {
+						err = w.finishPart()
 					}
-				} else {
-					w.handleRecord(req.rec, true)
+					req.reply <- err
+				case ctrlClose:
+					w.final = w.shutdown()
+					return
 				}
-			case ctrlCheckpoint:
-				err := w.err()
-				if err == nil {
-					err = w.finishPart()
+				var more bool
+				select {
+				case req, more = <-w.in:
+				default:
 				}
-				req.reply <- err
-			case ctrlClose:
-				w.final = w.shutdown()
-				return
+				if !more {
+					break
+				}
 			}
+			w.requestSync()
 		case <-tick.C:
 			if w.cur != nil && w.err() == nil && time.Since(w.cur.opened) >= w.opts.MaxFileAge {
 				w.finishPart()
 			}
+		}
+	}
+}
+
+// handleRequest writes one unit: its journal frame first, then its rows.
+func (w *Writer) handleRequest(req request) {
+	recs := req.group
+	if recs == nil {
+		recs = []*Record{req.rec}
+	}
+	reply := func(err error) {
+		if req.durable != nil {
+			req.durable <- durableResult{seq: -1, err: err}
+		}
+	}
+	if p := w.syncFailed.Load(); p != nil {
+		w.fail(*p)
+	}
+	if err := w.err(); err != nil {
+		w.manifest.Counts.Lost += int64(len(recs))
+		reply(err)
+		return
+	}
+	if w.cur == nil {
+		if err := w.openPartNamed("", !w.opts.NoJournal); err != nil {
+			w.fail(err)
+			w.manifest.Counts.Lost += int64(len(recs))
+			reply(err)
+			return
+		}
+	}
+	p := w.cur
+	if j := p.journal; j != nil {
+		frame, err := req.frame, error(nil)
+		if frame == nil {
+			frame, err = encodeFrame(recs)
+		}
+		if err == nil {
+			var n int
+			n, err = j.f.Write(frame)
+			j.bytes += int64(n)
+			w.journalBytes.Add(int64(n))
+		}
+		if err != nil {
+			err = fmt.Errorf("append to journal %s: %w", j.path, err)
+			w.fail(err)
+			reply(err)
+			return
+		}
+		seq := w.groups
+		if w.cur.rows > 0 && recs[0].GroupID == w.lastGroup {
+			seq-- // continues the group of the previous unit
+		}
+		if req.durable != nil {
+			w.pending = append(w.pending, req.durable)
+			w.pendingSeq = append(w.pendingSeq, seq)
+		}
+		p.journaled += int64(len(recs))
+	} else {
+		reply(nil)
+	}
+	for i, rec := range recs {
+		w.handleRecord(rec, i == len(recs)-1)
+	}
+}
+
+// requestSync hands the waiters of the frames written since the last call
+// to the sync goroutine.
+func (w *Writer) requestSync() {
+	if len(w.pending) == 0 {
+		return
+	}
+	w.syncCh <- syncReq{j: w.cur.journal, waiters: w.pending, seqs: w.pendingSeq}
+	w.pending, w.pendingSeq = nil, nil
+}
+
+// syncBarrier waits until every journal fsync requested so far is done.
+func (w *Writer) syncBarrier() {
+	w.requestSync()
+	b := make(chan struct{})
+	w.syncCh <- syncReq{barrier: b}
+	<-b
+}
+
+// syncLoop fsyncs journals for the writer goroutine, so that encoding the
+// next groups overlaps the fsync of the previous ones; requests queued
+// meanwhile share one fsync.
+func (w *Writer) syncLoop() {
+	defer close(w.syncDone)
+	for req := range w.syncCh {
+		if req.barrier != nil {
+			close(req.barrier)
+			continue
+		}
+		batch := []syncReq{req}
+		var barrier chan struct{}
+	more:
+		for {
+			select {
+			case r, ok := <-w.syncCh:
+				if !ok {
+					break more
+				}
+				if r.barrier != nil {
+					barrier = r.barrier
+					break more
+				}
+				batch = append(batch, r)
+			default:
+				break more
+			}
+		}
+		var err error
+		if p := w.syncFailed.Load(); p != nil {
+			err = *p
+		} else {
+			synced := map[*journalFile]bool{}
+			for _, r := range batch {
+				if synced[r.j] {
+					continue
+				}
+				synced[r.j] = true
+				if serr := r.j.f.Sync(); serr != nil {
+					err = fmt.Errorf("sync journal %s: %w", r.j.path, serr)
+					w.syncFailed.Store(&err)
+					break
+				}
+			}
+		}
+		for _, r := range batch {
+			for i, c := range r.waiters {
+				res := durableResult{seq: r.seqs[i], err: err}
+				if err != nil {
+					res.seq = -1
+				}
+				c <- res
+			}
+		}
+		if barrier != nil {
+			close(barrier)
 		}
 	}
 }
@@ -455,21 +801,32 @@ func tickEvery(age time.Duration) time.Duration {
 // considered only at the end of a unit (a lone record or a group's last).
 func (w *Writer) handleRecord(rec *Record, unitEnd bool) {
 	if w.err() != nil {
-		w.manifest.Counts.Lost++
+		if w.cur == nil || w.cur.journal == nil {
+			w.manifest.Counts.Lost++
+		}
 		return
 	}
-	if w.cur == nil {
-		if err := w.openPart(); err != nil {
-			w.fail(err)
-			w.manifest.Counts.Lost++
-			return
-		}
+	if err := w.appendRow(rec); err != nil {
+		w.fail(err)
+		return
 	}
 	p := w.cur
-	if _, err := p.pw.Write([]Record{*rec}); err != nil {
-		w.fail(fmt.Errorf("write %s: %w", p.tmp, err))
-		return
+	if unitEnd && (p.rows >= w.opts.MaxRowsPerFile || p.out.n >= w.opts.MaxBytesPerFile) {
+		w.finishPart()
 	}
+}
+
+// appendRow writes rec to the open part file.
+func (w *Writer) appendRow(rec *Record) error {
+	p := w.cur
+	if _, err := p.pw.Write([]Record{*rec}); err != nil {
+		return fmt.Errorf("write %s: %w", p.tmp, err)
+	}
+	if p.rows == 0 || rec.GroupID != w.lastGroup {
+		w.groups++
+		p.groups++
+	}
+	w.lastGroup = rec.GroupID
 	p.rows++
 	p.rowsInGroup++
 	p.tokens += int64(len(rec.Tokens))
@@ -481,14 +838,11 @@ func (w *Writer) handleRecord(rec *Record, unitEnd bool) {
 	p.groupBytes += estimateBytes(rec)
 	if p.rowsInGroup >= w.opts.RowGroupRows || p.groupBytes >= w.opts.RowGroupBytes {
 		if err := p.pw.Flush(); err != nil {
-			w.fail(fmt.Errorf("flush row group of %s: %w", p.tmp, err))
-			return
+			return fmt.Errorf("flush row group of %s: %w", p.tmp, err)
 		}
 		p.rowsInGroup, p.groupBytes = 0, 0
 	}
-	if unitEnd && (p.rows >= w.opts.MaxRowsPerFile || p.out.n >= w.opts.MaxBytesPerFile) {
-		w.finishPart()
-	}
+	return nil
 }
 
 // estimateBytes approximates the in-memory footprint of a record's columns.
@@ -510,6 +864,9 @@ type partFile struct {
 	rowsInGroup      int64
 	groupBytes       int64
 	tokens           int64
+	groups           int64
+	journal          *journalFile // nil without journal (NoJournal, compaction)
+	journaled        int64        // rows in the journal
 }
 
 // partWriter is what the writer needs from a part file; tests substitute
@@ -558,17 +915,32 @@ func parquetWriterOptions(rowGroupRows int64) []parquet.WriterOption {
 	return opts
 }
 
-func (w *Writer) openPart() error {
-	name := fmt.Sprintf("part-%05d.parquet", w.next)
-	w.next++
+// openPartNamed opens the next part file (or the named one, for the
+// compaction of a journal), with its journal when journal is set.
+func (w *Writer) openPartNamed(name string, journal bool) error {
+	if name == "" {
+		name = fmt.Sprintf("part-%05d.parquet", w.next)
+		w.next++
+	}
 	p := &partFile{
 		name:   name,
 		tmp:    filepath.Join(w.dir, "."+name+".tmp"),
 		final:  filepath.Join(w.dir, name),
 		opened: time.Now(),
 	}
+	if journal {
+		j, err := createJournal(w.dir, name)
+		if err != nil {
+			return err
+		}
+		p.journal = j
+	}
 	f, err := createPart(p.tmp)
 	if err != nil {
+		if p.journal != nil {
+			p.journal.f.Close()
+			os.Remove(p.journal.path)
+		}
 		return fmt.Errorf("create part file: %w", err)
 	}
 	p.f = f
@@ -579,11 +951,16 @@ func (w *Writer) openPart() error {
 }
 
 // finishPart closes, fsyncs and renames the current part file and records it
-// in run.json. On error the writer fails and the temp file is removed.
+// in run.json, then deletes its journal (the rename made it obsolete). On
+// error the writer fails and the temp file is removed; the journal stays for
+// the resume to compact.
 func (w *Writer) finishPart() error {
 	p := w.cur
 	if p == nil {
 		return nil
+	}
+	if p.journal != nil {
+		w.syncBarrier()
 	}
 	w.cur = nil
 	err := p.pw.Close()
@@ -602,12 +979,24 @@ func (w *Writer) finishPart() error {
 	if err != nil {
 		os.Remove(p.tmp)
 		err = fmt.Errorf("finish %s: %w", p.final, err)
-		w.manifest.Counts.Lost += p.rows
+		if p.journal != nil {
+			p.journal.f.Close()
+		} else {
+			w.manifest.Counts.Lost += p.rows
+		}
 		w.fail(err)
 		return err
 	}
+	if p.journal != nil {
+		p.journal.f.Close()
+		if rerr := os.Remove(p.journal.path); rerr != nil {
+			// Harmless: a journal whose part file exists is ignored and
+			// deleted by the next NewWriter.
+			w.log.Warn("cannot delete compacted journal", "file", p.journal.path, "err", rerr)
+		}
+	}
 	w.manifest.Files = append(w.manifest.Files, FileEntry{
-		Name: p.name, Rows: p.rows, Bytes: p.out.n, TokenValues: p.tokens, FinishedAt: time.Now().UTC(),
+		Name: p.name, Rows: p.rows, Groups: p.groups, Bytes: p.out.n, TokenValues: p.tokens, FinishedAt: time.Now().UTC(),
 	})
 	w.manifest.Counts.Rows += p.rows
 	w.manifest.Counts.OK += p.ok
@@ -634,10 +1023,17 @@ func (w *Writer) fail(err error) {
 	metricErrors.Inc()
 	w.log.Error("trajectory writer failed; intake stopped", "err", err)
 	if p := w.cur; p != nil {
+		if p.journal != nil {
+			// Acknowledged groups stay in the journal: a resume compacts
+			// them. The frames of groups not yet acknowledged get the error.
+			w.syncBarrier()
+			p.journal.f.Close()
+		} else {
+			w.manifest.Counts.Lost += p.rows
+		}
 		w.cur = nil
 		p.f.Close()
 		os.Remove(p.tmp)
-		w.manifest.Counts.Lost += p.rows
 	}
 	w.manifest.State = RunFailed
 	w.manifest.Error = err.Error()
@@ -654,13 +1050,7 @@ func (w *Writer) shutdown() error {
 		case req := <-w.in:
 			switch req.ctrl {
 			case ctrlNone:
-				if req.group != nil {
-					for i, rec := range req.group {
-						w.handleRecord(rec, i == len(req.group)-1)
-					}
-				} else {
-					w.handleRecord(req.rec, true)
-				}
+				w.handleRequest(req)
 			case ctrlCheckpoint:
 				req.reply <- ErrClosed
 			}
@@ -669,6 +1059,7 @@ func (w *Writer) shutdown() error {
 		}
 		break
 	}
+	w.requestSync()
 	if err := w.err(); err != nil {
 		// Best effort: record the final lost count next to the failure.
 		w.manifest.UpdatedAt = time.Now().UTC()

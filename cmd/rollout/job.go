@@ -263,7 +263,7 @@ func newJobCancelCmd(c *clientFlags) *cobra.Command {
 	var inFlight bool
 	cmd := &cobra.Command{
 		Use:   "cancel JOB_ID",
-		Short: "Stop a job's intake; running rollouts finish unless --in-flight",
+		Short: "Stop a job's intake; running rollouts finish (within the server's --cancel-grace) unless --in-flight",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			return c.call(cmd.Context(), func(ctx context.Context, cli *server.Client) error {
@@ -273,7 +273,7 @@ func newJobCancelCmd(c *clientFlags) *cobra.Command {
 				}
 				j := resp.Job
 				if j.State == rolloutv1.JobState_JOB_STATE_RUNNING {
-					fmt.Fprintf(cmd.OutOrStdout(), "job %s: intake stopped; it ends once its in-flight groups are written (rollout job watch %s)\n", j.Id, j.Id)
+					fmt.Fprintf(cmd.OutOrStdout(), "job %s: intake stopped; it ends once its in-flight groups are written, or within the server's --cancel-grace (30s) by cancelling them (rollout job watch %s)\n", j.Id, j.Id)
 				} else {
 					fmt.Fprintf(cmd.OutOrStdout(), "job %s already ended: %s\n", j.Id, stateName(j.State))
 				}

@@ -13,6 +13,7 @@ import (
 	"github.com/rollout-rl/rollout/atropos"
 	"github.com/rollout-rl/rollout/internal/job"
 	"github.com/rollout-rl/rollout/runner"
+	"github.com/rollout-rl/rollout/trajectory"
 )
 
 func init() {
@@ -145,31 +146,38 @@ func collect(cmd *cobra.Command, cfg runner.Config, mode string) error {
 	ctx := cmd.Context()
 	log := newLogger(os.Stderr)
 	prog := newProgress(os.Stderr, log)
+	// The output dir's writer lock before anything writes there (the
+	// bridge's spool): a second writer is refused naming the holder.
+	var lock *trajectory.DirLock
+	if cfg.Output.Dir != "" && cfg.Validate() == nil {
+		l, err := job.LockOutput(cfg.Output.Dir, "rollout "+mode)
+		if err != nil {
+			return err
+		}
+		lock = l
+	}
 	// The Atropos bridge, when the config or --atropos-url asks for one.
 	bridge, err := atropos.OpenRun(ctx, cfg, atropos.RunSetup{Mode: mode, Logger: log})
 	if err != nil {
-		if errors.Is(err, runner.ErrConfig) {
-			return withExitCode(2, err)
-		}
-		return err
+		_ = lock.Unlock()
+		return exitStatus(err)
 	}
 	var sinks []runner.Sink
 	if bridge != nil {
 		sinks = append(sinks, bridge)
 	}
-	j, err := job.Open(ctx, cfg, job.Options{Mode: mode, Logger: log, Progress: prog.event, Sinks: sinks})
+	j, err := job.Open(ctx, cfg, job.Options{Mode: mode, Logger: log, Progress: prog.event, Sinks: sinks, Lock: lock})
 	if err != nil {
 		if bridge != nil {
 			done, cancel := context.WithCancel(ctx)
 			cancel() // the run never started: release the bridge, wait for nothing
 			err = bridge.Finish(done, err)
 		}
-		if errors.Is(err, runner.ErrConfig) {
-			return withExitCode(2, err)
-		}
-		return err
+		return exitStatus(err)
 	}
+	stopped := boundStop(ctx, log)
 	sum, err := j.Run(ctx)
+	stopped()
 	prog.done()
 	if bridge != nil {
 		err = finishBridge(ctx, bridge, err)
@@ -180,10 +188,10 @@ func collect(cmd *cobra.Command, cfg runner.Config, mode string) error {
 		fmt.Fprintf(cmd.OutOrStdout(), "atropos:     %d groups delivered, %d skipped (equal scores or no ok rollout), %d rejected, %d still spooled\n",
 			st.Delivered, st.Skipped, st.Rejected, st.Pending)
 	}
-	if mode == job.ModeEval && err == nil {
+	if mode == job.ModeEval && (err == nil || errors.Is(err, job.ErrRunFailed)) {
 		fmt.Fprintf(cmd.OutOrStdout(), "eval report: %s/eval/metrics.json\n", j.Dir)
 	}
-	return err
+	return exitStatus(err)
 }
 
 // finishBridge ends a run's Atropos bridge: it waits up to 2 minutes for
@@ -203,10 +211,15 @@ func finishBridge(ctx context.Context, b *atropos.RunBridge, runErr error) error
 	return b.Finish(cctx, runErr)
 }
 
-// newLogger logs text on a terminal and JSON otherwise.
+// newLogger logs text on a terminal and JSON otherwise, at the level of
+// $ROLLOUT_LOG_LEVEL (debug, info, warn, error; default info).
 func newLogger(w *os.File) *slog.Logger {
-	if isTerminal(w) {
-		return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(os.Getenv("ROLLOUT_LOG_LEVEL"))); err != nil {
+		level = slog.LevelInfo
 	}
-	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	if isTerminal(w) {
+		return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: level}))
+	}
+	return slog.New(slog.NewJSONHandler(w, &slog.HandlerOptions{Level: level}))
 }

@@ -71,7 +71,7 @@ func newSandboxRunCmd() *cobra.Command {
 	}
 	f := cmd.Flags()
 	f.StringVar(&img, "image", "", "image to run (must be present locally)")
-	f.StringVar(&network, "network", sandbox.NetworkNone, "network policy: none or bridge")
+	f.StringVar(&network, "network", sandbox.NetworkNone, "network policy: none, bridge (egress only: not the host, private ranges or other sandboxes) or open (unrestricted)")
 	f.StringVar(&workdir, "workdir", "/workspace", "working directory")
 	f.StringVar(&user, "user", "", "user to run as (default: agent when the image has it)")
 	f.StringArrayVarP(&env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")

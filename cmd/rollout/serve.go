@@ -32,11 +32,13 @@ type serveFlags struct {
 	tlsKey         string
 	cancelInFlight bool
 	drainTimeout   time.Duration
+	cancelGrace    time.Duration
 	maxMsgSize     int
 	rateLimit      float64
 	rateBurst      int
 	maxSandboxes   int
 	atroposURL     string
+	quotas         server.Quotas
 	tracing        tracingFlags
 }
 
@@ -77,10 +79,14 @@ Off loopback the server requires --auth-token-file (clients send
 	fl.StringVar(&f.tlsKey, "tls-key", "", "TLS private key (PEM); with --tls-cert")
 	fl.BoolVar(&f.cancelInFlight, "cancel-in-flight", false, "at shutdown, cancel running rollouts instead of letting them finish")
 	fl.DurationVar(&f.drainTimeout, "drain-timeout", 10*time.Minute, "at shutdown, cancel rollouts still running after this long (0: wait)")
+	fl.DurationVar(&f.cancelGrace, "cancel-grace", server.DefaultCancelGrace, "after `job cancel` without --in-flight, cancel the job's rollouts still running after this long (0: wait for them)")
 	fl.IntVar(&f.maxMsgSize, "max-msg-size", server.DefaultMaxMsgSize, "largest gRPC message received or sent, in bytes")
 	fl.Float64Var(&f.rateLimit, "rate-limit", 0, "calls per second admitted across all clients, streams counted when opened (0: unlimited)")
 	fl.IntVar(&f.rateBurst, "rate-burst", 0, "burst size of --rate-limit (default: the rate, at least 1)")
 	fl.IntVar(&f.maxSandboxes, "max-sandboxes", 0, "sandbox containers alive at once across all jobs (default 512)")
+	fl.IntVar(&f.quotas.Jobs, "quota-jobs", 0, "jobs and collect streams one client (token) may run at once (default 8; -1: no quota)")
+	fl.IntVar(&f.quotas.Sandboxes, "quota-sandboxes", 0, "sum of limits.sandboxes over one client's running jobs (default 256; -1: no quota)")
+	fl.Int64Var(&f.quotas.Rows, "quota-rows", 0, "rollouts (groups x group_size) one job may produce (default 1000000; -1: no quota)")
 	fl.StringVar(&f.atroposURL, "atropos-url", "", "feed the groups of run jobs to this Atropos API (run-api), one Atropos env per job; a job's atropos.url overrides it, atropos.disabled opts out (docs/atropos.md)")
 	f.tracing.add(fl)
 	return cmd
@@ -92,6 +98,13 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 	}
 	if f.maxMsgSize <= 0 || f.rateLimit < 0 || f.rateBurst < 0 || f.maxSandboxes < 0 || f.drainTimeout < 0 {
 		return usageError(cmd, errors.New("--max-msg-size must be positive; --rate-limit, --rate-burst, --max-sandboxes and --drain-timeout must not be negative"))
+	}
+	if f.cancelGrace < 0 {
+		return usageError(cmd, errors.New("--cancel-grace must not be negative (0: wait for in-flight rollouts)"))
+	}
+	cancelGrace := f.cancelGrace
+	if cancelGrace == 0 {
+		cancelGrace = -1 // server.Options: negative = no bound
 	}
 	if f.atroposURL != "" {
 		if err := atropos.CheckURL(f.atroposURL); err != nil {
@@ -165,7 +178,7 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 		}
 	}()
 	svc, err := server.New(ctx, server.Options{StateDir: stateDir, DataDir: f.dataDir, AllowedPaths: f.allowPaths,
-		Sandboxes: shared, Images: shared, Logger: log, JobSinks: atroposJobSinks(f.atroposURL)})
+		Sandboxes: shared, Images: shared, Logger: log, JobSinks: atroposJobSinks(f.atroposURL), Quotas: f.quotas, CancelGrace: cancelGrace})
 	if err != nil {
 		ln.Close()
 		if o.MetricsListener != nil {

@@ -35,6 +35,9 @@ var catalog = []entry{
 	{"sandbox", "sandbox.pool_acquire_p50_ms", "ms", "<= 10", "issue 4", "acquire from a warm pool, p50"},
 	{"sandbox", "sandbox.pool_acquire_p99_ms", "ms", "", "", "acquire from a warm pool, p99"},
 	{"sandbox", "sandbox.max_concurrent", "sandboxes", ">= 200", "issue 4", "busybox sandboxes alive and answering an exec at the same time"},
+	{"sandbox", "sandbox.runsc_cold_start_p50_ms", "ms", "", "issue 16 (reported)", "cold sandbox start under gVisor (runsc), p50; baseline: runc, same run"},
+	{"sandbox", "sandbox.runsc_exec_p50_ms", "ms", "", "issue 16 (reported)", "exec round trip of `true` under gVisor (runsc), p50; baseline: runc, same run"},
+	{"sandbox", "sandbox.runsc_exec_p99_ms", "ms", "", "", "exec round trip of `true` under gVisor (runsc), p99; baseline: runc, same run"},
 
 	{"inference", "inference.overhead_p50_us", "µs", "<= 100", "issue 5", "client-side cost of one tokens-mode generation (client p50 − bare net/http p50), zero-latency simulator"},
 	{"inference", "inference.client_p50_us", "µs", "", "", "full tokens-mode generation call against the zero-latency simulator, p50"},
@@ -62,6 +65,8 @@ var catalog = []entry{
 	{"runner", "runner.rollouts_per_s", "rollouts/s", "", "issue 7 (reported)", "terminal-tasks on busybox, simulator at zero latency, end to end"},
 	{"runner", "runner.cpu_s_per_rollout", "CPU-s", "", "issue 7 (reported)", "this process's CPU per rollout at zero latency (includes the in-process simulator; Docker excluded)"},
 	{"runner", "runner.docker_cpu_s_per_rollout", "CPU-s", "", "", "dockerd + containerd CPU per rollout at zero latency"},
+	{"runner", "runner.durable_groups_per_s", "groups/s", "", "issue 15 (reported)", "terminal-tasks on busybox, zero-latency simulator, with durability on (every group fsynced before it is announced)"},
+	{"runner", "runner.durable_throughput_ratio", "×", ">= 0.95", "issue 15", "end-to-end groups/s with durability on / off, same bench run"},
 	{"runner", "runner.realistic_rollouts_per_s", "rollouts/s", "", "", "the same with TTFT 200 ms + 30 ms/token"},
 	{"runner", "runner.realistic_cpu_s_per_rollout", "CPU-s", "", "", "this process's CPU per rollout with TTFT 200 ms + 30 ms/token"},
 
@@ -69,6 +74,9 @@ var catalog = []entry{
 	{"output", "output.parquet_write_rows_per_s", "rows/s", "", "issue 8 (reported)", "Parquet write of 8k-token trajectories, rows/s"},
 	{"output", "output.size_vs_atropos_jsonl_gz", "×", "<= 0.5", "issue 8", "Parquet bytes / the same records as Atropos JSONL gzip"},
 	{"output", "output.parquet_mb_per_1k", "MB", "", "", "Parquet size per 1,000 trajectories of 8k tokens"},
+	{"output", "output.durable_groups_per_s", "groups/s", "", "issue 15 (reported)", "groups of 8 × 8k tokens written with durability on (journal fsynced before WriteGroup returns), 8 concurrent writers"},
+	{"output", "output.durable_throughput_ratio", "×", "", "issue 15 (reported: worst case)", "writer alone, nothing else running: groups/s with durability on / off, same run"},
+	{"output", "output.durable_extra_bytes_ratio", "×", "", "issue 15 (reported)", "journal bytes written / Parquet bytes, the extra writes durability costs"},
 	{"output", "service.groups_per_s", "groups/s", ">= 200", "issue 9", "groups of 8 × 8k tokens streamed over gRPC CollectGroups to a local client"},
 	{"output", "service.size_vs_atropos_json", "×", "<= 0.3", "issue 9", "serialized Group message / the same group as Atropos JSON"},
 }

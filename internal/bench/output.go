@@ -92,6 +92,33 @@ func runOutput(ctx context.Context, r *runCtx) (out []Measure, err error) {
 		Measure{Name: "output.parquet_write_rows_per_s", Value: ptr(sig(median(pq))), Baseline: ptr(sig(median(js))), BaselineName: base},
 	)
 
+	// Durability: groups/s with the journal (every WriteGroup waits for its
+	// fsync) against the same writes without it, alternating rounds in the
+	// same run, from 8 concurrent writers as the runner's group goroutines.
+	dgroups := groupRecords(recs[:min(len(recs), r.n(512, 96))])
+	var on, off []float64
+	var extra, parquetBytes int64
+	for range r.n(3, 1) {
+		d, err := trajectory.MeasureGroupWrite(ctx, tmp, dgroups, 8, trajectory.WriterOptions{Logger: r.logger})
+		if err != nil {
+			return out, fmt.Errorf("durable write: %w", err)
+		}
+		nd, err := trajectory.MeasureGroupWrite(ctx, tmp, dgroups, 8, trajectory.WriterOptions{Logger: r.logger, NoJournal: true})
+		if err != nil {
+			return out, fmt.Errorf("write without journal: %w", err)
+		}
+		on, off = append(on, d.GroupsPerSec), append(off, nd.GroupsPerSec)
+		extra, parquetBytes = d.JournalBytes, d.FileBytes
+	}
+	dnote := fmt.Sprintf("%d groups of %d × %d tokens, 8 concurrent writers, median of %d alternating rounds; journal %d B on top of %d B of Parquet",
+		len(dgroups), benchGroupSize, benchTokens, len(on), extra, parquetBytes)
+	out = append(out,
+		Measure{Name: "output.durable_groups_per_s", Value: ptr(sig(median(on))), Baseline: ptr(sig(median(off))),
+			BaselineName: "the same writes without the journal (durability off), same run", Note: dnote},
+		Measure{Name: "output.durable_throughput_ratio", Value: ptr(sig(median(on) / median(off)))},
+		Measure{Name: "output.durable_extra_bytes_ratio", Value: ptr(sig(float64(extra) / float64(max(parquetBytes, 1))))},
+	)
+
 	// The service's Group message: size vs Atropos JSON, and streaming.
 	groups := groupRecords(recs)
 	var pbBytes, jsonBytes int64

@@ -49,6 +49,7 @@ func (p *phases) mean(d time.Duration) float64 {
 
 // runnerRun is one end-to-end run of terminal-tasks.
 type runnerRun struct {
+	groups     int
 	rollouts   int
 	elapsed    time.Duration
 	cpu        time.Duration
@@ -57,7 +58,7 @@ type runnerRun struct {
 	ph         *phases
 }
 
-func runTerminalTasks(ctx context.Context, r *runCtx, ref string, groups int, lat sim.Latency) (runnerRun, error) {
+func runTerminalTasks(ctx context.Context, r *runCtx, ref string, groups int, lat sim.Latency, noJournal bool) (runnerRun, error) {
 	dir, err := os.MkdirTemp("", "rollout-bench-runner-*")
 	if err != nil {
 		return runnerRun{}, err
@@ -67,7 +68,7 @@ func runTerminalTasks(ctx context.Context, r *runCtx, ref string, groups int, la
 	cpu0 := processCPU()
 	d0, ok0 := daemonCPU()
 	res, err := demo.Run(ctx, demo.Options{Out: dir, Specs: []demo.Spec{{Env: "terminal-tasks", Groups: groups, GroupSize: 4, Image: ref}},
-		Seed: 1, Latency: lat, Logger: r.logger, Progress: ph.event, SandboxInstance: "bench-runner-" + randomSuffix()})
+		Seed: 1, Latency: lat, Logger: r.logger, Progress: ph.event, SandboxInstance: "bench-runner-" + randomSuffix(), NoJournal: noJournal})
 	cpu := processCPU() - cpu0
 	d1, ok1 := daemonCPU()
 	if err != nil {
@@ -75,6 +76,7 @@ func runTerminalTasks(ctx context.Context, r *runCtx, ref string, groups int, la
 	}
 	out := runnerRun{cpu: cpu, ph: ph, daemonCPU: d1 - d0, daemonSeen: ok0 && ok1}
 	for _, x := range res {
+		out.groups += x.Summary.Groups
 		out.rollouts += x.Summary.Rollouts
 		out.elapsed += x.Summary.Elapsed
 	}
@@ -90,7 +92,7 @@ func runRunner(ctx context.Context, r *runCtx) ([]Measure, error) {
 		return nil, fmt.Errorf("busybox image: %w", err)
 	}
 	var out []Measure
-	zero, err := runTerminalTasks(ctx, r, ref, r.n(8, 2), sim.Latency{})
+	zero, err := runTerminalTasks(ctx, r, ref, r.n(8, 2), sim.Latency{}, false)
 	if err != nil {
 		return nil, fmt.Errorf("zero latency: %w", err)
 	}
@@ -110,7 +112,32 @@ func runRunner(ctx context.Context, r *runCtx) ([]Measure, error) {
 	}
 	out = append(out, phaseMeasures("runner.phase_", "zero latency", ph)...)
 
-	real, err := runTerminalTasks(ctx, r, ref, r.n(4, 1), sim.Latency{TTFT: 200 * time.Millisecond, PerToken: 30 * time.Millisecond})
+	// Durability end to end: the same run with the journal off, then on
+	// again, alternating; groups/s from the runner's own elapsed time.
+	var on, off []float64
+	on = append(on, float64(zero.groups)/zero.elapsed.Seconds())
+	for range r.n(2, 1) {
+		for _, noJournal := range []bool{true, false} {
+			x, err := runTerminalTasks(ctx, r, ref, r.n(8, 2), sim.Latency{}, noJournal)
+			if err != nil {
+				return out, fmt.Errorf("durability on/off: %w", err)
+			}
+			rate := float64(x.groups) / x.elapsed.Seconds()
+			if noJournal {
+				off = append(off, rate)
+			} else {
+				on = append(on, rate)
+			}
+		}
+	}
+	out = append(out,
+		Measure{Name: "runner.durable_groups_per_s", Value: ptr(sig(median(on))), Baseline: ptr(sig(median(off))),
+			BaselineName: "the same run with durability off (no journal), same bench run",
+			Note:         fmt.Sprintf("terminal-tasks on busybox, zero-latency simulator, median of %d runs on and %d off", len(on), len(off))},
+		Measure{Name: "runner.durable_throughput_ratio", Value: ptr(sig(median(on) / median(off)))},
+	)
+
+	real, err := runTerminalTasks(ctx, r, ref, r.n(4, 1), sim.Latency{TTFT: 200 * time.Millisecond, PerToken: 30 * time.Millisecond}, false)
 	if err != nil {
 		return out, fmt.Errorf("realistic latency: %w", err)
 	}

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/moby/moby/client"
+
 	"github.com/rollout-rl/rollout/sandbox"
 	"github.com/rollout-rl/rollout/sandbox/image"
 )
@@ -151,6 +153,9 @@ func runSandbox(ctx context.Context, r *runCtx) (out []Measure, err error) {
 		Measure{Name: "sandbox.pool_acquire_p99_ms", Value: ptr(toMS(as.P99)), Baseline: ptr(toMS(cold.P99)), BaselineName: base},
 	)
 
+	// gVisor beside runc: cold start and exec round trip, alternating.
+	out = append(out, measureRunsc(ctx, r, d, spec, rounds)...)
+
 	// Peak: peak sandboxes at once, each answering an exec while all are
 	// alive. The harness tries exactly `peak`; it does not search beyond.
 	res := sandbox.MeasurePeak(ctx, d, sandbox.Spec{Image: ref, Limits: sandbox.Limits{MemoryBytes: 256 << 20, CPUs: 0.5, PIDs: 64}}, peak, 8)
@@ -163,4 +168,56 @@ func runSandbox(ctx context.Context, r *runCtx) (out []Measure, err error) {
 	}
 	out = append(out, Measure{Name: "sandbox.max_concurrent", Value: ptr(float64(res.Alive)), Note: note})
 	return out, ctx.Err()
+}
+
+// measureRunsc compares sandboxes under gVisor (runsc) with runc in the
+// same run; without the runtime registered the measures say so.
+func measureRunsc(ctx context.Context, r *runCtx, d *sandbox.Docker, spec sandbox.Spec, rounds int) []Measure {
+	names := []string{"sandbox.runsc_cold_start_p50_ms", "sandbox.runsc_exec_p50_ms", "sandbox.runsc_exec_p99_ms"}
+	missing := func(why string) []Measure {
+		out := make([]Measure, 0, len(names))
+		for _, n := range names {
+			out = append(out, Measure{Name: n, Note: why})
+		}
+		return out
+	}
+	info, err := d.Client().Info(ctx, client.InfoOptions{})
+	if err != nil {
+		return missing("engine info: " + firstLine(err.Error()))
+	}
+	if _, ok := info.Info.Runtimes[sandbox.RuntimeRunsc]; !ok {
+		return missing("the engine has no runsc runtime (scripts/ensure-runsc.sh registers it)")
+	}
+	gspec := spec
+	gspec.Runtime = sandbox.RuntimeRunsc
+	cg, cr, err := sideBySide(rounds,
+		func(n int) ([]time.Duration, error) { return sandbox.MeasureCreate(ctx, d, gspec, n) }, r.n(20, 3),
+		func(n int) ([]time.Duration, error) { return sandbox.MeasureCreate(ctx, d, spec, n) }, r.n(20, 3))
+	if err != nil {
+		return missing("cold start: " + firstLine(err.Error()))
+	}
+	gs, err := d.Create(ctx, gspec)
+	if err != nil {
+		return missing("create: " + firstLine(err.Error()))
+	}
+	defer gs.Close(context.WithoutCancel(ctx))
+	rs, err := d.Create(ctx, spec)
+	if err != nil {
+		return missing("create: " + firstLine(err.Error()))
+	}
+	defer rs.Close(context.WithoutCancel(ctx))
+	eg, er, err := sideBySide(rounds,
+		func(n int) ([]time.Duration, error) { return sandbox.MeasureExec(ctx, gs, n) }, r.n(500, 50),
+		func(n int) ([]time.Duration, error) { return sandbox.MeasureExec(ctx, rs, n) }, r.n(500, 50))
+	if err != nil {
+		return missing("exec: " + firstLine(err.Error()))
+	}
+	cgs, crs, egs, ers := sandbox.Summarize(cg), sandbox.Summarize(cr), sandbox.Summarize(eg), sandbox.Summarize(er)
+	return []Measure{
+		{Name: names[0], Value: ptr(toMS(cgs.P50)), Baseline: ptr(toMS(crs.P50)), BaselineName: "runc cold start, same run",
+			Note: fmt.Sprintf("n=%d; %.1f× runc", cgs.N, float64(cgs.P50)/float64(crs.P50))},
+		{Name: names[1], Value: ptr(toMS(egs.P50)), Baseline: ptr(toMS(ers.P50)), BaselineName: "runc exec `true`, same run",
+			Note: fmt.Sprintf("n=%d; %.1f× runc", egs.N, float64(egs.P50)/float64(ers.P50))},
+		{Name: names[2], Value: ptr(toMS(egs.P99)), Baseline: ptr(toMS(ers.P99)), BaselineName: "runc exec `true`, same run"},
+	}
 }

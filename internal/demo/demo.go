@@ -115,6 +115,8 @@ type Options struct {
 	// SandboxInstance labels the demo's containers (default: random), so
 	// a caller can tell them from other backends' on the same engine.
 	SandboxInstance string
+	// NoJournal turns durability off (measurements only; job.Options).
+	NoJournal bool
 }
 
 // Result is one env's outcome.
@@ -194,7 +196,7 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 				o.Progress(name, e)
 			}
 		}
-		j, err := job.Open(ctx, cfg, job.Options{Mode: mode, Logger: o.Logger, Progress: prog, SandboxInstance: o.SandboxInstance})
+		j, err := job.Open(ctx, cfg, job.Options{Mode: mode, Logger: o.Logger, Progress: prog, SandboxInstance: o.SandboxInstance, NoJournal: o.NoJournal})
 		if err != nil {
 			return out, err
 		}

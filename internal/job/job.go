@@ -47,6 +47,10 @@ type Options struct {
 	// the end.
 	Sandboxes runner.Sandboxes
 	Images    runner.ImageBuilder
+	// Lock is the output dir's writer lock when the caller took it
+	// already (LockOutput), because it writes there before Open; the job
+	// then owns it. Nil: Open takes it.
+	Lock *trajectory.DirLock
 	// Sinks are added after the Parquet sink.
 	Sinks []runner.Sink
 	// Items replaces the dataset (trainer-driven collection).
@@ -55,6 +59,9 @@ type Options struct {
 	// SandboxInstance names the job's own Docker backend in the instance
 	// label of its containers (default: random); ignored with Sandboxes.
 	SandboxInstance string
+	// NoJournal turns the trajectory journal off (durability off: a crash
+	// loses the groups of the open part file). For measurements only.
+	NoJournal bool
 }
 
 // Job is an assembled run.
@@ -69,6 +76,7 @@ type Job struct {
 	// sampler reports the run's effective sampler with the server's view
 	// (inference.Client); nil for other policies.
 	sampler samplerReporter
+	lock    *trajectory.DirLock // the output dir's writer lock (failfast.go)
 }
 
 // samplerReporter is the policy's side of run.json "sampler".
@@ -104,8 +112,9 @@ func OpenEnv(cfg runner.Config) (envs.Env, error) {
 	return envs.New(cfg.Env, node)
 }
 
-// Open validates cfg and assembles the job. Nothing is started until Run.
-func Open(ctx context.Context, cfg runner.Config, opts Options) (*Job, error) {
+// open assembles the job (Open, in failfast.go, adds the output lock and
+// the preflight). Nothing is started until Run.
+func open(ctx context.Context, cfg runner.Config, opts Options) (*Job, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
@@ -150,7 +159,10 @@ func Open(ctx context.Context, cfg runner.Config, opts Options) (*Job, error) {
 	}
 	sbs := opts.Sandboxes
 	if sbs == nil {
-		j.docker = &lazyDocker{log: opts.Logger, instance: opts.SandboxInstance, warm: warmPoolSize(cfg)}
+		// The job's own backend holds at most limits.sandboxes containers,
+		// warm ones included: the run's bound holds at every moment.
+		limit := sandboxLimit(cfg)
+		j.docker = &lazyDocker{log: opts.Logger, instance: opts.SandboxInstance, warm: min(warmPoolSize(cfg), limit), maxContainers: limit}
 		sbs = j.docker
 	}
 	imgs := opts.Images
@@ -212,7 +224,7 @@ func openWriter(ctx context.Context, cfg runner.Config, opts Options, env string
 		return nil, "", fmt.Errorf("encode sampler: %w", err)
 	}
 	w, err := trajectory.NewWriter(ctx, cfg.Output.Dir, trajectory.WriterOptions{
-		RunID: runID, Config: cfgJSON, Sampler: samplerJSON, MaxRowsPerFile: cfg.Output.MaxRowsPerFile, Logger: opts.Logger,
+		RunID: runID, Config: cfgJSON, Sampler: samplerJSON, MaxRowsPerFile: cfg.Output.MaxRowsPerFile, Logger: opts.Logger, NoJournal: opts.NoJournal,
 		Versions: map[string]string{"service": version.Get().Version, "commit": version.Get().Commit, "env": env, "mode": opts.Mode},
 	})
 	if err != nil {
@@ -263,13 +275,14 @@ func (j *Job) Close(ctx context.Context) error {
 	if j.docker != nil {
 		err = errors.Join(err, j.docker.Close(ctx))
 	}
-	return err
+	return errors.Join(err, j.lock.Unlock())
 }
 
-// Run collects every group, then closes the output and the sandbox
+// run collects every group, then closes the output and the sandbox
 // backend (even when the run failed or was cancelled). In eval mode it
-// also writes the eval report into the run directory.
-func (j *Job) Run(ctx context.Context) (runner.Summary, error) {
+// also writes the eval report into the run directory. Run (failfast.go)
+// wraps it with the endpoint checks and the exit policy.
+func (j *Job) run(ctx context.Context) (runner.Summary, error) {
 	sum, runErr := j.Runner.Run(ctx)
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
@@ -348,16 +361,27 @@ type lazyDocker struct {
 	// starts a group's G sandboxes as soon as the runner announces them
 	// (runner.Expecter); warm <= 0 creates every sandbox on demand.
 	warm int
-	once sync.Once
-	d    *sandbox.Docker
-	pool *sandbox.Pool
-	err  error
+	// maxContainers is the backend's MaxContainers when it starts with
+	// log and instance only (0: the backend's default).
+	maxContainers int
+	once          sync.Once
+	d             *sandbox.Docker
+	pool          *sandbox.Pool
+	err           error
 }
 
 var (
 	_ runner.Sandboxes = (*lazyDocker)(nil)
 	_ runner.Expecter  = (*lazyDocker)(nil)
 )
+
+// sandboxLimit is limits.sandboxes with its default.
+func sandboxLimit(cfg runner.Config) int {
+	if n := cfg.Limits.Sandboxes; n > 0 {
+		return n
+	}
+	return 32
+}
 
 // warmPoolSize is sandbox.warm_pool: 0 means four groups' worth.
 func warmPoolSize(cfg runner.Config) int {
@@ -369,7 +393,7 @@ func warmPoolSize(cfg runner.Config) int {
 
 func (l *lazyDocker) get(ctx context.Context) (*sandbox.Docker, error) {
 	l.once.Do(func() {
-		opts := sandbox.Options{Logger: l.log, Instance: l.instance}
+		opts := sandbox.Options{Logger: l.log, Instance: l.instance, MaxContainers: l.maxContainers}
 		if l.opts != nil {
 			opts = *l.opts
 		}

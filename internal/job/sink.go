@@ -17,9 +17,15 @@ type parquetSink struct{ w *trajectory.Writer }
 var (
 	_ runner.Sink    = (*parquetSink)(nil)
 	_ runner.Resumer = (*parquetSink)(nil)
+	_ runner.Durable = (*parquetSink)(nil)
 )
 
-// WriteGroup implements runner.Sink.
+// DurableWrites implements runner.Durable: with the journal on, WriteGroup
+// returns only once the group is fsynced, and it is safe for concurrent use.
+func (s *parquetSink) DurableWrites() bool { return s.w.Journaled() }
+
+// WriteGroup implements runner.Sink: it returns once the group is durable
+// in the run directory (journal fsynced), unless the journal is off.
 func (s *parquetSink) WriteGroup(ctx context.Context, run *runner.RunInfo, g *runner.Group) error {
 	recs := make([]trajectory.Record, len(g.Rollouts))
 	for i := range g.Rollouts {
@@ -29,7 +35,12 @@ func (s *parquetSink) WriteGroup(ctx context.Context, run *runner.RunInfo, g *ru
 		}
 		recs[i] = rec
 	}
-	return s.w.WriteGroup(ctx, recs)
+	seq, err := s.w.WriteGroupSeq(ctx, recs)
+	if err != nil {
+		return err
+	}
+	g.Sequence = seq
+	return nil
 }
 
 // CompletedGroups implements runner.Resumer: every group in the run
@@ -83,6 +94,7 @@ func Record(run *runner.RunInfo, g *runner.Group, ro *runner.Rollout) (trajector
 			ImageDigest: imageDigest(ro), CPUs: ro.Limits.CPUs, MemoryBytes: ro.Limits.MemoryBytes, PidsLimit: ro.Limits.PIDs,
 			Network: ro.Network, RolloutTimeoutMS: run.RolloutTimeout.Milliseconds(), ToolTimeoutMS: run.ToolTimeout.Milliseconds(),
 			Parser: run.Parser, ServiceVersion: run.ServiceVersion, ConfigHash: run.ConfigHash,
+			DiskBytes: ro.Limits.DiskBytes, Runtime: ro.Runtime,
 		},
 	}
 	if n := len(seq.Tokens); n > 0 {

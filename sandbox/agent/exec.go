@@ -142,7 +142,10 @@ func shellScript(env map[string]string, save bool) string {
 		b.WriteString("  { pwd -P; export -p; } >&3 2>/dev/null\n}\n")
 		b.WriteString("trap '__rollout_rc=$?; __rollout_save; exit $__rollout_rc' EXIT\n")
 	}
-	b.WriteString(". /dev/fd/4 2>/dev/null\n")
+	// Under gVisor the sandbox user may not reopen the root agent's pipe
+	// through /dev/fd (the chown does not reach it): read the inherited
+	// descriptor instead. `command` keeps a failed `.` from ending the shell.
+	b.WriteString("command . /dev/fd/4 2>/dev/null || eval \"$(cat <&4)\"\n")
 	for _, k := range keys {
 		fmt.Fprintf(&b, "export %s=%s\n", k, shQuote(env[k]))
 	}

@@ -14,21 +14,46 @@ import (
 	"syscall"
 )
 
-// asUser runs fn on a locked OS thread whose filesystem uid/gid are the
-// sandbox user's, so file operations get exactly the user's permissions
-// (and create files owned by the user) although the agent is root.
+// asUser runs fn on a locked OS thread whose effective uid/gid (and so
+// filesystem uid/gid) are the sandbox user's, so file operations get
+// exactly the user's permissions (and create files owned by the user)
+// although the agent is root. Only this thread changes (raw setresuid and
+// setresgid, not the process-wide Go wrappers); the saved uid stays 0, so
+// the thread switches back. (setfsuid alone is not enough: gVisor ignores
+// it.) A thread that could not switch back is never reused: it stays
+// locked and ends with its goroutine.
 func (s *server) asUser(fn func() error) error {
 	if s.uid == 0 && s.gid == 0 {
 		return fn()
 	}
 	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	setfs := func(uid, gid int) {
-		_, _, _ = syscall.RawSyscall(syscall.SYS_SETFSGID, uintptr(gid), 0, 0)
-		_, _, _ = syscall.RawSyscall(syscall.SYS_SETFSUID, uintptr(uid), 0, 0)
+	keep := ^uintptr(0) // -1: leave unchanged
+	set := func(uid, gid int) error {
+		if uid != 0 { // to the user: gid first, while still root
+			if _, _, e := syscall.RawSyscall(syscall.SYS_SETRESGID, keep, uintptr(gid), keep); e != 0 {
+				return e
+			}
+			if _, _, e := syscall.RawSyscall(syscall.SYS_SETRESUID, keep, uintptr(uid), keep); e != 0 {
+				return e
+			}
+			return nil
+		}
+		if _, _, e := syscall.RawSyscall(syscall.SYS_SETRESUID, keep, 0, keep); e != 0 {
+			return e
+		}
+		if _, _, e := syscall.RawSyscall(syscall.SYS_SETRESGID, keep, 0, keep); e != 0 {
+			return e
+		}
+		return nil
 	}
-	setfs(s.uid, s.gid)
-	defer setfs(0, 0)
+	if err := set(s.uid, s.gid); err != nil {
+		return fmt.Errorf("switch to the sandbox user for a file operation: %w", err)
+	}
+	defer func() {
+		if set(0, 0) == nil {
+			runtime.UnlockOSThread()
+		}
+	}()
 	return fn()
 }
 

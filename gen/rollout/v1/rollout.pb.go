@@ -687,6 +687,12 @@ type WatchJobRequest struct {
 	JobId string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
 	// include_groups streams every completed group too.
 	IncludeGroups bool `protobuf:"varint,2,opt,name=include_groups,json=includeGroups,proto3" json:"include_groups,omitempty"`
+	// from_sequence (with include_groups) first replays the groups already in
+	// the job's run directory whose sequence is at least this, then continues
+	// with new groups: a client that reconnects with the last sequence it
+	// received plus one misses no group and sees none twice, also across a
+	// server restart.
+	FromSequence  *int64 `protobuf:"varint,3,opt,name=from_sequence,json=fromSequence,proto3,oneof" json:"from_sequence,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -733,6 +739,13 @@ func (x *WatchJobRequest) GetIncludeGroups() bool {
 		return x.IncludeGroups
 	}
 	return false
+}
+
+func (x *WatchJobRequest) GetFromSequence() int64 {
+	if x != nil && x.FromSequence != nil {
+		return *x.FromSequence
+	}
+	return 0
 }
 
 // WatchJobResponse is one event of a watched job.
@@ -1097,7 +1110,11 @@ type Group struct {
 	// rollouts of the group, by index.
 	Rollouts []*Rollout `protobuf:"bytes,9,rep,name=rollouts,proto3" json:"rollouts,omitempty"`
 	// request_id echoes the CollectGroups request that asked for the item.
-	RequestId     string `protobuf:"bytes,10,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	RequestId string `protobuf:"bytes,10,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// sequence is the group's 0-based position in the run directory
+	// (output.dir); a group is sent only after it is durable there. Unset
+	// without a run directory.
+	Sequence      *int64 `protobuf:"varint,11,opt,name=sequence,proto3,oneof" json:"sequence,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1200,6 +1217,13 @@ func (x *Group) GetRequestId() string {
 		return x.RequestId
 	}
 	return ""
+}
+
+func (x *Group) GetSequence() int64 {
+	if x != nil && x.Sequence != nil {
+		return *x.Sequence
+	}
+	return 0
 }
 
 // Rollout is one scored trajectory.
@@ -1540,8 +1564,13 @@ type CollectStart struct {
 	ConfigYaml string `protobuf:"bytes,1,opt,name=config_yaml,json=configYaml,proto3" json:"config_yaml,omitempty"`
 	// initial_credits granted with the start (default 0).
 	InitialCredits int32 `protobuf:"varint,2,opt,name=initial_credits,json=initialCredits,proto3" json:"initial_credits,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// from_sequence (needs output.dir) resumes an earlier stream on the same
+	// run directory: its groups with at least this sequence are sent first
+	// (without using credits), and `next` skips dataset items whose group is
+	// already in the run directory.
+	FromSequence  *int64 `protobuf:"varint,3,opt,name=from_sequence,json=fromSequence,proto3,oneof" json:"from_sequence,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CollectStart) Reset() {
@@ -1584,6 +1613,13 @@ func (x *CollectStart) GetConfigYaml() string {
 func (x *CollectStart) GetInitialCredits() int32 {
 	if x != nil {
 		return x.InitialCredits
+	}
+	return 0
+}
+
+func (x *CollectStart) GetFromSequence() int64 {
+	if x != nil && x.FromSequence != nil {
+		return *x.FromSequence
 	}
 	return 0
 }
@@ -2286,10 +2322,12 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12(\n" +
 	"\x10cancel_in_flight\x18\x02 \x01(\bR\x0ecancelInFlight\"6\n" +
 	"\x11CancelJobResponse\x12!\n" +
-	"\x03job\x18\x01 \x01(\v2\x0f.rollout.v1.JobR\x03job\"O\n" +
+	"\x03job\x18\x01 \x01(\v2\x0f.rollout.v1.JobR\x03job\"\x8b\x01\n" +
 	"\x0fWatchJobRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12%\n" +
-	"\x0einclude_groups\x18\x02 \x01(\bR\rincludeGroups\"\xac\x01\n" +
+	"\x0einclude_groups\x18\x02 \x01(\bR\rincludeGroups\x12(\n" +
+	"\rfrom_sequence\x18\x03 \x01(\x03H\x00R\ffromSequence\x88\x01\x01B\x10\n" +
+	"\x0e_from_sequence\"\xac\x01\n" +
 	"\x10WatchJobResponse\x125\n" +
 	"\bprogress\x18\x01 \x01(\v2\x17.rollout.v1.JobProgressH\x00R\bprogress\x12)\n" +
 	"\x05group\x18\x02 \x01(\v2\x11.rollout.v1.GroupH\x00R\x05group\x12-\n" +
@@ -2321,7 +2359,7 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"rolloutsOk\x12!\n" +
 	"\finfra_failed\x18\a \x01(\x05R\vinfraFailed\x12\x1f\n" +
 	"\vmean_reward\x18\b \x01(\x01R\n" +
-	"meanReward\"\xb8\x02\n" +
+	"meanReward\"\xe6\x02\n" +
 	"\x05Group\x12\x19\n" +
 	"\bgroup_id\x18\x01 \x01(\tR\agroupId\x12\x17\n" +
 	"\aitem_id\x18\x02 \x01(\tR\x06itemId\x12\x10\n" +
@@ -2334,8 +2372,10 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"\brollouts\x18\t \x03(\v2\x13.rollout.v1.RolloutR\brollouts\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\n" +
-	" \x01(\tR\trequestIdB\x11\n" +
-	"\x0f_policy_version\"\xf5\x05\n" +
+	" \x01(\tR\trequestId\x12\x1f\n" +
+	"\bsequence\x18\v \x01(\x03H\x01R\bsequence\x88\x01\x01B\x11\n" +
+	"\x0f_policy_versionB\v\n" +
+	"\t_sequence\"\xf5\x05\n" +
 	"\aRollout\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x1d\n" +
 	"\n" +
@@ -2369,11 +2409,13 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"\x06credit\x18\x02 \x01(\v2\x19.rollout.v1.CollectCreditH\x00R\x06credit\x120\n" +
 	"\x05items\x18\x03 \x01(\v2\x18.rollout.v1.CollectItemsH\x00R\x05items\x12-\n" +
 	"\x04next\x18\x04 \x01(\v2\x17.rollout.v1.CollectNextH\x00R\x04nextB\x05\n" +
-	"\x03msg\"X\n" +
+	"\x03msg\"\x94\x01\n" +
 	"\fCollectStart\x12\x1f\n" +
 	"\vconfig_yaml\x18\x01 \x01(\tR\n" +
 	"configYaml\x12'\n" +
-	"\x0finitial_credits\x18\x02 \x01(\x05R\x0einitialCredits\"'\n" +
+	"\x0finitial_credits\x18\x02 \x01(\x05R\x0einitialCredits\x12(\n" +
+	"\rfrom_sequence\x18\x03 \x01(\x03H\x00R\ffromSequence\x88\x01\x01B\x10\n" +
+	"\x0e_from_sequence\"'\n" +
 	"\rCollectCredit\x12\x16\n" +
 	"\x06groups\x18\x01 \x01(\x05R\x06groups\"\xb0\x01\n" +
 	"\fCollectItems\x12\x1d\n" +
@@ -2548,6 +2590,7 @@ func file_rollout_v1_rollout_proto_init() {
 		(*StartJobRequest_ConfigYaml)(nil),
 		(*StartJobRequest_ConfigPath)(nil),
 	}
+	file_rollout_v1_rollout_proto_msgTypes[10].OneofWrappers = []any{}
 	file_rollout_v1_rollout_proto_msgTypes[11].OneofWrappers = []any{
 		(*WatchJobResponse_Progress)(nil),
 		(*WatchJobResponse_Group)(nil),
@@ -2561,6 +2604,7 @@ func file_rollout_v1_rollout_proto_init() {
 		(*CollectGroupsRequest_Items)(nil),
 		(*CollectGroupsRequest_Next)(nil),
 	}
+	file_rollout_v1_rollout_proto_msgTypes[17].OneofWrappers = []any{}
 	file_rollout_v1_rollout_proto_msgTypes[19].OneofWrappers = []any{}
 	file_rollout_v1_rollout_proto_msgTypes[20].OneofWrappers = []any{}
 	file_rollout_v1_rollout_proto_msgTypes[21].OneofWrappers = []any{

@@ -1,0 +1,163 @@
+package job_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rollout-rl/rollout/inference"
+	"github.com/rollout-rl/rollout/inference/sim"
+	"github.com/rollout-rl/rollout/internal/demo"
+	"github.com/rollout-rl/rollout/internal/job"
+	"github.com/rollout-rl/rollout/runner"
+	"github.com/rollout-rl/rollout/trajectory"
+)
+
+var quiet = slog.New(slog.DiscardHandler)
+
+// dyingRun starts a toolcall-match run (no sandboxes) against a simulator
+// over a real socket, and closes the simulator once the first group is
+// written: from then on no endpoint answers.
+func dyingRun(t *testing.T, ctx context.Context, unreachable time.Duration) (*job.Job, string, <-chan error) {
+	t.Helper()
+	scripts, err := demo.EnvScripts(ctx, "toolcall-match", "train")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := sim.Start(ctx, sim.Config{Family: "hermes", Scripts: scripts, Latency: sim.Latency{TTFT: 50 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	cfg := runner.Config{Env: "toolcall-match", GroupSize: 2, Parser: "hermes",
+		Inference: inference.Config{Backend: inference.BackendVLLM, Endpoints: []string{srv.URL}, UnreachableTimeout: unreachable},
+		Sampling:  inference.Sampling{MaxTokens: 256},
+		Limits:    runner.Limits{GroupsInFlight: 1},
+		Output:    runner.Output{Dir: t.TempDir()}}
+	first := make(chan struct{})
+	var once sync.Once
+	j, err := job.Open(ctx, cfg, job.Options{Logger: quiet, Progress: func(e runner.Event) {
+		if e.Group != nil {
+			once.Do(func() { close(first) })
+		}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := make(chan error, 1)
+	go func() {
+		_, err := j.Run(ctx)
+		res <- err
+	}()
+	select {
+	case <-first:
+	case err := <-res:
+		t.Fatalf("the run ended before its first group: %v", err)
+	}
+	srv.Close()
+	return j, srv.URL, res
+}
+
+// A run whose every endpoint stops answering fails after
+// unreachable_timeout with an error naming them, instead of retrying
+// forever.
+func TestRunFailsWhenEveryEndpointIsGone(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, url, res := dyingRun(t, ctx, time.Second)
+	err := <-res
+	if !errors.Is(err, inference.ErrUnreachable) || !strings.Contains(err.Error(), url) || !strings.Contains(err.Error(), "unreachable_timeout") {
+		t.Fatalf("run with its endpoint gone: %v", err)
+	}
+}
+
+// A stopping run (intake stopped: CancelJob) does not wait
+// unreachable_timeout for dead endpoints to come back.
+func TestStoppingRunDoesNotWaitForDeadEndpoints(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	j, url, res := dyingRun(t, ctx, time.Hour)
+	j.Runner.StopIntake()
+	err := <-res
+	if !errors.Is(err, inference.ErrUnreachable) || !strings.Contains(err.Error(), url) {
+		t.Fatalf("stopping run with its endpoint gone: %v", err)
+	}
+}
+
+// The start check refuses a dead endpoint at once (ready_timeout), and a
+// model the endpoint does not serve as a config error; nothing runs.
+func TestStartCheck(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv, err := sim.Start(ctx, sim.Config{Family: "hermes"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	base := runner.Config{Env: "toolcall-match", GroupSize: 1, Groups: 1, Parser: "hermes",
+		Inference: inference.Config{Backend: inference.BackendVLLM, ReadyTimeout: 300 * time.Millisecond}}
+	for _, tc := range []struct {
+		name      string
+		endpoints []string
+		model     string
+		want      error
+		wantText  string
+	}{
+		{"dead", []string{"http://127.0.0.1:1"}, "", inference.ErrUnreachable, "http://127.0.0.1:1"},
+		{"wrong model", []string{srv.URL}, "no-such-model", runner.ErrConfig, "no-such-model"},
+	} {
+		cfg := base
+		cfg.Inference.Endpoints, cfg.Inference.Model = tc.endpoints, tc.model
+		cfg.Output.Dir = t.TempDir()
+		j, err := job.Open(ctx, cfg, job.Options{Logger: quiet})
+		if err != nil {
+			t.Fatalf("%s: open: %v", tc.name, err)
+		}
+		sum, err := j.Run(ctx)
+		if !errors.Is(err, tc.want) || !strings.Contains(err.Error(), tc.wantText) || sum.Rollouts != 0 {
+			t.Errorf("%s: %v (%d rollouts)", tc.name, err, sum.Rollouts)
+		}
+		// The lock is released: the directory can be opened again.
+		if l, err := job.LockOutput(cfg.Output.Dir, "test"); err != nil {
+			t.Errorf("%s: the output dir is still locked: %v", tc.name, err)
+		} else {
+			_ = l.Unlock()
+		}
+	}
+}
+
+// Open refuses a second writer of a run directory, naming the holder, and
+// releases the lock when it fails.
+func TestOpenTakesTheOutputLock(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	cfg := runner.Config{Env: "toolcall-match", Parser: "hermes", Output: runner.Output{Dir: dir},
+		Inference: inference.Config{Backend: inference.BackendVLLM, Endpoints: []string{"http://127.0.0.1:1"}}}
+	j, err := job.Open(ctx, cfg, job.Options{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = job.Open(ctx, cfg, job.Options{Logger: quiet, Mode: job.ModeEval})
+	var le *trajectory.LockedError
+	if !errors.Is(err, job.ErrOutputInUse) || !errors.As(err, &le) || le.Holder == nil || le.Holder.Owner != "rollout run" {
+		t.Fatalf("second writer: %v", err)
+	}
+	if err := j.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A config error in the preflight releases the lock too.
+	bad := cfg
+	bad.Parser = ""
+	if _, err := job.Open(ctx, bad, job.Options{Logger: quiet}); !errors.Is(err, runner.ErrConfig) || !strings.Contains(err.Error(), "parser") {
+		t.Fatalf("tokens mode with tools and no parser: %v", err)
+	}
+	j, err = job.Open(ctx, cfg, job.Options{Logger: quiet})
+	if err != nil {
+		t.Fatalf("after Close: %v", err)
+	}
+	_ = j.Close(ctx)
+}
