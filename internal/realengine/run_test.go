@@ -35,6 +35,9 @@ type collection struct {
 	onTruncation string
 	bias         map[string]float64
 	inFlight     int
+	// wantExit is rollout run's expected exit status (3: the run failed
+	// its exit policy, e.g. no rollout ok).
+	wantExit int
 }
 
 // groupsFromEnv is the number of groups of the suite's collections:
@@ -119,8 +122,8 @@ func (c collection) run(t *testing.T, ctx context.Context, e *llamacpptest.Engin
 	start := time.Now()
 	stdout, stderr, code := runRollout(t, ctx, "run", "-c", path)
 	t.Logf("rollout run (%s, chat_token_ids %v): %d groups × %d in %s\n%s", c.backend, c.chatIDs, c.groups, c.groupSize, time.Since(start).Round(time.Second), stdout)
-	if code != 0 {
-		t.Fatalf("rollout run: exit %d\nstdout:\n%s\nstderr (tail):\n%s\nserver log:\n%s", code, stdout, tail(stderr, 40), e.LogTail(30))
+	if code != c.wantExit {
+		t.Fatalf("rollout run: exit %d (want %d)\nstdout:\n%s\nstderr (tail):\n%s\nserver log:\n%s", code, c.wantExit, stdout, tail(stderr, 40), e.LogTail(30))
 	}
 	return out, retries(stderr)
 }

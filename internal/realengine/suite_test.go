@@ -302,13 +302,14 @@ func TestContextOverflow(t *testing.T) {
 
 // TestFirstPromptOverflow: a slot smaller than terminal-tasks' first prompt.
 // Nothing can be generated; the rollout fails as inference_rejected with a
-// message that says so, and is not retried — not as "server returned no
+// message that says so, and is not retried (the run then fails its exit
+// policy, exit 3: no rollout ok) — not as "server returned no
 // token ids", retried as an infrastructure failure.
 func TestFirstPromptOverflow(t *testing.T) {
 	e := llamacpptest.Start(t, llamacpptest.Options{Slots: 1, Ctx: 2048, Threads: 1, ExtraArgs: engineArgs})
 	for _, c := range []collection{
-		{backend: "llamacpp", groups: 1, groupSize: 2, maxTokens: 64, maxTurns: 4, onTruncation: "stop", inFlight: 2},
-		{backend: "chat", chatIDs: true, groups: 1, groupSize: 2, maxTokens: 64, maxTurns: 4, onTruncation: "stop", inFlight: 2},
+		{backend: "llamacpp", groups: 1, groupSize: 2, maxTokens: 64, maxTurns: 4, onTruncation: "stop", inFlight: 2, wantExit: 3},
+		{backend: "chat", chatIDs: true, groups: 1, groupSize: 2, maxTokens: 64, maxTurns: 4, onTruncation: "stop", inFlight: 2, wantExit: 3},
 	} {
 		t.Run(c.backend, func(t *testing.T) {
 			dir, retried := c.run(t, suiteCtx(t), e)
