@@ -25,13 +25,6 @@ const (
 	biasEnd  = 0
 )
 
-// engineArgs: --no-prefill-assistant makes /apply-template render a
-// trailing assistant message as a whole turn (with <|im_end|>) rather than
-// as a prefill; the llamacpp backend's template probes render such
-// conversations (without it every tokens-mode rollout fails with "cannot
-// find the assistant-turn closing").
-var engineArgs = []string{"--no-prefill-assistant"}
-
 // slots is llama-server's -np: at least the rollouts in flight, each with
 // 8192 tokens of context (terminal-tasks' first prompt is ~2,500 tokens).
 const slots = 8
@@ -52,7 +45,7 @@ func biasFromEnv(t *testing.T) (float64, float64, float64) {
 
 func startEngine(t *testing.T) *llamacpptest.Engine {
 	t.Helper()
-	return llamacpptest.Start(t, llamacpptest.Options{Slots: slots, Ctx: slots * 8192, Threads: 1, ExtraArgs: engineArgs})
+	return llamacpptest.Start(t, llamacpptest.Options{Slots: slots, Ctx: slots * 8192, Threads: 1})
 }
 
 func suiteCtx(t *testing.T) context.Context {
@@ -277,7 +270,7 @@ var knownServerErrors = map[string]bool{"Assistant message must contain either '
 // without a call; its HTTP 400 path is TestFirstPromptOverflow's.)
 func TestContextOverflow(t *testing.T) {
 	const slotCtx = 2816
-	e := llamacpptest.Start(t, llamacpptest.Options{Slots: 2, Ctx: 2 * slotCtx, Threads: 1, ExtraArgs: engineArgs})
+	e := llamacpptest.Start(t, llamacpptest.Options{Slots: 2, Ctx: 2 * slotCtx, Threads: 1})
 	bias := collectionBias(t, e)
 	for _, c := range []collection{
 		{backend: "llamacpp", groups: 1, groupSize: 2, maxTokens: 64, maxTurns: 12, onTruncation: "tool_error", bias: bias, inFlight: 2},
@@ -306,7 +299,7 @@ func TestContextOverflow(t *testing.T) {
 // policy, exit 3: no rollout ok) — not as "server returned no
 // token ids", retried as an infrastructure failure.
 func TestFirstPromptOverflow(t *testing.T) {
-	e := llamacpptest.Start(t, llamacpptest.Options{Slots: 1, Ctx: 2048, Threads: 1, ExtraArgs: engineArgs})
+	e := llamacpptest.Start(t, llamacpptest.Options{Slots: 1, Ctx: 2048, Threads: 1})
 	for _, c := range []collection{
 		{backend: "llamacpp", groups: 1, groupSize: 2, maxTokens: 64, maxTurns: 4, onTruncation: "stop", inFlight: 2, wantExit: 3},
 		{backend: "chat", chatIDs: true, groups: 1, groupSize: 2, maxTokens: 64, maxTurns: 4, onTruncation: "stop", inFlight: 2, wantExit: 3},
