@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"sync"
 	"time"
@@ -23,7 +24,7 @@ type PoolOptions struct {
 // (everything but Labels); a sandbox is never returned to the pool after
 // use. Pool implements Backend.
 type Pool struct {
-	d    *Docker
+	d    poolSource
 	opts PoolOptions
 
 	ctx    context.Context
@@ -41,15 +42,34 @@ type warmSet struct {
 	spec    Spec
 	base    int // Warm: kept ready at all times
 	demand  int // Expect: announced acquires not yet made
-	ready   []*dockerSandbox
+	ready   []warmable
 	filling int
-	waiters []chan *dockerSandbox
+	waiters []chan warmable
 }
 
 var _ Backend = (*Pool)(nil)
 
-// NewPool returns a pool creating through d. Close the pool before d.
-func NewPool(d *Docker, opts PoolOptions) *Pool {
+// warmable is a sandbox a Pool can hold before handing it out.
+type warmable interface {
+	Sandbox
+	broken() error
+	setPooled(bool)
+	setLabels(map[string]string)
+	touch()
+}
+
+// poolSource is a backend a Pool fills from (*Docker, *Kubernetes).
+type poolSource interface {
+	validate(spec *Spec) error
+	// createWarm creates a sandbox; extraLabels go on the container or pod;
+	// block=false fails at once instead of waiting for admission.
+	createWarm(ctx context.Context, spec Spec, extraLabels map[string]string, block bool) (warmable, error)
+	logger() *slog.Logger
+}
+
+// NewPool returns a pool creating through d (a *Docker or a *Kubernetes).
+// Close the pool before d.
+func NewPool(d poolSource, opts PoolOptions) *Pool {
 	if opts.MaxIdle <= 0 {
 		opts.MaxIdle = 64
 	}
@@ -158,20 +178,20 @@ func (p *Pool) Acquire(ctx context.Context, spec Spec) (Sandbox, error) {
 	if ws.demand > 0 {
 		ws.demand--
 	}
-	var got *dockerSandbox
+	var got warmable
 	for got == nil && len(ws.ready) > 0 {
 		sb := ws.ready[0]
 		ws.ready = ws.ready[1:]
 		p.idle--
-		if sb.conn.broken() != nil {
+		if sb.broken() != nil {
 			p.wg.Go(func() { _ = sb.Close(p.ctx) })
 			continue
 		}
 		got = sb
 	}
-	var wait chan *dockerSandbox
+	var wait chan warmable
 	if got == nil && ws.filling > len(ws.waiters) {
-		wait = make(chan *dockerSandbox, 1)
+		wait = make(chan warmable, 1)
 		ws.waiters = append(ws.waiters, wait)
 	}
 	p.refillLocked(ws)
@@ -202,13 +222,13 @@ func (p *Pool) Acquire(ctx context.Context, spec Spec) (Sandbox, error) {
 		}
 	}
 	if got != nil {
-		got.pooled.Store(false)
-		got.spec.Labels = maps.Clone(spec.Labels)
+		got.setPooled(false)
+		got.setLabels(maps.Clone(spec.Labels))
 		got.touch()
 		metricAcquire.WithLabelValues("pool").Observe(time.Since(start).Seconds())
 		return got, nil
 	}
-	sb, err := p.d.create(ctx, spec, nil, true)
+	sb, err := p.d.createWarm(ctx, spec, nil, true)
 	if err != nil {
 		return nil, fmt.Errorf("acquire sandbox: %w", err)
 	}
@@ -228,14 +248,14 @@ func (p *Pool) refillLocked(ws *warmSet) {
 }
 
 func (p *Pool) fill(ws *warmSet, spec Spec) {
-	sb, err := p.d.create(p.ctx, spec, map[string]string{LabelPool: ws.key}, false)
+	sb, err := p.d.createWarm(p.ctx, spec, map[string]string{LabelPool: ws.key}, false)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	ws.filling--
 	if err != nil {
 		p.idle--
 		if p.ctx.Err() == nil {
-			p.d.log.Warn("warm pool: create failed", "image", spec.Image, "err", err)
+			p.d.logger().Warn("warm pool: create failed", "image", spec.Image, "err", err)
 		}
 		// A waiter counted on this start: let it create its own.
 		if len(ws.waiters) > 0 && ws.filling < len(ws.waiters) {
@@ -250,7 +270,7 @@ func (p *Pool) fill(ws *warmSet, spec Spec) {
 		p.wg.Go(func() { _ = sb.Close(context.Background()) })
 		return
 	}
-	sb.pooled.Store(true)
+	sb.setPooled(true)
 	if len(ws.waiters) > 0 {
 		w := ws.waiters[0]
 		ws.waiters = ws.waiters[1:]
@@ -274,7 +294,7 @@ func (p *Pool) Close(ctx context.Context) error {
 	p.mu.Unlock()
 	p.wg.Wait()
 	p.mu.Lock()
-	var ready []*dockerSandbox
+	var ready []warmable
 	for _, ws := range p.sets {
 		ready = append(ready, ws.ready...)
 		ws.ready = nil
