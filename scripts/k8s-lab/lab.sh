@@ -138,6 +138,8 @@ images() {
 		rm -rf "$tmp"
 	fi
 	ref=$(agent_ref)
+	# The tests run the very agent the nodes have (sandbox/kubernetes_test.go).
+	cp "$AGENT" "$STATE/rollout-agent"
 	if ! docker image inspect "$ref" >/dev/null 2>&1; then
 		local tmp
 		tmp=$(mktemp -d)
@@ -210,7 +212,7 @@ down() {
 			[ -d "$c" ] && find "$c" -depth -type d -exec rmdir {} \; 2>/dev/null || true
 		done
 	done
-	rm -rf "$STATE/pki" "$STATE"/*.kubeconfig "$STATE/kubeconfig" "$STATE/images.tar"
+	rm -rf "$STATE/pki" "$STATE"/*.kubeconfig "$STATE/kubeconfig" "$STATE/images.tar" "$STATE/rollout-agent"
 	log "down"
 }
 
