@@ -31,6 +31,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/remotecommand"
+	"k8s.io/klog/v2"
 
 	"github.com/rollout-rl/rollout/sandbox/agent"
 )
@@ -154,6 +155,7 @@ func NewKubernetes(ctx context.Context, opts KubernetesOptions) (*Kubernetes, er
 		waiters: map[string]chan struct{}{},
 	}
 	k.cond = sync.NewCond(&k.mu)
+	quietClientGo(opts.Logger)
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if _, err := cs.CoreV1().Namespaces().Get(cctx, cfg.Namespace, metav1.GetOptions{}); err != nil {
@@ -1327,3 +1329,32 @@ func (s *k8sSandbox) Close(ctx context.Context) error {
 	})
 	return s.closeErr
 }
+
+var quietOnce sync.Once
+
+// quietClientGo sends client-go's klog output to the logger at debug
+// level: it reports every stream the backend closes on purpose (Close, a
+// lost pod) as an error; what matters is reported by the backend itself.
+func quietClientGo(l *slog.Logger) {
+	quietOnce.Do(func() {
+		klog.SetSlogLogger(slog.New(debugHandler{l.Handler()}))
+	})
+}
+
+// debugHandler logs every record at debug level.
+type debugHandler struct{ h slog.Handler }
+
+func (d debugHandler) Enabled(ctx context.Context, _ slog.Level) bool {
+	return d.h.Enabled(ctx, slog.LevelDebug)
+}
+
+func (d debugHandler) Handle(ctx context.Context, r slog.Record) error {
+	if !d.h.Enabled(ctx, slog.LevelDebug) {
+		return nil // klog's bridge does not ask Enabled first
+	}
+	r.Level = slog.LevelDebug
+	return d.h.Handle(ctx, r)
+}
+
+func (d debugHandler) WithAttrs(a []slog.Attr) slog.Handler { return debugHandler{d.h.WithAttrs(a)} }
+func (d debugHandler) WithGroup(n string) slog.Handler      { return debugHandler{d.h.WithGroup(n)} }

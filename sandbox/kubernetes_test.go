@@ -149,8 +149,9 @@ func TestKubernetesSandbox(t *testing.T) {
 	// Tar upload and download.
 	var tb bytes.Buffer
 	tw := tar.NewWriter(&tb)
-	_ = tw.WriteHeader(&tar.Header{Name: "x/run.sh", Mode: 0o755, Size: 15, Typeflag: tar.TypeReg})
-	_, _ = tw.Write([]byte("#!/bin/sh\necho up"))
+	script := []byte("#!/bin/sh\necho up\n")
+	_ = tw.WriteHeader(&tar.Header{Name: "x/run.sh", Mode: 0o755, Size: int64(len(script)), Typeflag: tar.TypeReg})
+	_, _ = tw.Write(script)
 	_ = tw.Close()
 	if err := s.Upload(ctx, "/workspace/up", &tb); err != nil {
 		t.Fatal(err)

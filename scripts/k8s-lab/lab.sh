@@ -182,7 +182,6 @@ up() {
 	cpip=$(ip_of "$LAB-cp")
 	pki "$cpip"
 	kubeconfig admin "https://$cpip:6443" "$STATE/kubeconfig"
-	kubeconfig admin "https://127.0.0.1:6443" "$STATE/admin-local.kubeconfig"
 	for i in $(seq 1 "$NODES"); do
 		kubeconfig "$LAB-w$i" "https://$cpip:6443" "$STATE/$LAB-w$i.kubeconfig"
 	done
@@ -196,6 +195,8 @@ up() {
 	# The pause, agent and sandbox images go into every node's containerd.
 	load "$PAUSE_IMAGE" "$(agent_ref)" $LOAD_IMAGES
 	wait_for "$NODES Ready nodes" 180 sh -c "[ \$(kubectl --kubeconfig '$STATE/kubeconfig' get nodes --no-headers 2>/dev/null | grep -c ' Ready') -ge $NODES ]"
+	# Pods need the namespace's default service account (controller manager).
+	wait_for "the default service account" 120 kc get serviceaccount default
 	log "cluster up in $(since "$tc") s (containers, PKI, control plane, $NODES nodes Ready, images loaded)"
 	log "total set-up $(since "$t0") s; kubeconfig: $STATE/kubeconfig"
 	echo "export ROLLOUT_K8S_LAB_KUBECONFIG=$STATE/kubeconfig"

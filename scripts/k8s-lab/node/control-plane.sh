@@ -21,15 +21,23 @@ kube-apiserver --etcd-servers http://127.0.0.1:2379 \
 	--authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction,ResourceQuota \
 	--max-requests-inflight 800 --max-mutating-requests-inflight 400 \
 	>/var/log/lab/kube-apiserver.log 2>&1 &
-until [ -f /lab/admin-local.kubeconfig ]; do sleep 0.2; done
+# The controller manager and scheduler give up when the API server is not
+# healthy within seconds (it is slower on a loaded machine): keep them up.
+keep() {
+	log=$1
+	shift
+	while :; do
+		"$@" >>"$log" 2>&1 || true
+		sleep 1
+	done
+}
 # Short node-monitor grace periods: a killed node is NotReady in ~12 s
 # instead of ~50 s (the node-loss tests wait for it).
-kube-controller-manager --kubeconfig /lab/admin-local.kubeconfig \
+keep /var/log/lab/kube-controller-manager.log kube-controller-manager --kubeconfig /lab/kubeconfig \
 	--service-account-private-key-file $P/sa.key --root-ca-file $P/ca.crt \
 	--leader-elect=false --use-service-account-credentials=false \
 	--node-monitor-period 2s --node-monitor-grace-period 12s \
-	--kube-api-qps 200 --kube-api-burst 400 --concurrent-gc-syncs 20 \
-	>/var/log/lab/kube-controller-manager.log 2>&1 &
-kube-scheduler --kubeconfig /lab/admin-local.kubeconfig --leader-elect=false \
-	>/var/log/lab/kube-scheduler.log 2>&1 &
+	--kube-api-qps 200 --kube-api-burst 400 --concurrent-gc-syncs 20 &
+keep /var/log/lab/kube-scheduler.log kube-scheduler --kubeconfig /lab/kubeconfig --leader-elect=false \
+	--kube-api-qps 200 --kube-api-burst 400 &
 wait
