@@ -34,6 +34,7 @@ groups: $NGROUPS
 group_size: 4
 seed: 3
 inference: {backend: vllm, endpoints: [http://127.0.0.1:$port]}
+parser: hermes
 sandbox:
   image: $IMAGE
   memory_mb: 512
@@ -73,8 +74,9 @@ kill $watcher 2>/dev/null || true
 cat "$work/summary.txt"
 echo "e2e: run took ${elapsed}s"
 
-nodes=$(sort -u "$work/nodes.seen" | grep -c . || true)
-echo "e2e: sandboxes ran on $nodes node(s): $(sort -u "$work/nodes.seen" | tr '\n' ' ')"
+sort -u "$work/nodes.seen" | grep -v '^<none>$' | grep . >"$work/nodes.txt" || true
+nodes=$(wc -l <"$work/nodes.txt")
+echo "e2e: sandboxes ran on $nodes node(s): $(tr '\n' ' ' <"$work/nodes.txt")"
 [ "$nodes" -ge 2 ] || die "sandboxes on fewer than 2 nodes"
 grep -q "^groups: *$NGROUPS written" "$work/summary.txt" || die "not every group written"
 want=$((NGROUPS * 4))
@@ -87,8 +89,9 @@ if [ "$KILL" = 1 ]; then
 fi
 # Nothing duplicated: every (group, index) once in the written trajectories.
 "$ROLLOUT" inspect "$work/out" >"$work/inspect.txt" 2>&1 || true
-rows=$(sed -n 's/^rows: *\([0-9]*\).*/\1/p' "$work/inspect.txt" | head -1)
-[ -n "$rows" ] && echo "e2e: $rows trajectory rows" && [ "$rows" = "$want" ] || [ -z "$rows" ] || die "$rows rows written, want $want"
+rows=$(sed -n 's/^rollouts *\([0-9]*\) .*/\1/p' "$work/inspect.txt" | head -1)
+echo "e2e: $rows trajectory rows written"
+[ "$rows" = "$want" ] || die "$rows trajectory rows written, want $want (lost or duplicated)"
 sleep 2
 left=$(kc get pods -l io.rollout.managed=true --no-headers 2>/dev/null | wc -l)
 leases=$(kc get leases -l io.rollout.managed=true --no-headers 2>/dev/null | wc -l)
