@@ -350,7 +350,11 @@ func (s *k8sSandbox) podLost(pod *corev1.Pod) string {
 		if c.Status == corev1.ConditionTrue {
 			s.seenReady.Store(true)
 		} else if s.seenReady.Load() {
-			return fmt.Sprintf("pod no longer ready on node %s (node lost or container stopped: %s %s)", pod.Spec.NodeName, c.Reason, c.Message)
+			why := fmt.Sprintf("pod no longer ready on node %s (node lost or container stopped)", pod.Spec.NodeName)
+			if r := strings.TrimSpace(c.Reason + " " + c.Message); r != "" {
+				why += ": " + r
+			}
+			return why
 		}
 	}
 	return ""
@@ -713,6 +717,16 @@ func (k *Kubernetes) waitRunning(ctx context.Context, name string, wake <-chan s
 		select {
 		case <-wake:
 		case <-tick.C:
+			// A pod bound to a node that stopped reporting would wait out
+			// the whole start timeout: give up as soon as the node is not
+			// Ready.
+			if obj, ok, _ := k.informer.GetStore().GetByKey(key); ok {
+				if node := obj.(*corev1.Pod).Spec.NodeName; node != "" {
+					if n, err := k.cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{}); err == nil && !nodeReady(n) {
+						return nil, fmt.Errorf("%w: node %s of the starting pod is not ready (%s)", ErrUnavailable, node, last)
+					}
+				}
+			}
 		case <-deadline.C:
 			return nil, fmt.Errorf("%w: pod not running after %s (%s)", ErrUnavailable, k.cfg.StartTimeout, last)
 		case <-ctx.Done():
@@ -1280,6 +1294,9 @@ func (s *k8sSandbox) wrap(what string, err error) error {
 		return fmt.Errorf("%s in sandbox %s: %w", what, s.name, ErrClosed)
 	}
 	if errors.Is(err, ErrUnavailable) {
+		if why, _ := s.lost.Load().(string); why != "" {
+			return fmt.Errorf("%s in sandbox %s: %w", what, s.name, err) // err carries the reason
+		}
 		return fmt.Errorf("%s in sandbox %s: %w (%s)", what, s.name, err, s.state())
 	}
 	return fmt.Errorf("%s in sandbox %s: %w", what, s.name, err)
