@@ -171,9 +171,10 @@ func (c *KubernetesConfig) RESTConfig() (*rest.Config, error) {
 }
 
 // AgentImageRef is the default agent image for an agent binary:
-// rollout-agent:<first 12 hex of its sha256>. The lab (scripts/k8s-lab)
-// builds and loads an image of this name; with a registry, push the image
-// `rollout sandbox agent-image` builds.
+// rollout-agent:<first 12 hex of its sha256>. The lab (scripts/k8s-lab
+// lab.sh images) builds an image of this name (a FROM scratch image holding
+// the binary at /rollout-agent) and loads it into the nodes; with a
+// registry, push that image there.
 func AgentImageRef(ab AgentBinary) (string, error) {
 	f, err := os.Open(ab.Path)
 	if err != nil {
