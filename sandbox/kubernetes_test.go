@@ -379,3 +379,73 @@ func TestKubernetesNodeLoss(t *testing.T) {
 		t.Fatalf("sandbox on the surviving node: %+v %v", r, err)
 	}
 }
+
+// The pods of a process that stopped renewing its owner lease are deleted by
+// Kubernetes' garbage collector once any reaper (here GCKubernetes, what
+// `rollout sandbox gc --kubernetes` runs) deletes the stale lease.
+func TestKubernetesOrphanLease(t *testing.T) {
+	k := needKube(t) // the lab is up
+	_ = k
+	kc := os.Getenv("ROLLOUT_K8S_LAB_KUBECONFIG")
+	ab := AgentBinary{Path: filepath.Join(filepath.Dir(kc), "rollout-agent")}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	dead, err := NewKubernetes(ctx, KubernetesOptions{
+		Config:   KubernetesConfig{Kubeconfig: kc, ImagePullPolicy: "Never"},
+		Instance: "kdead-" + randomID(4), Agent: &ab, ReapInterval: -1,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := dead.Create(ctx, Spec{Image: labImage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The process "dies": no more renewals, and its lease looks old.
+	dead.stop()
+	dead.bg.Wait()
+	l, err := dead.cs.CoordinationV1().Leases(dead.Namespace()).Get(ctx, dead.lease.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := metav1.NewMicroTime(time.Now().Add(-10 * k8sLeaseDuration))
+	l.Spec.RenewTime = &old
+	if _, err := dead.cs.CoordinationV1().Leases(dead.Namespace()).Update(ctx, l, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	reaped, err := GCKubernetes(ctx, KubernetesConfig{Kubeconfig: kc}, ReapOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, r := range reaped {
+		if r.Instance == dead.Instance() && strings.HasPrefix(r.Name, "lease/") {
+			found = true
+		}
+		if r.Instance == k.Instance() {
+			t.Errorf("gc reaped a live instance's object: %+v", r)
+		}
+	}
+	if !found {
+		t.Fatalf("stale lease not reaped: %+v", reaped)
+	}
+	sel := LabelInstance + "=" + dead.Instance()
+	for {
+		pods, err := dead.cs.CoreV1().Pods(dead.Namespace()).List(ctx, metav1.ListOptions{LabelSelector: sel})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(pods.Items) == 0 {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("%d pods of the dead instance left", len(pods.Items))
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	_ = s
+	if err := dead.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
