@@ -25,7 +25,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/httpstream"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
@@ -80,7 +79,7 @@ type Kubernetes struct {
 	rate   *rateLimiter
 	lease  *coordv1.Lease
 
-	factory  informers.SharedInformerFactory
+	informed chan struct{} // closed when the pod informer stopped
 	informer cache.SharedIndexInformer
 
 	mu       sync.Mutex
@@ -284,9 +283,11 @@ func (k *Kubernetes) renewLease(ctx context.Context) {
 
 func (k *Kubernetes) startInformer(ctx context.Context) {
 	sel := LabelInstance + "=" + k.opts.Instance
-	k.factory = informers.NewSharedInformerFactoryWithOptions(k.cs, 0, informers.WithNamespace(k.cfg.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = sel }))
-	k.informer = k.factory.Core().V1().Pods().Informer()
+	// One informer on this instance's pods (not an informer factory: it
+	// would link every API group's informers into the binary).
+	lw := cache.NewFilteredListWatchFromClient(k.cs.CoreV1().RESTClient(), "pods", k.cfg.Namespace,
+		func(o *metav1.ListOptions) { o.LabelSelector = sel })
+	k.informer = cache.NewSharedIndexInformer(lw, &corev1.Pod{}, 0, cache.Indexers{})
 	notify := func(obj any) {
 		pod, ok := obj.(*corev1.Pod)
 		if !ok {
@@ -312,7 +313,11 @@ func (k *Kubernetes) startInformer(ctx context.Context) {
 			}
 		},
 	})
-	k.factory.Start(ctx.Done())
+	k.informed = make(chan struct{})
+	go func() {
+		defer close(k.informed)
+		k.informer.RunWithContext(ctx)
+	}()
 }
 
 // podChanged wakes a create waiting for the pod and breaks the channel of
@@ -979,8 +984,8 @@ func (k *Kubernetes) Close(ctx context.Context) error {
 		k.stop()
 	}
 	k.bg.Wait()
-	if k.factory != nil {
-		k.factory.Shutdown()
+	if k.informed != nil {
+		<-k.informed
 	}
 	if k.lease != nil {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
