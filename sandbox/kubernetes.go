@@ -25,8 +25,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/httpstream"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
+	coordv1client "k8s.io/client-go/kubernetes/typed/coordination/v1"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	netv1client "k8s.io/client-go/kubernetes/typed/networking/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/remotecommand"
@@ -70,7 +72,7 @@ type Kubernetes struct {
 	cfg    KubernetesConfig
 	opts   KubernetesOptions
 	rest   *rest.Config
-	cs     kubernetes.Interface
+	cs     *kubeClients
 	log    *slog.Logger
 	agent  AgentBinary
 	agentI string
@@ -120,7 +122,7 @@ func NewKubernetes(ctx context.Context, opts KubernetesOptions) (*Kubernetes, er
 			return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 		}
 	}
-	cs, err := kubernetes.NewForConfig(rc)
+	cs, err := newKubeClients(rc)
 	if err != nil {
 		return nil, fmt.Errorf("%w: kubernetes client: %v", ErrInvalid, err)
 	}
@@ -157,7 +159,7 @@ func NewKubernetes(ctx context.Context, opts KubernetesOptions) (*Kubernetes, er
 	quietClientGo(opts.Logger)
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if _, err := cs.CoreV1().Namespaces().Get(cctx, cfg.Namespace, metav1.GetOptions{}); err != nil {
+	if _, err := cs.core.Namespaces().Get(cctx, cfg.Namespace, metav1.GetOptions{}); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil, fmt.Errorf("%w: namespace %q does not exist (create it first, docs/kubernetes.md)", ErrInvalid, cfg.Namespace)
 		}
@@ -196,8 +198,32 @@ func (k *Kubernetes) Instance() string { return k.opts.Instance }
 // Namespace is where the pods live.
 func (k *Kubernetes) Namespace() string { return k.cfg.Namespace }
 
-// Clientset exposes the API client (benchmarks, tests, the CLI).
-func (k *Kubernetes) Clientset() kubernetes.Interface { return k.cs }
+// CoreV1 exposes the core API client (benchmarks, tests, the CLI).
+func (k *Kubernetes) CoreV1() corev1client.CoreV1Interface { return k.cs.core }
+
+// kubeClients are the three API groups the backend uses. Not the whole
+// clientset: it would link every group's client into the binary.
+type kubeClients struct {
+	core  corev1client.CoreV1Interface
+	coord coordv1client.CoordinationV1Interface
+	net   netv1client.NetworkingV1Interface
+}
+
+func newKubeClients(rc *rest.Config) (*kubeClients, error) {
+	core, err := corev1client.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	coord, err := coordv1client.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	net, err := netv1client.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	return &kubeClients{core: core, coord: coord, net: net}, nil
+}
 
 // RESTConfig exposes the client configuration (benchmarks).
 func (k *Kubernetes) RESTConfig() *rest.Config { return k.rest }
@@ -225,7 +251,7 @@ func (k *Kubernetes) ensureNetworkPolicy(ctx context.Context) error {
 			PolicyTypes: []netv1.PolicyType{netv1.PolicyTypeIngress, netv1.PolicyTypeEgress},
 		},
 	}
-	_, err := k.cs.NetworkingV1().NetworkPolicies(k.cfg.Namespace).Create(ctx, np, metav1.CreateOptions{})
+	_, err := k.cs.net.NetworkPolicies(k.cfg.Namespace).Create(ctx, np, metav1.CreateOptions{})
 	if err == nil || apierrors.IsAlreadyExists(err) {
 		return nil
 	}
@@ -247,7 +273,7 @@ func (k *Kubernetes) createLease(ctx context.Context) error {
 		ObjectMeta: metav1.ObjectMeta{Name: "rollout-" + k.opts.Instance, Labels: maps.Clone(k.labels)},
 		Spec:       coordv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &d, AcquireTime: &now, RenewTime: &now},
 	}
-	got, err := k.cs.CoordinationV1().Leases(k.cfg.Namespace).Create(ctx, l, metav1.CreateOptions{})
+	got, err := k.cs.coord.Leases(k.cfg.Namespace).Create(ctx, l, metav1.CreateOptions{})
 	if err != nil {
 		if apierrors.IsForbidden(err) {
 			return fmt.Errorf("%w: create owner lease: %v (the service account needs leases create/update/delete, docs/kubernetes.md)", ErrInvalid, err)
@@ -264,11 +290,11 @@ func (k *Kubernetes) renewLease(ctx context.Context) {
 	k.mu.Unlock()
 	now := metav1.NewMicroTime(time.Now())
 	l.Spec.RenewTime = &now
-	got, err := k.cs.CoordinationV1().Leases(k.cfg.Namespace).Update(ctx, l, metav1.UpdateOptions{})
+	got, err := k.cs.coord.Leases(k.cfg.Namespace).Update(ctx, l, metav1.UpdateOptions{})
 	if err != nil {
 		k.log.Warn("owner lease renewal failed", "err", err)
 		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
-			if cur, gerr := k.cs.CoordinationV1().Leases(k.cfg.Namespace).Get(ctx, l.Name, metav1.GetOptions{}); gerr == nil {
+			if cur, gerr := k.cs.coord.Leases(k.cfg.Namespace).Get(ctx, l.Name, metav1.GetOptions{}); gerr == nil {
 				k.mu.Lock()
 				k.lease = cur
 				k.mu.Unlock()
@@ -285,7 +311,7 @@ func (k *Kubernetes) startInformer(ctx context.Context) {
 	sel := LabelInstance + "=" + k.opts.Instance
 	// One informer on this instance's pods (not an informer factory: it
 	// would link every API group's informers into the binary).
-	lw := cache.NewFilteredListWatchFromClient(k.cs.CoreV1().RESTClient(), "pods", k.cfg.Namespace,
+	lw := cache.NewFilteredListWatchFromClient(k.cs.core.RESTClient(), "pods", k.cfg.Namespace,
 		func(o *metav1.ListOptions) { o.LabelSelector = sel })
 	k.informer = cache.NewSharedIndexInformer(lw, &corev1.Pod{}, 0, cache.Indexers{})
 	notify := func(obj any) {
@@ -450,7 +476,7 @@ func (k *Kubernetes) background(ctx context.Context) {
 // min(allocatable pods, allocatable cpu / cpu request, allocatable memory /
 // memory request), minus the pods of other owners already there.
 func (k *Kubernetes) refreshCapacity(ctx context.Context) {
-	nodes, err := k.cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	nodes, err := k.cs.core.Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		if !apierrors.IsForbidden(err) {
 			k.log.Debug("list nodes for admission failed", "err", err)
@@ -476,7 +502,7 @@ func (k *Kubernetes) refreshCapacity(ctx context.Context) {
 		total += int(c)
 	}
 	// Pods of other owners on those nodes take room too.
-	if pods, err := k.cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{FieldSelector: "status.phase=Running"}); err == nil {
+	if pods, err := k.cs.core.Pods("").List(ctx, metav1.ListOptions{FieldSelector: "status.phase=Running"}); err == nil {
 		for i := range pods.Items {
 			if pods.Items[i].Labels[LabelInstance] != k.opts.Instance {
 				total--
@@ -664,7 +690,7 @@ func (k *Kubernetes) createPod(ctx context.Context, pod *corev1.Pod) error {
 	for attempt := 0; ; attempt++ {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		t := time.Now()
-		_, err := k.cs.CoreV1().Pods(k.cfg.Namespace).Create(cctx, pod, metav1.CreateOptions{})
+		_, err := k.cs.core.Pods(k.cfg.Namespace).Create(cctx, pod, metav1.CreateOptions{})
 		metricDaemon.WithLabelValues("pod_create").Observe(time.Since(t).Seconds())
 		cancel()
 		switch {
@@ -727,7 +753,7 @@ func (k *Kubernetes) waitRunning(ctx context.Context, name string, wake <-chan s
 			// Ready.
 			if obj, ok, _ := k.informer.GetStore().GetByKey(key); ok {
 				if node := obj.(*corev1.Pod).Spec.NodeName; node != "" {
-					if n, err := k.cs.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{}); err == nil && !nodeReady(n) {
+					if n, err := k.cs.core.Nodes().Get(ctx, node, metav1.GetOptions{}); err == nil && !nodeReady(n) {
 						return nil, fmt.Errorf("%w: node %s of the starting pod is not ready (%s)", ErrUnavailable, node, last)
 					}
 				}
@@ -934,7 +960,7 @@ func (k *Kubernetes) deletePod(ctx context.Context, name string) error {
 		}
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		t := time.Now()
-		err = k.cs.CoreV1().Pods(k.cfg.Namespace).Delete(cctx, name, metav1.DeleteOptions{GracePeriodSeconds: &grace})
+		err = k.cs.core.Pods(k.cfg.Namespace).Delete(cctx, name, metav1.DeleteOptions{GracePeriodSeconds: &grace})
 		metricDaemon.WithLabelValues("pod_delete").Observe(time.Since(t).Seconds())
 		cancel()
 		if err == nil || apierrors.IsNotFound(err) {
@@ -992,7 +1018,7 @@ func (k *Kubernetes) Close(ctx context.Context) error {
 		// Background propagation: the garbage collector deletes whatever
 		// pod this process still owns (none, normally).
 		bg := metav1.DeletePropagationBackground
-		err := k.cs.CoordinationV1().Leases(k.cfg.Namespace).Delete(cctx, k.lease.Name, metav1.DeleteOptions{PropagationPolicy: &bg})
+		err := k.cs.coord.Leases(k.cfg.Namespace).Delete(cctx, k.lease.Name, metav1.DeleteOptions{PropagationPolicy: &bg})
 		cancel()
 		if err != nil && !apierrors.IsNotFound(err) {
 			errs = append(errs, fmt.Errorf("delete owner lease: %w", err))
@@ -1052,16 +1078,16 @@ func GCKubernetes(ctx context.Context, cfg KubernetesConfig, opts ReapOptions) (
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
-	cs, err := kubernetes.NewForConfig(rc)
+	cs, err := newKubeClients(rc)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	return reapKubernetes(ctx, cs, cfg.Namespace, "", nil, opts)
 }
 
-func reapKubernetes(ctx context.Context, cs kubernetes.Interface, ns, self string, tracked map[string]bool, opts ReapOptions) ([]Reaped, error) {
+func reapKubernetes(ctx context.Context, cs *kubeClients, ns, self string, tracked map[string]bool, opts ReapOptions) ([]Reaped, error) {
 	sel := LabelManaged + "=true"
-	leases, err := cs.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
+	leases, err := cs.coord.Leases(ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
 	if err != nil {
 		return nil, fmt.Errorf("%w: list leases: %v", ErrUnavailable, err)
 	}
@@ -1079,7 +1105,7 @@ func reapKubernetes(ctx context.Context, cs kubernetes.Interface, ns, self strin
 			alive[inst] = true
 			continue
 		}
-		err := cs.CoordinationV1().Leases(ns).Delete(ctx, l.Name, metav1.DeleteOptions{PropagationPolicy: &bg})
+		err := cs.coord.Leases(ns).Delete(ctx, l.Name, metav1.DeleteOptions{PropagationPolicy: &bg})
 		if err != nil && !apierrors.IsNotFound(err) {
 			return out, fmt.Errorf("%w: delete lease %s: %v", ErrUnavailable, l.Name, err)
 		}
@@ -1088,7 +1114,7 @@ func reapKubernetes(ctx context.Context, cs kubernetes.Interface, ns, self strin
 	}
 	// Pods whose owner is gone (the garbage collector does this too, but a
 	// pod created without an owner, or with --all, is deleted here).
-	pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
+	pods, err := cs.core.Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: sel})
 	if err != nil {
 		return out, fmt.Errorf("%w: list pods: %v", ErrUnavailable, err)
 	}
@@ -1109,7 +1135,7 @@ func reapKubernetes(ctx context.Context, cs kubernetes.Interface, ns, self strin
 		if reason == "" {
 			continue
 		}
-		err := cs.CoreV1().Pods(ns).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &grace})
+		err := cs.core.Pods(ns).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &grace})
 		if err != nil && !apierrors.IsNotFound(err) {
 			return out, fmt.Errorf("%w: delete pod %s: %v", ErrUnavailable, p.Name, err)
 		}
@@ -1176,7 +1202,7 @@ var (
 // falling back to SPDY) and waits for its hello.
 func (s *k8sSandbox) connect(ctx context.Context) error {
 	k := s.k
-	req := k.cs.CoreV1().RESTClient().Post().Resource("pods").Namespace(k.cfg.Namespace).Name(s.name).SubResource("exec").
+	req := k.cs.core.RESTClient().Post().Resource("pods").Namespace(k.cfg.Namespace).Name(s.name).SubResource("exec").
 		VersionedParams(&corev1.PodExecOptions{Container: k8sContainer, Command: k.agentArgs(s.spec), Stdin: true, Stdout: true, Stderr: true}, scheme.ParameterCodec)
 	ex, err := newExecutor(k.rest, req.URL())
 	if err != nil {
@@ -1314,7 +1340,7 @@ func (s *k8sSandbox) state() string {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	pod, err := s.k.cs.CoreV1().Pods(s.k.cfg.Namespace).Get(ctx, s.name, metav1.GetOptions{})
+	pod, err := s.k.cs.core.Pods(s.k.cfg.Namespace).Get(ctx, s.name, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return "pod was deleted"
 	}

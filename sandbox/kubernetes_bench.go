@@ -20,7 +20,7 @@ func MeasureKubeExecSpawn(ctx context.Context, k *Kubernetes, s Sandbox, n int, 
 	if len(argv) == 0 {
 		argv = []string{"true"}
 	}
-	req := k.cs.CoreV1().RESTClient().Post().Resource("pods").Namespace(k.cfg.Namespace).Name(s.ID()).SubResource("exec").
+	req := k.cs.core.RESTClient().Post().Resource("pods").Namespace(k.cfg.Namespace).Name(s.ID()).SubResource("exec").
 		VersionedParams(&corev1.PodExecOptions{Container: k8sContainer, Command: argv, Stdout: true, Stderr: true}, scheme.ParameterCodec)
 	out := make([]time.Duration, 0, n)
 	for range n {

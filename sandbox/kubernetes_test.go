@@ -213,7 +213,7 @@ func TestKubernetesSandbox(t *testing.T) {
 		t.Fatalf("after kill -9 -1: %+v %v", r, err)
 	}
 	// Isolation as the API server stored it.
-	pod, err := k.cs.CoreV1().Pods(k.Namespace()).Get(ctx, s.ID(), metav1.GetOptions{})
+	pod, err := k.cs.core.Pods(k.Namespace()).Get(ctx, s.ID(), metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -247,7 +247,7 @@ func TestKubernetesSandbox(t *testing.T) {
 	if _, err := s.Exec(ctx, ExecRequest{Argv: []string{"true"}}); !errors.Is(err, ErrClosed) {
 		t.Fatalf("exec after close: %v", err)
 	}
-	if _, err := k.cs.CoreV1().Pods(k.Namespace()).Get(ctx, name, metav1.GetOptions{}); err == nil {
+	if _, err := k.cs.core.Pods(k.Namespace()).Get(ctx, name, metav1.GetOptions{}); err == nil {
 		t.Fatalf("pod %s still exists after Close", name)
 	}
 }
@@ -288,7 +288,7 @@ func TestKubernetesSpreadAndPool(t *testing.T) {
 	if err := pool.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	pods, err := k.cs.CoreV1().Pods(k.Namespace()).List(ctx, metav1.ListOptions{LabelSelector: LabelInstance + "=" + k.Instance()})
+	pods, err := k.cs.core.Pods(k.Namespace()).List(ctx, metav1.ListOptions{LabelSelector: LabelInstance + "=" + k.Instance()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,7 +323,7 @@ func TestKubernetesPodDeletedFromOutside(t *testing.T) {
 	}()
 	time.Sleep(300 * time.Millisecond)
 	grace := int64(0)
-	if err := k.cs.CoreV1().Pods(k.Namespace()).Delete(ctx, s.ID(), metav1.DeleteOptions{GracePeriodSeconds: &grace}); err != nil {
+	if err := k.cs.core.Pods(k.Namespace()).Delete(ctx, s.ID(), metav1.DeleteOptions{GracePeriodSeconds: &grace}); err != nil {
 		t.Fatal(err)
 	}
 	err := <-done
@@ -404,13 +404,13 @@ func TestKubernetesOrphanLease(t *testing.T) {
 	// The process "dies": no more renewals, and its lease looks old.
 	dead.stop()
 	dead.bg.Wait()
-	l, err := dead.cs.CoordinationV1().Leases(dead.Namespace()).Get(ctx, dead.lease.Name, metav1.GetOptions{})
+	l, err := dead.cs.coord.Leases(dead.Namespace()).Get(ctx, dead.lease.Name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	old := metav1.NewMicroTime(time.Now().Add(-10 * k8sLeaseDuration))
 	l.Spec.RenewTime = &old
-	if _, err := dead.cs.CoordinationV1().Leases(dead.Namespace()).Update(ctx, l, metav1.UpdateOptions{}); err != nil {
+	if _, err := dead.cs.coord.Leases(dead.Namespace()).Update(ctx, l, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	reaped, err := GCKubernetes(ctx, KubernetesConfig{Kubeconfig: kc}, ReapOptions{})
@@ -431,7 +431,7 @@ func TestKubernetesOrphanLease(t *testing.T) {
 	}
 	sel := LabelInstance + "=" + dead.Instance()
 	for {
-		pods, err := dead.cs.CoreV1().Pods(dead.Namespace()).List(ctx, metav1.ListOptions{LabelSelector: sel})
+		pods, err := dead.cs.core.Pods(dead.Namespace()).List(ctx, metav1.ListOptions{LabelSelector: sel})
 		if err != nil {
 			t.Fatal(err)
 		}
