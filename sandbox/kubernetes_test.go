@@ -449,3 +449,22 @@ func TestKubernetesOrphanLease(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Limits.ReadOnlyRoot: a read-only root filesystem with writable emptyDir
+// /tmp and workdir.
+func TestKubernetesReadOnlyRoot(t *testing.T) {
+	k := needKube(t)
+	s := newKubeSandbox(t, k, Spec{Limits: Limits{ReadOnlyRoot: true, DiskBytes: 64 << 20}})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := s.WriteFile(ctx, "/workspace/a.txt", []byte("ok"), 0o644); err != nil {
+		t.Fatalf("write to the workdir: %v", err)
+	}
+	r, err := s.Exec(ctx, ExecRequest{Command: "echo x > /tmp/t && cat /workspace/a.txt && touch /bin/nope"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.ExitCode == 0 || !strings.HasPrefix(string(r.Stdout), "ok") || !strings.Contains(string(r.Stderr), "Read-only") {
+		t.Fatalf("read-only root: %+v", r)
+	}
+}
