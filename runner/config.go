@@ -165,6 +165,10 @@ type SandboxConfig struct {
 	// starts, its G sandboxes are all started at once through a warm pool
 	// (0 = 4×G; negative = no pool, each rollout creates its own).
 	WarmPool int `yaml:"warm_pool,omitempty" json:"warm_pool,omitempty"`
+	// Backend is "docker" (default: the local engine) or "kubernetes"
+	// (pods on a cluster, configured by Kubernetes; docs/kubernetes.md).
+	Backend    string                    `yaml:"backend,omitempty" json:"backend,omitempty"`
+	Kubernetes *sandbox.KubernetesConfig `yaml:"kubernetes,omitempty" json:"kubernetes,omitempty"`
 }
 
 // Limits bound the run's concurrency. Zero values take defaults sized for
@@ -338,6 +342,22 @@ func (c Config) Validate() error {
 	}
 	if err := c.Sandbox.validate(bad); err != nil {
 		return err
+	}
+	switch c.Sandbox.Backend {
+	case "", sandbox.BackendDocker:
+		if c.Sandbox.Kubernetes != nil {
+			return bad("sandbox.kubernetes", "set, but sandbox.backend is not %q", sandbox.BackendKubernetes)
+		}
+	case sandbox.BackendKubernetes:
+		k := sandbox.KubernetesConfig{}
+		if c.Sandbox.Kubernetes != nil {
+			k = *c.Sandbox.Kubernetes
+		}
+		if err := k.Validate(); err != nil {
+			return fmt.Errorf("%w: %v", ErrConfig, err)
+		}
+	default:
+		return bad("sandbox.backend", "%q, want %s or %s", c.Sandbox.Backend, sandbox.BackendDocker, sandbox.BackendKubernetes)
 	}
 	switch c.Advantage.Mode {
 	case "", AdvantageGRPO, AdvantageMean, AdvantageNone:
