@@ -79,6 +79,12 @@ func (e *chatEpisode) generate(ctx context.Context, messages []openai.ChatComple
 	if len(e.spec.Tools) > 0 {
 		req.Tools = e.spec.Tools // vLLM rejects "tools": []
 	}
+	if llama {
+		// An explicit seed per rollout and turn: the turn can be replayed
+		// exactly on /completion (llamaReplay).
+		seed := chatSeed(e.spec.ID, turnNo, s.Seed)
+		req.Seed = &seed
+	}
 	if e.c.cfg.ChatTokenIDs {
 		req.Logprobs = true
 		req.TopLogprobs = zeroIntPt
@@ -92,6 +98,12 @@ func (e *chatEpisode) generate(ctx context.Context, messages []openai.ChatComple
 	o := CallOptions{Affinity: &e.aff, RequestID: reqID, Extra: extra}
 	resp, ep, err := e.c.pool.ChatCompletion(ctx, o, req)
 	if err != nil {
+		if llama && serverParseFailure(err) {
+			// The model's text did not parse as the template's tool-call
+			// format; the server kept it. Replay the same sampling and
+			// hand the raw text to the loop (its parser reads it).
+			return e.replayTurn(ctx, messages, req, turnNo, reqID, nil, fmt.Errorf("episode %s turn %d: chat: %w", e.spec.ID, turnNo, err))
+		}
 		return Turn{}, fmt.Errorf("episode %s turn %d: chat: %w", e.spec.ID, turnNo, err)
 	}
 	const op = "POST /v1/chat/completions"
@@ -117,9 +129,14 @@ func (e *chatEpisode) generate(ctx context.Context, messages []openai.ChatComple
 		if ch.TokenIDs == nil && resp.Usage != nil && resp.Usage.CompletionTokens != len(ids) {
 			// The ids came from the logprob entries, and some are missing:
 			// llama.cpp withholds the entry of a token that leaves the text
-			// inside a UTF-8 character. They cannot be recovered here.
-			return Turn{}, noIDsError(ep, op, reqID, fmt.Sprintf("the answer names %d of its %d completion tokens (llama.cpp gives no logprob entry to a token that ends inside a UTF-8 character; the llamacpp tokens backend keeps them)",
-				len(ids), resp.Usage.CompletionTokens), nil)
+			// inside a UTF-8 character. Replay the turn at its seed on
+			// /completion, which returns every id, and keep it only if it
+			// is the same generation.
+			if !llama || req.Seed == nil {
+				return Turn{}, noIDsError(ep, op, reqID, fmt.Sprintf("the answer names %d of its %d completion tokens (llama.cpp gives no logprob entry to a token that ends inside a UTF-8 character; the llamacpp tokens backend keeps them)",
+					len(ids), resp.Usage.CompletionTokens), nil)
+			}
+			return e.replayTurn(ctx, messages, req, turnNo, reqID, &namedTurn{ch: ch, ids: ids, n: resp.Usage.CompletionTokens, ep: ep}, nil)
 		}
 		if promptIDs == nil {
 			// llama.cpp returns no prompt ids: render the same request's
@@ -163,12 +180,14 @@ func (e *chatEpisode) generate(ctx context.Context, messages []openai.ChatComple
 		em.tokensOut.Add(float64(t.CompletionTokens))
 	}
 	e.known = t.PromptTokens + t.CompletionTokens
-	e.splice(promptIDs, ids, lps)
+	e.splice(promptIDs, ids, lps, nil)
 	e.turns = turnNo
 	return t, nil
 }
 
-func (e *chatEpisode) splice(prompt, ids []int32, lps []float32) {
+// splice appends a turn; unscored are positions in ids without a logprob
+// (masked out, as in tokens mode).
+func (e *chatEpisode) splice(prompt, ids []int32, lps []float32, unscored []int) {
 	if e.noIDs {
 		return
 	}
@@ -195,12 +214,17 @@ func (e *chatEpisode) splice(prompt, ids []int32, lps []float32) {
 			q.Logprobs = append(q.Logprobs, 1.0)
 		}
 	}
-	q.TurnStarts = append(q.TurnStarts, len(q.Tokens))
+	start := len(q.Tokens)
+	q.TurnStarts = append(q.TurnStarts, start)
 	q.Tokens = append(q.Tokens, ids...)
 	q.Logprobs = append(q.Logprobs, lps...)
 	for range ids {
 		q.Mask = append(q.Mask, 1)
 	}
+	for _, i := range unscored {
+		q.Mask[start+i] = 0
+	}
+	q.Unscored += len(unscored)
 }
 
 // llamaChatSampler is the extra body of a chat request to llama.cpp: its
@@ -237,5 +261,6 @@ func (e *chatEpisode) Finish(ctx context.Context, messages []openai.ChatCompleti
 		TurnStarts:  slices.Clone(q.TurnStarts),
 		PromptLen:   q.PromptLen,
 		DriftTokens: q.DriftTokens,
+		Unscored:    q.Unscored,
 	}, nil
 }

@@ -137,6 +137,11 @@ func (c *httpCaller) doJSON(ctx context.Context, base, method, path, reqID strin
 		switch {
 		case resp.StatusCode >= 400 && (typ == "exceed_context_size_error" || contextLengthMessage(msg)) && resp.StatusCode != http.StatusTooManyRequests:
 			return mk(ErrRequest, resp.StatusCode, msg, ErrContextLength)
+		case resp.StatusCode >= 500 && serverParseMessage(msg):
+			// The model's own tool-call text did not parse on the server:
+			// not its health, and the same seeded request fails the same
+			// way. The chat backend replays the turn (chatreplay.go).
+			return mk(ErrRequest, resp.StatusCode, msg, ErrServerParse)
 		case resp.StatusCode >= 500 && contentMessage(msg):
 			// The server failed on what we sent (a template that cannot
 			// render this history): not its health, not transient.

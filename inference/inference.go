@@ -85,6 +85,11 @@ type Turn struct {
 	CompletionIDs []int32
 	Logprobs      []float32
 	Endpoint      string // base URL that served the turn
+	// ServerParseFailed: the server could not parse the model's tool-call
+	// text (llama.cpp's "does not match the expected … format" 500); the
+	// turn was replayed at its seed and Content holds the raw text, calls
+	// included, for the loop's parser.
+	ServerParseFailed bool
 }
 
 // Sequence is the token-exact record of an episode.

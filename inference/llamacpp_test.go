@@ -2,6 +2,7 @@ package inference_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -135,6 +136,23 @@ func TestNeutralSamplerReachesServer(t *testing.T) {
 				t.Fatal(err)
 			}
 			recs := srv.Samplers()
+			if tc.backend == inference.BackendChat && tc.engine == sim.EngineLlamaCpp && len(recs) == 2 {
+				// The chat turn was replayed at its seed on /completion
+				// (a call the server could not parse, or ids inside a
+				// UTF-8 character): with the same neutral sampler.
+				for k, v := range llamaWant {
+					if k == "top_k" {
+						v = recs[0].Fields[k] // off: llama.cpp reads any top_k ≤ 0 as off
+					}
+					if got := recs[1].Fields[k]; got != v {
+						t.Errorf("replay: %s: server got %v (%T), want %v", k, got, got, v)
+					}
+				}
+				if recs[0].Fields["seed"] == nil || recs[1].Fields["seed"] != recs[0].Fields["seed"] {
+					t.Errorf("replay seed %v, chat seed %v", recs[1].Fields["seed"], recs[0].Fields["seed"])
+				}
+				recs = recs[:1]
+			}
 			if len(recs) != 1 {
 				t.Fatalf("%d generation requests recorded", len(recs))
 			}
@@ -462,14 +480,166 @@ func TestLlamaCppIncompleteUTF8(t *testing.T) {
 		t.Fatalf("%d trained + %d unscored of %d; drift %d", trained, seq.Unscored, len(tr.CompletionIDs), seq.DriftTokens)
 	}
 
+	// Chat mode: the logprob entries name only the scored ids; the turn is
+	// replayed at its seed on /completion, which returns every id, and the
+	// replay agrees with the ids the answer named.
 	chat := openClient(t, inference.Config{Backend: inference.BackendChat, Endpoints: []string{srv.URL}, ChatTokenIDs: true})
-	ep, err := chat.Start(context.Background(), inference.EpisodeSpec{ID: "utf8-chat", Sampling: inference.Sampling{MaxTokens: 256}})
+	before := srv.Stats().ByRoute["POST /completion"]
+	ctx := context.Background()
+	ep, err := chat.Start(ctx, inference.EpisodeSpec{ID: "utf8-chat", Sampling: inference.Sampling{MaxTokens: 256}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = ep.Generate(context.Background(), []openai.ChatCompletionMessage{{Role: "user", Content: "list files in /tmp and count them"}})
-	if !errors.Is(err, inference.ErrNoTokenIDs) || !strings.Contains(err.Error(), "UTF-8") {
-		t.Fatalf("want ErrNoTokenIDs, got %v", err)
+	msgs := []openai.ChatCompletionMessage{{Role: "user", Content: "list files in /tmp and count them"}}
+	ct, err := ep.Generate(ctx, msgs)
+	if err != nil {
+		t.Fatalf("chat turn with ids inside UTF-8 characters: %v", err)
+	}
+	if !strings.Contains(ct.Content, "Zählung: drei — fertig ✓") || ct.ServerParseFailed {
+		t.Fatalf("chat turn: content %q, server parse failed %v", ct.Content, ct.ServerParseFailed)
+	}
+	if n := srv.Stats().ByRoute["POST /completion"] - before; n != 1 {
+		t.Fatalf("%d replays on /completion, want 1", n)
+	}
+	if !slices.Equal(ct.CompletionIDs, tr.CompletionIDs) || len(ct.Logprobs) != len(ct.CompletionIDs) {
+		t.Fatalf("chat ids %v (%d logprobs), tokens-mode ids %v", ct.CompletionIDs, len(ct.Logprobs), tr.CompletionIDs)
+	}
+	cseq, err := ep.Finish(ctx, append(msgs, openai.ChatCompletionMessage{Role: "assistant", Content: ct.Content}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cseq.Unscored != 5 || len(cseq.Mask) != len(cseq.Tokens) {
+		t.Fatalf("chat sequence: unscored %d (want 5), %d mask for %d tokens", cseq.Unscored, len(cseq.Mask), len(cseq.Tokens))
+	}
+	cts := cseq.TurnStarts[0]
+	for i := range ct.CompletionIDs {
+		if m := cseq.Mask[cts+i]; (m == 0) != (ct.Logprobs[i] == 1.0) {
+			t.Fatalf("chat position %d: mask %d, logprob %v", i, m, ct.Logprobs[i])
+		}
+	}
+}
+
+// Every chat request to llama.cpp carries an explicit seed: distinct per
+// rollout and per turn, the same for the same rollout and turn, and mixed
+// with a configured seed.
+func TestLlamaCppChatSeed(t *testing.T) {
+	var mu sync.Mutex
+	var seeds []float64
+	srv, _ := fakeServer(t, map[string]func(http.ResponseWriter, []byte){
+		"GET /v1/models": reply(`{"data":[{"id":"m","meta":{"n_ctx":4096}}],"models":[{"name":"m"}]}`),
+		"GET /props":     reply(`{"default_generation_settings":{"n_ctx":4096},"total_slots":1}`),
+		"POST /v1/chat/completions": func(w http.ResponseWriter, body []byte) {
+			var req map[string]any
+			if err := json.Unmarshal(body, &req); err != nil {
+				t.Error(err)
+			}
+			mu.Lock()
+			seed, _ := req["seed"].(float64)
+			seeds = append(seeds, seed)
+			mu.Unlock()
+			reply(`{"id":"c","choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1}}`)(w, body)
+		},
+	})
+	c := openClient(t, inference.Config{Backend: inference.BackendChat, Endpoints: []string{srv.URL}})
+	gen := func(id string, turns int, seed *int64) {
+		ep, err := c.Start(context.Background(), inference.EpisodeSpec{ID: id, Sampling: inference.Sampling{MaxTokens: 8, Seed: seed}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range turns {
+			if _, err := ep.Generate(context.Background(), []openai.ChatCompletionMessage{{Role: "user", Content: "q"}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	seven := int64(7)
+	gen("r0", 2, nil)
+	gen("r1", 1, nil)
+	gen("r0", 1, nil)
+	gen("r0", 1, &seven)
+	if len(seeds) != 5 {
+		t.Fatalf("%d requests", len(seeds))
+	}
+	for i, s := range seeds {
+		if s <= 0 || s >= 1<<31 {
+			t.Fatalf("request %d: seed %v (want explicit, in [1, 2^31))", i, s)
+		}
+	}
+	if seeds[0] == seeds[1] || seeds[0] == seeds[2] || seeds[0] != seeds[3] || seeds[0] == seeds[4] {
+		t.Fatalf("seeds %v: want r0/t1 ≠ r0/t2, r0 ≠ r1, r0/t1 repeatable, a configured seed mixed in", seeds)
+	}
+}
+
+// llama.cpp's HTTP 500 for a tool call its template-derived parser cannot
+// read is the model's output, not a server failure: it is not retried, the
+// turn is replayed at its seed on /completion and handed to the loop as raw
+// text with its ids.
+func TestLlamaCppServerParseFailureReplayed(t *testing.T) {
+	script := sim.Script{Match: "cut", Steps: []sim.Step{{ToolCalls: []sim.Call{{Name: "terminal", Arguments: map[string]any{"command": "ls -la /tmp && echo a long command line"}}}}}}
+	srv := startSim(t, sim.Config{Engine: sim.EngineLlamaCpp, Family: "hermes", Seed: 3, Scripts: []sim.Script{script}})
+	const cutAt = 30 // inside the call's arguments
+	for _, ids := range []bool{true, false} {
+		c := openClient(t, inference.Config{Backend: inference.BackendChat, Endpoints: []string{srv.URL}, ChatTokenIDs: ids})
+		before := srv.Stats().ByRoute["POST /v1/chat/completions"]
+		ctx := context.Background()
+		ep, err := c.Start(ctx, inference.EpisodeSpec{ID: fmt.Sprint("cut-", ids), Tools: []openai.Tool{terminalTool}, Sampling: inference.Sampling{MaxTokens: cutAt}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs := []openai.ChatCompletionMessage{{Role: "user", Content: "cut this call"}}
+		tr, err := ep.Generate(ctx, msgs)
+		if err != nil {
+			t.Fatalf("chat_token_ids %v: %v", ids, err)
+		}
+		if n := srv.Stats().ByRoute["POST /v1/chat/completions"] - before; n != 1 {
+			t.Fatalf("the 500 was sent %d times, want once (not retried)", n)
+		}
+		if !tr.ServerParseFailed || !tr.Parsed || len(tr.ToolCalls) != 0 || !strings.Contains(tr.Content, "<tool_call>") || tr.FinishReason != "length" {
+			t.Fatalf("turn: server parse failed %v, parsed %v, %d calls, content %q, finish %q", tr.ServerParseFailed, tr.Parsed, len(tr.ToolCalls), tr.Content, tr.FinishReason)
+		}
+		if !ids {
+			if tr.CompletionIDs != nil {
+				t.Fatalf("ids without chat_token_ids: %v", tr.CompletionIDs)
+			}
+			continue
+		}
+		if len(tr.CompletionIDs) != cutAt || len(tr.Logprobs) != cutAt {
+			t.Fatalf("%d ids, %d logprobs; want %d", len(tr.CompletionIDs), len(tr.Logprobs), cutAt)
+		}
+		text, err := c.Pool().Detokenize(ctx, inference.CallOptions{}, "", tr.CompletionIDs)
+		if err != nil || text != tr.Content {
+			t.Fatalf("ids decode to %q (%v), content %q", text, err, tr.Content)
+		}
+		seq, err := ep.Finish(ctx, append(msgs, openai.ChatCompletionMessage{Role: "assistant", Content: tr.Content}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ts := seq.TurnStarts[0]; !slices.Equal(seq.Tokens[ts:], tr.CompletionIDs) || seq.PromptLen != ts {
+			t.Fatalf("sequence does not end with the replayed ids")
+		}
+	}
+}
+
+// A replay that does not reproduce the ids the chat answer named is
+// refused, never used, and not retried as infrastructure.
+func TestLlamaCppReplayMismatchRefused(t *testing.T) {
+	srv, _ := fakeServer(t, map[string]func(http.ResponseWriter, []byte){
+		"GET /v1/models":       reply(`{"data":[{"id":"m","meta":{"n_ctx":4096}}],"models":[{"name":"m"}]}`),
+		"GET /props":           reply(`{"default_generation_settings":{"n_ctx":4096},"total_slots":1}`),
+		"POST /apply-template": reply(`{"prompt":"p"}`),
+		"POST /tokenize":       reply(`{"tokens":[1,2]}`),
+		"POST /v1/chat/completions": reply(`{"id":"c","choices":[{"index":0,"message":{"role":"assistant","content":"ab"},"finish_reason":"stop",
+			"logprobs":{"content":[{"id":5,"token":"a","logprob":-1,"top_logprobs":[]},{"id":6,"token":"b","logprob":-1,"top_logprobs":[]}]}}],"usage":{"prompt_tokens":2,"completion_tokens":3}}`),
+		"POST /completion": reply(`{"content":"xb","tokens":[9,9,6],"stop_type":"eos","completion_probabilities":[{"id":9,"logprob":-1},{"id":9,"logprob":-1},{"id":6,"logprob":-1}]}`),
+	})
+	c := openClient(t, inference.Config{Backend: inference.BackendChat, Endpoints: []string{srv.URL}, ChatTokenIDs: true})
+	ep, err := c.Start(context.Background(), inference.EpisodeSpec{ID: "mm", Sampling: inference.Sampling{MaxTokens: 8}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = ep.Generate(context.Background(), []openai.ChatCompletionMessage{{Role: "user", Content: "q"}})
+	if !errors.Is(err, inference.ErrReplayMismatch) || !errors.Is(err, inference.ErrNoTokenIDs) || errors.Is(err, inference.ErrInfra) {
+		t.Fatalf("want ErrReplayMismatch + ErrNoTokenIDs, not infra; got %v", err)
 	}
 }
 

@@ -227,6 +227,12 @@ func (h *handler) parseChoices(req *chatRequest, choice string, cs []genChoice, 
 		o.Calls = []map[string]any{}
 		if parseTools {
 			res := tp.Parse(rest, schemas)
+			if len(res.Errors) > 0 && h.llama() {
+				// llama.cpp's template-derived tool-call parser refuses
+				// the whole answer when the model's call text does not
+				// parse (also when it is cut at max_tokens).
+				return nil, &apiError{Status: 500, Type: "server_error", Msg: "The model produced output that does not match the expected peg-native format"}
+			}
 			if len(res.ToolCalls) > 0 {
 				calls := res.ToolCalls
 				if req.ParallelToolCalls != nil && !*req.ParallelToolCalls {

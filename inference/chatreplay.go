@@ -1,0 +1,173 @@
+package inference
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strconv"
+	"strings"
+
+	openai "github.com/sashabaranov/go-openai"
+)
+
+// Chat mode against llama.cpp has two turns it cannot return as they are:
+//
+//   - HTTP 500 "The model produced output that does not match the expected
+//     peg-native format": the model's text after a tool-call opener did not
+//     parse with the tool-call parser the server derived from the template.
+//     It is the model's output, not a server failure, but the server
+//     returns no text.
+//   - An answer whose logprob entries name fewer ids than it generated:
+//     llama.cpp gives no entry to a token that ends inside a UTF-8
+//     character.
+//
+// Every chat request to llama.cpp carries an explicit seed (chatSeed). The
+// turn is replayed on /completion with the same prompt ids (the server's
+// own render, /apply-template + /tokenize), the same sampler and the same
+// seed: llama.cpp samples the same ids (measured on the real-engine image:
+// the ids a chat answer names are, in order, the replay's ids, and the
+// counts agree). The replay returns every id and the raw text. A replay of
+// an answer with named ids is checked against them; one that differs is
+// refused (ErrReplayMismatch), never used, and the turn is not resampled.
+
+// ErrReplayMismatch: a chat turn replayed on llama.cpp's /completion at its
+// seed did not reproduce the ids the chat answer named. Comes with
+// ErrRequest (not retried by the pool; the same request gives the same
+// answer) and ErrNoTokenIDs.
+var ErrReplayMismatch = errors.New("replayed turn differs from the chat answer")
+
+// ErrServerParse marks the llama.cpp 500 whose cause is the model's own
+// tool-call text (serverParseMessage). Comes with ErrRequest: never
+// retried by the pool, never held against the endpoint.
+var ErrServerParse = errors.New("the server could not parse the model's tool-call text")
+
+// serverParseMessage recognises llama.cpp's HTTP 500 for model output its
+// template-derived tool-call parser cannot read ("The model produced
+// output that does not match the expected peg-native format"; the format
+// name varies with the template).
+func serverParseMessage(msg string) bool {
+	m := strings.ToLower(msg)
+	return strings.Contains(m, "does not match the expected") && strings.Contains(m, "format")
+}
+
+func serverParseFailure(err error) bool { return errors.Is(err, ErrServerParse) }
+
+// chatSeed is the seed of one chat turn: distinct per rollout and turn (a
+// GRPO group's rollouts differ), the same for every attempt of the same
+// request, and mixed with the configured seed when there is one. llama.cpp
+// takes a uint32 and reads 0xFFFFFFFF as "random", so the value stays below
+// 2^31.
+func chatSeed(id string, turn int, configured *int64) int64 {
+	h := fnv.New64a()
+	h.Write([]byte(id))
+	h.Write([]byte{0})
+	h.Write([]byte(strconv.Itoa(turn)))
+	if configured != nil {
+		h.Write([]byte{0})
+		h.Write([]byte(strconv.FormatInt(*configured, 10)))
+	}
+	return int64(h.Sum64() & 0x7fffffff)
+}
+
+// namedTurn is a chat answer whose logprob entries named only some ids.
+type namedTurn struct {
+	ch  ChatChoice
+	ids []int32 // the named ids, in order
+	n   int     // usage.completion_tokens
+	ep  string
+}
+
+// replayTurn replays turn turnNo of req on /completion (see above). named
+// is the chat answer when it came back with ids missing (the replay must
+// agree with it); nil after the parse-failure 500, whose error is cause.
+func (e *chatEpisode) replayTurn(ctx context.Context, messages []openai.ChatCompletionMessage, req *ChatRequest, turnNo int, reqID string, named *namedTurn, cause error) (Turn, error) {
+	const op = "replay on POST /completion"
+	s := e.spec.Sampling
+	s.Seed = req.Seed
+	o := CallOptions{Affinity: &e.aff, RequestID: reqID + "-replay"}
+	prompt, err := e.c.promptIDsFallback(ctx, o, messages, req.Tools, s.ChatTemplateKwargs)
+	if err != nil {
+		return Turn{}, fmt.Errorf("episode %s turn %d: %s: prompt: %w (after %w)", e.spec.ID, turnNo, op, err, orNamed(cause, named))
+	}
+	maxTokens := s.MaxTokens
+	if maxTokens <= 0 {
+		maxTokens = -1 // llama.cpp: until the end of the context, as the chat route
+	}
+	smp, err := llamaGen{}.generate(ctx, e.c.pool, genInput{model: e.spec.Model, prompt: prompt, maxTokens: maxTokens, s: s, opts: o})
+	if err != nil {
+		return Turn{}, fmt.Errorf("episode %s turn %d: %s: %w (after %w)", e.spec.ID, turnNo, op, err, orNamed(cause, named))
+	}
+	if named != nil {
+		if msg := sameGeneration(named, smp); msg != "" {
+			return Turn{}, &Error{Class: ErrRequest, Endpoint: smp.endpoint, Op: op, RequestID: o.RequestID,
+				Msg: fmt.Sprintf("chat_token_ids is set but the answer names %d of its %d completion tokens and the replay at seed %d %s; the turn is not resampled (use the llamacpp backend to train on every id)", len(named.ids), named.n, *req.Seed, msg),
+				Err: errors.Join(ErrReplayMismatch, ErrNoTokenIDs)}
+		}
+	}
+	text, err := e.c.pool.Detokenize(ctx, o, e.spec.Model, smp.ids)
+	if err != nil {
+		return Turn{}, fmt.Errorf("episode %s turn %d: %s: detokenize: %w", e.spec.ID, turnNo, op, err)
+	}
+	t := Turn{Parsed: true, Text: text, Content: text, FinishReason: smp.finish, Endpoint: smp.endpoint}
+	if named != nil {
+		// The chat answer stands (its parsed content and calls); only its
+		// ids come from the replay.
+		ch := named.ch
+		t.Content, t.Text = "", ""
+		if ch.Message.Content != nil {
+			t.Content, t.Text = *ch.Message.Content, *ch.Message.Content
+		}
+		t.Reasoning, t.ToolCalls, t.FinishReason = ch.Message.ReasoningText(), ch.Message.ToolCalls, ch.FinishReason
+	} else {
+		// The server's parser refused the text: the loop gets it raw as
+		// content (its configured parser reads calls left in content) and
+		// a text the template renders back as it is.
+		t.ServerParseFailed = true
+		e.c.log.Debug("inference: llama.cpp could not parse the model's tool-call text; replayed the turn at its seed", "request", reqID, "seed", *req.Seed, "tokens", len(smp.ids))
+	}
+	if e.c.cfg.ChatTokenIDs {
+		t.CompletionIDs, t.Logprobs = smp.ids, smp.logprobs
+	}
+	t.PromptTokens, t.CompletionTokens = len(prompt), len(smp.ids)
+	if em := e.c.pool.metricsFor(smp.endpoint); em != nil {
+		em.tokensIn.Add(float64(t.PromptTokens))
+		em.tokensOut.Add(float64(t.CompletionTokens))
+	}
+	e.known = t.PromptTokens + t.CompletionTokens
+	if e.c.cfg.ChatTokenIDs {
+		e.splice(prompt, smp.ids, smp.logprobs, smp.unscored)
+	}
+	e.turns = turnNo
+	return t, nil
+}
+
+func orNamed(cause error, named *namedTurn) error {
+	if cause != nil {
+		return cause
+	}
+	return fmt.Errorf("a chat answer naming %d of its %d completion tokens", len(named.ids), named.n)
+}
+
+// sameGeneration checks a replay against the chat answer: as many ids as
+// the answer's usage counts, the named ids in order among them (a missing
+// entry only ever drops an id), the same finish. It returns what differs,
+// "" when nothing does.
+func sameGeneration(named *namedTurn, smp sample) string {
+	if len(smp.ids) != named.n {
+		return fmt.Sprintf("generated %d tokens", len(smp.ids))
+	}
+	i := 0
+	for _, id := range smp.ids {
+		if i < len(named.ids) && named.ids[i] == id {
+			i++
+		}
+	}
+	if i != len(named.ids) {
+		return fmt.Sprintf("does not contain the named ids in order (%d of %d matched)", i, len(named.ids))
+	}
+	if (smp.finish == "length") != (named.ch.FinishReason == "length") {
+		return fmt.Sprintf("finished with %q, the answer with %q", smp.finish, named.ch.FinishReason)
+	}
+	return ""
+}
