@@ -94,16 +94,31 @@ func (e *chatEpisode) replayTurn(ctx context.Context, messages []openai.ChatComp
 	if maxTokens <= 0 {
 		maxTokens = -1 // llama.cpp: until the end of the context, as the chat route
 	}
-	smp, err := llamaGen{}.generate(ctx, e.c.pool, genInput{model: e.spec.Model, prompt: prompt, maxTokens: maxTokens, s: s, opts: o})
-	if err != nil {
-		return Turn{}, fmt.Errorf("episode %s turn %d: %s: %w (after %w)", e.spec.ID, turnNo, op, err, orNamed(cause, named))
-	}
-	if named != nil {
-		if msg := sameGeneration(named, smp); msg != "" {
+	var smp sample
+	attempt := 1
+	for ; ; attempt++ {
+		smp, err = llamaGen{}.generate(ctx, e.c.pool, genInput{model: e.spec.Model, prompt: prompt, maxTokens: maxTokens, s: s, opts: o})
+		if err != nil {
+			return Turn{}, fmt.Errorf("episode %s turn %d: %s: %w (after %w)", e.spec.ID, turnNo, op, err, orNamed(cause, named))
+		}
+		if named == nil {
+			break
+		}
+		msg := sameGeneration(named, smp)
+		if msg == "" {
+			break
+		}
+		// llama.cpp's logits depend slightly on how a position was
+		// batched with other requests, so a seeded draw close to a
+		// boundary can flip. Another replay of the same request is
+		// accepted only if it is the chat answer's generation: the turn
+		// itself is never resampled.
+		if attempt == replayAttempts {
 			return Turn{}, &Error{Class: ErrRequest, Endpoint: smp.endpoint, Op: op, RequestID: o.RequestID,
-				Msg: fmt.Sprintf("chat_token_ids is set but the answer names %d of its %d completion tokens and the replay at seed %d %s; the turn is not resampled (use the llamacpp backend to train on every id)", len(named.ids), named.n, *req.Seed, msg),
+				Msg: fmt.Sprintf("chat_token_ids is set but the answer names %d of its %d completion tokens and %d replays at seed %d did not reproduce it (the last %s); the turn is not resampled (use the llamacpp backend to train on every id)", len(named.ids), named.n, replayAttempts, *req.Seed, msg),
 				Err: errors.Join(ErrReplayMismatch, ErrNoTokenIDs)}
 		}
+		e.c.log.Debug("inference: replay of a chat turn differs from the answer; replaying again", "request", reqID, "seed", *req.Seed, "attempt", attempt, "diff", msg)
 	}
 	text, err := e.c.pool.Detokenize(ctx, o, e.spec.Model, smp.ids)
 	if err != nil {
@@ -124,8 +139,12 @@ func (e *chatEpisode) replayTurn(ctx context.Context, messages []openai.ChatComp
 		// content (its configured parser reads calls left in content) and
 		// a text the template renders back as it is.
 		t.ServerParseFailed = true
-		e.c.log.Debug("inference: llama.cpp could not parse the model's tool-call text; replayed the turn at its seed", "request", reqID, "seed", *req.Seed, "tokens", len(smp.ids))
 	}
+	reason := replayIDsMissing
+	if named == nil {
+		reason = replayServerParse
+	}
+	e.c.log.Info(replayLogMsg, "request", reqID, "reason", reason, "seed", *req.Seed, "tokens", len(smp.ids), "replays", attempt)
 	if e.c.cfg.ChatTokenIDs {
 		t.CompletionIDs, t.Logprobs = smp.ids, smp.logprobs
 	}
@@ -141,6 +160,16 @@ func (e *chatEpisode) replayTurn(ctx context.Context, messages []openai.ChatComp
 	e.turns = turnNo
 	return t, nil
 }
+
+// The log line of a replayed chat turn, with its reason.
+const (
+	replayLogMsg      = "inference: chat turn replayed on /completion at its seed"
+	replayServerParse = "server_parse_failed"
+	replayIDsMissing  = "ids_missing"
+)
+
+// replayAttempts bounds the replays of a chat answer whose ids are missing.
+const replayAttempts = 4
 
 func orNamed(cause error, named *namedTurn) error {
 	if cause != nil {

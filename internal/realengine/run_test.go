@@ -82,6 +82,25 @@ func retries(stderr string) map[string]int {
 
 var digits = regexp.MustCompile(`[0-9]+`)
 
+// replays counts the chat turns the chat backend replayed on llama.cpp's
+// /completion at their seed (its log lines), by reason, and the replays
+// beyond the first that a turn needed.
+func replays(stderr string) (map[string]int, int) {
+	out, extra := map[string]int{}, 0
+	for _, line := range strings.Split(stderr, "\n") {
+		var l struct {
+			Msg, Reason string
+			Replays     int
+		}
+		if json.Unmarshal([]byte(line), &l) != nil || l.Msg != "inference: chat turn replayed on /completion at its seed" {
+			continue
+		}
+		out[l.Reason]++
+		extra += l.Replays - 1
+	}
+	return out, extra
+}
+
 // run writes the run config and runs `rollout run`; it returns the output
 // directory and the rollouts retried as infrastructure failures.
 func (c collection) run(t *testing.T, ctx context.Context, e *llamacpptest.Engine) (string, map[string]int) {
@@ -111,9 +130,9 @@ func (c collection) run(t *testing.T, ctx context.Context, e *llamacpptest.Engin
 		"sandbox":                 map[string]any{"warm_pool": -1},
 		"output":                  map[string]any{"dir": out},
 	}
-	if c.backend == "chat" {
-		delete(cfg, "parser")
-	}
+	// Chat mode keeps parser hermes: the loop's fallback for calls left in
+	// content, and the parser of a turn llama.cpp's own tool-call parser
+	// refused (replayed raw, see docs/inference.md).
 	path := filepath.Join(dir, "run.yaml")
 	// JSON is YAML.
 	if err := os.WriteFile(path, []byte(mustJSON(cfg)), 0o644); err != nil {
@@ -124,6 +143,9 @@ func (c collection) run(t *testing.T, ctx context.Context, e *llamacpptest.Engin
 	t.Logf("rollout run (%s, chat_token_ids %v): %d groups × %d in %s\n%s", c.backend, c.chatIDs, c.groups, c.groupSize, time.Since(start).Round(time.Second), stdout)
 	if code != c.wantExit {
 		t.Fatalf("rollout run: exit %d (want %d)\nstdout:\n%s\nstderr (tail):\n%s\nserver log:\n%s", code, c.wantExit, stdout, tail(stderr, 40), e.LogTail(30))
+	}
+	if r, extra := replays(stderr); len(r) > 0 {
+		t.Logf("chat turns replayed on /completion at their seed: %v (%d extra replays)", r, extra)
 	}
 	return out, retries(stderr)
 }
@@ -138,9 +160,8 @@ func tail(s string, n int) string {
 
 // stats are the counts a collection is judged and reported by.
 type stats struct {
-	rollouts, ok, infra     int // infra: failures other than known defects
+	rollouts, ok, infra     int
 	byStop, byFailure       map[string]int
-	known                   map[string]int // infra_failed rollouts of a known defect, by defect
 	toolErrors, loopEvents  map[string]int
 	turns, turnsWithCalls   int
 	calls, trained, checked int
@@ -155,8 +176,8 @@ func (s stats) String() string {
 		}
 		return strings.Join(parts, ", ")
 	}
-	return fmt.Sprintf("rollouts %d (ok %d, infra_failed %d + %d of known defects: %s)\n  stop reasons: %s\n  failure kinds: %s\n  turns %d, with calls %d, calls %d\n  tool errors: %s\n  loop events: %s\n  trained tokens %d, re-scored against the server %d",
-		s.rollouts, s.ok, s.infra, s.rollouts-s.ok-s.infra, f(s.known), f(s.byStop), f(s.byFailure), s.turns, s.turnsWithCalls, s.calls, f(s.toolErrors), f(s.loopEvents), s.trained, s.checked)
+	return fmt.Sprintf("rollouts %d (ok %d, failed %d)\n  stop reasons: %s\n  failure kinds: %s\n  turns %d, with calls %d, calls %d\n  tool errors: %s\n  loop events: %s\n  trained tokens %d, re-scored against the server %d",
+		s.rollouts, s.ok, s.infra, f(s.byStop), f(s.byFailure), s.turns, s.turnsWithCalls, s.calls, f(s.toolErrors), f(s.loopEvents), s.trained, s.checked)
 }
 
 type message struct {
@@ -178,32 +199,13 @@ type message struct {
 // is off by nats, not hundredths.
 const logprobTolerance = 0.15
 
-// chatModeDefects are the infrastructure failures that chat mode against
-// llama.cpp is known to produce from the model's output (docs/real-engines.md,
-// "The real-engine suite"): llama.cpp's HTTP 500 when its tool-call parser
-// cannot read the model's text, and a turn whose ids llama.cpp did not all
-// name (a token ending inside a UTF-8 character has no logprob entry),
-// which the chat backend refuses. Each is retried as infrastructure and
-// fails the rollout when every attempt hits it. They are counted and
-// logged, not failed on; anything else is.
-var chatModeDefects = []string{"does not match the expected peg-native format", "chat_token_ids is set but the answer names"}
-
-func knownDefect(msg string, known []string) string {
-	for _, k := range known {
-		if strings.Contains(msg, k) {
-			return k
-		}
-	}
-	return ""
-}
-
 // check reads the run's records and asserts the suite's invariants:
 // every rollout ok (model misbehaviour is never infrastructure), and, when
 // the backend promises token ids (wantIDs), tokens, loss_mask and logprobs
 // of equal length with at least one trained token, every checked trained
 // token's logprob equal to the server's own for that id after that prefix
 // (rescorePerRollout positions per rollout, 0 = all).
-func check(t *testing.T, e *llamacpptest.Engine, dir string, wantIDs bool, rescorePerRollout int, known []string) stats {
+func check(t *testing.T, e *llamacpptest.Engine, dir string, wantIDs bool, rescorePerRollout int) stats {
 	t.Helper()
 	run, err := trajectory.Open(dir)
 	if err != nil {
@@ -213,7 +215,7 @@ func check(t *testing.T, e *llamacpptest.Engine, dir string, wantIDs bool, resco
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := stats{byStop: map[string]int{}, byFailure: map[string]int{}, toolErrors: map[string]int{}, loopEvents: map[string]int{}, known: map[string]int{}}
+	s := stats{byStop: map[string]int{}, byFailure: map[string]int{}, toolErrors: map[string]int{}, loopEvents: map[string]int{}}
 	vocab := nVocab(t, e)
 	rng := rand.New(rand.NewPCG(14, 14))
 	for i := range recs {
@@ -226,11 +228,6 @@ func check(t *testing.T, e *llamacpptest.Engine, dir string, wantIDs bool, resco
 				kind, msg = r.Failure.Kind, r.Failure.Message
 			}
 			s.byFailure[kind]++
-			if k := knownDefect(msg, known); k != "" {
-				s.known[k]++
-				t.Logf("%s: status %s, failure %s (known defect %q): %s", name, r.Status, kind, k, msg)
-				continue
-			}
 			s.infra++
 			t.Errorf("%s: status %s, failure %s: %s", name, r.Status, kind, msg)
 			continue

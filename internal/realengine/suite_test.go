@@ -128,9 +128,14 @@ func TestCollectChat(t *testing.T) {
 		onTruncation: "tool_error", bias: collectionBias(t, e), inFlight: slots}
 	dir, retried := c.run(t, suiteCtx(t), e)
 	checkSampler(t, e, dir)
-	s := check(t, e, dir, chatIDs, 8, chatModeDefects)
+	s := check(t, e, dir, chatIDs, 8)
 	errs := serverErrors(e)
 	t.Logf("chat mode: %s\n  server errors: %v\n  rollouts retried as infrastructure failures: %v", s, errs, retried)
+	// llama.cpp's 500 on the model's tool-call text and answers naming only
+	// some ids are replayed at the turn's seed, never retried.
+	if len(retried) != 0 {
+		t.Errorf("chat mode: rollouts retried as infrastructure failures: %v", retried)
+	}
 	judge(t, c, s, errs)
 }
 
@@ -174,7 +179,7 @@ func TestCollectTokens(t *testing.T) {
 		onTruncation: "tool_error", bias: collectionBias(t, e), inFlight: slots}
 	dir, retried := c.run(t, suiteCtx(t), e)
 	checkSampler(t, e, dir)
-	s := check(t, e, dir, true, 8, nil)
+	s := check(t, e, dir, true, 8)
 	errs := serverErrors(e)
 	t.Logf("tokens mode: %s\n  server errors: %v\n  rollouts retried as infrastructure failures: %v", s, errs, retried)
 	// In tokens mode nothing the model writes reaches the server's parser:
@@ -277,11 +282,7 @@ func TestContextOverflow(t *testing.T) {
 	} {
 		t.Run(c.backend, func(t *testing.T) {
 			dir, retried := c.run(t, suiteCtx(t), e)
-			var known []string
-			if c.backend == "chat" {
-				known = chatModeDefects
-			}
-			s := check(t, e, dir, true, 4, known)
+			s := check(t, e, dir, true, 4)
 			t.Logf("%s, -c %d per slot: %s\n  retried: %v", c.backend, slotCtx, s, retried)
 			if s.infra != 0 {
 				t.Errorf("%d infrastructure failures", s.infra)
