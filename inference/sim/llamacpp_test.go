@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 )
@@ -165,5 +166,38 @@ func TestRecordSamplersVLLMGenerate(t *testing.T) {
 	recs := srv.Samplers()
 	if len(recs) != 1 || recs[0].Fields["top_k"] != -1.0 || recs[0].Fields["temperature"] != 1.0 {
 		t.Fatalf("%+v", recs)
+	}
+}
+
+// The llama.cpp flavour answers a chat whose tool-call text does not parse
+// (here: cut at max_tokens inside the call) as llama.cpp does — HTTP 500
+// "… does not match the expected peg-native format", no text — and the
+// same seed on /completion samples the text it refused.
+func TestLlamaCppChatServerParseFailure(t *testing.T) {
+	script := Script{Match: "cut", Steps: []Step{{ToolCalls: []Call{{Name: "terminal", Arguments: map[string]any{"command": "ls -la /tmp && echo a long command line"}}}}}}
+	srv := startSim(t, Config{Engine: EngineLlamaCpp, Family: "hermes", Seed: 3, Scripts: []Script{script}})
+	const tools = `[{"type":"function","function":{"name":"terminal","parameters":{"type":"object","properties":{"command":{"type":"string"}}}}}]`
+	msgs := `[{"role":"user","content":"cut this call"}]`
+	code, b := post(t, srv.URL+"/v1/chat/completions", `{"messages":`+msgs+`,"tools":`+tools+`,"max_tokens":30,"seed":11}`)
+	if code != 500 || !strings.Contains(string(b), "does not match the expected peg-native format") || !strings.Contains(string(b), `"type":"server_error"`) {
+		t.Fatalf("mangled call: %d %s", code, b)
+	}
+	// Without the cut the same call parses.
+	if code, b := post(t, srv.URL+"/v1/chat/completions", `{"messages":`+msgs+`,"tools":`+tools+`,"max_tokens":200,"seed":11}`); code != 200 || !strings.Contains(string(b), `"tool_calls"`) {
+		t.Fatalf("whole call: %d %s", code, b)
+	}
+	_, b = post(t, srv.URL+"/apply-template", `{"messages":`+msgs+`,"tools":`+tools+`}`)
+	tp := decode[struct{ Prompt string }](t, b)
+	pb, _ := json.Marshal(map[string]any{"content": tp.Prompt, "add_special": true})
+	_, b = post(t, srv.URL+"/tokenize", string(pb))
+	tk := decode[struct{ Tokens []int }](t, b)
+	cb, _ := json.Marshal(map[string]any{"prompt": tk.Tokens, "n_predict": 30, "seed": 11, "return_tokens": true})
+	code, b = post(t, srv.URL+"/completion", string(cb))
+	c := decode[struct {
+		Content string
+		Tokens  []int
+	}](t, b)
+	if code != 200 || len(c.Tokens) != 30 || !strings.Contains(c.Content, "<tool_call>") {
+		t.Fatalf("replay on /completion: %d %s", code, b)
 	}
 }
