@@ -28,14 +28,10 @@ import (
 // seed: llama.cpp samples the same ids (measured on the real-engine image:
 // the ids a chat answer names are, in order, the replay's ids, and the
 // counts agree). The replay returns every id and the raw text. A replay of
-// an answer with named ids is checked against them; one that differs is
-// refused (ErrReplayMismatch), never used, and the turn is not resampled.
-
-// ErrReplayMismatch: a chat turn replayed on llama.cpp's /completion at its
-// seed did not reproduce the ids the chat answer named. Comes with
-// ErrRequest (not retried by the pool; the same request gives the same
-// answer) and ErrNoTokenIDs.
-var ErrReplayMismatch = errors.New("replayed turn differs from the chat answer")
+// an answer with named ids is checked against them; when none reproduces
+// them (llama.cpp's logits depend on batching and caching), the replay —
+// a sample of the policy at the same seed, taken whatever its text — is
+// the turn (ReplayReplaced).
 
 // ErrServerParse marks the llama.cpp 500 whose cause is the model's own
 // tool-call text (serverParseMessage). Comes with ErrRequest: never
@@ -95,7 +91,7 @@ func (e *chatEpisode) replayTurn(ctx context.Context, messages []openai.ChatComp
 		maxTokens = -1 // llama.cpp: until the end of the context, as the chat route
 	}
 	var smp sample
-	attempt := 1
+	attempt, replaced := 1, false
 	for ; ; attempt++ {
 		smp, err = llamaGen{}.generate(ctx, e.c.pool, genInput{model: e.spec.Model, prompt: prompt, maxTokens: maxTokens, s: s, opts: o})
 		if err != nil {
@@ -114,9 +110,14 @@ func (e *chatEpisode) replayTurn(ctx context.Context, messages []openai.ChatComp
 		// accepted only if it is the chat answer's generation: the turn
 		// itself is never resampled.
 		if attempt == replayAttempts {
-			return Turn{}, &Error{Class: ErrRequest, Endpoint: smp.endpoint, Op: op, RequestID: o.RequestID,
-				Msg: fmt.Sprintf("chat_token_ids is set but the answer names %d of its %d completion tokens and %d replays at seed %d did not reproduce it (the last %s); the turn is not resampled (use the llamacpp backend to train on every id)", len(named.ids), named.n, replayAttempts, *req.Seed, msg),
-				Err: errors.Join(ErrReplayMismatch, ErrNoTokenIDs)}
+			// The chat answer's ids cannot be had. The replay is itself
+			// a sample of the policy at the same seed, taken whatever its
+			// text (never chosen for a property of it), with every id and
+			// its logprob: it becomes the turn, raw, as after a server
+			// parse failure.
+			e.c.log.Debug("inference: replays of a chat turn differ from the answer; the last replay is the turn", "request", reqID, "seed", *req.Seed, "diff", msg)
+			replaced = true
+			break
 		}
 		e.c.log.Debug("inference: replay of a chat turn differs from the answer; replaying again", "request", reqID, "seed", *req.Seed, "attempt", attempt, "diff", msg)
 	}
@@ -125,7 +126,7 @@ func (e *chatEpisode) replayTurn(ctx context.Context, messages []openai.ChatComp
 		return Turn{}, fmt.Errorf("episode %s turn %d: %s: detokenize: %w", e.spec.ID, turnNo, op, err)
 	}
 	t := Turn{Parsed: true, Text: text, Content: text, FinishReason: smp.finish, Endpoint: smp.endpoint}
-	if named != nil {
+	if named != nil && !replaced {
 		// The chat answer stands (its parsed content and calls); only its
 		// ids come from the replay.
 		ch := named.ch
@@ -138,11 +139,19 @@ func (e *chatEpisode) replayTurn(ctx context.Context, messages []openai.ChatComp
 		// The server's parser refused the text: the loop gets it raw as
 		// content (its configured parser reads calls left in content) and
 		// a text the template renders back as it is.
-		t.ServerParseFailed = true
+		// (Or no replay reproduced the chat answer's ids: the replay
+		// replaces it.)
 	}
-	reason := replayIDsMissing
-	if named == nil {
-		reason = replayServerParse
+	reason := ReplayIDs
+	switch {
+	case named == nil:
+		reason = ReplayServerParse
+		t.Replay = ReplayServerParse
+	case replaced:
+		reason = ReplayReplaced
+		t.Replay = ReplayReplaced
+	default:
+		t.Replay = ReplayIDs
 	}
 	e.c.log.Info(replayLogMsg, "request", reqID, "reason", reason, "seed", *req.Seed, "tokens", len(smp.ids), "replays", attempt)
 	if e.c.cfg.ChatTokenIDs {
@@ -161,15 +170,25 @@ func (e *chatEpisode) replayTurn(ctx context.Context, messages []openai.ChatComp
 	return t, nil
 }
 
-// The log line of a replayed chat turn, with its reason.
+// The log line of a replayed chat turn; its reason is Turn.Replay.
+const replayLogMsg = "inference: chat turn replayed on /completion at its seed"
+
+// Turn.Replay values: why a chat turn against llama.cpp was replayed on
+// /completion at its seed.
 const (
-	replayLogMsg      = "inference: chat turn replayed on /completion at its seed"
-	replayServerParse = "server_parse_failed"
-	replayIDsMissing  = "ids_missing"
+	// ReplayServerParse: llama.cpp refused the model's tool-call text
+	// (HTTP 500); the turn is the replay's raw text.
+	ReplayServerParse = "server_parse_failed"
+	// ReplayIDs: the answer named only some ids; the replay reproduced
+	// them, and the turn is the chat answer with the replay's ids.
+	ReplayIDs = "ids_missing"
+	// ReplayReplaced: the answer named only some ids and no replay
+	// reproduced them; the turn is the last replay's raw text.
+	ReplayReplaced = "ids_missing_replaced"
 )
 
 // replayAttempts bounds the replays of a chat answer whose ids are missing.
-const replayAttempts = 4
+const replayAttempts = 2
 
 func orNamed(cause error, named *namedTurn) error {
 	if cause != nil {

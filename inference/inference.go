@@ -85,11 +85,13 @@ type Turn struct {
 	CompletionIDs []int32
 	Logprobs      []float32
 	Endpoint      string // base URL that served the turn
-	// ServerParseFailed: the server could not parse the model's tool-call
-	// text (llama.cpp's "does not match the expected … format" 500); the
-	// turn was replayed at its seed and Content holds the raw text, calls
-	// included, for the loop's parser.
-	ServerParseFailed bool
+	// Replay says why a chat turn against llama.cpp was replayed on
+	// /completion at its seed ("" when it was not): ReplayServerParse (the
+	// server could not parse the model's tool-call text) and
+	// ReplayReplaced (the answer's ids could not be reproduced) leave the
+	// replay's raw text in Content, calls included, for the loop's parser;
+	// ReplayIDs keeps the chat answer with the replay's ids.
+	Replay string
 }
 
 // Sequence is the token-exact record of an episode.

@@ -495,8 +495,8 @@ func TestLlamaCppIncompleteUTF8(t *testing.T) {
 	if err != nil {
 		t.Fatalf("chat turn with ids inside UTF-8 characters: %v", err)
 	}
-	if !strings.Contains(ct.Content, "Zählung: drei — fertig ✓") || ct.ServerParseFailed {
-		t.Fatalf("chat turn: content %q, server parse failed %v", ct.Content, ct.ServerParseFailed)
+	if !strings.Contains(ct.Content, "Zählung: drei — fertig ✓") || ct.Replay != inference.ReplayIDs {
+		t.Fatalf("chat turn: content %q, replay %q", ct.Content, ct.Replay)
 	}
 	if n := srv.Stats().ByRoute["POST /completion"] - before; n != 1 {
 		t.Fatalf("%d replays on /completion, want 1", n)
@@ -594,8 +594,8 @@ func TestLlamaCppServerParseFailureReplayed(t *testing.T) {
 		if n := srv.Stats().ByRoute["POST /v1/chat/completions"] - before; n != 1 {
 			t.Fatalf("the 500 was sent %d times, want once (not retried)", n)
 		}
-		if !tr.ServerParseFailed || !tr.Parsed || len(tr.ToolCalls) != 0 || !strings.Contains(tr.Content, "<tool_call>") || tr.FinishReason != "length" {
-			t.Fatalf("turn: server parse failed %v, parsed %v, %d calls, content %q, finish %q", tr.ServerParseFailed, tr.Parsed, len(tr.ToolCalls), tr.Content, tr.FinishReason)
+		if tr.Replay != inference.ReplayServerParse || !tr.Parsed || len(tr.ToolCalls) != 0 || !strings.Contains(tr.Content, "<tool_call>") || tr.FinishReason != "length" {
+			t.Fatalf("turn: replay %q, parsed %v, %d calls, content %q, finish %q", tr.Replay, tr.Parsed, len(tr.ToolCalls), tr.Content, tr.FinishReason)
 		}
 		if !ids {
 			if tr.CompletionIDs != nil {
@@ -621,25 +621,38 @@ func TestLlamaCppServerParseFailureReplayed(t *testing.T) {
 }
 
 // A replay that does not reproduce the ids the chat answer named is
-// refused, never used, and not retried as infrastructure.
-func TestLlamaCppReplayMismatchRefused(t *testing.T) {
-	srv, _ := fakeServer(t, map[string]func(http.ResponseWriter, []byte){
+// repeated once; when neither reproduces them, the last replay (every id,
+// its logprobs, its raw text) is the turn, never a mixture of the two.
+func TestLlamaCppReplayMismatchReplaces(t *testing.T) {
+	srv, rec := fakeServer(t, map[string]func(http.ResponseWriter, []byte){
 		"GET /v1/models":       reply(`{"data":[{"id":"m","meta":{"n_ctx":4096}}],"models":[{"name":"m"}]}`),
 		"GET /props":           reply(`{"default_generation_settings":{"n_ctx":4096},"total_slots":1}`),
 		"POST /apply-template": reply(`{"prompt":"p"}`),
 		"POST /tokenize":       reply(`{"tokens":[1,2]}`),
 		"POST /v1/chat/completions": reply(`{"id":"c","choices":[{"index":0,"message":{"role":"assistant","content":"ab"},"finish_reason":"stop",
 			"logprobs":{"content":[{"id":5,"token":"a","logprob":-1,"top_logprobs":[]},{"id":6,"token":"b","logprob":-1,"top_logprobs":[]}]}}],"usage":{"prompt_tokens":2,"completion_tokens":3}}`),
-		"POST /completion": reply(`{"content":"xb","tokens":[9,9,6],"stop_type":"eos","completion_probabilities":[{"id":9,"logprob":-1},{"id":9,"logprob":-1},{"id":6,"logprob":-1}]}`),
+		"POST /completion": reply(`{"content":"xb","tokens":[9,9,6],"stop_type":"eos","completion_probabilities":[{"id":9,"logprob":-1},{"id":9,"logprob":-2},{"id":6,"logprob":-3}]}`),
+		"POST /detokenize": reply(`{"content":"xyb"}`),
 	})
 	c := openClient(t, inference.Config{Backend: inference.BackendChat, Endpoints: []string{srv.URL}, ChatTokenIDs: true})
 	ep, err := c.Start(context.Background(), inference.EpisodeSpec{ID: "mm", Sampling: inference.Sampling{MaxTokens: 8}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = ep.Generate(context.Background(), []openai.ChatCompletionMessage{{Role: "user", Content: "q"}})
-	if !errors.Is(err, inference.ErrReplayMismatch) || !errors.Is(err, inference.ErrNoTokenIDs) || errors.Is(err, inference.ErrInfra) {
-		t.Fatalf("want ErrReplayMismatch + ErrNoTokenIDs, not infra; got %v", err)
+	tr, err := ep.Generate(context.Background(), []openai.ChatCompletionMessage{{Role: "user", Content: "q"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.Replay != inference.ReplayReplaced || tr.Content != "xyb" || len(tr.ToolCalls) != 0 ||
+		!slices.Equal(tr.CompletionIDs, []int32{9, 9, 6}) || !slices.Equal(tr.Logprobs, []float32{-1, -2, -3}) {
+		t.Fatalf("turn: replay %q, content %q, ids %v, logprobs %v", tr.Replay, tr.Content, tr.CompletionIDs, tr.Logprobs)
+	}
+	if n := rec.count("/completion"); n != 2 {
+		t.Fatalf("%d replays, want 2", n)
+	}
+	seq, err := ep.Finish(context.Background(), nil)
+	if err != nil || !slices.Equal(seq.Tokens, []int32{1, 2, 9, 9, 6}) || seq.PromptLen != 2 {
+		t.Fatalf("sequence %v (prompt %d), %v", seq.Tokens, seq.PromptLen, err)
 	}
 }
 
