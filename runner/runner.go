@@ -690,9 +690,10 @@ func (r *Runner) attempt(ctx context.Context, gr *groupRun, idx int) (ro Rollout
 	case sb != nil:
 		deps.Env = tools.NewEnv(sb, ro.ID)
 		deps.Env.Logger = log
-	case len(task.CallOnly) > 0:
-		// Call-only tools are recorded, never executed: they need a tool
-		// environment but no sandbox.
+	case set != nil:
+		// Call-only tools (recorded, never executed) and host-side tools
+		// (web_search, web_extract) need a tool environment but no
+		// sandbox.
 		deps.Env = tools.NewEnv(nil, ro.ID)
 		deps.Env.Logger = log
 	}
