@@ -30,6 +30,7 @@ import (
 	"github.com/rollout-rl/rollout/sandbox"
 	"github.com/rollout-rl/rollout/toolcontext"
 	"github.com/rollout-rl/rollout/tools"
+	"github.com/rollout-rl/rollout/tools/mcp"
 )
 
 // Sandboxes creates sandboxes (the Docker backend, or a pool over it).
@@ -431,10 +432,18 @@ func (r *Runner) RunGroup(ctx context.Context, idx int, it datasets.Item, o Grou
 	log := r.log.With("group", g.ID)
 	ctx, span := r.startGroup(ctx, it, len(g.Rollouts))
 	defer endGroup(span, g)
-	gr := &groupRun{item: it, sampling: sampling, log: log}
+	gr := &groupRun{idx: uint64(idx), item: it, sampling: sampling, log: log}
 	gr.task, gr.taskErr = r.deps.Env.Task(ctx, it)
 	g.Task = gr.task
 	gr.set, gr.setErr = r.toolSet(gr.task, uint64(idx))
+	gr.mcp = append(slices.Clip(r.cfg.MCPServers), gr.task.MCPServers...)
+	if gr.setErr == nil && len(gr.mcp) > 0 {
+		if err := mcp.Validate(gr.mcp); err != nil {
+			gr.setErr = err
+		} else if mcp.NeedsSandbox(gr.mcp) && gr.task.Sandbox == nil {
+			gr.setErr = errors.New("mcp_servers: a command (stdio) server runs in the rollout's sandbox, and this task has none")
+		}
+	}
 	// A group larger than the limits runs in waves: at most as many of its
 	// rollouts run (and hold goroutines) at once as the limits allow.
 	wave := min(len(g.Rollouts), r.cfg.Limits.RolloutsInFlight)
@@ -550,6 +559,8 @@ func appendUnique(list []string, s string) []string {
 // tool set (or why they could not be made), the sampling parameters, and
 // the task's sandbox spec, computed once for the group.
 type groupRun struct {
+	idx      uint64
+	mcp      []mcp.Server // run config's and task's MCP servers
 	item     datasets.Item
 	task     envs.Task
 	taskErr  error
@@ -668,6 +679,30 @@ func (r *Runner) attempt(ctx context.Context, gr *groupRun, idx int) (ro Rollout
 				log.Warn("sandbox close", "error", err)
 			}
 		}()
+	}
+
+	if len(gr.mcp) > 0 {
+		// MCP servers are per rollout (a stdio server runs in this
+		// rollout's sandbox): open them, list their tools and offer them
+		// beside the group's tools. A server that cannot be opened is an
+		// infrastructure failure (sandbox kind), like one that dies later.
+		sessions, err := mcp.Open(ctx, gr.mcp, sb, log)
+		if err != nil {
+			ro.fail(loopFailure("", err), err)
+			return ro
+		}
+		defer func() {
+			if err := sessions.Close(); err != nil {
+				log.Debug("mcp close", "error", err)
+			}
+		}()
+		t := task
+		t.Tools = append(slices.Clip(task.Tools), sessions.Tools()...)
+		if set, err = r.toolSet(t, gr.idx); err != nil {
+			ro.fail(FailTask, fmt.Errorf("tools: %w", err))
+			return ro
+		}
+		ro.Tools = set.OpenAI()
 	}
 
 	lcfg := agentloop.Config{

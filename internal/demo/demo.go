@@ -102,7 +102,11 @@ func (s Spec) env() (envs.Env, *yaml.Node, error) {
 			node = doc.Content[0]
 		}
 	}
-	e, err := envs.New(s.Env, node)
+	cfg := runner.Config{Env: s.Env}
+	if node != nil {
+		cfg.EnvConfig = *node
+	}
+	e, err := job.OpenEnv(cfg)
 	return e, node, err
 }
 
