@@ -126,7 +126,7 @@ func (e *TerminalBench) Name() string { return e.name }
 func (e *TerminalBench) Defaults() Defaults {
 	if e.name == "task-suite" {
 		return Defaults{
-			Description: "a directory of Terminal-Bench-format tasks as a training dataset: train/eval split by task-id hash or split file, task images built locally, reward from each task's tests",
+			Description: "A directory of Terminal-Bench-format tasks as a training dataset: train/eval split by task-id hash or split file, task images built locally, reward from each task's tests",
 			GroupSize:   e.cfg.GroupSize, MaxTurns: e.cfg.MaxTurns, Toolsets: []string{"terminal", "file"},
 			EvalOnly: !e.cfg.AllowTrain, Splits: []string{"train", "eval"},
 		}

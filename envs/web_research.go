@@ -116,7 +116,7 @@ func (e *WebResearch) Config() any { return e.cfg }
 // Defaults implements Env.
 func (e *WebResearch) Defaults() Defaults {
 	return Defaults{
-		Description: "questions answered with host-side web_search/web_extract (providers: corpus, searxng, json; default: an embedded offline corpus, 8 questions: 6 train, 2 eval); exact-match or LLM-judge reward",
+		Description: "Questions answered with host-side web_search/web_extract (providers: corpus, searxng, json; default: an embedded offline corpus, 8 questions: 6 train, 2 eval); exact-match or LLM-judge reward",
 		GroupSize:   e.cfg.GroupSize, MaxTurns: e.cfg.MaxTurns, Toolsets: []string{web.Toolset},
 		Splits: []string{"train", "eval"},
 	}
