@@ -109,6 +109,7 @@ type Sessions struct {
 }
 
 type session struct {
+	mu   sync.Mutex // one call at a time per server keeps stdio servers simple
 	cfg  Server
 	cs   *sdk.ClientSession
 	pipe sandbox.Pipe // stdio servers
@@ -295,7 +296,6 @@ func (s *session) tool(t *sdk.Tool) (tools.Tool, error) {
 	if desc == "" {
 		desc = t.Title
 	}
-	var mu sync.Mutex // one call at a time per session keeps stdio servers simple
 	return tools.Tool{
 		Name:        ToolName(s.cfg.Name, t.Name),
 		Description: desc,
@@ -303,8 +303,8 @@ func (s *session) tool(t *sdk.Tool) (tools.Tool, error) {
 		Toolset:     "mcp-" + s.cfg.Name,
 		Class:       tools.Exclusive,
 		Handler: func(ctx context.Context, _ *tools.Env, args tools.Args) (string, error) {
-			mu.Lock()
-			defer mu.Unlock()
+			s.mu.Lock()
+			defer s.mu.Unlock()
 			cctx, cancel := context.WithTimeout(ctx, s.cfg.CallTimeout)
 			defer cancel()
 			res, err := s.cs.CallTool(cctx, &sdk.CallToolParams{Name: name, Arguments: map[string]any(args)})
