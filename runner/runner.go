@@ -436,6 +436,9 @@ func (r *Runner) RunGroup(ctx context.Context, idx int, it datasets.Item, o Grou
 	gr.task, gr.taskErr = r.deps.Env.Task(ctx, it)
 	g.Task = gr.task
 	gr.set, gr.setErr = r.toolSet(gr.task, uint64(idx))
+	if gr.setErr == nil && gr.set != nil && gr.task.Sandbox == nil {
+		gr.setErr = needsSandbox(gr.set)
+	}
 	gr.mcp = append(slices.Clip(r.cfg.MCPServers), gr.task.MCPServers...)
 	if gr.setErr == nil && len(gr.mcp) > 0 {
 		if err := mcp.Validate(gr.mcp); err != nil {
@@ -524,6 +527,22 @@ func (r *Runner) toolSet(task envs.Task, groupIdx uint64) (*tools.Set, error) {
 }
 
 const callOnlyToolset = "call-only"
+
+// needsSandbox refuses a sandbox-less task whose tool set has a built-in
+// tool: those act only through the sandbox. Host-side tools (web, HTTP
+// MCP servers, call-only schemas) run without one.
+func needsSandbox(set *tools.Set) error {
+	builtin := map[string]bool{}
+	for _, t := range tools.Builtins() {
+		builtin[t.Name] = true
+	}
+	for _, t := range set.OpenAI() {
+		if t.Function != nil && builtin[t.Function.Name] {
+			return fmt.Errorf("tool %s acts on the sandbox, and this task has none (disable its toolset or give the task a sandbox)", t.Function.Name)
+		}
+	}
+	return nil
+}
 
 // recordOnlyTool offers a schema whose calls are recorded and never
 // executed (single-turn call matching); the model sees that it was not run.
