@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/rollout-rl/rollout/datasets"
 )
 
@@ -61,6 +63,46 @@ func TestWebResearchConfigErrors(t *testing.T) {
 	} {
 		if _, err := newEnvFromText("web-research", cfg); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v, want %q", cfg, err, want)
+		}
+	}
+}
+
+func TestYAMLEnvMCPServers(t *testing.T) {
+	base := "name: m\nprompt: go\nitems: [{id: a, solution: {steps: [{final: ok}]}}]\nrewards: [{type: format, regex: ok}]\n"
+	spec := func(extra string) (YAMLSpec, error) {
+		var s YAMLSpec
+		return s, yaml.Unmarshal([]byte(base+extra), &s)
+	}
+	s, err := spec("sandbox: {image: rollout-sandbox:busybox}\nmcp_servers: [{name: fs, command: [/bin/srv]}, {name: calc, url: 'http://127.0.0.1:9/mcp'}]\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := NewYAMLEnv(s, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	items, err := e.Items(context.Background(), "train")
+	if err != nil {
+		t.Fatal(err)
+	}
+	task, err := e.Task(context.Background(), items[0])
+	if err != nil || len(task.MCPServers) != 2 || task.MCPServers[0].Command[0] != "/bin/srv" {
+		t.Fatalf("task %+v %v", task.MCPServers, err)
+	}
+	if sol, ok := e.Solution(items[0]); !ok || !strings.Contains(string(sol), `"final":"ok"`) {
+		t.Fatalf("solution %s %v", sol, ok)
+	}
+	for extra, want := range map[string]string{
+		"mcp_servers: [{name: fs, command: [/bin/srv]}]\n":                                             "set sandbox",
+		"sandbox: {image: x}\nmcp_servers: [{name: fs}]\n":                                             "exactly one of command and url",
+		"sandbox: {image: x}\nmcp_servers: [{name: a, url: 'http://x'}, {name: a, url: 'http://y'}]\n": "duplicate",
+	} {
+		s, err := spec(extra)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := NewYAMLEnv(s, t.TempDir()); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want %q", extra, err, want)
 		}
 	}
 }
