@@ -707,7 +707,14 @@ func (r *Runner) attempt(ctx context.Context, gr *groupRun, idx int) (ro Rollout
 		// infrastructure failure (sandbox kind), like one that dies later.
 		sessions, err := mcp.Open(ctx, gr.mcp, sb, log)
 		if err != nil {
-			ro.fail(loopFailure("", err), err)
+			kind := FailTask // a configuration the servers cannot satisfy
+			switch {
+			case errors.Is(err, sandbox.ErrUnavailable) || errors.Is(err, sandbox.ErrClosed):
+				kind = FailSandbox
+			case ctx.Err() != nil:
+				kind = FailCancelled
+			}
+			ro.fail(kind, err)
 			return ro
 		}
 		defer func() {
