@@ -35,3 +35,30 @@ func TestNeedsSandbox(t *testing.T) {
 		t.Fatalf("web tools: %v", err)
 	}
 }
+
+func TestConfigMCPServers(t *testing.T) {
+	base := "env: terminal-tasks\ninference: {endpoints: [http://127.0.0.1:1]}\n"
+	c, err := ParseConfig([]byte(base + "mcp_servers:\n  - {name: fs, command: [/bin/srv, -v], env: {A: b}, call_timeout: 5s}\n  - {name: calc, url: 'http://127.0.0.1:9/mcp', tools: [add]}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if len(c.MCPServers) != 2 || c.MCPServers[0].Command[1] != "-v" || c.MCPServers[0].CallTimeout.Seconds() != 5 || c.MCPServers[1].Tools[0] != "add" {
+		t.Fatalf("decoded %+v", c.MCPServers)
+	}
+	for extra, want := range map[string]string{
+		"mcp_servers: [{name: fs, comand: [x]}]\n":        "comand",
+		"mcp_servers: [{name: fs}]\n":                     "exactly one of command and url",
+		"mcp_servers: [{name: 'a b', url: 'http://x'}]\n": "must match",
+	} {
+		c, err := ParseConfig([]byte(base + extra))
+		if err == nil {
+			err = c.Validate()
+		}
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want %q", extra, err, want)
+		}
+	}
+}
