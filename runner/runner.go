@@ -30,6 +30,7 @@ import (
 	"github.com/rollout-rl/rollout/sandbox"
 	"github.com/rollout-rl/rollout/toolcontext"
 	"github.com/rollout-rl/rollout/tools"
+	"github.com/rollout-rl/rollout/tools/mcp"
 )
 
 // Sandboxes creates sandboxes (the Docker backend, or a pool over it).
@@ -431,10 +432,21 @@ func (r *Runner) RunGroup(ctx context.Context, idx int, it datasets.Item, o Grou
 	log := r.log.With("group", g.ID)
 	ctx, span := r.startGroup(ctx, it, len(g.Rollouts))
 	defer endGroup(span, g)
-	gr := &groupRun{item: it, sampling: sampling, log: log}
+	gr := &groupRun{idx: uint64(idx), item: it, sampling: sampling, log: log}
 	gr.task, gr.taskErr = r.deps.Env.Task(ctx, it)
 	g.Task = gr.task
 	gr.set, gr.setErr = r.toolSet(gr.task, uint64(idx))
+	if gr.setErr == nil && gr.set != nil && gr.task.Sandbox == nil {
+		gr.setErr = needsSandbox(gr.set)
+	}
+	gr.mcp = append(slices.Clip(r.cfg.MCPServers), gr.task.MCPServers...)
+	if gr.setErr == nil && len(gr.mcp) > 0 {
+		if err := mcp.Validate(gr.mcp); err != nil {
+			gr.setErr = err
+		} else if mcp.NeedsSandbox(gr.mcp) && gr.task.Sandbox == nil {
+			gr.setErr = errors.New("mcp_servers: a command (stdio) server runs in the rollout's sandbox, and this task has none")
+		}
+	}
 	// A group larger than the limits runs in waves: at most as many of its
 	// rollouts run (and hold goroutines) at once as the limits allow.
 	wave := min(len(g.Rollouts), r.cfg.Limits.RolloutsInFlight)
@@ -516,6 +528,22 @@ func (r *Runner) toolSet(task envs.Task, groupIdx uint64) (*tools.Set, error) {
 
 const callOnlyToolset = "call-only"
 
+// needsSandbox refuses a sandbox-less task whose tool set has a built-in
+// tool: those act only through the sandbox. Host-side tools (web, HTTP
+// MCP servers, call-only schemas) run without one.
+func needsSandbox(set *tools.Set) error {
+	builtin := map[string]bool{}
+	for _, t := range tools.Builtins() {
+		builtin[t.Name] = true
+	}
+	for _, t := range set.OpenAI() {
+		if t.Function != nil && builtin[t.Function.Name] {
+			return fmt.Errorf("tool %s acts on the sandbox, and this task has none (disable its toolset or give the task a sandbox)", t.Function.Name)
+		}
+	}
+	return nil
+}
+
 // recordOnlyTool offers a schema whose calls are recorded and never
 // executed (single-turn call matching); the model sees that it was not run.
 func recordOnlyTool(t openai.Tool) (tools.Tool, error) {
@@ -550,6 +578,8 @@ func appendUnique(list []string, s string) []string {
 // tool set (or why they could not be made), the sampling parameters, and
 // the task's sandbox spec, computed once for the group.
 type groupRun struct {
+	idx      uint64
+	mcp      []mcp.Server // run config's and task's MCP servers
 	item     datasets.Item
 	task     envs.Task
 	taskErr  error
@@ -670,6 +700,37 @@ func (r *Runner) attempt(ctx context.Context, gr *groupRun, idx int) (ro Rollout
 		}()
 	}
 
+	if len(gr.mcp) > 0 {
+		// MCP servers are per rollout (a stdio server runs in this
+		// rollout's sandbox): open them, list their tools and offer them
+		// beside the group's tools. A server that cannot be opened is an
+		// infrastructure failure (sandbox kind), like one that dies later.
+		sessions, err := mcp.Open(ctx, gr.mcp, sb, log)
+		if err != nil {
+			kind := FailTask // a configuration the servers cannot satisfy
+			switch {
+			case errors.Is(err, sandbox.ErrUnavailable) || errors.Is(err, sandbox.ErrClosed):
+				kind = FailSandbox
+			case ctx.Err() != nil:
+				kind = FailCancelled
+			}
+			ro.fail(kind, err)
+			return ro
+		}
+		defer func() {
+			if err := sessions.Close(); err != nil {
+				log.Debug("mcp close", "error", err)
+			}
+		}()
+		t := task
+		t.Tools = append(slices.Clip(task.Tools), sessions.Tools()...)
+		if set, err = r.toolSet(t, gr.idx); err != nil {
+			ro.fail(FailTask, fmt.Errorf("tools: %w", err))
+			return ro
+		}
+		ro.Tools = set.OpenAI()
+	}
+
 	lcfg := agentloop.Config{
 		ID: ro.ID, Messages: task.Messages, Tools: set, Model: r.cfg.Inference.Model,
 		Sampling: sampling, Parser: r.cfg.Parser, ReasoningParser: r.cfg.ReasoningParser,
@@ -690,9 +751,10 @@ func (r *Runner) attempt(ctx context.Context, gr *groupRun, idx int) (ro Rollout
 	case sb != nil:
 		deps.Env = tools.NewEnv(sb, ro.ID)
 		deps.Env.Logger = log
-	case len(task.CallOnly) > 0:
-		// Call-only tools are recorded, never executed: they need a tool
-		// environment but no sandbox.
+	case set != nil:
+		// Call-only tools (recorded, never executed) and host-side tools
+		// (web_search, web_extract) need a tool environment but no
+		// sandbox.
 		deps.Env = tools.NewEnv(nil, ro.ID)
 		deps.Env.Logger = log
 	}

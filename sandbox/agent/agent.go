@@ -287,6 +287,10 @@ func (s *server) handle(ctx context.Context, id uint32, req *Request, data <-cha
 		err = s.upload(ctx, req.Path, data)
 	case OpDownload:
 		resp.Size, err = s.download(ctx, id, req.Path)
+	case OpPipe:
+		var r *ExecResult
+		r, err = s.pipe(ctx, id, req.Exec, data)
+		resp.Exec = r
 	default:
 		err = invalidf("unknown op %q", req.Op)
 	}
