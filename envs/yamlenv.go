@@ -35,6 +35,8 @@ type YAMLSpec struct {
 	// Items may be given inline instead of a dataset.
 	Items   []map[string]any `yaml:"items"`
 	Rewards []rewards.Spec   `yaml:"rewards"` // command, path, want, report and regex are templates
+	// Responder answers the model turn by turn (docs/env-feedback.md).
+	Responder *ResponderSpec `yaml:"responder,omitempty"`
 }
 
 // YAMLSandbox is the sandbox part of a YAMLSpec.
@@ -62,6 +64,7 @@ type YAMLEnv struct {
 	spec    YAMLSpec
 	baseDir string
 	prompt  *template.Template
+	resp    Responder
 }
 
 var _ Env = (*YAMLEnv)(nil)
@@ -135,8 +138,15 @@ func NewYAMLEnv(spec YAMLSpec, baseDir string) (*YAMLEnv, error) {
 	if spec.GroupSize == 0 {
 		spec.GroupSize = 4
 	}
-	return &YAMLEnv{spec: spec, baseDir: baseDir, prompt: t}, nil
+	resp, err := buildResponder(spec.Responder, os.Getenv)
+	if err != nil {
+		return nil, err
+	}
+	return &YAMLEnv{spec: spec, baseDir: baseDir, prompt: t, resp: resp}, nil
 }
+
+// Responder returns the env's responder (nil without a responder block).
+func (e *YAMLEnv) Responder() Responder { return e.resp }
 
 func containsTemplate(r rewards.Spec) bool {
 	w, _ := r.Want.(string)

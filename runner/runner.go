@@ -682,6 +682,9 @@ func (r *Runner) attempt(ctx context.Context, gr *groupRun, idx int) (ro Rollout
 	if task.MaxTurns > 0 {
 		lcfg.MaxTurns = task.MaxTurns
 	}
+	if resp := envs.ResponderOf(r.deps.Env); resp != nil {
+		lcfg.Responder = envResponder{resp: resp, item: gr.item}
+	}
 	if v, ok := sampling.ChatTemplateKwargs["enable_thinking"].(bool); ok && !v {
 		lcfg.ReasoningOptions.ThinkingDisabled = true
 	}
@@ -718,7 +721,7 @@ func (r *Runner) attempt(ctx context.Context, gr *groupRun, idx int) (ro Rollout
 	rctx, cancel := context.WithTimeout(ctx, time.Duration(r.cfg.RewardTimeout))
 	defer cancel()
 	out := envs.Outcome{Messages: res.Messages, Final: finalContent(res), Turns: res.TurnsUsed,
-		FinishedNaturally: res.FinishedNaturally, StopReason: string(res.StopReason)}
+		FinishedNaturally: res.FinishedNaturally, StopReason: string(res.StopReason), TurnRewards: res.TurnRewards}
 	var box envs.Sandbox
 	if sb != nil {
 		box = sb
@@ -905,6 +908,10 @@ func loopFailure(reason agentloop.StopReason, err error) string {
 		return FailCancelled
 	case errors.Is(err, agentloop.ErrConfig):
 		return FailTask
+	case reason == agentloop.StopEnvErr && errors.Is(err, datasets.ErrInvalid):
+		return FailTask // the item does not fit the responder's templates
+	case reason == agentloop.StopEnvErr:
+		return FailEnvFeedback
 	}
 	return FailInference
 }
@@ -973,4 +980,19 @@ func newID(prefix string) string {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	return prefix + "_" + strings.ToLower(hex.EncodeToString(b[:]))
+}
+
+// envResponder binds an env's Responder to the rollout's item for the
+// agent loop (which does not know envs).
+type envResponder struct {
+	resp envs.Responder
+	item datasets.Item
+}
+
+func (e envResponder) Respond(ctx context.Context, turn int, msgs []openai.ChatCompletionMessage) (agentloop.Feedback, error) {
+	fb, err := e.resp.Respond(ctx, e.item, turn, msgs)
+	if err != nil {
+		return agentloop.Feedback{}, err
+	}
+	return agentloop.Feedback{Messages: fb.Messages, Done: fb.Done, Reward: fb.Reward, Detail: fb.Detail}, nil
 }

@@ -37,6 +37,7 @@ const (
 	FailPanic        = "panic"              // a bug: a panic was recovered
 	FailCancelled    = "cancelled"          // the run was cancelled mid-rollout
 	FailTask         = "task"               // the env could not build the task (bad item)
+	FailEnvFeedback  = "env_feedback"       // the env's responder could not answer a turn (e.g. its user simulator's endpoint)
 )
 
 // Failure describes why a rollout is infra_failed.

@@ -141,7 +141,7 @@ func expectedArrowRow(r Record) map[string]any {
 		"prompt_tokens": r.PromptTokens, "completion_tokens": r.CompletionTokens,
 		"reward": r.Reward, "reward_components": comps, "advantage": adv,
 		"turns": r.Turns, "finished_naturally": r.FinishedNaturally, "stop_reason": r.StopReason,
-		"status": r.Status, "failure": failure, "tool_errors": toolErrs, "loop_events": loopEvents,
+		"status": r.Status, "failure": failure, "tool_errors": toolErrs, "loop_events": loopEvents, "turn_rewards": listOf(r.TurnRewards),
 		"timings": map[string]any{"generation_ms": r.Timings.GenerationMS, "tools_ms": r.Timings.ToolsMS,
 			"sandbox_start_ms": r.Timings.SandboxStartMS, "reward_ms": r.Timings.RewardMS, "total_ms": r.Timings.TotalMS},
 		"drift_tokens": r.DriftTokens,

@@ -67,6 +67,7 @@ func fixtureRecords() []Record {
 	recs[0].Advantage = ptr(0.5)
 	recs[0].PolicyVersion = ptr(int64(42))
 	recs[1].ToolErrors = []ToolError{{Turn: 1, Tool: "terminal", CallID: "call_1", Kind: "timeout", Message: "command timed out after 30s"}}
+	recs[1].TurnRewards = []float64{0, 0.5}
 	recs[1].LoopEvents = []LoopEvent{{Turn: 1, Kind: "arguments_replaced", Message: 2, CallID: "call_1", Original: `{"command": "ls`, Detail: "{}"}}
 	recs[2].DriftTokens = 2
 	// Same conversation as recs[0]: --dedupe drops it.

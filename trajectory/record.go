@@ -78,6 +78,10 @@ type Record struct {
 	// trainer can tell the policy's own text from the loop's. Files written
 	// before the column existed read as empty.
 	LoopEvents []LoopEvent `parquet:"loop_events,list"`
+	// TurnRewards are the env responder's intermediate rewards, one per
+	// turn (0 where it gave none), beside the final Reward; empty for envs
+	// without turn feedback and in files written before the column existed.
+	TurnRewards []float64 `parquet:"turn_rewards,list"`
 
 	Timings     Timings   `parquet:"timings"`
 	DriftTokens int32     `parquet:"drift_tokens"`

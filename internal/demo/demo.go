@@ -12,6 +12,8 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/rollout-rl/rollout/datasets"
@@ -129,6 +131,31 @@ type Result struct {
 // DefaultSpecs are the envs `rollout demo` runs.
 func DefaultSpecs() []Spec {
 	return []Spec{{Env: "terminal-tasks", Groups: 3, GroupSize: 4}, {Env: "swe-tests", Groups: 2, GroupSize: 4}}
+}
+
+// ParseSpecs reads name[:groups[:group_size]] specs (defaults 3 groups of
+// the env's group size).
+func ParseSpecs(in []string) ([]Spec, error) {
+	var out []Spec
+	for _, s := range in {
+		parts := strings.Split(s, ":")
+		if len(parts) > 3 || parts[0] == "" {
+			return nil, fmt.Errorf("--env %q: want name[:groups[:group_size]]", s)
+		}
+		sp := Spec{Env: parts[0], Groups: 3}
+		for i, dst := range []*int{&sp.Groups, &sp.GroupSize} {
+			if len(parts) <= i+1 {
+				break
+			}
+			n, err := strconv.Atoi(parts[i+1])
+			if err != nil || n < 1 {
+				return nil, fmt.Errorf("--env %q: %q is not a positive integer", s, parts[i+1])
+			}
+			*dst = n
+		}
+		out = append(out, sp)
+	}
+	return out, nil
 }
 
 // Run starts the simulator with every spec's scripts and runs the specs one
