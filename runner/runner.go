@@ -64,6 +64,15 @@ type Deps struct {
 	Logger   *slog.Logger
 	// RunID names the run; empty generates one.
 	RunID string
+	// Distiller, when set, scores each ok rollout's trained tokens with a
+	// teacher (on-policy distillation; *inference.Teacher).
+	Distiller Distiller
+}
+
+// Distiller returns the teacher's top-K ids and logprobs for the positions
+// of ids that want selects (nil elsewhere).
+type Distiller interface {
+	Score(ctx context.Context, ids []int32, want func(p int) bool) ([][]int32, [][]float32, error)
 }
 
 // Event is a progress notification.
@@ -716,6 +725,16 @@ func (r *Runner) attempt(ctx context.Context, gr *groupRun, idx int) (ro Rollout
 		ro.fail(FailInference, err)
 		return ro
 	}
+	if r.deps.Distiller != nil {
+		if err := r.distill(ctx, &ro); err != nil {
+			kind := FailDistill
+			if ctx.Err() != nil {
+				kind = FailCancelled
+			}
+			ro.fail(kind, err)
+			return ro
+		}
+	}
 
 	rstart := time.Now()
 	rctx, cancel := context.WithTimeout(ctx, time.Duration(r.cfg.RewardTimeout))
@@ -995,4 +1014,28 @@ func (e envResponder) Respond(ctx context.Context, turn int, msgs []openai.ChatC
 		return agentloop.Feedback{}, err
 	}
 	return agentloop.Feedback{Messages: fb.Messages, Done: fb.Done, Reward: fb.Reward, Detail: fb.Detail}, nil
+}
+
+// distill asks the teacher for its top-K logprobs at every trained
+// position of the rollout's sequence (the student's exact ids).
+func (r *Runner) distill(ctx context.Context, ro *Rollout) error {
+	seq := ro.Result.Sequence
+	if len(seq.Tokens) == 0 || !slices.Contains(seq.Mask, 1) {
+		return nil
+	}
+	last := len(seq.Mask) - 1
+	for seq.Mask[last] == 0 {
+		last--
+	}
+	t0 := time.Now()
+	ids, lps, err := r.deps.Distiller.Score(ctx, seq.Tokens[:last+1], func(p int) bool { return seq.Mask[p] == 1 })
+	ro.Timings.Distill = time.Since(t0)
+	if err != nil {
+		return fmt.Errorf("distill: %w", err)
+	}
+	for len(ids) < len(seq.Tokens) {
+		ids, lps = append(ids, nil), append(lps, nil)
+	}
+	ro.DistillTokenIDs, ro.DistillLogprobs = ids, lps
+	return nil
 }
