@@ -251,3 +251,51 @@ responder: {user_simulator: {base_url: "http://127.0.0.1:1", model: m, system: s
 		t.Fatalf("dead endpoint: %v", err)
 	}
 }
+
+func TestAgenticOPDConfigAndScoring(t *testing.T) {
+	e, err := New("agentic-opd", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ResponderOf(e) != nil || e.(Distilled).Teacher() != nil {
+		t.Fatal("agentic-opd without config has a responder or a teacher")
+	}
+	for _, c := range []struct {
+		turns, max int
+		want       float64
+	}{{3, 15, 1}, {7, 15, 0.8}, {11, 15, 0.5}, {12, 15, 0.2}} {
+		if got := opdEfficiency(c.turns, c.max); got != c.want {
+			t.Errorf("efficiency(%d, %d) = %v, want %v", c.turns, c.max, got, c.want)
+		}
+	}
+	call := func(names ...string) Outcome {
+		m := openai.ChatCompletionMessage{Role: "assistant"}
+		for _, n := range names {
+			m.ToolCalls = append(m.ToolCalls, openai.ToolCall{Function: openai.FunctionCall{Name: n}})
+		}
+		return Outcome{Messages: []openai.ChatCompletionMessage{m}}
+	}
+	for _, c := range []struct {
+		names []string
+		want  float64
+	}{{[]string{"terminal", "patch"}, 1}, {[]string{"terminal"}, 0.6}, {[]string{"read_file"}, 0.3}, {nil, 0}} {
+		if got := opdToolUsage(call(c.names...)); got != c.want {
+			t.Errorf("tool usage %v = %v, want %v", c.names, got, c.want)
+		}
+	}
+	for _, bad := range []string{"hints: true\n", "teacher: {model: m}\n", "max_turns: -1\n"} {
+		var n yaml.Node
+		if err := yaml.Unmarshal([]byte(bad), &n); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := New("agentic-opd", n.Content[0]); !errors.Is(err, ErrConfig) {
+			t.Errorf("%q: %v", bad, err)
+		}
+	}
+	var n yaml.Node
+	_ = yaml.Unmarshal([]byte("teacher: {endpoint: 'http://t:8000', model: teacher, top_k: 8}\n"), &n)
+	e, err = New("agentic-opd", n.Content[0])
+	if err != nil || e.(Distilled).Teacher().TopK != 8 {
+		t.Fatalf("teacher config: %v", err)
+	}
+}

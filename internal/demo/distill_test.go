@@ -2,6 +2,7 @@ package demo
 
 import (
 	"context"
+	"math"
 	"path/filepath"
 	"testing"
 	"time"
@@ -20,14 +21,14 @@ import (
 // the teacher's top-K on every trained token and nothing elsewhere, and the
 // Atropos export carries them as distill_token_ids/distill_logprobs.
 func TestDistillationEndToEnd(t *testing.T) {
-	needImages(t, false)
+	needImages(t, true)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	const topK = 5
 	specs := []struct {
 		env   string
 		image string
-	}{{"terminal-tasks", "rollout-sandbox:busybox"}, {"guess-number", ""}}
+	}{{"terminal-tasks", "rollout-sandbox:busybox"}, {"guess-number", ""}, {"agentic-opd", ""}}
 	var scripts []sim.Script
 	for _, s := range specs {
 		env, err := envs.New(s.env, nil)
@@ -59,6 +60,13 @@ func TestDistillationEndToEnd(t *testing.T) {
 				Output:         runner.Output{Dir: filepath.Join(dir, s.env)},
 				Distill:        &inference.TeacherConfig{Endpoint: srv.URL, Model: "rollout-sim", TopK: topK}}
 			cfg.Sandbox.Image = s.image
+			if s.env == "agentic-opd" {
+				// The env brings its own teacher (env_config.teacher).
+				cfg.Distill = nil
+				if err := cfg.EnvConfig.Encode(map[string]any{"teacher": map[string]any{"endpoint": srv.URL, "model": "rollout-sim", "top_k": topK}}); err != nil {
+					t.Fatal(err)
+				}
+			}
 			j, err := job.Open(ctx, cfg, job.Options{Mode: job.ModeRun, Logger: quiet, SandboxInstance: testInstance()})
 			if err != nil {
 				t.Fatal(err)
@@ -88,6 +96,16 @@ func TestDistillationEndToEnd(t *testing.T) {
 						if r.DistillTokenIDs[p][0] == r.Tokens[p] {
 							agree++
 						}
+					}
+				}
+			}
+			if s.env == "agentic-opd" {
+				for _, r := range recs {
+					// The reference solution passes every test; the reward is
+					// Hermes' blend of the components.
+					c := r.RewardComponents
+					if want := 0.7*c["correctness"] + 0.15*c["efficiency"] + 0.15*c["tool_usage"]; c["correctness"] != 1 || c["tool_usage"] == 0 || math.Abs(r.Reward-want) > 1e-9 {
+						t.Errorf("agentic-opd reward %v components %v", r.Reward, r.RewardComponents)
 					}
 				}
 			}

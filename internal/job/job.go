@@ -187,8 +187,15 @@ func open(ctx context.Context, cfg runner.Config, opts Options) (*Job, error) {
 		Env: env, Policy: policy, Sandboxes: sbs, Images: imgs, Sinks: sinks,
 		Items: opts.Items, Progress: opts.Progress, Logger: opts.Logger, RunID: runID,
 	}
-	if cfg.Distill != nil {
-		t, err := inference.NewTeacher(*cfg.Distill, os.Getenv)
+	teacher := cfg.Distill
+	if d, ok := env.(envs.Distilled); ok && teacher == nil {
+		teacher = d.Teacher()
+	}
+	if teacher != nil {
+		t, err := inference.NewTeacher(*teacher, os.Getenv)
+		if err == nil && cfg.Distill == nil && cfg.Inference.Backend == inference.BackendChat && !cfg.Inference.ChatTokenIDs {
+			err = fmt.Errorf("env %s: its teacher scores the student's token ids: use a tokens-mode backend, or chat with inference.chat_token_ids", env.Name())
+		}
 		if err != nil {
 			if j.writer != nil {
 				_ = j.writer.Close(context.WithoutCancel(ctx))
