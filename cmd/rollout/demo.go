@@ -20,6 +20,7 @@ func newDemoCmd() *cobra.Command {
 	var successProb float64
 	var seed int64
 	var envSpecs []string
+	var distill bool
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Run the main job end to end: the built-in simulator, real Docker sandboxes, terminal-tasks and swe-tests",
@@ -58,7 +59,7 @@ groups of 8).`,
 			bars := map[string]*progress{}
 			results, err := demo.Run(ctx, demo.Options{
 				Out: out, Specs: specs, Backend: backend, Family: family,
-				SuccessProb: successProb, Seed: seed, Logger: log,
+				SuccessProb: successProb, Seed: seed, Logger: log, Distill: distill,
 				Progress: func(env string, e runner.Event) {
 					p, ok := bars[env]
 					if !ok {
@@ -87,6 +88,7 @@ groups of 8).`,
 	cmd.Flags().StringVar(&family, "family", "hermes", "tool-call format the simulated model emits (and the parser)")
 	cmd.Flags().Float64Var(&successProb, "success-prob", 0.7, "probability that a rollout follows the correct solution")
 	cmd.Flags().Int64Var(&seed, "seed", 1, "simulator seed")
+	cmd.Flags().BoolVar(&distill, "distill", false, "also score every trained token with the simulator as the distillation teacher (top-5 prompt_logprobs)")
 	cmd.Flags().StringArrayVar(&envSpecs, "env", nil, "env to run instead of the default ones, as name[:groups[:group_size]] (repeatable)")
 	return cmd
 }

@@ -119,6 +119,9 @@ type Options struct {
 	SandboxInstance string
 	// NoJournal turns durability off (measurements only; job.Options).
 	NoJournal bool
+	// Distill makes the simulator the distillation teacher too (top-K 5):
+	// every trained token gets its prompt_logprobs (docs/distillation.md).
+	Distill bool
 }
 
 // Result is one env's outcome.
@@ -217,6 +220,9 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 			Output:         runner.Output{Dir: filepath.Join(o.Out, s.Env), MaxRowsPerFile: o.RowsPerFile},
 		}
 		cfg.Sandbox.Image = s.Image
+		if o.Distill {
+			cfg.Distill = &inference.TeacherConfig{Endpoint: srv.URL, Model: "rollout-sim", TopK: 5}
+		}
 		name := s.Env
 		prog := func(e runner.Event) {
 			if o.Progress != nil {
