@@ -95,6 +95,10 @@ type Outcome struct {
 	Turns             int
 	FinishedNaturally bool
 	StopReason        string
+	// TurnRewards are the responder's intermediate rewards, one per turn
+	// (0 where it gave none); nil for an env without a Responder or when
+	// it gave none. The env decides whether the final reward uses them.
+	TurnRewards []float64
 	// Tools is the rollout's ToolContext (Hermes' ctx in compute_reward):
 	// the same sandbox, shell session (cwd, exported variables), todo
 	// store and tool set the agent used, with the agent's background

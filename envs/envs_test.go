@@ -43,11 +43,11 @@ func mustEnv(t *testing.T, name, cfg string) Env {
 }
 
 func TestRegistry(t *testing.T) {
-	want := []string{"math-python", "swe-tests", "task-suite", "terminal-bench", "terminal-tasks", "toolcall-match", "web-research"}
+	want := []string{"agentic-opd", "guess-number", "math-python", "swe-tests", "task-suite", "terminal-bench", "terminal-tasks", "toolcall-match", "web-research"}
 	if got := Names(); strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Fatalf("Names() = %v", got)
 	}
-	if _, err := New("nope", nil); err == nil || !strings.Contains(err.Error(), "known envs: math-python") {
+	if _, err := New("nope", nil); err == nil || !strings.Contains(err.Error(), "known envs: agentic-opd, guess-number") {
 		t.Errorf("unknown env: %v", err)
 	}
 	var doc yaml.Node

@@ -40,6 +40,8 @@ type YAMLSpec struct {
 	// MCPServers offer MCP servers' tools (docs/mcp.md); command servers
 	// need the sandbox.
 	MCPServers []mcp.Server `yaml:"mcp_servers"`
+	// Responder answers the model turn by turn (docs/env-feedback.md).
+	Responder *ResponderSpec `yaml:"responder,omitempty"`
 }
 
 // YAMLSandbox is the sandbox part of a YAMLSpec.
@@ -67,6 +69,7 @@ type YAMLEnv struct {
 	spec    YAMLSpec
 	baseDir string
 	prompt  *template.Template
+	resp    Responder
 }
 
 var (
@@ -153,8 +156,15 @@ func NewYAMLEnv(spec YAMLSpec, baseDir string) (*YAMLEnv, error) {
 	if spec.GroupSize == 0 {
 		spec.GroupSize = 4
 	}
-	return &YAMLEnv{spec: spec, baseDir: baseDir, prompt: t}, nil
+	resp, err := buildResponder(spec.Responder, os.Getenv)
+	if err != nil {
+		return nil, err
+	}
+	return &YAMLEnv{spec: spec, baseDir: baseDir, prompt: t, resp: resp}, nil
 }
+
+// Responder returns the env's responder (nil without a responder block).
+func (e *YAMLEnv) Responder() Responder { return e.resp }
 
 func containsTemplate(r rewards.Spec) bool {
 	w, _ := r.Want.(string)

@@ -80,6 +80,10 @@ type Config struct {
 	// Atropos also sends the run's groups to an Atropos trainer (package
 	// atropos; docs/atropos.md). The runner does not read it.
 	Atropos Atropos `yaml:"atropos,omitempty" json:"atropos,omitempty"`
+	// Distill is on-policy distillation (docs/distillation.md): a teacher
+	// endpoint scores every trained token of each ok rollout with its
+	// top-K logprobs (vLLM prompt_logprobs). Needs token ids.
+	Distill *inference.TeacherConfig `yaml:"distill,omitempty" json:"distill,omitempty"`
 	// MaxInfraFailedFraction is the exit policy of `rollout run`/`eval`
 	// and of jobs: a run whose infra_failed rollouts exceed this fraction
 	// of its rollouts fails after writing them (default 0.5; 1 fails only
@@ -311,6 +315,12 @@ func (c Config) Validate() error {
 		return bad("env", "required (a registered env name or a YAML env file)")
 	case len(c.Inference.Endpoints) == 0:
 		return bad("inference.endpoints", "at least one endpoint URL is required")
+	case c.Distill != nil && (c.Distill.Endpoint == "" || c.Distill.Model == ""):
+		return bad("distill", "endpoint and model are required")
+	case c.Distill != nil && c.Distill.TopK < 0:
+		return bad("distill.top_k", "must not be negative (0 = 20)")
+	case c.Distill != nil && (c.Inference.Backend == "" || c.Inference.Backend == inference.BackendChat && !c.Inference.ChatTokenIDs):
+		return bad("distill", "the teacher scores the student's token ids: use a tokens-mode backend, or chat with inference.chat_token_ids")
 	case c.Groups < 0:
 		return bad("groups", "must not be negative")
 	case c.GroupSize < 0:

@@ -65,6 +65,15 @@ type Deps struct {
 	Logger   *slog.Logger
 	// RunID names the run; empty generates one.
 	RunID string
+	// Distiller, when set, scores each ok rollout's trained tokens with a
+	// teacher (on-policy distillation; *inference.Teacher).
+	Distiller Distiller
+}
+
+// Distiller returns the teacher's top-K ids and logprobs for the positions
+// of ids that want selects (nil elsewhere).
+type Distiller interface {
+	Score(ctx context.Context, ids []int32, want func(p int) bool) ([][]int32, [][]float32, error)
 }
 
 // Event is a progress notification.
@@ -743,6 +752,9 @@ func (r *Runner) attempt(ctx context.Context, gr *groupRun, idx int) (ro Rollout
 	if task.MaxTurns > 0 {
 		lcfg.MaxTurns = task.MaxTurns
 	}
+	if resp := envs.ResponderOf(r.deps.Env); resp != nil {
+		lcfg.Responder = envResponder{resp: resp, item: gr.item}
+	}
 	if v, ok := sampling.ChatTemplateKwargs["enable_thinking"].(bool); ok && !v {
 		lcfg.ReasoningOptions.ThinkingDisabled = true
 	}
@@ -779,12 +791,22 @@ func (r *Runner) attempt(ctx context.Context, gr *groupRun, idx int) (ro Rollout
 		ro.fail(kind, err)
 		return ro
 	}
+	if r.deps.Distiller != nil {
+		if err := r.distill(ctx, &ro); err != nil {
+			kind := FailDistill
+			if ctx.Err() != nil {
+				kind = FailCancelled
+			}
+			ro.fail(kind, err)
+			return ro
+		}
+	}
 
 	rstart := time.Now()
 	rctx, cancel := context.WithTimeout(ctx, time.Duration(r.cfg.RewardTimeout))
 	defer cancel()
 	out := envs.Outcome{Messages: res.Messages, Final: finalContent(res), Turns: res.TurnsUsed,
-		FinishedNaturally: res.FinishedNaturally, StopReason: string(res.StopReason)}
+		FinishedNaturally: res.FinishedNaturally, StopReason: string(res.StopReason), TurnRewards: res.TurnRewards}
 	var box envs.Sandbox
 	if sb != nil {
 		box = sb
@@ -976,6 +998,10 @@ func loopFailure(reason agentloop.StopReason, err error) string {
 		return FailCancelled
 	case errors.Is(err, agentloop.ErrConfig):
 		return FailTask
+	case reason == agentloop.StopEnvErr && errors.Is(err, datasets.ErrInvalid):
+		return FailTask // the item does not fit the responder's templates
+	case reason == agentloop.StopEnvErr:
+		return FailEnvFeedback
 	}
 	return FailInference
 }
@@ -1044,4 +1070,43 @@ func newID(prefix string) string {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	return prefix + "_" + strings.ToLower(hex.EncodeToString(b[:]))
+}
+
+// envResponder binds an env's Responder to the rollout's item for the
+// agent loop (which does not know envs).
+type envResponder struct {
+	resp envs.Responder
+	item datasets.Item
+}
+
+func (e envResponder) Respond(ctx context.Context, turn int, msgs []openai.ChatCompletionMessage) (agentloop.Feedback, error) {
+	fb, err := e.resp.Respond(ctx, e.item, turn, msgs)
+	if err != nil {
+		return agentloop.Feedback{}, err
+	}
+	return agentloop.Feedback{Messages: fb.Messages, Done: fb.Done, Reward: fb.Reward, Detail: fb.Detail}, nil
+}
+
+// distill asks the teacher for its top-K logprobs at every trained
+// position of the rollout's sequence (the student's exact ids).
+func (r *Runner) distill(ctx context.Context, ro *Rollout) error {
+	seq := ro.Result.Sequence
+	if len(seq.Tokens) == 0 || !slices.Contains(seq.Mask, 1) {
+		return nil
+	}
+	last := len(seq.Mask) - 1
+	for seq.Mask[last] == 0 {
+		last--
+	}
+	t0 := time.Now()
+	ids, lps, err := r.deps.Distiller.Score(ctx, seq.Tokens[:last+1], func(p int) bool { return seq.Mask[p] == 1 })
+	ro.Timings.Distill = time.Since(t0)
+	if err != nil {
+		return fmt.Errorf("distill: %w", err)
+	}
+	for len(ids) < len(seq.Tokens) {
+		ids, lps = append(ids, nil), append(lps, nil)
+	}
+	ro.DistillTokenIDs, ro.DistillLogprobs = ids, lps
+	return nil
 }

@@ -37,6 +37,8 @@ const (
 	FailPanic        = "panic"              // a bug: a panic was recovered
 	FailCancelled    = "cancelled"          // the run was cancelled mid-rollout
 	FailTask         = "task"               // the env could not build the task (bad item)
+	FailDistill      = "distill"            // the distillation teacher could not score the rollout
+	FailEnvFeedback  = "env_feedback"       // the env's responder could not answer a turn (e.g. its user simulator's endpoint)
 )
 
 // Failure describes why a rollout is infra_failed.
@@ -51,6 +53,7 @@ type Timings struct {
 	Generation   time.Duration
 	Tools        time.Duration
 	Reward       time.Duration
+	Distill      time.Duration // the teacher's scoring (distillation)
 	Total        time.Duration
 }
 
@@ -75,6 +78,11 @@ type Rollout struct {
 	Network string
 	Runtime string
 	Created time.Time
+	// DistillTokenIDs and DistillLogprobs are the teacher's top-K per
+	// token of Result.Sequence (nil on untrained positions); nil without
+	// distillation.
+	DistillTokenIDs [][]int32
+	DistillLogprobs [][]float32
 	// deterministic: the failure would repeat on a retry (a bad spec).
 	deterministic bool
 }

@@ -141,7 +141,8 @@ func expectedArrowRow(r Record) map[string]any {
 		"prompt_tokens": r.PromptTokens, "completion_tokens": r.CompletionTokens,
 		"reward": r.Reward, "reward_components": comps, "advantage": adv,
 		"turns": r.Turns, "finished_naturally": r.FinishedNaturally, "stop_reason": r.StopReason,
-		"status": r.Status, "failure": failure, "tool_errors": toolErrs, "loop_events": loopEvents,
+		"status": r.Status, "failure": failure, "tool_errors": toolErrs, "loop_events": loopEvents, "turn_rewards": listOf(r.TurnRewards),
+		"distill_token_ids": nestedOf(r.DistillTokenIDs), "distill_logprobs": nestedOf(r.DistillLogprobs),
 		"timings": map[string]any{"generation_ms": r.Timings.GenerationMS, "tools_ms": r.Timings.ToolsMS,
 			"sandbox_start_ms": r.Timings.SandboxStartMS, "reward_ms": r.Timings.RewardMS, "total_ms": r.Timings.TotalMS},
 		"drift_tokens": r.DriftTokens,
@@ -208,4 +209,12 @@ func checkGolden(t *testing.T, name string, got []byte) {
 	if d := cmp.Diff(string(want), string(got)); d != "" {
 		t.Errorf("%s mismatch (-golden +got):\n%s", name, d)
 	}
+}
+
+func nestedOf[T any](s [][]T) []any {
+	out := []any{}
+	for _, v := range s {
+		out = append(out, listOf(v))
+	}
+	return out
 }

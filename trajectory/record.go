@@ -78,6 +78,17 @@ type Record struct {
 	// trainer can tell the policy's own text from the loop's. Files written
 	// before the column existed read as empty.
 	LoopEvents []LoopEvent `parquet:"loop_events,list"`
+	// TurnRewards are the env responder's intermediate rewards, one per
+	// turn (0 where it gave none), beside the final Reward; empty for envs
+	// without turn feedback and in files written before the column existed.
+	TurnRewards []float64 `parquet:"turn_rewards,list"`
+	// DistillTokenIDs and DistillLogprobs are on-policy distillation's
+	// teacher top-K per token, aligned to Tokens: the K most likely ids
+	// (by the teacher's rank) and their logprobs at each trained position,
+	// an empty list elsewhere. Empty without distillation and in files
+	// written before the columns existed.
+	DistillTokenIDs [][]int32   `parquet:"distill_token_ids,list"`
+	DistillLogprobs [][]float32 `parquet:"distill_logprobs,list"`
 
 	Timings     Timings   `parquet:"timings"`
 	DriftTokens int32     `parquet:"drift_tokens"`
@@ -193,6 +204,14 @@ func (r *Record) Validate() error {
 	}
 	if len(r.Logprobs) != 0 && len(r.Logprobs) != n {
 		return bad("logprobs has %d entries, tokens %d (must be empty or aligned)", len(r.Logprobs), n)
+	}
+	if len(r.DistillTokenIDs) != len(r.DistillLogprobs) || (len(r.DistillTokenIDs) != 0 && len(r.DistillTokenIDs) != n) {
+		return bad("distill_token_ids has %d entries, distill_logprobs %d, tokens %d (must be empty or aligned)", len(r.DistillTokenIDs), len(r.DistillLogprobs), n)
+	}
+	for i := range r.DistillTokenIDs {
+		if len(r.DistillTokenIDs[i]) != len(r.DistillLogprobs[i]) {
+			return bad("position %d: %d distill ids, %d distill logprobs", i, len(r.DistillTokenIDs[i]), len(r.DistillLogprobs[i]))
+		}
 	}
 	for i := range n {
 		switch r.LossMask[i] {

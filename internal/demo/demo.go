@@ -12,6 +12,8 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -140,6 +142,9 @@ type Options struct {
 	SandboxInstance string
 	// NoJournal turns durability off (measurements only; job.Options).
 	NoJournal bool
+	// Distill makes the simulator the distillation teacher too (top-K 5):
+	// every trained token gets its prompt_logprobs (docs/distillation.md).
+	Distill bool
 }
 
 // Result is one env's outcome.
@@ -152,6 +157,31 @@ type Result struct {
 // DefaultSpecs are the envs `rollout demo` runs.
 func DefaultSpecs() []Spec {
 	return []Spec{{Env: "terminal-tasks", Groups: 3, GroupSize: 4}, {Env: "swe-tests", Groups: 2, GroupSize: 4}}
+}
+
+// ParseSpecs reads name[:groups[:group_size]] specs (defaults 3 groups of
+// the env's group size).
+func ParseSpecs(in []string) ([]Spec, error) {
+	var out []Spec
+	for _, s := range in {
+		parts := strings.Split(s, ":")
+		if len(parts) > 3 || parts[0] == "" {
+			return nil, fmt.Errorf("--env %q: want name[:groups[:group_size]]", s)
+		}
+		sp := Spec{Env: parts[0], Groups: 3}
+		for i, dst := range []*int{&sp.Groups, &sp.GroupSize} {
+			if len(parts) <= i+1 {
+				break
+			}
+			n, err := strconv.Atoi(parts[i+1])
+			if err != nil || n < 1 {
+				return nil, fmt.Errorf("--env %q: %q is not a positive integer", s, parts[i+1])
+			}
+			*dst = n
+		}
+		out = append(out, sp)
+	}
+	return out, nil
 }
 
 // Run starts the simulator with every spec's scripts and runs the specs one
@@ -215,6 +245,9 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 		cfg.Sandbox.Image = s.Image
 		if node != nil {
 			cfg.EnvConfig = *node
+		}
+		if o.Distill {
+			cfg.Distill = &inference.TeacherConfig{Endpoint: srv.URL, Model: "rollout-sim", TopK: 5}
 		}
 		name := s.Env
 		prog := func(e runner.Event) {

@@ -77,6 +77,7 @@ type Job struct {
 	// (inference.Client); nil for other policies.
 	sampler samplerReporter
 	lock    *trajectory.DirLock // the output dir's writer lock (failfast.go)
+	teacher *inference.Teacher  // distillation teacher, nil without
 }
 
 // samplerReporter is the policy's side of run.json "sampler".
@@ -192,10 +193,28 @@ func open(ctx context.Context, cfg runner.Config, opts Options) (*Job, error) {
 	if runID == "" {
 		runID = newRunID()
 	}
-	r, err := runner.New(cfg, runner.Deps{
+	deps := runner.Deps{
 		Env: env, Policy: policy, Sandboxes: sbs, Images: imgs, Sinks: sinks,
 		Items: opts.Items, Progress: opts.Progress, Logger: opts.Logger, RunID: runID,
-	})
+	}
+	teacher := cfg.Distill
+	if d, ok := env.(envs.Distilled); ok && teacher == nil {
+		teacher = d.Teacher()
+	}
+	if teacher != nil {
+		t, err := inference.NewTeacher(*teacher, os.Getenv)
+		if err == nil && cfg.Distill == nil && cfg.Inference.Backend == inference.BackendChat && !cfg.Inference.ChatTokenIDs {
+			err = fmt.Errorf("env %s: its teacher scores the student's token ids: use a tokens-mode backend, or chat with inference.chat_token_ids", env.Name())
+		}
+		if err != nil {
+			if j.writer != nil {
+				_ = j.writer.Close(context.WithoutCancel(ctx))
+			}
+			return nil, fmt.Errorf("%w: %w", runner.ErrConfig, err)
+		}
+		deps.Distiller, j.teacher = t, t
+	}
+	r, err := runner.New(cfg, deps)
 	if err != nil {
 		if j.writer != nil {
 			_ = j.writer.Close(context.WithoutCancel(ctx))
@@ -285,6 +304,9 @@ func (j *Job) Close(ctx context.Context) error {
 	if j.docker != nil {
 		err = errors.Join(err, j.docker.Close(ctx))
 	}
+	if j.teacher != nil {
+		_ = j.teacher.Close()
+	}
 	return errors.Join(err, j.lock.Unlock())
 }
 
@@ -294,6 +316,9 @@ func (j *Job) Close(ctx context.Context) error {
 // wraps it with the endpoint checks and the exit policy.
 func (j *Job) run(ctx context.Context) (runner.Summary, error) {
 	sum, runErr := j.Runner.Run(ctx)
+	if j.teacher != nil {
+		_ = j.teacher.Close()
+	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
 	var closeErr error

@@ -124,6 +124,12 @@ func Record(run *runner.RunInfo, g *runner.Group, ro *runner.Rollout) (trajector
 	for _, e := range res.Events {
 		rec.LoopEvents = append(rec.LoopEvents, trajectory.LoopEvent{Turn: int32(e.Turn), Kind: e.Kind, Message: int32(e.Message), CallID: e.CallID, Original: e.Original, Detail: e.Detail})
 	}
+	if len(ro.DistillTokenIDs) == len(rec.Tokens) && len(rec.Tokens) > 0 && ro.Status == runner.StatusOK {
+		rec.DistillTokenIDs, rec.DistillLogprobs = ro.DistillTokenIDs, ro.DistillLogprobs
+	}
+	if len(res.TurnRewards) > 0 {
+		rec.TurnRewards = append([]float64(nil), res.TurnRewards...)
+	}
 	rec.DeriveTrainingFields()
 	return rec, nil
 }
