@@ -13,7 +13,7 @@ COMMIT  ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 BUF     := $(GO) tool -modfile=buildtools/go.mod buf
 LDFLAGS := -X github.com/rollout-rl/rollout/internal/version.Version=$(VERSION) -X github.com/rollout-rl/rollout/internal/version.Commit=$(COMMIT)
 
-.PHONY: build test lint proto proto-check image engine-image bench demo fuzz-smoke clean
+.PHONY: build test lint proto proto-check image engine-image bench demo fuzz-smoke clean k8s-lab k8s-lab-down k8s-lab-test
 
 build:
 	$(GO) build -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/rollout
@@ -95,3 +95,19 @@ bench: build
 
 clean:
 	rm -rf bin
+
+# k8s-lab starts the project's Kubernetes cluster (control plane + 2 worker
+# nodes in containers on a private Docker network; docs/kubernetes.md). The
+# pinned Kubernetes binaries are built from the Go module proxy once and
+# cached under /var/cache/rollout/k8s/<version>. k8s-lab-test runs the
+# backend's tests and the `rollout run` end-to-end check against it.
+k8s-lab: build
+	scripts/k8s-lab/lab.sh up
+
+k8s-lab-down:
+	scripts/k8s-lab/lab.sh down
+
+k8s-lab-test: build
+	eval "$$(scripts/k8s-lab/lab.sh env)" && \
+	$(GO) test -count=1 -run 'Kubernetes' ./sandbox/ && \
+	scripts/k8s-lab/e2e.sh

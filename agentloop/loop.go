@@ -762,10 +762,14 @@ func (r *runner) assistantMessage(turn, msgIdx int, reasoning *string, content s
 	if reasoning != nil {
 		msg.ReasoningContent = *reasoning
 	}
+	var unparsed []string
 	for _, s := range slots {
 		if s.parse != nil {
 			// Not in the message: the parser could not read it.
 			r.event(Event{Turn: turn + 1, Kind: EventCallUnparsed, Message: msgIdx, CallID: s.id, Original: s.rawArgs, Detail: s.parse.Reason})
+			if s.rawArgs != "" {
+				unparsed = append(unparsed, s.rawArgs)
+			}
 			continue
 		}
 		args := s.rawArgs
@@ -780,6 +784,15 @@ func (r *runner) assistantMessage(turn, msgIdx int, reasoning *string, content s
 		}
 		msg.ToolCalls = append(msg.ToolCalls, openai.ToolCall{ID: s.id, Type: openai.ToolTypeFunction,
 			Function: openai.FunctionCall{Name: s.name, Arguments: args}})
+	}
+	if msg.Content == "" && len(msg.ToolCalls) == 0 && len(unparsed) > 0 {
+		// A turn whose only calls were unreadable would leave an assistant
+		// message with neither content nor calls, which templates refuse
+		// (llama.cpp: HTTP 400 "Assistant message must contain either
+		// 'content' or 'tool_calls'"). The model's own text of those calls
+		// is the truest view of the turn: the re-render then matches the
+		// sampled ids instead of drifting.
+		msg.Content = strings.Join(unparsed, "\n")
 	}
 	return msg
 }

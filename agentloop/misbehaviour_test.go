@@ -296,6 +296,13 @@ func TestMisbehaviour(t *testing.T) {
 				if res.StopReason != StopFinished || toolErrorKinds(res) != tools.InvalidParse {
 					t.Fatalf("stop %s tool errors %s", res.StopReason, toolErrorKinds(res))
 				}
+				// The turn's only call was unreadable: the assistant
+				// message keeps the model's text of it rather than being
+				// empty (templates refuse an assistant message with neither
+				// content nor calls).
+				if a := res.Messages[1]; a.Role != openai.ChatMessageRoleAssistant || !strings.Contains(a.Content, `"arguments": {"path": "a`) {
+					t.Fatalf("assistant message %+v, want the unparsed call's text as content", a)
+				}
 			},
 		},
 		{

@@ -472,3 +472,26 @@ func TestLlamaCppIncompleteUTF8(t *testing.T) {
 		t.Fatalf("want ErrNoTokenIDs, got %v", err)
 	}
 }
+
+// A llama-server started without --no-prefill-assistant renders a trailing
+// assistant message as a prefill; the tokens backend cannot learn the turn
+// closing from it and says which flag is missing, as a request error (the
+// same server would answer the same way again), not a retried infra error.
+func TestLlamaCppPrefillAssistantNamed(t *testing.T) {
+	srv := startSim(t, sim.Config{Engine: sim.EngineLlamaCpp, Family: "hermes", Seed: 1, PrefillAssistant: true})
+	c := openClient(t, inference.Config{Backend: inference.BackendLlamaCpp, Endpoints: []string{srv.URL}})
+	ctx := context.Background()
+	ep, err := c.Start(ctx, inference.EpisodeSpec{ID: "prefill", Tools: []openai.Tool{terminalTool}, Sampling: inference.Sampling{MaxTokens: 32}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := []openai.ChatCompletionMessage{{Role: "user", Content: "list files"}}
+	turn, err := ep.Generate(ctx, msgs)
+	if err == nil {
+		msgs = append(msgs, openai.ChatCompletionMessage{Role: "assistant", Content: turn.Text}, openai.ChatCompletionMessage{Role: "user", Content: "again"})
+		_, err = ep.Generate(ctx, msgs)
+	}
+	if err == nil || !strings.Contains(err.Error(), "--no-prefill-assistant") || !errors.Is(err, inference.ErrRequest) || errors.Is(err, inference.ErrInfra) {
+		t.Fatalf("want a request error naming --no-prefill-assistant, got %v", err)
+	}
+}

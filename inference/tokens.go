@@ -310,8 +310,15 @@ func (e *tokenEpisode) closing(ctx context.Context) ([]int32, error) {
 		n++
 	}
 	if n == 0 || n == len(ry) || n == len(rz) {
-		return nil, &Error{Class: ErrInfra, Op: "template probe", RequestID: e.spec.ID,
-			Msg: fmt.Sprintf("cannot find the assistant-turn closing of model %s's chat template (renders of %d and %d ids share a %d-id suffix)", e.spec.Model, len(ry), len(rz), n)}
+		msg := fmt.Sprintf("cannot find the assistant-turn closing of model %s's chat template (renders of %d and %d ids share a %d-id suffix)", e.spec.Model, len(ry), len(rz), n)
+		if n == 0 && e.c.cfg.Backend == BackendLlamaCpp {
+			// Nothing follows the assistant's content: llama-server
+			// rendered the trailing assistant message as a prefill to
+			// continue (its default), not as a finished turn.
+			msg += "; llama-server renders a trailing assistant message as a prefill: start it with --no-prefill-assistant (docs/real-engines.md)"
+			return nil, &Error{Class: ErrRequest, Op: "template probe", RequestID: e.spec.ID, Msg: msg}
+		}
+		return nil, &Error{Class: ErrInfra, Op: "template probe", RequestID: e.spec.ID, Msg: msg}
 	}
 	cl = slices.Clone(ry[len(ry)-n:])
 	e.c.mu.Lock()

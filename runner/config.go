@@ -17,6 +17,7 @@ import (
 	"github.com/rollout-rl/rollout/datasets"
 	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/sandbox"
+	"github.com/rollout-rl/rollout/tools/mcp"
 )
 
 // ErrConfig is wrapped by every invalid run configuration.
@@ -60,9 +61,13 @@ type Config struct {
 	// text it may insert (docs/config.md, "The agent loop's knobs").
 	Loop LoopConfig `yaml:"loop,omitempty" json:"loop,omitzero"`
 
-	Toolsets Toolsets      `yaml:"toolsets,omitempty" json:"toolsets,omitempty"`
-	Sandbox  SandboxConfig `yaml:"sandbox,omitempty" json:"sandbox,omitempty"`
-	Limits   Limits        `yaml:"limits,omitempty" json:"limits,omitempty"`
+	Toolsets Toolsets `yaml:"toolsets,omitempty" json:"toolsets,omitempty"`
+	// MCPServers add the tools of MCP servers to every task
+	// (docs/mcp.md): a command runs in the rollout's sandbox over stdio,
+	// a url is a streamable-HTTP endpoint reached from the host.
+	MCPServers []mcp.Server  `yaml:"mcp_servers,omitempty" json:"mcp_servers,omitempty"`
+	Sandbox    SandboxConfig `yaml:"sandbox,omitempty" json:"sandbox,omitempty"`
+	Limits     Limits        `yaml:"limits,omitempty" json:"limits,omitempty"`
 	// Retries of an infra-failed rollout (0 = the default 2; -1 = none).
 	Retries   int       `yaml:"retries,omitempty" json:"retries,omitempty"`
 	Advantage Advantage `yaml:"advantage,omitempty" json:"advantage,omitempty"`
@@ -165,6 +170,10 @@ type SandboxConfig struct {
 	// starts, its G sandboxes are all started at once through a warm pool
 	// (0 = 4×G; negative = no pool, each rollout creates its own).
 	WarmPool int `yaml:"warm_pool,omitempty" json:"warm_pool,omitempty"`
+	// Backend is "docker" (default: the local engine) or "kubernetes"
+	// (pods on a cluster, configured by Kubernetes; docs/kubernetes.md).
+	Backend    string                    `yaml:"backend,omitempty" json:"backend,omitempty"`
+	Kubernetes *sandbox.KubernetesConfig `yaml:"kubernetes,omitempty" json:"kubernetes,omitempty"`
 }
 
 // Limits bound the run's concurrency. Zero values take defaults sized for
@@ -308,6 +317,8 @@ func (c Config) Validate() error {
 		return bad("group_size", "must not be negative")
 	case c.MaxTurns < 0:
 		return bad("max_turns", "must not be negative")
+	case mcp.Validate(c.MCPServers) != nil:
+		return fmt.Errorf("%w: %v", ErrConfig, mcp.Validate(c.MCPServers))
 	case c.Retries < -1:
 		return bad("retries", "must be -1 (no retries), 0 (the default, 2) or positive")
 	case c.Loop.OnTruncation != "" && c.Loop.OnTruncation != agentloop.TruncationStop && c.Loop.OnTruncation != agentloop.TruncationToolError:
@@ -338,6 +349,22 @@ func (c Config) Validate() error {
 	}
 	if err := c.Sandbox.validate(bad); err != nil {
 		return err
+	}
+	switch c.Sandbox.Backend {
+	case "", sandbox.BackendDocker:
+		if c.Sandbox.Kubernetes != nil {
+			return bad("sandbox.kubernetes", "set, but sandbox.backend is not %q", sandbox.BackendKubernetes)
+		}
+	case sandbox.BackendKubernetes:
+		k := sandbox.KubernetesConfig{}
+		if c.Sandbox.Kubernetes != nil {
+			k = *c.Sandbox.Kubernetes
+		}
+		if err := k.Validate(); err != nil {
+			return fmt.Errorf("%w: %v", ErrConfig, err)
+		}
+	default:
+		return bad("sandbox.backend", "%q, want %s or %s", c.Sandbox.Backend, sandbox.BackendDocker, sandbox.BackendKubernetes)
 	}
 	switch c.Advantage.Mode {
 	case "", AdvantageGRPO, AdvantageMean, AdvantageNone:

@@ -30,6 +30,7 @@ import (
 	"github.com/rollout-rl/rollout/sandbox"
 	"github.com/rollout-rl/rollout/toolcontext"
 	"github.com/rollout-rl/rollout/tools"
+	"github.com/rollout-rl/rollout/tools/mcp"
 )
 
 // Sandboxes creates sandboxes (the Docker backend, or a pool over it).
@@ -468,9 +469,20 @@ func (r *Runner) RunGroup(ctx context.Context, idx int, it datasets.Item, o Grou
 
 // newGroupRun resolves a group's task and tools.
 func (r *Runner) newGroupRun(ctx context.Context, idx int, it datasets.Item) *groupRun {
-	gr := &groupRun{item: it, sampling: r.cfg.Sampling, log: r.log.With("group", it.Key())}
+	gr := &groupRun{idx: uint64(idx), item: it, sampling: r.cfg.Sampling, log: r.log.With("group", it.Key())}
 	gr.task, gr.taskErr = r.deps.Env.Task(ctx, it)
 	gr.set, gr.setErr = r.toolSet(gr.task, uint64(idx))
+	if gr.setErr == nil && gr.set != nil && gr.task.Sandbox == nil {
+		gr.setErr = needsSandbox(gr.set)
+	}
+	gr.mcp = append(slices.Clip(r.cfg.MCPServers), gr.task.MCPServers...)
+	if gr.setErr == nil && len(gr.mcp) > 0 {
+		if err := mcp.Validate(gr.mcp); err != nil {
+			gr.setErr = err
+		} else if mcp.NeedsSandbox(gr.mcp) && gr.task.Sandbox == nil {
+			gr.setErr = errors.New("mcp_servers: a command (stdio) server runs in the rollout's sandbox, and this task has none")
+		}
+	}
 	return gr
 }
 
@@ -557,6 +569,22 @@ func (r *Runner) toolSet(task envs.Task, groupIdx uint64) (*tools.Set, error) {
 
 const callOnlyToolset = "call-only"
 
+// needsSandbox refuses a sandbox-less task whose tool set has a built-in
+// tool: those act only through the sandbox. Host-side tools (web, HTTP
+// MCP servers, call-only schemas) run without one.
+func needsSandbox(set *tools.Set) error {
+	builtin := map[string]bool{}
+	for _, t := range tools.Builtins() {
+		builtin[t.Name] = true
+	}
+	for _, t := range set.OpenAI() {
+		if t.Function != nil && builtin[t.Function.Name] {
+			return fmt.Errorf("tool %s acts on the sandbox, and this task has none (disable its toolset or give the task a sandbox)", t.Function.Name)
+		}
+	}
+	return nil
+}
+
 // recordOnlyTool offers a schema whose calls are recorded and never
 // executed (single-turn call matching); the model sees that it was not run.
 func recordOnlyTool(t openai.Tool) (tools.Tool, error) {
@@ -591,6 +619,8 @@ func appendUnique(list []string, s string) []string {
 // tool set (or why they could not be made), the sampling parameters, and
 // the task's sandbox spec, computed once for the group.
 type groupRun struct {
+	idx      uint64
+	mcp      []mcp.Server // run config's and task's MCP servers
 	item     datasets.Item
 	task     envs.Task
 	taskErr  error
@@ -713,6 +743,37 @@ func (r *Runner) attempt(ctx context.Context, gr *groupRun, idx int) (ro Rollout
 		}()
 	}
 
+	if len(gr.mcp) > 0 {
+		// MCP servers are per rollout (a stdio server runs in this
+		// rollout's sandbox): open them, list their tools and offer them
+		// beside the group's tools. A server that cannot be opened is an
+		// infrastructure failure (sandbox kind), like one that dies later.
+		sessions, err := mcp.Open(ctx, gr.mcp, sb, log)
+		if err != nil {
+			kind := FailTask // a configuration the servers cannot satisfy
+			switch {
+			case errors.Is(err, sandbox.ErrUnavailable) || errors.Is(err, sandbox.ErrClosed):
+				kind = FailSandbox
+			case ctx.Err() != nil:
+				kind = FailCancelled
+			}
+			ro.fail(kind, err)
+			return ro
+		}
+		defer func() {
+			if err := sessions.Close(); err != nil {
+				log.Debug("mcp close", "error", err)
+			}
+		}()
+		t := task
+		t.Tools = append(slices.Clip(task.Tools), sessions.Tools()...)
+		if set, err = r.toolSet(t, gr.idx); err != nil {
+			ro.fail(FailTask, fmt.Errorf("tools: %w", err))
+			return ro
+		}
+		ro.Tools = set.OpenAI()
+	}
+
 	lcfg := agentloop.Config{
 		ID: ro.ID, Messages: task.Messages, Tools: set, Model: r.cfg.Inference.Model,
 		Sampling: sampling, Parser: r.cfg.Parser, ReasoningParser: r.cfg.ReasoningParser,
@@ -733,9 +794,10 @@ func (r *Runner) attempt(ctx context.Context, gr *groupRun, idx int) (ro Rollout
 	case sb != nil:
 		deps.Env = tools.NewEnv(sb, ro.ID)
 		deps.Env.Logger = log
-	case len(task.CallOnly) > 0:
-		// Call-only tools are recorded, never executed: they need a tool
-		// environment but no sandbox.
+	case set != nil:
+		// Call-only tools (recorded, never executed) and host-side tools
+		// (web_search, web_extract) need a tool environment but no
+		// sandbox.
 		deps.Env = tools.NewEnv(nil, ro.ID)
 		deps.Env.Logger = log
 	}
@@ -753,7 +815,11 @@ func (r *Runner) attempt(ctx context.Context, gr *groupRun, idx int) (ro Rollout
 		return ro
 	}
 	if err := r.checkSequence(res); err != nil {
-		ro.fail(FailInference, err)
+		kind := FailInference
+		if errors.Is(err, inference.ErrRequest) {
+			kind = FailRejected // not retried: the same prompt would not fit again
+		}
+		ro.fail(kind, err)
 		return ro
 	}
 
@@ -923,6 +989,11 @@ func (r *Runner) tokensExpected() bool {
 func (r *Runner) checkSequence(res agentloop.Result) error {
 	if !r.tokensExpected() {
 		return nil
+	}
+	if len(res.ReasoningPerTurn) == 0 && res.StopReason == agentloop.StopContextLength {
+		// Not the server failing to return ids: the task's first prompt
+		// alone does not fit the context, so nothing was generated.
+		return fmt.Errorf("%w: the first prompt does not fit the model's context (stop reason context_length before any generation); nothing to train on", inference.ErrRequest)
 	}
 	seq := res.Sequence
 	n := len(seq.Tokens)

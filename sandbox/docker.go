@@ -8,7 +8,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
 	"math"
@@ -495,13 +494,16 @@ func (d *Docker) Create(ctx context.Context, spec Spec) (Sandbox, error) {
 	return s, nil
 }
 
+// slotMode says how a create gets its slot of the backend's slotSem.
+type slotMode int
+
 // Slot modes of create.
 const (
-	slotWait = iota // wait for a slot under MaxContainers
-	slotHeld        // the caller took the slot (the pool); create gives it back on failure
+	slotWait slotMode = iota // wait for a slot under MaxContainers
+	slotHeld                 // the caller took the slot (the pool); create gives it back on failure
 )
 
-func (d *Docker) create(ctx context.Context, spec Spec, extraLabels map[string]string, slot int) (_ *dockerSandbox, err error) {
+func (d *Docker) create(ctx context.Context, spec Spec, extraLabels map[string]string, slot slotMode) (_ *dockerSandbox, err error) {
 	// holding: this call owns a slot it must give back unless the sandbox
 	// is handed out (then Close gives it back).
 	holding := slot == slotHeld
@@ -642,7 +644,7 @@ func (d *Docker) create(ctx context.Context, spec Spec, extraLabels map[string]s
 	s.touch()
 	// The attach stream is demultiplexed in the channel's read loop; demux
 	// is closed when that loop ended.
-	s.conn = newConn(&demuxReader{r: hj.Reader, stderr: s.stderr}, hj.Conn)
+	s.channelOps = channelOps{conn: newConn(&demuxReader{r: hj.Reader, stderr: s.stderr}, hj.Conn), owner: s}
 	s.demux = s.conn.done
 	err = d.daemon(ctx, "container_start", 60*time.Second, func(cctx context.Context) error {
 		_, err := d.cli.ContainerStart(cctx, id, client.ContainerStartOptions{})
@@ -844,6 +846,7 @@ type Labeler interface {
 }
 
 var (
+	_ Quiescer    = (*dockerSandbox)(nil)
 	_ Sandbox     = (*dockerSandbox)(nil)
 	_ StdinCloser = (*dockerSandbox)(nil)
 	_ Labeler     = (*dockerSandbox)(nil)
@@ -856,7 +859,7 @@ type dockerSandbox struct {
 	spec    Spec
 	imageID string // the image's content-addressed id (sha256:…)
 	hj      client.HijackedResponse
-	conn    *conn
+	channelOps
 	demux   chan struct{}
 	stderr  *tailBuffer
 	hello   agent.Hello
@@ -875,6 +878,24 @@ type dockerSandbox struct {
 }
 
 func (s *dockerSandbox) touch() { s.lastUsed.Store(time.Now().UnixNano()) }
+
+func (s *dockerSandbox) broken() error                 { return s.conn.broken() }
+func (s *dockerSandbox) setPooled(v bool)              { s.pooled.Store(v) }
+func (s *dockerSandbox) setLabels(l map[string]string) { s.spec.Labels = l }
+
+func (d *Docker) logger() *slog.Logger { return d.log }
+
+func (d *Docker) slotSem() *slotSem { return d.slots }
+
+// createWarm is create for a Pool; block is not needed here: the slot
+// (MaxContainers) is the Docker backend's admission.
+func (d *Docker) createWarm(ctx context.Context, spec Spec, extra map[string]string, slot slotMode, _ bool) (warmable, error) {
+	s, err := d.create(ctx, spec, extra, slot)
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
 
 func (s *dockerSandbox) handshake(ctx context.Context) (agent.Hello, error) {
 	t := time.NewTimer(30 * time.Second)
@@ -962,195 +983,6 @@ func (s *dockerSandbox) state() string {
 		msg += ", agent: " + e
 	}
 	return msg
-}
-
-func toSpec(req ExecRequest) (*agent.ExecSpec, error) {
-	if (req.Command == "") == (len(req.Argv) == 0) {
-		return nil, fmt.Errorf("%w: exactly one of Command and Argv must be set", ErrInvalid)
-	}
-	if req.Shell && req.Command == "" {
-		return nil, fmt.Errorf("%w: Shell needs Command", ErrInvalid)
-	}
-	if req.Timeout < 0 || req.OutputCap < 0 {
-		return nil, fmt.Errorf("%w: negative timeout or output cap", ErrInvalid)
-	}
-	if req.Cwd != "" && !path.IsAbs(req.Cwd) {
-		return nil, fmt.Errorf("%w: cwd %q is not absolute", ErrInvalid, req.Cwd)
-	}
-	return &agent.ExecSpec{Argv: req.Argv, Command: req.Command, Shell: req.Shell, Cwd: req.Cwd, Env: req.Env,
-		Stdin: req.Stdin, TimeoutNS: int64(req.Timeout), OutputCap: req.OutputCap, Merge: req.MergeOutput}, nil
-}
-
-func (s *dockerSandbox) Exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
-	if err := s.check(); err != nil {
-		return ExecResult{}, err
-	}
-	spec, err := toSpec(req)
-	if err != nil {
-		return ExecResult{}, err
-	}
-	start := time.Now()
-	resp, err := s.conn.roundTrip(ctx, agent.Request{Op: agent.OpExec, Exec: spec}, nil, nil)
-	if err != nil {
-		return ExecResult{}, s.wrap("exec", err)
-	}
-	if err := responseError("exec", resp); err != nil {
-		return ExecResult{}, s.wrap("exec", err)
-	}
-	if resp.Exec == nil {
-		return ExecResult{}, s.wrap("exec", fmt.Errorf("%w: agent sent no result", ErrUnavailable))
-	}
-	metricExec.Observe(time.Since(start).Seconds())
-	r := resp.Exec
-	return ExecResult{ExitCode: r.ExitCode, Stdout: r.Stdout, Stderr: r.Stderr, StdoutTotal: r.StdoutTotal, StderrTotal: r.StderrTotal,
-		StdoutTruncated: r.StdoutTruncated, StderrTruncated: r.StderrTruncated, TimedOut: r.TimedOut, Duration: time.Duration(r.DurationNS)}, nil
-}
-
-func (s *dockerSandbox) WriteFile(ctx context.Context, p string, data []byte, mode os.FileMode) error {
-	if err := s.check(); err != nil {
-		return err
-	}
-	if !path.IsAbs(p) {
-		return fmt.Errorf("write file: %w: path %q is not absolute", ErrInvalid, p)
-	}
-	resp, err := s.conn.roundTrip(ctx, agent.Request{Op: agent.OpWrite, Path: p, Mode: uint32(mode.Perm())}, bytes.NewReader(data), nil)
-	if err == nil {
-		err = responseError("write "+p, resp)
-	}
-	return s.wrap("write file", err)
-}
-
-func (s *dockerSandbox) ReadFile(ctx context.Context, p string) ([]byte, error) {
-	if err := s.check(); err != nil {
-		return nil, err
-	}
-	if !path.IsAbs(p) {
-		return nil, fmt.Errorf("read file: %w: path %q is not absolute", ErrInvalid, p)
-	}
-	var buf bytes.Buffer
-	resp, err := s.conn.roundTrip(ctx, agent.Request{Op: agent.OpRead, Path: p}, nil, &buf)
-	if err == nil {
-		err = responseError("read "+p, resp)
-	}
-	if err != nil {
-		return nil, s.wrap("read file", err)
-	}
-	return buf.Bytes(), nil
-}
-
-func (s *dockerSandbox) Upload(ctx context.Context, dir string, tarStream io.Reader) error {
-	if err := s.check(); err != nil {
-		return err
-	}
-	if !path.IsAbs(dir) {
-		return fmt.Errorf("upload: %w: dir %q is not absolute", ErrInvalid, dir)
-	}
-	resp, err := s.conn.roundTrip(ctx, agent.Request{Op: agent.OpUpload, Path: dir}, tarStream, nil)
-	if err == nil {
-		err = responseError("upload to "+dir, resp)
-	}
-	return s.wrap("upload", err)
-}
-
-func (s *dockerSandbox) Download(ctx context.Context, dir string, w io.Writer) error {
-	if err := s.check(); err != nil {
-		return err
-	}
-	if !path.IsAbs(dir) {
-		return fmt.Errorf("download: %w: dir %q is not absolute", ErrInvalid, dir)
-	}
-	resp, err := s.conn.roundTrip(ctx, agent.Request{Op: agent.OpDownload, Path: dir}, nil, w)
-	if err == nil {
-		err = responseError("download "+dir, resp)
-	}
-	return s.wrap("download", err)
-}
-
-func procInfo(p *agent.ProcInfo) ProcessInfo {
-	return ProcessInfo{ID: p.ID, Command: p.Command, PID: p.PID, Running: p.Running, ExitCode: p.ExitCode,
-		StartedAt: time.Unix(0, p.StartedNS), Output: p.Output, OutputTotal: p.OutputTotal}
-}
-
-func (s *dockerSandbox) procCall(ctx context.Context, what string, req agent.Request) (agent.Response, error) {
-	if err := s.check(); err != nil {
-		return agent.Response{}, err
-	}
-	resp, err := s.conn.roundTrip(ctx, req, nil, nil)
-	if err == nil {
-		err = responseError(what, resp)
-	}
-	return resp, s.wrap(what, err)
-}
-
-func (s *dockerSandbox) Start(ctx context.Context, req ExecRequest) (ProcessInfo, error) {
-	spec, err := toSpec(req)
-	if err != nil {
-		return ProcessInfo{}, err
-	}
-	if req.Timeout != 0 {
-		return ProcessInfo{}, fmt.Errorf("%w: background processes take no timeout (use Wait and Kill)", ErrInvalid)
-	}
-	resp, err := s.procCall(ctx, "start", agent.Request{Op: agent.OpStart, Exec: spec})
-	if err != nil {
-		return ProcessInfo{}, err
-	}
-	return procInfo(resp.Proc), nil
-}
-
-func (s *dockerSandbox) Poll(ctx context.Context, id string) (ProcessInfo, error) {
-	resp, err := s.procCall(ctx, "poll", agent.Request{Op: agent.OpPoll, Proc: id})
-	if err != nil {
-		return ProcessInfo{}, err
-	}
-	return procInfo(resp.Proc), nil
-}
-
-func (s *dockerSandbox) Wait(ctx context.Context, id string, timeout time.Duration) (ProcessInfo, error) {
-	if timeout < 0 {
-		return ProcessInfo{}, fmt.Errorf("wait: %w: negative timeout", ErrInvalid)
-	}
-	resp, err := s.procCall(ctx, "wait", agent.Request{Op: agent.OpWait, Proc: id, TimeoutNS: int64(timeout)})
-	if err != nil {
-		return ProcessInfo{}, err
-	}
-	return procInfo(resp.Proc), nil
-}
-
-func (s *dockerSandbox) Kill(ctx context.Context, id string) error {
-	_, err := s.procCall(ctx, "kill", agent.Request{Op: agent.OpKill, Proc: id})
-	return err
-}
-
-// KillAll stops every process in the container but its init and agent
-// (Quiescer).
-func (s *dockerSandbox) KillAll(ctx context.Context) (int, error) {
-	resp, err := s.procCall(ctx, "kill all processes", agent.Request{Op: agent.OpKillAll})
-	return resp.Killed, err
-}
-
-var _ Quiescer = (*dockerSandbox)(nil)
-
-func (s *dockerSandbox) WriteStdin(ctx context.Context, id string, data []byte) error {
-	_, err := s.procCall(ctx, "write stdin", agent.Request{Op: agent.OpStdin, Proc: id, Data: data})
-	return err
-}
-
-// CloseStdin closes a background process's stdin (EOF for the process).
-func (s *dockerSandbox) CloseStdin(ctx context.Context, id string) error {
-	_, err := s.procCall(ctx, "close stdin", agent.Request{Op: agent.OpStdin, Proc: id, Close: true})
-	return err
-}
-
-func (s *dockerSandbox) Processes(ctx context.Context) ([]ProcessInfo, error) {
-	resp, err := s.procCall(ctx, "list processes", agent.Request{Op: agent.OpList})
-	if err != nil {
-		return nil, err
-	}
-	out := make([]ProcessInfo, 0, len(resp.Procs))
-	for i := range resp.Procs {
-		out = append(out, procInfo(&resp.Procs[i]))
-	}
-	return out, nil
 }
 
 // Close removes the container. It is idempotent and works with a cancelled

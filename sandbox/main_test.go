@@ -56,6 +56,10 @@ func TestMain(m *testing.M) {
 			return 1
 		}
 		code := m.Run()
+		if err := closeTestKube(ctx); err != nil {
+			fmt.Fprintln(os.Stderr, "close kubernetes test backend:", err)
+			code = 1
+		}
 		if testDocker != nil {
 			if err := testDocker.Close(ctx); err != nil {
 				fmt.Fprintln(os.Stderr, "close test backend:", err)

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"sync"
 	"time"
@@ -23,7 +24,7 @@ type PoolOptions struct {
 // (everything but Labels); a sandbox is never returned to the pool after
 // use. Pool implements Backend.
 type Pool struct {
-	d    *Docker
+	d    poolSource
 	opts PoolOptions
 
 	ctx    context.Context
@@ -43,15 +44,37 @@ type warmSet struct {
 	spec    Spec
 	base    int // Warm: kept ready at all times
 	demand  int // Expect: announced acquires not yet made
-	ready   []*dockerSandbox
+	ready   []warmable
 	filling int
-	waiters []chan *dockerSandbox
+	waiters []chan warmable
 }
 
 var _ Backend = (*Pool)(nil)
 
+// warmable is a sandbox a Pool can hold before handing it out.
+type warmable interface {
+	Sandbox
+	broken() error
+	setPooled(bool)
+	setLabels(map[string]string)
+	touch()
+}
+
+// poolSource is a backend a Pool fills from (*Docker, *Kubernetes).
+type poolSource interface {
+	validate(spec *Spec) error
+	// createWarm creates a sandbox; extraLabels go on the container or pod.
+	// slot says whether the caller already holds its slot of slotSem();
+	// block=false fails at once instead of waiting for the backend's own
+	// admission (a warm fill never waits).
+	createWarm(ctx context.Context, spec Spec, extraLabels map[string]string, slot slotMode, block bool) (warmable, error)
+	// slotSem bounds the sandboxes the backend holds, warm ones included.
+	slotSem() *slotSem
+	logger() *slog.Logger
+}
+
 // NewPool returns a pool creating through d. Close the pool before d.
-func NewPool(d *Docker, opts PoolOptions) *Pool {
+func NewPool(d poolSource, opts PoolOptions) *Pool {
 	if opts.MaxIdle <= 0 {
 		opts.MaxIdle = 64
 	}
@@ -188,10 +211,10 @@ func (p *Pool) Acquire(ctx context.Context, spec Spec) (Sandbox, error) {
 			}
 			continue
 		}
-		if p.d.slots.tryAcquire() {
+		if p.d.slotSem().tryAcquire() {
 			p.refillLocked(ws)
 			p.mu.Unlock()
-			sb, err := p.d.create(ctx, spec, nil, slotHeld)
+			sb, err := p.d.createWarm(ctx, spec, nil, slotHeld, true)
 			if err != nil {
 				return nil, fmt.Errorf("acquire sandbox: %w", err)
 			}
@@ -206,13 +229,13 @@ func (p *Pool) Acquire(ctx context.Context, spec Spec) (Sandbox, error) {
 			p.mu.Lock()
 			continue
 		}
-		slotFreed, poolChanged := p.d.slots.wait(), p.changed
+		slotFreed, poolChanged := p.d.slotSem().wait(), p.changed
 		p.mu.Unlock()
 		select {
 		case <-slotFreed:
 		case <-poolChanged:
 		case <-ctx.Done():
-			return nil, fmt.Errorf("acquire sandbox: waiting for a free slot (%d in use): %w", p.d.slots.cap, ctx.Err())
+			return nil, fmt.Errorf("acquire sandbox: waiting for a free slot (%d in use): %w", p.d.slotSem().cap, ctx.Err())
 		}
 		p.mu.Lock()
 		if p.closed {
@@ -223,13 +246,13 @@ func (p *Pool) Acquire(ctx context.Context, spec Spec) (Sandbox, error) {
 }
 
 // popReadyLocked takes a healthy ready sandbox of ws, discarding broken ones.
-func (p *Pool) popReadyLocked(ws *warmSet) *dockerSandbox {
+func (p *Pool) popReadyLocked(ws *warmSet) warmable {
 	defer metricPoolIdle.WithLabelValues(ws.spec.Image).Set(float64(len(ws.ready)))
 	for len(ws.ready) > 0 {
 		sb := ws.ready[0]
 		ws.ready = ws.ready[1:]
 		p.idle--
-		if sb.conn.broken() != nil {
+		if sb.broken() != nil {
 			p.wg.Go(func() { _ = sb.Close(p.ctx) })
 			continue
 		}
@@ -239,7 +262,7 @@ func (p *Pool) popReadyLocked(ws *warmSet) *dockerSandbox {
 }
 
 // evictLocked takes the oldest ready sandbox of any set, or nil.
-func (p *Pool) evictLocked() *dockerSandbox {
+func (p *Pool) evictLocked() warmable {
 	for _, ws := range p.sets {
 		if len(ws.ready) > 0 {
 			sb := ws.ready[0]
@@ -254,8 +277,8 @@ func (p *Pool) evictLocked() *dockerSandbox {
 
 // waitFill waits (p.mu held on entry, released on return) for a sandbox
 // being started for ws; nil when that start failed.
-func (p *Pool) waitFill(ctx context.Context, ws *warmSet) (*dockerSandbox, error) {
-	wait := make(chan *dockerSandbox, 1)
+func (p *Pool) waitFill(ctx context.Context, ws *warmSet) (warmable, error) {
+	wait := make(chan warmable, 1)
 	ws.waiters = append(ws.waiters, wait)
 	p.mu.Unlock()
 	select {
@@ -282,9 +305,9 @@ func (p *Pool) waitFill(ctx context.Context, ws *warmSet) (*dockerSandbox, error
 	}
 }
 
-func (p *Pool) handOut(got *dockerSandbox, spec Spec, start time.Time) Sandbox {
-	got.pooled.Store(false)
-	got.spec.Labels = maps.Clone(spec.Labels)
+func (p *Pool) handOut(got warmable, spec Spec, start time.Time) Sandbox {
+	got.setPooled(false)
+	got.setLabels(maps.Clone(spec.Labels))
 	got.touch()
 	metricAcquire.WithLabelValues("pool").Observe(time.Since(start).Seconds())
 	return got
@@ -295,7 +318,7 @@ func (p *Pool) handOut(got *dockerSandbox, spec Spec, start time.Time) Sandbox {
 // start, so the warm pool can never exceed MaxContainers).
 func (p *Pool) refillLocked(ws *warmSet) {
 	missing := ws.base + ws.demand - len(ws.ready) - ws.filling
-	for ; missing > 0 && p.idle < p.opts.MaxIdle && p.d.slots.tryAcquire(); missing-- {
+	for ; missing > 0 && p.idle < p.opts.MaxIdle && p.d.slotSem().tryAcquire(); missing-- {
 		ws.filling++
 		p.idle++
 		spec := ws.spec
@@ -310,7 +333,7 @@ func (p *Pool) changedLocked() {
 }
 
 func (p *Pool) fill(ws *warmSet, spec Spec) {
-	sb, err := p.d.create(p.ctx, spec, map[string]string{LabelPool: ws.key}, slotHeld)
+	sb, err := p.d.createWarm(p.ctx, spec, map[string]string{LabelPool: ws.key}, slotHeld, false)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	defer p.changedLocked()
@@ -318,7 +341,7 @@ func (p *Pool) fill(ws *warmSet, spec Spec) {
 	if err != nil {
 		p.idle--
 		if p.ctx.Err() == nil {
-			p.d.log.Warn("warm pool: create failed", "image", spec.Image, "err", err)
+			p.d.logger().Warn("warm pool: create failed", "image", spec.Image, "err", err)
 		}
 		// A waiter counted on this start: let it create its own.
 		if len(ws.waiters) > 0 && ws.filling < len(ws.waiters) {
@@ -333,7 +356,7 @@ func (p *Pool) fill(ws *warmSet, spec Spec) {
 		p.wg.Go(func() { _ = sb.Close(context.Background()) })
 		return
 	}
-	sb.pooled.Store(true)
+	sb.setPooled(true)
 	if len(ws.waiters) > 0 {
 		w := ws.waiters[0]
 		ws.waiters = ws.waiters[1:]
@@ -358,7 +381,7 @@ func (p *Pool) Close(ctx context.Context) error {
 	p.mu.Unlock()
 	p.wg.Wait()
 	p.mu.Lock()
-	var ready []*dockerSandbox
+	var ready []warmable
 	for _, ws := range p.sets {
 		ready = append(ready, ws.ready...)
 		ws.ready = nil

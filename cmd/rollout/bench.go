@@ -18,8 +18,8 @@ func init() { register(newBenchCmd) }
 
 func newBenchCmd() *cobra.Command {
 	var (
-		jsonOut, corpus string
-		quick           bool
+		jsonOut, corpus, kubeconfig string
+		quick                       bool
 	)
 	cmd := &cobra.Command{
 		Use:   "bench [suite...] [--json FILE] [--quick]",
@@ -49,7 +49,7 @@ func newBenchCmd() *cobra.Command {
 					return usageError(cmd, fmt.Errorf("--corpus %s: not a directory", corpus))
 				}
 			}
-			rep, err := bench.Run(cmd.Context(), bench.Options{Suites: suites, Quick: quick, Corpus: corpus, Log: cmd.ErrOrStderr()})
+			rep, err := bench.Run(cmd.Context(), bench.Options{Suites: suites, Quick: quick, Corpus: corpus, Kubeconfig: kubeconfig, Log: cmd.ErrOrStderr()})
 			if err != nil && len(rep.Measures) == 0 {
 				return err
 			}
@@ -88,6 +88,7 @@ func newBenchCmd() *cobra.Command {
 	f := cmd.Flags()
 	f.StringVar(&jsonOut, "json", "", "write the JSON report to FILE (- for stdout)")
 	f.BoolVar(&quick, "quick", false, "small counts: the whole run takes under two minutes (smoke test; numbers not comparable)")
+	f.StringVar(&kubeconfig, "kubeconfig", os.Getenv("ROLLOUT_K8S_LAB_KUBECONFIG"), "sandbox suite: also measure the Kubernetes backend on this cluster (default $ROLLOUT_K8S_LAB_KUBECONFIG, the lab)")
 	f.StringVar(&corpus, "corpus", "", "parsers suite: time every DIR/<parser>.txt instead of the repository corpus")
 	cmd.AddCommand(newBenchReportCmd())
 	return cmd

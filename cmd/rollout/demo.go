@@ -19,6 +19,8 @@ func newDemoCmd() *cobra.Command {
 	var out, backend, family string
 	var successProb float64
 	var seed int64
+	var envNames []string
+	var groups, groupSize int
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Run the main job end to end: the built-in simulator, real Docker sandboxes, terminal-tasks and swe-tests",
@@ -46,8 +48,15 @@ trajectories as Parquet under --out and prints a summary.`,
 			}
 			log := newLogger(os.Stderr)
 			bars := map[string]*progress{}
+			specs := demo.DefaultSpecs()
+			if len(envNames) > 0 {
+				specs = nil
+				for _, n := range envNames {
+					specs = append(specs, demo.Spec{Env: n, Groups: groups, GroupSize: groupSize})
+				}
+			}
 			results, err := demo.Run(ctx, demo.Options{
-				Out: out, Specs: demo.DefaultSpecs(), Backend: backend, Family: family,
+				Out: out, Specs: specs, Backend: backend, Family: family,
 				SuccessProb: successProb, Seed: seed, Logger: log,
 				Progress: func(env string, e runner.Event) {
 					p, ok := bars[env]
@@ -68,7 +77,7 @@ trajectories as Parquet under --out and prints a summary.`,
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(w, "\nnext: rollout inspect %s/terminal-tasks   (or --html page.html)\n", out)
+			fmt.Fprintf(w, "\nnext: rollout inspect %s/%s   (or --html page.html)\n", out, specs[0].Env)
 			return nil
 		},
 	}
@@ -77,5 +86,8 @@ trajectories as Parquet under --out and prints a summary.`,
 	cmd.Flags().StringVar(&family, "family", "hermes", "tool-call format the simulated model emits (and the parser)")
 	cmd.Flags().Float64Var(&successProb, "success-prob", 0.7, "probability that a rollout follows the correct solution")
 	cmd.Flags().Int64Var(&seed, "seed", 1, "simulator seed")
+	cmd.Flags().StringSliceVar(&envNames, "env", nil, "built-in envs with reference solutions to run instead of terminal-tasks and swe-tests (e.g. task-suite, web-research); eval-only envs run as evaluations")
+	cmd.Flags().IntVar(&groups, "groups", 3, "groups per --env")
+	cmd.Flags().IntVar(&groupSize, "group-size", 4, "rollouts per group for --env")
 	return cmd
 }

@@ -10,7 +10,7 @@ func TestEnvsListAndDescribe(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d", code)
 	}
-	for _, name := range []string{"terminal-tasks", "swe-tests", "terminal-bench", "math-python", "toolcall-match", "[eval-only]"} {
+	for _, name := range []string{"terminal-tasks", "swe-tests", "terminal-bench", "math-python", "toolcall-match", "task-suite", "web-research", "[eval-only]"} {
 		if !strings.Contains(out, name) {
 			t.Errorf("list lacks %q:\n%s", name, out)
 		}

@@ -12,23 +12,40 @@ func init() { registerSandbox(newSandboxGCCmd) }
 
 func newSandboxGCCmd() *cobra.Command {
 	var opts sandbox.ReapOptions
+	var kube bool
+	var kc sandbox.KubernetesConfig
 	cmd := &cobra.Command{
 		Use:   "gc",
-		Short: "Remove orphaned sandbox containers of this service",
+		Short: "Remove orphaned sandbox containers (or pods) of this service",
 		Long: "Remove containers labelled io.rollout.managed=true whose creating process on this host is gone\n" +
-			"(crashed runs). Containers of running instances are kept unless --all is given.",
+			"(crashed runs). Containers of running instances are kept unless --all is given.\n" +
+			"With --kubernetes: delete the owner leases of processes that stopped renewing them (the\n" +
+			"cluster's garbage collector then deletes their pods) and pods without a live owner, in\n" +
+			"--namespace (docs/kubernetes.md).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			removed, err := sandbox.GC(cmd.Context(), opts)
+			var removed []sandbox.Reaped
+			var err error
+			what := "container(s)"
+			if kube {
+				removed, err = sandbox.GCKubernetes(cmd.Context(), kc, opts)
+				what = "object(s)"
+			} else {
+				removed, err = sandbox.GC(cmd.Context(), opts)
+			}
 			out := cmd.OutOrStdout()
 			for _, r := range removed {
-				fmt.Fprintf(out, "removed %s %s (instance %s, %s)\n", r.ID[:12], r.Name, r.Instance, r.Reason)
+				fmt.Fprintf(out, "removed %s %s (instance %s, %s)\n", r.ID[:min(12, len(r.ID))], r.Name, r.Instance, r.Reason)
 			}
-			fmt.Fprintf(out, "%d container(s) removed\n", len(removed))
+			fmt.Fprintf(out, "%d %s removed\n", len(removed), what)
 			return err
 		},
 	}
 	cmd.Flags().BoolVar(&opts.All, "all", false, "remove every sandbox container of this service, also those of running instances")
 	cmd.Flags().BoolVar(&opts.OtherHosts, "other-hosts", false, "also remove containers created from other hosts (shared engine)")
+	cmd.Flags().BoolVar(&kube, "kubernetes", false, "collect on a Kubernetes cluster instead of the local engine")
+	cmd.Flags().StringVar(&kc.Kubeconfig, "kubeconfig", "", "kubeconfig file (default $KUBECONFIG, ~/.kube/config, in-cluster)")
+	cmd.Flags().StringVar(&kc.Context, "context", "", "kubeconfig context")
+	cmd.Flags().StringVar(&kc.Namespace, "namespace", "default", "namespace of the sandbox pods")
 	return cmd
 }

@@ -319,7 +319,7 @@ func startEngine(ctx context.Context, t *testing.T, img, dir string) *engine {
 	out, err := exec.CommandContext(ctx, "docker", "run", "-d", "--label", "io.rollout.test=grpo-cpu",
 		"-p", fmt.Sprintf("127.0.0.1:%d:8080", port), "-v", dir+":/policy:ro", img,
 		"llama-server", "-m", "/policy/policy.gguf", "--jinja", "--host", "0.0.0.0", "--port", "8080",
-		"-t", "1", "-c", "8192", "-np", "4", "-fa", "off", "-ctk", "f32", "-ctv", "f32").CombinedOutput()
+		"-t", "1", "-c", "8192", "-np", "4", "-fa", "off", "-ctk", "f32", "-ctv", "f32", "--no-prefill-assistant").CombinedOutput()
 	if err != nil {
 		t.Fatalf("start engine: %v\n%s", err, out)
 	}

@@ -53,6 +53,11 @@ type Config struct {
 	// slot's context and /v1/models meta.n_ctx reports MaxModelLen×Slots.
 	// Default 1.
 	Slots int `yaml:"slots" json:"slots,omitempty"`
+	// PrefillAssistant (llamacpp engine) renders a trailing assistant
+	// message as a prefill to continue, without its closing, as
+	// llama-server does unless started with --no-prefill-assistant.
+	// Default false: the simulator behaves like a server started with it.
+	PrefillAssistant bool `yaml:"prefill_assistant" json:"prefill_assistant,omitempty"`
 	// RecordSamplers makes the server keep the sampler fields of every
 	// generation request (Server.Samplers), for tests of what reached it.
 	RecordSamplers bool `yaml:"-" json:"-"`

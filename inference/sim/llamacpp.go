@@ -162,6 +162,9 @@ func (h *handler) llamaTemplateText(c chatRender) (string, *apiError) {
 	if e := toolArgsError(c.Messages, true); e != nil {
 		return "", e
 	}
+	if h.cfg.PrefillAssistant && len(c.Messages) > 0 && c.Messages[len(c.Messages)-1].Role == "assistant" {
+		c.ContinueFinalMessage = true
+	}
 	text, _, e := h.render(c)
 	if e != nil {
 		return "", e

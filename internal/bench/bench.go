@@ -84,6 +84,10 @@ type Options struct {
 	// Corpus is a directory of <parser>.txt files for the parsers suite
 	// (default: the repository's parsers/testdata/bench).
 	Corpus string
+	// Kubeconfig, when set, adds the Kubernetes backend's rows
+	// (sandbox.k8s.*) to the sandbox suite, measured on that cluster in
+	// the same run as the Docker rows (docs/kubernetes.md).
+	Kubeconfig string
 	// SimBinary is the rollout executable whose `sim` command serves the
 	// simulator for measures that keep it out of this process (the loop
 	// suite's *_client_* measures). Default: this executable, unless it is

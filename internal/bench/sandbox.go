@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/moby/moby/client"
@@ -194,6 +196,13 @@ func runSandbox(ctx context.Context, r *runCtx) (out []Measure, err error) {
 		note = joinNote(note, "quick run: the target needs the full count")
 	}
 	out = append(out, Measure{Name: "sandbox.max_concurrent", Value: ptr(float64(res.Alive)), Note: note})
+	if r.opts.Kubeconfig != "" {
+		k, err := runKubeSandbox(ctx, r, peak)
+		out = append(out, k...)
+		if err != nil {
+			return out, fmt.Errorf("kubernetes: %w", err)
+		}
+	}
 	return out, ctx.Err()
 }
 
@@ -247,4 +256,90 @@ func measureRunsc(ctx context.Context, r *runCtx, d *sandbox.Docker, spec sandbo
 			Note: fmt.Sprintf("n=%d; %.1f× runc", egs.N, float64(egs.P50)/float64(ers.P50))},
 		{Name: names[2], Value: ptr(toMS(egs.P99)), Baseline: ptr(toMS(ers.P99)), BaselineName: "runc exec `true`, same run"},
 	}
+}
+
+// runKubeSandbox measures the Kubernetes backend on the cluster of
+// opts.Kubeconfig: exec through the persistent channel vs a new exec stream
+// per call, cold pod start, warm-pool claim and the most pods held at once.
+// With the lab's kubeconfig the agent the lab loaded (next to it) is used
+// and images are never pulled.
+func runKubeSandbox(ctx context.Context, r *runCtx, peak int) (out []Measure, err error) {
+	cfg := sandbox.KubernetesConfig{Kubeconfig: r.opts.Kubeconfig, MaxPods: peak + 32}
+	kopts := sandbox.KubernetesOptions{Instance: "bench-" + randomSuffix(), ReapInterval: -1, Logger: r.logger}
+	if p := filepath.Join(filepath.Dir(r.opts.Kubeconfig), "rollout-agent"); fileExists(p) {
+		kopts.Agent = &sandbox.AgentBinary{Path: p}
+		cfg.ImagePullPolicy = "Never"
+	}
+	kopts.Config = cfg
+	k, err := sandbox.NewKubernetes(ctx, kopts)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Minute)
+		defer cancel()
+		if cerr := k.Close(cctx); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
+	spec := sandbox.Spec{Image: "rollout-sandbox:busybox"}
+	s, err := k.Create(ctx, spec)
+	if err != nil {
+		return nil, err
+	}
+	defer s.Close(context.WithoutCancel(ctx))
+	ch, sp, err := sideBySide(5,
+		func(n int) ([]time.Duration, error) { return sandbox.MeasureExec(ctx, s, n) }, r.n(1000, 100),
+		func(n int) ([]time.Duration, error) { return sandbox.MeasureKubeExecSpawn(ctx, k, s, n) }, r.n(60, 10))
+	if err != nil {
+		return out, fmt.Errorf("exec: %w", err)
+	}
+	cs, bs := sandbox.Summarize(ch), sandbox.Summarize(sp)
+	base := "a new exec stream through the API server per call (client-go, `true`), same pod, same run"
+	out = append(out,
+		Measure{Name: "sandbox.k8s.exec_p50_ms", Value: ptr(toMS(cs.P50)), Baseline: ptr(toMS(bs.P50)), BaselineName: base, Note: fmt.Sprintf("n=%d (per-call n=%d)", cs.N, bs.N)},
+		Measure{Name: "sandbox.k8s.exec_p99_ms", Value: ptr(toMS(cs.P99)), Baseline: ptr(toMS(bs.P99)), BaselineName: base},
+		Measure{Name: "sandbox.k8s.exec_vs_spawn_ratio", Value: ptr(sig(float64(cs.P50) / float64(bs.P50))),
+			Note: fmt.Sprintf("persistent channel is %.0f× faster at p50", float64(bs.P50)/float64(cs.P50))},
+	)
+	_ = s.Close(ctx)
+
+	cr, err := sandbox.MeasureCreate(ctx, k, spec, r.n(20, 3))
+	if err != nil {
+		return out, fmt.Errorf("cold start: %w", err)
+	}
+	cold := sandbox.Summarize(cr)
+	out = append(out,
+		Measure{Name: "sandbox.k8s.cold_start_p50_ms", Value: ptr(toMS(cold.P50)), Note: fmt.Sprintf("n=%d; create pod → init container installs the agent → running → agent exec'd and handshaken", cold.N)},
+		Measure{Name: "sandbox.k8s.cold_start_p99_ms", Value: ptr(toMS(cold.P99))},
+	)
+
+	p := sandbox.NewPool(k, sandbox.PoolOptions{})
+	acq, err := sandbox.MeasurePoolAcquire(ctx, p, spec, r.n(30, 5))
+	if cerr := p.Close(context.WithoutCancel(ctx)); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return out, fmt.Errorf("pool claim: %w", err)
+	}
+	as := sandbox.Summarize(acq)
+	base = "cold pod start (create → agent handshake), same run"
+	out = append(out,
+		Measure{Name: "sandbox.k8s.pool_claim_p50_ms", Value: ptr(toMS(as.P50)), Baseline: ptr(toMS(cold.P50)), BaselineName: base, Note: fmt.Sprintf("n=%d", as.N)},
+		Measure{Name: "sandbox.k8s.pool_claim_p99_ms", Value: ptr(toMS(as.P99)), Baseline: ptr(toMS(cold.P99)), BaselineName: base},
+	)
+
+	res := sandbox.MeasurePeak(ctx, k, sandbox.Spec{Image: spec.Image, Limits: sandbox.Limits{MemoryBytes: 256 << 20, CPUs: 0.5, PIDs: 64}}, peak, 16)
+	nodes := k.Capacity()
+	note := fmt.Sprintf("tried %d; all created in %s; admission capacity %d pods", res.Target, res.Elapsed.Round(time.Millisecond), nodes)
+	if res.Err != nil {
+		note = joinNote(note, firstLine(res.Err.Error()))
+	}
+	out = append(out, Measure{Name: "sandbox.k8s.max_concurrent", Value: ptr(float64(res.Alive)), Note: note})
+	return out, ctx.Err()
+}
+
+func fileExists(p string) bool {
+	st, err := os.Stat(p)
+	return err == nil && st.Mode().IsRegular()
 }

@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/rollout-rl/rollout/datasets"
 	"github.com/rollout-rl/rollout/envs"
 	"github.com/rollout-rl/rollout/inference"
@@ -85,6 +87,27 @@ type Spec struct {
 	Groups    int
 	GroupSize int
 	Image     string // overrides the env's sandbox image when set
+	// EnvConfig is the env's env_config as YAML (empty: the defaults).
+	EnvConfig string
+}
+
+func (s Spec) env() (envs.Env, *yaml.Node, error) {
+	var node *yaml.Node
+	if s.EnvConfig != "" {
+		var doc yaml.Node
+		if err := yaml.Unmarshal([]byte(s.EnvConfig), &doc); err != nil {
+			return nil, nil, fmt.Errorf("demo %s: env_config: %w", s.Env, err)
+		}
+		if len(doc.Content) > 0 {
+			node = doc.Content[0]
+		}
+	}
+	cfg := runner.Config{Env: s.Env}
+	if node != nil {
+		cfg.EnvConfig = *node
+	}
+	e, err := job.OpenEnv(cfg)
+	return e, node, err
 }
 
 // plan is how a spec runs: eval-only envs (terminal-bench) run as an
@@ -148,7 +171,7 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 	}
 	var scripts []sim.Script
 	for _, s := range o.Specs {
-		env, err := envs.New(s.Env, nil)
+		env, _, err := s.env()
 		if err != nil {
 			return nil, err
 		}
@@ -174,7 +197,7 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 	defer srv.Close()
 	var out []Result
 	for _, s := range o.Specs {
-		env, err := envs.New(s.Env, nil)
+		env, node, err := s.env()
 		if err != nil {
 			return out, err
 		}
@@ -190,6 +213,9 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 			Output:         runner.Output{Dir: filepath.Join(o.Out, s.Env), MaxRowsPerFile: o.RowsPerFile},
 		}
 		cfg.Sandbox.Image = s.Image
+		if node != nil {
+			cfg.EnvConfig = *node
+		}
 		name := s.Env
 		prog := func(e runner.Event) {
 			if o.Progress != nil {

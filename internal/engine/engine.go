@@ -106,7 +106,7 @@ type Engine struct {
 func LlamacppArgs(opts LlamacppOptions) []string {
 	opts = opts.withDefaults()
 	args := []string{
-		"llama-server", "-m", opts.Model, "--jinja",
+		"llama-server", "-m", opts.Model, "--jinja", "--no-prefill-assistant",
 		"--host", "0.0.0.0", "--port", strconv.Itoa(image.LlamacppPort),
 		"-t", strconv.Itoa(opts.Threads), "-c", strconv.Itoa(opts.Ctx), "-np", strconv.Itoa(opts.Slots),
 	}

@@ -26,7 +26,7 @@ func TestDefaultArgsMatchImage(t *testing.T) {
 		t.Fatalf("default args %q, image CMD %q", got, image.LlamacppServerArgs)
 	}
 	got := LlamacppArgs(LlamacppOptions{Ctx: 4096, Slots: 2, Threads: 2, ExtraArgs: []string{"--metrics"}})
-	want := "llama-server -m /models/tiny-qwen3.gguf --jinja --host 0.0.0.0 --port 8080 -t 2 -c 4096 -np 2 --metrics"
+	want := "llama-server -m /models/tiny-qwen3.gguf --jinja --no-prefill-assistant --host 0.0.0.0 --port 8080 -t 2 -c 4096 -np 2 --metrics"
 	if strings.Join(got, " ") != want {
 		t.Fatalf("args %q, want %q", strings.Join(got, " "), want)
 	}

@@ -163,6 +163,16 @@ func open(ctx context.Context, cfg runner.Config, opts Options) (*Job, error) {
 		// warm ones included: the run's bound holds at every moment.
 		limit := sandboxLimit(cfg)
 		j.docker = &lazyDocker{log: opts.Logger, instance: opts.SandboxInstance, warm: min(warmPoolSize(cfg), limit), maxContainers: limit}
+		if cfg.Sandbox.Backend == sandbox.BackendKubernetes {
+			kc := sandbox.KubernetesConfig{}
+			if cfg.Sandbox.Kubernetes != nil {
+				kc = *cfg.Sandbox.Kubernetes
+			}
+			if limit > 0 && (kc.MaxPods <= 0 || kc.MaxPods > limit) {
+				kc.MaxPods = limit // limits.sandboxes bounds the pods too
+			}
+			j.docker.kube = &kc
+		}
 		sbs = j.docker
 	}
 	imgs := opts.Images
@@ -351,9 +361,12 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-// lazyDocker starts the Docker backend on the first sandbox request, so
-// runs without sandboxes need no engine.
+// lazyDocker starts the sandbox backend (Docker, or Kubernetes when kube
+// is set) on the first sandbox request, so runs without sandboxes need no
+// engine or cluster.
 type lazyDocker struct {
+	kube     *sandbox.KubernetesConfig
+	k        *sandbox.Kubernetes
 	log      *slog.Logger
 	instance string
 	opts     *sandbox.Options // full backend options (Shared); nil: log and instance only
@@ -392,7 +405,24 @@ func warmPoolSize(cfg runner.Config) int {
 }
 
 func (l *lazyDocker) get(ctx context.Context) (*sandbox.Docker, error) {
+	if err := l.start(ctx); err != nil {
+		return nil, err
+	}
+	if l.d == nil {
+		return nil, fmt.Errorf("%w: task images are built by the local Docker engine; with sandbox.backend kubernetes build them beforehand and load them into the nodes or push them to sandbox.kubernetes.image_registry (docs/kubernetes.md)", sandbox.ErrInvalid)
+	}
+	return l.d, nil
+}
+
+func (l *lazyDocker) start(ctx context.Context) error {
 	l.once.Do(func() {
+		if l.kube != nil {
+			l.k, l.err = sandbox.NewKubernetes(context.WithoutCancel(ctx), sandbox.KubernetesOptions{Config: *l.kube, Logger: l.log, Instance: l.instance})
+			if l.err == nil && l.warm > 0 {
+				l.pool = sandbox.NewPool(l.k, sandbox.PoolOptions{MaxIdle: l.warm})
+			}
+			return
+		}
 		opts := sandbox.Options{Logger: l.log, Instance: l.instance, MaxContainers: l.maxContainers}
 		if l.opts != nil {
 			opts = *l.opts
@@ -402,24 +432,26 @@ func (l *lazyDocker) get(ctx context.Context) (*sandbox.Docker, error) {
 			l.pool = sandbox.NewPool(l.d, sandbox.PoolOptions{MaxIdle: l.warm})
 		}
 	})
-	return l.d, l.err
+	return l.err
 }
 
 // Create implements runner.Sandboxes.
 func (l *lazyDocker) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
-	d, err := l.get(ctx)
-	if err != nil {
+	if err := l.start(ctx); err != nil {
 		return nil, err
 	}
 	if l.pool != nil {
 		return l.pool.Acquire(ctx, spec)
 	}
-	return d.Create(ctx, spec)
+	if l.k != nil {
+		return l.k.Create(ctx, spec)
+	}
+	return l.d.Create(ctx, spec)
 }
 
 // Expect implements runner.Expecter.
 func (l *lazyDocker) Expect(spec sandbox.Spec, n int) error {
-	if _, err := l.get(context.Background()); err != nil {
+	if err := l.start(context.Background()); err != nil {
 		return err
 	}
 	if l.pool == nil {
@@ -431,14 +463,18 @@ func (l *lazyDocker) Expect(spec sandbox.Spec, n int) error {
 // Close stops the backend if it was started, removing its containers
 // (the pool's unused ones first).
 func (l *lazyDocker) Close(ctx context.Context) error {
-	if l.d == nil {
+	if l.d == nil && l.k == nil {
 		return nil
 	}
 	var errs []error
 	if l.pool != nil {
 		errs = append(errs, l.pool.Close(ctx))
 	}
-	errs = append(errs, l.d.Close(ctx))
+	if l.k != nil {
+		errs = append(errs, l.k.Close(ctx))
+	} else {
+		errs = append(errs, l.d.Close(ctx))
+	}
 	return errors.Join(errs...)
 }
 

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -34,6 +35,14 @@ type collection struct {
 	onTruncation string
 	bias         map[string]float64
 	inFlight     int
+	// wantExit is rollout run's expected exit status (3: the run failed
+	// its exit policy, e.g. no rollout ok).
+	wantExit int
+	// env and envConfig replace terminal-tasks on busybox; extra keys are
+	// added to the run config (e.g. mcp_servers).
+	env       string
+	envConfig map[string]any
+	extra     map[string]any
 }
 
 // groupsFromEnv is the number of groups of the suite's collections:
@@ -71,10 +80,12 @@ func retries(stderr string) map[string]int {
 				msg = msg[:j]
 			}
 		}
-		out[msg]++
+		out[digits.ReplaceAllString(msg, "N")]++
 	}
 	return out
 }
+
+var digits = regexp.MustCompile(`[0-9]+`)
 
 // run writes the run config and runs `rollout run`; it returns the output
 // directory and the rollouts retried as infrastructure failures.
@@ -105,6 +116,12 @@ func (c collection) run(t *testing.T, ctx context.Context, e *llamacpptest.Engin
 		"sandbox":                 map[string]any{"warm_pool": -1},
 		"output":                  map[string]any{"dir": out},
 	}
+	if c.env != "" {
+		cfg["env"], cfg["env_config"] = c.env, c.envConfig
+	}
+	for k, v := range c.extra {
+		cfg[k] = v
+	}
 	if c.backend == "chat" {
 		delete(cfg, "parser")
 	}
@@ -116,8 +133,8 @@ func (c collection) run(t *testing.T, ctx context.Context, e *llamacpptest.Engin
 	start := time.Now()
 	stdout, stderr, code := runRollout(t, ctx, "run", "-c", path)
 	t.Logf("rollout run (%s, chat_token_ids %v): %d groups × %d in %s\n%s", c.backend, c.chatIDs, c.groups, c.groupSize, time.Since(start).Round(time.Second), stdout)
-	if code != 0 {
-		t.Fatalf("rollout run: exit %d\nstdout:\n%s\nstderr (tail):\n%s\nserver log:\n%s", code, stdout, tail(stderr, 40), e.LogTail(30))
+	if code != c.wantExit {
+		t.Fatalf("rollout run: exit %d (want %d)\nstdout:\n%s\nstderr (tail):\n%s\nserver log:\n%s", code, c.wantExit, stdout, tail(stderr, 40), e.LogTail(30))
 	}
 	return out, retries(stderr)
 }
@@ -132,8 +149,9 @@ func tail(s string, n int) string {
 
 // stats are the counts a collection is judged and reported by.
 type stats struct {
-	rollouts, ok, infra     int
+	rollouts, ok, infra     int // infra: failures other than known defects
 	byStop, byFailure       map[string]int
+	known                   map[string]int // infra_failed rollouts of a known defect, by defect
 	toolErrors, loopEvents  map[string]int
 	turns, turnsWithCalls   int
 	calls, trained, checked int
@@ -148,8 +166,8 @@ func (s stats) String() string {
 		}
 		return strings.Join(parts, ", ")
 	}
-	return fmt.Sprintf("rollouts %d (ok %d, infra_failed %d)\n  stop reasons: %s\n  failure kinds: %s\n  turns %d, with calls %d, calls %d\n  tool errors: %s\n  loop events: %s\n  trained tokens %d, re-scored against the server %d",
-		s.rollouts, s.ok, s.infra, f(s.byStop), f(s.byFailure), s.turns, s.turnsWithCalls, s.calls, f(s.toolErrors), f(s.loopEvents), s.trained, s.checked)
+	return fmt.Sprintf("rollouts %d (ok %d, infra_failed %d + %d of known defects: %s)\n  stop reasons: %s\n  failure kinds: %s\n  turns %d, with calls %d, calls %d\n  tool errors: %s\n  loop events: %s\n  trained tokens %d, re-scored against the server %d",
+		s.rollouts, s.ok, s.infra, s.rollouts-s.ok-s.infra, f(s.known), f(s.byStop), f(s.byFailure), s.turns, s.turnsWithCalls, s.calls, f(s.toolErrors), f(s.loopEvents), s.trained, s.checked)
 }
 
 type message struct {
@@ -171,13 +189,32 @@ type message struct {
 // is off by nats, not hundredths.
 const logprobTolerance = 0.15
 
+// chatModeDefects are the infrastructure failures that chat mode against
+// llama.cpp is known to produce from the model's output (docs/real-engines.md,
+// "The real-engine suite"): llama.cpp's HTTP 500 when its tool-call parser
+// cannot read the model's text, and a turn whose ids llama.cpp did not all
+// name (a token ending inside a UTF-8 character has no logprob entry),
+// which the chat backend refuses. Each is retried as infrastructure and
+// fails the rollout when every attempt hits it. They are counted and
+// logged, not failed on; anything else is.
+var chatModeDefects = []string{"does not match the expected peg-native format", "chat_token_ids is set but the answer names"}
+
+func knownDefect(msg string, known []string) string {
+	for _, k := range known {
+		if strings.Contains(msg, k) {
+			return k
+		}
+	}
+	return ""
+}
+
 // check reads the run's records and asserts the suite's invariants:
 // every rollout ok (model misbehaviour is never infrastructure), and, when
 // the backend promises token ids (wantIDs), tokens, loss_mask and logprobs
 // of equal length with at least one trained token, every checked trained
 // token's logprob equal to the server's own for that id after that prefix
 // (rescorePerRollout positions per rollout, 0 = all).
-func check(t *testing.T, e *llamacpptest.Engine, dir string, wantIDs bool, rescorePerRollout int) stats {
+func check(t *testing.T, e *llamacpptest.Engine, dir string, wantIDs bool, rescorePerRollout int, known []string) stats {
 	t.Helper()
 	run, err := trajectory.Open(dir)
 	if err != nil {
@@ -187,7 +224,7 @@ func check(t *testing.T, e *llamacpptest.Engine, dir string, wantIDs bool, resco
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := stats{byStop: map[string]int{}, byFailure: map[string]int{}, toolErrors: map[string]int{}, loopEvents: map[string]int{}}
+	s := stats{byStop: map[string]int{}, byFailure: map[string]int{}, toolErrors: map[string]int{}, loopEvents: map[string]int{}, known: map[string]int{}}
 	vocab := nVocab(t, e)
 	rng := rand.New(rand.NewPCG(14, 14))
 	for i := range recs {
@@ -195,12 +232,17 @@ func check(t *testing.T, e *llamacpptest.Engine, dir string, wantIDs bool, resco
 		s.rollouts++
 		name := fmt.Sprintf("%s/%d", r.ItemID, r.RolloutIndex)
 		if r.Status != "ok" {
-			s.infra++
 			kind, msg := "?", ""
 			if r.Failure != nil {
 				kind, msg = r.Failure.Kind, r.Failure.Message
 			}
 			s.byFailure[kind]++
+			if k := knownDefect(msg, known); k != "" {
+				s.known[k]++
+				t.Logf("%s: status %s, failure %s (known defect %q): %s", name, r.Status, kind, k, msg)
+				continue
+			}
+			s.infra++
 			t.Errorf("%s: status %s, failure %s: %s", name, r.Status, kind, msg)
 			continue
 		}

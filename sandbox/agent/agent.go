@@ -35,8 +35,20 @@ func Main(args []string) int {
 	fallback := fset.String("fallback-user", "", "user when -user is not in /etc/passwd and -optional-user is set")
 	optional := fset.Bool("optional-user", false, "fall back to -fallback-user when -user does not exist")
 	workdir := fset.String("workdir", "/workspace", "default working directory")
+	install := fset.String("install", "", "copy this executable to the given path (mode 0755) and exit (Kubernetes init container)")
+	initMode := fset.Bool("init", false, "run as the container's init: reap orphans, exit on SIGTERM/SIGINT (Kubernetes pods, where the agent itself is exec'd)")
 	if err := fset.Parse(args); err != nil {
 		return 2
+	}
+	switch {
+	case *install != "":
+		if err := installSelf(*install); err != nil {
+			fmt.Fprintln(os.Stderr, "rollout-agent: install:", err)
+			return 1
+		}
+		return 0
+	case *initMode:
+		return runInit()
 	}
 	warmThreads()
 	s := newServer(os.Stdout)
@@ -288,6 +300,10 @@ func (s *server) handle(ctx context.Context, id uint32, req *Request, data <-cha
 		err = s.upload(ctx, req.Path, data)
 	case OpDownload:
 		resp.Size, err = s.download(ctx, id, req.Path)
+	case OpPipe:
+		var r *ExecResult
+		r, err = s.pipe(ctx, id, req.Exec, data)
+		resp.Exec = r
 	default:
 		err = invalidf("unknown op %q", req.Op)
 	}

@@ -34,7 +34,7 @@ const (
 // the tiny model on all interfaces of the container, one thread, a
 // 32768-token context split over 4 slots (8192 each).
 var LlamacppServerArgs = []string{
-	"llama-server", "-m", LlamacppModel, "--jinja",
+	"llama-server", "-m", LlamacppModel, "--jinja", "--no-prefill-assistant",
 	"--host", "0.0.0.0", "--port", "8080",
 	"-t", "1", "-c", "32768", "-np", "4",
 }

@@ -33,6 +33,9 @@ const (
 	// Engine images run an inference engine for tests and local use
 	// (e.g. rollout-llamacpp:sid); they are never sandboxes.
 	Engine
+	// Lab images are infrastructure for the project's own test cluster
+	// (rollout-k8s-node:bookworm, docs/kubernetes.md); never sandboxes.
+	Lab
 )
 
 // recipeFormat is bumped when the way recipes are turned into images changes

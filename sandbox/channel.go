@@ -1,0 +1,218 @@
+package sandbox
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"time"
+
+	"github.com/rollout-rl/rollout/sandbox/agent"
+)
+
+// channelOps are the Sandbox operations carried over an agent channel
+// (conn). Every backend whose sandboxes run the agent as their main process
+// embeds it (Docker: the container's attach stream; Kubernetes: the pod's
+// attach stream), so exec, files, tar, background processes and quiesce
+// behave identically everywhere.
+type channelOps struct {
+	conn  *conn
+	owner channelOwner
+}
+
+// channelOwner is the backend-specific part: whether the sandbox is still
+// open, and what an error means for it (e.g. what happened to the container
+// or pod when the channel broke).
+type channelOwner interface {
+	check() error
+	wrap(what string, err error) error
+}
+
+func toSpec(req ExecRequest) (*agent.ExecSpec, error) {
+	if (req.Command == "") == (len(req.Argv) == 0) {
+		return nil, fmt.Errorf("%w: exactly one of Command and Argv must be set", ErrInvalid)
+	}
+	if req.Shell && req.Command == "" {
+		return nil, fmt.Errorf("%w: Shell needs Command", ErrInvalid)
+	}
+	if req.Timeout < 0 || req.OutputCap < 0 {
+		return nil, fmt.Errorf("%w: negative timeout or output cap", ErrInvalid)
+	}
+	if req.Cwd != "" && !path.IsAbs(req.Cwd) {
+		return nil, fmt.Errorf("%w: cwd %q is not absolute", ErrInvalid, req.Cwd)
+	}
+	return &agent.ExecSpec{Argv: req.Argv, Command: req.Command, Shell: req.Shell, Cwd: req.Cwd, Env: req.Env,
+		Stdin: req.Stdin, TimeoutNS: int64(req.Timeout), OutputCap: req.OutputCap, Merge: req.MergeOutput}, nil
+}
+
+func (o *channelOps) Exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
+	if err := o.owner.check(); err != nil {
+		return ExecResult{}, err
+	}
+	spec, err := toSpec(req)
+	if err != nil {
+		return ExecResult{}, err
+	}
+	start := time.Now()
+	resp, err := o.conn.roundTrip(ctx, agent.Request{Op: agent.OpExec, Exec: spec}, nil, nil)
+	if err != nil {
+		return ExecResult{}, o.owner.wrap("exec", err)
+	}
+	if err := responseError("exec", resp); err != nil {
+		return ExecResult{}, o.owner.wrap("exec", err)
+	}
+	if resp.Exec == nil {
+		return ExecResult{}, o.owner.wrap("exec", fmt.Errorf("%w: agent sent no result", ErrUnavailable))
+	}
+	metricExec.Observe(time.Since(start).Seconds())
+	r := resp.Exec
+	return ExecResult{ExitCode: r.ExitCode, Stdout: r.Stdout, Stderr: r.Stderr, StdoutTotal: r.StdoutTotal, StderrTotal: r.StderrTotal,
+		StdoutTruncated: r.StdoutTruncated, StderrTruncated: r.StderrTruncated, TimedOut: r.TimedOut, Duration: time.Duration(r.DurationNS)}, nil
+}
+
+func (o *channelOps) WriteFile(ctx context.Context, p string, data []byte, mode os.FileMode) error {
+	if err := o.owner.check(); err != nil {
+		return err
+	}
+	if !path.IsAbs(p) {
+		return fmt.Errorf("write file: %w: path %q is not absolute", ErrInvalid, p)
+	}
+	resp, err := o.conn.roundTrip(ctx, agent.Request{Op: agent.OpWrite, Path: p, Mode: uint32(mode.Perm())}, bytes.NewReader(data), nil)
+	if err == nil {
+		err = responseError("write "+p, resp)
+	}
+	return o.owner.wrap("write file", err)
+}
+
+func (o *channelOps) ReadFile(ctx context.Context, p string) ([]byte, error) {
+	if err := o.owner.check(); err != nil {
+		return nil, err
+	}
+	if !path.IsAbs(p) {
+		return nil, fmt.Errorf("read file: %w: path %q is not absolute", ErrInvalid, p)
+	}
+	var buf bytes.Buffer
+	resp, err := o.conn.roundTrip(ctx, agent.Request{Op: agent.OpRead, Path: p}, nil, &buf)
+	if err == nil {
+		err = responseError("read "+p, resp)
+	}
+	if err != nil {
+		return nil, o.owner.wrap("read file", err)
+	}
+	return buf.Bytes(), nil
+}
+
+func (o *channelOps) Upload(ctx context.Context, dir string, tarStream io.Reader) error {
+	if err := o.owner.check(); err != nil {
+		return err
+	}
+	if !path.IsAbs(dir) {
+		return fmt.Errorf("upload: %w: dir %q is not absolute", ErrInvalid, dir)
+	}
+	resp, err := o.conn.roundTrip(ctx, agent.Request{Op: agent.OpUpload, Path: dir}, tarStream, nil)
+	if err == nil {
+		err = responseError("upload to "+dir, resp)
+	}
+	return o.owner.wrap("upload", err)
+}
+
+func (o *channelOps) Download(ctx context.Context, dir string, w io.Writer) error {
+	if err := o.owner.check(); err != nil {
+		return err
+	}
+	if !path.IsAbs(dir) {
+		return fmt.Errorf("download: %w: dir %q is not absolute", ErrInvalid, dir)
+	}
+	resp, err := o.conn.roundTrip(ctx, agent.Request{Op: agent.OpDownload, Path: dir}, nil, w)
+	if err == nil {
+		err = responseError("download "+dir, resp)
+	}
+	return o.owner.wrap("download", err)
+}
+
+func procInfo(p *agent.ProcInfo) ProcessInfo {
+	return ProcessInfo{ID: p.ID, Command: p.Command, PID: p.PID, Running: p.Running, ExitCode: p.ExitCode,
+		StartedAt: time.Unix(0, p.StartedNS), Output: p.Output, OutputTotal: p.OutputTotal}
+}
+
+func (o *channelOps) procCall(ctx context.Context, what string, req agent.Request) (agent.Response, error) {
+	if err := o.owner.check(); err != nil {
+		return agent.Response{}, err
+	}
+	resp, err := o.conn.roundTrip(ctx, req, nil, nil)
+	if err == nil {
+		err = responseError(what, resp)
+	}
+	return resp, o.owner.wrap(what, err)
+}
+
+func (o *channelOps) Start(ctx context.Context, req ExecRequest) (ProcessInfo, error) {
+	spec, err := toSpec(req)
+	if err != nil {
+		return ProcessInfo{}, err
+	}
+	if req.Timeout != 0 {
+		return ProcessInfo{}, fmt.Errorf("%w: background processes take no timeout (use Wait and Kill)", ErrInvalid)
+	}
+	resp, err := o.procCall(ctx, "start", agent.Request{Op: agent.OpStart, Exec: spec})
+	if err != nil {
+		return ProcessInfo{}, err
+	}
+	return procInfo(resp.Proc), nil
+}
+
+func (o *channelOps) Poll(ctx context.Context, id string) (ProcessInfo, error) {
+	resp, err := o.procCall(ctx, "poll", agent.Request{Op: agent.OpPoll, Proc: id})
+	if err != nil {
+		return ProcessInfo{}, err
+	}
+	return procInfo(resp.Proc), nil
+}
+
+func (o *channelOps) Wait(ctx context.Context, id string, timeout time.Duration) (ProcessInfo, error) {
+	if timeout < 0 {
+		return ProcessInfo{}, fmt.Errorf("wait: %w: negative timeout", ErrInvalid)
+	}
+	resp, err := o.procCall(ctx, "wait", agent.Request{Op: agent.OpWait, Proc: id, TimeoutNS: int64(timeout)})
+	if err != nil {
+		return ProcessInfo{}, err
+	}
+	return procInfo(resp.Proc), nil
+}
+
+func (o *channelOps) Kill(ctx context.Context, id string) error {
+	_, err := o.procCall(ctx, "kill", agent.Request{Op: agent.OpKill, Proc: id})
+	return err
+}
+
+// KillAll stops every process in the container but its init and agent
+// (Quiescer).
+func (o *channelOps) KillAll(ctx context.Context) (int, error) {
+	resp, err := o.procCall(ctx, "kill all processes", agent.Request{Op: agent.OpKillAll})
+	return resp.Killed, err
+}
+
+func (o *channelOps) WriteStdin(ctx context.Context, id string, data []byte) error {
+	_, err := o.procCall(ctx, "write stdin", agent.Request{Op: agent.OpStdin, Proc: id, Data: data})
+	return err
+}
+
+// CloseStdin closes a background process's stdin (EOF for the process).
+func (o *channelOps) CloseStdin(ctx context.Context, id string) error {
+	_, err := o.procCall(ctx, "close stdin", agent.Request{Op: agent.OpStdin, Proc: id, Close: true})
+	return err
+}
+
+func (o *channelOps) Processes(ctx context.Context) ([]ProcessInfo, error) {
+	resp, err := o.procCall(ctx, "list processes", agent.Request{Op: agent.OpList})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]ProcessInfo, 0, len(resp.Procs))
+	for i := range resp.Procs {
+		out = append(out, procInfo(&resp.Procs[i]))
+	}
+	return out, nil
+}
