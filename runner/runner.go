@@ -114,6 +114,8 @@ type GroupOptions struct {
 	Sampling *inference.Sampling
 	// RequestID is echoed on the group.
 	RequestID string
+
+	prepared *groupRun // resolved ahead by Run (prepareAhead)
 }
 
 // StopIntake stops starting new groups; groups in flight finish and are
@@ -256,8 +258,14 @@ func (r *Runner) Run(ctx context.Context) (Summary, error) {
 	var wg sync.WaitGroup
 	for i, it := range todo {
 		// Back-pressure: wait for a group slot; never cancel running work.
-		if err := groupSlots.Acquire(intake, 1); err != nil {
-			break
+		// While waiting, the group is prepared and its sandboxes are
+		// started ahead of demand.
+		var prepared *groupRun
+		if !groupSlots.TryAcquire(1) {
+			prepared = r.prepareAhead(intake, i, it)
+			if err := groupSlots.Acquire(intake, 1); err != nil {
+				break
+			}
 		}
 		if err := r.admit(intake); err != nil {
 			groupSlots.Release(1)
@@ -279,7 +287,7 @@ func (r *Runner) Run(ctx context.Context) (Summary, error) {
 			defer wg.Done()
 			defer groupSlots.Release(1)
 			r.log.Debug("group started", "group", it.Key())
-			g := r.RunGroup(ctx, idx, it, GroupOptions{PolicyVersion: r.cfg.PolicyVersion})
+			g := r.RunGroup(ctx, idx, it, GroupOptions{PolicyVersion: r.cfg.PolicyVersion, prepared: prepared})
 			failed := func() bool {
 				sinkMu.Lock()
 				defer sinkMu.Unlock()
@@ -441,28 +449,14 @@ func (r *Runner) RunGroup(ctx context.Context, idx int, it datasets.Item, o Grou
 	log := r.log.With("group", g.ID)
 	ctx, span := r.startGroup(ctx, it, len(g.Rollouts))
 	defer endGroup(span, g)
-	gr := &groupRun{idx: uint64(idx), item: it, sampling: sampling, log: log}
-	gr.task, gr.taskErr = r.deps.Env.Task(ctx, it)
+	gr := o.prepared
+	if gr == nil || gr.item.Key() != it.Key() {
+		gr = r.newGroupRun(ctx, idx, it)
+	}
+	gr.sampling, gr.log = sampling, log
 	g.Task = gr.task
-	gr.set, gr.setErr = r.toolSet(gr.task, uint64(idx))
-	if gr.setErr == nil && gr.set != nil && gr.task.Sandbox == nil {
-		gr.setErr = needsSandbox(gr.set)
-	}
-	gr.mcp = append(slices.Clip(r.cfg.MCPServers), gr.task.MCPServers...)
-	if gr.setErr == nil && len(gr.mcp) > 0 {
-		if err := mcp.Validate(gr.mcp); err != nil {
-			gr.setErr = err
-		} else if mcp.NeedsSandbox(gr.mcp) && gr.task.Sandbox == nil {
-			gr.setErr = errors.New("mcp_servers: a command (stdio) server runs in the rollout's sandbox, and this task has none")
-		}
-	}
-	// A group larger than the limits runs in waves: at most as many of its
-	// rollouts run (and hold goroutines) at once as the limits allow.
-	wave := min(len(g.Rollouts), r.cfg.Limits.RolloutsInFlight)
-	if gr.task.Sandbox != nil {
-		wave = min(wave, r.cfg.Limits.Sandboxes)
-	}
-	if gr.taskErr == nil && gr.setErr == nil {
+	wave := r.wave(gr)
+	if gr.taskErr == nil && gr.setErr == nil && !gr.expected {
 		r.expectSandboxes(ctx, gr, wave)
 	}
 	var eg errgroup.Group
@@ -480,6 +474,53 @@ func (r *Runner) RunGroup(ctx context.Context, idx int, it datasets.Item, o Grou
 	_ = eg.Wait()
 	assemble(g, r.cfg.Advantage)
 	return g
+}
+
+// newGroupRun resolves a group's task and tools.
+func (r *Runner) newGroupRun(ctx context.Context, idx int, it datasets.Item) *groupRun {
+	gr := &groupRun{idx: uint64(idx), item: it, sampling: r.cfg.Sampling, log: r.log.With("group", it.Key())}
+	gr.task, gr.taskErr = r.deps.Env.Task(ctx, it)
+	gr.set, gr.setErr = r.toolSet(gr.task, uint64(idx))
+	if gr.setErr == nil && gr.set != nil && gr.task.Sandbox == nil {
+		gr.setErr = needsSandbox(gr.set)
+	}
+	gr.mcp = append(slices.Clip(r.cfg.MCPServers), gr.task.MCPServers...)
+	if gr.setErr == nil && len(gr.mcp) > 0 {
+		if err := mcp.Validate(gr.mcp); err != nil {
+			gr.setErr = err
+		} else if mcp.NeedsSandbox(gr.mcp) && gr.task.Sandbox == nil {
+			gr.setErr = errors.New("mcp_servers: a command (stdio) server runs in the rollout's sandbox, and this task has none")
+		}
+	}
+	return gr
+}
+
+// wave is how many of a group's rollouts run at once: a group larger than
+// the limits runs in waves, at most as many of its rollouts running (and
+// holding goroutines) as the limits allow.
+func (r *Runner) wave(gr *groupRun) int {
+	wave := min(r.cfg.GroupSize, r.cfg.Limits.RolloutsInFlight)
+	if gr.task.Sandbox != nil {
+		wave = min(wave, r.cfg.Limits.Sandboxes)
+	}
+	return wave
+}
+
+// prepareAhead resolves the next group while every group slot is busy and
+// announces its first wave of sandboxes to a pooling backend (building its
+// task image on the way), so that they are started from the run's own
+// schedule while the running groups finish, instead of when the group
+// starts. The pool never lets warm sandboxes block a running group: they
+// count against MaxContainers and idle ones of another spec are evicted
+// for a rollout that needs a slot.
+func (r *Runner) prepareAhead(ctx context.Context, idx int, it datasets.Item) *groupRun {
+	gr := r.newGroupRun(ctx, idx, it)
+	if _, ok := r.deps.Sandboxes.(Expecter); !ok || gr.taskErr != nil || gr.setErr != nil {
+		return gr
+	}
+	r.expectSandboxes(ctx, gr, r.wave(gr))
+	gr.expected = true
+	return gr
 }
 
 // toolSet resolves the tools of one group: the configured toolsets (or a
@@ -599,6 +640,8 @@ type groupRun struct {
 
 	specMu sync.Mutex
 	spec   *sandbox.Spec // nil until computed; failures are not kept
+
+	expected bool // its sandboxes were announced ahead (prepareAhead)
 }
 
 // sandboxSpec is the group's sandbox spec. The first rollout computes it

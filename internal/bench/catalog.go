@@ -34,6 +34,8 @@ var catalog = []entry{
 	{"sandbox", "sandbox.cold_start_vs_docker_run_ratio", "×", "", "issue 4 (reported)", "cold start p50 / `docker run -d` p50"},
 	{"sandbox", "sandbox.pool_acquire_p50_ms", "ms", "<= 10", "issue 4", "acquire from a warm pool, p50"},
 	{"sandbox", "sandbox.pool_acquire_p99_ms", "ms", "", "", "acquire from a warm pool, p99"},
+	{"sandbox", "sandbox.churn_per_s", "sandboxes/s", "", "", "sandboxes created, used for one `true` and removed per second, 4 at a time"},
+	{"sandbox", "sandbox.churn_vs_docker_run_ratio", "×", ">= 2", "issue 20", "churn / a `docker run -d … && docker rm -f` loop at the same concurrency"},
 	{"sandbox", "sandbox.max_concurrent", "sandboxes", ">= 200", "issue 4", "busybox sandboxes alive and answering an exec at the same time"},
 	{"sandbox", "sandbox.runsc_cold_start_p50_ms", "ms", "", "issue 16 (reported)", "cold sandbox start under gVisor (runsc), p50; baseline: runc, same run"},
 	{"sandbox", "sandbox.runsc_exec_p50_ms", "ms", "", "issue 16 (reported)", "exec round trip of `true` under gVisor (runsc), p50; baseline: runc, same run"},
