@@ -427,6 +427,7 @@ func (e *tokenEpisode) sampleTurn(ctx context.Context, prompt []int32, maxTokens
 	cur := prompt
 	stalled := 0
 	parts := 0
+	var first int64 // the first part's version
 	for {
 		id := reqID
 		if parts > 0 {
@@ -452,11 +453,13 @@ func (e *tokenEpisode) sampleTurn(ctx context.Context, prompt []int32, maxTokens
 		}
 		v, spanned, to := e.c.stamp(t, ev, evOK)
 		off := len(acc.ids)
+		if parts == 1 {
+			first = v
+		}
 		if parts > 1 {
-			prev := vers
-			from := t.version
-			if len(prev) > 0 {
-				from = prev[len(prev)-1]
+			from := first
+			if len(vers) > 0 {
+				from = vers[len(vers)-1]
 			}
 			cuts = append(cuts, Cut{Turn: turnNo, Position: off, Kind: PauseAbort, From: from, To: v})
 		}

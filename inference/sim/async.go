@@ -60,6 +60,9 @@ type genRun struct {
 	rid     string
 	wake    chan struct{}
 	aborted bool
+	// abortVersion is the version when the abort came: the weights a
+	// trainer loads after the pause never touched this generation.
+	abortVersion int64
 }
 
 type continuation struct {
@@ -129,7 +132,7 @@ func (c *control) currentVersion() int64 {
 // run models one generation of n tokens taking d. It returns the tokens
 // produced, whether an abort cut it, where a keep-mode pause froze it
 // (-1: never), and false when the client or server went away.
-func (c *control) run(ctx context.Context, stopping <-chan struct{}, rid string, n int, d time.Duration) (k int, aborted bool, frozenAt int, alive bool) {
+func (c *control) run(ctx context.Context, stopping <-chan struct{}, rid string, n int, d time.Duration) (k int, aborted bool, frozenAt int, end int64, alive bool) {
 	g := &genRun{rid: rid, wake: make(chan struct{}, 1)}
 	c.mu.Lock()
 	c.runs[g] = struct{}{}
@@ -153,12 +156,13 @@ func (c *control) run(ctx context.Context, stopping <-chan struct{}, rid string,
 	frozenAt = -1
 	for {
 		c.mu.Lock()
-		ab := g.aborted
+		ab, abv := g.aborted, g.abortVersion
 		frozen := c.paused && c.mode == "keep"
 		resumed := c.resumed
+		cur := c.version
 		c.mu.Unlock()
 		if ab {
-			return produced(remaining), true, frozenAt, true
+			return produced(remaining), true, frozenAt, abv, true
 		}
 		if frozen {
 			if frozenAt < 0 {
@@ -168,14 +172,14 @@ func (c *control) run(ctx context.Context, stopping <-chan struct{}, rid string,
 			case <-resumed:
 			case <-g.wake:
 			case <-ctx.Done():
-				return 0, false, frozenAt, false
+				return 0, false, frozenAt, 0, false
 			case <-stopping:
-				return 0, false, frozenAt, false
+				return 0, false, frozenAt, 0, false
 			}
 			continue
 		}
 		if remaining <= 0 {
-			return n, false, frozenAt, true
+			return n, false, frozenAt, cur, true
 		}
 		t0 := time.Now()
 		t := time.NewTimer(remaining)
@@ -187,10 +191,10 @@ func (c *control) run(ctx context.Context, stopping <-chan struct{}, rid string,
 			remaining -= time.Since(t0)
 		case <-ctx.Done():
 			t.Stop()
-			return 0, false, frozenAt, false
+			return 0, false, frozenAt, 0, false
 		case <-stopping:
 			t.Stop()
-			return 0, false, frozenAt, false
+			return 0, false, frozenAt, 0, false
 		}
 	}
 }
@@ -207,7 +211,7 @@ func (c *control) pause(ctx context.Context, mode string) error {
 	c.pauses++
 	if mode == "abort" {
 		for g := range c.runs {
-			g.aborted = true
+			g.aborted, g.abortVersion = true, c.version
 		}
 		c.aborted += int64(len(c.runs))
 	}
@@ -253,7 +257,7 @@ func (c *control) abort(ids []string) int {
 	n := 0
 	for g := range c.runs {
 		if len(ids) == 0 || want[g.rid] {
-			g.aborted = true
+			g.aborted, g.abortVersion = true, c.version
 			n++
 			select {
 			case g.wake <- struct{}{}:
@@ -563,12 +567,15 @@ func (h *handler) asyncGeneration(w http.ResponseWriter, r *http.Request, prompt
 			longest = max(longest, len(c.IDs))
 		}
 	}
-	k, aborted, frozenAt, alive := h.ctl.run(ctx, h.stopping, requestIDOf(r), longest, h.latency(longest, seedOf(p.Seed, prompts[0], h.cfg.Seed)))
+	k, aborted, frozenAt, v1, alive := h.ctl.run(ctx, h.stopping, requestIDOf(r), longest, h.latency(longest, seedOf(p.Seed, prompts[0], h.cfg.Seed)))
 	if !alive {
 		h.gone(w)
 		return nil, false
 	}
-	v1 := h.ctl.currentVersion()
+	if frozenAt < 0 {
+		// Not frozen: every token was drawn under the admission version.
+		v1 = v0
+	}
 	for pi, cs := range choices {
 		for ci := range cs {
 			c := &cs[ci]
