@@ -205,16 +205,18 @@ func (c *Client) BeginUpdate(ctx context.Context, mode string) (UpdateStats, err
 		st.PauseTook = time.Since(t0)
 		return st, nil
 	}
+	if mode == PauseWait {
+		// Drain before pausing: a request admitted just before the gate
+		// closed may reach a paused engine and wait there for a resume
+		// that a drain would never let come.
+		if err := c.drain(ctx); err != nil {
+			return fail(err)
+		}
+	}
 	if err := c.pauseEngines(ctx, mode); err != nil {
 		// Leave no engine paused behind a failed begin.
 		_ = c.resumeEngines(context.WithoutCancel(ctx))
 		return fail(err)
-	}
-	if mode == PauseWait {
-		if err := c.drain(ctx); err != nil {
-			_ = c.resumeEngines(context.WithoutCancel(ctx))
-			return fail(err)
-		}
 	}
 	st.PauseTook = time.Since(t0)
 	return st, nil
@@ -285,7 +287,7 @@ func (c *Client) pauseEngines(ctx context.Context, mode string) error {
 		// SGLang: abort → abort, keep → in_place; wait is the service's drain.
 		m := map[string]string{PauseAbort: "abort", PauseKeep: "in_place", PauseWait: "in_place"}[mode]
 		if mode == PauseWait {
-			return nil // drain first, with admission closed; nothing to pause
+			return nil // drained already, with admission closed; nothing to pause
 		}
 		return c.eachEngine(ctx, http.MethodPost, "/pause_generation", map[string]string{"mode": m})
 	}

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -62,7 +63,7 @@ parser: hermes
 sampling: {max_tokens: 1024}
 sandbox: {image: %s}
 limits: {groups_in_flight: 1, sandboxes: %d}
-async: {max_staleness: %d, on_stale: regenerate}
+async: {max_staleness: %d, on_stale: regenerate, max_regenerations: 20}
 `, size, srv.URL, ref, size, maxStale)
 			ctx := bg(t)
 			stream, err := h.cli.CollectGroups(ctx)
@@ -75,12 +76,16 @@ async: {max_staleness: %d, on_stale: regenerate}
 			c.send(&rolloutv1.CollectGroupsRequest{Msg: &rolloutv1.CollectGroupsRequest_Next{Next: &rolloutv1.CollectNext{RequestId: "r", Count: groups}}})
 
 			// The trainer: an update every second while collection runs,
-			// each begun while a generation is in flight.
+			// each begun while a generation is in flight. Like a real
+			// trainer it makes a new version only from new data: at most
+			// maxStale updates per group received, so collection always
+			// makes progress under the bound, however slow the machine.
 			stop := make(chan struct{})
 			var wg sync.WaitGroup
 			var mu sync.Mutex
 			version, updates := int64(0), 0
 			var upErr error
+			var received atomic.Int64
 			wg.Go(func() {
 				for {
 					select {
@@ -97,7 +102,11 @@ async: {max_staleness: %d, on_stale: regenerate}
 					}
 					mu.Lock()
 					next := version + 1
+					allowed := int64(updates) < maxStale*(received.Load()+1)
 					mu.Unlock()
+					if !allowed {
+						continue
+					}
 					if _, err := h.cli.BeginPolicyUpdate(ctx, &rolloutv1.BeginPolicyUpdateRequest{JobId: streamID, Version: next, Mode: mode}); err != nil {
 						mu.Lock()
 						upErr = fmt.Errorf("begin %d: %w", next, err)
@@ -116,7 +125,7 @@ async: {max_staleness: %d, on_stale: regenerate}
 					mu.Unlock()
 				}
 			})
-			c.until("the requested groups", func() bool { return len(c.groups) == groups })
+			c.until("the requested groups", func() bool { received.Store(int64(len(c.groups))); return len(c.groups) == groups })
 			close(stop)
 			wg.Wait()
 			if err := stream.CloseSend(); err != nil {
