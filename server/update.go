@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -67,6 +69,9 @@ func (s *Server) BeginPolicyUpdate(ctx context.Context, req *rolloutv1.BeginPoli
 	mode := req.Mode
 	if mode == "" {
 		mode = inference.PauseAbort
+	}
+	if !slices.Contains(inference.PauseModes(), mode) {
+		return nil, status.Errorf(codes.InvalidArgument, "mode: %q, want one of %s", mode, strings.Join(inference.PauseModes(), ", "))
 	}
 	cur := u.PolicyVersion()
 	if req.Version < cur {
