@@ -445,15 +445,19 @@ func (e *tokenEpisode) sampleTurn(ctx context.Context, prompt []int32, maxTokens
 			model: e.spec.Model, prompt: cur, maxTokens: maxTokens - len(acc.ids), s: e.spec.Sampling,
 			opts: CallOptions{Affinity: &e.aff, RequestID: id},
 		})
-		e.c.gate.exit()
 		if err != nil {
+			e.c.gate.exit()
 			return sample{}, nil, nil, err
 		}
 		ev, evOK := sink.get()
 		if s.versionOK {
 			ev, evOK = s.version, true
 		}
+		// Stamped before leaving the gate: a drain (wait mode) waits for
+		// the exit, so an update cannot end between the response and its
+		// stamp.
 		v, spanned, to := e.c.stamp(t, ev, evOK)
+		e.c.gate.exit()
 		off := len(acc.ids)
 		if parts == 1 {
 			first = v

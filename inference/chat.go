@@ -103,12 +103,13 @@ func (e *chatEpisode) generate(ctx context.Context, messages []openai.ChatComple
 		}
 		gctx, sink := withVersionSink(ctx)
 		resp, ep, err = e.c.pool.ChatCompletion(gctx, o, req)
-		e.c.gate.exit()
 		if err != nil {
+			e.c.gate.exit()
 			return Turn{}, fmt.Errorf("episode %s turn %d: chat: %w", e.spec.ID, turnNo, err)
 		}
 		ev, evOK := sink.get()
 		version, _, _ = e.c.stamp(t, ev, evOK)
+		e.c.gate.exit()
 		if len(resp.Choices) != 1 || resp.Choices[0].FinishReason != "abort" {
 			break
 		}
