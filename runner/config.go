@@ -75,6 +75,9 @@ type Config struct {
 	Eval      EvalSpec  `yaml:"eval,omitempty" json:"eval,omitempty"`
 	// PolicyVersion is stamped on records when a trainer supplies one.
 	PolicyVersion *int64 `yaml:"policy_version,omitempty" json:"policy_version,omitempty"`
+	// Async bounds the policy lag of collected groups (asynchronous RL;
+	// docs/async-rl.md).
+	Async AsyncConfig `yaml:"async,omitempty" json:"async,omitzero"`
 	// AllowEvalOnly runs an eval-only env with `rollout run`.
 	AllowEvalOnly bool `yaml:"allow_eval_only,omitempty" json:"allow_eval_only,omitempty"`
 	// Atropos also sends the run's groups to an Atropos trainer (package

@@ -296,6 +296,11 @@ func (r *Runner) Run(ctx context.Context) (Summary, error) {
 			if failed() {
 				return
 			}
+			if g.StaleDropped {
+				r.countStale(g)
+				r.log.Info("group outside async.max_staleness dropped", "group_id", g.ID, "lag", g.Versions.Lag, "regenerated", g.Regenerated)
+				return
+			}
 			// A group cut short by cancellation is incomplete: writing it
 			// would let a resumed run treat the item as done and leave a
 			// permanent gap. It is dropped here and collected again whole.
@@ -423,6 +428,10 @@ func (r *Runner) count(g *Group) {
 	if g.Dropped {
 		r.sum.GroupsDropped++
 	}
+	r.sum.GroupsStaleRegenerated += g.Regenerated
+	if g.Stale {
+		r.sum.GroupsStaleMarked++
+	}
 	for _, ro := range g.Rollouts {
 		r.sum.Rollouts++
 		r.sum.Retries += ro.Attempts - 1
@@ -441,6 +450,10 @@ func (r *Runner) count(g *Group) {
 // group. Run calls it for every item; trainer-driven collection calls it
 // directly. idx seeds the group's toolset sampling.
 func (r *Runner) RunGroup(ctx context.Context, idx int, it datasets.Item, o GroupOptions) *Group {
+	return r.runBounded(ctx, idx, it, o)
+}
+
+func (r *Runner) runGroupOnce(ctx context.Context, idx int, it datasets.Item, o GroupOptions) *Group {
 	g := &Group{ID: it.Key(), Item: it, Rollouts: make([]Rollout, r.cfg.GroupSize), PolicyVersion: o.PolicyVersion, RequestID: o.RequestID, Sequence: -1}
 	sampling := r.cfg.Sampling
 	if o.Sampling != nil {

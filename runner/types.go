@@ -109,6 +109,18 @@ type Group struct {
 	// directory, or the journal is off). WatchJob and CollectGroups clients
 	// resume from it.
 	Sequence int64
+	// Versions is the group's policy-version summary over its ok
+	// rollouts' sampled tokens (nil when the backend reports none).
+	Versions *GroupVersions
+	// Stale: the group is outside async.max_staleness and on_stale is
+	// "mark" (it is delivered, flagged).
+	Stale bool
+	// StaleDropped: the group is outside the bound and was not handed to
+	// any sink (on_stale "drop", or "regenerate" out of attempts).
+	StaleDropped bool
+	// Regenerated counts the times the group was generated again because
+	// it was stale.
+	Regenerated int
 }
 
 // Sink receives finished groups. WriteGroup may block (back-pressure); an
@@ -168,11 +180,16 @@ type Summary struct {
 	// GroupsInterrupted were cut short by cancellation: they are not
 	// handed to the sinks, so a resumed run collects them again whole.
 	GroupsInterrupted int
-	Rollouts          int
-	RolloutsOK        int
-	InfraFailed       int
-	Retries           int
-	FailuresByKind    map[string]int
+	// GroupsStale counts groups outside async.max_staleness by what was
+	// done: dropped, regenerated (each regeneration), marked.
+	GroupsStaleDropped     int
+	GroupsStaleRegenerated int
+	GroupsStaleMarked      int
+	Rollouts               int
+	RolloutsOK             int
+	InfraFailed            int
+	Retries                int
+	FailuresByKind         map[string]int
 	// StopReasons counts the ok rollouts by the agent loop's stop reason
 	// (finished, length, max_turns, …).
 	StopReasons map[string]int

@@ -23,6 +23,10 @@ func TestValidateRanges(t *testing.T) {
 		yaml, field string
 	}{
 		{"rollout_timeout: -1s", "rollout_timeout"},
+		{"async: {max_staleness: -1}", "async.max_staleness"},
+		{"async: {max_staleness: 1, on_stale: keep}", "async.on_stale"},
+		{"async: {on_stale: drop}", "async.on_stale"},
+		{"async: {max_staleness: 1, max_regenerations: -1}", "async.max_regenerations"},
 		{"reward_timeout: -5m", "reward_timeout"},
 		{"max_consecutive_invalid: -1", "max_consecutive_invalid"},
 		{"sampling: {temperature: -0.5}", "sampling.temperature"},

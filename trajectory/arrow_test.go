@@ -133,7 +133,19 @@ func expectedArrowRow(r Record) map[string]any {
 		loopEvents = append(loopEvents, map[string]any{"turn": e.Turn, "kind": e.Kind, "message": e.Message, "call_id": e.CallID, "original": e.Original, "detail": e.Detail})
 	}
 	m := r.Manifest
+	cuts := []any{}
+	for _, c := range r.VersionCuts {
+		cuts = append(cuts, map[string]any{"turn": c.Turn, "position": c.Position, "kind": c.Kind, "from": c.From, "to": c.To})
+	}
+	opt := func(p *int64) any {
+		if p == nil {
+			return nil
+		}
+		return *p
+	}
 	return map[string]any{
+		"token_versions": listOf(r.TokenVersions), "min_policy_version": opt(r.MinPolicyVersion), "max_policy_version": opt(r.MaxPolicyVersion),
+		"policy_lag": opt(r.PolicyLag), "version_cuts": cuts, "stale": r.Stale,
 		"schema_version": int32(SchemaVersion), "run_id": r.RunID, "env": r.Env, "category": r.Category,
 		"item_id": r.ItemID, "group_id": r.GroupID, "rollout_index": r.RolloutIndex, "model": r.Model,
 		"policy_version": policy, "sampling_params": r.SamplingParams, "messages": r.Messages, "tools": r.Tools,

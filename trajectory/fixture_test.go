@@ -53,6 +53,19 @@ func fixtureRecords() []Record {
 		if !finished {
 			r.StopReason = "length"
 		}
+		if idx == 1 {
+			// Asynchronous RL: the last trained tokens came after an abort cut.
+			r.TokenVersions = make([]int64, len(toks))
+			for i := range r.TokenVersions {
+				r.TokenVersions[i] = 4
+				if i >= len(toks)-2 {
+					r.TokenVersions[i] = 5
+				}
+			}
+			lo, hi, lag := int64(4), int64(5), int64(2)
+			r.MinPolicyVersion, r.MaxPolicyVersion, r.PolicyLag = &lo, &hi, &lag
+			r.VersionCuts = []VersionCut{{Turn: 2, Position: int32(len(toks) - 2), Kind: "abort", From: 4, To: 5}}
+		}
 		r.DeriveTrainingFields()
 		return r
 	}

@@ -171,19 +171,8 @@ func (h *handler) runGeneration(w http.ResponseWriter, r *http.Request, prompts 
 	if h.preFault(w, r, f) {
 		return nil, f, false
 	}
-	longest := 0
-	for _, ids := range prompts {
-		cs, e := h.generate(ids, p, defaultMax)
-		if e != nil {
-			writeError(w, e)
-			return nil, f, false
-		}
-		for _, c := range cs {
-			longest = max(longest, len(c.IDs))
-		}
-		choices = append(choices, cs)
-	}
-	if !h.sleep(w, r.Context(), h.latency(longest, seedOf(p.Seed, prompts[0], h.cfg.Seed))) {
+	choices, ok = h.asyncGeneration(w, r, prompts, p, defaultMax)
+	if !ok {
 		return nil, f, false
 	}
 	for i, cs := range choices {

@@ -78,7 +78,22 @@ type Job struct {
 	sampler samplerReporter
 	lock    *trajectory.DirLock // the output dir's writer lock (failfast.go)
 	teacher *inference.Teacher  // distillation teacher, nil without
+	updater Updater             // policy versions and weight updates; nil for other policies
 }
+
+// Updater coordinates in-flight weight updates with the job's engines
+// (inference.Client; docs/async-rl.md).
+type Updater interface {
+	BeginUpdate(ctx context.Context, mode string) (inference.UpdateStats, error)
+	EndUpdate(ctx context.Context, version int64) (inference.UpdateStats, error)
+	PolicyVersion() int64
+	ObserveVersion(v int64)
+	SetVersion(v int64)
+}
+
+// Updater returns the job's update coordinator, nil when its policy does
+// not support one.
+func (j *Job) Updater() Updater { return j.updater }
 
 // samplerReporter is the policy's side of run.json "sampler".
 type samplerReporter interface {
@@ -157,6 +172,12 @@ func open(ctx context.Context, cfg runner.Config, opts Options) (*Job, error) {
 	j := &Job{cfg: cfg, opts: opts, Env: env, Dir: cfg.Output.Dir}
 	if sr, ok := policy.(samplerReporter); ok {
 		j.sampler = sr
+	}
+	if u, ok := policy.(Updater); ok {
+		j.updater = u
+		if cfg.PolicyVersion != nil {
+			u.SetVersion(*cfg.PolicyVersion)
+		}
 	}
 	sbs := opts.Sandboxes
 	if sbs == nil {
