@@ -42,7 +42,7 @@ test: lint proto-check build
 	scripts/ensure-python-grpc.sh
 	scripts/ensure-python-torch.sh
 	FUZZTIME=$(FUZZTIME) scripts/fuzz-smoke.sh
-	$(GO) test -race -count=1 ./...
+	$(GO) test -race -count=1 -timeout 30m ./...
 
 # fuzz-smoke runs every parser fuzz target for FUZZTIME (a smoke run in
 # `make test`; raise it for a real fuzzing session).

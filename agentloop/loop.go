@@ -46,7 +46,7 @@ const (
 // cancellation: the trajectory must not be scored as a model outcome.
 func (s StopReason) Failed() bool {
 	switch s {
-	case StopCancelled, StopInferenceErr, StopRequestErr, StopSandboxErr, StopConfigErr:
+	case StopCancelled, StopInferenceErr, StopRequestErr, StopSandboxErr, StopConfigErr, StopEnvErr:
 		return true
 	}
 	return false
@@ -183,6 +183,10 @@ type Config struct {
 	Parallelism int
 	// FinishTimeout bounds Episode.Finish (default 30 s).
 	FinishTimeout time.Duration
+	// Responder, when set, is the environment's side of a multi-turn
+	// episode (feedback.go): called after each assistant turn, it may add
+	// user messages, end the episode (env_done) or give turn rewards.
+	Responder Responder
 }
 
 // Deps are the collaborators. Env is the rollout's tool environment
@@ -231,8 +235,10 @@ type Counters struct {
 	ReplacedArguments int `json:"replaced_arguments"`
 	RepairedNames     int `json:"repaired_names"`
 	InsertedMessages  int `json:"inserted_messages"`
-	PromptTokens      int `json:"prompt_tokens"`
-	CompletionTokens  int `json:"completion_tokens"`
+	// EnvMessages counts the messages the environment's responder added.
+	EnvMessages      int `json:"env_messages"`
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
 }
 
 // Result is the outcome of one episode. It is filled on every exit path.
@@ -254,10 +260,13 @@ type Result struct {
 	ReasoningPerTurn []*string   `json:"reasoning_per_turn"`
 	ToolErrors       []ToolError `json:"tool_errors"`
 	// Events are the loop's interventions in the conversation, in order.
-	Events   []Event       `json:"loop_events"`
-	Turns    []TurnStats   `json:"turns"`
-	Counters Counters      `json:"counters"`
-	Duration time.Duration `json:"duration_ns"`
+	Events []Event `json:"loop_events"`
+	// TurnRewards are the environment responder's intermediate rewards,
+	// one per turn used (0 for a turn without one); nil when it gave none.
+	TurnRewards []float64     `json:"turn_rewards,omitempty"`
+	Turns       []TurnStats   `json:"turns"`
+	Counters    Counters      `json:"counters"`
+	Duration    time.Duration `json:"duration_ns"`
 }
 
 type runner struct {
@@ -288,6 +297,7 @@ func Run(ctx context.Context, cfg Config, deps Deps) (Result, error) {
 	m := metrics()
 	m.active.Inc()
 	r.run(ctx)
+	r.padTurnRewards()
 	m.active.Dec()
 	m.episodes.WithLabelValues(string(r.res.StopReason)).Inc()
 	m.turns.Add(float64(r.res.TurnsUsed))
@@ -569,6 +579,9 @@ func (r *runner) turn(ctx, parent context.Context, ep inference.Episode, turn in
 		return true
 	case len(slots) == 0:
 		r.res.Turns = append(r.res.Turns, stats)
+		if done, added := r.respond(ctx, parent, turn); done || added {
+			return done
+		}
 		if strings.TrimSpace(content) == "" && r.nudges < r.cfg.EmptyReplyNudges && turn+1 < r.cfg.MaxTurns {
 			r.nudges++
 			r.insert(turn+1, "empty_reply_nudge", EmptyReplyNudgeText)
@@ -625,6 +638,9 @@ func (r *runner) turn(ctx, parent context.Context, ep inference.Episode, turn in
 	}
 	stats.Tools = time.Since(t1)
 	r.res.Turns = append(r.res.Turns, stats)
+	if done, _ := r.respond(ctx, parent, turn); done {
+		return true
+	}
 	if r.cfg.MaxConsecutiveInvalid > 0 && r.invalid >= r.cfg.MaxConsecutiveInvalid {
 		r.stop(StopInvalidCalls, nil)
 		return true

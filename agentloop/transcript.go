@@ -29,6 +29,7 @@ type Trajectory struct {
 	ReasoningPerTurn  []*string                      `json:"reasoning_per_turn"`
 	ToolErrors        []ToolError                    `json:"tool_errors"`
 	LoopEvents        []Event                        `json:"loop_events"`
+	TurnRewards       []float64                      `json:"turn_rewards,omitempty"`
 	Turns             []TurnStats                    `json:"turns"`
 	Counters          Counters                       `json:"counters"`
 	DurationMS        int64                          `json:"duration_ms"`
@@ -54,7 +55,7 @@ func (r Result) Trajectory() Trajectory {
 	return Trajectory{ID: r.ID, Messages: r.Messages, Tokens: seq.Tokens, LossMask: seq.Mask, Logprobs: seq.Logprobs,
 		TurnStarts: seq.TurnStarts, PromptLen: seq.PromptLen, DriftTokens: seq.DriftTokens,
 		StopReason: r.StopReason, Error: r.Error, TurnsUsed: r.TurnsUsed, FinishedNaturally: r.FinishedNaturally,
-		ReasoningPerTurn: r.ReasoningPerTurn, ToolErrors: r.ToolErrors, LoopEvents: nonNil(r.Events), Turns: r.Turns, Counters: r.Counters,
+		ReasoningPerTurn: r.ReasoningPerTurn, ToolErrors: r.ToolErrors, LoopEvents: nonNil(r.Events), TurnRewards: r.TurnRewards, Turns: r.Turns, Counters: r.Counters,
 		DurationMS: r.Duration.Milliseconds()}
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/rollout-rl/rollout/sandbox"
 	"github.com/rollout-rl/rollout/toolcontext"
 	"github.com/rollout-rl/rollout/tools"
+	"github.com/rollout-rl/rollout/tools/mcp"
 )
 
 // Sandbox is what an env's reward needs of the rollout's sandbox (the same
@@ -71,6 +72,9 @@ type Task struct {
 	// Build, when set, is a task image to build FROM a local base image;
 	// the runner builds it (cached) and sets Sandbox.Image.
 	Build *ImageBuild
+	// MCPServers add MCP servers' tools to this task (beside the run
+	// config's mcp_servers); command servers run in the task's sandbox.
+	MCPServers []mcp.Server
 	// MaxTurns overrides the run's max_turns when > 0.
 	MaxTurns int
 	Answer   string // reference answer, for reports
@@ -91,6 +95,10 @@ type Outcome struct {
 	Turns             int
 	FinishedNaturally bool
 	StopReason        string
+	// TurnRewards are the responder's intermediate rewards, one per turn
+	// (0 where it gave none); nil for an env without a Responder or when
+	// it gave none. The env decides whether the final reward uses them.
+	TurnRewards []float64
 	// Tools is the rollout's ToolContext (Hermes' ctx in compute_reward):
 	// the same sandbox, shell session (cwd, exported variables), todo
 	// store and tool set the agent used, with the agent's background

@@ -43,11 +43,11 @@ func mustEnv(t *testing.T, name, cfg string) Env {
 }
 
 func TestRegistry(t *testing.T) {
-	want := []string{"math-python", "swe-tests", "terminal-bench", "terminal-tasks", "toolcall-match"}
+	want := []string{"agentic-opd", "guess-number", "math-python", "swe-tests", "task-suite", "terminal-bench", "terminal-tasks", "toolcall-match", "web-research"}
 	if got := Names(); strings.Join(got, ",") != strings.Join(want, ",") {
 		t.Fatalf("Names() = %v", got)
 	}
-	if _, err := New("nope", nil); err == nil || !strings.Contains(err.Error(), "known envs: math-python") {
+	if _, err := New("nope", nil); err == nil || !strings.Contains(err.Error(), "known envs: agentic-opd, guess-number") {
 		t.Errorf("unknown env: %v", err)
 	}
 	var doc yaml.Node
@@ -71,6 +71,8 @@ func TestBuiltinItemsAndTasks(t *testing.T) {
 		{"math-python", 16, 4, true, false, false},
 		{"toolcall-match", 7, 1, false, false, true},
 		{"terminal-bench", 5, 5, true, true, false},
+		{"task-suite", 3, 2, true, true, false},
+		{"web-research", 6, 2, false, false, false},
 	}
 	ctx := context.Background()
 	for _, c := range cases {

@@ -5,12 +5,15 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"io/fs"
+	"math"
 	"os"
 	"path"
 	"strconv"
@@ -34,6 +37,7 @@ import (
 // and /logs/verifier/reward.txt is the reward, with the exit code as the
 // fallback.
 type TerminalBench struct {
+	name  string // "terminal-bench" or "task-suite"
 	cfg   tbConfig
 	tasks fs.FS // task directories; nil when items come from rows
 }
@@ -50,28 +54,64 @@ type tbConfig struct {
 	TaskFilter   []string        `yaml:"task_filter"`
 	SkipTasks    []string        `yaml:"skip_tasks"`
 	AllowTrain   bool            `yaml:"allow_train"`
+	// EvalFraction splits the tasks into train and eval by a hash of the
+	// task id (task-suite; 0 = every split yields every task).
+	EvalFraction float64 `yaml:"eval_fraction"`
+	// SplitFile names a YAML/JSON file {train: [ids], eval: [ids]} that
+	// fixes the split instead of the hash; tasks it does not list are in
+	// neither split.
+	SplitFile string `yaml:"split_file"`
+	// GroupSize is the env's default group size.
+	GroupSize int `yaml:"group_size"`
 }
 
 func init() {
 	Register("terminal-bench", func(node *yaml.Node) (Env, error) {
-		c := tbConfig{SystemPrompt: DefaultSystemPrompt, MaxTurns: 30, TestTimeout: 3 * time.Minute}
-		if err := decodeStrict(node, &c); err != nil {
+		c := tbConfig{SystemPrompt: DefaultSystemPrompt, MaxTurns: 30, TestTimeout: 3 * time.Minute, GroupSize: 1}
+		return newTerminalBench("terminal-bench", c, node)
+	})
+	// task-suite is the same loader for training: a directory of TB2-format
+	// tasks with train/eval splits, runnable by `rollout run`.
+	Register("task-suite", func(node *yaml.Node) (Env, error) {
+		c := tbConfig{SystemPrompt: DefaultSystemPrompt, MaxTurns: 30, TestTimeout: 3 * time.Minute, GroupSize: 4,
+			AllowTrain: true, EvalFraction: 0.2}
+		return newTerminalBench("task-suite", c, node)
+	})
+}
+
+func newTerminalBench(name string, c tbConfig, node *yaml.Node) (Env, error) {
+	if err := decodeStrict(node, &c); err != nil {
+		return nil, err
+	}
+	if c.EvalFraction < 0 || c.EvalFraction >= 1 {
+		return nil, fmt.Errorf("%w: eval_fraction %v must be in [0, 1)", ErrConfig, c.EvalFraction)
+	}
+	if c.GroupSize < 1 {
+		return nil, fmt.Errorf("%w: group_size %d must be at least 1", ErrConfig, c.GroupSize)
+	}
+	if c.SplitFile != "" && c.Dataset.Path == "" && c.TasksDir == "" {
+		return nil, fmt.Errorf("%w: split_file needs tasks_dir or dataset", ErrConfig)
+	}
+	e := &TerminalBench{name: name, cfg: c}
+	switch {
+	case c.Dataset.Path != "":
+	case c.TasksDir != "":
+		st, err := os.Stat(c.TasksDir)
+		if err != nil {
+			return nil, fmt.Errorf("%w: tasks_dir: %v", ErrConfig, err)
+		}
+		if !st.IsDir() {
+			return nil, fmt.Errorf("%w: tasks_dir %s is not a directory", ErrConfig, c.TasksDir)
+		}
+		e.tasks = os.DirFS(c.TasksDir)
+	default:
+		sub, err := fs.Sub(dataFS, "data/terminal-bench")
+		if err != nil {
 			return nil, err
 		}
-		e := &TerminalBench{cfg: c}
-		switch {
-		case c.Dataset.Path != "":
-		case c.TasksDir != "":
-			e.tasks = os.DirFS(c.TasksDir)
-		default:
-			sub, err := fs.Sub(dataFS, "data/terminal-bench")
-			if err != nil {
-				return nil, err
-			}
-			e.tasks = sub
-		}
-		return e, nil
-	})
+		e.tasks = sub
+	}
+	return e, nil
 }
 
 var (
@@ -80,19 +120,28 @@ var (
 )
 
 // Name implements Env.
-func (e *TerminalBench) Name() string { return "terminal-bench" }
+func (e *TerminalBench) Name() string { return e.name }
 
 // Defaults implements Env.
 func (e *TerminalBench) Defaults() Defaults {
+	if e.name == "task-suite" {
+		return Defaults{
+			Description: "A directory of Terminal-Bench-format tasks as a training dataset: train/eval split by task-id hash or split file, task images built locally, reward from each task's tests",
+			GroupSize:   e.cfg.GroupSize, MaxTurns: e.cfg.MaxTurns, Toolsets: []string{"terminal", "file"},
+			EvalOnly: !e.cfg.AllowTrain, Splits: []string{"train", "eval"},
+		}
+	}
 	return Defaults{
 		Description: "Terminal-Bench 2 tasks (task directories or dataset rows); eval-only by default; 5 small tasks ship with rollout",
-		GroupSize:   1, MaxTurns: e.cfg.MaxTurns, Toolsets: []string{"terminal", "file"},
+		GroupSize:   e.cfg.GroupSize, MaxTurns: e.cfg.MaxTurns, Toolsets: []string{"terminal", "file"},
 		EvalOnly: !e.cfg.AllowTrain, Splits: []string{"eval"},
 	}
 }
 
-// Items implements Env. Every split yields all tasks (TB2 has one).
-func (e *TerminalBench) Items(ctx context.Context, _ string) ([]datasets.Item, error) {
+// Items implements Env. Without eval_fraction or split_file every split
+// yields all tasks (TB2 has one); with them, "train" and "eval" yield
+// their part and any other split is an error.
+func (e *TerminalBench) Items(ctx context.Context, split string) ([]datasets.Item, error) {
 	var items []datasets.Item
 	if e.tasks == nil {
 		rows, err := datasets.Load(ctx, e.cfg.Dataset)
@@ -125,9 +174,94 @@ func (e *TerminalBench) Items(ctx context.Context, _ string) ([]datasets.Item, e
 	}
 	items = filterTasks(items, e.cfg.TaskFilter, e.cfg.SkipTasks)
 	if len(items) == 0 {
-		return nil, fmt.Errorf("%w: terminal-bench: no tasks (after task_filter/skip_tasks)", datasets.ErrInvalid)
+		return nil, fmt.Errorf("%w: %s: no tasks (after task_filter/skip_tasks)", datasets.ErrInvalid, e.name)
+	}
+	items, err := e.splitItems(items, split)
+	if err != nil {
+		return nil, err
+	}
+	if len(items) == 0 {
+		return nil, fmt.Errorf("%w: %s: split %q has no tasks", datasets.ErrInvalid, e.name, split)
 	}
 	return items, nil
+}
+
+// splitItems keeps the items of one split: by the split file when set,
+// else by eval_fraction over a hash of the task id, else all of them.
+func (e *TerminalBench) splitItems(items []datasets.Item, split string) ([]datasets.Item, error) {
+	if e.cfg.SplitFile == "" && e.cfg.EvalFraction == 0 {
+		return items, nil
+	}
+	if split != "train" && split != "eval" {
+		return nil, fmt.Errorf("%w: %s: unknown split %q (train, eval)", datasets.ErrInvalid, e.name, split)
+	}
+	var keep func(id string) bool
+	if e.cfg.SplitFile != "" {
+		sf, err := e.readSplitFile()
+		if err != nil {
+			return nil, err
+		}
+		known := map[string]bool{}
+		for _, it := range items {
+			known[it.ID] = true
+		}
+		in := map[string]bool{}
+		for _, id := range sf[split] {
+			if !known[id] {
+				return nil, fmt.Errorf("%w: %s: split_file %s: %s lists unknown task %q", datasets.ErrInvalid, e.name, e.cfg.SplitFile, split, id)
+			}
+			in[id] = true
+		}
+		keep = func(id string) bool { return in[id] }
+	} else {
+		keep = func(id string) bool { return (TaskSplit(id, e.cfg.EvalFraction) == "eval") == (split == "eval") }
+	}
+	var out []datasets.Item
+	for _, it := range items {
+		if keep(it.ID) {
+			out = append(out, it)
+		}
+	}
+	return out, nil
+}
+
+func (e *TerminalBench) readSplitFile() (map[string][]string, error) {
+	p := e.cfg.SplitFile
+	raw, err := os.ReadFile(p)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s: split_file: %v", datasets.ErrInvalid, e.name, err)
+	}
+	var sf map[string][]string
+	if err := yaml.Unmarshal(raw, &sf); err != nil {
+		return nil, fmt.Errorf("%w: %s: split_file %s: %v", datasets.ErrInvalid, e.name, p, err)
+	}
+	for k := range sf {
+		if k != "train" && k != "eval" {
+			return nil, fmt.Errorf("%w: %s: split_file %s: unknown split %q (train, eval)", datasets.ErrInvalid, e.name, p, k)
+		}
+	}
+	seen := map[string]string{}
+	for _, k := range []string{"train", "eval"} {
+		for _, id := range sf[k] {
+			if other, dup := seen[id]; dup {
+				return nil, fmt.Errorf("%w: %s: split_file %s: task %q is in both %s and %s", datasets.ErrInvalid, e.name, p, id, other, k)
+			}
+			seen[id] = k
+		}
+	}
+	return sf, nil
+}
+
+// TaskSplit is the hash split of task-suite: a task is in "eval" when the
+// first 8 bytes of SHA-256(id), as a fraction of 2^64, are below
+// evalFraction, else in "train". It depends only on the id, so adding or
+// removing tasks never moves another task between splits.
+func TaskSplit(id string, evalFraction float64) string {
+	h := sha256.Sum256([]byte(id))
+	if float64(binary.BigEndian.Uint64(h[:8]))/float64(math.MaxUint64) < evalFraction {
+		return "eval"
+	}
+	return "train"
 }
 
 func filterTasks(items []datasets.Item, only, skip []string) []datasets.Item {

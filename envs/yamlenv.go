@@ -3,6 +3,7 @@ package envs
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"github.com/rollout-rl/rollout/datasets"
 	"github.com/rollout-rl/rollout/rewards"
 	"github.com/rollout-rl/rollout/sandbox"
+	"github.com/rollout-rl/rollout/tools/mcp"
 )
 
 // YAMLSpec defines an env in YAML alone: a prompt template, a sandbox, the
@@ -35,6 +37,11 @@ type YAMLSpec struct {
 	// Items may be given inline instead of a dataset.
 	Items   []map[string]any `yaml:"items"`
 	Rewards []rewards.Spec   `yaml:"rewards"` // command, path, want, report and regex are templates
+	// MCPServers offer MCP servers' tools (docs/mcp.md); command servers
+	// need the sandbox.
+	MCPServers []mcp.Server `yaml:"mcp_servers"`
+	// Responder answers the model turn by turn (docs/env-feedback.md).
+	Responder *ResponderSpec `yaml:"responder,omitempty"`
 }
 
 // YAMLSandbox is the sandbox part of a YAMLSpec.
@@ -62,9 +69,17 @@ type YAMLEnv struct {
 	spec    YAMLSpec
 	baseDir string
 	prompt  *template.Template
+	resp    Responder
 }
 
-var _ Env = (*YAMLEnv)(nil)
+var (
+	_ Env    = (*YAMLEnv)(nil)
+	_ Solver = (*YAMLEnv)(nil)
+)
+
+// Solution implements Solver: an item's optional "solution" field (the
+// simulator's script), for demos and tests of YAML envs.
+func (e *YAMLEnv) Solution(it datasets.Item) (json.RawMessage, bool) { return solution(it) }
 
 // LoadFile reads a YAML env definition. Unknown keys are errors with line
 // numbers; a relative dataset path is relative to the file.
@@ -112,6 +127,12 @@ func NewYAMLEnv(spec YAMLSpec, baseDir string) (*YAMLEnv, error) {
 	if spec.Sandbox != nil && spec.Sandbox.Image == "" {
 		return nil, fmt.Errorf("%w: sandbox.image is required when sandbox is set", ErrConfig)
 	}
+	if err := mcp.Validate(spec.MCPServers); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrConfig, err)
+	}
+	if mcp.NeedsSandbox(spec.MCPServers) && spec.Sandbox == nil {
+		return nil, fmt.Errorf("%w: mcp_servers: a command server runs in the sandbox; set sandbox", ErrConfig)
+	}
 	if sb := spec.Sandbox; sb != nil {
 		for _, f := range []struct {
 			name string
@@ -135,8 +156,15 @@ func NewYAMLEnv(spec YAMLSpec, baseDir string) (*YAMLEnv, error) {
 	if spec.GroupSize == 0 {
 		spec.GroupSize = 4
 	}
-	return &YAMLEnv{spec: spec, baseDir: baseDir, prompt: t}, nil
+	resp, err := buildResponder(spec.Responder, os.Getenv)
+	if err != nil {
+		return nil, err
+	}
+	return &YAMLEnv{spec: spec, baseDir: baseDir, prompt: t, resp: resp}, nil
 }
+
+// Responder returns the env's responder (nil without a responder block).
+func (e *YAMLEnv) Responder() Responder { return e.resp }
 
 func containsTemplate(r rewards.Spec) bool {
 	w, _ := r.Want.(string)
@@ -218,7 +246,8 @@ func (e *YAMLEnv) Task(_ context.Context, it datasets.Item) (Task, error) {
 	if err := e.prompt.Execute(&b, it.Data); err != nil {
 		return Task{}, fmt.Errorf("%w: %s row %d: prompt: %v", datasets.ErrInvalid, it.Source, it.Row, err)
 	}
-	t := Task{Messages: chat(e.spec.SystemPrompt, b.String()), Toolsets: e.spec.Toolsets, MaxTurns: e.spec.MaxTurns}
+	t := Task{Messages: chat(e.spec.SystemPrompt, b.String()), Toolsets: e.spec.Toolsets, MaxTurns: e.spec.MaxTurns,
+		MCPServers: e.spec.MCPServers}
 	var err error
 	if t.Answer, err = render("answer", e.spec.Answer, it); err != nil {
 		return Task{}, err

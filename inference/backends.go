@@ -40,6 +40,10 @@ type sample struct {
 	// (llama.cpp, incomplete UTF-8): kept in the sequence, masked 0, with
 	// the 1.0 placeholder.
 	unscored []int
+	// version is the engine-reported policy version (SGLang's
+	// meta_info.weight_version) when versionOK.
+	version   int64
+	versionOK bool
 }
 
 type generator interface {
@@ -306,6 +310,12 @@ func (sglangGen) generate(ctx context.Context, p *Pool, in genInput) (sample, er
 	s := sample{ids: ids, logprobs: lps, finish: finish, stop: finishKind(finish), text: &resp.Text, endpoint: ep}
 	if s.stop == stopUnknown {
 		s.stop = stopFromReason(m.FinishReason.Matched)
+	}
+	if len(m.WeightVersion) > 0 {
+		var wv any
+		if json.Unmarshal(m.WeightVersion, &wv) == nil {
+			s.version, s.versionOK = parseVersion(wv)
+		}
 	}
 	return s, nil
 }

@@ -96,15 +96,40 @@ func (e *chatEpisode) generate(ctx context.Context, messages []openai.ChatComple
 		req.ReturnTokenIDs = true
 	}
 	o := CallOptions{Affinity: &e.aff, RequestID: reqID, Extra: extra}
-	resp, ep, err := e.c.pool.ChatCompletion(ctx, o, req)
-	if err != nil {
-		if llama && serverParseFailure(err) {
-			// The model's text did not parse as the template's tool-call
-			// format; the server kept it. Replay the same sampling and
-			// hand the raw text to the loop (its parser reads it).
-			return e.replayTurn(ctx, messages, req, turnNo, reqID, nil, fmt.Errorf("episode %s turn %d: chat: %w", e.spec.ID, turnNo, err))
+	// Chat mode cannot continue a cut generation without re-rendering:
+	// a turn aborted by a policy update is generated again, whole, once
+	// admission reopens.
+	var resp *ChatResponse
+	var ep string
+	var version int64
+	for attempt := 0; ; attempt++ {
+		t, err := e.c.gate.enter(ctx)
+		if err != nil {
+			return Turn{}, fmt.Errorf("episode %s turn %d: chat: %w", e.spec.ID, turnNo, err)
 		}
-		return Turn{}, fmt.Errorf("episode %s turn %d: chat: %w", e.spec.ID, turnNo, err)
+		gctx, sink := withVersionSink(ctx)
+		resp, ep, err = e.c.pool.ChatCompletion(gctx, o, req)
+		if err != nil {
+			e.c.gate.exit()
+			if llama && serverParseFailure(err) {
+				// The model's text did not parse as the template's
+				// tool-call format; the server kept it. Replay the same
+				// sampling and hand the raw text to the loop (its
+				// parser reads it).
+				return e.replayTurn(ctx, messages, req, turnNo, reqID, nil, fmt.Errorf("episode %s turn %d: chat: %w", e.spec.ID, turnNo, err))
+			}
+			return Turn{}, fmt.Errorf("episode %s turn %d: chat: %w", e.spec.ID, turnNo, err)
+		}
+		ev, evOK := sink.get()
+		version, _, _ = e.c.stamp(t, ev, evOK)
+		e.c.gate.exit()
+		if len(resp.Choices) != 1 || resp.Choices[0].FinishReason != "abort" {
+			break
+		}
+		if attempt >= maxStalledCuts {
+			return Turn{}, badAnswer(ep, "POST /v1/chat/completions", reqID, "%d consecutive chat generations aborted", attempt+1)
+		}
+		o.RequestID = reqID + "-a" + strconv.Itoa(attempt+1)
 	}
 	const op = "POST /v1/chat/completions"
 	if len(resp.Choices) != 1 {
@@ -165,6 +190,7 @@ func (e *chatEpisode) generate(ctx context.Context, messages []openai.ChatComple
 		CompletionIDs: ids,
 		Logprobs:      lps,
 		Endpoint:      ep,
+		Version:       version,
 	}
 	if resp.Usage != nil {
 		t.PromptTokens, t.CompletionTokens = resp.Usage.PromptTokens, resp.Usage.CompletionTokens

@@ -91,9 +91,20 @@ func (e *chatEpisode) replayTurn(ctx context.Context, messages []openai.ChatComp
 		maxTokens = -1 // llama.cpp: until the end of the context, as the chat route
 	}
 	var smp sample
+	var version int64
 	attempt, replaced := 1, false
 	for ; ; attempt++ {
-		smp, err = llamaGen{}.generate(ctx, e.c.pool, genInput{model: e.spec.Model, prompt: prompt, maxTokens: maxTokens, s: s, opts: o})
+		tk, err := e.c.gate.enter(ctx)
+		if err != nil {
+			return Turn{}, fmt.Errorf("episode %s turn %d: %s: %w (after %w)", e.spec.ID, turnNo, op, err, orNamed(cause, named))
+		}
+		gctx, sink := withVersionSink(ctx)
+		smp, err = llamaGen{}.generate(gctx, e.c.pool, genInput{model: e.spec.Model, prompt: prompt, maxTokens: maxTokens, s: s, opts: o})
+		if err == nil {
+			ev, evOK := sink.get()
+			version, _, _ = e.c.stamp(tk, ev, evOK)
+		}
+		e.c.gate.exit()
 		if err != nil {
 			return Turn{}, fmt.Errorf("episode %s turn %d: %s: %w (after %w)", e.spec.ID, turnNo, op, err, orNamed(cause, named))
 		}
@@ -125,7 +136,7 @@ func (e *chatEpisode) replayTurn(ctx context.Context, messages []openai.ChatComp
 	if err != nil {
 		return Turn{}, fmt.Errorf("episode %s turn %d: %s: detokenize: %w", e.spec.ID, turnNo, op, err)
 	}
-	t := Turn{Parsed: true, Text: text, Content: text, FinishReason: smp.finish, Endpoint: smp.endpoint}
+	t := Turn{Parsed: true, Text: text, Content: text, FinishReason: smp.finish, Endpoint: smp.endpoint, Version: version}
 	if named != nil && !replaced {
 		// The chat answer stands (its parsed content and calls); only its
 		// ids come from the replay.

@@ -130,6 +130,9 @@ func (c *httpCaller) doJSON(ctx context.Context, base, method, path, reqID strin
 		return mk(ErrInfra, 0, "unreachable", err)
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusOK {
+		recordVersionHeader(ctx, resp.Header)
+	}
 	data, rerr := readBody(resp.Body)
 	if resp.StatusCode != http.StatusOK {
 		msg := serverMessage(data)

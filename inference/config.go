@@ -114,6 +114,7 @@ type Client struct {
 	// /v1/models carries llama.cpp's "meta" block).
 	llama   bool
 	sampler samplerState
+	gate    *gate // policy versions and in-flight weight updates (async.go)
 }
 
 var _ Policy = (*Client)(nil)
@@ -133,7 +134,7 @@ func Open(cfg Config) (*Client, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	c := &Client{cfg: cfg, log: cfg.Logger, models: map[string]int{}, closing: map[string][]int32{}, eotText: map[string]string{}}
+	c := &Client{cfg: cfg, log: cfg.Logger, models: map[string]int{}, closing: map[string][]int32{}, eotText: map[string]string{}, gate: newGate()}
 	switch cfg.Backend {
 	case BackendChat:
 	case BackendVLLM:

@@ -85,6 +85,11 @@ type Turn struct {
 	CompletionIDs []int32
 	Logprobs      []float32
 	Endpoint      string // base URL that served the turn
+	// Version is the policy version the turn's last token was sampled
+	// under (tokens mode; chat mode: the version at admission); Cuts counts
+	// the generations of this turn cut by an abort and continued.
+	Version int64
+	Cuts    int
 	// Replay says why a chat turn against llama.cpp was replayed on
 	// /completion at its seed ("" when it was not): ReplayServerParse (the
 	// server could not parse the model's tool-call text) and
@@ -105,7 +110,14 @@ type Sequence struct {
 	Logprobs []float32
 	// TurnStarts are the indices in Tokens where each generation begins.
 	TurnStarts []int
-	PromptLen  int // tokens of the first prompt
+	// Versions are aligned to Tokens: the policy version each sampled id
+	// was generated under (untrained positions: the version in force when
+	// they were appended). Nil when the backend returns no ids.
+	Versions []int64
+	// Cuts are the points where a generation's version changed: an abort
+	// cut and its continuation, or a keep-mode freeze (Position -1).
+	Cuts      []Cut
+	PromptLen int // tokens of the first prompt
 	// Unscored counts sampled ids the server returned no logprob for
 	// (llama.cpp withholds the probability of a token that leaves the text
 	// inside a UTF-8 character): they stay in Tokens, verbatim, with Mask 0

@@ -116,12 +116,15 @@ func (e *tokenEpisode) generate(ctx context.Context, messages []openai.ChatCompl
 	// Snapshot: a failed turn leaves the episode as it was, so the caller
 	// may retry Generate with the same messages.
 	snapLen, snapTurns, snapConsumed, snapPending, snapUnscored := len(e.seq.Tokens), len(e.seq.TurnStarts), e.consumed, e.pending, e.seq.Unscored
+	snapCuts := len(e.seq.Cuts)
 	ok := false
 	defer func() {
 		if !ok {
 			e.seq.Tokens = e.seq.Tokens[:snapLen]
 			e.seq.Mask = e.seq.Mask[:snapLen]
 			e.seq.Logprobs = e.seq.Logprobs[:snapLen]
+			e.seq.Versions = e.seq.Versions[:snapLen]
+			e.seq.Cuts = e.seq.Cuts[:snapCuts]
 			e.seq.TurnStarts = e.seq.TurnStarts[:snapTurns]
 			e.consumed, e.pending = snapConsumed, snapPending
 			e.seq.Unscored = snapUnscored
@@ -171,10 +174,7 @@ func (e *tokenEpisode) generate(ctx context.Context, messages []openai.ChatCompl
 	}
 	prompt := slices.Clip(e.seq.Tokens)
 	reqID := e.spec.ID + "-t" + strconv.Itoa(turnNo)
-	s, err := e.c.gen.generate(ctx, e.c.pool, genInput{
-		model: e.spec.Model, prompt: prompt, maxTokens: maxTokens, s: e.spec.Sampling,
-		opts: CallOptions{Affinity: &e.aff, RequestID: reqID},
-	})
+	s, vers, cuts, err := e.sampleTurn(ctx, prompt, maxTokens, reqID, turnNo)
 	if err != nil {
 		return Turn{}, fmt.Errorf("episode %s turn %d: generate: %w", e.spec.ID, turnNo, err)
 	}
@@ -203,8 +203,15 @@ func (e *tokenEpisode) generate(ctx context.Context, messages []openai.ChatCompl
 	e.seq.TurnStarts = append(e.seq.TurnStarts, start)
 	e.seq.Tokens = append(e.seq.Tokens, s.ids...)
 	e.seq.Logprobs = append(e.seq.Logprobs, s.logprobs...)
+	e.seq.Versions = append(e.seq.Versions, vers...)
 	for range s.ids {
 		e.seq.Mask = append(e.seq.Mask, 1)
+	}
+	for _, c := range cuts {
+		if c.Position >= 0 {
+			c.Position += start
+		}
+		e.seq.Cuts = append(e.seq.Cuts, c)
 	}
 	for _, i := range s.unscored {
 		e.seq.Mask[start+i] = 0 // sampled, but no logprob to train with
@@ -239,6 +246,8 @@ func (e *tokenEpisode) generate(ctx context.Context, messages []openai.ChatCompl
 		CompletionIDs:    slices.Clone(s.ids),
 		Logprobs:         slices.Clone(s.logprobs),
 		Endpoint:         ep,
+		Version:          vers[len(vers)-1],
+		Cuts:             len(cuts),
 	}, nil
 }
 
@@ -248,9 +257,11 @@ func (e *tokenEpisode) usage(msg string) error {
 
 func (e *tokenEpisode) appendMasked(ids []int32) {
 	e.seq.Tokens = append(e.seq.Tokens, ids...)
+	v := e.c.PolicyVersion()
 	for range ids {
 		e.seq.Mask = append(e.seq.Mask, 0)
 		e.seq.Logprobs = append(e.seq.Logprobs, 1.0)
+		e.seq.Versions = append(e.seq.Versions, v)
 	}
 }
 
@@ -461,6 +472,8 @@ func (e *tokenEpisode) Finish(ctx context.Context, messages []openai.ChatComplet
 		Tokens:     slices.Clone(e.seq.Tokens),
 		Mask:       slices.Clone(e.seq.Mask),
 		Logprobs:   slices.Clone(e.seq.Logprobs),
+		Versions:   slices.Clone(e.seq.Versions),
+		Cuts:       slices.Clone(e.seq.Cuts),
 		TurnStarts: slices.Clone(e.seq.TurnStarts),
 		PromptLen:  e.seq.PromptLen,
 		Unscored:   e.seq.Unscored,

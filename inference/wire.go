@@ -251,6 +251,9 @@ type SGLangMeta struct {
 	PromptTokens        int                 `json:"prompt_tokens"`
 	CompletionTokens    int                 `json:"completion_tokens"`
 	OutputTokenLogprobs [][]json.RawMessage `json:"output_token_logprobs"`
+	// WeightVersion is SGLang's weight version (a string; read as an
+	// integer policy version when it is one).
+	WeightVersion json.RawMessage `json:"weight_version,omitempty"`
 }
 
 // SGLangResponse is SGLang's /generate answer.

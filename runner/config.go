@@ -17,6 +17,7 @@ import (
 	"github.com/rollout-rl/rollout/datasets"
 	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/sandbox"
+	"github.com/rollout-rl/rollout/tools/mcp"
 )
 
 // ErrConfig is wrapped by every invalid run configuration.
@@ -60,9 +61,13 @@ type Config struct {
 	// text it may insert (docs/config.md, "The agent loop's knobs").
 	Loop LoopConfig `yaml:"loop,omitempty" json:"loop,omitzero"`
 
-	Toolsets Toolsets      `yaml:"toolsets,omitempty" json:"toolsets,omitempty"`
-	Sandbox  SandboxConfig `yaml:"sandbox,omitempty" json:"sandbox,omitempty"`
-	Limits   Limits        `yaml:"limits,omitempty" json:"limits,omitempty"`
+	Toolsets Toolsets `yaml:"toolsets,omitempty" json:"toolsets,omitempty"`
+	// MCPServers add the tools of MCP servers to every task
+	// (docs/mcp.md): a command runs in the rollout's sandbox over stdio,
+	// a url is a streamable-HTTP endpoint reached from the host.
+	MCPServers []mcp.Server  `yaml:"mcp_servers,omitempty" json:"mcp_servers,omitempty"`
+	Sandbox    SandboxConfig `yaml:"sandbox,omitempty" json:"sandbox,omitempty"`
+	Limits     Limits        `yaml:"limits,omitempty" json:"limits,omitempty"`
 	// Retries of an infra-failed rollout (0 = the default 2; -1 = none).
 	Retries   int       `yaml:"retries,omitempty" json:"retries,omitempty"`
 	Advantage Advantage `yaml:"advantage,omitempty" json:"advantage,omitempty"`
@@ -70,11 +75,18 @@ type Config struct {
 	Eval      EvalSpec  `yaml:"eval,omitempty" json:"eval,omitempty"`
 	// PolicyVersion is stamped on records when a trainer supplies one.
 	PolicyVersion *int64 `yaml:"policy_version,omitempty" json:"policy_version,omitempty"`
+	// Async bounds the policy lag of collected groups (asynchronous RL;
+	// docs/async-rl.md).
+	Async AsyncConfig `yaml:"async,omitempty" json:"async,omitzero"`
 	// AllowEvalOnly runs an eval-only env with `rollout run`.
 	AllowEvalOnly bool `yaml:"allow_eval_only,omitempty" json:"allow_eval_only,omitempty"`
 	// Atropos also sends the run's groups to an Atropos trainer (package
 	// atropos; docs/atropos.md). The runner does not read it.
 	Atropos Atropos `yaml:"atropos,omitempty" json:"atropos,omitempty"`
+	// Distill is on-policy distillation (docs/distillation.md): a teacher
+	// endpoint scores every trained token of each ok rollout with its
+	// top-K logprobs (vLLM prompt_logprobs). Needs token ids.
+	Distill *inference.TeacherConfig `yaml:"distill,omitempty" json:"distill,omitempty"`
 	// MaxInfraFailedFraction is the exit policy of `rollout run`/`eval`
 	// and of jobs: a run whose infra_failed rollouts exceed this fraction
 	// of its rollouts fails after writing them (default 0.5; 1 fails only
@@ -306,12 +318,20 @@ func (c Config) Validate() error {
 		return bad("env", "required (a registered env name or a YAML env file)")
 	case len(c.Inference.Endpoints) == 0:
 		return bad("inference.endpoints", "at least one endpoint URL is required")
+	case c.Distill != nil && (c.Distill.Endpoint == "" || c.Distill.Model == ""):
+		return bad("distill", "endpoint and model are required")
+	case c.Distill != nil && c.Distill.TopK < 0:
+		return bad("distill.top_k", "must not be negative (0 = 20)")
+	case c.Distill != nil && (c.Inference.Backend == "" || c.Inference.Backend == inference.BackendChat && !c.Inference.ChatTokenIDs):
+		return bad("distill", "the teacher scores the student's token ids: use a tokens-mode backend, or chat with inference.chat_token_ids")
 	case c.Groups < 0:
 		return bad("groups", "must not be negative")
 	case c.GroupSize < 0:
 		return bad("group_size", "must not be negative")
 	case c.MaxTurns < 0:
 		return bad("max_turns", "must not be negative")
+	case mcp.Validate(c.MCPServers) != nil:
+		return fmt.Errorf("%w: %v", ErrConfig, mcp.Validate(c.MCPServers))
 	case c.Retries < -1:
 		return bad("retries", "must be -1 (no retries), 0 (the default, 2) or positive")
 	case c.Loop.OnTruncation != "" && c.Loop.OnTruncation != agentloop.TruncationStop && c.Loop.OnTruncation != agentloop.TruncationToolError:

@@ -30,6 +30,7 @@ import (
 	"github.com/rollout-rl/rollout/sandbox"
 	"github.com/rollout-rl/rollout/toolcontext"
 	"github.com/rollout-rl/rollout/tools"
+	"github.com/rollout-rl/rollout/tools/mcp"
 )
 
 // Sandboxes creates sandboxes (the Docker backend, or a pool over it).
@@ -64,6 +65,15 @@ type Deps struct {
 	Logger   *slog.Logger
 	// RunID names the run; empty generates one.
 	RunID string
+	// Distiller, when set, scores each ok rollout's trained tokens with a
+	// teacher (on-policy distillation; *inference.Teacher).
+	Distiller Distiller
+}
+
+// Distiller returns the teacher's top-K ids and logprobs for the positions
+// of ids that want selects (nil elsewhere).
+type Distiller interface {
+	Score(ctx context.Context, ids []int32, want func(p int) bool) ([][]int32, [][]float32, error)
 }
 
 // Event is a progress notification.
@@ -104,6 +114,8 @@ type GroupOptions struct {
 	Sampling *inference.Sampling
 	// RequestID is echoed on the group.
 	RequestID string
+
+	prepared *groupRun // resolved ahead by Run (prepareAhead)
 }
 
 // StopIntake stops starting new groups; groups in flight finish and are
@@ -246,8 +258,14 @@ func (r *Runner) Run(ctx context.Context) (Summary, error) {
 	var wg sync.WaitGroup
 	for i, it := range todo {
 		// Back-pressure: wait for a group slot; never cancel running work.
-		if err := groupSlots.Acquire(intake, 1); err != nil {
-			break
+		// While waiting, the group is prepared and its sandboxes are
+		// started ahead of demand.
+		var prepared *groupRun
+		if !groupSlots.TryAcquire(1) {
+			prepared = r.prepareAhead(intake, i, it)
+			if err := groupSlots.Acquire(intake, 1); err != nil {
+				break
+			}
 		}
 		if err := r.admit(intake); err != nil {
 			groupSlots.Release(1)
@@ -269,13 +287,18 @@ func (r *Runner) Run(ctx context.Context) (Summary, error) {
 			defer wg.Done()
 			defer groupSlots.Release(1)
 			r.log.Debug("group started", "group", it.Key())
-			g := r.RunGroup(ctx, idx, it, GroupOptions{PolicyVersion: r.cfg.PolicyVersion})
+			g := r.RunGroup(ctx, idx, it, GroupOptions{PolicyVersion: r.cfg.PolicyVersion, prepared: prepared})
 			failed := func() bool {
 				sinkMu.Lock()
 				defer sinkMu.Unlock()
 				return sinkErr != nil
 			}
 			if failed() {
+				return
+			}
+			if g.StaleDropped {
+				r.countStale(g)
+				r.log.Info("group outside async.max_staleness dropped", "group_id", g.ID, "lag", g.Versions.Lag, "regenerated", g.Regenerated)
 				return
 			}
 			// A group cut short by cancellation is incomplete: writing it
@@ -405,6 +428,10 @@ func (r *Runner) count(g *Group) {
 	if g.Dropped {
 		r.sum.GroupsDropped++
 	}
+	r.sum.GroupsStaleRegenerated += g.Regenerated
+	if g.Stale {
+		r.sum.GroupsStaleMarked++
+	}
 	for _, ro := range g.Rollouts {
 		r.sum.Rollouts++
 		r.sum.Retries += ro.Attempts - 1
@@ -423,6 +450,10 @@ func (r *Runner) count(g *Group) {
 // group. Run calls it for every item; trainer-driven collection calls it
 // directly. idx seeds the group's toolset sampling.
 func (r *Runner) RunGroup(ctx context.Context, idx int, it datasets.Item, o GroupOptions) *Group {
+	return r.runBounded(ctx, idx, it, o)
+}
+
+func (r *Runner) runGroupOnce(ctx context.Context, idx int, it datasets.Item, o GroupOptions) *Group {
 	g := &Group{ID: it.Key(), Item: it, Rollouts: make([]Rollout, r.cfg.GroupSize), PolicyVersion: o.PolicyVersion, RequestID: o.RequestID, Sequence: -1}
 	sampling := r.cfg.Sampling
 	if o.Sampling != nil {
@@ -431,17 +462,14 @@ func (r *Runner) RunGroup(ctx context.Context, idx int, it datasets.Item, o Grou
 	log := r.log.With("group", g.ID)
 	ctx, span := r.startGroup(ctx, it, len(g.Rollouts))
 	defer endGroup(span, g)
-	gr := &groupRun{item: it, sampling: sampling, log: log}
-	gr.task, gr.taskErr = r.deps.Env.Task(ctx, it)
-	g.Task = gr.task
-	gr.set, gr.setErr = r.toolSet(gr.task, uint64(idx))
-	// A group larger than the limits runs in waves: at most as many of its
-	// rollouts run (and hold goroutines) at once as the limits allow.
-	wave := min(len(g.Rollouts), r.cfg.Limits.RolloutsInFlight)
-	if gr.task.Sandbox != nil {
-		wave = min(wave, r.cfg.Limits.Sandboxes)
+	gr := o.prepared
+	if gr == nil || gr.item.Key() != it.Key() {
+		gr = r.newGroupRun(ctx, idx, it)
 	}
-	if gr.taskErr == nil && gr.setErr == nil {
+	gr.sampling, gr.log = sampling, log
+	g.Task = gr.task
+	wave := r.wave(gr)
+	if gr.taskErr == nil && gr.setErr == nil && !gr.expected {
 		r.expectSandboxes(ctx, gr, wave)
 	}
 	var eg errgroup.Group
@@ -459,6 +487,53 @@ func (r *Runner) RunGroup(ctx context.Context, idx int, it datasets.Item, o Grou
 	_ = eg.Wait()
 	assemble(g, r.cfg.Advantage)
 	return g
+}
+
+// newGroupRun resolves a group's task and tools.
+func (r *Runner) newGroupRun(ctx context.Context, idx int, it datasets.Item) *groupRun {
+	gr := &groupRun{idx: uint64(idx), item: it, sampling: r.cfg.Sampling, log: r.log.With("group", it.Key())}
+	gr.task, gr.taskErr = r.deps.Env.Task(ctx, it)
+	gr.set, gr.setErr = r.toolSet(gr.task, uint64(idx))
+	if gr.setErr == nil && gr.set != nil && gr.task.Sandbox == nil {
+		gr.setErr = needsSandbox(gr.set)
+	}
+	gr.mcp = append(slices.Clip(r.cfg.MCPServers), gr.task.MCPServers...)
+	if gr.setErr == nil && len(gr.mcp) > 0 {
+		if err := mcp.Validate(gr.mcp); err != nil {
+			gr.setErr = err
+		} else if mcp.NeedsSandbox(gr.mcp) && gr.task.Sandbox == nil {
+			gr.setErr = errors.New("mcp_servers: a command (stdio) server runs in the rollout's sandbox, and this task has none")
+		}
+	}
+	return gr
+}
+
+// wave is how many of a group's rollouts run at once: a group larger than
+// the limits runs in waves, at most as many of its rollouts running (and
+// holding goroutines) as the limits allow.
+func (r *Runner) wave(gr *groupRun) int {
+	wave := min(r.cfg.GroupSize, r.cfg.Limits.RolloutsInFlight)
+	if gr.task.Sandbox != nil {
+		wave = min(wave, r.cfg.Limits.Sandboxes)
+	}
+	return wave
+}
+
+// prepareAhead resolves the next group while every group slot is busy and
+// announces its first wave of sandboxes to a pooling backend (building its
+// task image on the way), so that they are started from the run's own
+// schedule while the running groups finish, instead of when the group
+// starts. The pool never lets warm sandboxes block a running group: they
+// count against MaxContainers and idle ones of another spec are evicted
+// for a rollout that needs a slot.
+func (r *Runner) prepareAhead(ctx context.Context, idx int, it datasets.Item) *groupRun {
+	gr := r.newGroupRun(ctx, idx, it)
+	if _, ok := r.deps.Sandboxes.(Expecter); !ok || gr.taskErr != nil || gr.setErr != nil {
+		return gr
+	}
+	r.expectSandboxes(ctx, gr, r.wave(gr))
+	gr.expected = true
+	return gr
 }
 
 // toolSet resolves the tools of one group: the configured toolsets (or a
@@ -516,6 +591,22 @@ func (r *Runner) toolSet(task envs.Task, groupIdx uint64) (*tools.Set, error) {
 
 const callOnlyToolset = "call-only"
 
+// needsSandbox refuses a sandbox-less task whose tool set has a built-in
+// tool: those act only through the sandbox. Host-side tools (web, HTTP
+// MCP servers, call-only schemas) run without one.
+func needsSandbox(set *tools.Set) error {
+	builtin := map[string]bool{}
+	for _, t := range tools.Builtins() {
+		builtin[t.Name] = true
+	}
+	for _, t := range set.OpenAI() {
+		if t.Function != nil && builtin[t.Function.Name] {
+			return fmt.Errorf("tool %s acts on the sandbox, and this task has none (disable its toolset or give the task a sandbox)", t.Function.Name)
+		}
+	}
+	return nil
+}
+
 // recordOnlyTool offers a schema whose calls are recorded and never
 // executed (single-turn call matching); the model sees that it was not run.
 func recordOnlyTool(t openai.Tool) (tools.Tool, error) {
@@ -550,6 +641,8 @@ func appendUnique(list []string, s string) []string {
 // tool set (or why they could not be made), the sampling parameters, and
 // the task's sandbox spec, computed once for the group.
 type groupRun struct {
+	idx      uint64
+	mcp      []mcp.Server // run config's and task's MCP servers
 	item     datasets.Item
 	task     envs.Task
 	taskErr  error
@@ -560,6 +653,8 @@ type groupRun struct {
 
 	specMu sync.Mutex
 	spec   *sandbox.Spec // nil until computed; failures are not kept
+
+	expected bool // its sandboxes were announced ahead (prepareAhead)
 }
 
 // sandboxSpec is the group's sandbox spec. The first rollout computes it
@@ -670,6 +765,37 @@ func (r *Runner) attempt(ctx context.Context, gr *groupRun, idx int) (ro Rollout
 		}()
 	}
 
+	if len(gr.mcp) > 0 {
+		// MCP servers are per rollout (a stdio server runs in this
+		// rollout's sandbox): open them, list their tools and offer them
+		// beside the group's tools. A server that cannot be opened is an
+		// infrastructure failure (sandbox kind), like one that dies later.
+		sessions, err := mcp.Open(ctx, gr.mcp, sb, log)
+		if err != nil {
+			kind := FailTask // a configuration the servers cannot satisfy
+			switch {
+			case errors.Is(err, sandbox.ErrUnavailable) || errors.Is(err, sandbox.ErrClosed):
+				kind = FailSandbox
+			case ctx.Err() != nil:
+				kind = FailCancelled
+			}
+			ro.fail(kind, err)
+			return ro
+		}
+		defer func() {
+			if err := sessions.Close(); err != nil {
+				log.Debug("mcp close", "error", err)
+			}
+		}()
+		t := task
+		t.Tools = append(slices.Clip(task.Tools), sessions.Tools()...)
+		if set, err = r.toolSet(t, gr.idx); err != nil {
+			ro.fail(FailTask, fmt.Errorf("tools: %w", err))
+			return ro
+		}
+		ro.Tools = set.OpenAI()
+	}
+
 	lcfg := agentloop.Config{
 		ID: ro.ID, Messages: task.Messages, Tools: set, Model: r.cfg.Inference.Model,
 		Sampling: sampling, Parser: r.cfg.Parser, ReasoningParser: r.cfg.ReasoningParser,
@@ -682,6 +808,9 @@ func (r *Runner) attempt(ctx context.Context, gr *groupRun, idx int) (ro Rollout
 	if task.MaxTurns > 0 {
 		lcfg.MaxTurns = task.MaxTurns
 	}
+	if resp := envs.ResponderOf(r.deps.Env); resp != nil {
+		lcfg.Responder = envResponder{resp: resp, item: gr.item}
+	}
 	if v, ok := sampling.ChatTemplateKwargs["enable_thinking"].(bool); ok && !v {
 		lcfg.ReasoningOptions.ThinkingDisabled = true
 	}
@@ -690,9 +819,10 @@ func (r *Runner) attempt(ctx context.Context, gr *groupRun, idx int) (ro Rollout
 	case sb != nil:
 		deps.Env = tools.NewEnv(sb, ro.ID)
 		deps.Env.Logger = log
-	case len(task.CallOnly) > 0:
-		// Call-only tools are recorded, never executed: they need a tool
-		// environment but no sandbox.
+	case set != nil:
+		// Call-only tools (recorded, never executed) and host-side tools
+		// (web_search, web_extract) need a tool environment but no
+		// sandbox.
 		deps.Env = tools.NewEnv(nil, ro.ID)
 		deps.Env.Logger = log
 	}
@@ -717,12 +847,22 @@ func (r *Runner) attempt(ctx context.Context, gr *groupRun, idx int) (ro Rollout
 		ro.fail(kind, err)
 		return ro
 	}
+	if r.deps.Distiller != nil {
+		if err := r.distill(ctx, &ro); err != nil {
+			kind := FailDistill
+			if ctx.Err() != nil {
+				kind = FailCancelled
+			}
+			ro.fail(kind, err)
+			return ro
+		}
+	}
 
 	rstart := time.Now()
 	rctx, cancel := context.WithTimeout(ctx, time.Duration(r.cfg.RewardTimeout))
 	defer cancel()
 	out := envs.Outcome{Messages: res.Messages, Final: finalContent(res), Turns: res.TurnsUsed,
-		FinishedNaturally: res.FinishedNaturally, StopReason: string(res.StopReason)}
+		FinishedNaturally: res.FinishedNaturally, StopReason: string(res.StopReason), TurnRewards: res.TurnRewards}
 	var box envs.Sandbox
 	if sb != nil {
 		box = sb
@@ -914,6 +1054,10 @@ func loopFailure(reason agentloop.StopReason, err error) string {
 		return FailCancelled
 	case errors.Is(err, agentloop.ErrConfig):
 		return FailTask
+	case reason == agentloop.StopEnvErr && errors.Is(err, datasets.ErrInvalid):
+		return FailTask // the item does not fit the responder's templates
+	case reason == agentloop.StopEnvErr:
+		return FailEnvFeedback
 	}
 	return FailInference
 }
@@ -982,4 +1126,43 @@ func newID(prefix string) string {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	return prefix + "_" + strings.ToLower(hex.EncodeToString(b[:]))
+}
+
+// envResponder binds an env's Responder to the rollout's item for the
+// agent loop (which does not know envs).
+type envResponder struct {
+	resp envs.Responder
+	item datasets.Item
+}
+
+func (e envResponder) Respond(ctx context.Context, turn int, msgs []openai.ChatCompletionMessage) (agentloop.Feedback, error) {
+	fb, err := e.resp.Respond(ctx, e.item, turn, msgs)
+	if err != nil {
+		return agentloop.Feedback{}, err
+	}
+	return agentloop.Feedback{Messages: fb.Messages, Done: fb.Done, Reward: fb.Reward, Detail: fb.Detail}, nil
+}
+
+// distill asks the teacher for its top-K logprobs at every trained
+// position of the rollout's sequence (the student's exact ids).
+func (r *Runner) distill(ctx context.Context, ro *Rollout) error {
+	seq := ro.Result.Sequence
+	if len(seq.Tokens) == 0 || !slices.Contains(seq.Mask, 1) {
+		return nil
+	}
+	last := len(seq.Mask) - 1
+	for seq.Mask[last] == 0 {
+		last--
+	}
+	t0 := time.Now()
+	ids, lps, err := r.deps.Distiller.Score(ctx, seq.Tokens[:last+1], func(p int) bool { return seq.Mask[p] == 1 })
+	ro.Timings.Distill = time.Since(t0)
+	if err != nil {
+		return fmt.Errorf("distill: %w", err)
+	}
+	for len(ids) < len(seq.Tokens) {
+		ids, lps = append(ids, nil), append(lps, nil)
+	}
+	ro.DistillTokenIDs, ro.DistillLogprobs = ids, lps
+	return nil
 }

@@ -470,3 +470,75 @@ func TestTaskImageBuiltOncePerGroup(t *testing.T) {
 		}
 	}
 }
+
+// aheadSandboxes records Expect and refuses Create; every create waits
+// until a second group was announced, or gives up after 10 s and records
+// that it had to.
+type aheadSandboxes struct {
+	mu       sync.Mutex
+	expected int
+	announce chan struct{} // closed once more than one group was announced
+	gaveUp   atomic.Bool   // a create waited in vain for the next group
+}
+
+func (s *aheadSandboxes) Expect(spec sandbox.Spec, n int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if spec.Image != "task-image" {
+		return nil
+	}
+	s.expected += n
+	if s.expected > n && s.announce != nil {
+		close(s.announce)
+		s.announce = nil
+	}
+	return nil
+}
+
+func (s *aheadSandboxes) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	s.mu.Lock()
+	ch := s.announce
+	s.mu.Unlock()
+	if ch != nil {
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			s.gaveUp.Store(true)
+		case <-ctx.Done():
+		}
+	}
+	return nil, fmt.Errorf("create: %w", sandbox.ErrUnavailable)
+}
+
+// With every group slot busy, Run prepares the next group and announces its
+// sandboxes while the running group still creates its own (the warm pool
+// starts them ahead of demand); each group is announced and builds its
+// image once.
+func TestSandboxesAnnouncedAhead(t *testing.T) {
+	env := &buildEnv{scoreEnv{items: items(3), reward: func(envs.Outcome) (rewards.Score, error) { return rewards.Score{Value: 1}, nil }}}
+	imgs := &countingImages{}
+	boxes := &aheadSandboxes{announce: make(chan struct{})}
+	cfg := baseConfig()
+	cfg.Retries = 0
+	cfg.Limits.GroupsInFlight = 1
+	r, err := New(cfg, Deps{Logger: quiet, Env: env, Policy: &scriptPolicy{}, Images: imgs, Sandboxes: boxes, Sinks: []Sink{&memSink{}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, err := r.Run(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum.Rollouts != 12 || sum.FailuresByKind[FailSandbox] != 12 {
+		t.Fatalf("summary %+v", sum)
+	}
+	if boxes.gaveUp.Load() {
+		t.Error("the next group was not announced while the first group created its sandboxes")
+	}
+	if boxes.expected != 12 {
+		t.Errorf("%d sandboxes announced for 3 groups of 4", boxes.expected)
+	}
+	if n := imgs.n.Load(); n != 3 {
+		t.Errorf("task image built %d times for 3 groups", n)
+	}
+}

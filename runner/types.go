@@ -37,6 +37,8 @@ const (
 	FailPanic        = "panic"              // a bug: a panic was recovered
 	FailCancelled    = "cancelled"          // the run was cancelled mid-rollout
 	FailTask         = "task"               // the env could not build the task (bad item)
+	FailDistill      = "distill"            // the distillation teacher could not score the rollout
+	FailEnvFeedback  = "env_feedback"       // the env's responder could not answer a turn (e.g. its user simulator's endpoint)
 )
 
 // Failure describes why a rollout is infra_failed.
@@ -51,6 +53,7 @@ type Timings struct {
 	Generation   time.Duration
 	Tools        time.Duration
 	Reward       time.Duration
+	Distill      time.Duration // the teacher's scoring (distillation)
 	Total        time.Duration
 }
 
@@ -75,6 +78,11 @@ type Rollout struct {
 	Network string
 	Runtime string
 	Created time.Time
+	// DistillTokenIDs and DistillLogprobs are the teacher's top-K per
+	// token of Result.Sequence (nil on untrained positions); nil without
+	// distillation.
+	DistillTokenIDs [][]int32
+	DistillLogprobs [][]float32
 	// deterministic: the failure would repeat on a retry (a bad spec).
 	deterministic bool
 }
@@ -101,6 +109,18 @@ type Group struct {
 	// directory, or the journal is off). WatchJob and CollectGroups clients
 	// resume from it.
 	Sequence int64
+	// Versions is the group's policy-version summary over its ok
+	// rollouts' sampled tokens (nil when the backend reports none).
+	Versions *GroupVersions
+	// Stale: the group is outside async.max_staleness and on_stale is
+	// "mark" (it is delivered, flagged).
+	Stale bool
+	// StaleDropped: the group is outside the bound and was not handed to
+	// any sink (on_stale "drop", or "regenerate" out of attempts).
+	StaleDropped bool
+	// Regenerated counts the times the group was generated again because
+	// it was stale.
+	Regenerated int
 }
 
 // Sink receives finished groups. WriteGroup may block (back-pressure); an
@@ -160,11 +180,16 @@ type Summary struct {
 	// GroupsInterrupted were cut short by cancellation: they are not
 	// handed to the sinks, so a resumed run collects them again whole.
 	GroupsInterrupted int
-	Rollouts          int
-	RolloutsOK        int
-	InfraFailed       int
-	Retries           int
-	FailuresByKind    map[string]int
+	// GroupsStale counts groups outside async.max_staleness by what was
+	// done: dropped, regenerated (each regeneration), marked.
+	GroupsStaleDropped     int
+	GroupsStaleRegenerated int
+	GroupsStaleMarked      int
+	Rollouts               int
+	RolloutsOK             int
+	InfraFailed            int
+	Retries                int
+	FailuresByKind         map[string]int
 	// StopReasons counts the ok rollouts by the agent loop's stop reason
 	// (finished, length, max_turns, …).
 	StopReasons map[string]int

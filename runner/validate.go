@@ -44,6 +44,9 @@ func (c Config) validateRanges(bad func(field, format string, args ...any) error
 			return bad(d.field, "%s is negative; want a positive duration (e.g. 90s), or leave it unset for the default", d.v)
 		}
 	}
+	if err := c.Async.validate(bad); err != nil {
+		return err
+	}
 	if b, m := c.Inference.BackoffBase, c.Inference.BackoffMax; b > 0 && m > 0 && b > m {
 		return bad("inference.backoff_base", "%s exceeds inference.backoff_max %s", b, m)
 	}

@@ -11,6 +11,7 @@ import (
 
 	"github.com/rollout-rl/rollout/datasets"
 	"github.com/rollout-rl/rollout/envs"
+	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/rewards"
 )
 
@@ -22,6 +23,10 @@ func TestValidateRanges(t *testing.T) {
 		yaml, field string
 	}{
 		{"rollout_timeout: -1s", "rollout_timeout"},
+		{"async: {max_staleness: -1}", "async.max_staleness"},
+		{"async: {max_staleness: 1, on_stale: keep}", "async.on_stale"},
+		{"async: {on_stale: drop}", "async.on_stale"},
+		{"async: {max_staleness: 1, max_regenerations: -1}", "async.max_regenerations"},
 		{"reward_timeout: -5m", "reward_timeout"},
 		{"max_consecutive_invalid: -1", "max_consecutive_invalid"},
 		{"sampling: {temperature: -0.5}", "sampling.temperature"},
@@ -172,5 +177,35 @@ func TestParserRequiredBeforeAnyGeneration(t *testing.T) {
 	}
 	if _, ok := asked.Load("q0"); !ok {
 		t.Error("item-0 (no tools) was not generated")
+	}
+}
+
+func TestDistillConfigChecks(t *testing.T) {
+	base := Config{Env: "guess-number", Inference: inference.Config{Backend: "vllm", Endpoints: []string{"http://127.0.0.1:1"}}}
+	for _, c := range []struct {
+		mod  func(*Config)
+		want string
+	}{
+		{func(c *Config) { c.Distill = &inference.TeacherConfig{Model: "t"} }, "distill: endpoint and model"},
+		{func(c *Config) { c.Distill = &inference.TeacherConfig{Endpoint: "http://t", Model: "t", TopK: -2} }, "distill.top_k"},
+		{func(c *Config) {
+			c.Distill = &inference.TeacherConfig{Endpoint: "http://t", Model: "t"}
+			c.Inference.Backend = inference.BackendChat
+		}, "token ids"},
+	} {
+		cfg := base
+		c.mod(&cfg)
+		if err := cfg.Validate(); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("want %q, got %v", c.want, err)
+		}
+	}
+	ok := base
+	ok.Distill = &inference.TeacherConfig{Endpoint: "http://t", Model: "t"}
+	if err := ok.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	ok.Inference.Backend, ok.Inference.ChatTokenIDs = inference.BackendChat, true
+	if err := ok.Validate(); err != nil {
+		t.Fatal(err)
 	}
 }

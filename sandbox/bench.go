@@ -235,3 +235,120 @@ func MeasurePeak(ctx context.Context, b Backend, spec Spec, target, parallel int
 	}
 	return res
 }
+
+// ChurnResult is the outcome of one churn measurement: Ops full
+// lifecycles in Elapsed wall time, Concurrency at a time.
+type ChurnResult struct {
+	Ops         int
+	Concurrency int
+	Elapsed     time.Duration
+}
+
+// PerSecond is the completed lifecycles per second of wall time.
+func (c ChurnResult) PerSecond() float64 {
+	if c.Elapsed <= 0 {
+		return 0
+	}
+	return float64(c.Ops) / c.Elapsed.Seconds()
+}
+
+// Add merges two results of the same concurrency (rounds of a run).
+func (c ChurnResult) Add(o ChurnResult) ChurnResult {
+	return ChurnResult{Ops: c.Ops + o.Ops, Concurrency: max(c.Concurrency, o.Concurrency), Elapsed: c.Elapsed + o.Elapsed}
+}
+
+// churn runs op n times, concurrency at a time, and stops at the first
+// failure.
+func churn(ctx context.Context, n, concurrency int, op func(ctx context.Context) error) (ChurnResult, error) {
+	concurrency = max(1, concurrency)
+	res := ChurnResult{Concurrency: concurrency}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var mu sync.Mutex
+	var first error
+	next := make(chan struct{})
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range concurrency {
+		wg.Go(func() {
+			for range next {
+				if ctx.Err() != nil {
+					continue // a failure stopped the run; drain
+				}
+				if err := op(ctx); err != nil {
+					mu.Lock()
+					if first == nil {
+						first = err
+						cancel()
+					}
+					mu.Unlock()
+					continue
+				}
+				mu.Lock()
+				res.Ops++
+				mu.Unlock()
+			}
+		})
+	}
+feed:
+	for range n {
+		select {
+		case next <- struct{}{}:
+		case <-ctx.Done():
+			break feed
+		}
+	}
+	close(next)
+	wg.Wait()
+	res.Elapsed = time.Since(start)
+	return res, first
+}
+
+// MeasureChurn creates n sandboxes of spec through b, concurrency at a
+// time, runs `true` in each once and closes it: the sandbox churn of a run
+// with fast turns.
+func MeasureChurn(ctx context.Context, b Backend, spec Spec, n, concurrency int) (ChurnResult, error) {
+	return churn(ctx, n, concurrency, func(ctx context.Context) error {
+		s, err := b.Create(ctx, spec)
+		if err != nil {
+			return err
+		}
+		r, err := s.Exec(ctx, ExecRequest{Argv: []string{"true"}})
+		cerr := s.Close(context.WithoutCancel(ctx))
+		switch {
+		case err != nil:
+			return err
+		case r.ExitCode != 0:
+			return fmt.Errorf("true exited %d: %s", r.ExitCode, r.Stderr)
+		}
+		return cerr
+	})
+}
+
+// MeasureDockerRunChurn runs n `docker run -d --network none --log-driver
+// none IMAGE sleep 3600 && docker rm -f ID` through the CLI, concurrency
+// at a time (the baseline for MeasureChurn). Containers carry labels.
+func MeasureDockerRunChurn(ctx context.Context, image string, labels map[string]string, n, concurrency int) (ChurnResult, error) {
+	docker, err := exec.LookPath("docker")
+	if err != nil {
+		return ChurnResult{}, fmt.Errorf("docker CLI: %w", err)
+	}
+	args := []string{"run", "-d", "--network", "none", "--log-driver", "none"}
+	for k, v := range labels {
+		args = append(args, "--label", k+"="+v)
+	}
+	args = append(args, image, "sleep", "3600")
+	return churn(ctx, n, concurrency, func(ctx context.Context) error {
+		b, err := exec.CommandContext(ctx, docker, args...).Output()
+		id := strings.TrimSpace(string(b))
+		if id != "" {
+			if out, rerr := exec.CommandContext(context.WithoutCancel(ctx), docker, "rm", "-f", id).CombinedOutput(); rerr != nil && err == nil {
+				err = fmt.Errorf("docker rm -f: %v: %.200s", rerr, out)
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("docker run: %w", err)
+		}
+		return nil
+	})
+}

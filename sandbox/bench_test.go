@@ -147,3 +147,56 @@ func BenchmarkAgentDelivery(b *testing.B) {
 		b.ReportMetric(float64(stats[DeliveryCopy].P50)/float64(stats[DeliveryBind].P50), "copy_over_bind_p50")
 	}
 }
+
+// MeasureChurn completes every lifecycle, never holds more sandboxes than
+// its concurrency, leaves no container behind, and reports a failure
+// (an image that does not exist) instead of counting it.
+func TestMeasureChurn(t *testing.T) {
+	d := ownBackend(t, Options{})
+	ctx := context.Background()
+	stop := make(chan struct{})
+	peak := peakContainers(t, d, stop)
+	res, err := MeasureChurn(ctx, d, Spec{Image: testImage}, 6, 2)
+	close(stop)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Ops != 6 || res.Concurrency != 2 || res.PerSecond() <= 0 {
+		t.Fatalf("churn = %+v (%.2f/s), want 6 ops at concurrency 2", res, res.PerSecond())
+	}
+	if got := <-peak; got > 2 {
+		t.Errorf("peak containers %d, want <= 2", got)
+	}
+	if n := countContainers(ctx, d.cli, d.opts.Instance); n != 0 {
+		t.Errorf("%d containers left after churn", n)
+	}
+	res, err = MeasureChurn(ctx, d, Spec{Image: "rollout-no-such-image:missing"}, 4, 2)
+	if err == nil || res.Ops != 0 {
+		t.Fatalf("churn of a missing image = %+v, %v; want an error and no ops", res, err)
+	}
+}
+
+func BenchmarkChurnVsDockerRun(b *testing.B) {
+	d := needDocker(b)
+	ctx := context.Background()
+	n := benchN("ROLLOUT_BENCH_CHURN_N", 16)
+	c := benchN("ROLLOUT_BENCH_CHURN_C", 4)
+	for b.Loop() {
+		var ours, theirs ChurnResult
+		for range 2 {
+			r, err := MeasureChurn(ctx, d, Spec{Image: testImage}, n/2, c)
+			if err != nil {
+				b.Fatal(err)
+			}
+			ours = ours.Add(r)
+			r, err = MeasureDockerRunChurn(ctx, testImage, d.BaseLabels(), n/2, c)
+			if err != nil {
+				b.Fatal(err)
+			}
+			theirs = theirs.Add(r)
+		}
+		b.ReportMetric(ours.PerSecond(), "sandbox_per_s")
+		b.ReportMetric(theirs.PerSecond(), "docker_run_rm_per_s")
+		b.ReportMetric(ours.PerSecond()/theirs.PerSecond(), "ratio")
+	}
+}

@@ -8,7 +8,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
 	"math"
@@ -24,7 +23,6 @@ import (
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
-	"github.com/moby/moby/api/pkg/stdcopy"
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/api/types/mount"
 	"github.com/moby/moby/client"
@@ -644,17 +642,10 @@ func (d *Docker) create(ctx context.Context, spec Spec, extraLabels map[string]s
 	s := &dockerSandbox{d: d, id: id, name: name, spec: spec, imageID: img.id, hj: hj, created: time.Now(), log: log, stderr: &tailBuffer{max: 8 << 10},
 		applied: applied, upperDir: upperDir}
 	s.touch()
-	pr, pw := io.Pipe()
-	s.demux = make(chan struct{})
-	go func() {
-		defer close(s.demux)
-		_, err := stdcopy.StdCopy(pw, s.stderr, hj.Reader)
-		if err == nil {
-			err = io.EOF
-		}
-		pw.CloseWithError(err)
-	}()
-	s.channelOps = channelOps{conn: newConn(pr, hj.Conn), owner: s}
+	// The attach stream is demultiplexed in the channel's read loop; demux
+	// is closed when that loop ended.
+	s.channelOps = channelOps{conn: newConn(&demuxReader{r: hj.Reader, stderr: s.stderr}, hj.Conn), owner: s}
+	s.demux = s.conn.done
 	err = d.daemon(ctx, "container_start", 60*time.Second, func(cctx context.Context) error {
 		_, err := d.cli.ContainerStart(cctx, id, client.ContainerStartOptions{})
 		return err

@@ -48,6 +48,7 @@ func TestInvalidArgument(t *testing.T) {
 		{"dataset outside", yamlReq(valid + "dataset: {path: ../../../etc/passwd}\n"), codes.PermissionDenied, "dataset.path"},
 		{"env file outside", yamlReq(strings.Replace(valid, "toolcall-match", "/etc/env.yaml", 1)), codes.PermissionDenied, "env"},
 		{"env_config path outside", yamlReq(strings.Replace(valid, "toolcall-match", "terminal-bench\nenv_config: {tasks_dir: /etc}", 1)), codes.PermissionDenied, "env_config.tasks_dir"},
+		{"env_config file outside", yamlReq(strings.Replace(valid, "toolcall-match", "task-suite\nenv_config: {split_file: /etc/split.yaml}", 1)), codes.PermissionDenied, "env_config.split_file"},
 		{"output in the state dir", yamlReq(jobYAML("http://127.0.0.1:9", "state/jobs", 1, 2)), codes.PermissionDenied, "state dir"},
 	} {
 		_, err := h.cli.StartJob(ctx, tc.req)

@@ -55,6 +55,51 @@ type collector struct {
 	// done holds the groups already in the run directory of a resumed
 	// stream (start.from_sequence): `next` skips them.
 	done map[string]bool
+	// id is start.stream_id (policy updates address the stream by it).
+	id string
+	// Groups outside async.max_staleness, by what was done.
+	staleDropped, staleRegenerated, staleMarked int
+}
+
+// bound re-checks a finished group against async.max_staleness with the
+// current version — the service's or the trainer's (credit
+// trainer_version), whichever is newer — right before it is handed over:
+// the runner checked it at completion, but the version may have moved
+// since. A stale group is regenerated, dropped or marked per on_stale.
+func (c *collector) bound(idx int, p pending, g *runner.Group) *runner.Group {
+	u := c.j.Updater()
+	r := c.j.Runner
+	for u != nil && !g.StaleDropped && c.ctx.Err() == nil {
+		g.Versions = runner.Versions(g, u.PolicyVersion())
+		if !r.OutsideBound(g.Versions) {
+			break
+		}
+		if r.Config().Async.Policy() == runner.OnStaleMark {
+			g.Stale = true
+			break
+		}
+		if r.Config().Async.Policy() == runner.OnStaleRegenerate && g.Regenerated < r.Config().Async.MaxRegenerationsOrDefault() {
+			n := g.Regenerated + 1
+			c.s.log.Info("group went stale before delivery; generating it again", "group_id", g.ID, "lag", g.Versions.Lag, "attempt", n)
+			g = r.RunGroup(c.ctx, idx, p.item, p.opts)
+			g.Regenerated += n
+			continue
+		}
+		g.StaleDropped = true
+	}
+	c.mu.Lock()
+	if g.Stale {
+		c.staleMarked++
+		metricStale.WithLabelValues("marked").Inc()
+	}
+	if !g.StaleDropped {
+		c.staleRegenerated += g.Regenerated
+	}
+	c.mu.Unlock()
+	if g.Regenerated > 0 {
+		metricStale.WithLabelValues("regenerated").Add(float64(g.Regenerated))
+	}
+	return g
 }
 
 // CollectGroups implements RolloutServiceServer.
@@ -118,7 +163,19 @@ func (s *Server) CollectGroups(stream rolloutv1.RolloutService_CollectGroupsServ
 			return err
 		}
 	}
+	c.id = start.StreamId
 	s.mu.Lock()
+	if c.id != "" {
+		taken := s.jobs[c.id] != nil
+		for o := range s.collectors {
+			taken = taken || o.id == c.id
+		}
+		if taken {
+			s.mu.Unlock()
+			_ = j.Close(context.WithoutCancel(ctx))
+			return status.Errorf(codes.AlreadyExists, "start.stream_id: %q names a job or an open stream already", c.id)
+		}
+	}
 	s.collectors[c] = true
 	s.mu.Unlock()
 	metricCollectStreams.Inc()
@@ -247,6 +304,17 @@ func (c *collector) idle() bool {
 func (c *collector) handle(msg *rolloutv1.CollectGroupsRequest) error {
 	switch m := msg.Msg.(type) {
 	case *rolloutv1.CollectGroupsRequest_Credit:
+		if tv := m.Credit.TrainerVersion; tv != nil {
+			if *tv < 0 {
+				return status.Error(codes.InvalidArgument, "credit.trainer_version: must not be negative")
+			}
+			if u := c.j.Updater(); u != nil {
+				u.ObserveVersion(*tv)
+			}
+			if m.Credit.Groups == 0 {
+				return nil
+			}
+		}
 		if m.Credit.Groups <= 0 {
 			return status.Error(codes.InvalidArgument, "credit.groups: must be positive")
 		}
@@ -366,6 +434,24 @@ func (c *collector) run(idx int, p pending) {
 		}
 	}()
 	g := c.j.Runner.RunGroup(c.ctx, idx, p.item, p.opts)
+	g = c.bound(idx, p, g)
+	if g.StaleDropped && !interrupted(g) {
+		// Outside async.max_staleness: never handed over; the credit is
+		// returned so the trainer's budget is not spent on it.
+		c.j.Runner.CountStale(g)
+		metricStale.WithLabelValues("dropped").Inc()
+		c.mu.Lock()
+		c.inFlight--
+		c.credits++
+		c.staleDropped++
+		c.staleRegenerated += g.Regenerated
+		c.mu.Unlock()
+		metricCollectInFlight.Dec()
+		c.s.log.Info("stale group dropped", "group_id", g.ID, "err", runner.StaleError(g))
+		c.pump()
+		_ = c.status()
+		return
+	}
 	if c.ctx.Err() != nil && interrupted(g) {
 		// Cut short by cancellation (the stream ended, or shutdown with
 		// cancel-in-flight): like the runner, never deliver a partial
@@ -417,7 +503,11 @@ func (c *collector) run(idx int, p pending) {
 func (c *collector) status() error {
 	c.mu.Lock()
 	st := &rolloutv1.CollectStatus{Credits: int32(c.credits), InFlight: int32(c.inFlight), Queued: int32(len(c.queue)),
-		Sent: int32(c.sent), Exhausted: c.exhausted}
+		Sent: int32(c.sent), Exhausted: c.exhausted, StaleDropped: int32(c.staleDropped), StaleRegenerated: int32(c.staleRegenerated),
+		StaleMarked: int32(c.staleMarked)}
+	if u := c.j.Updater(); u != nil {
+		st.PolicyVersion = u.PolicyVersion()
+	}
 	c.mu.Unlock()
 	c.sendMu.Lock()
 	defer c.sendMu.Unlock()

@@ -28,6 +28,11 @@ func groupProto(run *runner.RunInfo, g *runner.Group) (*rolloutv1.Group, error) 
 		seq := g.Sequence
 		out.Sequence = &seq
 	}
+	out.Stale, out.Regenerated = g.Stale, int32(g.Regenerated)
+	if v := g.Versions; v != nil {
+		lo, hi, cur, lag := v.Min, v.Max, v.Current, v.Lag
+		out.MinPolicyVersion, out.MaxPolicyVersion, out.CurrentPolicyVersion, out.PolicyLag = &lo, &hi, &cur, &lag
+	}
 	for i := range g.Rollouts {
 		ro := &g.Rollouts[i]
 		rec, err := job.Record(run, g, ro)
@@ -51,6 +56,10 @@ func RolloutProto(rec *trajectory.Record, rolloutID string, attempts int) *rollo
 	}
 	if rec.Failure != nil {
 		pr.FailureKind, pr.FailureMessage = rec.Failure.Kind, rec.Failure.Message
+	}
+	pr.TokenVersions = rec.TokenVersions
+	for _, c := range rec.VersionCuts {
+		pr.VersionCuts = append(pr.VersionCuts, &rolloutv1.VersionCut{Turn: c.Turn, Position: c.Position, Kind: c.Kind, From: c.From, To: c.To})
 	}
 	pr.LossMask = make([]int32, len(rec.LossMask))
 	for k, m := range rec.LossMask {

@@ -50,6 +50,7 @@ type jobRun struct {
 	st       jobState
 	progress *rolloutv1.JobProgress
 	runner   *runner.Runner
+	updater  job.Updater        // BeginPolicyUpdate/EndPolicyUpdate (update.go)
 	cancel   context.CancelFunc // cancels in-flight rollouts
 	done     chan struct{}
 	watchers map[*watcher]bool
@@ -233,6 +234,7 @@ func (s *Server) startJob(ctx context.Context, st jobState) (*jobRun, error) {
 		}
 	}()
 	jr.runner = j.Runner
+	jr.updater = j.Updater()
 	jr.st.Env = j.Env.Name()
 	jr.st.OutputDir = j.Dir
 	jr.st.State = rolloutv1.JobState_JOB_STATE_RUNNING

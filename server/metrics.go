@@ -62,6 +62,22 @@ var (
 		Name: "rollout_collect_streams",
 		Help: "Open CollectGroups streams.",
 	})
+	metricUpdates = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rollout_policy_updates_total",
+		Help: "BeginPolicyUpdate calls that paused the engines, by mode and fallback (drain-and-wait).",
+	}, []string{"mode", "fallback"})
+	metricPauseSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "rollout_policy_update_pause_seconds", Help: "Time BeginPolicyUpdate took to pause the engines.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+	})
+	metricResumeSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "rollout_policy_update_resume_seconds", Help: "Time EndPolicyUpdate took to resume the engines.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+	})
+	metricStale = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rollout_groups_stale_total",
+		Help: "Groups outside async.max_staleness by what was done (dropped, regenerated, marked).",
+	}, []string{"action"})
 	metricCollectInFlight = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "rollout_collect_groups_in_flight",
 		Help: "Groups started for CollectGroups streams and not yet sent.",
@@ -87,7 +103,7 @@ func MetricsHandler() http.Handler {
 	registerOnce.Do(func() {
 		cs := append([]prometheus.Collector{metricRollouts, metricFailures, metricTurns, metricTokens, metricReward,
 			metricPhase, metricGroups, metricGroupsDropped, metricCollectStreams, metricCollectInFlight, metricRPCs,
-			metricRPCSeconds}, trajectory.Collectors()...)
+			metricRPCSeconds, metricUpdates, metricPauseSeconds, metricResumeSeconds, metricStale}, trajectory.Collectors()...)
 		for _, c := range cs {
 			if err := prometheus.Register(c); err != nil {
 				var are prometheus.AlreadyRegisteredError

@@ -520,7 +520,7 @@ func envProto(e envs.Env) *rolloutv1.Environment {
 
 // checkConfig resolves the config's server paths under the path policy:
 // output.dir, dataset.path, an env file, and the env_config keys that name
-// host paths (path, dir, *_path, *_dir, e.g. terminal-bench's tasks_dir).
+// host paths (path, dir, *_path, *_dir, *_file, e.g. terminal-bench's tasks_dir).
 // Field names in errors get prefix. A job needs an output dir; a collect
 // stream may go without.
 func (s *Server) checkConfig(cfg *runner.Config, prefix string, needOutput bool) error {
@@ -570,7 +570,7 @@ func (s *Server) checkEnvPaths(n *yaml.Node, field string) error {
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			k, v := n.Content[i].Value, n.Content[i+1]
 			f := field + "." + k
-			if v.Kind == yaml.ScalarNode && v.Value != "" && (k == "path" || k == "dir" || strings.HasSuffix(k, "_path") || strings.HasSuffix(k, "_dir")) {
+			if v.Kind == yaml.ScalarNode && v.Value != "" && (k == "path" || k == "dir" || strings.HasSuffix(k, "_path") || strings.HasSuffix(k, "_dir") || strings.HasSuffix(k, "_file")) {
 				p, err := s.resolvePath(f, v.Value)
 				if err != nil {
 					return err

@@ -133,7 +133,19 @@ func expectedArrowRow(r Record) map[string]any {
 		loopEvents = append(loopEvents, map[string]any{"turn": e.Turn, "kind": e.Kind, "message": e.Message, "call_id": e.CallID, "original": e.Original, "detail": e.Detail})
 	}
 	m := r.Manifest
+	cuts := []any{}
+	for _, c := range r.VersionCuts {
+		cuts = append(cuts, map[string]any{"turn": c.Turn, "position": c.Position, "kind": c.Kind, "from": c.From, "to": c.To})
+	}
+	opt := func(p *int64) any {
+		if p == nil {
+			return nil
+		}
+		return *p
+	}
 	return map[string]any{
+		"token_versions": listOf(r.TokenVersions), "min_policy_version": opt(r.MinPolicyVersion), "max_policy_version": opt(r.MaxPolicyVersion),
+		"policy_lag": opt(r.PolicyLag), "version_cuts": cuts, "stale": r.Stale,
 		"schema_version": int32(SchemaVersion), "run_id": r.RunID, "env": r.Env, "category": r.Category,
 		"item_id": r.ItemID, "group_id": r.GroupID, "rollout_index": r.RolloutIndex, "model": r.Model,
 		"policy_version": policy, "sampling_params": r.SamplingParams, "messages": r.Messages, "tools": r.Tools,
@@ -141,7 +153,8 @@ func expectedArrowRow(r Record) map[string]any {
 		"prompt_tokens": r.PromptTokens, "completion_tokens": r.CompletionTokens,
 		"reward": r.Reward, "reward_components": comps, "advantage": adv,
 		"turns": r.Turns, "finished_naturally": r.FinishedNaturally, "stop_reason": r.StopReason,
-		"status": r.Status, "failure": failure, "tool_errors": toolErrs, "loop_events": loopEvents,
+		"status": r.Status, "failure": failure, "tool_errors": toolErrs, "loop_events": loopEvents, "turn_rewards": listOf(r.TurnRewards),
+		"distill_token_ids": nestedOf(r.DistillTokenIDs), "distill_logprobs": nestedOf(r.DistillLogprobs),
 		"timings": map[string]any{"generation_ms": r.Timings.GenerationMS, "tools_ms": r.Timings.ToolsMS,
 			"sandbox_start_ms": r.Timings.SandboxStartMS, "reward_ms": r.Timings.RewardMS, "total_ms": r.Timings.TotalMS},
 		"drift_tokens": r.DriftTokens,
@@ -208,4 +221,12 @@ func checkGolden(t *testing.T, name string, got []byte) {
 	if d := cmp.Diff(string(want), string(got)); d != "" {
 		t.Errorf("%s mismatch (-golden +got):\n%s", name, d)
 	}
+}
+
+func nestedOf[T any](s [][]T) []any {
+	out := []any{}
+	for _, v := range s {
+		out = append(out, listOf(v))
+	}
+	return out
 }

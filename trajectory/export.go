@@ -452,6 +452,39 @@ type ScoredDataGroup struct {
 	GroupOverrides    map[string]any      `json:"group_overrides,omitempty"`
 	Overrides         []map[string]any    `json:"overrides,omitempty"`
 	EnvID             *int                `json:"env_id,omitempty"`
+	// DistillTokenIDs and DistillLogprobs are [seq][pos][k]: the teacher's
+	// top-K at each trained position, K zeros elsewhere (Hermes' agentic
+	// OPD layout; trainers read them under masks). Set only when some
+	// record of the group has distillation data.
+	DistillTokenIDs [][][]int32   `json:"distill_token_ids,omitempty"`
+	DistillLogprobs [][][]float32 `json:"distill_logprobs,omitempty"`
+}
+
+// atroposDistill fills the group's distill_* from its records: K is the
+// widest teacher list; positions (and records) without data get K zeros.
+func atroposDistill(sd *ScoredDataGroup, g []*Record) {
+	k := 0
+	for _, r := range g {
+		for _, ids := range r.DistillTokenIDs {
+			k = max(k, len(ids))
+		}
+	}
+	if k == 0 {
+		return
+	}
+	for _, r := range g {
+		ids := make([][]int32, len(r.Tokens))
+		lps := make([][]float32, len(r.Tokens))
+		for p := range r.Tokens {
+			ids[p], lps[p] = make([]int32, k), make([]float32, k)
+			if p < len(r.DistillTokenIDs) {
+				copy(ids[p], r.DistillTokenIDs[p])
+				copy(lps[p], r.DistillLogprobs[p])
+			}
+		}
+		sd.DistillTokenIDs = append(sd.DistillTokenIDs, ids)
+		sd.DistillLogprobs = append(sd.DistillLogprobs, lps)
+	}
 }
 
 // ErrNoTokens is returned by AtroposGroups when a usable record has no token
@@ -532,6 +565,7 @@ func AtroposGroups(recs []Record, opts AtroposOptions) ([]ScoredDataGroup, Expor
 		if len(g) != size {
 			sd.GroupOverrides = map[string]any{"group_size": len(g)}
 		}
+		atroposDistill(&sd, g)
 		out = append(out, sd)
 		st.Written++
 	}

@@ -53,6 +53,19 @@ func fixtureRecords() []Record {
 		if !finished {
 			r.StopReason = "length"
 		}
+		if idx == 1 {
+			// Asynchronous RL: the last trained tokens came after an abort cut.
+			r.TokenVersions = make([]int64, len(toks))
+			for i := range r.TokenVersions {
+				r.TokenVersions[i] = 4
+				if i >= len(toks)-2 {
+					r.TokenVersions[i] = 5
+				}
+			}
+			lo, hi, lag := int64(4), int64(5), int64(2)
+			r.MinPolicyVersion, r.MaxPolicyVersion, r.PolicyLag = &lo, &hi, &lag
+			r.VersionCuts = []VersionCut{{Turn: 2, Position: int32(len(toks) - 2), Kind: "abort", From: 4, To: 5}}
+		}
 		r.DeriveTrainingFields()
 		return r
 	}
@@ -67,6 +80,16 @@ func fixtureRecords() []Record {
 	recs[0].Advantage = ptr(0.5)
 	recs[0].PolicyVersion = ptr(int64(42))
 	recs[1].ToolErrors = []ToolError{{Turn: 1, Tool: "terminal", CallID: "call_1", Kind: "timeout", Message: "command timed out after 30s"}}
+	recs[1].TurnRewards = []float64{0, 0.5}
+	recs[1].DistillTokenIDs = make([][]int32, len(a))
+	recs[1].DistillLogprobs = make([][]float32, len(a))
+	for p, m := range a {
+		recs[1].DistillTokenIDs[p], recs[1].DistillLogprobs[p] = []int32{}, []float32{}
+		if m == 1 {
+			recs[1].DistillTokenIDs[p] = []int32{int32(200 + p), int32(300 + p)}
+			recs[1].DistillLogprobs[p] = []float32{-0.25, -1.5}
+		}
+	}
 	recs[1].LoopEvents = []LoopEvent{{Turn: 1, Kind: "arguments_replaced", Message: 2, CallID: "call_1", Original: `{"command": "ls`, Detail: "{}"}}
 	recs[2].DriftTokens = 2
 	// Same conversation as recs[0]: --dedupe drops it.

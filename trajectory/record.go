@@ -78,11 +78,54 @@ type Record struct {
 	// trainer can tell the policy's own text from the loop's. Files written
 	// before the column existed read as empty.
 	LoopEvents []LoopEvent `parquet:"loop_events,list"`
+	// TurnRewards are the env responder's intermediate rewards, one per
+	// turn (0 where it gave none), beside the final Reward; empty for envs
+	// without turn feedback and in files written before the column existed.
+	TurnRewards []float64 `parquet:"turn_rewards,list"`
+	// DistillTokenIDs and DistillLogprobs are on-policy distillation's
+	// teacher top-K per token, aligned to Tokens: the K most likely ids
+	// (by the teacher's rank) and their logprobs at each trained position,
+	// an empty list elsewhere. Empty without distillation and in files
+	// written before the columns existed.
+	DistillTokenIDs [][]int32   `parquet:"distill_token_ids,list"`
+	DistillLogprobs [][]float32 `parquet:"distill_logprobs,list"`
 
 	Timings     Timings   `parquet:"timings"`
 	DriftTokens int32     `parquet:"drift_tokens"`
 	Manifest    Manifest  `parquet:"manifest"`
 	CreatedAt   time.Time `parquet:"created_at,timestamp(microsecond)"`
+
+	// Asynchronous RL (docs/async-rl.md). Files written before these
+	// columns existed read as empty/null.
+	//
+	// TokenVersions is aligned with Tokens: the policy version each sampled
+	// token was generated under (untrained positions: the version in force
+	// when they were appended). Empty when the backend reports no ids.
+	TokenVersions []int64 `parquet:"token_versions,list"`
+	// MinPolicyVersion and MaxPolicyVersion span the sampled tokens;
+	// PolicyLag is the current version when the group completed minus
+	// MinPolicyVersion.
+	MinPolicyVersion *int64 `parquet:"min_policy_version,optional"`
+	MaxPolicyVersion *int64 `parquet:"max_policy_version,optional"`
+	PolicyLag        *int64 `parquet:"policy_lag,optional"`
+	// VersionCuts are the points where a generation's version changed.
+	VersionCuts []VersionCut `parquet:"version_cuts,list"`
+	// Stale marks a group outside async.max_staleness delivered with
+	// on_stale "mark".
+	Stale bool `parquet:"stale"`
+}
+
+// VersionCut is one change of policy version inside a generation: an
+// abort cut and its continuation ("abort", Position the index in tokens of
+// the first token after the cut) or a keep-mode freeze ("keep", Position
+// -1: the engine continued the request, the switch point is unknown and
+// the turn's tokens carry the older version).
+type VersionCut struct {
+	Turn     int32  `parquet:"turn"`
+	Position int32  `parquet:"position"`
+	Kind     string `parquet:"kind,dict"`
+	From     int64  `parquet:"from"`
+	To       int64  `parquet:"to"`
 }
 
 // Failure says why a rollout failed. Kind is a stable class name from the
@@ -193,6 +236,22 @@ func (r *Record) Validate() error {
 	}
 	if len(r.Logprobs) != 0 && len(r.Logprobs) != n {
 		return bad("logprobs has %d entries, tokens %d (must be empty or aligned)", len(r.Logprobs), n)
+	}
+	if len(r.DistillTokenIDs) != len(r.DistillLogprobs) || (len(r.DistillTokenIDs) != 0 && len(r.DistillTokenIDs) != n) {
+		return bad("distill_token_ids has %d entries, distill_logprobs %d, tokens %d (must be empty or aligned)", len(r.DistillTokenIDs), len(r.DistillLogprobs), n)
+	}
+	for i := range r.DistillTokenIDs {
+		if len(r.DistillTokenIDs[i]) != len(r.DistillLogprobs[i]) {
+			return bad("position %d: %d distill ids, %d distill logprobs", i, len(r.DistillTokenIDs[i]), len(r.DistillLogprobs[i]))
+		}
+	}
+	if len(r.TokenVersions) != 0 && len(r.TokenVersions) != n {
+		return bad("token_versions has %d entries, tokens %d (must be empty or aligned)", len(r.TokenVersions), n)
+	}
+	for _, c := range r.VersionCuts {
+		if c.Position < -1 || int(c.Position) >= max(n, 1) && n > 0 {
+			return bad("version cut at position %d outside the %d tokens", c.Position, n)
+		}
 	}
 	for i := range n {
 		switch r.LossMask[i] {

@@ -19,6 +19,8 @@ func newDemoCmd() *cobra.Command {
 	var out, backend, family string
 	var successProb float64
 	var seed int64
+	var envSpecs []string
+	var distill bool
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Run the main job end to end: the built-in simulator, real Docker sandboxes, terminal-tasks and swe-tests",
@@ -26,11 +28,20 @@ func newDemoCmd() *cobra.Command {
 simulator in-process (its policy follows the envs' reference solutions with
 probability --success-prob, so groups have reward variance), runs a few
 groups of terminal-tasks and swe-tests in real Docker sandboxes, writes the
-trajectories as Parquet under --out and prints a summary.`,
+trajectories as Parquet under --out and prints a summary. --env runs other
+envs instead (any env with reference solutions, e.g. guess-number:4:8 for 4
+groups of 8).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			w := cmd.OutOrStdout()
+			specs := demo.DefaultSpecs()
+			if len(envSpecs) > 0 {
+				var err error
+				if specs, err = demo.ParseSpecs(envSpecs); err != nil {
+					return err
+				}
+			}
 			cli, err := dockerclient.New(ctx)
 			if err != nil {
 				return err
@@ -47,8 +58,8 @@ trajectories as Parquet under --out and prints a summary.`,
 			log := newLogger(os.Stderr)
 			bars := map[string]*progress{}
 			results, err := demo.Run(ctx, demo.Options{
-				Out: out, Specs: demo.DefaultSpecs(), Backend: backend, Family: family,
-				SuccessProb: successProb, Seed: seed, Logger: log,
+				Out: out, Specs: specs, Backend: backend, Family: family,
+				SuccessProb: successProb, Seed: seed, Logger: log, Distill: distill,
 				Progress: func(env string, e runner.Event) {
 					p, ok := bars[env]
 					if !ok {
@@ -68,7 +79,7 @@ trajectories as Parquet under --out and prints a summary.`,
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(w, "\nnext: rollout inspect %s/terminal-tasks   (or --html page.html)\n", out)
+			fmt.Fprintf(w, "\nnext: rollout inspect %s/%s   (or --html page.html)\n", out, specs[0].Env)
 			return nil
 		},
 	}
@@ -77,5 +88,7 @@ trajectories as Parquet under --out and prints a summary.`,
 	cmd.Flags().StringVar(&family, "family", "hermes", "tool-call format the simulated model emits (and the parser)")
 	cmd.Flags().Float64Var(&successProb, "success-prob", 0.7, "probability that a rollout follows the correct solution")
 	cmd.Flags().Int64Var(&seed, "seed", 1, "simulator seed")
+	cmd.Flags().BoolVar(&distill, "distill", false, "also score every trained token with the simulator as the distillation teacher (top-5 prompt_logprobs)")
+	cmd.Flags().StringArrayVar(&envSpecs, "env", nil, "env to run instead of the default ones, as name[:groups[:group_size]] (repeatable; any env with reference solutions, e.g. task-suite, web-research, guess-number; eval-only envs run as evaluations)")
 	return cmd
 }

@@ -1,14 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"net/http"
 	"os"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,26 +14,9 @@ import (
 
 	"github.com/rollout-rl/rollout/internal/dockerclient"
 	"github.com/rollout-rl/rollout/internal/engine"
+	"github.com/rollout-rl/rollout/internal/proctest"
 	"github.com/rollout-rl/rollout/sandbox/image"
 )
-
-// lockedBuffer is written by the command while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 func TestEngineLlamacppCmd(t *testing.T) {
 	t.Run("bad options", func(t *testing.T) {
@@ -63,7 +44,7 @@ func TestEngineLlamacppCmd(t *testing.T) {
 		}
 
 		root := newRootCmd()
-		var out lockedBuffer
+		var out proctest.Buffer
 		root.SetArgs([]string{"engine", "llamacpp", "--port", "0", "--slots", "2", "--ctx", "8192"})
 		root.SetOut(&out)
 		root.SetErr(&out)

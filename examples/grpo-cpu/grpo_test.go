@@ -29,7 +29,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -37,6 +36,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/rollout-rl/rollout/inference"
+	"github.com/rollout-rl/rollout/internal/proctest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -315,7 +315,7 @@ type engine struct {
 // its arithmetic is the trainer's (README.md).
 func startEngine(ctx context.Context, t *testing.T, img, dir string) *engine {
 	t.Helper()
-	port := freePort(t)
+	port := proctest.FreePort(t)
 	out, err := exec.CommandContext(ctx, "docker", "run", "-d", "--label", "io.rollout.test=grpo-cpu",
 		"-p", fmt.Sprintf("127.0.0.1:%d:8080", port), "-v", dir+":/policy:ro", img,
 		"llama-server", "-m", "/policy/policy.gguf", "--jinja", "--host", "0.0.0.0", "--port", "8080",
@@ -382,9 +382,9 @@ func healthy(port int) bool {
 func startServe(ctx context.Context, t *testing.T, bin, dataDir, allow string) int {
 	t.Helper()
 	for attempt := 0; attempt < 3; attempt++ {
-		port := freePort(t)
+		port := proctest.FreePort(t)
 		cmd := exec.Command(bin, "serve", "--listen", "127.0.0.1:"+strconv.Itoa(port), "--data-dir", dataDir, "--allow-path", allow)
-		out := &syncBuffer{}
+		out := &proctest.Buffer{}
 		cmd.Stdout, cmd.Stderr = out, out
 		if err := cmd.Start(); err != nil {
 			t.Fatalf("start serve: %v", err)
@@ -426,31 +426,4 @@ func startServe(ctx context.Context, t *testing.T, bin, dataDir, allow string) i
 	}
 	t.Fatal("rollout serve could not start")
 	return 0
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

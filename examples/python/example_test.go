@@ -19,12 +19,13 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/rollout-rl/rollout/internal/proctest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -179,10 +180,10 @@ func startProcess(ctx context.Context, t *testing.T, name string, args func(port
 	t.Helper()
 	var lastOut string
 	for attempt := 1; attempt <= 3; attempt++ {
-		port := freePort(t)
+		port := proctest.FreePort(t)
 		argv := args(port)
 		cmd := exec.Command(argv[0], argv[1:]...)
-		out := &syncBuffer{}
+		out := &proctest.Buffer{}
 		cmd.Stdout, cmd.Stderr = out, out
 		if err := cmd.Start(); err != nil {
 			t.Fatalf("start %s: %v", name, err)
@@ -221,7 +222,7 @@ func startProcess(ctx context.Context, t *testing.T, name string, args func(port
 
 // waitReady polls ready until it reports the child serving (true) or the
 // child exits (false).
-func waitReady(ctx context.Context, t *testing.T, name string, port int, exited <-chan error, out *syncBuffer, ready func(int) bool) bool {
+func waitReady(ctx context.Context, t *testing.T, name string, port int, exited <-chan error, out *proctest.Buffer, ready func(int) bool) bool {
 	t.Helper()
 	deadline := time.NewTimer(time.Minute)
 	defer deadline.Stop()
@@ -247,32 +248,3 @@ func waitReady(ctx context.Context, t *testing.T, name string, port int, exited 
 // probe checks the simulator's health without keeping connections (and
 // their goroutines) alive.
 var probe = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-
-// freePort returns a loopback port that was free a moment ago.
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
-}
-
-// syncBuffer is a bytes.Buffer safe for a child's output and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}

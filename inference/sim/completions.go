@@ -171,19 +171,8 @@ func (h *handler) runGeneration(w http.ResponseWriter, r *http.Request, prompts 
 	if h.preFault(w, r, f) {
 		return nil, f, false
 	}
-	longest := 0
-	for _, ids := range prompts {
-		cs, e := h.generate(ids, p, defaultMax)
-		if e != nil {
-			writeError(w, e)
-			return nil, f, false
-		}
-		for _, c := range cs {
-			longest = max(longest, len(c.IDs))
-		}
-		choices = append(choices, cs)
-	}
-	if !h.sleep(w, r.Context(), h.latency(longest, seedOf(p.Seed, prompts[0], h.cfg.Seed))) {
+	choices, ok = h.asyncGeneration(w, r, prompts, p, defaultMax)
+	if !ok {
 		return nil, f, false
 	}
 	for i, cs := range choices {
@@ -229,8 +218,14 @@ func (h *handler) completions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.PromptLogprobs != nil {
-		writeError(w, badRequest("prompt_logprobs is not implemented yet in the simulator"))
-		return
+		if k := *req.PromptLogprobs; k < 0 || k > MaxPromptLogprobs {
+			writeError(w, badRequest("Requested prompt logprobs of %d, which is greater than max allowed: %d", k, MaxPromptLogprobs))
+			return
+		}
+		if req.Stream {
+			writeError(w, badRequest("prompt_logprobs is not supported with stream=true in the simulator"))
+			return
+		}
 	}
 	pl, e := h.decodePrompt(req.Prompt, req.AddSpecialTokens == nil || *req.AddSpecialTokens)
 	if e != nil {
@@ -272,6 +267,9 @@ func (h *handler) completions(w http.ResponseWriter, r *http.Request) {
 			choice := map[string]any{
 				"index": pi*len(cs) + ci, "text": text, "logprobs": lp, "finish_reason": c.Finish,
 				"stop_reason": c.StopReason, "token_ids": nil, "prompt_logprobs": nil, "prompt_token_ids": nil, "routed_experts": nil,
+			}
+			if req.PromptLogprobs != nil {
+				choice["prompt_logprobs"] = h.promptLogprobs(pl.ids[pi], *req.PromptLogprobs)
 			}
 			if retIDs {
 				choice["token_ids"] = c.IDs

@@ -61,6 +61,10 @@ type Config struct {
 	// RecordSamplers makes the server keep the sampler fields of every
 	// generation request (Server.Samplers), for tests of what reached it.
 	RecordSamplers bool `yaml:"-" json:"-"`
+	// RecordGenerations makes the server keep what it sampled for every
+	// generation request (Server.Generations): ids, logprobs, the version
+	// of each id, aborts and keep-mode freezes.
+	RecordGenerations bool `yaml:"-" json:"-"`
 }
 
 // Engines the simulator imitates.

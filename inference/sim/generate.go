@@ -308,6 +308,8 @@ func (h *handler) sglangGenerate(w http.ResponseWriter, r *http.Request, body []
 			text, _ := h.tok.Decode(c.IDs, skip)
 			var finish map[string]any
 			switch {
+			case c.Finish == "abort":
+				finish = map[string]any{"type": "abort", "message": "Abort in running batch (pause_generation)."}
 			case c.Finish == "length":
 				finish = map[string]any{"type": "length", "length": len(c.IDs)}
 			case c.StopReason != nil:
@@ -324,7 +326,7 @@ func (h *handler) sglangGenerate(w http.ResponseWriter, r *http.Request, body []
 			}
 			meta := map[string]any{
 				"id": id, "finish_reason": finish, "prompt_tokens": len(pl.ids[pi]), "completion_tokens": len(c.IDs),
-				"cached_tokens": 0, "weight_version": "default", "num_retractions": 0, "e2e_latency": h.cfg.Now().Sub(start).Seconds(),
+				"cached_tokens": 0, "weight_version": h.weightVersionName(), "num_retractions": 0, "e2e_latency": h.cfg.Now().Sub(start).Seconds(),
 			}
 			if req.ReturnLogprob {
 				lps := make([][3]any, len(c.IDs))

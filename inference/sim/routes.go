@@ -39,6 +39,7 @@ func (h *handler) routes() {
 	h.mux.HandleFunc("POST /v1/chat/completions/render", h.chatRender)
 	h.mux.HandleFunc("POST /v1/completions/render", h.completionsRender)
 	h.mux.HandleFunc("POST /generate", h.generateDispatch)
+	h.asyncRoutes()
 	h.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &apiError{Status: 404, Type: "NotFoundError", Msg: fmt.Sprintf("route %s %s is not served by the simulator", r.Method, r.URL.Path)})
 	})

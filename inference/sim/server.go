@@ -159,6 +159,7 @@ type handler struct {
 	genN     atomic.Int64
 	success  map[string]int64 // finished requests by finish reason
 	samplers []SamplerRecord  // with Config.RecordSamplers
+	ctl      *control         // pause, abort, policy version (async.go)
 }
 
 func newHandler(cfg Config) (*handler, error) {
@@ -178,6 +179,7 @@ func newHandler(cfg Config) (*handler, error) {
 		faults:   map[string]int64{},
 		success:  map[string]int64{},
 		episodes: map[uint64]uint64{},
+		ctl:      newControl(),
 	}
 	h.routes()
 	return h, nil

@@ -34,6 +34,8 @@ var catalog = []entry{
 	{"sandbox", "sandbox.cold_start_vs_docker_run_ratio", "×", "", "issue 4 (reported)", "cold start p50 / `docker run -d` p50"},
 	{"sandbox", "sandbox.pool_acquire_p50_ms", "ms", "<= 10", "issue 4", "acquire from a warm pool, p50"},
 	{"sandbox", "sandbox.pool_acquire_p99_ms", "ms", "", "", "acquire from a warm pool, p99"},
+	{"sandbox", "sandbox.churn_per_s", "sandboxes/s", "", "", "sandboxes created, used for one `true` and removed per second, 4 at a time"},
+	{"sandbox", "sandbox.churn_vs_docker_run_ratio", "×", ">= 2", "issue 20", "churn / a `docker run -d … && docker rm -f` loop at the same concurrency"},
 	{"sandbox", "sandbox.max_concurrent", "sandboxes", ">= 200", "issue 4", "busybox sandboxes alive and answering an exec at the same time"},
 	{"sandbox", "sandbox.runsc_cold_start_p50_ms", "ms", "", "issue 16 (reported)", "cold sandbox start under gVisor (runsc), p50; baseline: runc, same run"},
 	{"sandbox", "sandbox.runsc_exec_p50_ms", "ms", "", "issue 16 (reported)", "exec round trip of `true` under gVisor (runsc), p50; baseline: runc, same run"},
@@ -56,6 +58,8 @@ var catalog = []entry{
 	{"inference", "inference.burst_4096_requests_per_s", "req/s", "", "", "generations per second in the second burst of 4,096"},
 	{"inference", "inference.turn_vllm_p50_us", "µs", "", "", "one tokens-mode turn (Episode.Generate: segment renders, generation, decode) with the vllm backend on the zero-latency in-process simulator, simulator time included, p50"},
 	{"inference", "inference.turn_llamacpp_p50_us", "µs", "", "issue 14 (reported beside vllm)", "as inference.turn_vllm_p50_us with the llamacpp backend on the simulator's llama.cpp flavour (/apply-template + /tokenize per render, /completion, /detokenize); baseline: the vllm turn, same run"},
+	{"inference", "inference.update_pause_resume_p50_ms", "ms", "", "issue 17 (reported)", "one in-flight policy update through the service (BeginUpdate in abort mode + EndUpdate: admission gate, /pause and /resume on every engine), concurrent episodes generating, p50; baseline: the engine's own /pause + /resume called directly, same run"},
+	{"inference", "inference.throughput_during_updates_turns_per_s", "turns/s", "", "issue 17 (reported)", "generation turns per second of concurrent episodes while a policy update (abort mode, partial rollouts continued) happens every 250 ms; baseline: the same workload without updates, same run"},
 	{"inference", "inference.turn_llamacpp_p99_us", "µs", "", "", "llamacpp backend turn, p99 (baseline: vllm p99, same run)"},
 
 	{"loop", "loop.overhead_p50_us", "µs", "<= 200", "issue 6", "orchestration per turn (parse, dispatch of a no-op tool, budgets, bookkeeping), zero-latency simulator, p50"},

@@ -38,7 +38,11 @@ func runInference(ctx context.Context, r *runCtx) ([]Measure, error) {
 		return nil, fmt.Errorf("llamacpp turn cost: %w", err)
 	}
 	vllmBase := "vllm tokens backend on the simulator, same workload, same run"
-	return []Measure{
+	am, err := asyncMeasures(ctx, r)
+	if err != nil {
+		return nil, fmt.Errorf("policy updates: %w", err)
+	}
+	return append(am, []Measure{
 		{Name: "inference.turn_vllm_p50_us", Value: ptr(toUS(vt.p50)),
 			Note: fmt.Sprintf("%d turns, %.1f requests per turn", vt.turns, vt.reqPerTurn)},
 		{Name: "inference.turn_llamacpp_p50_us", Value: ptr(toUS(lt.p50)), Baseline: ptr(toUS(vt.p50)), BaselineName: vllmBase,
@@ -54,7 +58,7 @@ func runInference(ctx context.Context, r *runCtx) ([]Measure, error) {
 			Note: fmt.Sprintf("first burst dialled %d", res.NewConnsFirstBurst)},
 		{Name: "inference.burst_4096_requests_per_s", Value: ptr(sig(float64(conc) / res.SecondBurst.Seconds())),
 			Note: fmt.Sprintf("second burst took %s", res.SecondBurst.Round(time.Millisecond))},
-	}, nil
+	}...), nil
 }
 
 func runLoop(ctx context.Context, r *runCtx) ([]Measure, error) {

@@ -155,6 +155,33 @@ func runSandbox(ctx context.Context, r *runCtx) (out []Measure, err error) {
 		Measure{Name: "sandbox.pool_acquire_p99_ms", Value: ptr(toMS(as.P99)), Baseline: ptr(toMS(cold.P99)), BaselineName: base},
 	)
 
+	// Churn: sandboxes created, used for one `true` and removed per second
+	// at a fixed concurrency, against a `docker run -d && docker rm -f`
+	// loop at the same concurrency, in alternating rounds. Concurrency 4:
+	// Docker 20.10 deadlocks under heavier teardown (moby/moby#42545).
+	const churnC = 4
+	var ours, theirs sandbox.ChurnResult
+	churnN := r.n(24, 4)
+	for i := range 2 {
+		k := churnN/2 + btoi(i < churnN%2)
+		c, err := sandbox.MeasureChurn(ctx, d, spec, k, churnC)
+		ours = ours.Add(c)
+		if err != nil {
+			return out, fmt.Errorf("churn: %w", err)
+		}
+		c, err = sandbox.MeasureDockerRunChurn(ctx, ref, d.BaseLabels(), k, churnC)
+		theirs = theirs.Add(c)
+		if err != nil {
+			return out, fmt.Errorf("churn baseline: %w", err)
+		}
+	}
+	base = fmt.Sprintf("`docker run -d --network none --log-driver none IMAGE sleep 3600 && docker rm -f` via the CLI, %d at a time, same run", churnC)
+	out = append(out,
+		Measure{Name: "sandbox.churn_per_s", Value: ptr(sig(ours.PerSecond())), Baseline: ptr(sig(theirs.PerSecond())), BaselineName: base,
+			Note: fmt.Sprintf("%d sandboxes, %d at a time (create, start, handshake, exec `true`, remove); baseline %d containers", ours.Ops, churnC, theirs.Ops)},
+		Measure{Name: "sandbox.churn_vs_docker_run_ratio", Value: ptr(sig(ours.PerSecond() / theirs.PerSecond()))},
+	)
+
 	// gVisor beside runc: cold start and exec round trip, alternating.
 	out = append(out, measureRunsc(ctx, r, d, spec, rounds)...)
 

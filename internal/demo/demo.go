@@ -12,7 +12,11 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
+
+	"go.yaml.in/yaml/v3"
 
 	"github.com/rollout-rl/rollout/datasets"
 	"github.com/rollout-rl/rollout/envs"
@@ -85,6 +89,27 @@ type Spec struct {
 	Groups    int
 	GroupSize int
 	Image     string // overrides the env's sandbox image when set
+	// EnvConfig is the env's env_config as YAML (empty: the defaults).
+	EnvConfig string
+}
+
+func (s Spec) env() (envs.Env, *yaml.Node, error) {
+	var node *yaml.Node
+	if s.EnvConfig != "" {
+		var doc yaml.Node
+		if err := yaml.Unmarshal([]byte(s.EnvConfig), &doc); err != nil {
+			return nil, nil, fmt.Errorf("demo %s: env_config: %w", s.Env, err)
+		}
+		if len(doc.Content) > 0 {
+			node = doc.Content[0]
+		}
+	}
+	cfg := runner.Config{Env: s.Env}
+	if node != nil {
+		cfg.EnvConfig = *node
+	}
+	e, err := job.OpenEnv(cfg)
+	return e, node, err
 }
 
 // plan is how a spec runs: eval-only envs (terminal-bench) run as an
@@ -117,6 +142,9 @@ type Options struct {
 	SandboxInstance string
 	// NoJournal turns durability off (measurements only; job.Options).
 	NoJournal bool
+	// Distill makes the simulator the distillation teacher too (top-K 5):
+	// every trained token gets its prompt_logprobs (docs/distillation.md).
+	Distill bool
 }
 
 // Result is one env's outcome.
@@ -129,6 +157,31 @@ type Result struct {
 // DefaultSpecs are the envs `rollout demo` runs.
 func DefaultSpecs() []Spec {
 	return []Spec{{Env: "terminal-tasks", Groups: 3, GroupSize: 4}, {Env: "swe-tests", Groups: 2, GroupSize: 4}}
+}
+
+// ParseSpecs reads name[:groups[:group_size]] specs (defaults 3 groups of
+// the env's group size).
+func ParseSpecs(in []string) ([]Spec, error) {
+	var out []Spec
+	for _, s := range in {
+		parts := strings.Split(s, ":")
+		if len(parts) > 3 || parts[0] == "" {
+			return nil, fmt.Errorf("--env %q: want name[:groups[:group_size]]", s)
+		}
+		sp := Spec{Env: parts[0], Groups: 3}
+		for i, dst := range []*int{&sp.Groups, &sp.GroupSize} {
+			if len(parts) <= i+1 {
+				break
+			}
+			n, err := strconv.Atoi(parts[i+1])
+			if err != nil || n < 1 {
+				return nil, fmt.Errorf("--env %q: %q is not a positive integer", s, parts[i+1])
+			}
+			*dst = n
+		}
+		out = append(out, sp)
+	}
+	return out, nil
 }
 
 // Run starts the simulator with every spec's scripts and runs the specs one
@@ -148,7 +201,7 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 	}
 	var scripts []sim.Script
 	for _, s := range o.Specs {
-		env, err := envs.New(s.Env, nil)
+		env, _, err := s.env()
 		if err != nil {
 			return nil, err
 		}
@@ -174,7 +227,7 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 	defer srv.Close()
 	var out []Result
 	for _, s := range o.Specs {
-		env, err := envs.New(s.Env, nil)
+		env, node, err := s.env()
 		if err != nil {
 			return out, err
 		}
@@ -190,6 +243,12 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 			Output:         runner.Output{Dir: filepath.Join(o.Out, s.Env), MaxRowsPerFile: o.RowsPerFile},
 		}
 		cfg.Sandbox.Image = s.Image
+		if node != nil {
+			cfg.EnvConfig = *node
+		}
+		if o.Distill {
+			cfg.Distill = &inference.TeacherConfig{Endpoint: srv.URL, Model: "rollout-sim", TopK: 5}
+		}
 		name := s.Env
 		prog := func(e runner.Event) {
 			if o.Progress != nil {

@@ -77,7 +77,23 @@ type Job struct {
 	// (inference.Client); nil for other policies.
 	sampler samplerReporter
 	lock    *trajectory.DirLock // the output dir's writer lock (failfast.go)
+	teacher *inference.Teacher  // distillation teacher, nil without
+	updater Updater             // policy versions and weight updates; nil for other policies
 }
+
+// Updater coordinates in-flight weight updates with the job's engines
+// (inference.Client; docs/async-rl.md).
+type Updater interface {
+	BeginUpdate(ctx context.Context, mode string) (inference.UpdateStats, error)
+	EndUpdate(ctx context.Context, version int64) (inference.UpdateStats, error)
+	PolicyVersion() int64
+	ObserveVersion(v int64)
+	SetVersion(v int64)
+}
+
+// Updater returns the job's update coordinator, nil when its policy does
+// not support one.
+func (j *Job) Updater() Updater { return j.updater }
 
 // samplerReporter is the policy's side of run.json "sampler".
 type samplerReporter interface {
@@ -157,6 +173,12 @@ func open(ctx context.Context, cfg runner.Config, opts Options) (*Job, error) {
 	if sr, ok := policy.(samplerReporter); ok {
 		j.sampler = sr
 	}
+	if u, ok := policy.(Updater); ok {
+		j.updater = u
+		if cfg.PolicyVersion != nil {
+			u.SetVersion(*cfg.PolicyVersion)
+		}
+	}
 	sbs := opts.Sandboxes
 	if sbs == nil {
 		// The job's own backend holds at most limits.sandboxes containers,
@@ -192,10 +214,28 @@ func open(ctx context.Context, cfg runner.Config, opts Options) (*Job, error) {
 	if runID == "" {
 		runID = newRunID()
 	}
-	r, err := runner.New(cfg, runner.Deps{
+	deps := runner.Deps{
 		Env: env, Policy: policy, Sandboxes: sbs, Images: imgs, Sinks: sinks,
 		Items: opts.Items, Progress: opts.Progress, Logger: opts.Logger, RunID: runID,
-	})
+	}
+	teacher := cfg.Distill
+	if d, ok := env.(envs.Distilled); ok && teacher == nil {
+		teacher = d.Teacher()
+	}
+	if teacher != nil {
+		t, err := inference.NewTeacher(*teacher, os.Getenv)
+		if err == nil && cfg.Distill == nil && cfg.Inference.Backend == inference.BackendChat && !cfg.Inference.ChatTokenIDs {
+			err = fmt.Errorf("env %s: its teacher scores the student's token ids: use a tokens-mode backend, or chat with inference.chat_token_ids", env.Name())
+		}
+		if err != nil {
+			if j.writer != nil {
+				_ = j.writer.Close(context.WithoutCancel(ctx))
+			}
+			return nil, fmt.Errorf("%w: %w", runner.ErrConfig, err)
+		}
+		deps.Distiller, j.teacher = t, t
+	}
+	r, err := runner.New(cfg, deps)
 	if err != nil {
 		if j.writer != nil {
 			_ = j.writer.Close(context.WithoutCancel(ctx))
@@ -285,6 +325,9 @@ func (j *Job) Close(ctx context.Context) error {
 	if j.docker != nil {
 		err = errors.Join(err, j.docker.Close(ctx))
 	}
+	if j.teacher != nil {
+		_ = j.teacher.Close()
+	}
 	return errors.Join(err, j.lock.Unlock())
 }
 
@@ -294,6 +337,9 @@ func (j *Job) Close(ctx context.Context) error {
 // wraps it with the endpoint checks and the exit policy.
 func (j *Job) run(ctx context.Context) (runner.Summary, error) {
 	sum, runErr := j.Runner.Run(ctx)
+	if j.teacher != nil {
+		_ = j.teacher.Close()
+	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer cancel()
 	var closeErr error

@@ -60,7 +60,7 @@ func TestManifestRecordsSampler(t *testing.T) {
 	topP := 0.9
 	cfg := runner.Config{Env: "terminal-tasks", GroupSize: 2, Seed: 1,
 		Inference: inference.Config{Backend: inference.BackendLlamaCpp, Endpoints: []string{srv.URL}},
-		Sampling:  inference.Sampling{TopP: &topP, MaxTokens: 32}}
+		Sampling:  inference.Sampling{TopP: &topP, MaxTokens: 32}, Parser: "hermes"}
 	cfg.Output.Dir = t.TempDir()
 	ctx := context.Background()
 	j, err := Open(ctx, cfg, Options{Mode: ModeRun, Logger: slog.New(slog.DiscardHandler)})

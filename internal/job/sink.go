@@ -124,6 +124,13 @@ func Record(run *runner.RunInfo, g *runner.Group, ro *runner.Rollout) (trajector
 	for _, e := range res.Events {
 		rec.LoopEvents = append(rec.LoopEvents, trajectory.LoopEvent{Turn: int32(e.Turn), Kind: e.Kind, Message: int32(e.Message), CallID: e.CallID, Original: e.Original, Detail: e.Detail})
 	}
+	if len(ro.DistillTokenIDs) == len(rec.Tokens) && len(rec.Tokens) > 0 && ro.Status == runner.StatusOK {
+		rec.DistillTokenIDs, rec.DistillLogprobs = ro.DistillTokenIDs, ro.DistillLogprobs
+	}
+	if len(res.TurnRewards) > 0 {
+		rec.TurnRewards = append([]float64(nil), res.TurnRewards...)
+	}
+	versions(&rec, g, ro)
 	rec.DeriveTrainingFields()
 	return rec, nil
 }
@@ -135,4 +142,39 @@ func imageDigest(ro *runner.Rollout) string {
 		return ro.ImageID
 	}
 	return ro.Image
+}
+
+// versions fills the asynchronous-RL columns: per-token versions, the
+// rollout's min/max version over its sampled tokens, its lag against the
+// version current when the group completed, and the cuts.
+func versions(rec *trajectory.Record, g *runner.Group, ro *runner.Rollout) {
+	seq := &ro.Result.Sequence
+	rec.Stale = g.Stale
+	if len(seq.Versions) != len(seq.Tokens) || len(seq.Tokens) == 0 || ro.Status != runner.StatusOK {
+		return
+	}
+	rec.TokenVersions = append([]int64(nil), seq.Versions...)
+	var lo, hi int64
+	seen := false
+	for i, v := range seq.Versions {
+		if i < len(seq.Mask) && seq.Mask[i] == 0 {
+			continue
+		}
+		if !seen {
+			lo, hi, seen = v, v, true
+		}
+		lo, hi = min(lo, v), max(hi, v)
+	}
+	for _, c := range seq.Cuts {
+		rec.VersionCuts = append(rec.VersionCuts, trajectory.VersionCut{Turn: int32(c.Turn), Position: int32(c.Position), Kind: c.Kind, From: c.From, To: c.To})
+		hi = max(hi, c.To)
+	}
+	if !seen {
+		return
+	}
+	rec.MinPolicyVersion, rec.MaxPolicyVersion = &lo, &hi
+	if g.Versions != nil {
+		lag := max(g.Versions.Current, hi) - lo
+		rec.PolicyLag = &lag
+	}
 }

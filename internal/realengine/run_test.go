@@ -38,6 +38,11 @@ type collection struct {
 	// wantExit is rollout run's expected exit status (3: the run failed
 	// its exit policy, e.g. no rollout ok).
 	wantExit int
+	// env and envConfig replace terminal-tasks on busybox; extra keys are
+	// added to the run config (e.g. mcp_servers).
+	env       string
+	envConfig map[string]any
+	extra     map[string]any
 }
 
 // groupsFromEnv is the number of groups of the suite's collections:
@@ -129,6 +134,12 @@ func (c collection) run(t *testing.T, ctx context.Context, e *llamacpptest.Engin
 		"limits":                  map[string]any{"rollouts_in_flight": c.inFlight, "groups_in_flight": max(1, c.inFlight/c.groupSize), "sandboxes": c.inFlight},
 		"sandbox":                 map[string]any{"warm_pool": -1},
 		"output":                  map[string]any{"dir": out},
+	}
+	if c.env != "" {
+		cfg["env"], cfg["env_config"] = c.env, c.envConfig
+	}
+	for k, v := range c.extra {
+		cfg[k] = v
 	}
 	// Chat mode keeps parser hermes: the loop's fallback for calls left in
 	// content, and the parser of a turn llama.cpp's own tool-call parser

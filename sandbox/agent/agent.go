@@ -22,8 +22,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"sync"
-	"syscall"
 	"time"
 )
 
@@ -72,16 +72,29 @@ func Main(args []string) int {
 
 // warmThreads makes the Go runtime create a few OS threads up front. Under a
 // fork bomb the pids cgroup is full and creating a thread later would abort
-// the agent; idle threads are kept and reused by the runtime.
+// the agent; idle threads are kept and reused by the runtime. Each warming
+// goroutine locks itself to its thread and blocks, so the scheduler must
+// start a new thread for the next one at once (a goroutine blocked in a
+// plain syscall would get its thread replaced only when sysmon retakes the
+// processor, after up to 10-20 ms on an idle process: that sleep used to
+// delay every sandbox's hello by 20 ms). Unlocking before returning keeps
+// the threads alive for reuse.
 func warmThreads() {
-	var wg sync.WaitGroup
-	for range 8 {
-		wg.Go(func() {
-			ts := syscall.NsecToTimespec(int64(20 * time.Millisecond))
-			_ = syscall.Nanosleep(&ts, nil)
+	const n = 8
+	var ready, done sync.WaitGroup
+	release := make(chan struct{})
+	ready.Add(n)
+	for range n {
+		done.Go(func() {
+			runtime.LockOSThread()
+			ready.Done()
+			<-release
+			runtime.UnlockOSThread()
 		})
 	}
-	wg.Wait()
+	ready.Wait()
+	close(release)
+	done.Wait()
 }
 
 type inflight struct {
@@ -287,6 +300,10 @@ func (s *server) handle(ctx context.Context, id uint32, req *Request, data <-cha
 		err = s.upload(ctx, req.Path, data)
 	case OpDownload:
 		resp.Size, err = s.download(ctx, id, req.Path)
+	case OpPipe:
+		var r *ExecResult
+		r, err = s.pipe(ctx, id, req.Exec, data)
+		resp.Exec = r
 	default:
 		err = invalidf("unknown op %q", req.Op)
 	}

@@ -233,3 +233,23 @@ func TestShellScriptQuoting(t *testing.T) {
 		t.Fatal("invalidf")
 	}
 }
+
+// OpPipe streams stdin in and stdout out; the response carries the exit
+// code and stderr.
+func TestPipe(t *testing.T) {
+	c := startServer(t)
+	data := bytes.Repeat([]byte{0, 1, 2, 0xff, '\n'}, 60000) // several chunks both ways
+	got, resp := c.call(Request{Op: OpPipe, Exec: &ExecSpec{Argv: []string{"cat"}}}, data)
+	if resp.Err != "" || resp.Exec == nil || resp.Exec.ExitCode != 0 || !bytes.Equal(got, data) {
+		t.Fatalf("cat: %d bytes back of %d, %+v", len(got), len(data), resp)
+	}
+	got, resp = c.call(Request{Op: OpPipe, Exec: &ExecSpec{Command: "read x; echo got $x; echo oops >&2; exit 3"}}, []byte("hi\n"))
+	if string(got) != "got hi\n" || resp.Exec == nil || resp.Exec.ExitCode != 3 || string(resp.Exec.Stderr) != "oops\n" {
+		t.Fatalf("exit: %q %+v", got, resp)
+	}
+	for _, spec := range []*ExecSpec{nil, {Command: "x", Shell: true}, {Argv: []string{"cat"}, TimeoutNS: 1}} {
+		if _, resp = c.call(Request{Op: OpPipe, Exec: spec}, nil); resp.Code != CodeInvalid {
+			t.Errorf("%+v: %+v", spec, resp)
+		}
+	}
+}

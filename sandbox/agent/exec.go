@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -115,7 +116,8 @@ func (e *errNoCommand) Error() string { return e.name + ": command not found" }
 type running struct {
 	cmd     *exec.Cmd
 	readers []*os.File
-	wg      sync.WaitGroup
+	pending atomic.Int32  // output copiers still running
+	drained chan struct{} // closed when the last copier returned
 	stdin   *os.File
 	extra   []*os.File // parent ends of shell fds 3/4
 	snap    bytes.Buffer
@@ -307,13 +309,24 @@ func (s *server) launch(spec *ExecSpec, stdout, stderr io.Writer, save bool) (_ 
 		}
 		return nil, fmt.Errorf("start %s: %w", argv[0], err)
 	}
+	copiers := len(r.readers)
+	if spec.Shell {
+		copiers++
+	}
+	r.drained = make(chan struct{})
+	r.pending.Store(int32(copiers))
+	copyOut := func(w io.Writer, rd io.Reader) {
+		_, _ = io.Copy(w, rd)
+		if r.pending.Add(-1) == 0 {
+			close(r.drained)
+		}
+	}
 	for i, rd := range r.readers {
-		w := sinks[i]
-		r.wg.Go(func() { _, _ = io.Copy(w, rd) })
+		go copyOut(sinks[i], rd)
 	}
 	if spec.Shell {
 		snapR := r.extra[0]
-		r.wg.Go(func() { _, _ = io.Copy(&r.snap, io.LimitReader(snapR, 8<<20)) })
+		go copyOut(&r.snap, io.LimitReader(snapR, 8<<20))
 		r.readers = append(r.readers, snapR)
 		state := s.shellEnv
 		go func() {
@@ -338,15 +351,19 @@ func (s *server) launch(spec *ExecSpec, stdout, stderr io.Writer, save bool) (_ 
 // finish collects the output left after the process exited and releases
 // the pipes.
 func (r *running) finish() {
-	done := make(chan struct{})
-	go func() { r.wg.Wait(); close(done) }()
 	select {
-	case <-done:
-	case <-time.After(drainGrace):
-		for _, f := range r.readers {
-			_ = f.SetReadDeadline(time.Now())
+	case <-r.drained:
+	default:
+		t := time.NewTimer(drainGrace)
+		select {
+		case <-r.drained:
+		case <-t.C:
+			for _, f := range r.readers {
+				_ = f.SetReadDeadline(time.Now())
+			}
+			<-r.drained
 		}
-		<-done
+		t.Stop()
 	}
 	r.closeAll()
 }
@@ -422,42 +439,41 @@ func (s *server) execForeground(ctx context.Context, spec *ExecSpec) (*ExecResul
 	if err != nil {
 		return nil, err
 	}
-	waitErr := make(chan error, 1)
-	go func() { waitErr <- r.cmd.Wait() }()
-	var timeout <-chan time.Time
+	// The handler waits for the command itself; a timeout or a cancelled
+	// request kills the process group from a timer or context callback,
+	// which makes Wait return. No extra goroutine sits on the round trip.
+	var timedOut, cancelled atomic.Bool
+	stopTimer := func() bool { return true }
 	if spec.TimeoutNS > 0 {
-		t := time.NewTimer(time.Duration(spec.TimeoutNS))
-		defer t.Stop()
-		timeout = t.C
+		t := time.AfterFunc(time.Duration(spec.TimeoutNS), func() {
+			timedOut.Store(true)
+			r.killGroup()
+		})
+		stopTimer = t.Stop
 	}
-	timedOut, cancelled := false, false
-	select {
-	case <-waitErr:
-	case <-timeout:
-		timedOut = true
+	stopCancel := context.AfterFunc(ctx, func() {
+		cancelled.Store(true)
 		r.killGroup()
-		<-waitErr
-	case <-ctx.Done():
-		cancelled = true
-		r.killGroup()
-		<-waitErr
-	}
-	if timedOut || cancelled {
+	})
+	_ = r.cmd.Wait()
+	stopTimer()
+	stopCancel()
+	if timedOut.Load() || cancelled.Load() {
 		r.killGroup() // children that were forked while the group was dying
 	}
 	r.finish()
-	if cancelled {
+	if cancelled.Load() {
 		return nil, fmt.Errorf("command cancelled: %w", ctx.Err())
 	}
-	res := &ExecResult{ExitCode: exitCode(r.cmd.ProcessState), TimedOut: timedOut, DurationNS: int64(time.Since(start))}
-	if timedOut {
+	res := &ExecResult{ExitCode: exitCode(r.cmd.ProcessState), TimedOut: timedOut.Load(), DurationNS: int64(time.Since(start))}
+	if res.TimedOut {
 		res.ExitCode = 124
 	}
 	res.Stdout, res.StdoutTotal, res.StdoutTruncated = stdout.bytes()
 	if !spec.Merge {
 		res.Stderr, res.StderrTotal, res.StderrTruncated = stderr.bytes()
 	}
-	if spec.Shell && !timedOut {
+	if spec.Shell && !res.TimedOut {
 		s.saveShell(r.snap.Bytes())
 	}
 	return res, nil

@@ -43,6 +43,12 @@ const (
 	OpRead     = "read"     // response Data frames + End, then Response
 	OpUpload   = "upload"   // request, then Data frames + End: a tar stream
 	OpDownload = "download" // response Data frames + End (a tar stream), then Response
+	// OpPipe runs a command with both ends streamed: the host's Data frames
+	// are its stdin (End closes stdin), its stdout comes back as Data
+	// frames, End when stdout closed, then a Response with Exec (exit code,
+	// capped stderr). Cancel kills its process group. For stdio servers
+	// (MCP) inside the sandbox.
+	OpPipe = "pipe"
 )
 
 // Error codes of Response.Code, mapped to the sandbox error classes.

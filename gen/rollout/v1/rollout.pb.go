@@ -1114,7 +1114,22 @@ type Group struct {
 	// sequence is the group's 0-based position in the run directory
 	// (output.dir); a group is sent only after it is durable there. Unset
 	// without a run directory.
-	Sequence      *int64 `protobuf:"varint,11,opt,name=sequence,proto3,oneof" json:"sequence,omitempty"`
+	Sequence *int64 `protobuf:"varint,11,opt,name=sequence,proto3,oneof" json:"sequence,omitempty"`
+	// min_policy_version and max_policy_version span the sampled tokens of
+	// the group's ok rollouts (unset when the backend reports no ids).
+	MinPolicyVersion *int64 `protobuf:"varint,12,opt,name=min_policy_version,json=minPolicyVersion,proto3,oneof" json:"min_policy_version,omitempty"`
+	MaxPolicyVersion *int64 `protobuf:"varint,13,opt,name=max_policy_version,json=maxPolicyVersion,proto3,oneof" json:"max_policy_version,omitempty"`
+	// current_policy_version is the version the group was checked against
+	// (the service's, or the trainer's from CollectCredit.trainer_version,
+	// whichever is newer) when it was handed over; policy_lag is that minus
+	// min_policy_version.
+	CurrentPolicyVersion *int64 `protobuf:"varint,14,opt,name=current_policy_version,json=currentPolicyVersion,proto3,oneof" json:"current_policy_version,omitempty"`
+	PolicyLag            *int64 `protobuf:"varint,15,opt,name=policy_lag,json=policyLag,proto3,oneof" json:"policy_lag,omitempty"`
+	// stale: outside async.max_staleness, delivered because on_stale is mark.
+	Stale bool `protobuf:"varint,16,opt,name=stale,proto3" json:"stale,omitempty"`
+	// regenerated counts the times the group was generated again because it
+	// was stale.
+	Regenerated   int32 `protobuf:"varint,17,opt,name=regenerated,proto3" json:"regenerated,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1226,6 +1241,131 @@ func (x *Group) GetSequence() int64 {
 	return 0
 }
 
+func (x *Group) GetMinPolicyVersion() int64 {
+	if x != nil && x.MinPolicyVersion != nil {
+		return *x.MinPolicyVersion
+	}
+	return 0
+}
+
+func (x *Group) GetMaxPolicyVersion() int64 {
+	if x != nil && x.MaxPolicyVersion != nil {
+		return *x.MaxPolicyVersion
+	}
+	return 0
+}
+
+func (x *Group) GetCurrentPolicyVersion() int64 {
+	if x != nil && x.CurrentPolicyVersion != nil {
+		return *x.CurrentPolicyVersion
+	}
+	return 0
+}
+
+func (x *Group) GetPolicyLag() int64 {
+	if x != nil && x.PolicyLag != nil {
+		return *x.PolicyLag
+	}
+	return 0
+}
+
+func (x *Group) GetStale() bool {
+	if x != nil {
+		return x.Stale
+	}
+	return false
+}
+
+func (x *Group) GetRegenerated() int32 {
+	if x != nil {
+		return x.Regenerated
+	}
+	return 0
+}
+
+// VersionCut is a change of policy version inside one generation.
+type VersionCut struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// turn (1-based) of the generation.
+	Turn int32 `protobuf:"varint,1,opt,name=turn,proto3" json:"turn,omitempty"`
+	// position in tokens of the first token after the cut; -1 for a
+	// keep-mode freeze (the engine continued the request; the switch point
+	// is unknown and the turn's tokens carry the older version).
+	Position int32 `protobuf:"varint,2,opt,name=position,proto3" json:"position,omitempty"`
+	// kind is "abort" (cut and continued as a partial rollout) or "keep".
+	Kind string `protobuf:"bytes,3,opt,name=kind,proto3" json:"kind,omitempty"`
+	// from and to are the versions before and after.
+	From          int64 `protobuf:"varint,4,opt,name=from,proto3" json:"from,omitempty"`
+	To            int64 `protobuf:"varint,5,opt,name=to,proto3" json:"to,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VersionCut) Reset() {
+	*x = VersionCut{}
+	mi := &file_rollout_v1_rollout_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VersionCut) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VersionCut) ProtoMessage() {}
+
+func (x *VersionCut) ProtoReflect() protoreflect.Message {
+	mi := &file_rollout_v1_rollout_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VersionCut.ProtoReflect.Descriptor instead.
+func (*VersionCut) Descriptor() ([]byte, []int) {
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *VersionCut) GetTurn() int32 {
+	if x != nil {
+		return x.Turn
+	}
+	return 0
+}
+
+func (x *VersionCut) GetPosition() int32 {
+	if x != nil {
+		return x.Position
+	}
+	return 0
+}
+
+func (x *VersionCut) GetKind() string {
+	if x != nil {
+		return x.Kind
+	}
+	return ""
+}
+
+func (x *VersionCut) GetFrom() int64 {
+	if x != nil {
+		return x.From
+	}
+	return 0
+}
+
+func (x *VersionCut) GetTo() int64 {
+	if x != nil {
+		return x.To
+	}
+	return 0
+}
+
 // Rollout is one scored trajectory.
 type Rollout struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1267,14 +1407,20 @@ type Rollout struct {
 	// drift_tokens counted when re-rendering the final conversation.
 	DriftTokens int32 `protobuf:"varint,18,opt,name=drift_tokens,json=driftTokens,proto3" json:"drift_tokens,omitempty"`
 	// attempts made (1 + retries).
-	Attempts      int32 `protobuf:"varint,19,opt,name=attempts,proto3" json:"attempts,omitempty"`
+	Attempts int32 `protobuf:"varint,19,opt,name=attempts,proto3" json:"attempts,omitempty"`
+	// token_versions aligned to tokens: the policy version each sampled
+	// token was generated under (untrained positions: the version in force
+	// when they were appended); empty when the backend returned no ids.
+	TokenVersions []int64 `protobuf:"varint,20,rep,packed,name=token_versions,json=tokenVersions,proto3" json:"token_versions,omitempty"`
+	// version_cuts where a generation's version changed.
+	VersionCuts   []*VersionCut `protobuf:"bytes,21,rep,name=version_cuts,json=versionCuts,proto3" json:"version_cuts,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Rollout) Reset() {
 	*x = Rollout{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[15]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1286,7 +1432,7 @@ func (x *Rollout) String() string {
 func (*Rollout) ProtoMessage() {}
 
 func (x *Rollout) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[15]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1299,7 +1445,7 @@ func (x *Rollout) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rollout.ProtoReflect.Descriptor instead.
 func (*Rollout) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{15}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *Rollout) GetIndex() int32 {
@@ -1435,6 +1581,20 @@ func (x *Rollout) GetAttempts() int32 {
 	return 0
 }
 
+func (x *Rollout) GetTokenVersions() []int64 {
+	if x != nil {
+		return x.TokenVersions
+	}
+	return nil
+}
+
+func (x *Rollout) GetVersionCuts() []*VersionCut {
+	if x != nil {
+		return x.VersionCuts
+	}
+	return nil
+}
+
 // CollectGroupsRequest is one trainer message.
 type CollectGroupsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1453,7 +1613,7 @@ type CollectGroupsRequest struct {
 
 func (x *CollectGroupsRequest) Reset() {
 	*x = CollectGroupsRequest{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[16]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1465,7 +1625,7 @@ func (x *CollectGroupsRequest) String() string {
 func (*CollectGroupsRequest) ProtoMessage() {}
 
 func (x *CollectGroupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[16]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1478,7 +1638,7 @@ func (x *CollectGroupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectGroupsRequest.ProtoReflect.Descriptor instead.
 func (*CollectGroupsRequest) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{16}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *CollectGroupsRequest) GetMsg() isCollectGroupsRequest_Msg {
@@ -1568,14 +1728,18 @@ type CollectStart struct {
 	// run directory: its groups with at least this sequence are sent first
 	// (without using credits), and `next` skips dataset items whose group is
 	// already in the run directory.
-	FromSequence  *int64 `protobuf:"varint,3,opt,name=from_sequence,json=fromSequence,proto3,oneof" json:"from_sequence,omitempty"`
+	FromSequence *int64 `protobuf:"varint,3,opt,name=from_sequence,json=fromSequence,proto3,oneof" json:"from_sequence,omitempty"`
+	// stream_id names the stream for BeginPolicyUpdate/EndPolicyUpdate
+	// (unique among the server's jobs and open streams); empty: the stream
+	// cannot be addressed by a policy update.
+	StreamId      string `protobuf:"bytes,4,opt,name=stream_id,json=streamId,proto3" json:"stream_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CollectStart) Reset() {
 	*x = CollectStart{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[17]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1587,7 +1751,7 @@ func (x *CollectStart) String() string {
 func (*CollectStart) ProtoMessage() {}
 
 func (x *CollectStart) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[17]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1600,7 +1764,7 @@ func (x *CollectStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectStart.ProtoReflect.Descriptor instead.
 func (*CollectStart) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{17}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CollectStart) GetConfigYaml() string {
@@ -1624,19 +1788,31 @@ func (x *CollectStart) GetFromSequence() int64 {
 	return 0
 }
 
+func (x *CollectStart) GetStreamId() string {
+	if x != nil {
+		return x.StreamId
+	}
+	return ""
+}
+
 // CollectCredit grants credits: the service may start that many more
 // groups.
 type CollectCredit struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// groups to add to the budget.
-	Groups        int32 `protobuf:"varint,1,opt,name=groups,proto3" json:"groups,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// groups to add to the budget (may be 0 to report trainer_version only).
+	Groups int32 `protobuf:"varint,1,opt,name=groups,proto3" json:"groups,omitempty"`
+	// trainer_version is the trainer's current policy version, for trainers
+	// that update the engines themselves: staleness is measured against the
+	// newer of it and the service's version, and no group outside
+	// async.max_staleness is handed over.
+	TrainerVersion *int64 `protobuf:"varint,2,opt,name=trainer_version,json=trainerVersion,proto3,oneof" json:"trainer_version,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *CollectCredit) Reset() {
 	*x = CollectCredit{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[18]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1648,7 +1824,7 @@ func (x *CollectCredit) String() string {
 func (*CollectCredit) ProtoMessage() {}
 
 func (x *CollectCredit) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[18]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1661,12 +1837,19 @@ func (x *CollectCredit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectCredit.ProtoReflect.Descriptor instead.
 func (*CollectCredit) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{18}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CollectCredit) GetGroups() int32 {
 	if x != nil {
 		return x.Groups
+	}
+	return 0
+}
+
+func (x *CollectCredit) GetTrainerVersion() int64 {
+	if x != nil && x.TrainerVersion != nil {
+		return *x.TrainerVersion
 	}
 	return 0
 }
@@ -1688,7 +1871,7 @@ type CollectItems struct {
 
 func (x *CollectItems) Reset() {
 	*x = CollectItems{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[19]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1700,7 +1883,7 @@ func (x *CollectItems) String() string {
 func (*CollectItems) ProtoMessage() {}
 
 func (x *CollectItems) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[19]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1713,7 +1896,7 @@ func (x *CollectItems) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectItems.ProtoReflect.Descriptor instead.
 func (*CollectItems) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{19}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CollectItems) GetRequestId() string {
@@ -1761,7 +1944,7 @@ type CollectNext struct {
 
 func (x *CollectNext) Reset() {
 	*x = CollectNext{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[20]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1773,7 +1956,7 @@ func (x *CollectNext) String() string {
 func (*CollectNext) ProtoMessage() {}
 
 func (x *CollectNext) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[20]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1786,7 +1969,7 @@ func (x *CollectNext) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectNext.ProtoReflect.Descriptor instead.
 func (*CollectNext) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{20}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CollectNext) GetRequestId() string {
@@ -1833,7 +2016,7 @@ type CollectGroupsResponse struct {
 
 func (x *CollectGroupsResponse) Reset() {
 	*x = CollectGroupsResponse{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[21]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1845,7 +2028,7 @@ func (x *CollectGroupsResponse) String() string {
 func (*CollectGroupsResponse) ProtoMessage() {}
 
 func (x *CollectGroupsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[21]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1858,7 +2041,7 @@ func (x *CollectGroupsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectGroupsResponse.ProtoReflect.Descriptor instead.
 func (*CollectGroupsResponse) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{21}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CollectGroupsResponse) GetMsg() isCollectGroupsResponse_Msg {
@@ -1916,14 +2099,21 @@ type CollectStatus struct {
 	// sent groups so far.
 	Sent int32 `protobuf:"varint,4,opt,name=sent,proto3" json:"sent,omitempty"`
 	// exhausted: the dataset has no more items for CollectNext.
-	Exhausted     bool `protobuf:"varint,5,opt,name=exhausted,proto3" json:"exhausted,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Exhausted bool `protobuf:"varint,5,opt,name=exhausted,proto3" json:"exhausted,omitempty"`
+	// policy_version the service stamps new tokens with.
+	PolicyVersion int64 `protobuf:"varint,6,opt,name=policy_version,json=policyVersion,proto3" json:"policy_version,omitempty"`
+	// stale_dropped, stale_regenerated and stale_marked count the groups
+	// outside async.max_staleness by what was done with them.
+	StaleDropped     int32 `protobuf:"varint,7,opt,name=stale_dropped,json=staleDropped,proto3" json:"stale_dropped,omitempty"`
+	StaleRegenerated int32 `protobuf:"varint,8,opt,name=stale_regenerated,json=staleRegenerated,proto3" json:"stale_regenerated,omitempty"`
+	StaleMarked      int32 `protobuf:"varint,9,opt,name=stale_marked,json=staleMarked,proto3" json:"stale_marked,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *CollectStatus) Reset() {
 	*x = CollectStatus{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[22]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1935,7 +2125,7 @@ func (x *CollectStatus) String() string {
 func (*CollectStatus) ProtoMessage() {}
 
 func (x *CollectStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[22]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1948,7 +2138,7 @@ func (x *CollectStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectStatus.ProtoReflect.Descriptor instead.
 func (*CollectStatus) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{22}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CollectStatus) GetCredits() int32 {
@@ -1986,6 +2176,284 @@ func (x *CollectStatus) GetExhausted() bool {
 	return false
 }
 
+func (x *CollectStatus) GetPolicyVersion() int64 {
+	if x != nil {
+		return x.PolicyVersion
+	}
+	return 0
+}
+
+func (x *CollectStatus) GetStaleDropped() int32 {
+	if x != nil {
+		return x.StaleDropped
+	}
+	return 0
+}
+
+func (x *CollectStatus) GetStaleRegenerated() int32 {
+	if x != nil {
+		return x.StaleRegenerated
+	}
+	return 0
+}
+
+func (x *CollectStatus) GetStaleMarked() int32 {
+	if x != nil {
+		return x.StaleMarked
+	}
+	return 0
+}
+
+// BeginPolicyUpdateRequest starts a weight update.
+type BeginPolicyUpdateRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// job_id of a StartJob job, or the stream_id of a CollectGroups stream.
+	JobId string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// version being loaded (must not be older than the current one).
+	Version int64 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	// mode is keep (freeze in-flight generations; they continue under the
+	// new weights), wait (drain them first) or abort (cut them; they resume
+	// as partial rollouts). Default abort, as vLLM's.
+	Mode          string `protobuf:"bytes,3,opt,name=mode,proto3" json:"mode,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BeginPolicyUpdateRequest) Reset() {
+	*x = BeginPolicyUpdateRequest{}
+	mi := &file_rollout_v1_rollout_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BeginPolicyUpdateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BeginPolicyUpdateRequest) ProtoMessage() {}
+
+func (x *BeginPolicyUpdateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_rollout_v1_rollout_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BeginPolicyUpdateRequest.ProtoReflect.Descriptor instead.
+func (*BeginPolicyUpdateRequest) Descriptor() ([]byte, []int) {
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *BeginPolicyUpdateRequest) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *BeginPolicyUpdateRequest) GetVersion() int64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *BeginPolicyUpdateRequest) GetMode() string {
+	if x != nil {
+		return x.Mode
+	}
+	return ""
+}
+
+// BeginPolicyUpdateResponse reports the pause.
+type BeginPolicyUpdateResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// fallback: the engines have no pause API (llama.cpp, Atropos); admission
+	// was closed and in-flight generations drained instead.
+	Fallback bool `protobuf:"varint,1,opt,name=fallback,proto3" json:"fallback,omitempty"`
+	// in_flight generations when the update began.
+	InFlight int32 `protobuf:"varint,2,opt,name=in_flight,json=inFlight,proto3" json:"in_flight,omitempty"`
+	// pause_ms is how long pausing took.
+	PauseMs int64 `protobuf:"varint,3,opt,name=pause_ms,json=pauseMs,proto3" json:"pause_ms,omitempty"`
+	// current_version before the update.
+	CurrentVersion int64 `protobuf:"varint,4,opt,name=current_version,json=currentVersion,proto3" json:"current_version,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *BeginPolicyUpdateResponse) Reset() {
+	*x = BeginPolicyUpdateResponse{}
+	mi := &file_rollout_v1_rollout_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BeginPolicyUpdateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BeginPolicyUpdateResponse) ProtoMessage() {}
+
+func (x *BeginPolicyUpdateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_rollout_v1_rollout_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BeginPolicyUpdateResponse.ProtoReflect.Descriptor instead.
+func (*BeginPolicyUpdateResponse) Descriptor() ([]byte, []int) {
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *BeginPolicyUpdateResponse) GetFallback() bool {
+	if x != nil {
+		return x.Fallback
+	}
+	return false
+}
+
+func (x *BeginPolicyUpdateResponse) GetInFlight() int32 {
+	if x != nil {
+		return x.InFlight
+	}
+	return 0
+}
+
+func (x *BeginPolicyUpdateResponse) GetPauseMs() int64 {
+	if x != nil {
+		return x.PauseMs
+	}
+	return 0
+}
+
+func (x *BeginPolicyUpdateResponse) GetCurrentVersion() int64 {
+	if x != nil {
+		return x.CurrentVersion
+	}
+	return 0
+}
+
+// EndPolicyUpdateRequest ends a weight update.
+type EndPolicyUpdateRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// job_id of a StartJob job, or the stream_id of a CollectGroups stream.
+	JobId string `protobuf:"bytes,1,opt,name=job_id,json=jobId,proto3" json:"job_id,omitempty"`
+	// version now loaded; subsequent tokens carry it.
+	Version       int64 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndPolicyUpdateRequest) Reset() {
+	*x = EndPolicyUpdateRequest{}
+	mi := &file_rollout_v1_rollout_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndPolicyUpdateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndPolicyUpdateRequest) ProtoMessage() {}
+
+func (x *EndPolicyUpdateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_rollout_v1_rollout_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndPolicyUpdateRequest.ProtoReflect.Descriptor instead.
+func (*EndPolicyUpdateRequest) Descriptor() ([]byte, []int) {
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *EndPolicyUpdateRequest) GetJobId() string {
+	if x != nil {
+		return x.JobId
+	}
+	return ""
+}
+
+func (x *EndPolicyUpdateRequest) GetVersion() int64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+// EndPolicyUpdateResponse reports the resume.
+type EndPolicyUpdateResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// version now in force.
+	Version int64 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	// resume_ms is how long resuming took.
+	ResumeMs      int64 `protobuf:"varint,2,opt,name=resume_ms,json=resumeMs,proto3" json:"resume_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EndPolicyUpdateResponse) Reset() {
+	*x = EndPolicyUpdateResponse{}
+	mi := &file_rollout_v1_rollout_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndPolicyUpdateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndPolicyUpdateResponse) ProtoMessage() {}
+
+func (x *EndPolicyUpdateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_rollout_v1_rollout_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndPolicyUpdateResponse.ProtoReflect.Descriptor instead.
+func (*EndPolicyUpdateResponse) Descriptor() ([]byte, []int) {
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *EndPolicyUpdateResponse) GetVersion() int64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *EndPolicyUpdateResponse) GetResumeMs() int64 {
+	if x != nil {
+		return x.ResumeMs
+	}
+	return 0
+}
+
 // ListEnvironmentsRequest has no fields.
 type ListEnvironmentsRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1995,7 +2463,7 @@ type ListEnvironmentsRequest struct {
 
 func (x *ListEnvironmentsRequest) Reset() {
 	*x = ListEnvironmentsRequest{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[23]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2007,7 +2475,7 @@ func (x *ListEnvironmentsRequest) String() string {
 func (*ListEnvironmentsRequest) ProtoMessage() {}
 
 func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[23]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2020,7 +2488,7 @@ func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsRequest.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsRequest) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{23}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{28}
 }
 
 // ListEnvironmentsResponse lists environments.
@@ -2034,7 +2502,7 @@ type ListEnvironmentsResponse struct {
 
 func (x *ListEnvironmentsResponse) Reset() {
 	*x = ListEnvironmentsResponse{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[24]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2046,7 +2514,7 @@ func (x *ListEnvironmentsResponse) String() string {
 func (*ListEnvironmentsResponse) ProtoMessage() {}
 
 func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[24]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2059,7 +2527,7 @@ func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsResponse.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsResponse) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{24}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListEnvironmentsResponse) GetEnvironments() []*Environment {
@@ -2080,7 +2548,7 @@ type DescribeEnvironmentRequest struct {
 
 func (x *DescribeEnvironmentRequest) Reset() {
 	*x = DescribeEnvironmentRequest{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[25]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2092,7 +2560,7 @@ func (x *DescribeEnvironmentRequest) String() string {
 func (*DescribeEnvironmentRequest) ProtoMessage() {}
 
 func (x *DescribeEnvironmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[25]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2105,7 +2573,7 @@ func (x *DescribeEnvironmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeEnvironmentRequest.ProtoReflect.Descriptor instead.
 func (*DescribeEnvironmentRequest) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{25}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *DescribeEnvironmentRequest) GetName() string {
@@ -2130,7 +2598,7 @@ type DescribeEnvironmentResponse struct {
 
 func (x *DescribeEnvironmentResponse) Reset() {
 	*x = DescribeEnvironmentResponse{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[26]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2142,7 +2610,7 @@ func (x *DescribeEnvironmentResponse) String() string {
 func (*DescribeEnvironmentResponse) ProtoMessage() {}
 
 func (x *DescribeEnvironmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[26]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2155,7 +2623,7 @@ func (x *DescribeEnvironmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeEnvironmentResponse.ProtoReflect.Descriptor instead.
 func (*DescribeEnvironmentResponse) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{26}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *DescribeEnvironmentResponse) GetEnvironment() *Environment {
@@ -2204,7 +2672,7 @@ type Environment struct {
 
 func (x *Environment) Reset() {
 	*x = Environment{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[27]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2216,7 +2684,7 @@ func (x *Environment) String() string {
 func (*Environment) ProtoMessage() {}
 
 func (x *Environment) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[27]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2229,7 +2697,7 @@ func (x *Environment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Environment.ProtoReflect.Descriptor instead.
 func (*Environment) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{27}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *Environment) GetName() string {
@@ -2359,7 +2827,7 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"rolloutsOk\x12!\n" +
 	"\finfra_failed\x18\a \x01(\x05R\vinfraFailed\x12\x1f\n" +
 	"\vmean_reward\x18\b \x01(\x01R\n" +
-	"meanReward\"\xe6\x02\n" +
+	"meanReward\"\xbb\x05\n" +
 	"\x05Group\x12\x19\n" +
 	"\bgroup_id\x18\x01 \x01(\tR\agroupId\x12\x17\n" +
 	"\aitem_id\x18\x02 \x01(\tR\x06itemId\x12\x10\n" +
@@ -2373,9 +2841,27 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"\n" +
 	"request_id\x18\n" +
 	" \x01(\tR\trequestId\x12\x1f\n" +
-	"\bsequence\x18\v \x01(\x03H\x01R\bsequence\x88\x01\x01B\x11\n" +
+	"\bsequence\x18\v \x01(\x03H\x01R\bsequence\x88\x01\x01\x121\n" +
+	"\x12min_policy_version\x18\f \x01(\x03H\x02R\x10minPolicyVersion\x88\x01\x01\x121\n" +
+	"\x12max_policy_version\x18\r \x01(\x03H\x03R\x10maxPolicyVersion\x88\x01\x01\x129\n" +
+	"\x16current_policy_version\x18\x0e \x01(\x03H\x04R\x14currentPolicyVersion\x88\x01\x01\x12\"\n" +
+	"\n" +
+	"policy_lag\x18\x0f \x01(\x03H\x05R\tpolicyLag\x88\x01\x01\x12\x14\n" +
+	"\x05stale\x18\x10 \x01(\bR\x05stale\x12 \n" +
+	"\vregenerated\x18\x11 \x01(\x05R\vregeneratedB\x11\n" +
 	"\x0f_policy_versionB\v\n" +
-	"\t_sequence\"\xf5\x05\n" +
+	"\t_sequenceB\x15\n" +
+	"\x13_min_policy_versionB\x15\n" +
+	"\x13_max_policy_versionB\x19\n" +
+	"\x17_current_policy_versionB\r\n" +
+	"\v_policy_lag\"t\n" +
+	"\n" +
+	"VersionCut\x12\x12\n" +
+	"\x04turn\x18\x01 \x01(\x05R\x04turn\x12\x1a\n" +
+	"\bposition\x18\x02 \x01(\x05R\bposition\x12\x12\n" +
+	"\x04kind\x18\x03 \x01(\tR\x04kind\x12\x12\n" +
+	"\x04from\x18\x04 \x01(\x03R\x04from\x12\x0e\n" +
+	"\x02to\x18\x05 \x01(\x03R\x02to\"\xd7\x06\n" +
 	"\aRollout\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x1d\n" +
 	"\n" +
@@ -2398,7 +2884,9 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"stopReason\x12#\n" +
 	"\rmessages_json\x18\x11 \x01(\tR\fmessagesJson\x12!\n" +
 	"\fdrift_tokens\x18\x12 \x01(\x05R\vdriftTokens\x12\x1a\n" +
-	"\battempts\x18\x13 \x01(\x05R\battempts\x1aC\n" +
+	"\battempts\x18\x13 \x01(\x05R\battempts\x12%\n" +
+	"\x0etoken_versions\x18\x14 \x03(\x03R\rtokenVersions\x129\n" +
+	"\fversion_cuts\x18\x15 \x03(\v2\x16.rollout.v1.VersionCutR\vversionCuts\x1aC\n" +
 	"\x15RewardComponentsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01B\f\n" +
@@ -2409,15 +2897,18 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"\x06credit\x18\x02 \x01(\v2\x19.rollout.v1.CollectCreditH\x00R\x06credit\x120\n" +
 	"\x05items\x18\x03 \x01(\v2\x18.rollout.v1.CollectItemsH\x00R\x05items\x12-\n" +
 	"\x04next\x18\x04 \x01(\v2\x17.rollout.v1.CollectNextH\x00R\x04nextB\x05\n" +
-	"\x03msg\"\x94\x01\n" +
+	"\x03msg\"\xb1\x01\n" +
 	"\fCollectStart\x12\x1f\n" +
 	"\vconfig_yaml\x18\x01 \x01(\tR\n" +
 	"configYaml\x12'\n" +
 	"\x0finitial_credits\x18\x02 \x01(\x05R\x0einitialCredits\x12(\n" +
-	"\rfrom_sequence\x18\x03 \x01(\x03H\x00R\ffromSequence\x88\x01\x01B\x10\n" +
-	"\x0e_from_sequence\"'\n" +
+	"\rfrom_sequence\x18\x03 \x01(\x03H\x00R\ffromSequence\x88\x01\x01\x12\x1b\n" +
+	"\tstream_id\x18\x04 \x01(\tR\bstreamIdB\x10\n" +
+	"\x0e_from_sequence\"i\n" +
 	"\rCollectCredit\x12\x16\n" +
-	"\x06groups\x18\x01 \x01(\x05R\x06groups\"\xb0\x01\n" +
+	"\x06groups\x18\x01 \x01(\x05R\x06groups\x12,\n" +
+	"\x0ftrainer_version\x18\x02 \x01(\x03H\x00R\x0etrainerVersion\x88\x01\x01B\x12\n" +
+	"\x10_trainer_version\"\xb0\x01\n" +
 	"\fCollectItems\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1d\n" +
@@ -2436,13 +2927,32 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"\x15CollectGroupsResponse\x12)\n" +
 	"\x05group\x18\x01 \x01(\v2\x11.rollout.v1.GroupH\x00R\x05group\x123\n" +
 	"\x06status\x18\x02 \x01(\v2\x19.rollout.v1.CollectStatusH\x00R\x06statusB\x05\n" +
-	"\x03msg\"\x90\x01\n" +
+	"\x03msg\"\xac\x02\n" +
 	"\rCollectStatus\x12\x18\n" +
 	"\acredits\x18\x01 \x01(\x05R\acredits\x12\x1b\n" +
 	"\tin_flight\x18\x02 \x01(\x05R\binFlight\x12\x16\n" +
 	"\x06queued\x18\x03 \x01(\x05R\x06queued\x12\x12\n" +
 	"\x04sent\x18\x04 \x01(\x05R\x04sent\x12\x1c\n" +
-	"\texhausted\x18\x05 \x01(\bR\texhausted\"\x19\n" +
+	"\texhausted\x18\x05 \x01(\bR\texhausted\x12%\n" +
+	"\x0epolicy_version\x18\x06 \x01(\x03R\rpolicyVersion\x12#\n" +
+	"\rstale_dropped\x18\a \x01(\x05R\fstaleDropped\x12+\n" +
+	"\x11stale_regenerated\x18\b \x01(\x05R\x10staleRegenerated\x12!\n" +
+	"\fstale_marked\x18\t \x01(\x05R\vstaleMarked\"_\n" +
+	"\x18BeginPolicyUpdateRequest\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x03R\aversion\x12\x12\n" +
+	"\x04mode\x18\x03 \x01(\tR\x04mode\"\x98\x01\n" +
+	"\x19BeginPolicyUpdateResponse\x12\x1a\n" +
+	"\bfallback\x18\x01 \x01(\bR\bfallback\x12\x1b\n" +
+	"\tin_flight\x18\x02 \x01(\x05R\binFlight\x12\x19\n" +
+	"\bpause_ms\x18\x03 \x01(\x03R\apauseMs\x12'\n" +
+	"\x0fcurrent_version\x18\x04 \x01(\x03R\x0ecurrentVersion\"I\n" +
+	"\x16EndPolicyUpdateRequest\x12\x15\n" +
+	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x03R\aversion\"P\n" +
+	"\x17EndPolicyUpdateResponse\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x03R\aversion\x12\x1b\n" +
+	"\tresume_ms\x18\x02 \x01(\x03R\bresumeMs\"\x19\n" +
 	"\x17ListEnvironmentsRequest\"W\n" +
 	"\x18ListEnvironmentsResponse\x12;\n" +
 	"\fenvironments\x18\x01 \x03(\v2\x17.rollout.v1.EnvironmentR\fenvironments\"0\n" +
@@ -2471,7 +2981,7 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"\x11JOB_STATE_RUNNING\x10\x01\x12\x17\n" +
 	"\x13JOB_STATE_SUCCEEDED\x10\x02\x12\x14\n" +
 	"\x10JOB_STATE_FAILED\x10\x03\x12\x17\n" +
-	"\x13JOB_STATE_CANCELLED\x10\x042\xe0\x05\n" +
+	"\x13JOB_STATE_CANCELLED\x10\x042\x9e\a\n" +
 	"\x0eRolloutService\x12K\n" +
 	"\n" +
 	"GetVersion\x12\x1d.rollout.v1.GetVersionRequest\x1a\x1e.rollout.v1.GetVersionResponse\x12E\n" +
@@ -2480,7 +2990,9 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"\bListJobs\x12\x1b.rollout.v1.ListJobsRequest\x1a\x1c.rollout.v1.ListJobsResponse\x12H\n" +
 	"\tCancelJob\x12\x1c.rollout.v1.CancelJobRequest\x1a\x1d.rollout.v1.CancelJobResponse\x12G\n" +
 	"\bWatchJob\x12\x1b.rollout.v1.WatchJobRequest\x1a\x1c.rollout.v1.WatchJobResponse0\x01\x12X\n" +
-	"\rCollectGroups\x12 .rollout.v1.CollectGroupsRequest\x1a!.rollout.v1.CollectGroupsResponse(\x010\x01\x12]\n" +
+	"\rCollectGroups\x12 .rollout.v1.CollectGroupsRequest\x1a!.rollout.v1.CollectGroupsResponse(\x010\x01\x12`\n" +
+	"\x11BeginPolicyUpdate\x12$.rollout.v1.BeginPolicyUpdateRequest\x1a%.rollout.v1.BeginPolicyUpdateResponse\x12Z\n" +
+	"\x0fEndPolicyUpdate\x12\".rollout.v1.EndPolicyUpdateRequest\x1a#.rollout.v1.EndPolicyUpdateResponse\x12]\n" +
 	"\x10ListEnvironments\x12#.rollout.v1.ListEnvironmentsRequest\x1a$.rollout.v1.ListEnvironmentsResponse\x12f\n" +
 	"\x13DescribeEnvironment\x12&.rollout.v1.DescribeEnvironmentRequest\x1a'.rollout.v1.DescribeEnvironmentResponseB8Z6github.com/rollout-rl/rollout/gen/rollout/v1;rolloutv1b\x06proto3"
 
@@ -2497,7 +3009,7 @@ func file_rollout_v1_rollout_proto_rawDescGZIP() []byte {
 }
 
 var file_rollout_v1_rollout_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_rollout_v1_rollout_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_rollout_v1_rollout_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_rollout_v1_rollout_proto_goTypes = []any{
 	(JobMode)(0),                        // 0: rollout.v1.JobMode
 	(JobState)(0),                       // 1: rollout.v1.JobState
@@ -2516,21 +3028,26 @@ var file_rollout_v1_rollout_proto_goTypes = []any{
 	(*Job)(nil),                         // 14: rollout.v1.Job
 	(*JobProgress)(nil),                 // 15: rollout.v1.JobProgress
 	(*Group)(nil),                       // 16: rollout.v1.Group
-	(*Rollout)(nil),                     // 17: rollout.v1.Rollout
-	(*CollectGroupsRequest)(nil),        // 18: rollout.v1.CollectGroupsRequest
-	(*CollectStart)(nil),                // 19: rollout.v1.CollectStart
-	(*CollectCredit)(nil),               // 20: rollout.v1.CollectCredit
-	(*CollectItems)(nil),                // 21: rollout.v1.CollectItems
-	(*CollectNext)(nil),                 // 22: rollout.v1.CollectNext
-	(*CollectGroupsResponse)(nil),       // 23: rollout.v1.CollectGroupsResponse
-	(*CollectStatus)(nil),               // 24: rollout.v1.CollectStatus
-	(*ListEnvironmentsRequest)(nil),     // 25: rollout.v1.ListEnvironmentsRequest
-	(*ListEnvironmentsResponse)(nil),    // 26: rollout.v1.ListEnvironmentsResponse
-	(*DescribeEnvironmentRequest)(nil),  // 27: rollout.v1.DescribeEnvironmentRequest
-	(*DescribeEnvironmentResponse)(nil), // 28: rollout.v1.DescribeEnvironmentResponse
-	(*Environment)(nil),                 // 29: rollout.v1.Environment
-	nil,                                 // 30: rollout.v1.Rollout.RewardComponentsEntry
-	(*timestamppb.Timestamp)(nil),       // 31: google.protobuf.Timestamp
+	(*VersionCut)(nil),                  // 17: rollout.v1.VersionCut
+	(*Rollout)(nil),                     // 18: rollout.v1.Rollout
+	(*CollectGroupsRequest)(nil),        // 19: rollout.v1.CollectGroupsRequest
+	(*CollectStart)(nil),                // 20: rollout.v1.CollectStart
+	(*CollectCredit)(nil),               // 21: rollout.v1.CollectCredit
+	(*CollectItems)(nil),                // 22: rollout.v1.CollectItems
+	(*CollectNext)(nil),                 // 23: rollout.v1.CollectNext
+	(*CollectGroupsResponse)(nil),       // 24: rollout.v1.CollectGroupsResponse
+	(*CollectStatus)(nil),               // 25: rollout.v1.CollectStatus
+	(*BeginPolicyUpdateRequest)(nil),    // 26: rollout.v1.BeginPolicyUpdateRequest
+	(*BeginPolicyUpdateResponse)(nil),   // 27: rollout.v1.BeginPolicyUpdateResponse
+	(*EndPolicyUpdateRequest)(nil),      // 28: rollout.v1.EndPolicyUpdateRequest
+	(*EndPolicyUpdateResponse)(nil),     // 29: rollout.v1.EndPolicyUpdateResponse
+	(*ListEnvironmentsRequest)(nil),     // 30: rollout.v1.ListEnvironmentsRequest
+	(*ListEnvironmentsResponse)(nil),    // 31: rollout.v1.ListEnvironmentsResponse
+	(*DescribeEnvironmentRequest)(nil),  // 32: rollout.v1.DescribeEnvironmentRequest
+	(*DescribeEnvironmentResponse)(nil), // 33: rollout.v1.DescribeEnvironmentResponse
+	(*Environment)(nil),                 // 34: rollout.v1.Environment
+	nil,                                 // 35: rollout.v1.Rollout.RewardComponentsEntry
+	(*timestamppb.Timestamp)(nil),       // 36: google.protobuf.Timestamp
 }
 var file_rollout_v1_rollout_proto_depIdxs = []int32{
 	0,  // 0: rollout.v1.StartJobRequest.mode:type_name -> rollout.v1.JobMode
@@ -2544,41 +3061,46 @@ var file_rollout_v1_rollout_proto_depIdxs = []int32{
 	0,  // 8: rollout.v1.Job.mode:type_name -> rollout.v1.JobMode
 	1,  // 9: rollout.v1.Job.state:type_name -> rollout.v1.JobState
 	15, // 10: rollout.v1.Job.progress:type_name -> rollout.v1.JobProgress
-	31, // 11: rollout.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	31, // 12: rollout.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
-	17, // 13: rollout.v1.Group.rollouts:type_name -> rollout.v1.Rollout
-	30, // 14: rollout.v1.Rollout.reward_components:type_name -> rollout.v1.Rollout.RewardComponentsEntry
-	19, // 15: rollout.v1.CollectGroupsRequest.start:type_name -> rollout.v1.CollectStart
-	20, // 16: rollout.v1.CollectGroupsRequest.credit:type_name -> rollout.v1.CollectCredit
-	21, // 17: rollout.v1.CollectGroupsRequest.items:type_name -> rollout.v1.CollectItems
-	22, // 18: rollout.v1.CollectGroupsRequest.next:type_name -> rollout.v1.CollectNext
-	16, // 19: rollout.v1.CollectGroupsResponse.group:type_name -> rollout.v1.Group
-	24, // 20: rollout.v1.CollectGroupsResponse.status:type_name -> rollout.v1.CollectStatus
-	29, // 21: rollout.v1.ListEnvironmentsResponse.environments:type_name -> rollout.v1.Environment
-	29, // 22: rollout.v1.DescribeEnvironmentResponse.environment:type_name -> rollout.v1.Environment
-	2,  // 23: rollout.v1.RolloutService.GetVersion:input_type -> rollout.v1.GetVersionRequest
-	4,  // 24: rollout.v1.RolloutService.StartJob:input_type -> rollout.v1.StartJobRequest
-	6,  // 25: rollout.v1.RolloutService.GetJob:input_type -> rollout.v1.GetJobRequest
-	8,  // 26: rollout.v1.RolloutService.ListJobs:input_type -> rollout.v1.ListJobsRequest
-	10, // 27: rollout.v1.RolloutService.CancelJob:input_type -> rollout.v1.CancelJobRequest
-	12, // 28: rollout.v1.RolloutService.WatchJob:input_type -> rollout.v1.WatchJobRequest
-	18, // 29: rollout.v1.RolloutService.CollectGroups:input_type -> rollout.v1.CollectGroupsRequest
-	25, // 30: rollout.v1.RolloutService.ListEnvironments:input_type -> rollout.v1.ListEnvironmentsRequest
-	27, // 31: rollout.v1.RolloutService.DescribeEnvironment:input_type -> rollout.v1.DescribeEnvironmentRequest
-	3,  // 32: rollout.v1.RolloutService.GetVersion:output_type -> rollout.v1.GetVersionResponse
-	5,  // 33: rollout.v1.RolloutService.StartJob:output_type -> rollout.v1.StartJobResponse
-	7,  // 34: rollout.v1.RolloutService.GetJob:output_type -> rollout.v1.GetJobResponse
-	9,  // 35: rollout.v1.RolloutService.ListJobs:output_type -> rollout.v1.ListJobsResponse
-	11, // 36: rollout.v1.RolloutService.CancelJob:output_type -> rollout.v1.CancelJobResponse
-	13, // 37: rollout.v1.RolloutService.WatchJob:output_type -> rollout.v1.WatchJobResponse
-	23, // 38: rollout.v1.RolloutService.CollectGroups:output_type -> rollout.v1.CollectGroupsResponse
-	26, // 39: rollout.v1.RolloutService.ListEnvironments:output_type -> rollout.v1.ListEnvironmentsResponse
-	28, // 40: rollout.v1.RolloutService.DescribeEnvironment:output_type -> rollout.v1.DescribeEnvironmentResponse
-	32, // [32:41] is the sub-list for method output_type
-	23, // [23:32] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	36, // 11: rollout.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	36, // 12: rollout.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
+	18, // 13: rollout.v1.Group.rollouts:type_name -> rollout.v1.Rollout
+	35, // 14: rollout.v1.Rollout.reward_components:type_name -> rollout.v1.Rollout.RewardComponentsEntry
+	17, // 15: rollout.v1.Rollout.version_cuts:type_name -> rollout.v1.VersionCut
+	20, // 16: rollout.v1.CollectGroupsRequest.start:type_name -> rollout.v1.CollectStart
+	21, // 17: rollout.v1.CollectGroupsRequest.credit:type_name -> rollout.v1.CollectCredit
+	22, // 18: rollout.v1.CollectGroupsRequest.items:type_name -> rollout.v1.CollectItems
+	23, // 19: rollout.v1.CollectGroupsRequest.next:type_name -> rollout.v1.CollectNext
+	16, // 20: rollout.v1.CollectGroupsResponse.group:type_name -> rollout.v1.Group
+	25, // 21: rollout.v1.CollectGroupsResponse.status:type_name -> rollout.v1.CollectStatus
+	34, // 22: rollout.v1.ListEnvironmentsResponse.environments:type_name -> rollout.v1.Environment
+	34, // 23: rollout.v1.DescribeEnvironmentResponse.environment:type_name -> rollout.v1.Environment
+	2,  // 24: rollout.v1.RolloutService.GetVersion:input_type -> rollout.v1.GetVersionRequest
+	4,  // 25: rollout.v1.RolloutService.StartJob:input_type -> rollout.v1.StartJobRequest
+	6,  // 26: rollout.v1.RolloutService.GetJob:input_type -> rollout.v1.GetJobRequest
+	8,  // 27: rollout.v1.RolloutService.ListJobs:input_type -> rollout.v1.ListJobsRequest
+	10, // 28: rollout.v1.RolloutService.CancelJob:input_type -> rollout.v1.CancelJobRequest
+	12, // 29: rollout.v1.RolloutService.WatchJob:input_type -> rollout.v1.WatchJobRequest
+	19, // 30: rollout.v1.RolloutService.CollectGroups:input_type -> rollout.v1.CollectGroupsRequest
+	26, // 31: rollout.v1.RolloutService.BeginPolicyUpdate:input_type -> rollout.v1.BeginPolicyUpdateRequest
+	28, // 32: rollout.v1.RolloutService.EndPolicyUpdate:input_type -> rollout.v1.EndPolicyUpdateRequest
+	30, // 33: rollout.v1.RolloutService.ListEnvironments:input_type -> rollout.v1.ListEnvironmentsRequest
+	32, // 34: rollout.v1.RolloutService.DescribeEnvironment:input_type -> rollout.v1.DescribeEnvironmentRequest
+	3,  // 35: rollout.v1.RolloutService.GetVersion:output_type -> rollout.v1.GetVersionResponse
+	5,  // 36: rollout.v1.RolloutService.StartJob:output_type -> rollout.v1.StartJobResponse
+	7,  // 37: rollout.v1.RolloutService.GetJob:output_type -> rollout.v1.GetJobResponse
+	9,  // 38: rollout.v1.RolloutService.ListJobs:output_type -> rollout.v1.ListJobsResponse
+	11, // 39: rollout.v1.RolloutService.CancelJob:output_type -> rollout.v1.CancelJobResponse
+	13, // 40: rollout.v1.RolloutService.WatchJob:output_type -> rollout.v1.WatchJobResponse
+	24, // 41: rollout.v1.RolloutService.CollectGroups:output_type -> rollout.v1.CollectGroupsResponse
+	27, // 42: rollout.v1.RolloutService.BeginPolicyUpdate:output_type -> rollout.v1.BeginPolicyUpdateResponse
+	29, // 43: rollout.v1.RolloutService.EndPolicyUpdate:output_type -> rollout.v1.EndPolicyUpdateResponse
+	31, // 44: rollout.v1.RolloutService.ListEnvironments:output_type -> rollout.v1.ListEnvironmentsResponse
+	33, // 45: rollout.v1.RolloutService.DescribeEnvironment:output_type -> rollout.v1.DescribeEnvironmentResponse
+	35, // [35:46] is the sub-list for method output_type
+	24, // [24:35] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_rollout_v1_rollout_proto_init() }
@@ -2597,17 +3119,18 @@ func file_rollout_v1_rollout_proto_init() {
 		(*WatchJobResponse_Finished)(nil),
 	}
 	file_rollout_v1_rollout_proto_msgTypes[14].OneofWrappers = []any{}
-	file_rollout_v1_rollout_proto_msgTypes[15].OneofWrappers = []any{}
-	file_rollout_v1_rollout_proto_msgTypes[16].OneofWrappers = []any{
+	file_rollout_v1_rollout_proto_msgTypes[16].OneofWrappers = []any{}
+	file_rollout_v1_rollout_proto_msgTypes[17].OneofWrappers = []any{
 		(*CollectGroupsRequest_Start)(nil),
 		(*CollectGroupsRequest_Credit)(nil),
 		(*CollectGroupsRequest_Items)(nil),
 		(*CollectGroupsRequest_Next)(nil),
 	}
-	file_rollout_v1_rollout_proto_msgTypes[17].OneofWrappers = []any{}
+	file_rollout_v1_rollout_proto_msgTypes[18].OneofWrappers = []any{}
 	file_rollout_v1_rollout_proto_msgTypes[19].OneofWrappers = []any{}
 	file_rollout_v1_rollout_proto_msgTypes[20].OneofWrappers = []any{}
-	file_rollout_v1_rollout_proto_msgTypes[21].OneofWrappers = []any{
+	file_rollout_v1_rollout_proto_msgTypes[21].OneofWrappers = []any{}
+	file_rollout_v1_rollout_proto_msgTypes[22].OneofWrappers = []any{
 		(*CollectGroupsResponse_Group)(nil),
 		(*CollectGroupsResponse_Status)(nil),
 	}
@@ -2617,7 +3140,7 @@ func file_rollout_v1_rollout_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rollout_v1_rollout_proto_rawDesc), len(file_rollout_v1_rollout_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   29,
+			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

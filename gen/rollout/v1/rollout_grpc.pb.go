@@ -31,6 +31,8 @@ const (
 	RolloutService_CancelJob_FullMethodName           = "/rollout.v1.RolloutService/CancelJob"
 	RolloutService_WatchJob_FullMethodName            = "/rollout.v1.RolloutService/WatchJob"
 	RolloutService_CollectGroups_FullMethodName       = "/rollout.v1.RolloutService/CollectGroups"
+	RolloutService_BeginPolicyUpdate_FullMethodName   = "/rollout.v1.RolloutService/BeginPolicyUpdate"
+	RolloutService_EndPolicyUpdate_FullMethodName     = "/rollout.v1.RolloutService/EndPolicyUpdate"
 	RolloutService_ListEnvironments_FullMethodName    = "/rollout.v1.RolloutService/ListEnvironments"
 	RolloutService_DescribeEnvironment_FullMethodName = "/rollout.v1.RolloutService/DescribeEnvironment"
 )
@@ -61,6 +63,16 @@ type RolloutServiceClient interface {
 	// streams back each scored group as it completes. The service never has
 	// more groups started-but-unacknowledged than the credits granted.
 	CollectGroups(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[CollectGroupsRequest, CollectGroupsResponse], error)
+	// BeginPolicyUpdate tells the service that the trainer is loading a new
+	// policy version into the engines of a job (or CollectGroups stream): the
+	// service stops admitting generations, pauses every engine of the job's
+	// endpoint pool in the requested mode (keep, wait, abort; engines without
+	// a pause API are drained) and returns once the engines are paused.
+	BeginPolicyUpdate(ctx context.Context, in *BeginPolicyUpdateRequest, opts ...grpc.CallOption) (*BeginPolicyUpdateResponse, error)
+	// EndPolicyUpdate tells the service the new weights are loaded: it resumes
+	// the engines, stamps subsequent tokens with the new version and
+	// re-admits generations (aborted ones continue as partial rollouts).
+	EndPolicyUpdate(ctx context.Context, in *EndPolicyUpdateRequest, opts ...grpc.CallOption) (*EndPolicyUpdateResponse, error)
 	// ListEnvironments lists the registered environments.
 	ListEnvironments(ctx context.Context, in *ListEnvironmentsRequest, opts ...grpc.CallOption) (*ListEnvironmentsResponse, error)
 	// DescribeEnvironment returns one environment's defaults and config
@@ -158,6 +170,26 @@ func (c *rolloutServiceClient) CollectGroups(ctx context.Context, opts ...grpc.C
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type RolloutService_CollectGroupsClient = grpc.BidiStreamingClient[CollectGroupsRequest, CollectGroupsResponse]
 
+func (c *rolloutServiceClient) BeginPolicyUpdate(ctx context.Context, in *BeginPolicyUpdateRequest, opts ...grpc.CallOption) (*BeginPolicyUpdateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(BeginPolicyUpdateResponse)
+	err := c.cc.Invoke(ctx, RolloutService_BeginPolicyUpdate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *rolloutServiceClient) EndPolicyUpdate(ctx context.Context, in *EndPolicyUpdateRequest, opts ...grpc.CallOption) (*EndPolicyUpdateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(EndPolicyUpdateResponse)
+	err := c.cc.Invoke(ctx, RolloutService_EndPolicyUpdate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *rolloutServiceClient) ListEnvironments(ctx context.Context, in *ListEnvironmentsRequest, opts ...grpc.CallOption) (*ListEnvironmentsResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ListEnvironmentsResponse)
@@ -204,6 +236,16 @@ type RolloutServiceServer interface {
 	// streams back each scored group as it completes. The service never has
 	// more groups started-but-unacknowledged than the credits granted.
 	CollectGroups(grpc.BidiStreamingServer[CollectGroupsRequest, CollectGroupsResponse]) error
+	// BeginPolicyUpdate tells the service that the trainer is loading a new
+	// policy version into the engines of a job (or CollectGroups stream): the
+	// service stops admitting generations, pauses every engine of the job's
+	// endpoint pool in the requested mode (keep, wait, abort; engines without
+	// a pause API are drained) and returns once the engines are paused.
+	BeginPolicyUpdate(context.Context, *BeginPolicyUpdateRequest) (*BeginPolicyUpdateResponse, error)
+	// EndPolicyUpdate tells the service the new weights are loaded: it resumes
+	// the engines, stamps subsequent tokens with the new version and
+	// re-admits generations (aborted ones continue as partial rollouts).
+	EndPolicyUpdate(context.Context, *EndPolicyUpdateRequest) (*EndPolicyUpdateResponse, error)
 	// ListEnvironments lists the registered environments.
 	ListEnvironments(context.Context, *ListEnvironmentsRequest) (*ListEnvironmentsResponse, error)
 	// DescribeEnvironment returns one environment's defaults and config
@@ -239,6 +281,12 @@ func (UnimplementedRolloutServiceServer) WatchJob(*WatchJobRequest, grpc.ServerS
 }
 func (UnimplementedRolloutServiceServer) CollectGroups(grpc.BidiStreamingServer[CollectGroupsRequest, CollectGroupsResponse]) error {
 	return status.Error(codes.Unimplemented, "method CollectGroups not implemented")
+}
+func (UnimplementedRolloutServiceServer) BeginPolicyUpdate(context.Context, *BeginPolicyUpdateRequest) (*BeginPolicyUpdateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method BeginPolicyUpdate not implemented")
+}
+func (UnimplementedRolloutServiceServer) EndPolicyUpdate(context.Context, *EndPolicyUpdateRequest) (*EndPolicyUpdateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method EndPolicyUpdate not implemented")
 }
 func (UnimplementedRolloutServiceServer) ListEnvironments(context.Context, *ListEnvironmentsRequest) (*ListEnvironmentsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListEnvironments not implemented")
@@ -375,6 +423,42 @@ func _RolloutService_CollectGroups_Handler(srv interface{}, stream grpc.ServerSt
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type RolloutService_CollectGroupsServer = grpc.BidiStreamingServer[CollectGroupsRequest, CollectGroupsResponse]
 
+func _RolloutService_BeginPolicyUpdate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BeginPolicyUpdateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RolloutServiceServer).BeginPolicyUpdate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RolloutService_BeginPolicyUpdate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RolloutServiceServer).BeginPolicyUpdate(ctx, req.(*BeginPolicyUpdateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RolloutService_EndPolicyUpdate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(EndPolicyUpdateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RolloutServiceServer).EndPolicyUpdate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RolloutService_EndPolicyUpdate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RolloutServiceServer).EndPolicyUpdate(ctx, req.(*EndPolicyUpdateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _RolloutService_ListEnvironments_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ListEnvironmentsRequest)
 	if err := dec(in); err != nil {
@@ -437,6 +521,14 @@ var RolloutService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CancelJob",
 			Handler:    _RolloutService_CancelJob_Handler,
+		},
+		{
+			MethodName: "BeginPolicyUpdate",
+			Handler:    _RolloutService_BeginPolicyUpdate_Handler,
+		},
+		{
+			MethodName: "EndPolicyUpdate",
+			Handler:    _RolloutService_EndPolicyUpdate_Handler,
 		},
 		{
 			MethodName: "ListEnvironments",

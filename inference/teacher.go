@@ -1,0 +1,211 @@
+package inference
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// TeacherConfig is the teacher endpoint of on-policy distillation
+// (docs/distillation.md): a vLLM server (or the simulator) that serves
+// prompt_logprobs on /v1/completions for the student's vocabulary.
+type TeacherConfig struct {
+	// Endpoint is the teacher's base URL (with or without /v1).
+	Endpoint string `yaml:"endpoint" json:"endpoint"`
+	// Model is the served teacher model name.
+	Model string `yaml:"model" json:"model"`
+	// TopK teacher logprobs per completion token (default 20, vLLM's
+	// default --max-logprobs; raise the server's limit for more).
+	TopK int `yaml:"top_k,omitempty" json:"top_k,omitempty"`
+	// APIKeyEnv names the environment variable holding the key.
+	APIKeyEnv string `yaml:"api_key_env,omitempty" json:"api_key_env,omitempty"`
+	// Timeout bounds one request (default 2m); Retries after a connection
+	// error or 5xx (default 3; -1 disables).
+	Timeout time.Duration `yaml:"timeout,omitempty" json:"timeout,omitempty"`
+	Retries int           `yaml:"retries,omitempty" json:"retries,omitempty"`
+}
+
+// Teacher scores token sequences with a teacher's prompt_logprobs.
+type Teacher struct {
+	cfg    TeacherConfig
+	url    string
+	apiKey string
+	http   *http.Client
+}
+
+// NewTeacher validates cfg; getenv reads APIKeyEnv.
+func NewTeacher(cfg TeacherConfig, getenv func(string) string) (*Teacher, error) {
+	if cfg.Endpoint == "" || cfg.Model == "" {
+		return nil, errors.New("distill: teacher endpoint and model are required")
+	}
+	if cfg.TopK == 0 {
+		cfg.TopK = 20
+	}
+	if cfg.TopK < 1 {
+		return nil, fmt.Errorf("distill: top_k %d must be positive", cfg.TopK)
+	}
+	if cfg.Timeout < 0 {
+		return nil, errors.New("distill: timeout must not be negative")
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 2 * time.Minute
+	}
+	switch {
+	case cfg.Retries == 0:
+		cfg.Retries = 3
+	case cfg.Retries < 0:
+		cfg.Retries = 0
+	}
+	t := &Teacher{cfg: cfg, http: &http.Client{Timeout: cfg.Timeout}}
+	if cfg.APIKeyEnv != "" {
+		if t.apiKey = getenv(cfg.APIKeyEnv); t.apiKey == "" {
+			return nil, fmt.Errorf("distill: $%s (api_key_env) is empty", cfg.APIKeyEnv)
+		}
+	}
+	u := strings.TrimSuffix(cfg.Endpoint, "/")
+	if !strings.HasSuffix(u, "/v1") {
+		u += "/v1"
+	}
+	t.url = u + "/completions"
+	return t, nil
+}
+
+// TopK is the number of teacher logprobs per scored position.
+func (t *Teacher) TopK() int { return t.cfg.TopK }
+
+// Close releases idle connections.
+func (t *Teacher) Close() error {
+	t.http.CloseIdleConnections()
+	return nil
+}
+
+type teacherEntry struct {
+	Logprob float64 `json:"logprob"`
+	Rank    int     `json:"rank"`
+}
+
+type teacherResponse struct {
+	Choices []struct {
+		PromptLogprobs []map[string]*teacherEntry `json:"prompt_logprobs"`
+	} `json:"choices"`
+}
+
+// Score asks the teacher for its top-K distribution at every position of
+// ids (a completion request with the ids as the prompt, max_tokens 1 and
+// prompt_logprobs K) and returns, for each position p in want, the K
+// most likely token ids (by rank) and their logprobs given ids[:p]. Other
+// positions get nil. Position 0 cannot be scored.
+func (t *Teacher) Score(ctx context.Context, ids []int32, want func(p int) bool) ([][]int32, [][]float32, error) {
+	if len(ids) < 2 {
+		return nil, nil, &Error{Class: ErrRequest, Op: "POST /v1/completions", Msg: "distill: fewer than 2 tokens to score"}
+	}
+	body, err := json.Marshal(map[string]any{"model": t.cfg.Model, "prompt": ids, "max_tokens": 1, "prompt_logprobs": t.cfg.TopK, "temperature": 0})
+	if err != nil {
+		return nil, nil, err
+	}
+	var resp teacherResponse
+	if err := t.post(ctx, body, &resp); err != nil {
+		return nil, nil, err
+	}
+	if len(resp.Choices) == 0 || len(resp.Choices[0].PromptLogprobs) != len(ids) {
+		n := 0
+		if len(resp.Choices) > 0 {
+			n = len(resp.Choices[0].PromptLogprobs)
+		}
+		return nil, nil, &Error{Class: ErrInfra, Endpoint: t.cfg.Endpoint, Op: "POST /v1/completions", Msg: fmt.Sprintf("distill: teacher returned %d prompt_logprobs positions for %d tokens", n, len(ids))}
+	}
+	pl := resp.Choices[0].PromptLogprobs
+	outIDs := make([][]int32, len(ids))
+	outLPs := make([][]float32, len(ids))
+	for p := range ids {
+		if p == 0 || !want(p) {
+			continue
+		}
+		type kv struct {
+			id   int32
+			rank int
+			lp   float64
+		}
+		var top []kv
+		for k, e := range pl[p] {
+			if e == nil {
+				continue
+			}
+			id, err := strconv.ParseInt(k, 10, 32)
+			if err != nil || math.IsNaN(e.Logprob) || e.Logprob > 0 {
+				return nil, nil, &Error{Class: ErrInfra, Endpoint: t.cfg.Endpoint, Op: "POST /v1/completions", Msg: fmt.Sprintf("distill: position %d: bad entry %q: %+v", p, k, *e)}
+			}
+			if e.Rank <= t.cfg.TopK {
+				top = append(top, kv{int32(id), e.Rank, e.Logprob})
+			}
+		}
+		if len(top) == 0 {
+			return nil, nil, &Error{Class: ErrInfra, Endpoint: t.cfg.Endpoint, Op: "POST /v1/completions", Msg: fmt.Sprintf("distill: position %d has no teacher logprobs", p)}
+		}
+		sort.Slice(top, func(a, b int) bool { return top[a].rank < top[b].rank })
+		outIDs[p] = make([]int32, len(top))
+		outLPs[p] = make([]float32, len(top))
+		for i, e := range top {
+			outIDs[p][i], outLPs[p][i] = e.id, float32(e.lp)
+		}
+	}
+	return outIDs, outLPs, nil
+}
+
+func (t *Teacher) post(ctx context.Context, body []byte, out any) error {
+	op := "POST /v1/completions"
+	var last error
+	for attempt := 0; attempt <= t.cfg.Retries; attempt++ {
+		if attempt > 0 {
+			d := time.Duration(200<<attempt)*time.Millisecond + time.Duration(rand.Int64N(int64(100*time.Millisecond)))
+			select {
+			case <-ctx.Done():
+				return &Error{Class: ErrInfra, Endpoint: t.cfg.Endpoint, Op: op, Msg: "distill: cancelled", Err: ctx.Err()}
+			case <-time.After(d):
+			}
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.url, bytes.NewReader(body))
+		if err != nil {
+			return &Error{Class: ErrRequest, Endpoint: t.cfg.Endpoint, Op: op, Msg: "distill: build request", Err: err}
+		}
+		req.Header.Set("Content-Type", "application/json")
+		if t.apiKey != "" {
+			req.Header.Set("Authorization", "Bearer "+t.apiKey)
+		}
+		resp, err := t.http.Do(req)
+		if err != nil {
+			last = &Error{Class: ErrInfra, Endpoint: t.cfg.Endpoint, Op: op, Msg: "distill: teacher unreachable", Err: err}
+			if ctx.Err() != nil {
+				return last
+			}
+			continue
+		}
+		data, err := io.ReadAll(io.LimitReader(resp.Body, 512<<20))
+		resp.Body.Close()
+		switch {
+		case err != nil:
+			last = &Error{Class: ErrInfra, Endpoint: t.cfg.Endpoint, Op: op, Status: resp.StatusCode, Msg: "distill: read response", Err: err}
+			continue
+		case resp.StatusCode >= 500:
+			last = &Error{Class: ErrInfra, Endpoint: t.cfg.Endpoint, Op: op, Status: resp.StatusCode, Msg: "distill: " + serverMessage(data)}
+			continue
+		case resp.StatusCode != http.StatusOK:
+			return &Error{Class: ErrRequest, Endpoint: t.cfg.Endpoint, Op: op, Status: resp.StatusCode, Msg: "distill: " + serverMessage(data)}
+		}
+		if err := json.Unmarshal(data, out); err != nil {
+			return &Error{Class: ErrInfra, Endpoint: t.cfg.Endpoint, Op: op, Status: resp.StatusCode, Msg: "distill: malformed response: " + snippet(data), Err: err}
+		}
+		return nil
+	}
+	return last
+}

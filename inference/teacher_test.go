@@ -1,0 +1,83 @@
+package inference_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/rollout-rl/rollout/inference"
+	"github.com/rollout-rl/rollout/inference/sim"
+)
+
+func TestTeacherScoresAgainstSimulator(t *testing.T) {
+	srv, err := sim.Start(context.Background(), sim.Config{Family: "hermes", Seed: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	tc, err := inference.NewTeacher(inference.TeacherConfig{Endpoint: srv.URL, Model: "rollout-sim", TopK: 4}, func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tc.Close()
+	ids := make([]int32, 40)
+	for i := range ids {
+		ids[i] = int32('A' + i%20)
+	}
+	want := func(p int) bool { return p >= 10 && p%2 == 0 }
+	got, lps, err := tc.Score(context.Background(), ids, want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(ids) || len(lps) != len(ids) {
+		t.Fatalf("%d/%d positions for %d tokens", len(got), len(lps), len(ids))
+	}
+	hitTop := 0
+	for p := range ids {
+		if !want(p) {
+			if got[p] != nil || lps[p] != nil {
+				t.Fatalf("position %d scored without being asked", p)
+			}
+			continue
+		}
+		if len(got[p]) != 4 || len(lps[p]) != 4 {
+			t.Fatalf("position %d: %v %v", p, got[p], lps[p])
+		}
+		for i := 1; i < 4; i++ {
+			if lps[p][i] > lps[p][i-1] {
+				t.Fatalf("position %d not in rank order: %v", p, lps[p])
+			}
+		}
+		if got[p][0] == ids[p] {
+			hitTop++
+		}
+	}
+	if hitTop == 0 {
+		t.Fatal("the teacher never ranks the student's token first")
+	}
+	again, _, _ := tc.Score(context.Background(), ids, want)
+	if again[10][0] != got[10][0] {
+		t.Fatal("not deterministic")
+	}
+
+	// Refusals are request errors; an unreachable teacher is infra.
+	big, _ := inference.NewTeacher(inference.TeacherConfig{Endpoint: srv.URL, Model: "rollout-sim", TopK: 50}, nil)
+	if _, _, err := big.Score(context.Background(), ids, want); !errors.Is(err, inference.ErrRequest) {
+		t.Fatalf("top_k over the server's limit: %v", err)
+	}
+	big.Close()
+	dead, _ := inference.NewTeacher(inference.TeacherConfig{Endpoint: "http://127.0.0.1:1", Model: "m", Retries: -1, Timeout: 5 * time.Second}, nil)
+	if _, _, err := dead.Score(context.Background(), ids, want); !errors.Is(err, inference.ErrInfra) {
+		t.Fatalf("dead teacher: %v", err)
+	}
+	dead.Close()
+	for _, c := range []inference.TeacherConfig{{Model: "m"}, {Endpoint: "http://x"}, {Endpoint: "http://x", Model: "m", TopK: -1}} {
+		if _, err := inference.NewTeacher(c, nil); err == nil {
+			t.Errorf("%+v accepted", c)
+		}
+	}
+	if _, err := inference.NewTeacher(inference.TeacherConfig{Endpoint: "http://x", Model: "m", APIKeyEnv: "K"}, func(string) string { return "" }); err == nil {
+		t.Error("empty api key accepted")
+	}
+}

@@ -1,0 +1,133 @@
+package demo
+
+import (
+	"context"
+	"math"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/rollout-rl/rollout/envs"
+	"github.com/rollout-rl/rollout/inference"
+	"github.com/rollout-rl/rollout/inference/sim"
+	"github.com/rollout-rl/rollout/internal/job"
+	"github.com/rollout-rl/rollout/runner"
+	"github.com/rollout-rl/rollout/trajectory"
+)
+
+// On-policy distillation end to end: rollouts in real sandboxes (busybox)
+// and a multi-turn env, the simulator as both the student's server and the
+// teacher (prompt_logprobs on the student's exact ids); the records carry
+// the teacher's top-K on every trained token and nothing elsewhere, and the
+// Atropos export carries them as distill_token_ids/distill_logprobs.
+func TestDistillationEndToEnd(t *testing.T) {
+	needImages(t, true)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	const topK = 5
+	specs := []struct {
+		env   string
+		image string
+	}{{"terminal-tasks", "rollout-sandbox:busybox"}, {"guess-number", ""}, {"agentic-opd", ""}}
+	var scripts []sim.Script
+	for _, s := range specs {
+		env, err := envs.New(s.env, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		items, err := env.Items(ctx, "train")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sc, err := Scripts(ctx, env, items[:2])
+		if err != nil {
+			t.Fatal(err)
+		}
+		scripts = append(scripts, sc...)
+	}
+	srv, err := sim.Start(ctx, sim.Config{Family: "hermes", Seed: 9, SuccessProb: 1, Scripts: scripts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	dir := t.TempDir()
+	for _, s := range specs {
+		t.Run(s.env, func(t *testing.T) {
+			cfg := runner.Config{Env: s.env, Split: "train", Groups: 2, GroupSize: 2, Seed: 1,
+				Inference: inference.Config{Backend: "vllm", Endpoints: []string{srv.URL}, Timeout: time.Minute},
+				Sampling:  inference.Sampling{MaxTokens: 1024}, Parser: "hermes",
+				RolloutTimeout: runner.Duration(3 * time.Minute),
+				Output:         runner.Output{Dir: filepath.Join(dir, s.env)},
+				Distill:        &inference.TeacherConfig{Endpoint: srv.URL, Model: "rollout-sim", TopK: topK}}
+			cfg.Sandbox.Image = s.image
+			if s.env == "agentic-opd" {
+				// The env brings its own teacher (env_config.teacher).
+				cfg.Distill = nil
+				if err := cfg.EnvConfig.Encode(map[string]any{"teacher": map[string]any{"endpoint": srv.URL, "model": "rollout-sim", "top_k": topK}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			j, err := job.Open(ctx, cfg, job.Options{Mode: job.ModeRun, Logger: quiet, SandboxInstance: testInstance()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := j.Run(ctx); err != nil {
+				t.Fatal(err)
+			}
+			recs := readRun(t, j.Dir)
+			checkRecords(t, recs, 2, 2)
+			scored, agree := 0, 0
+			for _, r := range recs {
+				if r.Status != trajectory.StatusOK {
+					t.Fatalf("rollout %s/%d: %+v", r.GroupID, r.RolloutIndex, r.Failure)
+				}
+				if len(r.DistillTokenIDs) != len(r.Tokens) || len(r.DistillLogprobs) != len(r.Tokens) {
+					t.Fatalf("distill %d/%d for %d tokens", len(r.DistillTokenIDs), len(r.DistillLogprobs), len(r.Tokens))
+				}
+				for p, m := range r.LossMask {
+					n := len(r.DistillTokenIDs[p])
+					switch {
+					case m == 1 && (n != topK || len(r.DistillLogprobs[p]) != topK):
+						t.Fatalf("trained position %d: %v %v", p, r.DistillTokenIDs[p], r.DistillLogprobs[p])
+					case m == 0 && n != 0:
+						t.Fatalf("untrained position %d scored: %v", p, r.DistillTokenIDs[p])
+					case m == 1:
+						scored++
+						if r.DistillTokenIDs[p][0] == r.Tokens[p] {
+							agree++
+						}
+					}
+				}
+			}
+			if s.env == "agentic-opd" {
+				for _, r := range recs {
+					// The reference solution passes every test; the reward is
+					// Hermes' blend of the components.
+					c := r.RewardComponents
+					if want := 0.7*c["correctness"] + 0.15*c["efficiency"] + 0.15*c["tool_usage"]; c["correctness"] != 1 || c["tool_usage"] == 0 || math.Abs(r.Reward-want) > 1e-9 {
+						t.Errorf("agentic-opd reward %v components %v", r.Reward, r.RewardComponents)
+					}
+				}
+			}
+			if scored == 0 || agree == 0 || agree == scored {
+				t.Fatalf("teacher agrees with the student on %d of %d trained tokens", agree, scored)
+			}
+			groups, _, err := trajectory.AtroposGroups(recs, trajectory.AtroposOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, g := range groups {
+				if len(g.DistillTokenIDs) != len(g.Tokens) || len(g.DistillLogprobs) != len(g.Tokens) {
+					t.Fatalf("atropos distill for %d of %d sequences", len(g.DistillTokenIDs), len(g.Tokens))
+				}
+				for i := range g.Tokens {
+					if len(g.DistillTokenIDs[i]) != len(g.Tokens[i]) || len(g.DistillTokenIDs[i][0]) != topK {
+						t.Fatalf("atropos distill shape [%d][%d][%d]", i, len(g.DistillTokenIDs[i]), len(g.DistillTokenIDs[i][0]))
+					}
+				}
+			}
+			t.Logf("%s: teacher top-1 = student token on %d of %d trained tokens", s.env, agree, scored)
+		})
+	}
+	assertNoContainers(t)
+}

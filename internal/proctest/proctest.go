@@ -1,0 +1,41 @@
+// Package proctest holds what tests that run child processes (rollout
+// serve, rollout sim, a Python trainer) need from one place: a buffer the
+// child writes while the test reads it, and a free loopback port.
+package proctest
+
+import (
+	"bytes"
+	"net"
+	"sync"
+	"testing"
+)
+
+// Buffer is a bytes.Buffer safe for a child's output and the test reading
+// it at the same time.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *Buffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *Buffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// FreePort returns a loopback port that was free a moment ago.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
