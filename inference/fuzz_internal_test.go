@@ -163,17 +163,41 @@ func TestAlignProbs(t *testing.T) {
 	// 0xE3 0x80 0x80 (one 3-byte character), then 'a': entries for the
 	// completing 0x80 and for 'a' only.
 	ids := []int32{0xE3, 0x80, 0x80, 'a'}
-	probs := []LlamaProb{{ID: id(0x80), Logprob: lp(-0.5)}, {ID: id('a'), Logprob: lp(-0.25)}}
+	probs := []LlamaProb{{ID: id(0x80), Logprob: lp(-0.5), Bytes: []int{0xE3, 0x80, 0x80}}, {ID: id('a'), Logprob: lp(-0.25), Bytes: []int{'a'}}}
 	lps, missing, err := alignProbs(ids, probs)
 	if err != nil || !slices.Equal(missing, []int{0, 1}) || !slices.Equal(lps, []float32{1, 1, -0.5, -0.25}) {
 		t.Fatalf("lps %v missing %v err %v", lps, missing, err)
 	}
 	// A generation cut inside a character: the trailing ids have none.
-	lps, missing, err = alignProbs([]int32{'a', 0xE3}, []LlamaProb{{ID: id('a'), Logprob: lp(-1)}})
+	lps, missing, err = alignProbs([]int32{'a', 0xE3}, []LlamaProb{{ID: id('a'), Logprob: lp(-1), Bytes: []int{'a'}}})
 	if err != nil || !slices.Equal(missing, []int{1}) || lps[0] != -1 {
 		t.Fatalf("lps %v missing %v err %v", lps, missing, err)
 	}
 	if _, _, err := alignProbs([]int32{1, 2}, []LlamaProb{{ID: id(3), Logprob: lp(-1)}}); err == nil {
 		t.Fatal("an entry for an id never sampled was accepted")
+	}
+}
+
+// Repeated ids make more than one placement of the entries fit: the
+// entries' byte counts decide where they can, and an entry whose place is
+// still open is not used (its ids stay untrained) — never a guess.
+func TestAlignProbsAmbiguous(t *testing.T) {
+	id := func(v int32) *int32 { return &v }
+	lp := func(v float64) *float64 { return &v }
+	// Without byte counts, 0xE3 0x80 0x80 'a' with entries for a 0x80 and
+	// 'a': the 0x80 entry may be either continuation byte.
+	lps, missing, err := alignProbs([]int32{0xE3, 0x80, 0x80, 'a'}, []LlamaProb{{ID: id(0x80), Logprob: lp(-0.5)}, {ID: id('a'), Logprob: lp(-0.25)}})
+	if err != nil || !slices.Equal(missing, []int{0, 1, 2}) || !slices.Equal(lps, []float32{1, 1, 1, -0.25}) {
+		t.Fatalf("open placement: lps %v missing %v err %v", lps, missing, err)
+	}
+	// 'a' 'a' 0xE3 with one entry for 'a' of one byte: it covers only its
+	// own token, so it is the first id.
+	lps, missing, err = alignProbs([]int32{'a', 'a', 0xE3}, []LlamaProb{{ID: id('a'), Logprob: lp(-1), Bytes: []int{'a'}}})
+	if err != nil || !slices.Equal(missing, []int{1, 2}) || !slices.Equal(lps, []float32{-1, 1, 1}) {
+		t.Fatalf("placement by byte count: lps %v missing %v err %v", lps, missing, err)
+	}
+	// One entry per id: positional, and a mismatching id is an error.
+	if _, _, err := alignProbs([]int32{1, 2}, []LlamaProb{{ID: id(2), Logprob: lp(-1)}, {ID: id(1), Logprob: lp(-1)}}); err == nil {
+		t.Fatal("entries out of order were accepted")
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"slices"
 
 	openai "github.com/sashabaranov/go-openai"
 )
@@ -75,6 +74,10 @@ type LlamaProb struct {
 	ID      *int32   `json:"id"`
 	Token   string   `json:"token"`
 	Logprob *float64 `json:"logprob"`
+	// Bytes is the text the entry stands for: its own token's bytes plus
+	// those of the ids before it that got no entry (an unfinished UTF-8
+	// character). Its length bounds how many ids the entry covers.
+	Bytes []int `json:"bytes"`
 }
 
 // LlamaCompletionResponse is the non-streaming /completion answer.
@@ -272,37 +275,120 @@ func (g llamaGen) stopWordTokens(ctx context.Context, p *Pool, o CallOptions, wo
 // llama.cpp records a token's probability only when the text generated so
 // far ends in a complete UTF-8 character: the ids of a character split
 // over several tokens get no entry except the last one, and a generation
-// cut inside a character leaves its last ids without one. So entries are
-// matched from the end by id (a missing run always precedes the entry
-// that completes its character, or ends the turn); ids without an entry
-// are returned in missing (their logprob is the 1.0 placeholder and they
-// are not trained). An entry that matches no id is an error.
+// cut inside a character leaves its last ids without one. Entries carry
+// the id of their own token, so they are an ordered subsequence of the
+// ids; but when ids repeat, more than one placement fits (the real engine
+// showed it: a by-id guess put logprobs on the wrong tokens, |Δ| up to 1.45
+// nats against the trainer's recomputation). So every placement consistent
+// with the ids and with each entry's byte count is considered, and an
+// entry is used only where its place is the same in all of them. Ids without a certain
+// entry are returned in missing (their logprob is the 1.0 placeholder and
+// they are not trained). An entry that matches no id is an error.
 func alignProbs(ids []int32, probs []LlamaProb) ([]float32, []int, error) {
-	lps := make([]float32, len(ids))
-	var missing []int
-	j := len(probs) - 1
-	for i := len(ids) - 1; i >= 0; i-- {
-		if j >= 0 {
-			pr := probs[j]
-			if pr.ID == nil && len(probs) != len(ids) {
-				return nil, nil, fmt.Errorf("%d completion_probabilities for %d tokens and entry %d has no id", len(probs), len(ids), j)
+	if len(probs) == len(ids) {
+		// One entry per id: positional, as the server wrote them.
+		lps := make([]float32, len(ids))
+		for i, pr := range probs {
+			if pr.ID != nil && *pr.ID != ids[i] {
+				return nil, nil, fmt.Errorf("completion_probabilities entry %d is for token %d but tokens[%d] = %d", i, *pr.ID, i, ids[i])
 			}
-			if pr.ID == nil || *pr.ID == ids[i] {
-				if pr.Logprob == nil || !validLogprob(*pr.Logprob) {
-					return nil, nil, fmt.Errorf("logprob %d missing or invalid (post_sampling_probs must be false)", j)
+			if pr.Logprob == nil || !validLogprob(*pr.Logprob) {
+				return nil, nil, fmt.Errorf("logprob %d missing or invalid (post_sampling_probs must be false)", i)
+			}
+			lps[i] = float32(*pr.Logprob)
+		}
+		return lps, nil, nil
+	}
+	for j, pr := range probs {
+		if pr.ID == nil {
+			return nil, nil, fmt.Errorf("%d completion_probabilities for %d tokens and entry %d has no id", len(probs), len(ids), j)
+		}
+		if pr.Logprob == nil || !validLogprob(*pr.Logprob) {
+			return nil, nil, fmt.Errorf("logprob %d missing or invalid (post_sampling_probs must be false)", j)
+		}
+	}
+	// Entry j sits at a position k with ids[k] == its id; the ids between
+	// the previous entry and k are the ones it covers, at most len(Bytes)
+	// of them (every token has at least one byte). fwd[j][k]: entries 0..j
+	// can be placed with j at k; bwd likewise for entries j..m-1. An entry
+	// is certain where exactly one position is possible both ways.
+	n, m := len(ids), len(probs)
+	span := func(j int) int {
+		if len(probs[j].Bytes) == 0 {
+			return n
+		}
+		return len(probs[j].Bytes)
+	}
+	fwd := make([][]bool, m)
+	for j := range m {
+		fwd[j] = make([]bool, n)
+		// prefix count of fwd[j-1] for the window test
+		var pre []int
+		if j > 0 {
+			pre = make([]int, n+1)
+			for k := range n {
+				pre[k+1] = pre[k]
+				if fwd[j-1][k] {
+					pre[k+1]++
 				}
-				lps[i] = float32(*pr.Logprob)
-				j--
-				continue
 			}
 		}
-		lps[i] = 1.0
-		missing = append(missing, i)
+		for k := range n {
+			if ids[k] != *probs[j].ID {
+				continue
+			}
+			if j == 0 {
+				fwd[j][k] = k+1 <= span(0)
+				continue
+			}
+			lo := max(k-span(j), 0)
+			fwd[j][k] = pre[k]-pre[lo] > 0
+		}
 	}
-	if j >= 0 {
-		return nil, nil, fmt.Errorf("%d completion_probabilities for %d tokens: entry %d (token %v) matches no sampled id (is n_probs supported by this server?)", len(probs), len(ids), j, idOf(probs[j]))
+	bwd := make([][]bool, m)
+	for j := m - 1; j >= 0; j-- {
+		bwd[j] = make([]bool, n)
+		for k := range n {
+			if ids[k] != *probs[j].ID {
+				continue
+			}
+			if j == m-1 {
+				bwd[j][k] = true // ids after the last entry: a generation cut inside a character
+				continue
+			}
+			for k2 := k + 1; k2 <= min(k+span(j+1), n-1); k2++ {
+				if bwd[j+1][k2] {
+					bwd[j][k] = true
+					break
+				}
+			}
+		}
 	}
-	slices.Reverse(missing)
+	lps := make([]float32, n)
+	for k := range lps {
+		lps[k] = 1.0
+	}
+	certain := make([]bool, n)
+	for j, pr := range probs {
+		at, count := -1, 0
+		for k := range n {
+			if fwd[j][k] && bwd[j][k] {
+				at, count = k, count+1
+			}
+		}
+		if count == 0 {
+			return nil, nil, fmt.Errorf("%d completion_probabilities for %d tokens: entry %d (token %v) matches no sampled id in order (is n_probs supported by this server?)", len(probs), len(ids), j, idOf(pr))
+		}
+		if count == 1 {
+			lps[at], certain[at] = float32(*pr.Logprob), true
+		}
+	}
+	var missing []int
+	for k, ok := range certain {
+		if !ok {
+			missing = append(missing, k)
+		}
+	}
 	return lps, missing, nil
 }
 

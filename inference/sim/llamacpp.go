@@ -399,11 +399,17 @@ func (h *handler) llamaCompletion(w http.ResponseWriter, r *http.Request) {
 // sampler chain (renormalised, so they differ from exp(logprob)).
 func (h *handler) llamaProbs(ids []int, lps []float64, k int, post bool) []any {
 	out := make([]any, 0, len(ids))
+	var held []byte // bytes of the ids withheld since the last entry
 	for j, id := range ids {
 		if !h.scored(ids, j) {
+			held = append(held, h.tok.Bytes(id)...)
 			continue
 		}
 		e := h.llamaProbEntry(id, lps[j], post)
+		// As llama-server: the entry that completes a character carries
+		// the text of the withheld ids before it too.
+		e["bytes"] = bytesOf(append(held, h.tok.Bytes(id)...))
+		held = nil
 		var top []any
 		for _, t := range h.topLogprobs(id, lps[j], k) {
 			top = append(top, h.llamaProbEntry(t.ID, t.LP, post))
@@ -455,11 +461,14 @@ func (h *handler) llamaProbEntry(id int, lp float64, post bool) map[string]any {
 // by text, ids in "id", top_logprobs of k entries.
 func (h *handler) llamaChatLogprobs(c genChoice, k int) []any {
 	out := make([]any, 0, len(c.IDs))
+	var held []byte // bytes of the ids withheld since the last entry
 	for j, id := range c.IDs {
 		if !h.scored(c.IDs, j) {
+			held = append(held, h.tok.Bytes(id)...)
 			continue // withheld, as on /completion
 		}
-		e := map[string]any{"id": id, "token": h.tok.TokenString(id), "bytes": bytesOf(h.tok.Bytes(id)), "logprob": c.Logprobs[j]}
+		e := map[string]any{"id": id, "token": h.tok.TokenString(id), "bytes": bytesOf(append(held, h.tok.Bytes(id)...)), "logprob": c.Logprobs[j]}
+		held = nil
 		var top []any
 		for _, t := range h.topLogprobs(id, c.Logprobs[j], k) {
 			top = append(top, map[string]any{"id": t.ID, "token": h.tok.TokenString(t.ID), "bytes": bytesOf(h.tok.Bytes(t.ID)), "logprob": t.LP})
