@@ -62,6 +62,49 @@ var (
 // journalFrame is the payload of one frame.
 type journalFrame struct {
 	Records []Record
+	// Present has a bit per optional (pointer) field of each record that
+	// was set: gob drops a pointer to a zero value, which would turn an
+	// advantage (or policy version, lag) of 0 into null on the way back.
+	Present []uint8
+}
+
+// The optional fields Present tracks, one bit each.
+func optionalFields(r *Record) []func(set bool) bool {
+	return []func(set bool) bool{
+		func(set bool) bool { return presentPtr(&r.PolicyVersion, set) },
+		func(set bool) bool { return presentPtr(&r.Advantage, set) },
+		func(set bool) bool { return presentPtr(&r.Failure, set) },
+		func(set bool) bool { return presentPtr(&r.MinPolicyVersion, set) },
+		func(set bool) bool { return presentPtr(&r.MaxPolicyVersion, set) },
+		func(set bool) bool { return presentPtr(&r.PolicyLag, set) },
+	}
+}
+
+// presentPtr reports whether *p is set; with set, it first gives a nil *p
+// the zero value gob left out.
+func presentPtr[T any](p **T, set bool) bool {
+	if set && *p == nil {
+		*p = new(T)
+	}
+	return *p != nil
+}
+
+func presentBits(r *Record) uint8 {
+	var b uint8
+	for i, f := range optionalFields(r) {
+		if f(false) {
+			b |= 1 << i
+		}
+	}
+	return b
+}
+
+func restorePresent(r *Record, b uint8) {
+	for i, f := range optionalFields(r) {
+		if b&(1<<i) != 0 {
+			f(true)
+		}
+	}
 }
 
 // journalPath is the journal of part file partName (part-NNNNN.parquet).
@@ -79,10 +122,11 @@ func appendFrame(buf *bytes.Buffer, recs []*Record) error {
 	start := buf.Len()
 	var hdr [frameHeaderLen + 4]byte
 	buf.Write(hdr[:])
-	fr := journalFrame{Records: make([]Record, len(recs))}
+	fr := journalFrame{Records: make([]Record, len(recs)), Present: make([]uint8, len(recs))}
 	cols := 0
 	for i, r := range recs {
 		fr.Records[i] = *r
+		fr.Present[i] = presentBits(r)
 		fr.Records[i].Tokens, fr.Records[i].LossMask, fr.Records[i].Masks, fr.Records[i].Logprobs = nil, nil, nil, nil
 		cols += 8 + 9*len(r.Tokens) + 4*len(r.Logprobs)
 	}
@@ -222,6 +266,12 @@ func decodeFrame(payload []byte) (journalFrame, error) {
 	}
 	if err := gob.NewDecoder(bytes.NewReader(payload[4 : 4+n])).Decode(&fr); err != nil {
 		return fr, err
+	}
+	if fr.Present != nil && len(fr.Present) != len(fr.Records) {
+		return fr, fmt.Errorf("%d presence entries for %d records", len(fr.Present), len(fr.Records))
+	}
+	for i, b := range fr.Present {
+		restorePresent(&fr.Records[i], b)
 	}
 	rest := payload[4+n:]
 	take := func(k int) ([]byte, error) {

@@ -439,3 +439,26 @@ func TestGroupSequenceNumbers(t *testing.T) {
 		t.Fatalf("sequence numbers (-written +read):\n%s", d)
 	}
 }
+
+// A zero advantage (an all-equal group) or a policy version of 0 is a
+// value, not a missing one: it must come back from the journal as set.
+func TestJournalKeepsZeroOptionalFields(t *testing.T) {
+	zero, v0 := 0.0, int64(0)
+	r := Record{Advantage: &zero, PolicyVersion: &v0, PolicyLag: &v0, MinPolicyVersion: &v0, MaxPolicyVersion: &v0}
+	var none Record
+	var buf bytes.Buffer
+	if err := appendFrame(&buf, []*Record{&r, &none}); err != nil {
+		t.Fatal(err)
+	}
+	fr, err := decodeFrame(buf.Bytes()[frameHeaderLen:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := fr.Records[0]
+	if got.Advantage == nil || *got.Advantage != 0 || got.PolicyVersion == nil || got.PolicyLag == nil || got.MinPolicyVersion == nil || got.MaxPolicyVersion == nil {
+		t.Fatalf("zero-valued optional fields lost: %+v", got)
+	}
+	if n := fr.Records[1]; n.Advantage != nil || n.PolicyVersion != nil || n.Failure != nil {
+		t.Fatalf("unset optional fields came back set: %+v", n)
+	}
+}
