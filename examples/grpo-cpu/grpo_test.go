@@ -46,10 +46,10 @@ const backend = "llamacpp"
 
 // The loop's size: small enough for two cores within a few minutes.
 const (
-	steps         = 16
+	steps         = 18
 	groupsPerStep = 4
 	groupSize     = 8
-	minRise       = 0.2
+	minRise       = 0.1
 )
 
 func python() string {
