@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -46,24 +44,10 @@ func TestPythonAsyncTrainer(t *testing.T) {
 	simPort := startProcess(ctx, t, "sim", func(port int) []string {
 		return []string{bin, "sim", "--env", "toolcall-match", "--host", "127.0.0.1", "--port", strconv.Itoa(port),
 			"--success-prob", "0.6", "--seed", "7", "--ttft", "50ms", "--per-token", "4ms"}
-	}, func(port int) bool {
-		resp, err := probe.Get("http://127.0.0.1:" + strconv.Itoa(port) + "/health")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
+	}, simHealthy)
 	servePort := startProcess(ctx, t, "serve", func(port int) []string {
 		return []string{bin, "serve", "--listen", "127.0.0.1:" + strconv.Itoa(port), "--data-dir", dataDir}
-	}, func(port int) bool {
-		c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), time.Second)
-		if err != nil {
-			return false
-		}
-		c.Close()
-		return true
-	})
+	}, listening)
 	const groups = 5
 	cmd := exec.CommandContext(ctx, py, "async_trainer.py",
 		"--addr", "127.0.0.1:"+strconv.Itoa(servePort), "--endpoint", "http://127.0.0.1:"+strconv.Itoa(simPort),

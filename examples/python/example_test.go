@@ -79,24 +79,10 @@ func TestPythonExample(t *testing.T) {
 	simPort := startProcess(ctx, t, "sim", func(port int) []string {
 		return []string{bin, "sim", "--env", "toolcall-match", "--host", "127.0.0.1", "--port", strconv.Itoa(port),
 			"--success-prob", "0.6", "--seed", "7", "--ttft", "500ms"}
-	}, func(port int) bool {
-		resp, err := probe.Get("http://127.0.0.1:" + strconv.Itoa(port) + "/health")
-		if err != nil {
-			return false
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK
-	})
+	}, simHealthy)
 	servePort := startProcess(ctx, t, "serve", func(port int) []string {
 		return []string{bin, "serve", "--listen", "127.0.0.1:" + strconv.Itoa(port), "--data-dir", dataDir}
-	}, func(port int) bool {
-		c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), time.Second)
-		if err != nil {
-			return false
-		}
-		c.Close()
-		return true
-	})
+	}, listening)
 
 	cmd := exec.CommandContext(ctx, py, "rollout_example.py",
 		"--addr", "127.0.0.1:"+strconv.Itoa(servePort),
@@ -248,3 +234,23 @@ func waitReady(ctx context.Context, t *testing.T, name string, port int, exited 
 // probe checks the simulator's health without keeping connections (and
 // their goroutines) alive.
 var probe = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+
+// simHealthy: rollout sim answers /health on port.
+func simHealthy(port int) bool {
+	resp, err := probe.Get("http://127.0.0.1:" + strconv.Itoa(port) + "/health")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// listening: something accepts TCP connections on port (rollout serve).
+func listening(port int) bool {
+	c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), time.Second)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
