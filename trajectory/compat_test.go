@@ -12,12 +12,11 @@ import (
 	"github.com/parquet-go/parquet-go"
 )
 
-// A part file written before a nullable column was added still reads: the
-// column reads as empty (docs/trajectory-schema.md: adding a column keeps
-// the schema version). Here: loop_events, turn_rewards, distill_token_ids,
-// distill_logprobs.
-func TestReadsFilesWithoutLoopEvents(t *testing.T) {
-	added := map[string]bool{"LoopEvents": true, "TurnRewards": true, "DistillTokenIDs": true, "DistillLogprobs": true}
+// readAsOlderFile writes rec as a part file whose schema lacks the Record
+// fields in added (a file written before those columns existed) and reads
+// it back.
+func readAsOlderFile(t *testing.T, rec Record, added map[string]bool) Record {
+	t.Helper()
 	rt := reflect.TypeFor[Record]()
 	var fields []reflect.StructField
 	for i := range rt.NumField() {
@@ -26,10 +25,8 @@ func TestReadsFilesWithoutLoopEvents(t *testing.T) {
 		}
 	}
 	old := reflect.StructOf(fields)
-	want := fixtureRecords()[1]
-	want.LoopEvents, want.TurnRewards, want.DistillTokenIDs, want.DistillLogprobs = nil, nil, nil, nil
 	row := reflect.New(old).Elem()
-	src := reflect.ValueOf(want)
+	src := reflect.ValueOf(rec)
 	for i := range old.NumField() {
 		row.Field(i).Set(src.FieldByName(old.Field(i).Name))
 	}
@@ -55,11 +52,35 @@ func TestReadsFilesWithoutLoopEvents(t *testing.T) {
 	if len(got) != 1 {
 		t.Fatalf("%d records", len(got))
 	}
-	if len(got[0].LoopEvents) != 0 || len(got[0].TurnRewards) != 0 || len(got[0].DistillTokenIDs) != 0 || len(got[0].DistillLogprobs) != 0 {
-		t.Fatalf("loop events %+v, turn rewards %v", got[0].LoopEvents, got[0].TurnRewards)
+	return got[0]
+}
+
+// A part file written before a nullable column was added still reads: the
+// column reads as empty (docs/trajectory-schema.md: adding a column keeps
+// the schema version). Here: loop_events, turn_rewards, distill_token_ids,
+// distill_logprobs.
+func TestReadsFilesWithoutLoopEvents(t *testing.T) {
+	want := fixtureRecords()[1]
+	want.LoopEvents, want.TurnRewards, want.DistillTokenIDs, want.DistillLogprobs = nil, nil, nil, nil
+	got := readAsOlderFile(t, want, map[string]bool{"LoopEvents": true, "TurnRewards": true, "DistillTokenIDs": true, "DistillLogprobs": true})
+	if len(got.LoopEvents) != 0 || len(got.TurnRewards) != 0 || len(got.DistillTokenIDs) != 0 || len(got.DistillLogprobs) != 0 {
+		t.Fatalf("loop events %+v, turn rewards %v", got.LoopEvents, got.TurnRewards)
 	}
-	got[0].LoopEvents, got[0].TurnRewards, got[0].DistillTokenIDs, got[0].DistillLogprobs = nil, nil, nil, nil
-	if d := cmp.Diff(want, got[0], cmpopts.EquateEmpty()); d != "" {
+	if d := cmp.Diff(want, got, cmpopts.EquateEmpty()); d != "" {
+		t.Fatalf("record (-want +got):\n%s", d)
+	}
+}
+
+// A part file written before the asynchronous-RL columns existed reads
+// with them empty/null.
+func TestReadsFilesWithoutPolicyVersions(t *testing.T) {
+	want := fixtureRecords()[1]
+	want.TokenVersions, want.MinPolicyVersion, want.MaxPolicyVersion, want.PolicyLag, want.VersionCuts = nil, nil, nil, nil, nil
+	r := readAsOlderFile(t, want, map[string]bool{"TokenVersions": true, "MinPolicyVersion": true, "MaxPolicyVersion": true, "PolicyLag": true, "VersionCuts": true, "Stale": true})
+	if len(r.TokenVersions) != 0 || r.MinPolicyVersion != nil || r.MaxPolicyVersion != nil || r.PolicyLag != nil || len(r.VersionCuts) != 0 || r.Stale {
+		t.Fatalf("new columns not empty: %+v %v %v %v %+v %v", r.TokenVersions, r.MinPolicyVersion, r.MaxPolicyVersion, r.PolicyLag, r.VersionCuts, r.Stale)
+	}
+	if d := cmp.Diff(want, r, cmpopts.EquateEmpty()); d != "" {
 		t.Fatalf("record (-want +got):\n%s", d)
 	}
 }
