@@ -261,10 +261,19 @@ func (d *Docker) Close(ctx context.Context) error {
 		d.stop()
 	}
 	d.reaper.Wait()
+	errs := closeAll(ctx, live, 16)
+	d.watchdog.stop()
+	errs = append(errs, d.cli.Close())
+	return errors.Join(errs...)
+}
+
+// closeAll closes sandboxes, at most par at a time, and returns their
+// errors (a backend's Close).
+func closeAll[S interface{ Close(context.Context) error }](ctx context.Context, live []S, par int) []error {
 	var errs []error
 	var wg sync.WaitGroup
 	var emu sync.Mutex
-	sem := make(chan struct{}, 16)
+	sem := make(chan struct{}, par)
 	for _, s := range live {
 		wg.Go(func() {
 			sem <- struct{}{}
@@ -277,9 +286,7 @@ func (d *Docker) Close(ctx context.Context) error {
 		})
 	}
 	wg.Wait()
-	d.watchdog.stop()
-	errs = append(errs, d.cli.Close())
-	return errors.Join(errs...)
+	return errs
 }
 
 func randomID(n int) string {

@@ -1004,22 +1004,7 @@ func (k *Kubernetes) Close(ctx context.Context) error {
 		live = append(live, s)
 	}
 	k.mu.Unlock()
-	var errs []error
-	var wg sync.WaitGroup
-	var emu sync.Mutex
-	sem := make(chan struct{}, 32)
-	for _, s := range live {
-		wg.Go(func() {
-			sem <- struct{}{}
-			defer func() { <-sem }()
-			if err := s.Close(ctx); err != nil {
-				emu.Lock()
-				errs = append(errs, err)
-				emu.Unlock()
-			}
-		})
-	}
-	wg.Wait()
+	errs := closeAll(ctx, live, 32)
 	if k.stop != nil {
 		k.stop()
 	}
