@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"math/rand/v2"
 	"os"
@@ -137,6 +139,9 @@ func ownContainerIDs(ctx context.Context, cli *client.Client, pid int) []string 
 func diskGroups(t *testing.T, dir string) (rows map[string]int, copies map[string]int) {
 	t.Helper()
 	rows, copies = map[string]int{}, map[string]int{}
+	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+		return rows, copies // killed before the run directory existed: nothing on disk
+	}
 	run, err := trajectory.Open(dir)
 	if err != nil {
 		t.Fatalf("open run dir after the kill: %v", err)
