@@ -2,8 +2,9 @@ package inference
 
 import (
 	"context"
-	"encoding/json"
 	"net/http"
+
+	json "github.com/segmentio/encoding/json"
 )
 
 // Affinity pins a series of calls (one episode) to the endpoint that served

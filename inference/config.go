@@ -110,6 +110,10 @@ type Client struct {
 	modelsOnce singleflight.Group
 	closing    map[string][]int32
 	eotText    map[string]string
+	// learnOnce collapses the template probes and end-of-turn decodes of
+	// episodes that miss the caches above together (every episode of a
+	// run's first wave) into one request each.
+	learnOnce singleflight.Group
 	// llama is true when the server is llama.cpp (the backend says so, or
 	// /v1/models carries llama.cpp's "meta" block).
 	llama   bool

@@ -41,7 +41,7 @@ type LlamaTokenizeRequest struct {
 // LlamaCompletionRequest is the /completion body with a token-id prompt.
 // The sampler fields are all sent (see sampling.go).
 type LlamaCompletionRequest struct {
-	Prompt            []int32  `json:"prompt"`
+	Prompt            TokenIDs `json:"prompt"`
 	NPredict          int      `json:"n_predict"`
 	NProbs            int      `json:"n_probs"`
 	PostSamplingProbs bool     `json:"post_sampling_probs"`
@@ -83,7 +83,7 @@ type LlamaProb struct {
 // LlamaCompletionResponse is the non-streaming /completion answer.
 type LlamaCompletionResponse struct {
 	Content            string         `json:"content"`
-	Tokens             []int32        `json:"tokens"`
+	Tokens             TokenIDs       `json:"tokens"`
 	StopType           string         `json:"stop_type"`
 	StoppingWord       string         `json:"stopping_word"`
 	Truncated          bool           `json:"truncated"`
@@ -119,7 +119,7 @@ func (p *Pool) LlamaApplyTemplate(ctx context.Context, o CallOptions, req *Llama
 // LlamaTokenize posts llama.cpp's /tokenize.
 func (p *Pool) LlamaTokenize(ctx context.Context, o CallOptions, req *LlamaTokenizeRequest) ([]int32, error) {
 	var out struct {
-		Tokens []int32 `json:"tokens"`
+		Tokens TokenIDs `json:"tokens"`
 	}
 	ep, err := p.post(ctx, o, "/tokenize", req, &out)
 	if err != nil {

@@ -303,6 +303,24 @@ func (e *tokenEpisode) closing(ctx context.Context) ([]int32, error) {
 	if ok {
 		return cl, nil
 	}
+	v, err := e.c.learn(ctx, "closing\x00"+key, func(ctx context.Context) (any, error) {
+		e.c.mu.Lock()
+		cl, ok := e.c.closing[key] // learned between our miss and this flight
+		e.c.mu.Unlock()
+		if ok {
+			return cl, nil
+		}
+		return e.probeClosing(ctx, key)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return v.([]int32), nil
+}
+
+// probeClosing renders the two probe conversations of closing and caches
+// their common suffix under key.
+func (e *tokenEpisode) probeClosing(ctx context.Context, key string) ([]int32, error) {
 	conv := func(content string) []openai.ChatCompletionMessage {
 		return []openai.ChatCompletionMessage{
 			{Role: openai.ChatMessageRoleUser, Content: baseUser},
@@ -331,7 +349,7 @@ func (e *tokenEpisode) closing(ctx context.Context) ([]int32, error) {
 		}
 		return nil, &Error{Class: ErrInfra, Op: "template probe", RequestID: e.spec.ID, Msg: msg}
 	}
-	cl = slices.Clone(ry[len(ry)-n:])
+	cl := slices.Clone(ry[len(ry)-n:])
 	e.c.mu.Lock()
 	e.c.closing[key] = cl
 	e.c.mu.Unlock()
@@ -363,12 +381,17 @@ func (e *tokenEpisode) segment(ctx context.Context, lastAssistant openai.ChatCom
 	}
 	base := []openai.ChatCompletionMessage{{Role: openai.ChatMessageRoleUser, Content: baseUser}, lastAssistant}
 	with := append(slices.Clip(base), newMsgs...)
-	var rb, rn []int32
+	// One render after the other, not in parallel: both are short (two
+	// messages plus the new ones), and in parallel each episode would hold
+	// two connections and two goroutines of its own — at thousands of
+	// loops, twice the connections to dial and keep (docs/inference.md).
 	t := strconv.Itoa(turnNo)
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() (err error) { rb, err = e.render(gctx, base, false, "t"+t+"-base"); return })
-	g.Go(func() (err error) { rn, err = e.render(gctx, with, true, "t"+t+"-next"); return })
-	if err := g.Wait(); err != nil {
+	rb, err := e.render(ctx, base, false, "t"+t+"-base")
+	if err != nil {
+		return nil, err
+	}
+	rn, err := e.render(ctx, with, true, "t"+t+"-next")
+	if err != nil {
 		return nil, err
 	}
 	if !hasSuffix(rb, closing) {
@@ -450,16 +473,51 @@ func (e *tokenEpisode) tokenText(ctx context.Context, id int32) (string, error) 
 	if ok {
 		return t, nil
 	}
-	t, err := e.c.tok.Detokenize(ctx, e.tokOpts("eot"), e.spec.Model, []int32{id})
+	v, err := e.c.learn(ctx, "eot\x00"+key, func(ctx context.Context) (any, error) {
+		e.c.mu.Lock()
+		t, ok := e.c.eotText[key] // learned between our miss and this flight
+		e.c.mu.Unlock()
+		if ok {
+			return t, nil
+		}
+		t, err := e.c.tok.Detokenize(ctx, e.tokOpts("eot"), e.spec.Model, []int32{id})
+		if err != nil {
+			return nil, err
+		}
+		e.c.mu.Lock()
+		if len(e.c.eotText) < 1024 {
+			e.c.eotText[key] = t
+		}
+		e.c.mu.Unlock()
+		return t, nil
+	})
 	if err != nil {
 		return "", err
 	}
-	e.c.mu.Lock()
-	if len(e.c.eotText) < 1024 {
-		e.c.eotText[key] = t
+	return v.(string), nil
+}
+
+// learn runs fn once for all the callers that ask for key at the same
+// time (singleflight). A caller whose leader was cancelled while its own
+// context is still live runs the lookup again rather than inherit the
+// leader's cancellation; a caller whose context ends stops waiting.
+func (c *Client) learn(ctx context.Context, key string, fn func(context.Context) (any, error)) (any, error) {
+	for {
+		led := false
+		ch := c.learnOnce.DoChan(key, func() (any, error) {
+			led = true // read after the receive below: ordered by the channel
+			return fn(ctx)
+		})
+		select {
+		case r := <-ch:
+			if !led && r.Err != nil && ctx.Err() == nil && errors.Is(r.Err, context.Canceled) {
+				continue // another caller's cancellation, not ours
+			}
+			return r.Val, r.Err
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
-	e.c.mu.Unlock()
-	return t, nil
 }
 
 // Finish returns the sequence and runs the drift check: the final

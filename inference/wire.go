@@ -99,7 +99,7 @@ type ChatChoice struct {
 	Message      ChatMessage   `json:"message"`
 	FinishReason string        `json:"finish_reason"`
 	Logprobs     *ChatLogprobs `json:"logprobs"`
-	TokenIDs     []int32       `json:"token_ids"`
+	TokenIDs     TokenIDs      `json:"token_ids"`
 }
 
 // Usage is the OpenAI usage block.
@@ -114,13 +114,13 @@ type ChatResponse struct {
 	Model          string       `json:"model"`
 	Choices        []ChatChoice `json:"choices"`
 	Usage          *Usage       `json:"usage"`
-	PromptTokenIDs []int32      `json:"prompt_token_ids"`
+	PromptTokenIDs TokenIDs     `json:"prompt_token_ids"`
 }
 
 // CompletionRequest is a /v1/completions body with a token-id prompt.
 type CompletionRequest struct {
-	Model  string  `json:"model,omitempty"`
-	Prompt []int32 `json:"prompt"`
+	Model  string   `json:"model,omitempty"`
+	Prompt TokenIDs `json:"prompt"`
 	samplingFields
 	Logprobs               *int  `json:"logprobs,omitempty"`
 	ReturnTokenIDs         bool  `json:"return_token_ids,omitempty"`
@@ -130,8 +130,8 @@ type CompletionRequest struct {
 
 // CompletionLogprobs is the parallel-array logprobs of /v1/completions.
 type CompletionLogprobs struct {
-	Tokens        []string   `json:"tokens"`
-	TokenLogprobs []*float64 `json:"token_logprobs"`
+	Tokens        TokenStrings `json:"tokens"`
+	TokenLogprobs Logprobs     `json:"token_logprobs"`
 }
 
 // CompletionChoice is one choice of /v1/completions.
@@ -141,8 +141,8 @@ type CompletionChoice struct {
 	Logprobs       *CompletionLogprobs `json:"logprobs"`
 	FinishReason   string              `json:"finish_reason"`
 	StopReason     json.RawMessage     `json:"stop_reason"` // null, a token id or a stop string
-	TokenIDs       []int32             `json:"token_ids"`
-	PromptTokenIDs []int32             `json:"prompt_token_ids"`
+	TokenIDs       TokenIDs            `json:"token_ids"`
+	PromptTokenIDs TokenIDs            `json:"prompt_token_ids"`
 }
 
 // CompletionResponse is a non-streaming /v1/completions response.
@@ -166,15 +166,15 @@ type TokenizeRequest struct {
 
 // TokenizeResponse is the /tokenize answer.
 type TokenizeResponse struct {
-	Count       int     `json:"count"`
-	MaxModelLen int     `json:"max_model_len"`
-	Tokens      []int32 `json:"tokens"`
+	Count       int      `json:"count"`
+	MaxModelLen int      `json:"max_model_len"`
+	Tokens      TokenIDs `json:"tokens"`
 }
 
 // DetokenizeRequest is the /detokenize body.
 type DetokenizeRequest struct {
-	Model  string  `json:"model,omitempty"`
-	Tokens []int32 `json:"tokens"`
+	Model  string   `json:"model,omitempty"`
+	Tokens TokenIDs `json:"tokens"`
 }
 
 // detokenizeResponse reads vLLM's `prompt`, SGLang's `text` and
@@ -196,7 +196,7 @@ type GenerateParams struct {
 // GenerateRequest is the /inference/v1/generate body.
 type GenerateRequest struct {
 	RequestID      string          `json:"request_id,omitempty"`
-	TokenIDs       []int32         `json:"token_ids"`
+	TokenIDs       TokenIDs        `json:"token_ids"`
 	SamplingParams json.RawMessage `json:"sampling_params"`
 	Model          string          `json:"model,omitempty"`
 }
@@ -206,7 +206,7 @@ type GenerateChoice struct {
 	Index        int           `json:"index"`
 	Logprobs     *ChatLogprobs `json:"logprobs"`
 	FinishReason string        `json:"finish_reason"`
-	TokenIDs     []int32       `json:"token_ids"`
+	TokenIDs     TokenIDs      `json:"token_ids"`
 }
 
 // GenerateResponse is the /inference/v1/generate answer.
@@ -232,7 +232,7 @@ type SGLangParams struct {
 
 // SGLangRequest is SGLang's native /generate body.
 type SGLangRequest struct {
-	InputIDs       []int32         `json:"input_ids"`
+	InputIDs       TokenIDs        `json:"input_ids"`
 	SamplingParams json.RawMessage `json:"sampling_params"`
 	ReturnLogprob  bool            `json:"return_logprob"`
 	RID            string          `json:"rid,omitempty"`
@@ -259,13 +259,13 @@ type SGLangMeta struct {
 // SGLangResponse is SGLang's /generate answer.
 type SGLangResponse struct {
 	Text      string     `json:"text"`
-	OutputIDs []int32    `json:"output_ids"`
+	OutputIDs TokenIDs   `json:"output_ids"`
 	MetaInfo  SGLangMeta `json:"meta_info"`
 }
 
 // atroposPrompt is {"prompt_token_ids": [...]}.
 type atroposPrompt struct {
-	PromptTokenIDs []int32 `json:"prompt_token_ids"`
+	PromptTokenIDs TokenIDs `json:"prompt_token_ids"`
 }
 
 // AtroposRequest is the Atropos custom vLLM server's /generate body: every
@@ -284,8 +284,8 @@ type AtroposResponse struct {
 	Text           []string                         `json:"text"`
 	FinishReasons  []string                         `json:"finish_reasons"`
 	Logprobs       [][][]map[string]json.RawMessage `json:"logprobs"`
-	PromptTokenIDs []int32                          `json:"prompt_token_ids"`
-	TokenIDs       [][]int32                        `json:"token_ids"`
+	PromptTokenIDs TokenIDs                         `json:"prompt_token_ids"`
+	TokenIDs       []TokenIDs                       `json:"token_ids"`
 }
 
 // ModelsResponse is /v1/models.

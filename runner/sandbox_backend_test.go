@@ -32,7 +32,9 @@ func TestSandboxBackendConfig(t *testing.T) {
 	for _, tc := range []struct{ yaml, want string }{
 		{"sandbox: {backend: k8s}\n", "sandbox.backend"},
 		{"sandbox: {kubernetes: {namespace: x}}\n", "sandbox.kubernetes"},
-		{"sandbox: {backend: kubernetes, kubernetes: {mode: agent-sandbox}}\n", "not implemented"},
+		{"sandbox: {backend: kubernetes, kubernetes: {mode: crd}}\n", "sandbox.kubernetes.mode"},
+		{"sandbox: {backend: kubernetes, kubernetes: {agent_sandbox: {warm_pool: 4}}}\n", "needs mode \"agent-sandbox\""},
+		{"sandbox: {backend: kubernetes, kubernetes: {mode: agent-sandbox, agent_sandbox: {warm_pool: -1}}}\n", "warm_pool -1: negative"},
 		{"sandbox: {backend: kubernetes, kubernetes: {image_pull_policy: Sometimes}}\n", "image_pull_policy"},
 	} {
 		c, err := ParseConfig([]byte(base + tc.yaml))
@@ -42,6 +44,16 @@ func TestSandboxBackendConfig(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: got %v, want an error containing %q", tc.yaml, err, tc.want)
 		}
+	}
+	c, err := ParseConfig([]byte(base + "sandbox: {backend: kubernetes, kubernetes: {mode: agent-sandbox, agent_sandbox: {warm_pool: 8}}}\n"))
+	if err == nil {
+		err = c.Validate()
+	}
+	if err != nil || c.Sandbox.Kubernetes.AgentSandbox.WarmPool != 8 {
+		t.Fatalf("mode agent-sandbox with a warm pool: %v", err)
+	}
+	if _, err := ParseConfig([]byte(base + "sandbox: {backend: kubernetes, kubernetes: {agent_sandbox: {warm: 1}}}\n")); err == nil {
+		t.Error("unknown key in sandbox.kubernetes.agent_sandbox accepted")
 	}
 	if _, err := ParseConfig([]byte(base + "sandbox: {backend: kubernetes, kubernetes: {namespce: x}}\n")); err == nil {
 		t.Error("unknown key in sandbox.kubernetes accepted")

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -178,6 +180,14 @@ type PeakResult struct {
 	Alive   int           // created and answering an exec at the same time
 	Elapsed time.Duration // to create all of them
 	Err     error         // first failure, if any
+	// Memory while all were alive (local engines; zero when not visible):
+	// the drop of the host's MemAvailable from before the first create,
+	// and the proportional set size (PSS) of the sandboxes' own processes
+	// (init, agent) and of their containerd shims, summed.
+	MemAvailableDrop int64
+	ContainerPSS     int64
+	ShimPSS          int64
+	Shims            int // shim processes found for the sandboxes
 }
 
 // MeasurePeak creates target sandboxes concurrently, checks that every one
@@ -187,6 +197,7 @@ func MeasurePeak(ctx context.Context, b Backend, spec Spec, target, parallel int
 		parallel = 8
 	}
 	res := PeakResult{Target: target}
+	memBefore, memErr := meminfo("MemAvailable:")
 	start := time.Now()
 	var mu sync.Mutex
 	var all []Sandbox
@@ -218,6 +229,16 @@ func MeasurePeak(ctx context.Context, b Backend, spec Spec, target, parallel int
 		}
 	}
 	res.Alive = alive
+	if memAfter, err := meminfo("MemAvailable:"); err == nil && memErr == nil {
+		res.MemAvailableDrop = memBefore - memAfter
+	}
+	ids := map[string]bool{}
+	for _, s := range all {
+		if d, ok := s.(interface{ ID() string }); ok && d.ID() != "" {
+			ids[d.ID()] = true
+		}
+	}
+	res.ContainerPSS, res.ShimPSS, res.Shims = containerMemory(ids)
 	// Removal runs two at a time: Docker 20.10's daemon can deadlock when
 	// many containers are torn down at once (moby/moby#42545), and it
 	// did so here with eight.
@@ -351,4 +372,66 @@ func MeasureDockerRunChurn(ctx context.Context, image string, labels map[string]
 		}
 		return nil
 	})
+}
+
+// containerMemory sums the PSS of the processes in the given containers'
+// cgroups and of the containerd shims serving them, from /proc (local
+// engines; a nested engine's processes are host processes too).
+func containerMemory(ids map[string]bool) (ctrPSS, shimPSS int64, shims int) {
+	if len(ids) == 0 {
+		return 0, 0, 0
+	}
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, 0, 0
+	}
+	for _, e := range ents {
+		pid := e.Name()
+		if pid[0] < '0' || pid[0] > '9' {
+			continue
+		}
+		cmd, err := os.ReadFile("/proc/" + pid + "/cmdline")
+		if err != nil {
+			continue
+		}
+		if strings.Contains(string(cmd), "containerd-shim") {
+			args := strings.Split(string(cmd), "\x00")
+			for i, a := range args {
+				if a == "-id" && i+1 < len(args) && ids[args[i+1]] {
+					shimPSS += pss(pid)
+					shims++
+				}
+			}
+			continue
+		}
+		cg, err := os.ReadFile("/proc/" + pid + "/cgroup")
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(cg), "\n") {
+			if i := strings.LastIndexByte(line, '/'); i >= 0 {
+				id := strings.TrimSuffix(strings.TrimPrefix(line[i+1:], "docker-"), ".scope")
+				if ids[id] {
+					ctrPSS += pss(pid)
+					break
+				}
+			}
+		}
+	}
+	return ctrPSS, shimPSS, shims
+}
+
+// pss is a process's proportional set size in bytes (0 when unreadable).
+func pss(pid string) int64 {
+	b, err := os.ReadFile("/proc/" + pid + "/smaps_rollup")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "Pss:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
 }

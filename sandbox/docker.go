@@ -12,6 +12,7 @@ import (
 	"maps"
 	"math"
 	mrand "math/rand/v2"
+	"net"
 	"os"
 	"path"
 	"path/filepath"
@@ -79,7 +80,12 @@ type Options struct {
 	DiskCheckInterval  time.Duration // disk watchdog period (default 1s; disk.go)
 	Agent              *AgentBinary  // default ResolveAgent()
 	Delivery           string
-	Logger             *slog.Logger
+	// Channel: ChannelAuto (default) carries calls over a unix socket
+	// between host and agent when the engine is local (socket.go), with
+	// the attach stream as lifetime and fallback; ChannelAttach uses the
+	// attach stream only.
+	Channel string
+	Logger  *slog.Logger
 	// HostMemoryReserve is kept free on the host beyond a new sandbox's
 	// memory limit: a create waits until MemAvailable >= limit + reserve
 	// (default 512 MiB; negative disables host admission).
@@ -98,12 +104,16 @@ type Docker struct {
 	agent  AgentBinary
 	labels map[string]string
 	bind   bool
-	slots  *slotSem
-	gate   *createGate
-	rate   *rateLimiter
-	egress egressState
-	host   hostState
-	probe  hostProbe
+	// sockRoot holds per-sandbox socket directories; "" when the socket
+	// channel is off (remote engine, ChannelAttach).
+	sockRoot string
+	sockWarn sync.Once
+	slots    *slotSem
+	gate     *createGate
+	rate     *rateLimiter
+	egress   egressState
+	host     hostState
+	probe    hostProbe
 
 	mu     sync.Mutex
 	live   map[string]*dockerSandbox // by container id
@@ -138,7 +148,11 @@ func NewDocker(ctx context.Context, opts Options) (*Docker, error) {
 	}
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	d.stop = cancel
-	d.watchdog = startWatchdog(d.labels, d.log)
+	sockDir := ""
+	if d.sockRoot != "" {
+		sockDir = filepath.Join(d.sockRoot, d.opts.Instance)
+	}
+	d.watchdog = startWatchdog(d.labels, sockDir, d.log)
 	if d.opts.ReapInterval > 0 {
 		if _, err := d.Reap(ctx, ReapOptions{}); err != nil {
 			d.log.Warn("start-up reap failed", "err", err)
@@ -209,12 +223,27 @@ func newDocker(cli *client.Client, opts Options) (*Docker, error) {
 	default:
 		return nil, fmt.Errorf("%w: agent delivery %q (want bind or copy)", ErrInvalid, opts.Delivery)
 	}
+	var sockRoot string
+	switch opts.Channel {
+	case ChannelAuto:
+		if bind {
+			sockRoot = socketRoot()
+			if err := prepareSocketRoot(sockRoot); err != nil {
+				opts.Logger.Warn("socket channel off: attach stream only", "dir", sockRoot, "err", err)
+				sockRoot = ""
+			}
+		}
+	case ChannelAttach:
+	default:
+		return nil, fmt.Errorf("%w: channel %q (want %q or empty for auto)", ErrInvalid, opts.Channel, ChannelAttach)
+	}
 	host, _ := os.Hostname()
 	d := &Docker{
-		cli:   cli,
-		opts:  opts,
-		log:   opts.Logger.With("sandbox_instance", opts.Instance),
-		agent: ab,
+		sockRoot: sockRoot,
+		cli:      cli,
+		opts:     opts,
+		log:      opts.Logger.With("sandbox_instance", opts.Instance),
+		agent:    ab,
 		labels: map[string]string{
 			LabelManaged:  "true",
 			LabelInstance: opts.Instance,
@@ -262,6 +291,9 @@ func (d *Docker) Close(ctx context.Context) error {
 	}
 	d.reaper.Wait()
 	errs := closeAll(ctx, live, 16)
+	if d.sockRoot != "" {
+		_ = os.RemoveAll(filepath.Join(d.sockRoot, d.opts.Instance))
+	}
 	d.watchdog.stop()
 	errs = append(errs, d.cli.Close())
 	return errors.Join(errs...)
@@ -569,7 +601,17 @@ func (d *Docker) create(ctx context.Context, spec Spec, extraLabels map[string]s
 		}
 	}
 	name := "rollout-" + d.opts.Instance + "-" + randomID(6)
-	cfg, hc := d.containerConfig(spec, img, extraLabels)
+	var sock *sockListener
+	// gVisor refuses a connect to a host socket on a bind mount (EPERM):
+	// runsc sandboxes stay on the attach stream.
+	if d.sockRoot != "" && spec.Runtime == RuntimeRunc {
+		if sock, err = d.listen(name); err != nil {
+			d.sockWarn.Do(func() { d.log.Warn("socket channel: cannot listen, using the attach stream", "err", err) })
+			sock, err = nil, nil
+		}
+		defer sock.close()
+	}
+	cfg, hc := d.containerConfig(spec, img, extraLabels, sock)
 	var id string
 	err = d.daemon(ctx, "container_create", 60*time.Second, func(cctx context.Context) error {
 		res, err := d.cli.ContainerCreate(cctx, client.ContainerCreateOptions{Config: cfg, HostConfig: hc, Name: name})
@@ -673,10 +715,34 @@ func (d *Docker) create(ctx context.Context, spec Spec, extraLabels map[string]s
 		return nil, fmt.Errorf("create sandbox %s: %w", id[:12], err)
 	}
 	s.hello = hello
+	if sock != nil {
+		if hello.Socket {
+			sc, raw, serr := sock.accept(ctx, hello)
+			switch {
+			case serr == nil:
+				s.attach, s.sock = s.conn, raw
+				s.channelOps.conn = sc
+			case ctx.Err() != nil:
+				hj.Close()
+				<-s.demux
+				hjOpen = false
+				return nil, fmt.Errorf("create sandbox: %w", ctx.Err())
+			default:
+				d.sockWarn.Do(func() {
+					d.log.Warn("socket channel: no connection from the agent, using the attach stream", "err", serr)
+				})
+			}
+		} else {
+			d.sockWarn.Do(func() {
+				d.log.Warn("socket channel: the agent could not connect, using the attach stream", "err", hello.SocketErr)
+			})
+		}
+	}
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
 		hj.Close()
+		s.closeSocket()
 		<-s.demux
 		hjOpen = false
 		return nil, fmt.Errorf("create sandbox: %w: backend closed", ErrClosed)
@@ -697,7 +763,7 @@ func (d *Docker) create(ctx context.Context, spec Spec, extraLabels map[string]s
 	return s, nil
 }
 
-func (d *Docker) containerConfig(spec Spec, img imageInfo, extraLabels map[string]string) (*container.Config, *container.HostConfig) {
+func (d *Docker) containerConfig(spec Spec, img imageInfo, extraLabels map[string]string, sock *sockListener) (*container.Config, *container.HostConfig) {
 	labels := maps.Clone(d.labels)
 	maps.Copy(labels, spec.Labels)
 	maps.Copy(labels, extraLabels)
@@ -713,6 +779,9 @@ func (d *Docker) containerConfig(spec Spec, img imageInfo, extraLabels map[strin
 	cmd := append(append([]string(nil), d.agent.Args...), "-user", user, "-workdir", spec.Workdir)
 	if optional {
 		cmd = append(cmd, "-optional-user", "-fallback-user", img.user)
+	}
+	if sock != nil {
+		cmd = append(cmd, "-socket", sockInCtr+"/"+sockName)
 	}
 	// StdinOnce + AutoRemove bind the container to its owner (owner.go).
 	cfg := &container.Config{
@@ -781,6 +850,12 @@ func (d *Docker) containerConfig(spec Spec, img imageInfo, extraLabels map[strin
 	if d.bind {
 		hc.Mounts = []mount.Mount{{Type: mount.TypeBind, Source: d.agent.Path, Target: agentInCtr, ReadOnly: true}}
 	}
+	if sock != nil {
+		// Read-only: the agent connects to the host's socket (connect needs
+		// no write access to the mount), and nothing in the container can
+		// create files in the host directory.
+		hc.Mounts = append(hc.Mounts, mount.Mount{Type: mount.TypeBind, Source: sock.dir, Target: sockInCtr, ReadOnly: true})
+	}
 	return cfg, hc
 }
 
@@ -812,10 +887,33 @@ func (d *Docker) removeContainer(ctx context.Context, id string) error {
 		return nil
 	}
 	if strings.Contains(err.Error(), "already in progress") {
-		return nil
+		// The engine is removing it already (AutoRemove after the agent
+		// exited): Close promises the container is gone, so wait for that.
+		return d.waitRemoved(ctx, id)
 	}
 	metricFailures.WithLabelValues("remove").Inc()
 	return fmt.Errorf("remove container %s: %w: %v", id, ErrUnavailable, err)
+}
+
+// waitRemoved polls until the container is gone (bounded by 30 s).
+func (d *Docker) waitRemoved(ctx context.Context, id string) error {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	for {
+		_, err := d.cli.ContainerInspect(cctx, id, client.ContainerInspectOptions{})
+		if cerrdefs.IsNotFound(err) {
+			return nil
+		}
+		if cctx.Err() != nil {
+			return fmt.Errorf("remove container %s: %w: still present after 30s", id, ErrUnavailable)
+		}
+		t := time.NewTimer(20 * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-cctx.Done():
+			t.Stop()
+		}
+	}
 }
 
 // tailBuffer keeps the last bytes of the agent's stderr for error messages.
@@ -868,6 +966,8 @@ type dockerSandbox struct {
 	hj      client.HijackedResponse
 	channelOps
 	demux   chan struct{}
+	attach  *conn    // the attach stream's channel when calls go over the socket (else nil: conn is it)
+	sock    net.Conn // the socket channel's connection, nil on the attach stream
 	stderr  *tailBuffer
 	hello   agent.Hello
 	created time.Time
@@ -927,6 +1027,22 @@ func (s *dockerSandbox) handshake(ctx context.Context) (agent.Hello, error) {
 
 // ID is the container id.
 func (s *dockerSandbox) ID() string { return s.id }
+
+// Transport says which channel carries the sandbox's calls: "socket" or
+// "attach".
+func (s *dockerSandbox) Transport() string {
+	if s.sock != nil {
+		return "socket"
+	}
+	return "attach"
+}
+
+// closeSocket ends the socket channel (its read loop sees the close).
+func (s *dockerSandbox) closeSocket() {
+	if s.sock != nil {
+		_ = s.sock.Close()
+	}
+}
 
 // ImageID is the content-addressed id of the image the sandbox runs
 // (ImageIdentifier), for reproducibility manifests.
@@ -998,6 +1114,7 @@ func (s *dockerSandbox) Close(ctx context.Context) error {
 	s.once.Do(func() {
 		s.closing.Store(true)
 		s.hj.Close()
+		s.closeSocket()
 		s.closeErr = s.d.removeContainer(ctx, s.id)
 		<-s.demux
 		<-s.conn.done

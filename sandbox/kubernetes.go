@@ -34,6 +34,7 @@ import (
 	"k8s.io/client-go/tools/remotecommand"
 	"k8s.io/klog/v2"
 
+	"github.com/rollout-rl/rollout/internal/imageref"
 	"github.com/rollout-rl/rollout/sandbox/agent"
 )
 
@@ -85,6 +86,8 @@ type Kubernetes struct {
 
 	informed chan struct{} // closed when the pod informer stopped
 	informer cache.SharedIndexInformer
+	// crd is set in mode agent-sandbox (kubernetes_agentsandbox.go).
+	crd *agentSandbox
 
 	mu       sync.Mutex
 	cond     *sync.Cond // signalled when live shrinks or capacity changes
@@ -145,7 +148,7 @@ func NewKubernetes(ctx context.Context, opts KubernetesOptions) (*Kubernetes, er
 		cfg: cfg, opts: opts, rest: rc, cs: cs, slots: newSlotSem(math.MaxInt32),
 		log:    opts.Logger.With("sandbox_instance", opts.Instance, "namespace", cfg.Namespace),
 		agent:  ab,
-		agentI: withRegistry(cfg.ImageRegistry, agentImage),
+		agentI: imageref.InRegistry(cfg.ImageRegistry, agentImage),
 		labels: map[string]string{
 			LabelManaged:  "true",
 			LabelInstance: opts.Instance,
@@ -169,6 +172,11 @@ func NewKubernetes(ctx context.Context, opts KubernetesOptions) (*Kubernetes, er
 			return nil, fmt.Errorf("%w: kubernetes API: %v", ErrUnavailable, err)
 		}
 	}
+	if cfg.Mode == ModeAgentSandbox {
+		if k.crd, err = newAgentSandbox(k); err != nil {
+			return nil, err
+		}
+	}
 	if !cfg.NoNetworkPolicy {
 		if err := k.ensureNetworkPolicy(cctx); err != nil {
 			return nil, err
@@ -185,8 +193,13 @@ func NewKubernetes(ctx context.Context, opts KubernetesOptions) (*Kubernetes, er
 	bctx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	k.stop = stop
 	k.startInformer(bctx)
+	synced := []cache.InformerSynced{k.informer.HasSynced}
+	if k.crd != nil {
+		k.crd.startInformer(bctx)
+		synced = append(synced, k.crd.informer.HasSynced)
+	}
 	k.bg.Go(func() { k.background(bctx) })
-	if !cache.WaitForCacheSync(cctx.Done(), k.informer.HasSynced) {
+	if !cache.WaitForCacheSync(cctx.Done(), synced...) {
 		_ = k.Close(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("%w: pod watch did not sync", ErrUnavailable)
 	}
@@ -351,6 +364,9 @@ func (k *Kubernetes) startInformer(ctx context.Context) {
 // podChanged wakes a create waiting for the pod and breaks the channel of
 // a live sandbox whose pod failed, lost its node or was deleted.
 func (k *Kubernetes) podChanged(name string, pod *corev1.Pod) {
+	if k.crd != nil {
+		k.crd.podChanged(name, pod) // channels into warm pods
+	}
 	k.mu.Lock()
 	w := k.waiters[name]
 	s := k.live[name]
@@ -536,10 +552,14 @@ func matches(labels, sel map[string]string) bool {
 }
 
 func (k *Kubernetes) limitLocked() int {
+	l := k.cfg.MaxPods
 	if k.capacity > 0 {
-		return min(k.cfg.MaxPods, k.capacity)
+		l = min(k.cfg.MaxPods, k.capacity)
 	}
-	return k.cfg.MaxPods
+	if k.crd != nil { // the server-side warm pools' pods
+		l = max(l-int(k.crd.warm.Load()), 1)
+	}
+	return l
 }
 
 // admit takes a pod slot: it waits while this process's pods (live and
@@ -636,38 +656,60 @@ func (k *Kubernetes) create(ctx context.Context, spec Spec, extra map[string]str
 	k.mu.Lock()
 	k.waiters[name] = wake
 	k.mu.Unlock()
-	defer func() {
+	defer func(name string) {
 		k.mu.Lock()
 		delete(k.waiters, name)
 		k.mu.Unlock()
-	}()
+	}(name)
 	log := k.log.With("pod", name)
+	var ref *claimRef // mode agent-sandbox
 	// From here every failure deletes the pod (also when the create's
 	// answer was lost: deleting a missing pod is fine).
 	defer func() {
 		if err != nil {
-			k.deletePod(context.WithoutCancel(ctx), name)
+			_ = k.remove(context.WithoutCancel(ctx), name, ref)
 		}
 	}()
-	if err := k.createPod(ctx, pod); err != nil {
-		metricFailures.WithLabelValues("create").Inc()
-		return nil, fmt.Errorf("create sandbox from %s: %w", spec.Image, err)
+	var running *corev1.Pod
+	if k.crd != nil {
+		var r claimRef
+		running, r, err = k.crd.start(ctx, pod, spec, extra, wake)
+		ref = &r
+		if err != nil {
+			return nil, fmt.Errorf("create sandbox from %s: %w", spec.Image, err)
+		}
+		name = running.Name
+		log = k.log.With("pod", name, "claim", r.claim)
+	} else {
+		if err := k.createPod(ctx, pod); err != nil {
+			metricFailures.WithLabelValues("create").Inc()
+			return nil, fmt.Errorf("create sandbox from %s: %w", spec.Image, err)
+		}
+		if running, err = k.waitRunning(ctx, name, wake); err != nil {
+			metricFailures.WithLabelValues("start").Inc()
+			return nil, fmt.Errorf("create sandbox %s from %s: %w", name, spec.Image, err)
+		}
 	}
-	running, err := k.waitRunning(ctx, name, wake)
-	if err != nil {
-		metricFailures.WithLabelValues("start").Inc()
-		return nil, fmt.Errorf("create sandbox %s from %s: %w", name, spec.Image, err)
+	var s *k8sSandbox
+	if k.crd != nil { // a channel already open into the adopted warm pod
+		s = k.crd.takeChannel(ctx, name)
 	}
-	s := &k8sSandbox{k: k, name: name, spec: spec, node: running.Spec.NodeName, created: time.Now(), log: log, stderr: &tailBuffer{max: 8 << 10}}
+	if s != nil {
+		s.claim, s.spec, s.node, s.created, s.log = ref, spec, running.Spec.NodeName, time.Now(), log
+	} else {
+		s = &k8sSandbox{k: k, name: name, claim: ref, spec: spec, node: running.Spec.NodeName, created: time.Now(), log: log, stderr: &tailBuffer{max: 8 << 10}}
+	}
 	for _, cs := range running.Status.ContainerStatuses {
 		if cs.Name == k8sContainer {
 			s.imageID = cs.ImageID
 		}
 	}
 	s.touch()
-	if err := s.connect(ctx); err != nil {
-		metricFailures.WithLabelValues("handshake").Inc()
-		return nil, fmt.Errorf("create sandbox %s: %w", name, err)
+	if s.conn == nil {
+		if err := s.connect(ctx); err != nil {
+			metricFailures.WithLabelValues("handshake").Inc()
+			return nil, fmt.Errorf("create sandbox %s: %w", name, err)
+		}
 	}
 	k.mu.Lock()
 	if k.closed {
@@ -910,7 +952,7 @@ func (k *Kubernetes) podFor(spec Spec, extra map[string]string) *corev1.Pod {
 			}},
 			Containers: []corev1.Container{{
 				Name:            k8sContainer,
-				Image:           withRegistry(k.cfg.ImageRegistry, spec.Image),
+				Image:           imageref.InRegistry(k.cfg.ImageRegistry, spec.Image),
 				ImagePullPolicy: corev1.PullPolicy(k.cfg.ImagePullPolicy),
 				// The pod's main process only reaps orphans; the agent that
 				// serves the channel is exec'd (Kubernetes.connect).
@@ -963,6 +1005,14 @@ func (k *Kubernetes) agentArgs(spec Spec) []string {
 	return cmd
 }
 
+// remove deletes a sandbox's pod, in mode agent-sandbox its claim first.
+func (k *Kubernetes) remove(ctx context.Context, pod string, ref *claimRef) error {
+	if ref != nil && k.crd != nil {
+		return k.crd.release(ctx, *ref, pod)
+	}
+	return k.deletePod(ctx, pod)
+}
+
 // deletePod deletes a pod at once (grace period 0), also after ctx was
 // cancelled, also on a lost node (the API object goes away immediately).
 func (k *Kubernetes) deletePod(ctx context.Context, name string) error {
@@ -1005,12 +1055,20 @@ func (k *Kubernetes) Close(ctx context.Context) error {
 	}
 	k.mu.Unlock()
 	errs := closeAll(ctx, live, 32)
+	if k.crd != nil {
+		if err := k.crd.close(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if k.stop != nil {
 		k.stop()
 	}
 	k.bg.Wait()
 	if k.informed != nil {
 		<-k.informed
+	}
+	if k.crd != nil {
+		k.crd.wait()
 	}
 	if k.lease != nil {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -1064,7 +1122,13 @@ func (k *Kubernetes) Reap(ctx context.Context, opts ReapOptions) ([]Reaped, erro
 		tracked[n] = true
 	}
 	k.mu.Unlock()
-	return reapKubernetes(ctx, k.cs, k.cfg.Namespace, k.opts.Instance, tracked, opts)
+	out, err := reapKubernetes(ctx, k.cs, k.cfg.Namespace, k.opts.Instance, tracked, opts)
+	if k.crd != nil && err == nil {
+		var more []Reaped
+		more, err = k.crd.reapLeaked(ctx)
+		out = append(out, more...)
+	}
+	return out, err
 }
 
 // GCKubernetes is `rollout sandbox gc` for a cluster: a fresh client, the
@@ -1122,6 +1186,9 @@ func reapKubernetes(ctx context.Context, cs *kubeClients, ns, self string, track
 		inst := p.Labels[LabelInstance]
 		reason := ""
 		switch {
+		case ownedByAgentSandbox(&p):
+			// The agent-sandbox controller's pod goes with its claim or
+			// warm pool, which the lease owns.
 		case inst == self && self != "":
 			if !tracked[p.Name] && time.Since(p.CreationTimestamp.Time) > time.Minute {
 				reason = "leaked"
@@ -1167,6 +1234,7 @@ type k8sSandbox struct {
 	channelOps
 	k       *Kubernetes
 	name    string
+	claim   *claimRef // mode agent-sandbox
 	node    string
 	spec    Spec
 	imageID string
@@ -1361,7 +1429,7 @@ func (s *k8sSandbox) Close(ctx context.Context) error {
 	s.once.Do(func() {
 		s.closing.Store(true)
 		s.stopStream()
-		s.closeErr = s.k.deletePod(ctx, s.name)
+		s.closeErr = s.k.remove(ctx, s.name, s.claim)
 		k := s.k
 		k.mu.Lock()
 		if _, ok := k.live[s.name]; ok {

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 	"time"
 
 	"k8s.io/client-go/rest"
@@ -24,10 +23,10 @@ const (
 const (
 	// ModePods creates one plain Pod per sandbox: works on any cluster.
 	ModePods = "pods"
-	// ModeAgentSandbox would use the kubernetes-sigs/agent-sandbox CRDs
-	// (SandboxTemplate, SandboxClaim, SandboxWarmPool). Not implemented:
-	// the controller cannot be installed or tested here (no registry for
-	// its image); see docs/kubernetes.md.
+	// ModeAgentSandbox asks the kubernetes-sigs/agent-sandbox controller
+	// for pods: a SandboxTemplate and a SandboxWarmPool per sandbox spec, a
+	// SandboxClaim per sandbox (kubernetes_agentsandbox.go,
+	// docs/kubernetes.md "Modes").
 	ModeAgentSandbox = "agent-sandbox"
 )
 
@@ -44,8 +43,11 @@ type KubernetesConfig struct {
 	InCluster bool `yaml:"in_cluster,omitempty" json:"in_cluster,omitempty"`
 	// Namespace holds the sandbox pods; it must exist (default "default").
 	Namespace string `yaml:"namespace,omitempty" json:"namespace,omitempty"`
-	// Mode is "pods" (default) or "agent-sandbox" (not implemented).
+	// Mode is "pods" (default) or "agent-sandbox" (needs the
+	// kubernetes-sigs/agent-sandbox controller and its CRDs).
 	Mode string `yaml:"mode,omitempty" json:"mode,omitempty"`
+	// AgentSandbox configures mode agent-sandbox.
+	AgentSandbox AgentSandboxConfig `yaml:"agent_sandbox,omitempty" json:"agent_sandbox,omitempty"`
 	// NodeSelector, Tolerations, RuntimeClassName (e.g. gvisor, kata) and
 	// ServiceAccount are copied into every pod.
 	NodeSelector     map[string]string `yaml:"node_selector,omitempty" json:"node_selector,omitempty"`
@@ -57,7 +59,8 @@ type KubernetesConfig struct {
 	ImagePullPolicy string `yaml:"image_pull_policy,omitempty" json:"image_pull_policy,omitempty"`
 	// ImageRegistry, when set, prefixes image references that name no
 	// registry (rollout-sandbox:bookworm → REGISTRY/rollout-sandbox:bookworm):
-	// the images the user pushed there.
+	// the images the user pushed there (`rollout sandbox image push`). Env
+	// task images are built locally and pushed there by the job.
 	ImageRegistry string `yaml:"image_registry,omitempty" json:"image_registry,omitempty"`
 	// AgentImage holds the agent binary at /rollout-agent; default
 	// rollout-agent:<first 12 hex of the binary's sha256> (AgentImageRef).
@@ -80,6 +83,15 @@ type KubernetesConfig struct {
 	NoNetworkPolicy bool `yaml:"no_network_policy,omitempty" json:"no_network_policy,omitempty"`
 }
 
+// AgentSandboxConfig is the `sandbox.kubernetes.agent_sandbox` block.
+type AgentSandboxConfig struct {
+	// WarmPool is the replicas of the SandboxWarmPool kept per sandbox
+	// spec (image, limits, env, network): pods the controller starts ahead
+	// and a SandboxClaim adopts. 0 (default): every claim starts its pod
+	// cold. They count against max_pods.
+	WarmPool int `yaml:"warm_pool,omitempty" json:"warm_pool,omitempty"`
+}
+
 // Toleration is a pod toleration (core/v1 Toleration).
 type Toleration struct {
 	Key               string `yaml:"key,omitempty" json:"key,omitempty"`
@@ -97,9 +109,7 @@ func (c *KubernetesConfig) Validate() error {
 	switch c.Mode {
 	case "":
 		c.Mode = ModePods
-	case ModePods:
-	case ModeAgentSandbox:
-		return fmt.Errorf("sandbox.kubernetes.mode %q: not implemented (the agent-sandbox controller cannot be installed or tested here; use %q, docs/kubernetes.md)", c.Mode, ModePods)
+	case ModePods, ModeAgentSandbox:
 	default:
 		return fmt.Errorf("sandbox.kubernetes.mode %q: want %q or %q", c.Mode, ModePods, ModeAgentSandbox)
 	}
@@ -112,6 +122,12 @@ func (c *KubernetesConfig) Validate() error {
 	}
 	if c.CPURequest < 0 || c.MemoryRequestMB < 0 || c.MaxPods < 0 || c.MaxParallelCreates < 0 || c.StartTimeout < 0 {
 		return errors.New("sandbox.kubernetes: negative cpu_request, memory_request_mb, max_pods, max_parallel_creates or start_timeout")
+	}
+	if c.AgentSandbox.WarmPool < 0 {
+		return fmt.Errorf("sandbox.kubernetes.agent_sandbox.warm_pool %d: negative", c.AgentSandbox.WarmPool)
+	}
+	if c.AgentSandbox.WarmPool > 0 && c.Mode != ModeAgentSandbox {
+		return fmt.Errorf("sandbox.kubernetes.agent_sandbox.warm_pool is set but mode is %q: it needs mode %q", c.Mode, ModeAgentSandbox)
 	}
 	if c.CPURequest == 0 {
 		c.CPURequest = 0.01
@@ -127,6 +143,9 @@ func (c *KubernetesConfig) Validate() error {
 	}
 	if c.StartTimeout == 0 {
 		c.StartTimeout = 2 * time.Minute
+	}
+	if c.AgentSandbox.WarmPool >= c.MaxPods {
+		return fmt.Errorf("sandbox.kubernetes.agent_sandbox.warm_pool %d: must be below max_pods %d (warm pods count against it)", c.AgentSandbox.WarmPool, c.MaxPods)
 	}
 	for i, t := range c.Tolerations {
 		switch t.Operator {
@@ -186,17 +205,4 @@ func AgentImageRef(ab AgentBinary) (string, error) {
 		return "", fmt.Errorf("agent image: %w", err)
 	}
 	return "rollout-agent:" + hex.EncodeToString(h.Sum(nil))[:12], nil
-}
-
-// withRegistry prefixes ref with registry when ref names none (its first
-// path component has no dot or colon and is not localhost).
-func withRegistry(registry, ref string) string {
-	if registry == "" {
-		return ref
-	}
-	first, _, hasSlash := strings.Cut(ref, "/")
-	if hasSlash && (strings.ContainsAny(first, ".:") || first == "localhost") {
-		return ref
-	}
-	return strings.TrimSuffix(registry, "/") + "/" + ref
 }

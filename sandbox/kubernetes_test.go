@@ -80,7 +80,9 @@ func TestKubernetesConfigValidate(t *testing.T) {
 		cfg  KubernetesConfig
 		want string
 	}{
-		{KubernetesConfig{Mode: ModeAgentSandbox}, "not implemented"},
+		{KubernetesConfig{Mode: ModePods, AgentSandbox: AgentSandboxConfig{WarmPool: 2}}, "needs mode"},
+		{KubernetesConfig{Mode: ModeAgentSandbox, AgentSandbox: AgentSandboxConfig{WarmPool: -1}}, "negative"},
+		{KubernetesConfig{Mode: ModeAgentSandbox, MaxPods: 4, AgentSandbox: AgentSandboxConfig{WarmPool: 4}}, "below max_pods"},
 		{KubernetesConfig{Mode: "crd"}, "want"},
 		{KubernetesConfig{ImagePullPolicy: "Sometimes"}, "image_pull_policy"},
 		{KubernetesConfig{MaxPods: -1}, "negative"},
@@ -93,12 +95,6 @@ func TestKubernetesConfigValidate(t *testing.T) {
 	c := KubernetesConfig{}
 	if err := c.Validate(); err != nil || c.Namespace != "default" || c.Mode != ModePods || c.MaxPods != 512 {
 		t.Fatalf("defaults: %+v %v", c, err)
-	}
-	if got := withRegistry("reg.example:5000", "rollout-sandbox:busybox"); got != "reg.example:5000/rollout-sandbox:busybox" {
-		t.Errorf("withRegistry: %s", got)
-	}
-	if got := withRegistry("reg.example:5000", "ghcr.io/x/y:1"); got != "ghcr.io/x/y:1" {
-		t.Errorf("withRegistry keeps a named registry: %s", got)
 	}
 }
 
@@ -129,10 +125,7 @@ func TestKubernetesSandbox(t *testing.T) {
 		t.Fatalf("timeout: %+v %v", r, err)
 	}
 	// Binary file round trip.
-	data := make([]byte, 3<<20)
-	for i := range data {
-		data[i] = byte(i * 7)
-	}
+	data := patternBytes(3 << 20)
 	if err := s.WriteFile(ctx, "/workspace/d/blob", data, 0o640); err != nil {
 		t.Fatal(err)
 	}
@@ -402,17 +395,7 @@ func TestKubernetesOrphanLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The process "dies": no more renewals, and its lease looks old.
-	dead.stop()
-	dead.bg.Wait()
-	l, err := dead.cs.coord.Leases(dead.Namespace()).Get(ctx, dead.lease.Name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	old := metav1.NewMicroTime(time.Now().Add(-10 * k8sLeaseDuration))
-	l.Spec.RenewTime = &old
-	if _, err := dead.cs.coord.Leases(dead.Namespace()).Update(ctx, l, metav1.UpdateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	killOwner(ctx, t, dead)
 	reaped, err := GCKubernetes(ctx, KubernetesConfig{Kubeconfig: kc}, ReapOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -467,4 +450,32 @@ func TestKubernetesReadOnlyRoot(t *testing.T) {
 	if r.ExitCode == 0 || !strings.HasPrefix(string(r.Stdout), "ok") || !strings.Contains(string(r.Stderr), "Read-only") {
 		t.Fatalf("read-only root: %+v", r)
 	}
+}
+
+// killOwner makes k look like a dead process: it stops renewing its lease,
+// and the lease's last renewal is moved ten durations back.
+func killOwner(ctx context.Context, t *testing.T, k *Kubernetes) {
+	t.Helper()
+	k.stop()
+	k.bg.Wait()
+	leases := k.cs.coord.Leases(k.Namespace())
+	l, err := leases.Get(ctx, k.lease.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := metav1.NewMicroTime(time.Now().Add(-10 * k8sLeaseDuration))
+	l.Spec.RenewTime = &old
+	if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// patternBytes returns n bytes covering every byte value (a binary file
+// round trip's content).
+func patternBytes(n int) []byte {
+	data := make([]byte, n)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	return data
 }

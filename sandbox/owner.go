@@ -74,6 +74,9 @@ type watchdogSpec struct {
 	PIDStart string `json:"pid_start"`
 	Boot     string `json:"boot"`
 	Host     string `json:"host"`
+	// SockDir is the owner's socket-channel directory (socket.go), removed
+	// with its containers; "" when the channel is off.
+	SockDir string `json:"sock_dir,omitempty"`
 }
 
 // watchdog is the owner's side.
@@ -85,13 +88,13 @@ type watchdog struct {
 
 // startWatchdog starts the watchdog of this process's containers; nil
 // (logged) when it cannot.
-func startWatchdog(labels map[string]string, log *slog.Logger) *watchdog {
+func startWatchdog(labels map[string]string, sockDir string, log *slog.Logger) *watchdog {
 	exe, err := os.Executable()
 	if err != nil {
 		log.Warn("no sandbox watchdog: cannot find the executable", "err", err)
 		return nil
 	}
-	spec, _ := json.Marshal(watchdogSpec{PID: labels[LabelPID], PIDStart: labels[LabelPIDStart], Boot: labels[LabelBoot], Host: labels[LabelHost]})
+	spec, _ := json.Marshal(watchdogSpec{PID: labels[LabelPID], PIDStart: labels[LabelPIDStart], Boot: labels[LabelBoot], Host: labels[LabelHost], SockDir: sockDir})
 	r, w, err := os.Pipe()
 	if err != nil {
 		log.Warn("no sandbox watchdog", "err", err)
@@ -146,6 +149,9 @@ func runWatchdog(specJSON string) int {
 		return 0 // clean shutdown: the owner removed its containers itself
 	}
 	// The owner died.
+	if spec.SockDir != "" {
+		_ = os.RemoveAll(spec.SockDir)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cli, err := dockerclient.New(ctx)

@@ -3,9 +3,11 @@ package sandbox
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -117,6 +119,19 @@ func TestOwnerBoundSandboxes(t *testing.T) {
 		t.Fatalf("%d containers of the killed owner still exist 10 s after SIGKILL", left)
 	}
 	t.Logf("the killed owner's containers were gone %s after SIGKILL", time.Since(killed).Round(10*time.Millisecond))
+	// Its socket-channel directory goes with them (the watchdog).
+	if d.sockRoot != "" {
+		dir := filepath.Join(d.sockRoot, instance)
+		for time.Since(killed) < 10*time.Second {
+			if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("socket directory %s of the killed owner still exists: %v", dir, err)
+		}
+	}
 	// The live process's sandbox is untouched.
 	if _, err := witness.Exec(ctx, ExecRequest{Argv: []string{"true"}}); err != nil {
 		t.Fatalf("witness sandbox of the live owner: %v", err)

@@ -3,6 +3,8 @@ package sandbox
 import (
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -112,6 +114,10 @@ func TestReaper(t *testing.T) {
 		t.Fatal(err)
 	}
 	dead.labels[LabelPID] = "2147480000"
+	if dead.sockRoot != "" {
+		// Never closed (it "died"): its socket-channel directory goes here.
+		t.Cleanup(func() { _ = os.RemoveAll(filepath.Join(dead.sockRoot, dead.opts.Instance)) })
+	}
 	orphan, err := dead.create(ctx, Spec{Image: testImage}, nil, slotWait)
 	if err != nil {
 		t.Fatal(err)

@@ -2,8 +2,6 @@ package server
 
 import (
 	"context"
-	crand "crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"slices"
 	"sort"
@@ -17,8 +15,6 @@ import (
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
 	"github.com/rollout-rl/rollout/inference/sim"
 	"github.com/rollout-rl/rollout/internal/demo"
-	"github.com/rollout-rl/rollout/internal/job"
-	"github.com/rollout-rl/rollout/sandbox"
 )
 
 // TestAsyncPolicyUpdatesE2E collects G=8 groups of a sandboxed env (real
@@ -29,15 +25,7 @@ import (
 // requested group arrives exactly once.
 func TestAsyncPolicyUpdatesE2E(t *testing.T) {
 	ref := needDocker(t)
-	b := make([]byte, 4)
-	_, _ = crand.Read(b)
-	instance := "asynctest-" + hex.EncodeToString(b)
-	shared := job.NewShared(sandbox.Options{Instance: instance, Logger: quiet})
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		_ = shared.Close(ctx)
-	})
+	shared, _ := newShared(t, "asynctest")
 	scripts, err := demo.EnvScripts(context.Background(), "terminal-tasks", "train")
 	if err != nil {
 		t.Fatal(err)

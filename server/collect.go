@@ -34,6 +34,8 @@ type collector struct {
 	// server shuts down with cancel-in-flight.
 	ctx    context.Context
 	cancel context.CancelFunc
+	// compact: the stream asked for TOKEN_LAYOUT_COMPACT.
+	compact bool
 
 	sendMu sync.Mutex
 	wg     sync.WaitGroup
@@ -123,6 +125,9 @@ func (s *Server) CollectGroups(stream rolloutv1.RolloutService_CollectGroupsServ
 	if start.InitialCredits < 0 {
 		return status.Error(codes.InvalidArgument, "start.initial_credits: must not be negative")
 	}
+	if err := checkLayout("start.token_layout", start.TokenLayout); err != nil {
+		return err
+	}
 	if strings.TrimSpace(start.ConfigYaml) == "" {
 		return status.Error(codes.InvalidArgument, "start.config_yaml: empty")
 	}
@@ -140,7 +145,8 @@ func (s *Server) CollectGroups(stream rolloutv1.RolloutService_CollectGroupsServ
 	defer s.releaseOutput(cfg.Output.Dir, owner)
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	c := &collector{s: s, stream: stream, ctx: cctx, cancel: cancel, credits: int(start.InitialCredits), changed: make(chan struct{}, 1)}
+	c := &collector{s: s, stream: stream, ctx: cctx, cancel: cancel, credits: int(start.InitialCredits), changed: make(chan struct{}, 1),
+		compact: compactLayout(start.TokenLayout)}
 	j, err := job.Open(ctx, cfg, job.Options{Mode: job.ModeCollect, Logger: s.log.With("stream", "collect"), Sandboxes: s.sandboxes, Images: s.images,
 		Progress: func(e runner.Event) {
 			if e.Rollout != nil {
@@ -236,6 +242,9 @@ func (c *collector) resume(cfg runner.Config, from int64) error {
 		done[g.GroupId] = true
 		if g.GetSequence() < from {
 			return nil
+		}
+		if c.compact {
+			g = CompactGroup(g)
 		}
 		c.sendMu.Lock()
 		defer c.sendMu.Unlock()
@@ -471,6 +480,9 @@ func (c *collector) run(idx int, p pending) {
 	var pg *rolloutv1.Group
 	if err == nil {
 		pg, err = groupProto(c.j.Runner.Info(), g)
+	}
+	if err == nil && c.compact {
+		pg = CompactGroup(pg)
 	}
 	if err != nil {
 		c.mu.Lock()

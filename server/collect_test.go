@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -251,7 +252,9 @@ func TestCollectGroupsResume(t *testing.T) {
 		}
 	}
 	first := map[int64]string{}
+	full := map[string]*rolloutv1.Group{}
 	for _, g := range c.groups {
+		full[g.GroupId] = g
 		if g.Sequence == nil {
 			t.Fatalf("group %s without a sequence", g.GroupId)
 		}
@@ -267,7 +270,7 @@ func TestCollectGroupsResume(t *testing.T) {
 	}
 	from := int64(1)
 	if err := stream2.Send(&rolloutv1.CollectGroupsRequest{Msg: &rolloutv1.CollectGroupsRequest_Start{Start: &rolloutv1.CollectStart{
-		ConfigYaml: cfg, InitialCredits: 2, FromSequence: &from}}}); err != nil {
+		ConfigYaml: cfg, InitialCredits: 2, FromSequence: &from, TokenLayout: rolloutv1.TokenLayout_TOKEN_LAYOUT_COMPACT}}}); err != nil {
 		t.Fatal(err)
 	}
 	if err := stream2.Send(&rolloutv1.CollectGroupsRequest{Msg: &rolloutv1.CollectGroupsRequest_Next{Next: &rolloutv1.CollectNext{Count: 2}}}); err != nil {
@@ -293,6 +296,38 @@ func TestCollectGroupsResume(t *testing.T) {
 			}
 			break
 		}
+	}
+	// The second stream asked for the compact layout: replayed and new
+	// groups arrive compact and expand to what the full layout carries.
+	compacted := 0
+	for _, g := range got {
+		for _, r := range g.Rollouts {
+			if len(r.Tokens) > 0 && (len(r.LossMask) != 0 || len(r.LossMaskRuns) == 0) {
+				t.Fatalf("group %s rollout %d not in the compact layout: %d mask values, %d runs", g.GroupId, r.Index, len(r.LossMask), len(r.LossMaskRuns))
+			}
+			if len(r.TrainedLogprobs) > 0 {
+				compacted++
+			}
+		}
+		if err := ExpandGroup(g); err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range g.Rollouts {
+			if len(r.LossMask) != len(r.Tokens) || (len(r.Logprobs) != 0 && len(r.Logprobs) != len(r.Tokens)) {
+				t.Errorf("group %s rollout %d expands to %d tokens, %d mask values, %d logprobs", g.GroupId, r.Index, len(r.Tokens), len(r.LossMask), len(r.Logprobs))
+			}
+		}
+		if f := full[g.GroupId]; f != nil {
+			for i, r := range g.Rollouts {
+				fr := f.Rollouts[i]
+				if !slices.Equal(r.Tokens, fr.Tokens) || !slices.Equal(r.LossMask, fr.LossMask) || !slices.Equal(r.Logprobs, fr.Logprobs) {
+					t.Errorf("group %s rollout %d: compact layout expands to other token columns than the full layout", g.GroupId, r.Index)
+				}
+			}
+		}
+	}
+	if compacted == 0 {
+		t.Error("no rollout carried trained_logprobs: the compact layout was not exercised")
 	}
 	if got[0].GetSequence() != 1 || got[0].GroupId != first[1] || got[1].GetSequence() != 2 || got[1].GroupId != first[2] {
 		t.Errorf("replayed %s#%d, %s#%d; want %s#1, %s#2", got[0].GroupId, got[0].GetSequence(), got[1].GroupId, got[1].GetSequence(), first[1], first[2])

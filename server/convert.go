@@ -6,6 +6,11 @@ import (
 	"fmt"
 	"math"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
 	"github.com/rollout-rl/rollout/internal/job"
 	"github.com/rollout-rl/rollout/runner"
@@ -122,4 +127,188 @@ func replayGroups(ctx context.Context, dir string, from int64, dropEqual bool, f
 		}
 		return fn(storedGroupProto(recs, seq, dropEqual))
 	})
+}
+
+// Token layouts (docs/api.md, "Token layout"). The full layout is what
+// RolloutProto builds; a stream that asks for TOKEN_LAYOUT_COMPACT gets
+// every rollout through CompactRollout, and clients turn either layout back
+// into the full one with ExpandRollout.
+
+// checkLayout refuses a token layout this server does not know.
+func checkLayout(field string, l rolloutv1.TokenLayout) error {
+	if _, ok := rolloutv1.TokenLayout_name[int32(l)]; !ok {
+		return status.Errorf(codes.InvalidArgument, "%s: unknown token layout %d (this server knows full and compact)", field, int32(l))
+	}
+	return nil
+}
+
+// compactLayout reports whether a stream asked for the compact layout.
+func compactLayout(l rolloutv1.TokenLayout) bool {
+	return l == rolloutv1.TokenLayout_TOKEN_LAYOUT_COMPACT
+}
+
+// CompactGroup returns g with every rollout in the compact layout. g is not
+// modified (it may be shared by several streams); the result shares its
+// token ids and text.
+func CompactGroup(g *rolloutv1.Group) *rolloutv1.Group {
+	if g == nil {
+		return nil
+	}
+	out := shallowClone(g)
+	out.Rollouts = make([]*rolloutv1.Rollout, len(g.Rollouts))
+	for i, r := range g.Rollouts {
+		out.Rollouts[i] = CompactRollout(r)
+	}
+	return out
+}
+
+// CompactRollout returns r in the compact layout: loss_mask as the lengths
+// of its alternating runs (loss_mask_runs) and, when every untrained
+// position holds the 1.0 placeholder and at least one position is trained,
+// only the trained positions' logprobs (trained_logprobs). A column that
+// does not fit (a mask value other than 0 and 1, logprobs not aligned or
+// with a real value at an untrained position) stays in the full layout, so
+// nothing is lost. r is not modified.
+func CompactRollout(r *rolloutv1.Rollout) *rolloutv1.Rollout {
+	if r == nil || len(r.LossMask) == 0 {
+		return r
+	}
+	runs, ok := maskRuns(r.LossMask)
+	if !ok {
+		return r
+	}
+	out := shallowClone(r)
+	out.LossMask, out.LossMaskRuns = nil, runs
+	if tl, ok := trainedLogprobs(r.LossMask, r.Logprobs); ok {
+		out.Logprobs, out.TrainedLogprobs = nil, tl
+	}
+	return out
+}
+
+// maskRuns returns the lengths of the alternating runs of mask, starting
+// with a run of 0s (possibly empty); false when a value is not 0 or 1.
+func maskRuns(mask []int32) ([]int32, bool) {
+	var runs []int32
+	cur, n := int32(0), int32(0)
+	for _, m := range mask {
+		if m != 0 && m != 1 {
+			return nil, false
+		}
+		if m != cur {
+			runs = append(runs, n)
+			cur, n = m, 0
+		}
+		n++
+	}
+	return append(runs, n), true
+}
+
+// trainedLogprobs returns the logprobs at the trained positions when the
+// untrained ones are all the placeholder and at least one is trained.
+func trainedLogprobs(mask []int32, lps []float32) ([]float32, bool) {
+	if len(lps) != len(mask) {
+		return nil, false
+	}
+	placeholder := math.Float32bits(trajectory.LogprobPlaceholder)
+	trained := 0
+	for _, m := range mask {
+		if m == 1 {
+			trained++
+		}
+	}
+	if trained == 0 {
+		return nil, false
+	}
+	out := make([]float32, 0, trained)
+	for i, m := range mask {
+		if m == 1 {
+			out = append(out, lps[i])
+		} else if math.Float32bits(lps[i]) != placeholder {
+			return nil, false
+		}
+	}
+	return out, true
+}
+
+// ExpandRollout turns a rollout received in either layout into the full
+// layout in place: loss_mask from loss_mask_runs and logprobs from
+// trained_logprobs (1.0 on untrained positions). A rollout already in the
+// full layout is left as it is. Inconsistent compact fields (runs that do
+// not add up to the tokens, a trained_logprobs count that is not the
+// number of trained positions, both layouts at once) are an error.
+func ExpandRollout(r *rolloutv1.Rollout) error {
+	if len(r.LossMaskRuns) > 0 {
+		if len(r.LossMask) > 0 {
+			return fmt.Errorf("rollout %d: both loss_mask and loss_mask_runs are set", r.Index)
+		}
+		var total int64
+		for _, n := range r.LossMaskRuns {
+			if n < 0 {
+				return fmt.Errorf("rollout %d: negative run %d in loss_mask_runs", r.Index, n)
+			}
+			total += int64(n)
+		}
+		if total != int64(len(r.Tokens)) {
+			return fmt.Errorf("rollout %d: loss_mask_runs cover %d positions, the rollout has %d tokens", r.Index, total, len(r.Tokens))
+		}
+		mask := make([]int32, total)
+		pos := 0
+		for i, n := range r.LossMaskRuns {
+			if i%2 == 1 {
+				for k := range int(n) {
+					mask[pos+k] = 1
+				}
+			}
+			pos += int(n)
+		}
+		r.LossMask, r.LossMaskRuns = mask, nil
+	}
+	if len(r.TrainedLogprobs) > 0 {
+		if len(r.Logprobs) > 0 {
+			return fmt.Errorf("rollout %d: both logprobs and trained_logprobs are set", r.Index)
+		}
+		trained := 0
+		for _, m := range r.LossMask {
+			if m == 1 {
+				trained++
+			}
+		}
+		if trained != len(r.TrainedLogprobs) {
+			return fmt.Errorf("rollout %d: %d trained_logprobs for %d trained positions", r.Index, len(r.TrainedLogprobs), trained)
+		}
+		lps := make([]float32, len(r.LossMask))
+		k := 0
+		for i, m := range r.LossMask {
+			if m == 1 {
+				lps[i] = r.TrainedLogprobs[k]
+				k++
+			} else {
+				lps[i] = trajectory.LogprobPlaceholder
+			}
+		}
+		r.Logprobs, r.TrainedLogprobs = lps, nil
+	}
+	return nil
+}
+
+// ExpandGroup applies ExpandRollout to every rollout of g.
+func ExpandGroup(g *rolloutv1.Group) error {
+	for _, r := range g.GetRollouts() {
+		if err := ExpandRollout(r); err != nil {
+			return fmt.Errorf("group %s: %w", g.GroupId, err)
+		}
+	}
+	return nil
+}
+
+// shallowClone copies m's populated fields into a new message of its type;
+// repeated fields, maps and sub-messages are shared, not copied.
+func shallowClone[M proto.Message](m M) M {
+	src := m.ProtoReflect()
+	dst := src.New()
+	src.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		dst.Set(fd, v)
+		return true
+	})
+	return dst.Interface().(M)
 }

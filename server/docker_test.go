@@ -2,8 +2,6 @@ package server
 
 import (
 	"context"
-	crand "crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"os"
 	"testing"
@@ -13,10 +11,8 @@ import (
 
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
 	"github.com/rollout-rl/rollout/internal/dockerclient"
-	"github.com/rollout-rl/rollout/internal/job"
 	"github.com/rollout-rl/rollout/sandbox"
 	"github.com/rollout-rl/rollout/sandbox/image"
-	"github.com/rollout-rl/rollout/trajectory"
 )
 
 // needDocker ensures the busybox sandbox image, skipping without an engine
@@ -40,15 +36,7 @@ func needDocker(t *testing.T) string {
 // containers, and closing the backend after the shutdown leaves none.
 func TestDockerJob(t *testing.T) {
 	ref := needDocker(t)
-	b := make([]byte, 4)
-	_, _ = crand.Read(b)
-	instance := "servertest-" + hex.EncodeToString(b)
-	shared := job.NewShared(sandbox.Options{Instance: instance, Logger: quiet})
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		_ = shared.Close(ctx)
-	})
+	shared, instance := newShared(t, "servertest")
 
 	s := newSim(t, "terminal-tasks", -1)
 	h := startServer(t, Options{Sandboxes: shared, Images: shared}, RunOptions{})
@@ -72,24 +60,7 @@ output: {dir: runs/docker}
 	if p := res.finished.Progress; p.GroupsDone != 2 || p.RolloutsOk != 4 {
 		t.Errorf("progress %v", p)
 	}
-	recs := readRun(t, j.OutputDir)
-	if len(recs) != 2 {
-		t.Fatalf("%d groups on disk", len(recs))
-	}
-	rewarded := 0
-	for g, rows := range recs {
-		for _, r := range rows {
-			if r.Status != trajectory.StatusOK || r.Turns < 2 {
-				t.Errorf("group %s rollout %d: %s, %d turns, %+v", g, r.RolloutIndex, r.Status, r.Turns, r.Failure)
-			}
-			if r.Reward > 0 {
-				rewarded++
-			}
-		}
-	}
-	if rewarded == 0 {
-		t.Error("no rollout earned a reward: the sandboxed tool calls did not take effect")
-	}
+	checkSandboxedRun(t, j.OutputDir, 2)
 
 	if err := h.stop(); err != nil {
 		t.Fatal(err)

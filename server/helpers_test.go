@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	crand "crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -21,10 +23,21 @@ import (
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
 	"github.com/rollout-rl/rollout/inference/sim"
 	"github.com/rollout-rl/rollout/internal/demo"
+	"github.com/rollout-rl/rollout/internal/job"
+	"github.com/rollout-rl/rollout/sandbox"
 	"github.com/rollout-rl/rollout/trajectory"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// client-go, under the Kubernetes backend (TestKubernetesJob):
+		// the WebSocket exec stream's heartbeat outlives its closed
+		// stream, and the API server connection of client-go's
+		// process-wide transport cache stays open for reuse.
+		goleak.IgnoreTopFunction("k8s.io/client-go/tools/remotecommand.(*heartbeat).start"),
+		goleak.IgnoreAnyFunction("golang.org/x/net/http2.(*clientConnReadLoop).run"),
+	)
+}
 
 var quiet = slog.New(slog.DiscardHandler)
 
@@ -317,4 +330,47 @@ func wantCode(t *testing.T, what string, err error, code codes.Code, field strin
 	if field != "" && !strings.Contains(st.Message(), field) {
 		t.Errorf("%s: message %q does not name %q", what, st.Message(), field)
 	}
+}
+
+// checkSandboxedRun reads a finished job's run directory and checks that it
+// holds wantGroups groups of ok rollouts of at least two turns, at least one
+// of them rewarded (its sandboxed tool calls took effect).
+func checkSandboxedRun(t *testing.T, dir string, wantGroups int) map[string][]trajectory.Record {
+	t.Helper()
+	recs := readRun(t, dir)
+	if len(recs) != wantGroups {
+		t.Fatalf("%d groups on disk, want %d", len(recs), wantGroups)
+	}
+	rewarded := 0
+	for g, rows := range recs {
+		for _, r := range rows {
+			if r.Status != trajectory.StatusOK || r.Turns < 2 {
+				t.Errorf("group %s rollout %d: %s, %d turns, %+v", g, r.RolloutIndex, r.Status, r.Turns, r.Failure)
+			}
+			if r.Reward > 0 {
+				rewarded++
+			}
+		}
+	}
+	if rewarded == 0 {
+		t.Error("no rollout earned a reward: the sandboxed tool calls did not take effect")
+	}
+	return recs
+}
+
+// newShared returns the server's shared sandbox backends under a fresh
+// instance name (prefix + random suffix), and that name; they are closed
+// when the test ends.
+func newShared(t *testing.T, prefix string) (shared *job.Shared, instance string) {
+	t.Helper()
+	b := make([]byte, 4)
+	_, _ = crand.Read(b)
+	instance = prefix + "-" + hex.EncodeToString(b)
+	shared = job.NewShared(sandbox.Options{Instance: instance, Logger: quiet})
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer cancel()
+		_ = shared.Close(ctx)
+	})
+	return shared, instance
 }

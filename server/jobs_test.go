@@ -215,12 +215,14 @@ func TestRestartResumes(t *testing.T) {
 	// A client that had received groups 0 and 1 continues from sequence 2
 	// across the restart: every later group exactly once, in order.
 	fromSeq := int64(2)
-	stream, err := h2.cli.WatchJob(ctx, &rolloutv1.WatchJobRequest{JobId: "resume-me", IncludeGroups: true, FromSequence: &fromSeq})
+	stream, err := h2.cli.WatchJob(ctx, &rolloutv1.WatchJobRequest{JobId: "resume-me", IncludeGroups: true, FromSequence: &fromSeq,
+		TokenLayout: rolloutv1.TokenLayout_TOKEN_LAYOUT_COMPACT})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var seqs []int64
 	seen := map[string]bool{}
+	compactGroups := map[string]*rolloutv1.Group{}
 	for {
 		ev, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
@@ -238,6 +240,16 @@ func TestRestartResumes(t *testing.T) {
 			}
 			seen[g.GroupId] = true
 			seqs = append(seqs, *g.Sequence)
+			// Asked for the compact layout: replayed and live groups alike.
+			for _, r := range g.Rollouts {
+				if len(r.Tokens) > 0 && len(r.LossMaskRuns) == 0 {
+					t.Errorf("group %s rollout %d not in the compact layout", g.GroupId, r.Index)
+				}
+			}
+			if err := ExpandGroup(g); err != nil {
+				t.Error(err)
+			}
+			compactGroups[g.GroupId] = g
 		}
 	}
 	if want := []int64{2, 3, 4, 5, 6}; !slices.Equal(seqs, want) {
@@ -257,6 +269,20 @@ func TestRestartResumes(t *testing.T) {
 	for g, rows := range after {
 		if len(rows) != 2 {
 			t.Errorf("group %s: %d rows", g, len(rows))
+		}
+		if w := compactGroups[g]; w != nil {
+			for _, r := range w.Rollouts {
+				rec := rows[r.Index]
+				if !slices.Equal(r.Tokens, rec.Tokens) || len(r.LossMask) != len(rec.LossMask) || !slices.Equal(r.Logprobs, rec.Logprobs) {
+					t.Errorf("group %s rollout %d: the expanded compact layout differs from the Parquet row", g, r.Index)
+				}
+				for k, m := range rec.LossMask {
+					if r.LossMask[k] != int32(m) {
+						t.Errorf("group %s rollout %d: loss_mask[%d] %d, Parquet %d", g, r.Index, k, r.LossMask[k], m)
+						break
+					}
+				}
+			}
 		}
 		for _, r := range rows {
 			if r.Status != trajectory.StatusOK {

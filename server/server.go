@@ -389,6 +389,10 @@ func (s *Server) WatchJob(req *rolloutv1.WatchJobRequest, stream rolloutv1.Rollo
 	if req.FromSequence != nil && (!req.IncludeGroups || *req.FromSequence < 0) {
 		return status.Error(codes.InvalidArgument, "from_sequence: needs include_groups and must not be negative")
 	}
+	if err := checkLayout("token_layout", req.TokenLayout); err != nil {
+		return err
+	}
+	compact := compactLayout(req.TokenLayout)
 	w := &watcher{groups: req.IncludeGroups, ch: make(chan *rolloutv1.WatchJobResponse, 1024), lost: make(chan struct{})}
 	jr.mu.Lock()
 	ended := false
@@ -420,6 +424,9 @@ func (s *Server) WatchJob(req *rolloutv1.WatchJobRequest, stream rolloutv1.Rollo
 		}
 		err := replayGroups(stream.Context(), dir, next, dropEqual, func(g *rolloutv1.Group) error {
 			next = g.GetSequence() + 1
+			if compact {
+				g = CompactGroup(g)
+			}
 			return stream.Send(&rolloutv1.WatchJobResponse{Event: &rolloutv1.WatchJobResponse_Group{Group: g}})
 		})
 		if err != nil {
@@ -435,6 +442,10 @@ func (s *Server) WatchJob(req *rolloutv1.WatchJobRequest, stream rolloutv1.Rollo
 	send := func(ev *rolloutv1.WatchJobResponse) (bool, error) {
 		if g := ev.GetGroup(); g != nil && g.Sequence != nil && *g.Sequence < next {
 			return false, nil // already replayed from the run directory
+		}
+		if g := ev.GetGroup(); g != nil && compact {
+			// The event is shared by every watcher: compact a copy.
+			ev = &rolloutv1.WatchJobResponse{Event: &rolloutv1.WatchJobResponse_Group{Group: CompactGroup(g)}}
 		}
 		if err := stream.Send(ev); err != nil {
 			return true, err
@@ -519,7 +530,8 @@ func envProto(e envs.Env) *rolloutv1.Environment {
 }
 
 // checkConfig resolves the config's server paths under the path policy:
-// output.dir, dataset.path, an env file, and the env_config keys that name
+// output.dir, dataset.path, an env file, sandbox.kubernetes.kubeconfig,
+// and the env_config keys that name
 // host paths (path, dir, *_path, *_dir, *_file, e.g. terminal-bench's tasks_dir).
 // Field names in errors get prefix. A job needs an output dir; a collect
 // stream may go without.
@@ -548,6 +560,16 @@ func (s *Server) checkConfig(cfg *runner.Config, prefix string, needOutput bool)
 		if cfg.Env, err = s.resolvePath(prefix+"env", cfg.Env); err != nil {
 			return err
 		}
+	}
+	if k := cfg.Sandbox.Kubernetes; k != nil && k.Kubeconfig != "" {
+		// The kubeconfig is a host file holding credentials: the same
+		// policy as every other path (an empty one means the server's
+		// own: $KUBECONFIG, ~/.kube/config or in-cluster).
+		kc := *k
+		if kc.Kubeconfig, err = s.resolvePath(prefix+"sandbox.kubernetes.kubeconfig", kc.Kubeconfig); err != nil {
+			return err
+		}
+		cfg.Sandbox.Kubernetes = &kc
 	}
 	return s.checkEnvPaths(&cfg.EnvConfig, prefix+"env_config")
 }

@@ -75,6 +75,30 @@ type SizeComparison struct {
 	AtroposGzipBytes int64
 	AtroposRawBytes  int64
 	Ratio            float64 // ParquetBytes / AtroposGzipBytes
+	// ColumnBytes is the compressed size of each top-level column (its
+	// column chunks, page headers included) over the part files: where
+	// ParquetBytes goes. The footer and file magic are not in any column.
+	ColumnBytes map[string]int64
+}
+
+// ColumnSizes adds the compressed size of every top-level column of the
+// Parquet file at path to sizes (nested and list columns count under
+// their top-level name).
+func ColumnSizes(path string, sizes map[string]int64) error {
+	f, err := OpenFile(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	for _, rg := range f.pf.Metadata().RowGroups {
+		for _, c := range rg.Columns {
+			if len(c.MetaData.PathInSchema) == 0 {
+				return &FileError{Path: path, Err: fmt.Errorf("%w: column chunk without a path", ErrCorruptFile)}
+			}
+			sizes[c.MetaData.PathInSchema[0]] += c.MetaData.TotalCompressedSize
+		}
+	}
+	return nil
 }
 
 // CompareSize writes recs as Parquet (default writer settings) and as
@@ -101,8 +125,12 @@ func CompareSize(ctx context.Context, dir string, recs []Record) (SizeComparison
 	if err := w.Close(ctx); err != nil {
 		return c, err
 	}
+	c.ColumnBytes = map[string]int64{}
 	for _, f := range w.Manifest().Files {
 		c.ParquetBytes += f.Bytes
+		if err := ColumnSizes(filepath.Join(runDir, f.Name), c.ColumnBytes); err != nil {
+			return c, err
+		}
 	}
 	gzPath := filepath.Join(runDir, "atropos.jsonl.gz")
 	f, err := os.Create(gzPath)

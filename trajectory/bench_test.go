@@ -67,7 +67,14 @@ func TestSizeVersusAtroposJSONL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("48 × 8k: parquet %d B, atropos jsonl %d B raw, %d B gzip, ratio %.3f", c.ParquetBytes, c.AtroposRawBytes, c.AtroposGzipBytes, c.Ratio)
+	t.Logf("48 × 8k: parquet %d B, atropos jsonl %d B raw, %d B gzip, ratio %.3f; columns %v", c.ParquetBytes, c.AtroposRawBytes, c.AtroposGzipBytes, c.Ratio, c.ColumnBytes)
+	var cols int64
+	for _, n := range c.ColumnBytes {
+		cols += n
+	}
+	if cols <= 0 || cols > c.ParquetBytes || c.ColumnBytes["tokens"] <= 0 || c.ColumnBytes["messages"] <= 0 {
+		t.Errorf("column bytes %v (sum %d) do not account for a %d B file", c.ColumnBytes, cols, c.ParquetBytes)
+	}
 	if c.Ratio > 0.8 {
 		t.Errorf("parquet/atropos-gzip size ratio %.3f > 0.8 (regression)", c.Ratio)
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rollout-rl/rollout/internal/dockerclient"
+	"github.com/rollout-rl/rollout/internal/imageref"
 	"github.com/rollout-rl/rollout/sandbox/image"
 )
 
@@ -17,11 +18,49 @@ func init() { registerSandbox(newSandboxImageCmd) }
 func newSandboxImageCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "image",
-		Short: "Build the sandbox base images (no registry needed)",
+		Short: "Build the sandbox base images (no registry needed); push images to a registry",
 		Args:  cobra.NoArgs,
 		RunE:  func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
-	cmd.AddCommand(newSandboxImageBuildCmd())
+	cmd.AddCommand(newSandboxImageBuildCmd(), newSandboxImagePushCmd())
+	return cmd
+}
+
+func newSandboxImagePushCmd() *cobra.Command {
+	var registry string
+	cmd := &cobra.Command{
+		Use:   "push --registry HOST[:PORT] IMAGE...",
+		Short: "Tag local images as HOST[:PORT]/IMAGE and push them there (for sandbox.kubernetes.image_registry)",
+		Long: "Push images of the local Docker engine to a registry, so that Kubernetes nodes pull them\n" +
+			"(sandbox.kubernetes.image_registry: HOST[:PORT]; docs/kubernetes.md, \"Images\"). Each IMAGE that\n" +
+			"names no registry is tagged HOST[:PORT]/IMAGE first. The engine does the push: plain HTTP\n" +
+			"only to registries it treats as insecure (127.0.0.0/8 by default); credentials are the\n" +
+			"engine's (docker login). Push the agent image too (rollout-agent:<sha12>, see\n" +
+			"`scripts/k8s-lab/lab.sh images`).",
+		Example: "  rollout sandbox image push --registry 127.0.0.1:5000 rollout-sandbox:bookworm rollout-agent:0123456789ab",
+		Args:    cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := imageref.CheckRegistry(registry); err != nil {
+				return usageError(cmd, fmt.Errorf("--registry: %w", err))
+			}
+			ctx := cmd.Context()
+			cli, err := dockerclient.New(ctx)
+			if err != nil {
+				return err
+			}
+			defer cli.Close()
+			for _, ref := range args {
+				start := time.Now()
+				pushed, err := image.Push(ctx, cli, registry, ref)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "%s: pushed in %s\n", pushed, time.Since(start).Round(10*time.Millisecond))
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&registry, "registry", "", "registry to push to: HOST[:PORT] (required)")
 	return cmd
 }
 

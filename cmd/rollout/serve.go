@@ -83,7 +83,7 @@ Off loopback the server requires --auth-token-file (clients send
 	fl.IntVar(&f.maxMsgSize, "max-msg-size", server.DefaultMaxMsgSize, "largest gRPC message received or sent, in bytes")
 	fl.Float64Var(&f.rateLimit, "rate-limit", 0, "calls per second admitted across all clients, streams counted when opened (0: unlimited)")
 	fl.IntVar(&f.rateBurst, "rate-burst", 0, "burst size of --rate-limit (default: the rate, at least 1)")
-	fl.IntVar(&f.maxSandboxes, "max-sandboxes", 0, "sandbox containers alive at once across all jobs (default 512)")
+	fl.IntVar(&f.maxSandboxes, "max-sandboxes", 0, "sandbox containers alive at once across all jobs (default 512); also the most pods of each Kubernetes backend (sandbox.kubernetes.max_pods)")
 	fl.IntVar(&f.quotas.Jobs, "quota-jobs", 0, "jobs and collect streams one client (token) may run at once (default 8; -1: no quota)")
 	fl.IntVar(&f.quotas.Sandboxes, "quota-sandboxes", 0, "sum of limits.sandboxes over one client's running jobs (default 256; -1: no quota)")
 	fl.Int64Var(&f.quotas.Rows, "quota-rows", 0, "rollouts (groups x group_size) one job may produce (default 1000000; -1: no quota)")
@@ -167,8 +167,10 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 		o.MetricsListener = m
 	}
 
-	// One Docker backend for every job, started on the first sandbox; it
-	// is closed last, removing whatever sandboxes remain.
+	// One Docker backend for every job, and one Kubernetes backend per
+	// distinct sandbox.kubernetes block of jobs with sandbox.backend
+	// kubernetes (docs/kubernetes.md), each started on its first sandbox;
+	// they are closed last, removing whatever sandboxes remain.
 	shared := job.NewShared(sandbox.Options{Logger: log, MaxContainers: f.maxSandboxes})
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)

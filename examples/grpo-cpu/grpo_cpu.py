@@ -47,6 +47,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "python"))
 
 import tiny_qwen3  # noqa: E402
+from rollout_example import full_token_columns  # noqa: E402
 
 EXIT_AGREEMENT = 2
 EXIT_MISALIGNED = 3
@@ -90,7 +91,8 @@ def rollouts_of(group):
     for r in group.rollouts:
         if r.status != "ok" or not r.HasField("advantage"):
             continue
-        out.append(Rollout(group.group_id, r.index, r.tokens, r.loss_mask, r.logprobs, r.advantage, r.reward, pv))
+        mask, logprobs = full_token_columns(r)  # the stream uses the compact token layout
+        out.append(Rollout(group.group_id, r.index, r.tokens, mask, logprobs, r.advantage, r.reward, pv))
     return out
 
 
@@ -168,14 +170,22 @@ def wait_healthy(endpoint, timeout):
 def engine_probe(endpoint, model, prompt_ids):
     """|engine - trainer| logprob of one sampled token on a fixed prompt:
     proves the engine serves the weights the trainer holds."""
-    res = http_json(endpoint + "/completion", {
-        "prompt": prompt_ids, "n_predict": 1, "n_probs": 1, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
-        "min_p": 0.0, "seed": 1, "cache_prompt": False, "return_tokens": True})
-    tok = res["tokens"][0]
-    got = res["completion_probabilities"][0]["logprob"]
-    with torch.no_grad():
-        want = float(model.token_logprobs(list(prompt_ids) + [tok])[-1])
-    return abs(got - want)
+    # llama.cpp names no probability for a sampled token that ends inside a
+    # UTF-8 sequence (docs/real-engines.md); a trained policy can sample one
+    # here, so the probe tries further seeds until the engine names one.
+    for seed in range(1, 33):
+        res = http_json(endpoint + "/completion", {
+            "prompt": prompt_ids, "n_predict": 1, "n_probs": 1, "temperature": 1.0, "top_k": 0, "top_p": 1.0,
+            "min_p": 0.0, "seed": seed, "cache_prompt": False, "return_tokens": True})
+        probs = res.get("completion_probabilities") or []
+        if not res.get("tokens") or not probs:
+            continue
+        tok = res["tokens"][0]
+        got = probs[0]["logprob"]
+        with torch.no_grad():
+            want = float(model.token_logprobs(list(prompt_ids) + [tok])[-1])
+        return abs(got - want)
+    raise RuntimeError("engine probe: 32 seeds sampled tokens the engine names no probability for")
 
 
 # ---------------------------------------------------------------- gRPC
@@ -196,7 +206,8 @@ class Collector:
                     return
                 yield msg
 
-        self.outbox.put(pb.CollectGroupsRequest(start=pb.CollectStart(config_yaml=config_yaml, initial_credits=per_step)))
+        self.outbox.put(pb.CollectGroupsRequest(start=pb.CollectStart(config_yaml=config_yaml, initial_credits=per_step,
+                                                                             token_layout=pb.TOKEN_LAYOUT_COMPACT)))
         self.stream = stub.CollectGroups(requests(), timeout=timeout)
 
     def collect(self, step, items, policy_version):

@@ -37,7 +37,7 @@ import uuid
 import grpc
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from rollout_example import DEFAULT_PROTO_ROOT, generate_stubs  # noqa: E402
+from rollout_example import DEFAULT_PROTO_ROOT, full_token_columns, generate_stubs  # noqa: E402
 
 
 def config(args):
@@ -77,7 +77,8 @@ def check_group(g, max_staleness):
         if len(r.token_versions) != len(r.tokens):
             bad.append("rollout %d: %d versions for %d tokens" % (r.index, len(r.token_versions), len(r.tokens)))
             continue
-        sampled = [v for v, m in zip(r.token_versions, r.loss_mask) if m]
+        mask, _ = full_token_columns(r)
+        sampled = [v for v, m in zip(r.token_versions, mask) if m]
         if sampled and min(sampled) < g.min_policy_version:
             bad.append("rollout %d: a token older than the group's min_policy_version" % r.index)
         for c in r.version_cuts:
@@ -95,7 +96,8 @@ def train_step(g):
     for r in g.rollouts:
         if r.status != "ok" or not r.HasField("advantage"):
             continue
-        for lp, m in zip(r.logprobs, r.loss_mask):
+        mask, logprobs = full_token_columns(r)
+        for lp, m in zip(logprobs, mask):
             if m:
                 ratio = math.exp(lp - lp)  # new == old in this pretend step
                 total += ratio * r.advantage
@@ -135,7 +137,8 @@ def main():
                     yield m
 
             outbox.put(pb.CollectGroupsRequest(start=pb.CollectStart(
-                config_yaml=config(args), initial_credits=args.in_flight, stream_id=stream_id)))
+                config_yaml=config(args), initial_credits=args.in_flight, stream_id=stream_id,
+                token_layout=pb.TOKEN_LAYOUT_COMPACT)))
             outbox.put(pb.CollectGroupsRequest(next=pb.CollectNext(request_id="async", count=args.groups)))
             version, received, updates, cuts, max_lag, problems = 0, 0, 0, 0, 0, []
             last = None

@@ -106,6 +106,8 @@ func TestPythonExample(t *testing.T) {
 
 var groupLine = regexp.MustCompile(`^(watch|collect) group (\S+) (?:request=(\S+) )?item=(\S+) rewards=\[([^\]]*)\] tokens=\[([^\]]*)\] mean=(\S+)(.*)$`)
 
+var trainedCounts = regexp.MustCompile(`trained=\[([^\]]*)\]`)
+
 // checkOutput checks that both parts received every group with its
 // rewards and tokens.
 func checkOutput(t *testing.T, out string) {
@@ -134,6 +136,21 @@ func checkOutput(t *testing.T, out string) {
 			}
 			if n, err := strconv.Atoi(tokens[i]); err != nil || n <= 0 {
 				t.Errorf("rollout %d: token count %q is not positive: %q", i, tokens[i], line)
+			}
+		}
+		// The script asks for the compact token layout and prints the
+		// trained tokens of each rollout from its expanded loss mask.
+		if tm := trainedCounts.FindStringSubmatch(m[8]); tm == nil {
+			t.Errorf("no trained token counts: %q", line)
+		} else if trained := strings.Split(tm[1], ", "); len(trained) != groupSize {
+			t.Errorf("%d trained token counts, want %d: %q", len(trained), groupSize, line)
+		} else {
+			for i := range trained {
+				n, err := strconv.Atoi(trained[i])
+				total, _ := strconv.Atoi(tokens[i])
+				if err != nil || n <= 0 || n >= total {
+					t.Errorf("rollout %d: trained token count %q not in (0, %d): %q", i, trained[i], total, line)
+				}
 			}
 		}
 		if part == "collect" && (m[3] != "step-1" || !strings.Contains(m[8], "policy_version=1")) {

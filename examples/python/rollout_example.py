@@ -4,9 +4,15 @@
 1. Generates the gRPC stubs from proto/rollout/v1/rollout.proto with
    grpcio-tools into a temporary directory (nothing is written to the tree).
 2. Starts a job (StartJob), follows it with WatchJob until it ends and prints
-   every completed group: item id, rewards, tokens per rollout.
+   every completed group: item id, rewards, tokens and trained tokens per
+   rollout.
 3. Collects groups trainer-style with CollectGroups, granting one credit per
    consumed group so that at most one group is ever in flight.
+
+Both streams ask for the compact token layout (TOKEN_LAYOUT_COMPACT: the loss
+mask as run lengths, logprobs of trained positions only); full_token_columns()
+turns a rollout of either layout into position-aligned loss_mask and
+logprobs lists.
 
 Needs python3-grpcio and python3-grpc-tools (Debian) or grpcio and
 grpcio-tools (PyPI). With Debian's packages run it with /usr/bin/python3: a
@@ -91,12 +97,47 @@ def run_config(env, endpoint, groups, group_size, out_dir=None):
     return "\n".join(lines) + "\n"
 
 
+LOGPROB_PLACEHOLDER = 1.0  # the logprob of an untrained position
+
+
+def full_token_columns(r):
+    """(loss_mask, logprobs) of a rollout as lists aligned with r.tokens, from
+    either token layout (docs/api.md, "Token layout"). logprobs is [] when
+    the rollout has none. Raises ValueError on inconsistent fields."""
+    n = len(r.tokens)
+    if r.loss_mask_runs:
+        if r.loss_mask:
+            raise ValueError("rollout %d: both loss_mask and loss_mask_runs" % r.index)
+        if any(k < 0 for k in r.loss_mask_runs) or sum(r.loss_mask_runs) != n:
+            raise ValueError("rollout %d: loss_mask_runs %s do not cover its %d tokens" % (r.index, list(r.loss_mask_runs), n))
+        mask = []
+        for i, k in enumerate(r.loss_mask_runs):
+            mask.extend([i % 2] * k)
+    else:
+        mask = list(r.loss_mask)
+    if r.trained_logprobs:
+        if r.logprobs:
+            raise ValueError("rollout %d: both logprobs and trained_logprobs" % r.index)
+        if sum(mask) != len(r.trained_logprobs):
+            raise ValueError("rollout %d: %d trained_logprobs for %d trained positions"
+                             % (r.index, len(r.trained_logprobs), sum(mask)))
+        it = iter(r.trained_logprobs)
+        logprobs = [next(it) if m else LOGPROB_PLACEHOLDER for m in mask]
+    else:
+        logprobs = list(r.logprobs)
+    if len(mask) != n or logprobs and len(logprobs) != n:
+        raise ValueError("rollout %d: %d tokens, %d mask values, %d logprobs" % (r.index, n, len(mask), len(logprobs)))
+    return mask, logprobs
+
+
 def describe_group(g):
-    """item id, rewards and token counts of one group, on one line."""
+    """item id, rewards, token and trained token counts of one group, on
+    one line."""
     rewards = ", ".join("%.2f" % r.reward if r.status == "ok" else r.status + ":" + r.failure_kind
                         for r in g.rollouts)
     tokens = ", ".join(str(len(r.tokens)) for r in g.rollouts)
-    line = "item=%s rewards=[%s] tokens=[%s] mean=%.2f" % (g.item_id, rewards, tokens, g.mean)
+    trained = ", ".join(str(sum(full_token_columns(r)[0])) for r in g.rollouts)
+    line = "item=%s rewards=[%s] tokens=[%s] mean=%.2f trained=[%s]" % (g.item_id, rewards, tokens, g.mean, trained)
     if g.HasField("policy_version"):
         line += " policy_version=%d" % g.policy_version
     if g.dropped:
@@ -117,7 +158,8 @@ def watch_job(pb, stub, args, meta):
     # whether any were missed.
     received = 0
     final = None
-    events = stub.WatchJob(pb.WatchJobRequest(job_id=job.id, include_groups=True),
+    events = stub.WatchJob(pb.WatchJobRequest(job_id=job.id, include_groups=True,
+                                                 token_layout=pb.TOKEN_LAYOUT_COMPACT),
                            metadata=meta, timeout=args.timeout)
     for ev in events:
         kind = ev.WhichOneof("event")
@@ -158,7 +200,8 @@ def collect_groups(pb, stub, args, meta):
             yield msg
 
     config = run_config(args.env, args.endpoint, 0, args.group_size)  # no output.dir: stream only
-    outbox.put(pb.CollectGroupsRequest(start=pb.CollectStart(config_yaml=config, initial_credits=1)))
+    outbox.put(pb.CollectGroupsRequest(start=pb.CollectStart(config_yaml=config, initial_credits=1,
+                                                                   token_layout=pb.TOKEN_LAYOUT_COMPACT)))
     outbox.put(pb.CollectGroupsRequest(next=pb.CollectNext(request_id="step-1", count=want, policy_version=1)))
     received = 0
     max_in_flight = 0

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -54,6 +56,7 @@ func runOutput(ctx context.Context, r *runCtx) (out []Measure, err error) {
 	per1k := func(b int64) float64 { return sig(float64(b) / float64(c.Rows) * 1000 / 1e6) }
 	sizeNote := fmt.Sprintf("%d trajectories × %d tokens: Parquet %d B, Atropos JSONL %d B raw, %d B gzip", c.Rows, benchTokens,
 		c.ParquetBytes, c.AtroposRawBytes, c.AtroposGzipBytes)
+	sizeNote = joinNote(sizeNote, columnNote(c))
 	if r.quick() {
 		sizeNote = joinNote(sizeNote, "quick run: fewer trajectories, scaled to 1,000")
 	}
@@ -120,14 +123,17 @@ func runOutput(ctx context.Context, r *runCtx) (out []Measure, err error) {
 	)
 
 	// The service's Group message: size vs Atropos JSON, and streaming.
+	// The trainers in this repository ask for the compact token layout
+	// (docs/api.md, "Token layout"); the full layout's size is in the note.
 	groups := groupRecords(recs)
-	var pbBytes, jsonBytes int64
+	var pbBytes, fullBytes, jsonBytes int64
 	for _, g := range groups {
 		m, err := groupMessage(g)
 		if err != nil {
 			return out, err
 		}
-		pbBytes += int64(proto.Size(m))
+		fullBytes += int64(proto.Size(m))
+		pbBytes += int64(proto.Size(server.CompactGroup(m)))
 		var buf bytes.Buffer
 		if err := trajectory.WriteAtroposPythonJSON(&buf, g); err != nil {
 			return out, fmt.Errorf("atropos json: %w", err)
@@ -135,8 +141,9 @@ func runOutput(ctx context.Context, r *runCtx) (out []Measure, err error) {
 		jsonBytes += int64(buf.Len())
 	}
 	out = append(out, Measure{Name: "service.size_vs_atropos_json", Value: ptr(sig(float64(pbBytes) / float64(jsonBytes))),
-		Note: fmt.Sprintf("%d groups of %d × %d tokens: Group %d B/group, Atropos ScoredDataGroup JSON (Python json.dumps) %d B/group",
-			len(groups), benchGroupSize, benchTokens, pbBytes/int64(len(groups)), jsonBytes/int64(len(groups)))})
+		Note: fmt.Sprintf("%d groups of %d × %d tokens: Group %d B/group in the compact token layout (full layout %d B, %.3g×), Atropos ScoredDataGroup JSON (Python json.dumps) %d B/group",
+			len(groups), benchGroupSize, benchTokens, pbBytes/int64(len(groups)), fullBytes/int64(len(groups)),
+			float64(fullBytes)/float64(jsonBytes), jsonBytes/int64(len(groups)))})
 
 	n := r.n(600, 100)
 	rate, err := streamGroups(ctx, groups, n)
@@ -144,8 +151,42 @@ func runOutput(ctx context.Context, r *runCtx) (out []Measure, err error) {
 		return out, fmt.Errorf("stream: %w", err)
 	}
 	out = append(out, Measure{Name: "service.groups_per_s", Value: ptr(sig(rate)),
-		Note: fmt.Sprintf("%d groups over loopback TCP; the generated RolloutService stubs and grpc-go, conversion from records per group as server/convert.go does; the runner and job machinery are not in the loop", n)})
+		Note: fmt.Sprintf("%d groups over loopback TCP in the compact token layout; the generated RolloutService stubs and grpc-go, conversion from records per group as server/convert.go does, the client expanding every group to the full layout (server.ExpandGroup); the runner and job machinery are not in the loop", n)})
 	return out, nil
+}
+
+// columnNote says where the Parquet bytes go: bytes per token position of
+// the largest columns, the rest together.
+func columnNote(c trajectory.SizeComparison) string {
+	positions := float64(c.Rows) * c.TokensPerRow
+	if positions <= 0 || len(c.ColumnBytes) == 0 {
+		return ""
+	}
+	names := make([]string, 0, len(c.ColumnBytes))
+	for n := range c.ColumnBytes {
+		names = append(names, n)
+	}
+	slices.SortFunc(names, func(a, b string) int { return cmp.Compare(c.ColumnBytes[b], c.ColumnBytes[a]) })
+	var parts []string
+	var rest int64
+	for i, n := range names {
+		if i < 4 {
+			parts = append(parts, fmt.Sprintf("%s %.2f", n, float64(c.ColumnBytes[n])/positions))
+		} else {
+			rest += c.ColumnBytes[n]
+		}
+	}
+	parts = append(parts, fmt.Sprintf("the other %d columns and the footer %.2f", len(names)-min(len(names), 4),
+		float64(c.ParquetBytes-sumBytes(c.ColumnBytes)+rest)/positions))
+	return "bytes per token position: " + strings.Join(parts, ", ")
+}
+
+func sumBytes(m map[string]int64) int64 {
+	var n int64
+	for _, v := range m {
+		n += v
+	}
+	return n
 }
 
 func median(xs []float64) float64 {
@@ -204,10 +245,14 @@ func (s *streamServer) CollectGroups(stream rolloutv1.RolloutService_CollectGrou
 		return err
 	}
 	n := int(first.GetStart().GetInitialCredits())
+	compact := first.GetStart().GetTokenLayout() == rolloutv1.TokenLayout_TOKEN_LAYOUT_COMPACT
 	for i := range n {
 		g, err := groupMessage(s.groups[i%len(s.groups)])
 		if err != nil {
 			return err
+		}
+		if compact {
+			g = server.CompactGroup(g)
 		}
 		g.GroupId = fmt.Sprintf("%s-%d", g.GroupId, i)
 		if err := stream.Send(&rolloutv1.CollectGroupsResponse{Msg: &rolloutv1.CollectGroupsResponse_Group{Group: g}}); err != nil {
@@ -268,7 +313,7 @@ func collect(ctx context.Context, cli rolloutv1.RolloutServiceClient, n int) (ti
 		return 0, err
 	}
 	if err := st.Send(&rolloutv1.CollectGroupsRequest{Msg: &rolloutv1.CollectGroupsRequest_Start{
-		Start: &rolloutv1.CollectStart{InitialCredits: int32(n)}}}); err != nil {
+		Start: &rolloutv1.CollectStart{InitialCredits: int32(n), TokenLayout: rolloutv1.TokenLayout_TOKEN_LAYOUT_COMPACT}}}); err != nil {
 		return 0, err
 	}
 	for got := 0; got < n; {
@@ -277,7 +322,10 @@ func collect(ctx context.Context, cli rolloutv1.RolloutServiceClient, n int) (ti
 			return 0, fmt.Errorf("after %d groups: %w", got, err)
 		}
 		if g := m.GetGroup(); g != nil {
-			if len(g.Rollouts) != benchGroupSize || len(g.Rollouts[0].Tokens) != benchTokens {
+			if err := server.ExpandGroup(g); err != nil {
+				return 0, err
+			}
+			if len(g.Rollouts) != benchGroupSize || len(g.Rollouts[0].Tokens) != benchTokens || len(g.Rollouts[0].LossMask) != benchTokens {
 				return 0, fmt.Errorf("group %s: %d rollouts", g.GroupId, len(g.Rollouts))
 			}
 			got++

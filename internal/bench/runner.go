@@ -111,6 +111,11 @@ func runRunner(ctx context.Context, r *runCtx) ([]Measure, error) {
 		out = append(out, NotMeasured("runner.docker_cpu_s_per_rollout", "dockerd/containerd not visible in /proc"))
 	}
 	out = append(out, phaseMeasures("runner.phase_", "zero latency", ph)...)
+	if tot := ph.mean(ph.total); tot > 0 {
+		out = append(out, Measure{Name: "runner.phase_sandbox_share", Value: ptr(sig(ph.mean(ph.sandbox) / tot))})
+	} else {
+		out = append(out, NotMeasured("runner.phase_sandbox_share", "no rollout finished"))
+	}
 
 	// Durability end to end: the same run with the journal off, then on
 	// again, alternating; groups/s from the runner's own elapsed time.

@@ -20,9 +20,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/moby/moby/client"
+
 	"github.com/rollout-rl/rollout/datasets"
 	"github.com/rollout-rl/rollout/envs"
 	"github.com/rollout-rl/rollout/inference"
+	"github.com/rollout-rl/rollout/internal/dockerclient"
+	"github.com/rollout-rl/rollout/internal/imageref"
 	"github.com/rollout-rl/rollout/internal/version"
 	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/sandbox"
@@ -179,7 +183,14 @@ func open(ctx context.Context, cfg runner.Config, opts Options) (*Job, error) {
 			u.SetVersion(*cfg.PolicyVersion)
 		}
 	}
-	sbs := opts.Sandboxes
+	sbs, imgs := opts.Sandboxes, opts.Images
+	if sel, ok := sbs.(BackendSelector); ok {
+		// A shared backend per sandbox.backend (the server's): the
+		// job's config picks Docker or a Kubernetes cluster.
+		if sbs, imgs, err = sel.For(cfg); err != nil {
+			return nil, fmt.Errorf("%w: sandbox: %w", runner.ErrConfig, err)
+		}
+	}
 	if sbs == nil {
 		// The job's own backend holds at most limits.sandboxes containers,
 		// warm ones included: the run's bound holds at every moment.
@@ -197,7 +208,6 @@ func open(ctx context.Context, cfg runner.Config, opts Options) (*Job, error) {
 		}
 		sbs = j.docker
 	}
-	imgs := opts.Images
 	if imgs == nil {
 		imgs = &taskImages{docker: j.docker}
 	}
@@ -427,6 +437,12 @@ type lazyDocker struct {
 	d             *sandbox.Docker
 	pool          *sandbox.Pool
 	err           error
+
+	// engine is the local Docker engine that builds and pushes task images
+	// for the Kubernetes backend (image_registry set); opened on first use.
+	engineOnce sync.Once
+	engine     *client.Client
+	engineErr  error
 }
 
 var (
@@ -450,14 +466,30 @@ func warmPoolSize(cfg runner.Config) int {
 	return 4 * max(cfg.GroupSize, 1)
 }
 
-func (l *lazyDocker) get(ctx context.Context) (*sandbox.Docker, error) {
-	if err := l.start(ctx); err != nil {
-		return nil, err
+// imageEngine returns the Docker engine that builds task images and the
+// registry they are pushed to afterwards ("" for none). With Docker
+// sandboxes it is the backend's own engine. With Kubernetes it is the local
+// engine when sandbox.kubernetes.image_registry is set (the nodes pull the
+// pushed image from there); without a registry the nodes could not get the
+// image, which is a clear error.
+func (l *lazyDocker) imageEngine(ctx context.Context) (*client.Client, string, error) {
+	if l.kube == nil {
+		if err := l.start(ctx); err != nil {
+			return nil, "", err
+		}
+		return l.d.Client(), "", nil
 	}
-	if l.d == nil {
-		return nil, fmt.Errorf("%w: task images are built by the local Docker engine; with sandbox.backend kubernetes build them beforehand and load them into the nodes or push them to sandbox.kubernetes.image_registry (docs/kubernetes.md)", sandbox.ErrInvalid)
+	if l.kube.ImageRegistry == "" {
+		return nil, "", fmt.Errorf("%w: with sandbox.backend kubernetes, task images are built by the local Docker engine and pushed to sandbox.kubernetes.image_registry, which is not set: set it, or build the image beforehand and load it into the nodes (docs/kubernetes.md, \"Images\")", sandbox.ErrInvalid)
 	}
-	return l.d, nil
+	if err := imageref.CheckRegistry(l.kube.ImageRegistry); err != nil {
+		return nil, "", fmt.Errorf("%w: sandbox.kubernetes.image_registry: %w", sandbox.ErrInvalid, err)
+	}
+	l.engineOnce.Do(func() { l.engine, l.engineErr = dockerclient.New(ctx) })
+	if l.engineErr != nil {
+		return nil, "", fmt.Errorf("task images for kubernetes are built by the local Docker engine: %w", l.engineErr)
+	}
+	return l.engine, l.kube.ImageRegistry, nil
 }
 
 func (l *lazyDocker) start(ctx context.Context) error {
@@ -509,6 +541,9 @@ func (l *lazyDocker) Expect(spec sandbox.Spec, n int) error {
 // Close stops the backend if it was started, removing its containers
 // (the pool's unused ones first).
 func (l *lazyDocker) Close(ctx context.Context) error {
+	if l.engine != nil {
+		_ = l.engine.Close()
+	}
 	if l.d == nil && l.k == nil {
 		return nil
 	}
@@ -525,12 +560,17 @@ func (l *lazyDocker) Close(ctx context.Context) error {
 }
 
 // taskImages builds env task images with one shared TaskBuilder; contexts
-// given as bytes are written to a content-addressed file first.
+// given as bytes are written to a content-addressed file first. With a
+// registry (Kubernetes), each image is pushed there once after its build.
 type taskImages struct {
-	docker  *lazyDocker
-	once    sync.Once
-	builder *image.TaskBuilder
-	err     error
+	docker   *lazyDocker
+	once     sync.Once
+	builder  *image.TaskBuilder
+	engine   *client.Client
+	registry string
+	err      error
+	pushMu   sync.Mutex
+	pushed   map[string]bool
 }
 
 // BuildTask implements runner.ImageBuilder.
@@ -540,12 +580,10 @@ func (t *taskImages) BuildTask(ctx context.Context, b envs.ImageBuild) (string, 
 			t.err = errors.New("no Docker engine for task images")
 			return
 		}
-		d, err := t.docker.get(ctx)
-		if err != nil {
-			t.err = err
-			return
+		t.engine, t.registry, t.err = t.docker.imageEngine(ctx)
+		if t.err == nil {
+			t.builder = image.NewTaskBuilder(t.engine)
 		}
-		t.builder = image.NewTaskBuilder(d.Client())
 	})
 	if t.err != nil {
 		return "", fmt.Errorf("task image: %w", t.err)
@@ -569,7 +607,31 @@ func (t *taskImages) BuildTask(ctx context.Context, b envs.ImageBuild) (string, 
 	if err != nil {
 		return "", err
 	}
+	if t.registry != "" {
+		if err := t.push(ctx, res.Ref); err != nil {
+			return "", fmt.Errorf("task image: %w", err)
+		}
+	}
+	// The Kubernetes backend names it in the registry (image_registry).
 	return res.Ref, nil
+}
+
+// push pushes ref to the registry once per process (the same ref is the
+// same content: task image tags are content hashes).
+func (t *taskImages) push(ctx context.Context, ref string) error {
+	t.pushMu.Lock()
+	defer t.pushMu.Unlock()
+	if t.pushed[ref] {
+		return nil
+	}
+	if _, err := image.Push(ctx, t.engine, t.registry, ref); err != nil {
+		return err
+	}
+	if t.pushed == nil {
+		t.pushed = map[string]bool{}
+	}
+	t.pushed[ref] = true
+	return nil
 }
 
 // Deliver hands a group run outside Runner.Run (trainer-driven collection)

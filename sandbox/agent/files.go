@@ -98,7 +98,7 @@ func (r *chanReader) Read(p []byte) (int, error) {
 
 // frameWriter sends its bytes as Data frames of request id.
 type frameWriter struct {
-	s  *server
+	p  *peer
 	id uint32
 	n  int64
 }
@@ -107,7 +107,7 @@ func (w *frameWriter) Write(p []byte) (int, error) {
 	written := 0
 	for len(p) > 0 {
 		c := min(len(p), ChunkSize)
-		if err := w.s.send(FrameData, w.id, p[:c]); err != nil {
+		if err := w.p.send(FrameData, w.id, p[:c]); err != nil {
 			return written, err
 		}
 		written += c
@@ -150,12 +150,12 @@ func (s *server) writeFile(ctx context.Context, path string, mode uint32, data <
 	return n, nil
 }
 
-func (s *server) readFile(ctx context.Context, id uint32, path string) (int64, error) {
+func (s *server) readFile(ctx context.Context, pr *peer, id uint32, path string) (int64, error) {
 	p, err := cleanAbs(path)
 	if err != nil {
 		return 0, err
 	}
-	w := &frameWriter{s: s, id: id}
+	w := &frameWriter{p: pr, id: id}
 	err = s.asUser(func() error {
 		f, err := os.Open(p)
 		if err != nil {
@@ -168,7 +168,7 @@ func (s *server) readFile(ctx context.Context, id uint32, path string) (int64, e
 		_, err = io.Copy(w, ctxReader{ctx, f})
 		return err
 	})
-	_ = s.send(FrameEnd, id, nil)
+	_ = pr.send(FrameEnd, id, nil)
 	if err != nil {
 		return w.n, fmt.Errorf("read %s: %w", p, err)
 	}
@@ -280,12 +280,12 @@ func within(root, name string) (string, error) {
 }
 
 // download writes a tar stream of dir as Data frames.
-func (s *server) download(ctx context.Context, id uint32, dir string) (int64, error) {
+func (s *server) download(ctx context.Context, pr *peer, id uint32, dir string) (int64, error) {
 	root, err := cleanAbs(dir)
 	if err != nil {
 		return 0, err
 	}
-	w := &frameWriter{s: s, id: id}
+	w := &frameWriter{p: pr, id: id}
 	err = s.asUser(func() error {
 		fi, err := os.Stat(root)
 		if err != nil {
@@ -349,7 +349,7 @@ func (s *server) download(ctx context.Context, id uint32, dir string) (int64, er
 		}
 		return tw.Close()
 	})
-	_ = s.send(FrameEnd, id, nil)
+	_ = pr.send(FrameEnd, id, nil)
 	if err != nil {
 		return w.n, fmt.Errorf("download %s: %w", root, err)
 	}

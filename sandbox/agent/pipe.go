@@ -8,7 +8,7 @@ import (
 // pipe runs spec with stdin fed from the request's inbound Data frames and
 // stdout streamed back as Data frames (OpPipe). It returns when the
 // command exited (or was killed on cancel) and its stdout is drained.
-func (s *server) pipe(ctx context.Context, id uint32, spec *ExecSpec, data <-chan []byte) (*ExecResult, error) {
+func (s *server) pipe(ctx context.Context, pr *peer, id uint32, spec *ExecSpec, data <-chan []byte) (*ExecResult, error) {
 	if spec == nil {
 		return nil, invalidf("pipe without a command")
 	}
@@ -23,7 +23,7 @@ func (s *server) pipe(ctx context.Context, id uint32, spec *ExecSpec, data <-cha
 	stderr := newCapBuf(limit)
 	ps := *spec
 	ps.KeepStdin = true
-	r, err := s.launch(&ps, &frameWriter{s: s, id: id}, stderr, false)
+	r, err := s.launch(&ps, &frameWriter{p: pr, id: id}, stderr, false)
 	if err != nil {
 		return nil, err
 	}
@@ -62,7 +62,7 @@ func (s *server) pipe(ctx context.Context, id uint32, spec *ExecSpec, data <-cha
 	<-feedDone
 	r.killGroup() // whatever the command left in its group
 	r.finish()
-	_ = s.send(FrameEnd, id, nil)
+	_ = pr.send(FrameEnd, id, nil)
 	res := &ExecResult{ExitCode: exitCode(r.cmd.ProcessState), DurationNS: int64(time.Since(start))}
 	res.Stderr, res.StderrTotal, res.StderrTruncated = stderr.bytes()
 	if cancelled {

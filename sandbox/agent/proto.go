@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 )
 
 // Frame types. Every frame is: type (1 byte) | request id (uint32, big
@@ -67,6 +68,11 @@ type Hello struct {
 	User    string `json:"user"`
 	Workdir string `json:"workdir"`
 	Err     string `json:"err,omitempty"` // set when start-up failed (e.g. unknown user); the agent then exits
+	// Socket: the agent also serves this protocol on the unix socket of
+	// -socket (the host's listener), and sent a Hello there first.
+	// SocketErr says why it could not connect when -socket was given.
+	Socket    bool   `json:"socket,omitempty"`
+	SocketErr string `json:"socket_err,omitempty"`
 }
 
 // ExecSpec is one command for OpExec / OpStart.
@@ -152,13 +158,15 @@ func WriteFrame(w io.Writer, typ byte, id uint32, payload []byte) error {
 	hdr[0] = typ
 	binary.BigEndian.PutUint32(hdr[1:5], id)
 	binary.BigEndian.PutUint32(hdr[5:9], uint32(len(payload)))
-	if _, err := w.Write(hdr[:]); err != nil {
+	if len(payload) == 0 {
+		_, err := w.Write(hdr[:])
 		return err
 	}
-	if len(payload) == 0 {
-		return nil
-	}
-	_, err := w.Write(payload)
+	// One writev on a socket (the host's unix socket and attach
+	// connection): a header written alone would wake the reader for 9
+	// bytes and again for the payload. Other writers get two Writes.
+	bufs := net.Buffers{hdr[:], payload}
+	_, err := bufs.WriteTo(w)
 	return err
 }
 

@@ -50,13 +50,7 @@ func init() {
 		// dpkg path-exclude options, because with those mmdebstrap pipes
 		// every essential package through a Python filter, which cost
 		// about a minute on 2 busy cores.
-		prune: []pruneRule{
-			{Dir: "usr/share/doc", Keep: []string{"usr/share/doc/*/copyright"}},
-			{Dir: "usr/share/man"},
-			{Dir: "usr/share/info"},
-			{Dir: "usr/share/lintian"},
-			{Dir: "usr/share/locale", Keep: []string{"usr/share/locale/locale.alias"}},
-		},
+		prune: docsPrune,
 		changes: []string{
 			"ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 			"ENV LANG=C.UTF-8",

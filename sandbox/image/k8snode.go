@@ -32,12 +32,7 @@ func init() {
 		spec:   func(context.Context) (string, error) { return k8sNodeBookworm.spec() },
 		rootfs: k8sNodeBookworm.rootfs,
 		layer:  withShell(agentUser, "/bin/sh"),
-		prune: []pruneRule{
-			{Dir: "usr/share/doc", Keep: []string{"usr/share/doc/*/copyright"}},
-			{Dir: "usr/share/man"},
-			{Dir: "usr/share/info"},
-			{Dir: "usr/share/locale", Keep: []string{"usr/share/locale/locale.alias"}},
-		},
+		prune:  docsPrune,
 		changes: []string{
 			"ENV PATH=/opt/k8s/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 			"LABEL io.rollout.lab=k8s-node",

@@ -135,6 +135,16 @@ func addUser(r io.Reader, w io.Writer, l userLayer, prune []pruneRule) error {
 	return nil
 }
 
+// docsPrune drops documentation, man pages, lintian overrides and
+// translations: nothing in a sandbox, an engine or a lab node reads them.
+var docsPrune = []pruneRule{
+	{Dir: "usr/share/doc", Keep: []string{"usr/share/doc/*/copyright"}},
+	{Dir: "usr/share/man"},
+	{Dir: "usr/share/info"},
+	{Dir: "usr/share/lintian"},
+	{Dir: "usr/share/locale", Keep: []string{"usr/share/locale/locale.alias"}},
+}
+
 // pruneRule drops what lies below Dir (the directory itself stays), except
 // paths matching one of Keep (path.Match patterns, relative to the root).
 type pruneRule struct {

@@ -77,13 +77,7 @@ func init() {
 		// The engine does not need root: the image runs as agent.
 		rootfs: llamacppSid.rootfs,
 		layer:  withShell(agentUser, "/bin/bash"),
-		prune: []pruneRule{
-			{Dir: "usr/share/doc", Keep: []string{"usr/share/doc/*/copyright"}},
-			{Dir: "usr/share/man"},
-			{Dir: "usr/share/info"},
-			{Dir: "usr/share/lintian"},
-			{Dir: "usr/share/locale", Keep: []string{"usr/share/locale/locale.alias"}},
-		},
+		prune:  docsPrune,
 		changes: []string{
 			"ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 			"ENV LANG=C.UTF-8",

@@ -20,6 +20,19 @@ if have_all; then
 	echo "k8s $VERSION binaries cached in $OUT"
 	exit 0
 fi
+# One build per version at a time: a second run (e.g. `make test`'s lab step
+# while its background build still runs) waits for the first, then finds the
+# binaries cached.
+mkdir -p "$CACHE/$VERSION"
+exec 9>"$CACHE/$VERSION/.build.lock"
+if ! flock -n 9; then
+	echo "k8s $VERSION: another build is running; waiting for it" >&2
+	flock 9
+fi
+if have_all; then
+	echo "k8s $VERSION binaries cached in $OUT (built by the other run)"
+	exit 0
+fi
 
 start=$(date +%s)
 SRC=$CACHE/$VERSION/src

@@ -6,7 +6,9 @@
 # leases left afterwards. With --kill-node, the last worker node is killed
 # (docker kill) once it runs sandboxes: its rollouts must be retried on the
 # surviving nodes with nothing lost or duplicated. Destructive: run
-# `lab.sh down && lab.sh up` afterwards.
+# `lab.sh down && lab.sh up` afterwards. E2E_MODE=agent-sandbox (with
+# E2E_WARM_POOL replicas) runs the sandboxes as SandboxClaims of the
+# agent-sandbox controller, which must be installed (docs/kubernetes.md).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
@@ -16,6 +18,8 @@ LAB=${K8S_LAB_NAME:-rollout-k8s-lab}
 NODES=${K8S_LAB_NODES:-2}
 NGROUPS=${GROUPS_N:-20}
 IMAGE=${E2E_IMAGE:-rollout-sandbox:bookworm}
+MODE=${E2E_MODE:-pods}
+WARM=${E2E_WARM_POOL:-0}
 KILL=0
 [ "${1:-}" = "--kill-node" ] && KILL=1
 kc() { kubectl --kubeconfig "$KC" "$@"; }
@@ -43,6 +47,8 @@ sandbox:
     kubeconfig: $KC
     namespace: default
     image_pull_policy: Never
+    mode: $MODE
+    agent_sandbox: {warm_pool: $WARM}
 limits: {rollouts_in_flight: 32, sandboxes: 32}
 output: {dir: $work/out}
 EOF
@@ -92,10 +98,18 @@ fi
 rows=$(sed -n 's/^rollouts *\([0-9]*\) .*/\1/p' "$work/inspect.txt" | head -1)
 echo "e2e: $rows trajectory rows written"
 [ "$rows" = "$want" ] || die "$rows trajectory rows written, want $want (lost or duplicated)"
-sleep 2
-left=$(kc get pods -l io.rollout.managed=true --no-headers 2>/dev/null | wc -l)
+# The garbage collector removes what the closed backend's owners held (in
+# mode agent-sandbox: the warm pools' Sandboxes and pods) within seconds.
+for _ in $(seq 30); do
+	left=$(kc get pods -l io.rollout.managed=true --no-headers 2>/dev/null | wc -l)
+	[ "$left" = 0 ] && break
+	sleep 1
+done
 leases=$(kc get leases -l io.rollout.managed=true --no-headers 2>/dev/null | wc -l)
-echo "e2e: pods left $left, leases left $leases"
+claims=0
+[ "$MODE" = agent-sandbox ] && claims=$(kc get sandboxclaims,sandboxwarmpools,sandboxtemplates -l io.rollout.managed=true --no-headers 2>/dev/null | wc -l)
+echo "e2e: pods left $left, leases left $leases, agent-sandbox objects left $claims"
 [ "$left" = 0 ] || die "$left pods left"
 [ "$leases" = 0 ] || die "$leases leases left"
+[ "$claims" = 0 ] || die "$claims agent-sandbox objects left"
 echo "e2e: PASS (out: $work/out)"

@@ -11,7 +11,15 @@
 #   down    remove the containers, their volumes, the network and the nodes'
 #           cgroups. The PKI and kubeconfig are removed too.
 #   load    import images from the host's Docker engine into every node.
-#   env     print `export ROLLOUT_K8S_LAB_KUBECONFIG=…` for the tests.
+#   env     print `export ROLLOUT_K8S_LAB_KUBECONFIG=…` (and
+#           ROLLOUT_K8S_LAB_REGISTRY=127.0.0.1:PORT) for the tests.
+#
+# The lab also runs a registry (Debian's docker-registry, image
+# rollout-registry:bookworm) on its private network, published on the host's
+# loopback at a port Docker picks: `rollout sandbox image push --registry
+# 127.0.0.1:PORT IMAGE…` pushes there, and the nodes' containerd pulls
+# 127.0.0.1:PORT/… from the registry container over plain HTTP
+# ($STATE/certs.d/127.0.0.1:PORT/hosts.toml).
 #
 # Everything the lab creates carries the label io.rollout.lab=$LAB; nothing
 # binds to the machine's external interface (the API server listens on the
@@ -28,6 +36,7 @@ STATE=${K8S_LAB_STATE:-/var/cache/rollout/k8s-lab/$LAB}
 ROLLOUT=${ROLLOUT:-$ROOT/bin/rollout}
 AGENT=${ROLLOUT_AGENT:-$ROOT/bin/rollout-agent}
 NODE_IMAGE=rollout-k8s-node:bookworm
+REGISTRY_IMAGE=rollout-registry:bookworm
 PAUSE_IMAGE=rollout-lab/pause:1
 # Sandbox images loaded into the nodes (more with `lab.sh load`).
 LOAD_IMAGES=${K8S_LAB_IMAGES:-rollout-sandbox:busybox rollout-sandbox:bookworm}
@@ -128,6 +137,7 @@ images() {
 	[ -x "$ROLLOUT" ] || die "$ROLLOUT missing: run make build"
 	[ -x "$AGENT" ] || die "$AGENT missing: run make build"
 	"$ROLLOUT" sandbox image build --name k8s-node >&2
+	"$ROLLOUT" sandbox image build --name registry >&2
 	"$ROLLOUT" sandbox image build >&2
 	mkdir -p "$STATE"
 	if ! docker image inspect "$PAUSE_IMAGE" >/dev/null 2>&1; then
@@ -147,24 +157,68 @@ images() {
 		tar -C "$tmp" -cf - rollout-agent | docker import --change 'ENTRYPOINT ["/rollout-agent"]' - "$ref" >/dev/null
 		rm -rf "$tmp"
 	fi
-	log "images ready in $(since "$t0") s (node, pause, agent $ref, sandbox images)"
+	log "images ready in $(since "$t0") s (node, registry, pause, agent $ref, sandbox images)"
+}
+
+# registry_up starts the lab's registry on the private network, published on
+# the host's loopback only, and writes the nodes' containerd host config for
+# it: the name the host pushes to (127.0.0.1:PORT) resolves, inside the
+# nodes, to the registry container's private address over plain HTTP.
+registry_up() {
+	local port ip reg
+	docker run -d --name "$LAB-registry" --network "$LAB" --label io.rollout.lab="$LAB" \
+		-p 127.0.0.1::5000 -v /var/lib/docker-registry "$REGISTRY_IMAGE" >/dev/null
+	port=$(docker port "$LAB-registry" 5000/tcp | head -1 | sed 's/.*://')
+	[ -n "$port" ] || die "the registry container published no port"
+	ip=$(ip_of "$LAB-registry")
+	reg=127.0.0.1:$port
+	rm -rf "$STATE/certs.d"
+	mkdir -p "$STATE/certs.d/$reg"
+	printf 'server = "http://%s"\n\n[host."http://%s:5000"]\n  capabilities = ["pull", "resolve"]\n' "$reg" "$ip" \
+		>"$STATE/certs.d/$reg/hosts.toml"
+	echo "$reg" >"$STATE/registry"
+	wait_for "the registry" 30 curl -fs "http://$reg/v2/"
+	log "registry $reg (private $ip:5000)"
 }
 
 load() { # images... into every node
 	local t0
 	t0=$(now)
 	docker save "$@" -o "$STATE/images.tar"
+	# Every node's import must succeed: a node without the agent image
+	# fails every pod scheduled there (ErrImageNeverPull).
+	local pids=() failed=0 i
 	for i in $(seq 1 "$NODES"); do
 		docker exec "$LAB-w$i" ctr -n k8s.io images import --no-unpack=false /lab/images.tar >/dev/null &
+		pids+=($!)
 	done
-	wait
+	for i in $(seq 1 "$NODES"); do
+		wait "${pids[$((i - 1))]}" || { log "importing into $LAB-w$i failed"; failed=1; }
+	done
 	rm -f "$STATE/images.tar"
+	[ "$failed" = 0 ] || die "loading images into the nodes failed"
 	log "loaded $* into $NODES nodes in $(since "$t0") s"
+}
+
+# need_tools installs what the lab runs on the host when missing (a fresh CI
+# machine): kubectl (Debian's kubernetes-client), openssl, curl, flock.
+need_tools() {
+	local missing=() t
+	for t in kubectl:kubernetes-client openssl:openssl curl:curl flock:util-linux; do
+		command -v "${t%%:*}" >/dev/null || missing+=("${t#*:}")
+	done
+	[ ${#missing[@]} = 0 ] && return 0
+	[ "$(id -u)" = 0 ] || die "missing ${missing[*]}: install them (apt-get install ${missing[*]})"
+	log "installing ${missing[*]} (apt)"
+	DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}" >/dev/null ||
+		{ apt-get update >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}" >/dev/null; } ||
+		die "could not install ${missing[*]}"
 }
 
 up() {
 	local t0 tb cpip
 	t0=$(now)
+	need_tools
 	if docker inspect "$LAB-cp" >/dev/null 2>&1; then
 		die "$LAB is already up (lab.sh down first)"
 	fi
@@ -179,6 +233,7 @@ up() {
 	tc=$(now)
 	node_run "$LAB-cp"
 	for i in $(seq 1 "$NODES"); do node_run "$LAB-w$i"; done
+	registry_up
 	cpip=$(ip_of "$LAB-cp")
 	pki "$cpip"
 	kubeconfig admin "https://$cpip:6443" "$STATE/kubeconfig"
@@ -191,7 +246,9 @@ up() {
 	for i in $(seq 1 "$NODES"); do
 		docker exec -d "$LAB-w$i" /lab-scripts/worker.sh "$LAB-w$i" "$(ip_of "$LAB-w$i")" "$i" "$MAX_PODS"
 	done
-	wait_for "containerd on the nodes" 60 docker exec "$LAB-w$NODES" ctr version
+	for i in $(seq 1 "$NODES"); do
+		wait_for "containerd on $LAB-w$i" 120 docker exec "$LAB-w$i" ctr version
+	done
 	# The pause, agent and sandbox images go into every node's containerd.
 	load "$PAUSE_IMAGE" "$(agent_ref)" $LOAD_IMAGES
 	wait_for "$NODES Ready nodes" 180 sh -c "[ \$(kubectl --kubeconfig '$STATE/kubeconfig' get nodes --no-headers 2>/dev/null | grep -c ' Ready') -ge $NODES ]"
@@ -199,7 +256,13 @@ up() {
 	wait_for "the default service account" 120 kc get serviceaccount default
 	log "cluster up in $(since "$tc") s (containers, PKI, control plane, $NODES nodes Ready, images loaded)"
 	log "total set-up $(since "$t0") s; kubeconfig: $STATE/kubeconfig"
+	env_out
+}
+
+env_out() {
 	echo "export ROLLOUT_K8S_LAB_KUBECONFIG=$STATE/kubeconfig"
+	[ -f "$STATE/registry" ] && echo "export ROLLOUT_K8S_LAB_REGISTRY=$(cat "$STATE/registry")"
+	return 0
 }
 
 down() {
@@ -213,7 +276,8 @@ down() {
 			[ -d "$c" ] && find "$c" -depth -type d -exec rmdir {} \; 2>/dev/null || true
 		done
 	done
-	rm -rf "$STATE/pki" "$STATE"/*.kubeconfig "$STATE/kubeconfig" "$STATE/images.tar" "$STATE/rollout-agent"
+	rm -rf "$STATE/pki" "$STATE"/*.kubeconfig "$STATE/kubeconfig" "$STATE/images.tar" "$STATE/rollout-agent" \
+		"$STATE/certs.d" "$STATE/registry"
 	log "down"
 }
 
@@ -227,7 +291,7 @@ up) up ;;
 down) down ;;
 status) status ;;
 load) shift; [ $# -gt 0 ] || die "usage: lab.sh load IMAGE..."; load "$@" ;;
-env) echo "export ROLLOUT_K8S_LAB_KUBECONFIG=$STATE/kubeconfig" ;;
+env) env_out ;;
 images) images ;;
 *) die "usage: lab.sh up|down|status|load IMAGE...|env" ;;
 esac

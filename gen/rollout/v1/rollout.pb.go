@@ -141,6 +141,62 @@ func (JobState) EnumDescriptor() ([]byte, []int) {
 	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{1}
 }
 
+// TokenLayout is how a Rollout carries its per-token columns.
+type TokenLayout int32
+
+const (
+	// TOKEN_LAYOUT_UNSPECIFIED means TOKEN_LAYOUT_FULL.
+	TokenLayout_TOKEN_LAYOUT_UNSPECIFIED TokenLayout = 0
+	// TOKEN_LAYOUT_FULL: loss_mask and logprobs aligned with tokens, one
+	// value per position.
+	TokenLayout_TOKEN_LAYOUT_FULL TokenLayout = 1
+	// TOKEN_LAYOUT_COMPACT: loss_mask_runs instead of loss_mask, and
+	// trained_logprobs instead of logprobs where they fit (docs/api.md,
+	// "Token layout"). The same information in about a third fewer bytes.
+	TokenLayout_TOKEN_LAYOUT_COMPACT TokenLayout = 2
+)
+
+// Enum value maps for TokenLayout.
+var (
+	TokenLayout_name = map[int32]string{
+		0: "TOKEN_LAYOUT_UNSPECIFIED",
+		1: "TOKEN_LAYOUT_FULL",
+		2: "TOKEN_LAYOUT_COMPACT",
+	}
+	TokenLayout_value = map[string]int32{
+		"TOKEN_LAYOUT_UNSPECIFIED": 0,
+		"TOKEN_LAYOUT_FULL":        1,
+		"TOKEN_LAYOUT_COMPACT":     2,
+	}
+)
+
+func (x TokenLayout) Enum() *TokenLayout {
+	p := new(TokenLayout)
+	*p = x
+	return p
+}
+
+func (x TokenLayout) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (TokenLayout) Descriptor() protoreflect.EnumDescriptor {
+	return file_rollout_v1_rollout_proto_enumTypes[2].Descriptor()
+}
+
+func (TokenLayout) Type() protoreflect.EnumType {
+	return &file_rollout_v1_rollout_proto_enumTypes[2]
+}
+
+func (x TokenLayout) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use TokenLayout.Descriptor instead.
+func (TokenLayout) EnumDescriptor() ([]byte, []int) {
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{2}
+}
+
 // GetVersionRequest has no fields.
 type GetVersionRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -692,7 +748,9 @@ type WatchJobRequest struct {
 	// with new groups: a client that reconnects with the last sequence it
 	// received plus one misses no group and sees none twice, also across a
 	// server restart.
-	FromSequence  *int64 `protobuf:"varint,3,opt,name=from_sequence,json=fromSequence,proto3,oneof" json:"from_sequence,omitempty"`
+	FromSequence *int64 `protobuf:"varint,3,opt,name=from_sequence,json=fromSequence,proto3,oneof" json:"from_sequence,omitempty"`
+	// token_layout of the rollouts of the groups sent (default full).
+	TokenLayout   TokenLayout `protobuf:"varint,4,opt,name=token_layout,json=tokenLayout,proto3,enum=rollout.v1.TokenLayout" json:"token_layout,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -746,6 +804,13 @@ func (x *WatchJobRequest) GetFromSequence() int64 {
 		return *x.FromSequence
 	}
 	return 0
+}
+
+func (x *WatchJobRequest) GetTokenLayout() TokenLayout {
+	if x != nil {
+		return x.TokenLayout
+	}
+	return TokenLayout_TOKEN_LAYOUT_UNSPECIFIED
 }
 
 // WatchJobResponse is one event of a watched job.
@@ -1413,9 +1478,18 @@ type Rollout struct {
 	// when they were appended); empty when the backend returned no ids.
 	TokenVersions []int64 `protobuf:"varint,20,rep,packed,name=token_versions,json=tokenVersions,proto3" json:"token_versions,omitempty"`
 	// version_cuts where a generation's version changed.
-	VersionCuts   []*VersionCut `protobuf:"bytes,21,rep,name=version_cuts,json=versionCuts,proto3" json:"version_cuts,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	VersionCuts []*VersionCut `protobuf:"bytes,21,rep,name=version_cuts,json=versionCuts,proto3" json:"version_cuts,omitempty"`
+	// loss_mask_runs (TOKEN_LAYOUT_COMPACT) replaces loss_mask: the lengths
+	// of its alternating runs, starting with a run of 0s (which may be of
+	// length 0); they sum to len(tokens). Empty in the full layout.
+	LossMaskRuns []int32 `protobuf:"varint,22,rep,packed,name=loss_mask_runs,json=lossMaskRuns,proto3" json:"loss_mask_runs,omitempty"`
+	// trained_logprobs (TOKEN_LAYOUT_COMPACT) replaces logprobs when every
+	// untrained position holds the 1.0 placeholder and at least one position
+	// is trained: the logprobs of the positions where loss_mask is 1, in
+	// order. A rollout whose logprobs do not fit keeps the full logprobs.
+	TrainedLogprobs []float32 `protobuf:"fixed32,23,rep,packed,name=trained_logprobs,json=trainedLogprobs,proto3" json:"trained_logprobs,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Rollout) Reset() {
@@ -1595,6 +1669,20 @@ func (x *Rollout) GetVersionCuts() []*VersionCut {
 	return nil
 }
 
+func (x *Rollout) GetLossMaskRuns() []int32 {
+	if x != nil {
+		return x.LossMaskRuns
+	}
+	return nil
+}
+
+func (x *Rollout) GetTrainedLogprobs() []float32 {
+	if x != nil {
+		return x.TrainedLogprobs
+	}
+	return nil
+}
+
 // CollectGroupsRequest is one trainer message.
 type CollectGroupsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1732,7 +1820,9 @@ type CollectStart struct {
 	// stream_id names the stream for BeginPolicyUpdate/EndPolicyUpdate
 	// (unique among the server's jobs and open streams); empty: the stream
 	// cannot be addressed by a policy update.
-	StreamId      string `protobuf:"bytes,4,opt,name=stream_id,json=streamId,proto3" json:"stream_id,omitempty"`
+	StreamId string `protobuf:"bytes,4,opt,name=stream_id,json=streamId,proto3" json:"stream_id,omitempty"`
+	// token_layout of the rollouts sent on this stream (default full).
+	TokenLayout   TokenLayout `protobuf:"varint,5,opt,name=token_layout,json=tokenLayout,proto3,enum=rollout.v1.TokenLayout" json:"token_layout,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1793,6 +1883,13 @@ func (x *CollectStart) GetStreamId() string {
 		return x.StreamId
 	}
 	return ""
+}
+
+func (x *CollectStart) GetTokenLayout() TokenLayout {
+	if x != nil {
+		return x.TokenLayout
+	}
+	return TokenLayout_TOKEN_LAYOUT_UNSPECIFIED
 }
 
 // CollectCredit grants credits: the service may start that many more
@@ -2790,11 +2887,12 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12(\n" +
 	"\x10cancel_in_flight\x18\x02 \x01(\bR\x0ecancelInFlight\"6\n" +
 	"\x11CancelJobResponse\x12!\n" +
-	"\x03job\x18\x01 \x01(\v2\x0f.rollout.v1.JobR\x03job\"\x8b\x01\n" +
+	"\x03job\x18\x01 \x01(\v2\x0f.rollout.v1.JobR\x03job\"\xc7\x01\n" +
 	"\x0fWatchJobRequest\x12\x15\n" +
 	"\x06job_id\x18\x01 \x01(\tR\x05jobId\x12%\n" +
 	"\x0einclude_groups\x18\x02 \x01(\bR\rincludeGroups\x12(\n" +
-	"\rfrom_sequence\x18\x03 \x01(\x03H\x00R\ffromSequence\x88\x01\x01B\x10\n" +
+	"\rfrom_sequence\x18\x03 \x01(\x03H\x00R\ffromSequence\x88\x01\x01\x12:\n" +
+	"\ftoken_layout\x18\x04 \x01(\x0e2\x17.rollout.v1.TokenLayoutR\vtokenLayoutB\x10\n" +
 	"\x0e_from_sequence\"\xac\x01\n" +
 	"\x10WatchJobResponse\x125\n" +
 	"\bprogress\x18\x01 \x01(\v2\x17.rollout.v1.JobProgressH\x00R\bprogress\x12)\n" +
@@ -2861,7 +2959,7 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"\bposition\x18\x02 \x01(\x05R\bposition\x12\x12\n" +
 	"\x04kind\x18\x03 \x01(\tR\x04kind\x12\x12\n" +
 	"\x04from\x18\x04 \x01(\x03R\x04from\x12\x0e\n" +
-	"\x02to\x18\x05 \x01(\x03R\x02to\"\xd7\x06\n" +
+	"\x02to\x18\x05 \x01(\x03R\x02to\"\xa8\a\n" +
 	"\aRollout\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x1d\n" +
 	"\n" +
@@ -2886,7 +2984,9 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"\fdrift_tokens\x18\x12 \x01(\x05R\vdriftTokens\x12\x1a\n" +
 	"\battempts\x18\x13 \x01(\x05R\battempts\x12%\n" +
 	"\x0etoken_versions\x18\x14 \x03(\x03R\rtokenVersions\x129\n" +
-	"\fversion_cuts\x18\x15 \x03(\v2\x16.rollout.v1.VersionCutR\vversionCuts\x1aC\n" +
+	"\fversion_cuts\x18\x15 \x03(\v2\x16.rollout.v1.VersionCutR\vversionCuts\x12$\n" +
+	"\x0eloss_mask_runs\x18\x16 \x03(\x05R\flossMaskRuns\x12)\n" +
+	"\x10trained_logprobs\x18\x17 \x03(\x02R\x0ftrainedLogprobs\x1aC\n" +
 	"\x15RewardComponentsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01B\f\n" +
@@ -2897,13 +2997,14 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"\x06credit\x18\x02 \x01(\v2\x19.rollout.v1.CollectCreditH\x00R\x06credit\x120\n" +
 	"\x05items\x18\x03 \x01(\v2\x18.rollout.v1.CollectItemsH\x00R\x05items\x12-\n" +
 	"\x04next\x18\x04 \x01(\v2\x17.rollout.v1.CollectNextH\x00R\x04nextB\x05\n" +
-	"\x03msg\"\xb1\x01\n" +
+	"\x03msg\"\xed\x01\n" +
 	"\fCollectStart\x12\x1f\n" +
 	"\vconfig_yaml\x18\x01 \x01(\tR\n" +
 	"configYaml\x12'\n" +
 	"\x0finitial_credits\x18\x02 \x01(\x05R\x0einitialCredits\x12(\n" +
 	"\rfrom_sequence\x18\x03 \x01(\x03H\x00R\ffromSequence\x88\x01\x01\x12\x1b\n" +
-	"\tstream_id\x18\x04 \x01(\tR\bstreamIdB\x10\n" +
+	"\tstream_id\x18\x04 \x01(\tR\bstreamId\x12:\n" +
+	"\ftoken_layout\x18\x05 \x01(\x0e2\x17.rollout.v1.TokenLayoutR\vtokenLayoutB\x10\n" +
 	"\x0e_from_sequence\"i\n" +
 	"\rCollectCredit\x12\x16\n" +
 	"\x06groups\x18\x01 \x01(\x05R\x06groups\x12,\n" +
@@ -2981,7 +3082,11 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"\x11JOB_STATE_RUNNING\x10\x01\x12\x17\n" +
 	"\x13JOB_STATE_SUCCEEDED\x10\x02\x12\x14\n" +
 	"\x10JOB_STATE_FAILED\x10\x03\x12\x17\n" +
-	"\x13JOB_STATE_CANCELLED\x10\x042\x9e\a\n" +
+	"\x13JOB_STATE_CANCELLED\x10\x04*\\\n" +
+	"\vTokenLayout\x12\x1c\n" +
+	"\x18TOKEN_LAYOUT_UNSPECIFIED\x10\x00\x12\x15\n" +
+	"\x11TOKEN_LAYOUT_FULL\x10\x01\x12\x18\n" +
+	"\x14TOKEN_LAYOUT_COMPACT\x10\x022\x9e\a\n" +
 	"\x0eRolloutService\x12K\n" +
 	"\n" +
 	"GetVersion\x12\x1d.rollout.v1.GetVersionRequest\x1a\x1e.rollout.v1.GetVersionResponse\x12E\n" +
@@ -3008,99 +3113,102 @@ func file_rollout_v1_rollout_proto_rawDescGZIP() []byte {
 	return file_rollout_v1_rollout_proto_rawDescData
 }
 
-var file_rollout_v1_rollout_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_rollout_v1_rollout_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
 var file_rollout_v1_rollout_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
 var file_rollout_v1_rollout_proto_goTypes = []any{
 	(JobMode)(0),                        // 0: rollout.v1.JobMode
 	(JobState)(0),                       // 1: rollout.v1.JobState
-	(*GetVersionRequest)(nil),           // 2: rollout.v1.GetVersionRequest
-	(*GetVersionResponse)(nil),          // 3: rollout.v1.GetVersionResponse
-	(*StartJobRequest)(nil),             // 4: rollout.v1.StartJobRequest
-	(*StartJobResponse)(nil),            // 5: rollout.v1.StartJobResponse
-	(*GetJobRequest)(nil),               // 6: rollout.v1.GetJobRequest
-	(*GetJobResponse)(nil),              // 7: rollout.v1.GetJobResponse
-	(*ListJobsRequest)(nil),             // 8: rollout.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),            // 9: rollout.v1.ListJobsResponse
-	(*CancelJobRequest)(nil),            // 10: rollout.v1.CancelJobRequest
-	(*CancelJobResponse)(nil),           // 11: rollout.v1.CancelJobResponse
-	(*WatchJobRequest)(nil),             // 12: rollout.v1.WatchJobRequest
-	(*WatchJobResponse)(nil),            // 13: rollout.v1.WatchJobResponse
-	(*Job)(nil),                         // 14: rollout.v1.Job
-	(*JobProgress)(nil),                 // 15: rollout.v1.JobProgress
-	(*Group)(nil),                       // 16: rollout.v1.Group
-	(*VersionCut)(nil),                  // 17: rollout.v1.VersionCut
-	(*Rollout)(nil),                     // 18: rollout.v1.Rollout
-	(*CollectGroupsRequest)(nil),        // 19: rollout.v1.CollectGroupsRequest
-	(*CollectStart)(nil),                // 20: rollout.v1.CollectStart
-	(*CollectCredit)(nil),               // 21: rollout.v1.CollectCredit
-	(*CollectItems)(nil),                // 22: rollout.v1.CollectItems
-	(*CollectNext)(nil),                 // 23: rollout.v1.CollectNext
-	(*CollectGroupsResponse)(nil),       // 24: rollout.v1.CollectGroupsResponse
-	(*CollectStatus)(nil),               // 25: rollout.v1.CollectStatus
-	(*BeginPolicyUpdateRequest)(nil),    // 26: rollout.v1.BeginPolicyUpdateRequest
-	(*BeginPolicyUpdateResponse)(nil),   // 27: rollout.v1.BeginPolicyUpdateResponse
-	(*EndPolicyUpdateRequest)(nil),      // 28: rollout.v1.EndPolicyUpdateRequest
-	(*EndPolicyUpdateResponse)(nil),     // 29: rollout.v1.EndPolicyUpdateResponse
-	(*ListEnvironmentsRequest)(nil),     // 30: rollout.v1.ListEnvironmentsRequest
-	(*ListEnvironmentsResponse)(nil),    // 31: rollout.v1.ListEnvironmentsResponse
-	(*DescribeEnvironmentRequest)(nil),  // 32: rollout.v1.DescribeEnvironmentRequest
-	(*DescribeEnvironmentResponse)(nil), // 33: rollout.v1.DescribeEnvironmentResponse
-	(*Environment)(nil),                 // 34: rollout.v1.Environment
-	nil,                                 // 35: rollout.v1.Rollout.RewardComponentsEntry
-	(*timestamppb.Timestamp)(nil),       // 36: google.protobuf.Timestamp
+	(TokenLayout)(0),                    // 2: rollout.v1.TokenLayout
+	(*GetVersionRequest)(nil),           // 3: rollout.v1.GetVersionRequest
+	(*GetVersionResponse)(nil),          // 4: rollout.v1.GetVersionResponse
+	(*StartJobRequest)(nil),             // 5: rollout.v1.StartJobRequest
+	(*StartJobResponse)(nil),            // 6: rollout.v1.StartJobResponse
+	(*GetJobRequest)(nil),               // 7: rollout.v1.GetJobRequest
+	(*GetJobResponse)(nil),              // 8: rollout.v1.GetJobResponse
+	(*ListJobsRequest)(nil),             // 9: rollout.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),            // 10: rollout.v1.ListJobsResponse
+	(*CancelJobRequest)(nil),            // 11: rollout.v1.CancelJobRequest
+	(*CancelJobResponse)(nil),           // 12: rollout.v1.CancelJobResponse
+	(*WatchJobRequest)(nil),             // 13: rollout.v1.WatchJobRequest
+	(*WatchJobResponse)(nil),            // 14: rollout.v1.WatchJobResponse
+	(*Job)(nil),                         // 15: rollout.v1.Job
+	(*JobProgress)(nil),                 // 16: rollout.v1.JobProgress
+	(*Group)(nil),                       // 17: rollout.v1.Group
+	(*VersionCut)(nil),                  // 18: rollout.v1.VersionCut
+	(*Rollout)(nil),                     // 19: rollout.v1.Rollout
+	(*CollectGroupsRequest)(nil),        // 20: rollout.v1.CollectGroupsRequest
+	(*CollectStart)(nil),                // 21: rollout.v1.CollectStart
+	(*CollectCredit)(nil),               // 22: rollout.v1.CollectCredit
+	(*CollectItems)(nil),                // 23: rollout.v1.CollectItems
+	(*CollectNext)(nil),                 // 24: rollout.v1.CollectNext
+	(*CollectGroupsResponse)(nil),       // 25: rollout.v1.CollectGroupsResponse
+	(*CollectStatus)(nil),               // 26: rollout.v1.CollectStatus
+	(*BeginPolicyUpdateRequest)(nil),    // 27: rollout.v1.BeginPolicyUpdateRequest
+	(*BeginPolicyUpdateResponse)(nil),   // 28: rollout.v1.BeginPolicyUpdateResponse
+	(*EndPolicyUpdateRequest)(nil),      // 29: rollout.v1.EndPolicyUpdateRequest
+	(*EndPolicyUpdateResponse)(nil),     // 30: rollout.v1.EndPolicyUpdateResponse
+	(*ListEnvironmentsRequest)(nil),     // 31: rollout.v1.ListEnvironmentsRequest
+	(*ListEnvironmentsResponse)(nil),    // 32: rollout.v1.ListEnvironmentsResponse
+	(*DescribeEnvironmentRequest)(nil),  // 33: rollout.v1.DescribeEnvironmentRequest
+	(*DescribeEnvironmentResponse)(nil), // 34: rollout.v1.DescribeEnvironmentResponse
+	(*Environment)(nil),                 // 35: rollout.v1.Environment
+	nil,                                 // 36: rollout.v1.Rollout.RewardComponentsEntry
+	(*timestamppb.Timestamp)(nil),       // 37: google.protobuf.Timestamp
 }
 var file_rollout_v1_rollout_proto_depIdxs = []int32{
 	0,  // 0: rollout.v1.StartJobRequest.mode:type_name -> rollout.v1.JobMode
-	14, // 1: rollout.v1.StartJobResponse.job:type_name -> rollout.v1.Job
-	14, // 2: rollout.v1.GetJobResponse.job:type_name -> rollout.v1.Job
-	14, // 3: rollout.v1.ListJobsResponse.jobs:type_name -> rollout.v1.Job
-	14, // 4: rollout.v1.CancelJobResponse.job:type_name -> rollout.v1.Job
-	15, // 5: rollout.v1.WatchJobResponse.progress:type_name -> rollout.v1.JobProgress
-	16, // 6: rollout.v1.WatchJobResponse.group:type_name -> rollout.v1.Group
-	14, // 7: rollout.v1.WatchJobResponse.finished:type_name -> rollout.v1.Job
-	0,  // 8: rollout.v1.Job.mode:type_name -> rollout.v1.JobMode
-	1,  // 9: rollout.v1.Job.state:type_name -> rollout.v1.JobState
-	15, // 10: rollout.v1.Job.progress:type_name -> rollout.v1.JobProgress
-	36, // 11: rollout.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	36, // 12: rollout.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
-	18, // 13: rollout.v1.Group.rollouts:type_name -> rollout.v1.Rollout
-	35, // 14: rollout.v1.Rollout.reward_components:type_name -> rollout.v1.Rollout.RewardComponentsEntry
-	17, // 15: rollout.v1.Rollout.version_cuts:type_name -> rollout.v1.VersionCut
-	20, // 16: rollout.v1.CollectGroupsRequest.start:type_name -> rollout.v1.CollectStart
-	21, // 17: rollout.v1.CollectGroupsRequest.credit:type_name -> rollout.v1.CollectCredit
-	22, // 18: rollout.v1.CollectGroupsRequest.items:type_name -> rollout.v1.CollectItems
-	23, // 19: rollout.v1.CollectGroupsRequest.next:type_name -> rollout.v1.CollectNext
-	16, // 20: rollout.v1.CollectGroupsResponse.group:type_name -> rollout.v1.Group
-	25, // 21: rollout.v1.CollectGroupsResponse.status:type_name -> rollout.v1.CollectStatus
-	34, // 22: rollout.v1.ListEnvironmentsResponse.environments:type_name -> rollout.v1.Environment
-	34, // 23: rollout.v1.DescribeEnvironmentResponse.environment:type_name -> rollout.v1.Environment
-	2,  // 24: rollout.v1.RolloutService.GetVersion:input_type -> rollout.v1.GetVersionRequest
-	4,  // 25: rollout.v1.RolloutService.StartJob:input_type -> rollout.v1.StartJobRequest
-	6,  // 26: rollout.v1.RolloutService.GetJob:input_type -> rollout.v1.GetJobRequest
-	8,  // 27: rollout.v1.RolloutService.ListJobs:input_type -> rollout.v1.ListJobsRequest
-	10, // 28: rollout.v1.RolloutService.CancelJob:input_type -> rollout.v1.CancelJobRequest
-	12, // 29: rollout.v1.RolloutService.WatchJob:input_type -> rollout.v1.WatchJobRequest
-	19, // 30: rollout.v1.RolloutService.CollectGroups:input_type -> rollout.v1.CollectGroupsRequest
-	26, // 31: rollout.v1.RolloutService.BeginPolicyUpdate:input_type -> rollout.v1.BeginPolicyUpdateRequest
-	28, // 32: rollout.v1.RolloutService.EndPolicyUpdate:input_type -> rollout.v1.EndPolicyUpdateRequest
-	30, // 33: rollout.v1.RolloutService.ListEnvironments:input_type -> rollout.v1.ListEnvironmentsRequest
-	32, // 34: rollout.v1.RolloutService.DescribeEnvironment:input_type -> rollout.v1.DescribeEnvironmentRequest
-	3,  // 35: rollout.v1.RolloutService.GetVersion:output_type -> rollout.v1.GetVersionResponse
-	5,  // 36: rollout.v1.RolloutService.StartJob:output_type -> rollout.v1.StartJobResponse
-	7,  // 37: rollout.v1.RolloutService.GetJob:output_type -> rollout.v1.GetJobResponse
-	9,  // 38: rollout.v1.RolloutService.ListJobs:output_type -> rollout.v1.ListJobsResponse
-	11, // 39: rollout.v1.RolloutService.CancelJob:output_type -> rollout.v1.CancelJobResponse
-	13, // 40: rollout.v1.RolloutService.WatchJob:output_type -> rollout.v1.WatchJobResponse
-	24, // 41: rollout.v1.RolloutService.CollectGroups:output_type -> rollout.v1.CollectGroupsResponse
-	27, // 42: rollout.v1.RolloutService.BeginPolicyUpdate:output_type -> rollout.v1.BeginPolicyUpdateResponse
-	29, // 43: rollout.v1.RolloutService.EndPolicyUpdate:output_type -> rollout.v1.EndPolicyUpdateResponse
-	31, // 44: rollout.v1.RolloutService.ListEnvironments:output_type -> rollout.v1.ListEnvironmentsResponse
-	33, // 45: rollout.v1.RolloutService.DescribeEnvironment:output_type -> rollout.v1.DescribeEnvironmentResponse
-	35, // [35:46] is the sub-list for method output_type
-	24, // [24:35] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	15, // 1: rollout.v1.StartJobResponse.job:type_name -> rollout.v1.Job
+	15, // 2: rollout.v1.GetJobResponse.job:type_name -> rollout.v1.Job
+	15, // 3: rollout.v1.ListJobsResponse.jobs:type_name -> rollout.v1.Job
+	15, // 4: rollout.v1.CancelJobResponse.job:type_name -> rollout.v1.Job
+	2,  // 5: rollout.v1.WatchJobRequest.token_layout:type_name -> rollout.v1.TokenLayout
+	16, // 6: rollout.v1.WatchJobResponse.progress:type_name -> rollout.v1.JobProgress
+	17, // 7: rollout.v1.WatchJobResponse.group:type_name -> rollout.v1.Group
+	15, // 8: rollout.v1.WatchJobResponse.finished:type_name -> rollout.v1.Job
+	0,  // 9: rollout.v1.Job.mode:type_name -> rollout.v1.JobMode
+	1,  // 10: rollout.v1.Job.state:type_name -> rollout.v1.JobState
+	16, // 11: rollout.v1.Job.progress:type_name -> rollout.v1.JobProgress
+	37, // 12: rollout.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	37, // 13: rollout.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
+	19, // 14: rollout.v1.Group.rollouts:type_name -> rollout.v1.Rollout
+	36, // 15: rollout.v1.Rollout.reward_components:type_name -> rollout.v1.Rollout.RewardComponentsEntry
+	18, // 16: rollout.v1.Rollout.version_cuts:type_name -> rollout.v1.VersionCut
+	21, // 17: rollout.v1.CollectGroupsRequest.start:type_name -> rollout.v1.CollectStart
+	22, // 18: rollout.v1.CollectGroupsRequest.credit:type_name -> rollout.v1.CollectCredit
+	23, // 19: rollout.v1.CollectGroupsRequest.items:type_name -> rollout.v1.CollectItems
+	24, // 20: rollout.v1.CollectGroupsRequest.next:type_name -> rollout.v1.CollectNext
+	2,  // 21: rollout.v1.CollectStart.token_layout:type_name -> rollout.v1.TokenLayout
+	17, // 22: rollout.v1.CollectGroupsResponse.group:type_name -> rollout.v1.Group
+	26, // 23: rollout.v1.CollectGroupsResponse.status:type_name -> rollout.v1.CollectStatus
+	35, // 24: rollout.v1.ListEnvironmentsResponse.environments:type_name -> rollout.v1.Environment
+	35, // 25: rollout.v1.DescribeEnvironmentResponse.environment:type_name -> rollout.v1.Environment
+	3,  // 26: rollout.v1.RolloutService.GetVersion:input_type -> rollout.v1.GetVersionRequest
+	5,  // 27: rollout.v1.RolloutService.StartJob:input_type -> rollout.v1.StartJobRequest
+	7,  // 28: rollout.v1.RolloutService.GetJob:input_type -> rollout.v1.GetJobRequest
+	9,  // 29: rollout.v1.RolloutService.ListJobs:input_type -> rollout.v1.ListJobsRequest
+	11, // 30: rollout.v1.RolloutService.CancelJob:input_type -> rollout.v1.CancelJobRequest
+	13, // 31: rollout.v1.RolloutService.WatchJob:input_type -> rollout.v1.WatchJobRequest
+	20, // 32: rollout.v1.RolloutService.CollectGroups:input_type -> rollout.v1.CollectGroupsRequest
+	27, // 33: rollout.v1.RolloutService.BeginPolicyUpdate:input_type -> rollout.v1.BeginPolicyUpdateRequest
+	29, // 34: rollout.v1.RolloutService.EndPolicyUpdate:input_type -> rollout.v1.EndPolicyUpdateRequest
+	31, // 35: rollout.v1.RolloutService.ListEnvironments:input_type -> rollout.v1.ListEnvironmentsRequest
+	33, // 36: rollout.v1.RolloutService.DescribeEnvironment:input_type -> rollout.v1.DescribeEnvironmentRequest
+	4,  // 37: rollout.v1.RolloutService.GetVersion:output_type -> rollout.v1.GetVersionResponse
+	6,  // 38: rollout.v1.RolloutService.StartJob:output_type -> rollout.v1.StartJobResponse
+	8,  // 39: rollout.v1.RolloutService.GetJob:output_type -> rollout.v1.GetJobResponse
+	10, // 40: rollout.v1.RolloutService.ListJobs:output_type -> rollout.v1.ListJobsResponse
+	12, // 41: rollout.v1.RolloutService.CancelJob:output_type -> rollout.v1.CancelJobResponse
+	14, // 42: rollout.v1.RolloutService.WatchJob:output_type -> rollout.v1.WatchJobResponse
+	25, // 43: rollout.v1.RolloutService.CollectGroups:output_type -> rollout.v1.CollectGroupsResponse
+	28, // 44: rollout.v1.RolloutService.BeginPolicyUpdate:output_type -> rollout.v1.BeginPolicyUpdateResponse
+	30, // 45: rollout.v1.RolloutService.EndPolicyUpdate:output_type -> rollout.v1.EndPolicyUpdateResponse
+	32, // 46: rollout.v1.RolloutService.ListEnvironments:output_type -> rollout.v1.ListEnvironmentsResponse
+	34, // 47: rollout.v1.RolloutService.DescribeEnvironment:output_type -> rollout.v1.DescribeEnvironmentResponse
+	37, // [37:48] is the sub-list for method output_type
+	26, // [26:37] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_rollout_v1_rollout_proto_init() }
@@ -3139,7 +3247,7 @@ func file_rollout_v1_rollout_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rollout_v1_rollout_proto_rawDesc), len(file_rollout_v1_rollout_proto_rawDesc)),
-			NumEnums:      2,
+			NumEnums:      3,
 			NumMessages:   34,
 			NumExtensions: 0,
 			NumServices:   1,

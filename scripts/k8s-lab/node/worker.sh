@@ -25,6 +25,11 @@ version = 2
       runtime_type = "io.containerd.runc.v2"
       [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
         SystemdCgroup = false
+  # The lab's registry (lab.sh writes /lab/certs.d/<host:port>/hosts.toml:
+  # the name the host pushes to, served over plain HTTP from the registry
+  # container's private address).
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "/lab/certs.d"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "/etc/cni/net.d"
@@ -61,6 +66,13 @@ imageGCHighThresholdPercent: 100
 evictionHard: {memory.available: "200Mi", nodefs.available: "2%", imagefs.available: "2%"}
 kubeAPIQPS: 100
 kubeAPIBurst: 200
+# The lab's nodes hold images both loaded (ctr import) and pulled from the
+# lab registry, the same image ids under two names. With the default
+# (NeverVerifyPreloadedImages, KubeletEnsureSecretPulledImages beta since
+# 1.35) an image the kubelet once pulled counts as not preloaded any more,
+# and a pod naming its loaded name with imagePullPolicy Never then fails
+# with ErrImageNeverPull. The lab has no pull credentials to protect.
+imagePullCredentialsVerificationPolicy: NeverVerify
 YAML
 until [ -S /run/containerd/containerd.sock ]; do sleep 0.2; done
 exec kubelet --config /var/lib/kubelet/config.yaml --kubeconfig /lab/$NAME.kubeconfig \
