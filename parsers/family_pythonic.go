@@ -834,6 +834,9 @@ func olmo3Once(text string, _ []ToolSchema) Result {
 // olmoCalls parses body when it is entirely calls (a list, or calls
 // separated by newlines or commas).
 func olmoCalls(c *vlCollector, body string) bool {
+	// As in pyWholeList, trailing whitespace never decides whether the
+	// output was cut off inside a call: `a("x` and `a("x\n` parse alike.
+	body = strings.TrimRightFunc(body, unicode.IsSpace)
 	i := pySkipSpace(body, 0)
 	if i < len(body) && body[i] == '[' {
 		return pyWholeList(c, body)
