@@ -177,6 +177,13 @@ type SandboxConfig struct {
 	// starts, its G sandboxes are all started at once through a warm pool
 	// (0 = 4×G; negative = no pool, each rollout creates its own).
 	WarmPool int `yaml:"warm_pool,omitempty" json:"warm_pool,omitempty"`
+	// Reuse resets a finished rollout's sandbox in place and hands the same
+	// container to the next rollout of the same spec, instead of removing
+	// it and creating another: every process killed, the tmpfs mounts,
+	// /dev/shm, /dev/mqueue and SysV IPC emptied, the spec's files placed
+	// again. Needs read_only_root (nothing else is writable) and the
+	// Docker backend with runc (docs/security.md, "Reuse").
+	Reuse bool `yaml:"reuse,omitempty" json:"reuse,omitempty"`
 	// Backend is "docker" (default: the local engine) or "kubernetes"
 	// (pods on a cluster, configured by Kubernetes; docs/kubernetes.md).
 	Backend    string                    `yaml:"backend,omitempty" json:"backend,omitempty"`
@@ -433,6 +440,18 @@ func (s SandboxConfig) validate(bad func(field, format string, args ...any) erro
 	case "", sandbox.RuntimeRunc, sandbox.RuntimeRunsc:
 	default:
 		return bad("sandbox.runtime", "%q, want runc or runsc (gVisor)", s.Runtime)
+	}
+	if s.Reuse {
+		switch {
+		case !s.ReadOnlyRoot:
+			return bad("sandbox.reuse", "needs sandbox.read_only_root: true (only a read-only root can be reset in place)")
+		case s.Runtime == sandbox.RuntimeRunsc:
+			return bad("sandbox.reuse", "not implemented for runtime runsc")
+		case s.Backend == sandbox.BackendKubernetes:
+			return bad("sandbox.reuse", "not implemented for the kubernetes backend")
+		case s.WarmPool < 0:
+			return bad("sandbox.reuse", "needs the warm pool (sandbox.warm_pool >= 0): reused sandboxes wait there")
+		}
 	}
 	return nil
 }

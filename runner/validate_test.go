@@ -23,6 +23,10 @@ func TestValidateRanges(t *testing.T) {
 		yaml, field string
 	}{
 		{"rollout_timeout: -1s", "rollout_timeout"},
+		{"sandbox: {reuse: true}", "sandbox.reuse"},
+		{"sandbox: {reuse: true, read_only_root: true, runtime: runsc}", "sandbox.reuse"},
+		{"sandbox: {reuse: true, read_only_root: true, warm_pool: -1}", "sandbox.reuse"},
+		{"sandbox: {reuse: true, read_only_root: true, backend: kubernetes}", "sandbox.reuse"},
 		{"async: {max_staleness: -1}", "async.max_staleness"},
 		{"async: {max_staleness: 1, on_stale: keep}", "async.on_stale"},
 		{"async: {on_stale: drop}", "async.on_stale"},

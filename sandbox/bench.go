@@ -346,6 +346,29 @@ func MeasureChurn(ctx context.Context, b Backend, spec Spec, n, concurrency int)
 	})
 }
 
+// MeasureResetChurn is MeasureChurn through a pool that resets used
+// sandboxes in place (PoolOptions.Reuse; spec gets a read-only root). The
+// pool first serves concurrency sandboxes that are not counted, so the
+// figure is a long run's steady state, where every Acquire finds a reset
+// sandbox. It fails when a reset failed (the pool would have created
+// instead).
+func MeasureResetChurn(ctx context.Context, d *Docker, spec Spec, n, concurrency int) (ChurnResult, error) {
+	spec.Limits.ReadOnlyRoot = true
+	p := NewPool(d, PoolOptions{Reuse: true, MaxIdle: max(concurrency, 1)})
+	defer p.Close(context.WithoutCancel(ctx))
+	if _, err := MeasureChurn(ctx, p, spec, concurrency, concurrency); err != nil {
+		return ChurnResult{}, fmt.Errorf("fill the pool: %w", err)
+	}
+	res, err := MeasureChurn(ctx, p, spec, n, concurrency)
+	if err != nil {
+		return res, err
+	}
+	if ok, failed := p.Resets(); failed > 0 || ok < int64(n) {
+		return res, fmt.Errorf("%d resets in place, %d failed, for %d lifecycles", ok, failed, n)
+	}
+	return res, nil
+}
+
 // MeasureDockerRunChurn runs n `docker run -d --network none --log-driver
 // none IMAGE sleep 3600 && docker rm -f ID` through the CLI, concurrency
 // at a time (the baseline for MeasureChurn). Containers carry labels.

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path"
+	"sync"
 	"time"
 
 	"github.com/rollout-rl/rollout/sandbox/agent"
@@ -20,6 +21,68 @@ import (
 type channelOps struct {
 	conn  *conn
 	owner channelOwner
+	calls gate
+}
+
+// gate counts the calls under way on one holder's channel. A sandbox reset
+// in place for its next holder shuts its previous holder's gate: calls not
+// yet sent are refused, and the reset waits for the ones already sent, so
+// no request of one rollout can reach the container after the next one got
+// it.
+type gate struct {
+	mu   sync.Mutex
+	n    int
+	shut bool
+	idle chan struct{} // closed when n reaches 0 after shut
+}
+
+func (g *gate) enter() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.shut {
+		return false
+	}
+	g.n++
+	return true
+}
+
+func (g *gate) leave() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.n--
+	if g.n == 0 && g.idle != nil {
+		close(g.idle)
+		g.idle = nil
+	}
+}
+
+// close refuses new calls and returns the number still under way and a
+// channel closed when they have all returned.
+func (g *gate) close() (int, <-chan struct{}) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.shut = true
+	idle := make(chan struct{})
+	if g.n == 0 {
+		close(idle)
+	} else {
+		g.idle = idle
+	}
+	return g.n, idle
+}
+
+// begin admits one call: the owner is open and its gate not shut. The
+// returned func ends the call.
+func (o *channelOps) begin() (func(), error) {
+	end, err := o.begin()
+	if err != nil {
+		return nil, err
+	}
+	defer end()
+	if !o.calls.enter() {
+		return nil, fmt.Errorf("%w: handed to its next holder", ErrClosed)
+	}
+	return o.calls.leave, nil
 }
 
 // channelOwner is the backend-specific part: whether the sandbox is still
@@ -48,9 +111,11 @@ func toSpec(req ExecRequest) (*agent.ExecSpec, error) {
 }
 
 func (o *channelOps) Exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
-	if err := o.owner.check(); err != nil {
+	end, err := o.begin()
+	if err != nil {
 		return ExecResult{}, err
 	}
+	defer end()
 	spec, err := toSpec(req)
 	if err != nil {
 		return ExecResult{}, err
@@ -73,9 +138,11 @@ func (o *channelOps) Exec(ctx context.Context, req ExecRequest) (ExecResult, err
 }
 
 func (o *channelOps) WriteFile(ctx context.Context, p string, data []byte, mode os.FileMode) error {
-	if err := o.owner.check(); err != nil {
+	end, err := o.begin()
+	if err != nil {
 		return err
 	}
+	defer end()
 	if !path.IsAbs(p) {
 		return fmt.Errorf("write file: %w: path %q is not absolute", ErrInvalid, p)
 	}
@@ -87,9 +154,11 @@ func (o *channelOps) WriteFile(ctx context.Context, p string, data []byte, mode 
 }
 
 func (o *channelOps) ReadFile(ctx context.Context, p string) ([]byte, error) {
-	if err := o.owner.check(); err != nil {
+	end, err := o.begin()
+	if err != nil {
 		return nil, err
 	}
+	defer end()
 	if !path.IsAbs(p) {
 		return nil, fmt.Errorf("read file: %w: path %q is not absolute", ErrInvalid, p)
 	}
@@ -105,9 +174,11 @@ func (o *channelOps) ReadFile(ctx context.Context, p string) ([]byte, error) {
 }
 
 func (o *channelOps) Upload(ctx context.Context, dir string, tarStream io.Reader) error {
-	if err := o.owner.check(); err != nil {
+	end, err := o.begin()
+	if err != nil {
 		return err
 	}
+	defer end()
 	if !path.IsAbs(dir) {
 		return fmt.Errorf("upload: %w: dir %q is not absolute", ErrInvalid, dir)
 	}
@@ -119,9 +190,11 @@ func (o *channelOps) Upload(ctx context.Context, dir string, tarStream io.Reader
 }
 
 func (o *channelOps) Download(ctx context.Context, dir string, w io.Writer) error {
-	if err := o.owner.check(); err != nil {
+	end, err := o.begin()
+	if err != nil {
 		return err
 	}
+	defer end()
 	if !path.IsAbs(dir) {
 		return fmt.Errorf("download: %w: dir %q is not absolute", ErrInvalid, dir)
 	}
@@ -138,9 +211,11 @@ func procInfo(p *agent.ProcInfo) ProcessInfo {
 }
 
 func (o *channelOps) procCall(ctx context.Context, what string, req agent.Request) (agent.Response, error) {
-	if err := o.owner.check(); err != nil {
+	end, err := o.begin()
+	if err != nil {
 		return agent.Response{}, err
 	}
+	defer end()
 	resp, err := o.conn.roundTrip(ctx, req, nil, nil)
 	if err == nil {
 		err = responseError(what, resp)

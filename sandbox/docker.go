@@ -982,6 +982,10 @@ type dockerSandbox struct {
 	applied  Applied      // limits read back from the created container
 	upperDir string       // host path of the writable layer ("" unknown)
 	diskUsed atomic.Int64 // last measured by the disk watchdog
+	// recycle, when set (a pool that reuses sandboxes), runs first in
+	// Close; true means the container was reset for a new holder.
+	recycle    func(ctx context.Context) bool
+	resetCount int // resets in place before this handle (reuse.go)
 }
 
 func (s *dockerSandbox) touch() { s.lastUsed.Store(time.Now().UnixNano()) }
@@ -1108,11 +1112,15 @@ func (s *dockerSandbox) state() string {
 	return msg
 }
 
-// Close removes the container. It is idempotent and works with a cancelled
-// ctx (removal runs detached, bounded by its own timeout).
+// Close removes the container, or hands it back to a pool that resets it in
+// place for its next holder (PoolOptions.Reuse). It is idempotent and works
+// with a cancelled ctx (removal runs detached, bounded by its own timeout).
 func (s *dockerSandbox) Close(ctx context.Context) error {
 	s.once.Do(func() {
 		s.closing.Store(true)
+		if s.recycle != nil && s.recycle(ctx) {
+			return
+		}
 		s.hj.Close()
 		s.closeSocket()
 		s.closeErr = s.d.removeContainer(ctx, s.id)

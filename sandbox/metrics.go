@@ -34,6 +34,10 @@ var (
 		Name: "rollout_sandbox_reaped_total",
 		Help: "Containers removed by the reaper, by reason (orphan, leaked, idle, lifetime).",
 	}, []string{"reason"})
+	metricResets = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rollout_sandbox_resets_total",
+		Help: "Used sandboxes reset in place for their next holder (pool reuse), by result (ok, failed: the container was removed instead).",
+	}, []string{"result"})
 	metricExec = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "rollout_sandbox_exec_seconds",
 		Help:    "Round trip of Exec through the agent channel.",
@@ -42,5 +46,5 @@ var (
 )
 
 func init() {
-	prometheus.MustRegister(metricLive, metricPoolIdle, metricAcquire, metricDaemon, metricCreates, metricFailures, metricReaped, metricExec)
+	prometheus.MustRegister(metricLive, metricPoolIdle, metricAcquire, metricDaemon, metricCreates, metricFailures, metricReaped, metricResets, metricExec)
 }

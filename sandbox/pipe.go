@@ -32,9 +32,13 @@ type Pipe interface {
 // Pipe implements Piper. ctx bounds only the start; the command lives
 // until Close, its exit or the sandbox's end.
 func (s *dockerSandbox) Pipe(ctx context.Context, req ExecRequest) (Pipe, error) {
-	if err := s.check(); err != nil {
+	// The gate is held until the start request is sent: a reset in place
+	// cancels a pipe already open.
+	end, err := s.begin()
+	if err != nil {
 		return nil, err
 	}
+	defer end()
 	if req.Shell || req.Timeout != 0 || req.Stdin != nil || req.MergeOutput {
 		return nil, fmt.Errorf("%w: a pipe takes Argv or Command only", ErrInvalid)
 	}

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"maps"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -17,12 +18,20 @@ import (
 type PoolOptions struct {
 	// MaxIdle bounds warm containers across all specs (default 64).
 	MaxIdle int
+	// Reuse resets a used sandbox in place and keeps it for the next
+	// Acquire of the same spec instead of removing it, for specs with a
+	// read-only root under runc on backends that can (Docker; reuse.go).
+	// Other specs are single-use as without it.
+	Reuse bool
+	// MaxUses bounds the rollouts one container serves with Reuse
+	// (default 100); then it is removed.
+	MaxUses int
 }
 
 // Pool keeps started, never-used sandboxes per spec so that Acquire does
 // not pay a container start. Warm sets are keyed by the spec's fingerprint
 // (everything but Labels); a sandbox is never returned to the pool after
-// use. Pool implements Backend.
+// use, unless PoolOptions.Reuse resets it in place. Pool implements Backend.
 type Pool struct {
 	d    poolSource
 	opts PoolOptions
@@ -37,7 +46,13 @@ type Pool struct {
 	closed bool
 	// changed is closed and replaced whenever a start finishes.
 	changed chan struct{}
+
+	resetsOK, resetsFailed atomic.Int64
 }
+
+// Resets counts the resets in place (PoolOptions.Reuse) so far: done, and
+// failed (those containers were removed instead).
+func (p *Pool) Resets() (ok, failed int64) { return p.resetsOK.Load(), p.resetsFailed.Load() }
 
 type warmSet struct {
 	key     string
@@ -77,6 +92,9 @@ type poolSource interface {
 func NewPool(d poolSource, opts PoolOptions) *Pool {
 	if opts.MaxIdle <= 0 {
 		opts.MaxIdle = 64
+	}
+	if opts.MaxUses <= 0 {
+		opts.MaxUses = 100
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Pool{d: d, opts: opts, ctx: ctx, cancel: cancel, sets: map[string]*warmSet{}, changed: make(chan struct{})}
@@ -191,7 +209,7 @@ func (p *Pool) Acquire(ctx context.Context, spec Spec) (Sandbox, error) {
 		if got := p.popReadyLocked(ws); got != nil {
 			p.refillLocked(ws)
 			p.mu.Unlock()
-			return p.handOut(got, spec, start), nil
+			return p.handOut(got, ws, spec, start), nil
 		}
 		if ws.filling > len(ws.waiters) {
 			// One being started is ours.
@@ -200,7 +218,7 @@ func (p *Pool) Acquire(ctx context.Context, spec Spec) (Sandbox, error) {
 				return nil, err
 			}
 			if got != nil {
-				return p.handOut(got, spec, start), nil
+				return p.handOut(got, ws, spec, start), nil
 			}
 			// Its start failed: try again (a create of our own meets the
 			// error and returns it).
@@ -219,6 +237,7 @@ func (p *Pool) Acquire(ctx context.Context, spec Spec) (Sandbox, error) {
 				return nil, fmt.Errorf("acquire sandbox: %w", err)
 			}
 			metricAcquire.WithLabelValues("create").Observe(time.Since(start).Seconds())
+			p.hook(sb, ws)
 			return sb, nil
 		}
 		if victim := p.evictLocked(); victim != nil {
@@ -305,8 +324,9 @@ func (p *Pool) waitFill(ctx context.Context, ws *warmSet) (warmable, error) {
 	}
 }
 
-func (p *Pool) handOut(got warmable, spec Spec, start time.Time) Sandbox {
+func (p *Pool) handOut(got warmable, ws *warmSet, spec Spec, start time.Time) Sandbox {
 	got.setPooled(false)
+	p.hook(got, ws)
 	got.setLabels(maps.Clone(spec.Labels))
 	got.touch()
 	metricAcquire.WithLabelValues("pool").Observe(time.Since(start).Seconds())

@@ -58,7 +58,7 @@ type runnerRun struct {
 	ph         *phases
 }
 
-func runTerminalTasks(ctx context.Context, r *runCtx, ref string, groups int, lat sim.Latency, noJournal bool) (runnerRun, error) {
+func runTerminalTasks(ctx context.Context, r *runCtx, ref string, groups int, lat sim.Latency, noJournal, reuse bool) (runnerRun, error) {
 	dir, err := os.MkdirTemp("", "rollout-bench-runner-*")
 	if err != nil {
 		return runnerRun{}, err
@@ -68,7 +68,7 @@ func runTerminalTasks(ctx context.Context, r *runCtx, ref string, groups int, la
 	cpu0 := processCPU()
 	d0, ok0 := daemonCPU()
 	res, err := demo.Run(ctx, demo.Options{Out: dir, Specs: []demo.Spec{{Env: "terminal-tasks", Groups: groups, GroupSize: 4, Image: ref}},
-		Seed: 1, Latency: lat, Logger: r.logger, Progress: ph.event, SandboxInstance: "bench-runner-" + randomSuffix(), NoJournal: noJournal})
+		Seed: 1, Latency: lat, Logger: r.logger, Progress: ph.event, SandboxInstance: "bench-runner-" + randomSuffix(), NoJournal: noJournal, Reuse: reuse})
 	cpu := processCPU() - cpu0
 	d1, ok1 := daemonCPU()
 	if err != nil {
@@ -92,7 +92,7 @@ func runRunner(ctx context.Context, r *runCtx) ([]Measure, error) {
 		return nil, fmt.Errorf("busybox image: %w", err)
 	}
 	var out []Measure
-	zero, err := runTerminalTasks(ctx, r, ref, r.n(8, 2), sim.Latency{}, false)
+	zero, err := runTerminalTasks(ctx, r, ref, r.n(8, 2), sim.Latency{}, false, false)
 	if err != nil {
 		return nil, fmt.Errorf("zero latency: %w", err)
 	}
@@ -117,13 +117,32 @@ func runRunner(ctx context.Context, r *runCtx) ([]Measure, error) {
 		out = append(out, NotMeasured("runner.phase_sandbox_share", "no rollout finished"))
 	}
 
+	// The same env with a read-only root and sandboxes reset in place
+	// (sandbox.reuse), over more groups than run at once (8), so that
+	// most rollouts find a reset sandbox, as in a long run.
+	reuse, err := runTerminalTasks(ctx, r, ref, r.n(32, 4), sim.Latency{}, false, true)
+	if err != nil {
+		return out, fmt.Errorf("zero latency with reuse: %w", err)
+	}
+	rph := reuse.ph
+	out = append(out, Measure{Name: "runner.reuse_rollouts_per_s", Value: ptr(sig(float64(reuse.rollouts) / reuse.elapsed.Seconds())),
+		Baseline: ptr(sig(n / zero.elapsed.Seconds())), BaselineName: "runner.rollouts_per_s (single-use sandboxes), same bench run",
+		Note: fmt.Sprintf("%d rollouts in %d groups of 4, 8 groups at a time, %d infra-failed, wall %s", reuse.rollouts, reuse.groups, rph.infra,
+			reuse.elapsed.Round(time.Millisecond))})
+	out = append(out, phaseMeasures("runner.reuse_phase_", "zero latency, sandboxes reset in place", rph)...)
+	if tot := rph.mean(rph.total); tot > 0 {
+		out = append(out, Measure{Name: "runner.reuse_phase_sandbox_share", Value: ptr(sig(rph.mean(rph.sandbox) / tot))})
+	} else {
+		out = append(out, NotMeasured("runner.reuse_phase_sandbox_share", "no rollout finished"))
+	}
+
 	// Durability end to end: the same run with the journal off, then on
 	// again, alternating; groups/s from the runner's own elapsed time.
 	var on, off []float64
 	on = append(on, float64(zero.groups)/zero.elapsed.Seconds())
 	for range r.n(2, 1) {
 		for _, noJournal := range []bool{true, false} {
-			x, err := runTerminalTasks(ctx, r, ref, r.n(8, 2), sim.Latency{}, noJournal)
+			x, err := runTerminalTasks(ctx, r, ref, r.n(8, 2), sim.Latency{}, noJournal, false)
 			if err != nil {
 				return out, fmt.Errorf("durability on/off: %w", err)
 			}
@@ -142,7 +161,7 @@ func runRunner(ctx context.Context, r *runCtx) ([]Measure, error) {
 		Measure{Name: "runner.durable_throughput_ratio", Value: ptr(sig(median(on) / median(off)))},
 	)
 
-	real, err := runTerminalTasks(ctx, r, ref, r.n(4, 1), sim.Latency{TTFT: 200 * time.Millisecond, PerToken: 30 * time.Millisecond}, false)
+	real, err := runTerminalTasks(ctx, r, ref, r.n(4, 1), sim.Latency{TTFT: 200 * time.Millisecond, PerToken: 30 * time.Millisecond}, false, false)
 	if err != nil {
 		return out, fmt.Errorf("realistic latency: %w", err)
 	}

@@ -179,12 +179,19 @@ func runSandbox(ctx context.Context, r *runCtx) (out []Measure, err error) {
 		levels = []int{4}
 	}
 	churnN := r.n(16, 4)
-	var best, bestBase sandbox.ChurnResult
+	var best, bestBase, bestReset sandbox.ChurnResult
 	var curve []string
 	for _, c := range levels {
 		ours, err := sandbox.MeasureChurn(ctx, d, spec, max(churnN, c), c)
 		if err != nil {
 			return out, fmt.Errorf("churn at %d: %w", c, err)
+		}
+		reset, err := sandbox.MeasureResetChurn(ctx, d, spec, 4*max(churnN, c), c)
+		if err != nil {
+			return out, fmt.Errorf("churn with reset in place at %d: %w", c, err)
+		}
+		if reset.PerSecond() > bestReset.PerSecond() {
+			bestReset = reset
 		}
 		theirs, err := sandbox.MeasureDockerRunChurn(ctx, ref, d.BaseLabels(), max(churnN, c), c)
 		if err != nil {
@@ -196,7 +203,7 @@ func runSandbox(ctx context.Context, r *runCtx) (out []Measure, err error) {
 		if theirs.PerSecond() > bestBase.PerSecond() {
 			bestBase = theirs
 		}
-		curve = append(curve, fmt.Sprintf("%d: %.2f vs %.2f/s", c, ours.PerSecond(), theirs.PerSecond()))
+		curve = append(curve, fmt.Sprintf("%d: %.2f (reset %.1f) vs %.2f/s", c, ours.PerSecond(), reset.PerSecond(), theirs.PerSecond()))
 	}
 	base = "`docker run -d --network none --log-driver none IMAGE sleep 3600 && docker rm -f` via the CLI at its best concurrency, same run"
 	out = append(out,
@@ -204,6 +211,10 @@ func runSandbox(ctx context.Context, r *runCtx) (out []Measure, err error) {
 			Note: fmt.Sprintf("best at %d at a time (baseline best at %d); %d lifecycles per level and side (create, start, handshake, exec `true`, remove); curve (ours vs baseline): %s",
 				best.Concurrency, bestBase.Concurrency, max(churnN, 1), strings.Join(curve, ", "))},
 		Measure{Name: "sandbox.churn_vs_docker_run_ratio", Value: ptr(sig(best.PerSecond() / bestBase.PerSecond()))},
+		Measure{Name: "sandbox.churn_reset_per_s", Value: ptr(sig(bestReset.PerSecond())), Baseline: ptr(sig(bestBase.PerSecond())), BaselineName: base,
+			Note: fmt.Sprintf("read-only root, pool with reuse: best at %d at a time; %d lifecycles per level (acquire a reset sandbox, exec `true`, close = reset in place), after the pool's first fill",
+				bestReset.Concurrency, 4*max(churnN, 1))},
+		Measure{Name: "sandbox.churn_reset_vs_docker_run_ratio", Value: ptr(sig(bestReset.PerSecond() / bestBase.PerSecond()))},
 	)
 
 	// gVisor beside runc: cold start and exec round trip, alternating.

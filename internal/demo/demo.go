@@ -145,6 +145,9 @@ type Options struct {
 	// Distill makes the simulator the distillation teacher too (top-K 5):
 	// every trained token gets its prompt_logprobs (docs/distillation.md).
 	Distill bool
+	// Reuse runs the sandboxes with a read-only root and resets them in
+	// place between rollouts (sandbox.reuse).
+	Reuse bool
 }
 
 // Result is one env's outcome.
@@ -243,6 +246,7 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 			Output:         runner.Output{Dir: filepath.Join(o.Out, s.Env), MaxRowsPerFile: o.RowsPerFile},
 		}
 		cfg.Sandbox.Image = s.Image
+		cfg.Sandbox.ReadOnlyRoot, cfg.Sandbox.Reuse = o.Reuse, o.Reuse
 		if node != nil {
 			cfg.EnvConfig = *node
 		}

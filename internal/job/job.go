@@ -187,6 +187,9 @@ func open(ctx context.Context, cfg runner.Config, opts Options) (*Job, error) {
 	if sel, ok := sbs.(BackendSelector); ok {
 		// A shared backend per sandbox.backend (the server's): the
 		// job's config picks Docker or a Kubernetes cluster.
+		if cfg.Sandbox.Reuse {
+			return nil, fmt.Errorf("%w: sandbox.reuse: not implemented for rollout serve's shared backends (use it with rollout run or eval)", runner.ErrConfig)
+		}
 		if sbs, imgs, err = sel.For(cfg); err != nil {
 			return nil, fmt.Errorf("%w: sandbox: %w", runner.ErrConfig, err)
 		}
@@ -195,7 +198,8 @@ func open(ctx context.Context, cfg runner.Config, opts Options) (*Job, error) {
 		// The job's own backend holds at most limits.sandboxes containers,
 		// warm ones included: the run's bound holds at every moment.
 		limit := sandboxLimit(cfg)
-		j.docker = &lazyDocker{log: opts.Logger, instance: opts.SandboxInstance, warm: min(warmPoolSize(cfg), limit), maxContainers: limit}
+		j.docker = &lazyDocker{log: opts.Logger, instance: opts.SandboxInstance, warm: min(warmPoolSize(cfg), limit), maxContainers: limit,
+			reuse: cfg.Sandbox.Reuse}
 		if cfg.Sandbox.Backend == sandbox.BackendKubernetes {
 			kc := sandbox.KubernetesConfig{}
 			if cfg.Sandbox.Kubernetes != nil {
@@ -430,6 +434,9 @@ type lazyDocker struct {
 	// starts a group's G sandboxes as soon as the runner announces them
 	// (runner.Expecter); warm <= 0 creates every sandbox on demand.
 	warm int
+	// reuse resets used sandboxes in place for the next rollout
+	// (sandbox.reuse; the Docker backend's pool only).
+	reuse bool
 	// maxContainers is the backend's MaxContainers when it starts with
 	// log and instance only (0: the backend's default).
 	maxContainers int
@@ -507,7 +514,7 @@ func (l *lazyDocker) start(ctx context.Context) error {
 		}
 		l.d, l.err = sandbox.NewDocker(context.WithoutCancel(ctx), opts)
 		if l.err == nil && l.warm > 0 {
-			l.pool = sandbox.NewPool(l.d, sandbox.PoolOptions{MaxIdle: l.warm})
+			l.pool = sandbox.NewPool(l.d, sandbox.PoolOptions{MaxIdle: l.warm, Reuse: l.reuse})
 		}
 	})
 	return l.err

@@ -50,6 +50,9 @@ const (
 	// capped stderr). Cancel kills its process group. For stdio servers
 	// (MCP) inside the sandbox.
 	OpPipe = "pipe"
+	// OpReset returns a used sandbox with a read-only root to the state of
+	// a fresh one (Request.Paths: the writable mounts to empty).
+	OpReset = "reset"
 )
 
 // Error codes of Response.Code, mapped to the sandbox error classes.
@@ -99,6 +102,15 @@ type Request struct {
 	TimeoutNS int64     `json:"timeout_ns,omitempty"`
 	Data      []byte    `json:"data,omitempty"`
 	Close     bool      `json:"close,omitempty"` // OpStdin: close stdin after writing Data
+	Paths     []string  `json:"paths,omitempty"` // OpReset: mount roots to empty
+}
+
+// ResetResult is the outcome of OpReset.
+type ResetResult struct {
+	Killed     int   `json:"killed"`
+	Removed    int   `json:"removed"`
+	IPC        int   `json:"ipc"`
+	DurationNS int64 `json:"duration_ns"`
 }
 
 // ExecResult is the outcome of OpExec.
@@ -136,7 +148,8 @@ type Response struct {
 	Procs []ProcInfo  `json:"procs,omitempty"`
 	Size  int64       `json:"size,omitempty"`
 	// Killed is the number of processes OpKillAll signalled.
-	Killed int `json:"killed,omitempty"`
+	Killed int          `json:"killed,omitempty"`
+	Reset  *ResetResult `json:"reset,omitempty"`
 }
 
 // ErrFrameTooLarge is returned when a peer announces a payload above MaxFrame.

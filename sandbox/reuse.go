@@ -1,0 +1,172 @@
+package sandbox
+
+// Reset in place (PoolOptions.Reuse). A sandbox with a read-only root can
+// only write to its tmpfs mounts, /dev/mqueue and its IPC namespace, all of
+// which the agent can empty (agent.OpReset). Instead of removing such a
+// sandbox when its holder closes it and creating a new container for the
+// next rollout of the same spec, the pool asks the agent to reset it and
+// hands the same container out again under a new handle. The previous
+// holder's handle stays closed: its calls not yet sent are refused, the
+// ones under way are waited for (after a kill of every process) before the
+// reset starts. Any failure or doubt removes the container as before.
+// docs/security.md ("Reuse") says why this keeps the isolation between
+// rollouts.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/rollout-rl/rollout/sandbox/agent"
+)
+
+// resetTimeout bounds a whole reset in place; past it the container is
+// removed instead.
+const resetTimeout = 15 * time.Second
+
+// resetter is a warmable the pool can reset in place for its next holder.
+type resetter interface {
+	warmable
+	// onClose installs fn, which Close runs first: when fn returns true
+	// the container belongs to a new holder and Close removes nothing.
+	onClose(fn func(ctx context.Context) bool)
+	// resetInPlace returns the container to the state of a fresh sandbox
+	// of spec and returns the new holder's handle. The receiver is closed
+	// (its Close is under way) and stays closed.
+	resetInPlace(ctx context.Context, spec Spec) (warmable, error)
+	// resets is how many times the container was reset so far.
+	resets() int
+}
+
+var _ resetter = (*dockerSandbox)(nil)
+
+func (s *dockerSandbox) onClose(fn func(ctx context.Context) bool) { s.recycle = fn }
+
+func (s *dockerSandbox) resets() int { return s.resetCount }
+
+// writableMounts are the places a read-only-root container's user can
+// write to: the backend's tmpfs mounts and the engine's /dev/shm and
+// /dev/mqueue.
+func (s *dockerSandbox) writableMounts() []string {
+	return []string{"/tmp", s.hello.Workdir, "/dev/shm", "/dev/mqueue"}
+}
+
+func (s *dockerSandbox) resetInPlace(ctx context.Context, spec Spec) (warmable, error) {
+	if !s.spec.Limits.ReadOnlyRoot || (s.spec.Runtime != "" && s.spec.Runtime != RuntimeRunc) {
+		return nil, fmt.Errorf("reset sandbox %s: %w: only a read-only root under runc can be reset in place", s.short(), ErrInvalid)
+	}
+	if err := s.conn.broken(); err != nil {
+		return nil, fmt.Errorf("reset sandbox %s: %w: %v", s.short(), ErrUnavailable, err)
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resetTimeout)
+	defer cancel()
+	if pending, idle := s.calls.close(); pending > 0 {
+		// The previous holder still has calls under way (a command, a
+		// wait): stop every process so that they return.
+		if _, err := s.conn.roundTrip(ctx, agent.Request{Op: agent.OpKillAll}, nil, nil); err != nil {
+			return nil, fmt.Errorf("reset sandbox %s: stop the previous holder's processes: %w", s.short(), err)
+		}
+		select {
+		case <-idle:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("reset sandbox %s: %d calls of the previous holder did not return: %w", s.short(), pending, ctx.Err())
+		}
+	}
+	resp, err := s.conn.roundTrip(ctx, agent.Request{Op: agent.OpReset, Paths: s.writableMounts()}, nil, nil)
+	if err == nil {
+		err = responseError("reset", resp)
+	}
+	if err == nil && resp.Reset == nil {
+		err = fmt.Errorf("%w: agent sent no reset result", ErrUnavailable)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reset sandbox %s: %w", s.short(), err)
+	}
+	ns := &dockerSandbox{d: s.d, id: s.id, name: s.name, spec: spec, imageID: s.imageID, hj: s.hj, demux: s.demux,
+		attach: s.attach, sock: s.sock, stderr: s.stderr, hello: s.hello, created: time.Now(), log: s.log,
+		applied: s.applied, upperDir: s.upperDir, resetCount: s.resetCount + 1}
+	ns.channelOps = channelOps{conn: s.conn, owner: ns}
+	ns.touch()
+	s.d.mu.Lock()
+	if s.d.closed {
+		s.d.mu.Unlock()
+		return nil, fmt.Errorf("reset sandbox %s: %w: backend closed", s.short(), ErrClosed)
+	}
+	// From here the new handle owns the container and its slot: on failure
+	// its Close removes both, and the previous handle's Close finds nothing
+	// left to release.
+	s.d.live[s.id] = ns
+	s.d.mu.Unlock()
+	for _, f := range spec.Files {
+		if err := ns.WriteFile(ctx, f.Path, f.Data, f.Mode); err != nil {
+			_ = ns.Close(ctx)
+			return nil, fmt.Errorf("reset sandbox %s: place %s: %w", s.short(), f.Path, err)
+		}
+	}
+	s.log.Debug("sandbox reset in place", "resets", ns.resetCount, "killed", resp.Reset.Killed,
+		"removed", resp.Reset.Removed, "ipc", resp.Reset.IPC, "agent_ms", float64(resp.Reset.DurationNS)/1e6)
+	return ns, nil
+}
+
+// reusable says whether sandboxes of spec are reset in place by p.
+func (p *Pool) reusable(spec Spec) bool {
+	return p.opts.Reuse && spec.Limits.ReadOnlyRoot && (spec.Runtime == "" || spec.Runtime == RuntimeRunc)
+}
+
+// hook makes sb's Close hand the container back to ws after a reset in
+// place, when the pool reuses sandboxes of ws's spec.
+func (p *Pool) hook(sb warmable, ws *warmSet) {
+	if !p.reusable(ws.spec) {
+		return
+	}
+	if r, ok := sb.(resetter); ok {
+		r.onClose(func(ctx context.Context) bool { return p.recycle(ctx, ws, r) })
+	}
+}
+
+// recycle resets r in place and puts it back into ws (or gives it to a
+// waiting Acquire). It returns false when the container should be removed
+// instead: the pool is closed, the container was reset MaxUses times, or
+// the reset failed.
+func (p *Pool) recycle(ctx context.Context, ws *warmSet, r resetter) bool {
+	if r.resets() >= p.opts.MaxUses || r.broken() != nil {
+		return false
+	}
+	p.mu.Lock()
+	closed := p.closed
+	p.mu.Unlock()
+	if closed {
+		return false
+	}
+	fresh, err := r.resetInPlace(ctx, ws.spec)
+	if err != nil {
+		metricResets.WithLabelValues("failed").Inc()
+		p.resetsFailed.Add(1)
+		if !errors.Is(err, ErrClosed) {
+			p.d.logger().Warn("warm pool: reset in place failed, removing the sandbox", "image", ws.spec.Image, "err", err)
+		}
+		return false
+	}
+	metricResets.WithLabelValues("ok").Inc()
+	p.resetsOK.Add(1)
+	p.mu.Lock()
+	if p.closed || p.idle >= p.opts.MaxIdle {
+		p.mu.Unlock()
+		_ = fresh.Close(ctx)
+		return true
+	}
+	defer p.mu.Unlock()
+	defer p.changedLocked()
+	fresh.setPooled(true)
+	if len(ws.waiters) > 0 {
+		w := ws.waiters[0]
+		ws.waiters = ws.waiters[1:]
+		w <- fresh
+		return true
+	}
+	ws.ready = append(ws.ready, fresh)
+	p.idle++
+	metricPoolIdle.WithLabelValues(ws.spec.Image).Set(float64(len(ws.ready)))
+	return true
+}

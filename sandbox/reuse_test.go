@@ -1,0 +1,204 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+// hostileRollout leaves behind everything a rollout could use to reach the
+// next one: files in every writable mount (some locked away with mode 000,
+// a FIFO, a symlink out), a changed file of the spec, a locked workdir, a
+// message queue, a setsid'd daemon still writing, a background process and
+// a shell session with its own cwd and variables.
+func hostileRollout(t *testing.T, ctx context.Context, s Sandbox) {
+	t.Helper()
+	script := strings.Join([]string{
+		"echo answer > /workspace/answer.txt",
+		"echo tampered > /workspace/seed.txt",
+		"echo x > /tmp/x && echo y > /dev/shm/y",
+		"mkdir -p /tmp/locked/inner && echo z > /tmp/locked/inner/z && chmod 000 /tmp/locked/inner /tmp/locked",
+		"mkfifo /tmp/fifo && ln -s /etc/passwd /tmp/passwd-link && ln /tmp/x /tmp/x-hard",
+		"touch /dev/mqueue/leak",
+		"setsid sh -c 'while true; do date >> /tmp/daemon.log; sleep 0.05; done' </dev/null >/dev/null 2>&1 &",
+		"chmod 0500 /workspace",
+	}, " && ")
+	r, err := s.Exec(ctx, ExecRequest{Command: script})
+	if err != nil || r.ExitCode != 0 {
+		t.Fatalf("hostile rollout: exit %d, %v, stderr %q", r.ExitCode, err, r.Stderr)
+	}
+	if _, err := s.Start(ctx, ExecRequest{Command: "sleep 600"}); err != nil {
+		t.Fatalf("background process: %v", err)
+	}
+	if r, err := s.Exec(ctx, ExecRequest{Command: "cd /tmp && export LEAK=1", Shell: true}); err != nil || r.ExitCode != 0 {
+		t.Fatalf("shell session: exit %d, %v", r.ExitCode, err)
+	}
+}
+
+func TestReuseResetsEveryTrace(t *testing.T) {
+	d := needDocker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	p := NewPool(d, PoolOptions{Reuse: true, MaxIdle: 2})
+	defer p.Close(context.Background())
+	spec := Spec{Image: testImage, Limits: Limits{ReadOnlyRoot: true},
+		Files: []File{{Path: "/workspace/seed.txt", Data: []byte("seed\n")}}}
+
+	first, err := p.Acquire(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh, err := first.Exec(ctx, ExecRequest{Command: "stat -c '%a %u' /workspace /tmp /dev/shm /dev/mqueue"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hostileRollout(t, ctx, first)
+	id := first.ID()
+	if err := first.Close(ctx); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	if _, err := first.Exec(ctx, ExecRequest{Command: "true"}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("previous holder's call after Close: %v, want ErrClosed", err)
+	}
+
+	second, err := p.Acquire(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close(context.Background())
+	if second.ID() != id {
+		t.Fatalf("second sandbox is container %s, want the reset %s", second.ID()[:12], id[:12])
+	}
+	check := func(what, cmd, want string) {
+		t.Helper()
+		r, err := second.Exec(ctx, ExecRequest{Command: cmd})
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if got := string(r.Stdout); got != want {
+			t.Errorf("%s after reset: %q, want %q (stderr %q)", what, got, want, r.Stderr)
+		}
+	}
+	check("writable mounts", "ls -A /tmp /dev/shm /dev/mqueue /workspace", "/dev/mqueue:\n\n/dev/shm:\n\n/tmp:\n\n/workspace:\nseed.txt\n")
+	check("spec file", "cat /workspace/seed.txt", "seed\n")
+	check("mount roots", "stat -c '%a %u' /workspace /tmp /dev/shm /dev/mqueue", string(fresh.Stdout))
+	// Neither the background sleep nor the daemon survived (the daemon
+	// would also have written its log again).
+	check("processes", "cat /proc/[0-9]*/comm 2>/dev/null | grep -c sleep", "0\n")
+	check("the daemon's file stays gone", "sleep 0.2; ls -A /tmp", "")
+	if ps, err := second.Processes(ctx); err != nil || len(ps) != 0 {
+		t.Errorf("background processes after reset: %+v, %v", ps, err)
+	}
+	r, err := second.Exec(ctx, ExecRequest{Command: `pwd; echo "[$LEAK]"`, Shell: true})
+	if err != nil || string(r.Stdout) != "/workspace\n[]\n" {
+		t.Errorf("shell session after reset: %q, %v", r.Stdout, err)
+	}
+	if _, err := second.Exec(ctx, ExecRequest{Command: "cat /etc/passwd >/dev/null"}); err != nil {
+		t.Errorf("the symlink's target: %v", err)
+	}
+}
+
+// A call of the previous holder still under way when it closes the sandbox
+// is ended (its process killed) before the reset, and its answer cannot
+// reach the next holder.
+func TestReuseEndsCallsUnderWay(t *testing.T) {
+	d := needDocker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	p := NewPool(d, PoolOptions{Reuse: true, MaxIdle: 2})
+	defer p.Close(context.Background())
+	spec := Spec{Image: testImage, Limits: Limits{ReadOnlyRoot: true}}
+	first, err := p.Acquire(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		r, err := first.Exec(ctx, ExecRequest{Command: "echo started > /tmp/started; sleep 600; echo late > /workspace/late"})
+		if err == nil && r.ExitCode == 0 {
+			err = errors.New("the long command finished normally")
+		}
+		done <- err
+	}()
+	eventually(t, "the long command to start", func() bool {
+		r, err := first.Exec(ctx, ExecRequest{Command: "cat /tmp/started"})
+		return err == nil && r.ExitCode == 0
+	})
+	if err := first.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	second, err := p.Acquire(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close(context.Background())
+	if second.ID() != first.ID() {
+		t.Fatalf("not reset in place: %s then %s", first.ID()[:12], second.ID()[:12])
+	}
+	r, err := second.Exec(ctx, ExecRequest{Command: "ls -A /tmp /workspace"})
+	if err != nil || string(r.Stdout) != "/tmp:\n\n/workspace:\n" {
+		t.Fatalf("after reset: %q, %v", r.Stdout, err)
+	}
+}
+
+// A spec with a writable root is never reused: its container is removed.
+func TestReuseOnlyReadOnlyRoot(t *testing.T) {
+	d := needDocker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	p := NewPool(d, PoolOptions{Reuse: true, MaxIdle: 2})
+	defer p.Close(context.Background())
+	spec := Spec{Image: testImage}
+	first, err := p.Acquire(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := first.ID()
+	if err := first.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	second, err := p.Acquire(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close(context.Background())
+	if second.ID() == id {
+		t.Fatal("a writable-root sandbox was handed out again")
+	}
+	d.mu.Lock()
+	_, live := d.live[id]
+	d.mu.Unlock()
+	if live {
+		t.Fatal("the writable-root sandbox is still live after Close")
+	}
+}
+
+// MaxUses bounds how often one container is reset.
+func TestReuseMaxUses(t *testing.T) {
+	d := needDocker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	p := NewPool(d, PoolOptions{Reuse: true, MaxIdle: 2, MaxUses: 2})
+	defer p.Close(context.Background())
+	spec := Spec{Image: testImage, Limits: Limits{ReadOnlyRoot: true}}
+	var ids []string
+	for range 4 {
+		s, err := p.Acquire(ctx, spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, s.ID())
+		if err := s.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Uses 1–3 are one container (two resets), the fourth a new one.
+	if ids[0] != ids[1] || ids[1] != ids[2] || ids[2] == ids[3] {
+		t.Fatalf("containers per use: %v", ids)
+	}
+}
