@@ -50,6 +50,15 @@ const (
 	// capped stderr). Cancel kills its process group. For stdio servers
 	// (MCP) inside the sandbox.
 	OpPipe = "pipe"
+	// OpReset returns a used container to the state of a freshly started
+	// one (read-only root only): it cancels every other request, kills
+	// every process but init and the agent, forgets background processes
+	// and the shell session, removes the sandbox user's SysV IPC objects
+	// and empties the mount roots of Request.Paths (tmpfs or mqueue mounts
+	// recorded at start-up), restoring their mode, owner, times and xattrs.
+	// Request.TimeoutNS bounds it (default 60 s). Any doubt is an error,
+	// never a partial success: the host then removes the container.
+	OpReset = "reset"
 )
 
 // Error codes of Response.Code, mapped to the sandbox error classes.
@@ -99,6 +108,7 @@ type Request struct {
 	TimeoutNS int64     `json:"timeout_ns,omitempty"`
 	Data      []byte    `json:"data,omitempty"`
 	Close     bool      `json:"close,omitempty"` // OpStdin: close stdin after writing Data
+	Paths     []string  `json:"paths,omitempty"` // OpReset: the mount roots to empty
 }
 
 // ExecResult is the outcome of OpExec.
@@ -137,6 +147,16 @@ type Response struct {
 	Size  int64       `json:"size,omitempty"`
 	// Killed is the number of processes OpKillAll signalled.
 	Killed int `json:"killed,omitempty"`
+	// Reset is OpReset's outcome.
+	Reset *ResetResult `json:"reset,omitempty"`
+}
+
+// ResetResult is the outcome of OpReset.
+type ResetResult struct {
+	Killed     int   `json:"killed"`      // processes killed
+	Removed    int   `json:"removed"`     // directory entries removed under Paths
+	IPC        int   `json:"ipc"`         // SysV IPC objects removed
+	DurationNS int64 `json:"duration_ns"` // time the reset took in the agent
 }
 
 // ErrFrameTooLarge is returned when a peer announces a payload above MaxFrame.
