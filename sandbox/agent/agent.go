@@ -5,7 +5,9 @@
 // connection. It runs commands in their own process groups as the sandbox
 // user, enforces timeouts by killing the whole group, caps output at the
 // source, keeps background processes and a stateful shell session, and does
-// file transfers without relying on any tool inside the image.
+// file transfers without relying on any tool inside the image. For a
+// container with a read-only root, OpReset (reset.go) returns it to the
+// state of a freshly started one so the host can reuse it.
 //
 // The agent itself runs as root with a minimal capability set (SETUID,
 // SETGID, CHOWN, KILL) so that a command running as the sandbox user cannot
@@ -25,12 +27,17 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
 // Main runs the agent with command-line args (without the program name) on
 // the process's stdin/stdout and returns the exit code.
 func Main(args []string) int {
+	if len(args) == 1 && args[0] == ipcCleanFlag {
+		// Hidden: the reset's child (see ipcClean), not in the usage.
+		return ipcClean()
+	}
 	fset := flag.NewFlagSet("rollout-agent", flag.ContinueOnError)
 	user := fset.String("user", "", "user to run commands as (name, uid or uid:gid)")
 	fallback := fset.String("fallback-user", "", "user when -user is not in /etc/passwd and -optional-user is set")
@@ -169,6 +176,18 @@ type server struct {
 	shellCwd string
 	shellEnv []byte // `export -p` output of the previous Shell command
 
+	// Start-up state a reset restores (mounts.go, reset.go).
+	roots      map[string]*mountRoot // tmpfs/mqueue mount roots by path
+	mountTable []mountEntry
+	mountErr   error // why the mount table could not be read
+	keyBase    int   // kernel keys of the sandbox user at start-up, -1 unknown
+	// checkMounts makes a reset refuse a writable root filesystem or a
+	// user-writable mount left out of its paths (off only in tests that
+	// run on the host's mounts).
+	checkMounts bool
+	selfExe     string      // the agent's binary, run with -ipc-clean
+	resetting   atomic.Bool // a reset runs: new requests are refused
+
 	wg sync.WaitGroup
 }
 
@@ -194,6 +213,10 @@ func newServer(w io.Writer) *server {
 		main:  newPeer(w),
 		peers: map[*peer]struct{}{},
 		procs: map[string]*proc{},
+
+		checkMounts: true,
+		selfExe:     "/proc/self/exe",
+		keyBase:     -1,
 	}
 	s.peers[s.main] = struct{}{}
 	return s
@@ -258,6 +281,15 @@ func (s *server) servePeer(p *peer, r io.Reader) error {
 			ctx, cancel := context.WithCancel(context.Background())
 			in := &inflight{cancel: cancel, data: make(chan []byte, 16), done: make(chan struct{})}
 			p.mu.Lock()
+			// Checked under p.mu: a reset sets the flag before it
+			// cancels what p.reqs holds, so a request is either cancelled
+			// by it or refused here.
+			if s.resetting.Load() {
+				p.mu.Unlock()
+				cancel()
+				_ = p.sendJSON(FrameResponse, f.ID, Response{Code: CodeFailed, Err: "the sandbox is being reset"})
+				continue
+			}
 			if _, dup := p.reqs[f.ID]; dup {
 				p.mu.Unlock()
 				cancel()
@@ -397,6 +429,8 @@ func (s *server) handle(ctx context.Context, p *peer, id uint32, req *Request, d
 		var r *ExecResult
 		r, err = s.pipe(ctx, p, id, req.Exec, data)
 		resp.Exec = r
+	case OpReset:
+		resp.Reset, err = s.reset(ctx, p, id, req)
 	default:
 		err = invalidf("unknown op %q", req.Op)
 	}

@@ -13,7 +13,18 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	// The test binary stands in for the agent's binary: the reset runs
+	// /proc/self/exe -ipc-clean, and the namespaced reset test (see
+	// reset_test.go) runs it as the container's init.
+	if len(os.Args) == 2 && os.Args[1] == ipcCleanFlag {
+		os.Exit(Main(os.Args[1:]))
+	}
+	if os.Getenv(e2eRoleEnv) == "init" {
+		os.Exit(e2eInit())
+	}
+	goleak.VerifyTestMain(m)
+}
 
 func TestCapBuf(t *testing.T) {
 	tests := []struct {
@@ -117,11 +128,16 @@ type client struct {
 }
 
 func startServer(t *testing.T) *client {
+	dir := t.TempDir()
+	return startServerWith(t, func(s *server) error { return s.setup("", "", false, dir) })
+}
+
+// startServerWith is startServer with its own set-up of the server.
+func startServerWith(t *testing.T, setup func(*server) error) *client {
 	inR, inW := io.Pipe()
 	outR, outW := io.Pipe()
 	s := newServer(outW)
-	dir := t.TempDir()
-	if err := s.setup("", "", false, dir); err != nil {
+	if err := setup(s); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan struct{})

@@ -50,8 +50,14 @@ const (
 	// capped stderr). Cancel kills its process group. For stdio servers
 	// (MCP) inside the sandbox.
 	OpPipe = "pipe"
-	// OpReset returns a used sandbox with a read-only root to the state of
-	// a fresh one (Request.Paths: the writable mounts to empty).
+	// OpReset returns a used container to the state of a freshly started
+	// one (read-only root only): it cancels every other request, kills
+	// every process but init and the agent, forgets background processes
+	// and the shell session, removes the sandbox user's SysV IPC objects
+	// and empties the mount roots of Request.Paths (tmpfs or mqueue mounts
+	// recorded at start-up), restoring their mode, owner, times and xattrs.
+	// Request.TimeoutNS bounds it (default 60 s). Any doubt is an error,
+	// never a partial success: the host then removes the container.
 	OpReset = "reset"
 )
 
@@ -102,15 +108,7 @@ type Request struct {
 	TimeoutNS int64     `json:"timeout_ns,omitempty"`
 	Data      []byte    `json:"data,omitempty"`
 	Close     bool      `json:"close,omitempty"` // OpStdin: close stdin after writing Data
-	Paths     []string  `json:"paths,omitempty"` // OpReset: mount roots to empty
-}
-
-// ResetResult is the outcome of OpReset.
-type ResetResult struct {
-	Killed     int   `json:"killed"`
-	Removed    int   `json:"removed"`
-	IPC        int   `json:"ipc"`
-	DurationNS int64 `json:"duration_ns"`
+	Paths     []string  `json:"paths,omitempty"` // OpReset: the mount roots to empty
 }
 
 // ExecResult is the outcome of OpExec.
@@ -148,8 +146,17 @@ type Response struct {
 	Procs []ProcInfo  `json:"procs,omitempty"`
 	Size  int64       `json:"size,omitempty"`
 	// Killed is the number of processes OpKillAll signalled.
-	Killed int          `json:"killed,omitempty"`
-	Reset  *ResetResult `json:"reset,omitempty"`
+	Killed int `json:"killed,omitempty"`
+	// Reset is OpReset's outcome.
+	Reset *ResetResult `json:"reset,omitempty"`
+}
+
+// ResetResult is the outcome of OpReset.
+type ResetResult struct {
+	Killed     int   `json:"killed"`      // processes killed
+	Removed    int   `json:"removed"`     // directory entries removed under Paths
+	IPC        int   `json:"ipc"`         // SysV IPC objects removed
+	DurationNS int64 `json:"duration_ns"` // time the reset took in the agent
 }
 
 // ErrFrameTooLarge is returned when a peer announces a payload above MaxFrame.

@@ -26,6 +26,38 @@ func (s *server) setup(user, fallback string, optional bool, workdir string) err
 		return fmt.Errorf("workdir %q is not absolute", workdir)
 	}
 	s.workdir = workdir
+	if err := s.prepareDirs(); err != nil {
+		return err
+	}
+	env := os.Environ()
+	set := map[string]string{"HOME": s.home, "USER": s.user, "LOGNAME": s.user}
+	out := env[:0]
+	for _, kv := range env {
+		k, _, _ := strings.Cut(kv, "=")
+		if _, override := set[k]; !override {
+			out = append(out, kv)
+		}
+	}
+	for _, k := range []string{"HOME", "USER", "LOGNAME"} {
+		if set[k] != "" {
+			out = append(out, k+"="+set[k])
+		}
+	}
+	if !hasKey(out, "PATH") {
+		out = append(out, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+	}
+	s.baseEnv = out
+	s.shellCwd = workdir
+	// The mounts are recorded last, with the workdir as it is handed to the
+	// first command: a reset restores exactly this.
+	s.recordMounts()
+	return nil
+}
+
+// prepareDirs makes the workdir (and /tmp) as the first command finds
+// them; setup does it, and a reset again after emptying the mounts.
+func (s *server) prepareDirs() error {
+	workdir := s.workdir
 	fi, err := os.Stat(workdir)
 	switch {
 	case os.IsNotExist(err):
@@ -55,25 +87,6 @@ func (s *server) setup(user, fallback string, optional bool, workdir string) err
 			_ = os.Chmod("/tmp", 0o1777)
 		}
 	}
-	env := os.Environ()
-	set := map[string]string{"HOME": s.home, "USER": s.user, "LOGNAME": s.user}
-	out := env[:0]
-	for _, kv := range env {
-		k, _, _ := strings.Cut(kv, "=")
-		if _, override := set[k]; !override {
-			out = append(out, kv)
-		}
-	}
-	for _, k := range []string{"HOME", "USER", "LOGNAME"} {
-		if set[k] != "" {
-			out = append(out, k+"="+set[k])
-		}
-	}
-	if !hasKey(out, "PATH") {
-		out = append(out, "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-	}
-	s.baseEnv = out
-	s.shellCwd = workdir
 	return nil
 }
 
