@@ -74,11 +74,9 @@ func (g *gate) close() (int, <-chan struct{}) {
 // begin admits one call: the owner is open and its gate not shut. The
 // returned func ends the call.
 func (o *channelOps) begin() (func(), error) {
-	end, err := o.begin()
-	if err != nil {
+	if err := o.owner.check(); err != nil {
 		return nil, err
 	}
-	defer end()
 	if !o.calls.enter() {
 		return nil, fmt.Errorf("%w: handed to its next holder", ErrClosed)
 	}

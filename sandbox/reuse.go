@@ -73,7 +73,7 @@ func (s *dockerSandbox) resetInPlace(ctx context.Context, spec Spec) (warmable, 
 			return nil, fmt.Errorf("reset sandbox %s: %d calls of the previous holder did not return: %w", s.short(), pending, ctx.Err())
 		}
 	}
-	resp, err := s.conn.roundTrip(ctx, agent.Request{Op: agent.OpReset, Paths: s.writableMounts()}, nil, nil)
+	resp, err := s.conn.roundTrip(ctx, agent.Request{Op: agent.OpReset, Paths: s.writableMounts(), TimeoutNS: int64(resetTimeout * 2 / 3)}, nil, nil)
 	if err == nil {
 		err = responseError("reset", resp)
 	}

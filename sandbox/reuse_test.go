@@ -16,6 +16,7 @@ import (
 func hostileRollout(t *testing.T, ctx context.Context, s Sandbox) {
 	t.Helper()
 	script := strings.Join([]string{
+		"set -e",
 		"echo answer > /workspace/answer.txt",
 		"echo tampered > /workspace/seed.txt",
 		"echo x > /tmp/x && echo y > /dev/shm/y",
@@ -24,7 +25,7 @@ func hostileRollout(t *testing.T, ctx context.Context, s Sandbox) {
 		"touch /dev/mqueue/leak",
 		"setsid sh -c 'while true; do date >> /tmp/daemon.log; sleep 0.05; done' </dev/null >/dev/null 2>&1 &",
 		"chmod 0500 /workspace",
-	}, " && ")
+	}, "\n")
 	r, err := s.Exec(ctx, ExecRequest{Command: script})
 	if err != nil || r.ExitCode != 0 {
 		t.Fatalf("hostile rollout: exit %d, %v, stderr %q", r.ExitCode, err, r.Stderr)

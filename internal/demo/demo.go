@@ -148,6 +148,8 @@ type Options struct {
 	// Reuse runs the sandboxes with a read-only root and resets them in
 	// place between rollouts (sandbox.reuse).
 	Reuse bool
+	// GroupsInFlight is limits.groups_in_flight (0: the default).
+	GroupsInFlight int
 }
 
 // Result is one env's outcome.
@@ -247,6 +249,7 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 		}
 		cfg.Sandbox.Image = s.Image
 		cfg.Sandbox.ReadOnlyRoot, cfg.Sandbox.Reuse = o.Reuse, o.Reuse
+		cfg.Limits.GroupsInFlight = o.GroupsInFlight
 		if node != nil {
 			cfg.EnvConfig = *node
 		}

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
 	"go.uber.org/goleak"
@@ -360,4 +362,64 @@ func TestOtherEnvsEndToEnd(t *testing.T) {
 		t.Errorf("terminal-bench ran as an evaluation but wrote no report: %v", err)
 	}
 	assertNoContainers(t)
+}
+
+// Sandboxes reset in place give every rollout what a fresh one would: the
+// same run (same seed) with and without reuse scores every rollout alike,
+// and with reuse most rollouts got a reset container.
+func TestReuseMatchesFreshSandboxes(t *testing.T) {
+	needImages(t, false)
+	specs := []Spec{{Env: "terminal-tasks", Groups: 8, GroupSize: 2, Image: "rollout-sandbox:busybox"}}
+	rewards := func(reuse bool) map[key]float64 {
+		res, err := Run(context.Background(), Options{SandboxInstance: testInstance(), Out: t.TempDir(), Specs: specs, Seed: 11,
+			Logger: quiet, Reuse: reuse, GroupsInFlight: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res[0].Summary.InfraFailed != 0 {
+			t.Fatalf("reuse=%v: %d infra failures: %+v", reuse, res[0].Summary.InfraFailed, res[0].Summary.FailuresByKind)
+		}
+		recs := readRun(t, res[0].Dir)
+		checkRecords(t, recs, specs[0].Groups, specs[0].GroupSize)
+		out := map[key]float64{}
+		for _, r := range recs {
+			out[key{r.GroupID, r.RolloutIndex}] = r.Reward
+		}
+		return out
+	}
+	before := resetsDone(t)
+	fresh, reused := rewards(false), rewards(true)
+	n := resetsDone(t) - before
+	t.Logf("%v resets in place", n)
+	if n < 8 {
+		t.Errorf("%v resets in place over 16 rollouts, 2 groups of 2 at a time: reuse did not happen", n)
+	}
+	for k, want := range fresh {
+		if got, ok := reused[k]; !ok || got != want {
+			t.Errorf("group %s rollout %d: reward %v with reuse, %v with fresh sandboxes", k.group, k.index, got, want)
+		}
+	}
+	assertNoContainers(t)
+}
+
+// resetsDone reads rollout_sandbox_resets_total{result="ok"}.
+func resetsDone(t *testing.T) float64 {
+	t.Helper()
+	mfs, err := prometheus.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "rollout_sandbox_resets_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" && l.GetValue() == "ok" {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }
