@@ -1,7 +1,9 @@
 package sandbox
 
 import (
+	"crypto/sha256"
 	"debug/elf"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -102,15 +104,32 @@ func buildAgentFromSource() (string, error) {
 	if err != nil {
 		cache = os.TempDir()
 	}
-	out := filepath.Join(cache, "rollout", "rollout-agent")
+	// One binary per source tree, written under a temporary name and
+	// renamed into place: two checkouts on one host (or two test binaries
+	// of one) never hand a container each other's agent or a half-written
+	// file.
+	sum := sha256.Sum256([]byte(root))
+	out := filepath.Join(cache, "rollout", "agent-"+hex.EncodeToString(sum[:6]), "rollout-agent")
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 		return "", err
 	}
-	cmd := exec.Command(goBin, "build", "-trimpath", "-ldflags=-s -w", "-o", out, "./sandbox/agent/cmd/rollout-agent")
+	tmp, err := os.CreateTemp(filepath.Dir(out), ".rollout-agent-*")
+	if err != nil {
+		return "", err
+	}
+	_ = tmp.Close()
+	defer os.Remove(tmp.Name())
+	cmd := exec.Command(goBin, "build", "-trimpath", "-ldflags=-s -w", "-o", tmp.Name(), "./sandbox/agent/cmd/rollout-agent")
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build agent: %v: %s", err, b)
 	}
-	return out, checkStatic(out)
+	if err := checkStatic(tmp.Name()); err != nil {
+		return "", err
+	}
+	if err := os.Rename(tmp.Name(), out); err != nil {
+		return "", err
+	}
+	return out, nil
 }

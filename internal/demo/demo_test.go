@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -370,7 +371,7 @@ func TestOtherEnvsEndToEnd(t *testing.T) {
 func TestReuseMatchesFreshSandboxes(t *testing.T) {
 	needImages(t, false)
 	specs := []Spec{{Env: "terminal-tasks", Groups: 8, GroupSize: 2, Image: "rollout-sandbox:busybox"}}
-	rewards := func(reuse bool) map[key]float64 {
+	rewards := func(reuse bool) map[string][]float64 {
 		res, err := Run(context.Background(), Options{SandboxInstance: testInstance(), Out: t.TempDir(), Specs: specs, Seed: 11,
 			Logger: quiet, Reuse: reuse, GroupsInFlight: 2})
 		if err != nil {
@@ -381,29 +382,37 @@ func TestReuseMatchesFreshSandboxes(t *testing.T) {
 		}
 		recs := readRun(t, res[0].Dir)
 		checkRecords(t, recs, specs[0].Groups, specs[0].GroupSize)
-		out := map[key]float64{}
+		// The simulator picks which rollout of a group takes the right
+		// path by arrival order, so rewards are compared per group.
+		out := map[string][]float64{}
 		for _, r := range recs {
-			out[key{r.GroupID, r.RolloutIndex}] = r.Reward
+			out[r.GroupID] = append(out[r.GroupID], r.Reward)
+		}
+		for _, v := range out {
+			slices.Sort(v)
 		}
 		return out
 	}
 	before := resetsDone(t)
 	fresh, reused := rewards(false), rewards(true)
 	n := resetsDone(t) - before
-	t.Logf("%v resets in place", n)
+	t.Logf("%v resets in place, %v failed", n, resetCount(t, "failed"))
 	if n < 8 {
 		t.Errorf("%v resets in place over 16 rollouts, 2 groups of 2 at a time: reuse did not happen", n)
 	}
-	for k, want := range fresh {
-		if got, ok := reused[k]; !ok || got != want {
-			t.Errorf("group %s rollout %d: reward %v with reuse, %v with fresh sandboxes", k.group, k.index, got, want)
+	for g, want := range fresh {
+		if got := reused[g]; !slices.Equal(got, want) {
+			t.Errorf("group %s: rewards %v with reuse, %v with fresh sandboxes", g, got, want)
 		}
 	}
 	assertNoContainers(t)
 }
 
 // resetsDone reads rollout_sandbox_resets_total{result="ok"}.
-func resetsDone(t *testing.T) float64 {
+func resetsDone(t *testing.T) float64 { return resetCount(t, "ok") }
+
+// resetCount reads rollout_sandbox_resets_total{result}.
+func resetCount(t *testing.T, result string) float64 {
 	t.Helper()
 	mfs, err := prometheus.DefaultGatherer.Gather()
 	if err != nil {
@@ -415,7 +424,7 @@ func resetsDone(t *testing.T) float64 {
 		}
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "result" && l.GetValue() == "ok" {
+				if l.GetName() == "result" && l.GetValue() == result {
 					return m.GetCounter().GetValue()
 				}
 			}
