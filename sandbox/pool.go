@@ -40,8 +40,12 @@ type Pool struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu     sync.Mutex
-	sets   map[string]*warmSet
+	mu   sync.Mutex
+	sets map[string]*warmSet
+	// spares are used sandboxes reset in place (PoolOptions.Reuse), by
+	// reuseKey: any spec that differs only in Files and Labels takes one,
+	// its own files placed at hand-out.
+	spares map[string][]warmable
 	idle   int // ready + filling across sets
 	closed bool
 	// changed is closed and replaced whenever a start finishes.
@@ -55,13 +59,14 @@ type Pool struct {
 func (p *Pool) Resets() (ok, failed int64) { return p.resetsOK.Load(), p.resetsFailed.Load() }
 
 type warmSet struct {
-	key     string
-	spec    Spec
-	base    int // Warm: kept ready at all times
-	demand  int // Expect: announced acquires not yet made
-	ready   []warmable
-	filling int
-	waiters []chan warmable
+	key      string
+	reuseKey string // the spares it can take (reuse.go)
+	spec     Spec
+	base     int // Warm: kept ready at all times
+	demand   int // Expect: announced acquires not yet made
+	ready    []warmable
+	filling  int
+	waiters  []chan warmable
 }
 
 var _ Backend = (*Pool)(nil)
@@ -97,7 +102,8 @@ func NewPool(d poolSource, opts PoolOptions) *Pool {
 		opts.MaxUses = 100
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Pool{d: d, opts: opts, ctx: ctx, cancel: cancel, sets: map[string]*warmSet{}, changed: make(chan struct{})}
+	return &Pool{d: d, opts: opts, ctx: ctx, cancel: cancel, sets: map[string]*warmSet{},
+		spares: map[string][]warmable{}, changed: make(chan struct{})}
 }
 
 // Fingerprint identifies the container a spec produces (labels excluded):
@@ -106,6 +112,11 @@ func (p *Pool) Fingerprint(spec Spec) (string, error) {
 	if err := p.d.validate(&spec); err != nil {
 		return "", fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
+	return fingerprint(spec)
+}
+
+// fingerprint hashes a validated spec, labels excluded.
+func fingerprint(spec Spec) (string, error) {
 	spec.Labels = nil
 	b, err := json.Marshal(spec)
 	if err != nil {
@@ -126,6 +137,7 @@ func (p *Pool) set(spec Spec) (*warmSet, error) {
 		clean.Labels = nil
 		clean.Env = maps.Clone(spec.Env)
 		ws = &warmSet{key: key, spec: clean}
+		ws.reuseKey = reuseKey(ws)
 		p.sets[key] = ws
 	}
 	return ws, nil
@@ -211,6 +223,16 @@ func (p *Pool) Acquire(ctx context.Context, spec Spec) (Sandbox, error) {
 			p.mu.Unlock()
 			return p.handOut(got, ws, spec, start), nil
 		}
+		if got := p.popSpareLocked(ws); got != nil {
+			p.mu.Unlock()
+			if err := placeFiles(ctx, got, spec.Files); err != nil {
+				p.d.logger().Warn("warm pool: a reset sandbox refused the spec's files, removing it", "err", err)
+				_ = got.Close(context.WithoutCancel(ctx))
+				p.mu.Lock()
+				continue
+			}
+			return p.handOut(got, ws, spec, start), nil
+		}
 		if ws.filling > len(ws.waiters) {
 			// One being started is ours.
 			got, err := p.waitFill(ctx, ws)
@@ -280,8 +302,16 @@ func (p *Pool) popReadyLocked(ws *warmSet) warmable {
 	return nil
 }
 
-// evictLocked takes the oldest ready sandbox of any set, or nil.
+// evictLocked takes a reset spare or the oldest ready sandbox of any set,
+// or nil.
 func (p *Pool) evictLocked() warmable {
+	for k, sp := range p.spares {
+		if len(sp) > 0 {
+			p.spares[k] = sp[1:]
+			p.idle--
+			return sp[0]
+		}
+	}
 	for _, ws := range p.sets {
 		if len(ws.ready) > 0 {
 			sb := ws.ready[0]
@@ -338,6 +368,10 @@ func (p *Pool) handOut(got warmable, ws *warmSet, spec Spec, start time.Time) Sa
 // start, so the warm pool can never exceed MaxContainers).
 func (p *Pool) refillLocked(ws *warmSet) {
 	missing := ws.base + ws.demand - len(ws.ready) - ws.filling
+	if p.reusable(ws.spec) {
+		// Reset spares serve this spec too: start only what they cannot.
+		missing -= len(p.spares[ws.reuseKey])
+	}
 	for ; missing > 0 && p.idle < p.opts.MaxIdle && p.d.slotSem().tryAcquire(); missing-- {
 		ws.filling++
 		p.idle++
@@ -410,6 +444,10 @@ func (p *Pool) Close(ctx context.Context) error {
 		}
 		ws.waiters = nil
 		metricPoolIdle.WithLabelValues(ws.spec.Image).Set(0)
+	}
+	for k, sp := range p.spares {
+		ready = append(ready, sp...)
+		delete(p.spares, k)
 	}
 	p.idle = 0
 	p.mu.Unlock()

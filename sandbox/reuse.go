@@ -125,10 +125,51 @@ func (p *Pool) hook(sb warmable, ws *warmSet) {
 	}
 }
 
-// recycle resets r in place and puts it back into ws (or gives it to a
-// waiting Acquire). It returns false when the container should be removed
-// instead: the pool is closed, the container was reset MaxUses times, or
-// the reset failed.
+// reuseKey identifies the specs a reset sandbox can serve: everything but
+// Files (placed at hand-out) and Labels. ws.spec is validated.
+func reuseKey(ws *warmSet) string {
+	spec := ws.spec
+	spec.Files = nil
+	k, err := fingerprint(spec)
+	if err != nil {
+		return ws.key // never shared: the set's own key
+	}
+	return k
+}
+
+// popSpareLocked takes a healthy reset sandbox that can serve ws's spec.
+func (p *Pool) popSpareLocked(ws *warmSet) warmable {
+	if !p.reusable(ws.spec) {
+		return nil
+	}
+	k := ws.reuseKey
+	for len(p.spares[k]) > 0 {
+		sb := p.spares[k][0]
+		p.spares[k] = p.spares[k][1:]
+		p.idle--
+		if sb.broken() != nil {
+			p.wg.Go(func() { _ = sb.Close(p.ctx) })
+			continue
+		}
+		return sb
+	}
+	return nil
+}
+
+// placeFiles writes a spec's files into a sandbox before hand-out.
+func placeFiles(ctx context.Context, sb Sandbox, files []File) error {
+	for _, f := range files {
+		if err := sb.WriteFile(ctx, f.Path, f.Data, f.Mode); err != nil {
+			return fmt.Errorf("place %s: %w", f.Path, err)
+		}
+	}
+	return nil
+}
+
+// recycle resets r in place and keeps it as a spare for the next Acquire
+// of a spec like ws's (files aside). It returns false when the container
+// should be removed instead: the pool is closed, the container was reset
+// MaxUses times, or the reset failed.
 func (p *Pool) recycle(ctx context.Context, ws *warmSet, r resetter) bool {
 	if r.resets() >= p.opts.MaxUses || r.broken() != nil {
 		return false
@@ -139,7 +180,9 @@ func (p *Pool) recycle(ctx context.Context, ws *warmSet, r resetter) bool {
 	if closed {
 		return false
 	}
-	fresh, err := r.resetInPlace(ctx, ws.spec)
+	bare := ws.spec
+	bare.Files = nil
+	fresh, err := r.resetInPlace(ctx, bare)
 	if err != nil {
 		metricResets.WithLabelValues("failed").Inc()
 		p.resetsFailed.Add(1)
@@ -159,14 +202,7 @@ func (p *Pool) recycle(ctx context.Context, ws *warmSet, r resetter) bool {
 	defer p.mu.Unlock()
 	defer p.changedLocked()
 	fresh.setPooled(true)
-	if len(ws.waiters) > 0 {
-		w := ws.waiters[0]
-		ws.waiters = ws.waiters[1:]
-		w <- fresh
-		return true
-	}
-	ws.ready = append(ws.ready, fresh)
+	p.spares[ws.reuseKey] = append(p.spares[ws.reuseKey], fresh)
 	p.idle++
-	metricPoolIdle.WithLabelValues(ws.spec.Image).Set(float64(len(ws.ready)))
 	return true
 }

@@ -203,3 +203,38 @@ func TestReuseMaxUses(t *testing.T) {
 		t.Fatalf("containers per use: %v", ids)
 	}
 }
+
+// A reset sandbox serves any spec that differs only in its files (each
+// task of an env places its own): the next holder gets its own files and
+// none of the previous spec's.
+func TestReuseAcrossFiles(t *testing.T) {
+	d := needDocker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	p := NewPool(d, PoolOptions{Reuse: true, MaxIdle: 2})
+	defer p.Close(context.Background())
+	task := func(name string) Spec {
+		return Spec{Image: testImage, Limits: Limits{ReadOnlyRoot: true},
+			Files: []File{{Path: "/workspace/" + name + ".txt", Data: []byte(name)}}}
+	}
+	a, err := p.Acquire(ctx, task("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := a.ID()
+	if err := a.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b, err := p.Acquire(ctx, task("b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close(context.Background())
+	if b.ID() != id {
+		t.Fatalf("task b got container %s, want the reset %s", b.ID()[:12], id[:12])
+	}
+	r, err := b.Exec(ctx, ExecRequest{Command: "ls -A /workspace; cat /workspace/b.txt"})
+	if err != nil || string(r.Stdout) != "b.txt\nb" {
+		t.Fatalf("task b's workdir: %q, %v", r.Stdout, err)
+	}
+}

@@ -18,6 +18,39 @@ type phases struct {
 	mu                                        sync.Mutex
 	n, infra, turns                           int
 	sandbox, generation, tools, reward, total time.Duration
+	// ends holds each rollout's start (its event's arrival minus its
+	// total), sandbox acquisition and total, and firstEnd the arrival of
+	// the first rollout's event: for the steady state of a run with reuse.
+	ends     []rolloutSpan
+	firstEnd time.Time
+}
+
+type rolloutSpan struct {
+	start          time.Time
+	sandbox, total time.Duration
+}
+
+// steadySandboxShare is the sandbox share over the rollouts that started
+// after the first one ended: only they could find a sandbox another
+// rollout had given back. It returns the share and how many rollouts it
+// covers.
+func (p *phases) steadySandboxShare() (float64, int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var sb, tot time.Duration
+	n := 0
+	for _, e := range p.ends {
+		if e.start.Before(p.firstEnd) {
+			continue
+		}
+		sb += e.sandbox
+		tot += e.total
+		n++
+	}
+	if tot <= 0 {
+		return 0, 0
+	}
+	return float64(sb) / float64(tot), n
 }
 
 func (p *phases) event(_ string, e runner.Event) {
@@ -32,6 +65,11 @@ func (p *phases) event(_ string, e runner.Event) {
 		p.infra++
 	}
 	t := ro.Timings
+	now := time.Now()
+	if p.firstEnd.IsZero() {
+		p.firstEnd = now
+	}
+	p.ends = append(p.ends, rolloutSpan{start: now.Add(-t.Total), sandbox: t.SandboxStart, total: t.Total})
 	p.sandbox += t.SandboxStart
 	p.generation += t.Generation
 	p.tools += t.Tools
@@ -134,6 +172,12 @@ func runRunner(ctx context.Context, r *runCtx) ([]Measure, error) {
 		out = append(out, Measure{Name: "runner.reuse_phase_sandbox_share", Value: ptr(sig(rph.mean(rph.sandbox) / tot))})
 	} else {
 		out = append(out, NotMeasured("runner.reuse_phase_sandbox_share", "no rollout finished"))
+	}
+	if share, n := rph.steadySandboxShare(); n > 0 {
+		out = append(out, Measure{Name: "runner.reuse_steady_sandbox_share", Value: ptr(sig(share)),
+			Note: fmt.Sprintf("%d of %d rollouts started after the first one ended", n, rph.n)})
+	} else {
+		out = append(out, NotMeasured("runner.reuse_steady_sandbox_share", "no rollout started after the first one ended"))
 	}
 
 	// Durability end to end: the same run with the journal off, then on
