@@ -289,9 +289,15 @@ func (p *Pool) Acquire(ctx context.Context, spec Spec) (Sandbox, error) {
 // popReadyLocked takes a healthy ready sandbox of ws, discarding broken ones.
 func (p *Pool) popReadyLocked(ws *warmSet) warmable {
 	defer metricPoolIdle.WithLabelValues(ws.spec.Image).Set(float64(len(ws.ready)))
-	for len(ws.ready) > 0 {
-		sb := ws.ready[0]
-		ws.ready = ws.ready[1:]
+	return p.popHealthyLocked(&ws.ready)
+}
+
+// popHealthyLocked takes the first healthy sandbox of q (ready or spare),
+// removing the broken ones before it.
+func (p *Pool) popHealthyLocked(q *[]warmable) warmable {
+	for len(*q) > 0 {
+		sb := (*q)[0]
+		*q = (*q)[1:]
 		p.idle--
 		if sb.broken() != nil {
 			p.wg.Go(func() { _ = sb.Close(p.ctx) })

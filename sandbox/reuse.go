@@ -142,18 +142,10 @@ func (p *Pool) popSpareLocked(ws *warmSet) warmable {
 	if !p.reusable(ws.spec) {
 		return nil
 	}
-	k := ws.reuseKey
-	for len(p.spares[k]) > 0 {
-		sb := p.spares[k][0]
-		p.spares[k] = p.spares[k][1:]
-		p.idle--
-		if sb.broken() != nil {
-			p.wg.Go(func() { _ = sb.Close(p.ctx) })
-			continue
-		}
-		return sb
-	}
-	return nil
+	q := p.spares[ws.reuseKey]
+	sb := p.popHealthyLocked(&q)
+	p.spares[ws.reuseKey] = q
+	return sb
 }
 
 // placeFiles writes a spec's files into a sandbox before hand-out.

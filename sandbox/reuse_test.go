@@ -38,12 +38,20 @@ func hostileRollout(t *testing.T, ctx context.Context, s Sandbox) {
 	}
 }
 
-func TestReuseResetsEveryTrace(t *testing.T) {
+// reusePool is a pool with reuse over the test backend, closed at the end
+// of the test, and a context bounding the test.
+func reusePool(t *testing.T, opts PoolOptions) (context.Context, *Pool) {
+	t.Helper()
 	d := needDocker(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	p := NewPool(d, PoolOptions{Reuse: true, MaxIdle: 2})
-	defer p.Close(context.Background())
+	t.Cleanup(cancel)
+	p := NewPool(d, opts)
+	t.Cleanup(func() { _ = p.Close(context.Background()) })
+	return ctx, p
+}
+
+func TestReuseResetsEveryTrace(t *testing.T) {
+	ctx, p := reusePool(t, PoolOptions{Reuse: true, MaxIdle: 2})
 	spec := Spec{Image: testImage, Limits: Limits{ReadOnlyRoot: true},
 		Files: []File{{Path: "/workspace/seed.txt", Data: []byte("seed\n")}}}
 
@@ -105,11 +113,7 @@ func TestReuseResetsEveryTrace(t *testing.T) {
 // is ended (its process killed) before the reset, and its answer cannot
 // reach the next holder.
 func TestReuseEndsCallsUnderWay(t *testing.T) {
-	d := needDocker(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	p := NewPool(d, PoolOptions{Reuse: true, MaxIdle: 2})
-	defer p.Close(context.Background())
+	ctx, p := reusePool(t, PoolOptions{Reuse: true, MaxIdle: 2})
 	spec := Spec{Image: testImage, Limits: Limits{ReadOnlyRoot: true}}
 	first, err := p.Acquire(ctx, spec)
 	if err != nil {
@@ -149,11 +153,7 @@ func TestReuseEndsCallsUnderWay(t *testing.T) {
 
 // A spec with a writable root is never reused: its container is removed.
 func TestReuseOnlyReadOnlyRoot(t *testing.T) {
-	d := needDocker(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	p := NewPool(d, PoolOptions{Reuse: true, MaxIdle: 2})
-	defer p.Close(context.Background())
+	ctx, p := reusePool(t, PoolOptions{Reuse: true, MaxIdle: 2})
 	spec := Spec{Image: testImage}
 	first, err := p.Acquire(ctx, spec)
 	if err != nil {
@@ -171,6 +171,7 @@ func TestReuseOnlyReadOnlyRoot(t *testing.T) {
 	if second.ID() == id {
 		t.Fatal("a writable-root sandbox was handed out again")
 	}
+	d := testDocker
 	d.mu.Lock()
 	_, live := d.live[id]
 	d.mu.Unlock()
@@ -181,11 +182,7 @@ func TestReuseOnlyReadOnlyRoot(t *testing.T) {
 
 // MaxUses bounds how often one container is reset.
 func TestReuseMaxUses(t *testing.T) {
-	d := needDocker(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	p := NewPool(d, PoolOptions{Reuse: true, MaxIdle: 2, MaxUses: 2})
-	defer p.Close(context.Background())
+	ctx, p := reusePool(t, PoolOptions{Reuse: true, MaxIdle: 2, MaxUses: 2})
 	spec := Spec{Image: testImage, Limits: Limits{ReadOnlyRoot: true}}
 	var ids []string
 	for range 4 {
@@ -208,11 +205,7 @@ func TestReuseMaxUses(t *testing.T) {
 // task of an env places its own): the next holder gets its own files and
 // none of the previous spec's.
 func TestReuseAcrossFiles(t *testing.T) {
-	d := needDocker(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	p := NewPool(d, PoolOptions{Reuse: true, MaxIdle: 2})
-	defer p.Close(context.Background())
+	ctx, p := reusePool(t, PoolOptions{Reuse: true, MaxIdle: 2})
 	task := func(name string) Spec {
 		return Spec{Image: testImage, Limits: Limits{ReadOnlyRoot: true},
 			Files: []File{{Path: "/workspace/" + name + ".txt", Data: []byte(name)}}}
