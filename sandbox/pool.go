@@ -71,6 +71,9 @@ type warmSet struct {
 
 var _ Backend = (*Pool)(nil)
 
+// errAcquireClosed is Acquire's error once the pool is closed.
+var errAcquireClosed = fmt.Errorf("acquire sandbox: %w: pool closed", ErrClosed)
+
 // warmable is a sandbox a Pool can hold before handing it out.
 type warmable interface {
 	Sandbox
@@ -206,7 +209,7 @@ func (p *Pool) Acquire(ctx context.Context, spec Spec) (Sandbox, error) {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
-		return nil, fmt.Errorf("acquire sandbox: %w: pool closed", ErrClosed)
+		return nil, errAcquireClosed
 	}
 	ws, err := p.set(spec)
 	if err != nil {
@@ -229,6 +232,10 @@ func (p *Pool) Acquire(ctx context.Context, spec Spec) (Sandbox, error) {
 				p.d.logger().Warn("warm pool: a reset sandbox refused the spec's files, removing it", "err", err)
 				_ = got.Close(context.WithoutCancel(ctx))
 				p.mu.Lock()
+				if p.closed {
+					p.mu.Unlock()
+					return nil, errAcquireClosed
+				}
 				continue
 			}
 			return p.handOut(got, ws, spec, start), nil
@@ -247,7 +254,7 @@ func (p *Pool) Acquire(ctx context.Context, spec Spec) (Sandbox, error) {
 			p.mu.Lock()
 			if p.closed {
 				p.mu.Unlock()
-				return nil, fmt.Errorf("acquire sandbox: %w: pool closed", ErrClosed)
+				return nil, errAcquireClosed
 			}
 			continue
 		}
@@ -281,7 +288,7 @@ func (p *Pool) Acquire(ctx context.Context, spec Spec) (Sandbox, error) {
 		p.mu.Lock()
 		if p.closed {
 			p.mu.Unlock()
-			return nil, fmt.Errorf("acquire sandbox: %w: pool closed", ErrClosed)
+			return nil, errAcquireClosed
 		}
 	}
 }
