@@ -297,25 +297,7 @@ const (
 func (e *tokenEpisode) closing(ctx context.Context) ([]int32, error) {
 	kw, _ := json.Marshal(e.spec.Sampling.ChatTemplateKwargs)
 	key := e.spec.Model + "\x00" + string(kw)
-	e.c.mu.Lock()
-	cl, ok := e.c.closing[key]
-	e.c.mu.Unlock()
-	if ok {
-		return cl, nil
-	}
-	v, err := e.c.learn(ctx, "closing\x00"+key, func(ctx context.Context) (any, error) {
-		e.c.mu.Lock()
-		cl, ok := e.c.closing[key] // learned between our miss and this flight
-		e.c.mu.Unlock()
-		if ok {
-			return cl, nil
-		}
-		return e.probeClosing(ctx, key)
-	})
-	if err != nil {
-		return nil, err
-	}
-	return v.([]int32), nil
+	return learnCached(ctx, e.c, e.c.closing, "closing", key, e.probeClosing)
 }
 
 // probeClosing renders the two probe conversations of closing and caches
@@ -467,22 +449,10 @@ func (e *tokenEpisode) turnText(ctx context.Context, s sample) (string, error) {
 // tokenText decodes one id, cached per model (end-of-turn tokens are few).
 func (e *tokenEpisode) tokenText(ctx context.Context, id int32) (string, error) {
 	key := e.spec.Model + "\x00" + strconv.Itoa(int(id))
-	e.c.mu.Lock()
-	t, ok := e.c.eotText[key]
-	e.c.mu.Unlock()
-	if ok {
-		return t, nil
-	}
-	v, err := e.c.learn(ctx, "eot\x00"+key, func(ctx context.Context) (any, error) {
-		e.c.mu.Lock()
-		t, ok := e.c.eotText[key] // learned between our miss and this flight
-		e.c.mu.Unlock()
-		if ok {
-			return t, nil
-		}
+	return learnCached(ctx, e.c, e.c.eotText, "eot", key, func(ctx context.Context, key string) (string, error) {
 		t, err := e.c.tok.Detokenize(ctx, e.tokOpts("eot"), e.spec.Model, []int32{id})
 		if err != nil {
-			return nil, err
+			return "", err
 		}
 		e.c.mu.Lock()
 		if len(e.c.eotText) < 1024 {
@@ -491,10 +461,32 @@ func (e *tokenEpisode) tokenText(ctx context.Context, id int32) (string, error) 
 		e.c.mu.Unlock()
 		return t, nil
 	})
-	if err != nil {
-		return "", err
+}
+
+// learnCached returns m[key] when it is cached (m is guarded by c.mu),
+// else runs fn once for every caller asking for the same key at the same
+// time (learn); fn stores what it learned in m itself.
+func learnCached[T any](ctx context.Context, c *Client, m map[string]T, kind, key string, fn func(context.Context, string) (T, error)) (T, error) {
+	cached := func() (T, bool) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		v, ok := m[key]
+		return v, ok
 	}
-	return v.(string), nil
+	if v, ok := cached(); ok {
+		return v, nil
+	}
+	v, err := c.learn(ctx, kind+"\x00"+key, func(ctx context.Context) (any, error) {
+		if v, ok := cached(); ok {
+			return v, nil // learned between our miss and this flight
+		}
+		return fn(ctx, key)
+	})
+	if err != nil {
+		var zero T
+		return zero, err
+	}
+	return v.(T), nil
 }
 
 // learn runs fn once for all the callers that ask for key at the same
