@@ -752,12 +752,10 @@ func (d *Docker) create(ctx context.Context, spec Spec, extraLabels map[string]s
 	d.mu.Unlock()
 	holding = false
 	metricCreates.Inc()
-	for _, f := range spec.Files {
-		if ferr := s.WriteFile(ctx, f.Path, f.Data, f.Mode); ferr != nil {
-			_ = s.Close(ctx)
-			err = ferr
-			return nil, fmt.Errorf("create sandbox %s: place %s: %w", id[:12], f.Path, ferr)
-		}
+	if ferr := placeFiles(ctx, s, spec.Files); ferr != nil {
+		_ = s.Close(ctx)
+		err = ferr
+		return nil, fmt.Errorf("create sandbox %s: %w", id[:12], ferr)
 	}
 	log.Debug("sandbox started", "image", spec.Image, "user", hello.User, "uid", hello.UID)
 	return s, nil

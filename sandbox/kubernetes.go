@@ -729,11 +729,9 @@ func (k *Kubernetes) create(ctx context.Context, spec Spec, extra map[string]str
 			s.fail(why)
 		}
 	}
-	for _, f := range spec.Files {
-		if ferr := s.WriteFile(ctx, f.Path, f.Data, f.Mode); ferr != nil {
-			_ = s.Close(ctx)
-			return nil, fmt.Errorf("create sandbox %s: place %s: %w", name, f.Path, ferr)
-		}
+	if ferr := placeFiles(ctx, s, spec.Files); ferr != nil {
+		_ = s.Close(ctx)
+		return nil, fmt.Errorf("create sandbox %s: %w", name, ferr)
 	}
 	log.Debug("sandbox started", "image", spec.Image, "node", s.node, "user", s.hello.User, "uid", s.hello.UID)
 	return s, nil

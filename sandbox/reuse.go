@@ -98,11 +98,9 @@ func (s *dockerSandbox) resetInPlace(ctx context.Context, spec Spec) (warmable, 
 	// left to release.
 	s.d.live[s.id] = ns
 	s.d.mu.Unlock()
-	for _, f := range spec.Files {
-		if err := ns.WriteFile(ctx, f.Path, f.Data, f.Mode); err != nil {
-			_ = ns.Close(ctx)
-			return nil, fmt.Errorf("reset sandbox %s: place %s: %w", s.short(), f.Path, err)
-		}
+	if err := placeFiles(ctx, ns, spec.Files); err != nil {
+		_ = ns.Close(ctx)
+		return nil, fmt.Errorf("reset sandbox %s: %w", s.short(), err)
 	}
 	s.log.Debug("sandbox reset in place", "resets", ns.resetCount, "killed", resp.Reset.Killed,
 		"removed", resp.Reset.Removed, "ipc", resp.Reset.IPC, "agent_ms", float64(resp.Reset.DurationNS)/1e6)
