@@ -19,6 +19,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // DefaultOutputCap is the per-stream byte budget when a request gives none.
@@ -348,6 +350,36 @@ func (s *server) launch(spec *ExecSpec, stdout, stderr io.Writer, save bool) (_ 
 	return r, nil
 }
 
+// wait waits for the command to exit and reaps it. It first parks in the
+// runtime's poller on a pidfd of the command, then reaps a process that
+// has exited: the agent runs on one P, and os/exec's Wait alone blocks
+// that P's thread in waitid, so the output copiers could run only after
+// the runtime handed the P to another thread. Parked in the poller, one
+// wake-up serves the exit and the pipes' EOF on the same thread (issue 20:
+// the exec round trip). The pidfd is a file of its own (pidfd_open with
+// PIDFD_NONBLOCK): os/exec's pidfd must stay blocking for its waitid.
+// Without pidfds (old kernels, gVisor) it is os/exec's Wait alone. Only
+// this Wait reaps the command, so its pid cannot be reused before.
+func (r *running) wait() error {
+	if fd, err := unix.PidfdOpen(r.cmd.Process.Pid, unix.PIDFD_NONBLOCK); err == nil {
+		f := os.NewFile(uintptr(fd), "pidfd")
+		if rc, err := f.SyscallConn(); err == nil {
+			_ = rc.Read(pidfdExited)
+		}
+		_ = f.Close()
+	}
+	return r.cmd.Wait()
+}
+
+// pidfdExited reports whether the process behind pidfd has exited: a pidfd
+// polls readable then. A poll error also ends the wait (os/exec's Wait
+// then blocks as it would have).
+func pidfdExited(pidfd uintptr) bool {
+	fds := []unix.PollFd{{Fd: int32(pidfd), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds, 0)
+	return err != nil || n > 0
+}
+
 // finish collects the output left after the process exited and releases
 // the pipes.
 func (r *running) finish() {
@@ -455,7 +487,7 @@ func (s *server) execForeground(ctx context.Context, spec *ExecSpec) (*ExecResul
 		cancelled.Store(true)
 		r.killGroup()
 	})
-	_ = r.cmd.Wait()
+	_ = r.wait()
 	stopTimer()
 	stopCancel()
 	if timedOut.Load() || cancelled.Load() {
@@ -550,7 +582,7 @@ func (s *server) startBackground(spec *ExecSpec) (*ProcInfo, error) {
 	s.evictLocked()
 	s.mu.Unlock()
 	s.wg.Go(func() {
-		_ = r.cmd.Wait()
+		_ = r.wait()
 		r.finish()
 		p.code = exitCode(r.cmd.ProcessState)
 		close(p.done)

@@ -28,7 +28,7 @@ func (s *server) pipe(ctx context.Context, pr *peer, id uint32, spec *ExecSpec, 
 		return nil, err
 	}
 	waitErr := make(chan error, 1)
-	go func() { waitErr <- r.cmd.Wait() }()
+	go func() { waitErr <- r.wait() }()
 	exited := make(chan struct{})
 	feedDone := make(chan struct{})
 	go func() {
