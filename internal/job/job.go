@@ -440,16 +440,16 @@ type lazyDocker struct {
 	// maxContainers is the backend's MaxContainers when it starts with
 	// log and instance only (0: the backend's default).
 	maxContainers int
-	once          sync.Once
-	d             *sandbox.Docker
-	pool          *sandbox.Pool
-	err           error
+	// started gates the backend's start; d, k and pool are set once it
+	// succeeds (a failed start is tried again: startGate).
+	started startGate
+	d       *sandbox.Docker
+	pool    *sandbox.Pool
 
 	// engine is the local Docker engine that builds and pushes task images
 	// for the Kubernetes backend (image_registry set); opened on first use.
-	engineOnce sync.Once
+	engineGate startGate
 	engine     *client.Client
-	engineErr  error
 }
 
 var (
@@ -492,32 +492,46 @@ func (l *lazyDocker) imageEngine(ctx context.Context) (*client.Client, string, e
 	if err := imageref.CheckRegistry(l.kube.ImageRegistry); err != nil {
 		return nil, "", fmt.Errorf("%w: sandbox.kubernetes.image_registry: %w", sandbox.ErrInvalid, err)
 	}
-	l.engineOnce.Do(func() { l.engine, l.engineErr = dockerclient.New(ctx) })
-	if l.engineErr != nil {
-		return nil, "", fmt.Errorf("task images for kubernetes are built by the local Docker engine: %w", l.engineErr)
+	err := l.engineGate.do(func() error {
+		c, err := dockerclient.New(ctx)
+		if err == nil {
+			l.engine = c
+		}
+		return err
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("task images for kubernetes are built by the local Docker engine: %w", err)
 	}
 	return l.engine, l.kube.ImageRegistry, nil
 }
 
 func (l *lazyDocker) start(ctx context.Context) error {
-	l.once.Do(func() {
+	return l.started.do(func() error {
 		if l.kube != nil {
-			l.k, l.err = sandbox.NewKubernetes(context.WithoutCancel(ctx), sandbox.KubernetesOptions{Config: *l.kube, Logger: l.log, Instance: l.instance})
-			if l.err == nil && l.warm > 0 {
-				l.pool = sandbox.NewPool(l.k, sandbox.PoolOptions{MaxIdle: l.warm})
+			k, err := sandbox.NewKubernetes(context.WithoutCancel(ctx), sandbox.KubernetesOptions{Config: *l.kube, Logger: l.log, Instance: l.instance})
+			if err != nil {
+				return err
 			}
-			return
+			l.k = k
+			if l.warm > 0 {
+				l.pool = sandbox.NewPool(k, sandbox.PoolOptions{MaxIdle: l.warm})
+			}
+			return nil
 		}
 		opts := sandbox.Options{Logger: l.log, Instance: l.instance, MaxContainers: l.maxContainers}
 		if l.opts != nil {
 			opts = *l.opts
 		}
-		l.d, l.err = sandbox.NewDocker(context.WithoutCancel(ctx), opts)
-		if l.err == nil && l.warm > 0 {
-			l.pool = sandbox.NewPool(l.d, sandbox.PoolOptions{MaxIdle: l.warm, Reuse: l.reuse})
+		d, err := sandbox.NewDocker(context.WithoutCancel(ctx), opts)
+		if err != nil {
+			return err
 		}
+		l.d = d
+		if l.warm > 0 {
+			l.pool = sandbox.NewPool(d, sandbox.PoolOptions{MaxIdle: l.warm, Reuse: l.reuse})
+		}
+		return nil
 	})
-	return l.err
 }
 
 // Create implements runner.Sandboxes.
@@ -548,6 +562,11 @@ func (l *lazyDocker) Expect(spec sandbox.Spec, n int) error {
 // Close stops the backend if it was started, removing its containers
 // (the pool's unused ones first).
 func (l *lazyDocker) Close(ctx context.Context) error {
+	// No start is under way while the gates are held.
+	l.engineGate.mu.Lock()
+	defer l.engineGate.mu.Unlock()
+	l.started.mu.Lock()
+	defer l.started.mu.Unlock()
 	if l.engine != nil {
 		_ = l.engine.Close()
 	}
@@ -571,29 +590,29 @@ func (l *lazyDocker) Close(ctx context.Context) error {
 // registry (Kubernetes), each image is pushed there once after its build.
 type taskImages struct {
 	docker   *lazyDocker
-	once     sync.Once
+	ready    startGate // builder, engine and registry are set once it succeeds
 	builder  *image.TaskBuilder
 	engine   *client.Client
 	registry string
-	err      error
 	pushMu   sync.Mutex
 	pushed   map[string]bool
 }
 
 // BuildTask implements runner.ImageBuilder.
 func (t *taskImages) BuildTask(ctx context.Context, b envs.ImageBuild) (string, error) {
-	t.once.Do(func() {
+	err := t.ready.do(func() error {
 		if t.docker == nil {
-			t.err = errors.New("no Docker engine for task images")
-			return
+			return errors.New("no Docker engine for task images")
 		}
-		t.engine, t.registry, t.err = t.docker.imageEngine(ctx)
-		if t.err == nil {
-			t.builder = image.NewTaskBuilder(t.engine)
+		engine, registry, err := t.docker.imageEngine(ctx)
+		if err != nil {
+			return err
 		}
+		t.engine, t.registry, t.builder = engine, registry, image.NewTaskBuilder(engine)
+		return nil
 	})
-	if t.err != nil {
-		return "", fmt.Errorf("task image: %w", t.err)
+	if err != nil {
+		return "", fmt.Errorf("task image: %w", err)
 	}
 	spec := image.TaskSpec{Context: b.Dir, DockerfilePath: b.Dockerfile}
 	if len(b.ContextTar) > 0 {
