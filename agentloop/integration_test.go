@@ -363,3 +363,49 @@ func TestCancellationAgainstSimulator(t *testing.T) {
 		}
 	})
 }
+
+// A Mistral model in tokens mode: the loop re-renders every turn through
+// /tokenize, whose Mistral tokenizer refuses tool-call ids that are not 9
+// alphanumerics (the simulator copies the check; vLLM's chat route
+// shortens longer ids, /tokenize does not). Parsed calls without a
+// [CALL_ID] and the answers to unparsable calls get ids of that shape.
+func TestMistralToolCallIDsRender(t *testing.T) {
+	malformed := "Let me look.[TOOL_CALLS][{\"name\": \"terminal\", \"arguments\": {\"command\": "
+	script := sim.Script{Match: "mistral ids", Steps: []sim.Step{
+		{Final: malformed},
+		simStep(simCall("terminal", map[string]any{"command": "echo one"}), simCall("terminal", map[string]any{"command": "echo two"})),
+		{Final: "done"},
+	}}
+	for _, backend := range []string{"vllm", "chat"} {
+		t.Run(backend, func(t *testing.T) {
+			e := setupEpisode(t, backend, sim.Config{Family: "mistral", Scripts: []sim.Script{script}})
+			res, err := e.run(context.Background(), "mistral ids please", func(c *Config) { c.Parser = "mistral" }, nil)
+			if err != nil || res.StopReason != StopFinished || res.TurnsUsed != 3 {
+				t.Fatalf("stop %s err %v turns %d errors %+v", res.StopReason, err, res.TurnsUsed, res.ToolErrors)
+			}
+			if len(res.ToolErrors) != 1 || res.ToolErrors[0].Kind != tools.InvalidParse {
+				t.Fatalf("tool errors %+v", res.ToolErrors)
+			}
+			var ids []string
+			for _, m := range res.Messages {
+				for _, tc := range m.ToolCalls {
+					ids = append(ids, tc.ID)
+				}
+				if m.Role == "tool" {
+					ids = append(ids, m.ToolCallID)
+				}
+			}
+			if len(ids) != 5 { // the unparsable call's answer, two calls, their two answers
+				t.Fatalf("ids %q, want 5", ids)
+			}
+			for _, id := range ids {
+				if len(id) != 9 || strings.Trim(id, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789") != "" {
+					t.Fatalf("id %q is not 9 alphanumerics (all: %q)", id, ids)
+				}
+			}
+			if r := toolResult(t, res, 2); r["output"] != "two" {
+				t.Fatalf("second call: %v", r)
+			}
+		})
+	}
+}

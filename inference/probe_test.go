@@ -70,7 +70,7 @@ func playEpisode(ctx context.Context, pol inference.Policy, id string, turns int
 			return fmt.Errorf("%s turn %d: %w", id, i+1, err)
 		}
 		msgs = append(msgs, openai.ChatCompletionMessage{Role: "assistant", Content: tr.Text},
-			openai.ChatCompletionMessage{Role: "tool", ToolCallID: fmt.Sprintf("call_%d", i), Content: "file.txt"})
+			openai.ChatCompletionMessage{Role: "tool", ToolCallID: fmt.Sprintf("call%05d", i), Content: "file.txt"})
 	}
 	seq, err := ep.Finish(ctx, msgs[:len(msgs)-1])
 	if err != nil {

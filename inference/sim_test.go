@@ -116,7 +116,7 @@ func runEpisode(t *testing.T, pol inference.Policy, spec inference.EpisodeSpec, 
 		if i == turns-1 {
 			break
 		}
-		msgs = append(msgs, openai.ChatCompletionMessage{Role: "tool", ToolCallID: fmt.Sprintf("call_%d", i), Content: fmt.Sprintf("file%d.txt\nfile%d.log", i, i)})
+		msgs = append(msgs, openai.ChatCompletionMessage{Role: "tool", ToolCallID: fmt.Sprintf("call%05d", i), Content: fmt.Sprintf("file%d.txt\nfile%d.log", i, i)})
 		if userMid && i == 0 {
 			msgs = append(msgs, openai.ChatCompletionMessage{Role: "user", Content: "keep going"})
 		}
@@ -479,7 +479,7 @@ func TestParsedAssistantMessages(t *testing.T) {
 					m.ReasoningContent = *p.Reasoning
 				}
 				for j, tc := range p.ToolCalls {
-					m.ToolCalls = append(m.ToolCalls, openai.ToolCall{ID: fmt.Sprintf("call_%d_%d", i, j), Type: "function", Function: openai.FunctionCall{Name: tc.Name, Arguments: tc.Arguments}})
+					m.ToolCalls = append(m.ToolCalls, openai.ToolCall{ID: fmt.Sprintf("call%02d%03d", i, j), Type: "function", Function: openai.FunctionCall{Name: tc.Name, Arguments: tc.Arguments}})
 				}
 				msgs = append(msgs, m)
 				if len(m.ToolCalls) == 0 {

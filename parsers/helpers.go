@@ -35,6 +35,47 @@ func NewCallID() string {
 	return string(out[:])
 }
 
+// NewMistralCallID returns 9 random characters from [a-zA-Z0-9]: the id
+// shape Mistral's tokenizer (mistral_common) and the Mistral chat
+// templates accept, and the one vLLM's mistral parser and the Hermes client
+// generate. A `call_`+hex id in a conversation makes those templates refuse
+// to render it (tokens mode re-renders every turn), so the mistral family
+// generates these instead of NewCallID's. 9 of 62 symbols are 53 bits:
+// unique enough within a conversation, which is where ids are matched.
+func NewMistralCallID() string {
+	const alnum = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+	var out [9]byte
+	for i := range out {
+		out[i] = alnum[rand.IntN(len(alnum))]
+	}
+	return string(out[:])
+}
+
+// NewCallIDFor returns a fresh call id in the shape the named tool-call
+// parser's family expects: NewMistralCallID for mistral, NewCallID for
+// every other. The agent loop uses it for the answers to calls it could
+// not parse.
+func NewCallIDFor(parser string) string {
+	if parser == "mistral" {
+		return NewMistralCallID()
+	}
+	return NewCallID()
+}
+
+// isMistralCallID reports whether id has the NewMistralCallID shape.
+func isMistralCallID(id string) bool {
+	if len(id) != 9 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if (c < '0' || c > '9') && (c < 'a' || c > 'z') && (c < 'A' || c > 'Z') {
+			return false
+		}
+	}
+	return true
+}
+
 // isCallID reports whether id has the NewCallID shape.
 func isCallID(id string) bool {
 	if len(id) != 29 || !strings.HasPrefix(id, "call_") {

@@ -20,6 +20,36 @@ func TestNewCallID(t *testing.T) {
 	}
 }
 
+func TestNewMistralCallID(t *testing.T) {
+	seen := map[string]bool{}
+	for range 1000 {
+		id := NewMistralCallID()
+		if !isMistralCallID(id) {
+			t.Fatalf("id %q is not 9 alphanumerics", id)
+		}
+		if seen[id] {
+			t.Fatalf("duplicate id %q", id)
+		}
+		seen[id] = true
+	}
+	if id := NewCallIDFor("mistral"); !isMistralCallID(id) {
+		t.Fatalf("NewCallIDFor(mistral) = %q", id)
+	}
+	if id := NewCallIDFor("hermes"); !isCallID(id) {
+		t.Fatalf("NewCallIDFor(hermes) = %q", id)
+	}
+	// A model that gives the same [CALL_ID] twice: the second call gets a
+	// fresh id of the family's shape.
+	p, err := Get("mistral")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := p.Parse(`[TOOL_CALLS]f[CALL_ID]abcdefghi[ARGS]{"a":1}[TOOL_CALLS]g[CALL_ID]abcdefghi[ARGS]{"b":2}`, nil)
+	if len(r.ToolCalls) != 2 || r.ToolCalls[0].ID != "abcdefghi" || r.ToolCalls[1].ID == "abcdefghi" || !isMistralCallID(r.ToolCalls[1].ID) {
+		t.Fatalf("repeated native id: %+v (errors %+v)", r.ToolCalls, r.Errors)
+	}
+}
+
 func TestParamTypes(t *testing.T) {
 	tools := []ToolSchema{{Name: "f", Parameters: json.RawMessage(`{"type":"object","properties":{
 		"s":{"type":"string"},

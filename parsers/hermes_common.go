@@ -394,12 +394,21 @@ func normalizeScanned(span string) (string, error) {
 // order so that CallError.Index points at the call's position.
 type collector struct {
 	r Result
+	// newID makes the ids of calls without a native one (nil: NewCallID).
+	newID func() string
+}
+
+func (c *collector) freshID() string {
+	if c.newID != nil {
+		return c.newID()
+	}
+	return NewCallID()
 }
 
 func (c *collector) next() int { return len(c.r.ToolCalls) + len(c.r.Errors) }
 
 func (c *collector) ok(name, args, raw string) {
-	c.add(ToolCall{ID: NewCallID(), Name: name, Arguments: args, Raw: raw})
+	c.add(ToolCall{ID: c.freshID(), Name: name, Arguments: args, Raw: raw})
 }
 
 func (c *collector) add(tc ToolCall) {
@@ -413,11 +422,11 @@ func (c *collector) add(tc ToolCall) {
 // reused an index) falls back to a fresh one so ids stay unique.
 func (c *collector) okNative(id, name, args, raw string) {
 	if id == "" {
-		id = NewCallID()
+		id = c.freshID()
 	}
 	for _, prev := range c.r.ToolCalls {
 		if prev.ID == id {
-			id = NewCallID()
+			id = c.freshID()
 			break
 		}
 	}

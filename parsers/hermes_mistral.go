@@ -25,7 +25,7 @@ const (
 )
 
 func (mistralParser) Parse(text string, _ []ToolSchema) Result {
-	var c collector
+	c := collector{newID: NewMistralCallID}
 	first := -1
 	pos := 0
 	for pos < len(text) {

@@ -97,7 +97,7 @@ func (h *handler) chat(w http.ResponseWriter, r *http.Request) {
 		h.llamaChat(w, r, &req, choice)
 		return
 	}
-	promptText, prompt, e := h.render(req.chatRender)
+	promptText, prompt, e := h.render(truncateMistralIDs(h.cfg.Family, req.chatRender))
 	if e != nil {
 		writeError(w, e)
 		return
@@ -240,8 +240,12 @@ func (h *handler) parseChoices(req *chatRequest, choice string, cs []genChoice, 
 				}
 				for _, tc := range calls {
 					callID := "chatcmpl-tool-" + randomHex(hashString(id)+uint64(callIdx), 16)
-					if h.cfg.Family == "kimi_k2" && tc.ID != "" {
+					switch {
+					case h.cfg.Family == "kimi_k2" && tc.ID != "":
 						callID = tc.ID
+					case h.cfg.Family == "mistral":
+						// vLLM with a Mistral tokenizer: 9 alphanumerics.
+						callID = randomHex(hashString(id)+uint64(callIdx), 5)[:9]
 					}
 					callIdx++
 					o.Calls = append(o.Calls, map[string]any{"id": callID, "type": "function",

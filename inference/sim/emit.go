@@ -96,6 +96,7 @@ func decodeJSON(raw []byte) any {
 // object; RawArgs is used verbatim when the arguments are not a JSON object
 // (history replayed from a client may hold anything).
 type emitCall struct {
+	ID      string // the history's tool-call id (templates that render or check it)
 	Name    string
 	Args    map[string]any
 	RawArgs string

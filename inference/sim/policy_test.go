@@ -57,13 +57,13 @@ func runEpisode(t *testing.T, url, user string, seed int64, tools string) []stri
 		var calls []any
 		for i, tc := range m.ToolCalls {
 			parts = append(parts, tc.Function.Name+" "+tc.Function.Arguments)
-			calls = append(calls, map[string]any{"id": fmt.Sprint("c", len(turns), i), "type": "function",
+			calls = append(calls, map[string]any{"id": fmt.Sprintf("call%02d%03d", len(turns), i), "type": "function",
 				"function": map[string]any{"name": tc.Function.Name, "arguments": tc.Function.Arguments}})
 		}
 		turns = append(turns, strings.Join(parts, "; "))
 		msgs = append(msgs, map[string]any{"role": "assistant", "content": m.Content, "tool_calls": calls})
 		for i := range calls {
-			msgs = append(msgs, map[string]any{"role": "tool", "tool_call_id": fmt.Sprint("c", len(turns)-1, i), "content": "ok"})
+			msgs = append(msgs, map[string]any{"role": "tool", "tool_call_id": fmt.Sprintf("call%02d%03d", len(turns)-1, i), "content": "ok"})
 		}
 	}
 	t.Fatalf("episode did not finish: %v", turns)

@@ -3,6 +3,7 @@ package sim
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -114,7 +115,7 @@ func prepareMessages(msgs []Message) ([]renderMsg, error) {
 			if tc.Function.Name == "" {
 				return nil, fmt.Errorf("messages[%d].tool_calls[%d]: function name is empty", i, j)
 			}
-			c := emitCall{Name: tc.Function.Name}
+			c := emitCall{ID: tc.ID, Name: tc.Function.Name}
 			raw := strings.TrimSpace(string(tc.Function.Arguments))
 			if strings.HasPrefix(raw, "\"") {
 				var s string
@@ -435,6 +436,9 @@ func renderMistral(t *template, family string, msgs []renderMsg, tools []Tool, o
 	if err := checkRenderOptions(msgs, o); err != nil {
 		return "", err
 	}
+	if err := checkMistralIDs(msgs); err != nil {
+		return "", err
+	}
 	lastUser := -1
 	for i, m := range msgs {
 		if m.Role == "user" {
@@ -473,4 +477,66 @@ func renderMistral(t *template, family string, msgs []renderMsg, tools []Tool, o
 		}
 	}
 	return b.String(), nil
+}
+
+// checkMistralIDs refuses tool-call ids Mistral's tokenizer refuses: an id
+// given in the history must be 9 characters of [a-zA-Z0-9] (mistral_common
+// validates every assistant call and tool result; the Hub's Mistral
+// templates raise on the same). vLLM's chat route shortens longer ids to
+// their last 9 characters first (truncateMistralIDs); its /tokenize route
+// does not, so a client re-rendering `call_`+hex ids there gets a 400.
+func checkMistralIDs(msgs []renderMsg) error {
+	for i, m := range msgs {
+		for j, c := range m.Calls {
+			if c.ID != "" && !mistralID(c.ID) {
+				return fmt.Errorf("messages[%d].tool_calls[%d]: tool call id %q is not 9 characters of a-z, A-Z, 0-9 (Mistral tokenizer)", i, j, c.ID)
+			}
+		}
+		if m.Role == "tool" && m.CallID != "" && !mistralID(m.CallID) {
+			return fmt.Errorf("messages[%d]: tool_call_id %q is not 9 characters of a-z, A-Z, 0-9 (Mistral tokenizer)", i, m.CallID)
+		}
+	}
+	return nil
+}
+
+func mistralID(id string) bool {
+	if len(id) != 9 {
+		return false
+	}
+	for _, c := range []byte(id) {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'z') && (c < 'A' || c > 'Z') {
+			return false
+		}
+	}
+	return true
+}
+
+// truncateMistralIDs is what vLLM's chat route does for a Mistral
+// tokenizer before rendering: tool-call ids longer than 9 characters keep
+// their last 9 (in assistant calls and in tool results alike).
+func truncateMistralIDs(family string, c chatRender) chatRender {
+	if family != "mistral" {
+		return c
+	}
+	last9 := func(id string) string {
+		if len(id) > 9 {
+			return id[len(id)-9:]
+		}
+		return id
+	}
+	msgs := slices.Clone(c.Messages)
+	for i := range msgs {
+		if len(msgs[i].ToolCalls) > 0 {
+			calls := slices.Clone(msgs[i].ToolCalls)
+			for j := range calls {
+				calls[j].ID = last9(calls[j].ID)
+			}
+			msgs[i].ToolCalls = calls
+		}
+		if msgs[i].Role == "tool" {
+			msgs[i].ToolCallID = last9(msgs[i].ToolCallID)
+		}
+	}
+	c.Messages = msgs
+	return c
 }

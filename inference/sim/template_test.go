@@ -13,11 +13,11 @@ import (
 const conversation = `[
  {"role":"system","content":"You are a careful engineer."},
  {"role":"user","content":"Find the bug in a.py"},
- {"role":"assistant","reasoning":"Start by listing files.","content":"Looking.","tool_calls":[{"id":"c1","type":"function","function":{"name":"terminal","arguments":"{\"command\":\"ls\"}"}}]},
- {"role":"tool","tool_call_id":"c1","content":"a.py"},
- {"role":"assistant","content":"<think>\nRead it.\n</think>\n\n","tool_calls":[{"id":"c2","type":"function","function":{"name":"read_file","arguments":{"path":"a.py","limit":10}}},{"id":"c3","type":"function","function":{"name":"terminal","arguments":"{\"command\":\"python a.py\"}"}}]},
- {"role":"tool","tool_call_id":"c2","content":"print(1/0)"},
- {"role":"tool","tool_call_id":"c3","content":"ZeroDivisionError"},
+ {"role":"assistant","reasoning":"Start by listing files.","content":"Looking.","tool_calls":[{"id":"callid001","type":"function","function":{"name":"terminal","arguments":"{\"command\":\"ls\"}"}}]},
+ {"role":"tool","tool_call_id":"callid001","content":"a.py"},
+ {"role":"assistant","content":"<think>\nRead it.\n</think>\n\n","tool_calls":[{"id":"callid002","type":"function","function":{"name":"read_file","arguments":{"path":"a.py","limit":10}}},{"id":"callid003","type":"function","function":{"name":"terminal","arguments":"{\"command\":\"python a.py\"}"}}]},
+ {"role":"tool","tool_call_id":"callid002","content":"print(1/0)"},
+ {"role":"tool","tool_call_id":"callid003","content":"ZeroDivisionError"},
  {"role":"assistant","reasoning":"Division by zero.","content":"Line 1 divides by zero."},
  {"role":"user","content":"Thanks! Fix it."}
 ]`
@@ -79,12 +79,12 @@ func TestTemplateGoldens(t *testing.T) {
 }
 
 func TestQwen3ThinkStripping(t *testing.T) {
-	const first = `[{"role":"user","content":"go"},{"role":"assistant","reasoning":"secret plan","content":"","tool_calls":[{"id":"a","type":"function","function":{"name":"terminal","arguments":"{}"}}]},{"role":"tool","tool_call_id":"a","content":"ok"}]`
+	const first = `[{"role":"user","content":"go"},{"role":"assistant","reasoning":"secret plan","content":"","tool_calls":[{"id":"callid00a","type":"function","function":{"name":"terminal","arguments":"{}"}}]},{"role":"tool","tool_call_id":"callid00a","content":"ok"}]`
 	inLoop := renderFor(t, "hermes", "qwen3", first, renderOptions{AddGenerationPrompt: true}, false)
 	if !strings.Contains(inLoop, "<think>\nsecret plan\n</think>\n\n") {
 		t.Fatalf("reasoning of the current tool loop was dropped:\n%s", inLoop)
 	}
-	const later = `[{"role":"user","content":"go"},{"role":"assistant","reasoning":"secret plan","content":"","tool_calls":[{"id":"a","type":"function","function":{"name":"terminal","arguments":"{}"}}]},{"role":"tool","tool_call_id":"a","content":"ok"},{"role":"assistant","content":"done"},{"role":"user","content":"again"}]`
+	const later = `[{"role":"user","content":"go"},{"role":"assistant","reasoning":"secret plan","content":"","tool_calls":[{"id":"callid00a","type":"function","function":{"name":"terminal","arguments":"{}"}}]},{"role":"tool","tool_call_id":"callid00a","content":"ok"},{"role":"assistant","content":"done"},{"role":"user","content":"again"}]`
 	after := renderFor(t, "hermes", "qwen3", later, renderOptions{AddGenerationPrompt: true}, false)
 	if strings.Contains(after, "secret plan") {
 		t.Fatalf("qwen3 kept reasoning of a turn before the last user message:\n%s", after)
@@ -183,7 +183,7 @@ func TestSampledTurnSplices(t *testing.T) {
 			if err := json.Unmarshal(chat.Choices[0].Message, &asst); err != nil {
 				t.Fatal(err)
 			}
-			next := `[{"role":"user","content":"list the files"},` + mustJSON(t, asst) + `,{"role":"tool","tool_call_id":"x","content":"a.py"}]`
+			next := `[{"role":"user","content":"list the files"},` + mustJSON(t, asst) + `,{"role":"tool","tool_call_id":"callid00x","content":"a.py"}]`
 			_, b = post(t, srv.URL+"/tokenize", `{"messages":`+next+`,"tools":`+tools+`}`)
 			p1 := decode[struct{ Tokens []int }](t, b).Tokens
 			spliced := append(slices.Clone(p0), sampled...)
