@@ -6,12 +6,15 @@ import (
 	"testing"
 )
 
-func TestNewCallID(t *testing.T) {
+// checkFreshIDs draws n ids from gen: each must have the shape and none
+// may repeat.
+func checkFreshIDs(t *testing.T, n int, gen func() string, shape func(string) bool, what string) {
+	t.Helper()
 	seen := map[string]bool{}
-	for range 100 {
-		id := NewCallID()
-		if !isCallID(id) {
-			t.Fatalf("id %q is not call_ + 24 lowercase hex", id)
+	for range n {
+		id := gen()
+		if !shape(id) {
+			t.Fatalf("id %q is not %s", id, what)
 		}
 		if seen[id] {
 			t.Fatalf("duplicate id %q", id)
@@ -20,18 +23,12 @@ func TestNewCallID(t *testing.T) {
 	}
 }
 
+func TestNewCallID(t *testing.T) {
+	checkFreshIDs(t, 100, NewCallID, isCallID, "call_ + 24 lowercase hex")
+}
+
 func TestNewMistralCallID(t *testing.T) {
-	seen := map[string]bool{}
-	for range 1000 {
-		id := NewMistralCallID()
-		if !isMistralCallID(id) {
-			t.Fatalf("id %q is not 9 alphanumerics", id)
-		}
-		if seen[id] {
-			t.Fatalf("duplicate id %q", id)
-		}
-		seen[id] = true
-	}
+	checkFreshIDs(t, 1000, NewMistralCallID, isMistralCallID, "9 alphanumerics")
 	if id := NewCallIDFor("mistral"); !isMistralCallID(id) {
 		t.Fatalf("NewCallIDFor(mistral) = %q", id)
 	}
