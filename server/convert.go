@@ -70,6 +70,17 @@ func RolloutProto(rec *trajectory.Record, rolloutID string, attempts int) *rollo
 	for k, m := range rec.LossMask {
 		pr.LossMask[k] = int32(m)
 	}
+	pr.TurnRewards = rec.TurnRewards
+	if len(rec.DistillTokenIDs) > 0 {
+		pr.Distill = make([]*rolloutv1.TeacherTopK, len(rec.DistillTokenIDs))
+		for k, ids := range rec.DistillTokenIDs {
+			tk := &rolloutv1.TeacherTopK{TokenIds: ids}
+			if k < len(rec.DistillLogprobs) {
+				tk.Logprobs = rec.DistillLogprobs[k]
+			}
+			pr.Distill[k] = tk
+		}
+	}
 	return pr
 }
 

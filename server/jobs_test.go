@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
@@ -302,5 +303,61 @@ func TestRestartResumes(t *testing.T) {
 	}
 	if p := got.Job.Progress; got.Job.State != rolloutv1.JobState_JOB_STATE_SUCCEEDED || p.GroupsDone != 4 || p.GroupsSkipped != 3 || got.Job.FinishedAt == nil {
 		t.Errorf("ended job after another restart: %v", got.Job)
+	}
+}
+
+// An env with turn feedback (guess-number, no sandbox): the stream carries
+// each rollout's turn rewards as the Parquet records hold them, in the
+// compact layout too.
+func TestStreamCarriesTurnRewards(t *testing.T) {
+	s := newSim(t, "guess-number", -1)
+	h := startServer(t, Options{}, RunOptions{})
+	ctx := bg(t)
+	cfg := strings.Replace(jobYAML(s.URL, "runs/guess", 2, 2), "env: toolcall-match", "env: guess-number", 1)
+	j := h.start(t, startReq(cfg, "guess-1"))
+	if res := h.watch(ctx, j.Id, false, nil); res.finished.GetState() != rolloutv1.JobState_JOB_STATE_SUCCEEDED {
+		t.Fatalf("job: %v %v", res.finished, res.err)
+	}
+	recs := readRun(t, j.OutputDir)
+	from := int64(0)
+	stream, err := h.cli.WatchJob(ctx, &rolloutv1.WatchJobRequest{JobId: j.Id, IncludeGroups: true, FromSequence: &from,
+		TokenLayout: rolloutv1.TokenLayout_TOKEN_LAYOUT_COMPACT})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rewarded, seen := 0, 0
+	for {
+		ev, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := ev.GetGroup()
+		if g == nil {
+			continue
+		}
+		for _, ro := range g.Rollouts {
+			var rec *trajectory.Record
+			for i := range recs[g.GroupId] {
+				if recs[g.GroupId][i].RolloutIndex == ro.Index {
+					rec = &recs[g.GroupId][i]
+				}
+			}
+			if rec == nil {
+				t.Fatalf("group %s rollout %d: no record", g.GroupId, ro.Index)
+			}
+			if !slices.Equal(ro.TurnRewards, rec.TurnRewards) || len(ro.TurnRewards) != int(ro.Turns) {
+				t.Fatalf("group %s rollout %d: turn_rewards %v, record %v, %d turns", g.GroupId, ro.Index, ro.TurnRewards, rec.TurnRewards, ro.Turns)
+			}
+			seen++
+			if slices.ContainsFunc(ro.TurnRewards, func(r float64) bool { return r != 0 }) {
+				rewarded++
+			}
+		}
+	}
+	if seen != 4 || rewarded == 0 {
+		t.Fatalf("%d rollouts streamed (want 4), %d with a nonzero turn reward", seen, rewarded)
 	}
 }

@@ -1488,8 +1488,18 @@ type Rollout struct {
 	// is trained: the logprobs of the positions where loss_mask is 1, in
 	// order. A rollout whose logprobs do not fit keeps the full logprobs.
 	TrainedLogprobs []float32 `protobuf:"fixed32,23,rep,packed,name=trained_logprobs,json=trainedLogprobs,proto3" json:"trained_logprobs,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// turn_rewards are the env's intermediate rewards, one per turn (0 where
+	// it gave none), beside the final reward; empty for envs without turn
+	// feedback. As the Parquet column turn_rewards.
+	TurnRewards []float64 `protobuf:"fixed64,24,rep,packed,name=turn_rewards,json=turnRewards,proto3" json:"turn_rewards,omitempty"`
+	// distill is on-policy distillation's teacher top-K, aligned to tokens:
+	// at each trained position the K most likely ids by the teacher's rank
+	// and their logprobs, an empty entry elsewhere. Empty without
+	// distillation. As the Parquet columns distill_token_ids and
+	// distill_logprobs; the same in both token layouts.
+	Distill       []*TeacherTopK `protobuf:"bytes,25,rep,name=distill,proto3" json:"distill,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Rollout) Reset() {
@@ -1683,6 +1693,73 @@ func (x *Rollout) GetTrainedLogprobs() []float32 {
 	return nil
 }
 
+func (x *Rollout) GetTurnRewards() []float64 {
+	if x != nil {
+		return x.TurnRewards
+	}
+	return nil
+}
+
+func (x *Rollout) GetDistill() []*TeacherTopK {
+	if x != nil {
+		return x.Distill
+	}
+	return nil
+}
+
+// TeacherTopK is one position's teacher top-K (Rollout.distill).
+type TeacherTopK struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	TokenIds      []int32                `protobuf:"varint,1,rep,packed,name=token_ids,json=tokenIds,proto3" json:"token_ids,omitempty"`
+	Logprobs      []float32              `protobuf:"fixed32,2,rep,packed,name=logprobs,proto3" json:"logprobs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TeacherTopK) Reset() {
+	*x = TeacherTopK{}
+	mi := &file_rollout_v1_rollout_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TeacherTopK) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TeacherTopK) ProtoMessage() {}
+
+func (x *TeacherTopK) ProtoReflect() protoreflect.Message {
+	mi := &file_rollout_v1_rollout_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TeacherTopK.ProtoReflect.Descriptor instead.
+func (*TeacherTopK) Descriptor() ([]byte, []int) {
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *TeacherTopK) GetTokenIds() []int32 {
+	if x != nil {
+		return x.TokenIds
+	}
+	return nil
+}
+
+func (x *TeacherTopK) GetLogprobs() []float32 {
+	if x != nil {
+		return x.Logprobs
+	}
+	return nil
+}
+
 // CollectGroupsRequest is one trainer message.
 type CollectGroupsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1701,7 +1778,7 @@ type CollectGroupsRequest struct {
 
 func (x *CollectGroupsRequest) Reset() {
 	*x = CollectGroupsRequest{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[17]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1713,7 +1790,7 @@ func (x *CollectGroupsRequest) String() string {
 func (*CollectGroupsRequest) ProtoMessage() {}
 
 func (x *CollectGroupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[17]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1726,7 +1803,7 @@ func (x *CollectGroupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectGroupsRequest.ProtoReflect.Descriptor instead.
 func (*CollectGroupsRequest) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{17}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CollectGroupsRequest) GetMsg() isCollectGroupsRequest_Msg {
@@ -1829,7 +1906,7 @@ type CollectStart struct {
 
 func (x *CollectStart) Reset() {
 	*x = CollectStart{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[18]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1841,7 +1918,7 @@ func (x *CollectStart) String() string {
 func (*CollectStart) ProtoMessage() {}
 
 func (x *CollectStart) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[18]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1854,7 +1931,7 @@ func (x *CollectStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectStart.ProtoReflect.Descriptor instead.
 func (*CollectStart) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{18}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CollectStart) GetConfigYaml() string {
@@ -1909,7 +1986,7 @@ type CollectCredit struct {
 
 func (x *CollectCredit) Reset() {
 	*x = CollectCredit{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[19]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1921,7 +1998,7 @@ func (x *CollectCredit) String() string {
 func (*CollectCredit) ProtoMessage() {}
 
 func (x *CollectCredit) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[19]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1934,7 +2011,7 @@ func (x *CollectCredit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectCredit.ProtoReflect.Descriptor instead.
 func (*CollectCredit) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{19}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CollectCredit) GetGroups() int32 {
@@ -1968,7 +2045,7 @@ type CollectItems struct {
 
 func (x *CollectItems) Reset() {
 	*x = CollectItems{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[20]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1980,7 +2057,7 @@ func (x *CollectItems) String() string {
 func (*CollectItems) ProtoMessage() {}
 
 func (x *CollectItems) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[20]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1993,7 +2070,7 @@ func (x *CollectItems) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectItems.ProtoReflect.Descriptor instead.
 func (*CollectItems) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{20}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CollectItems) GetRequestId() string {
@@ -2041,7 +2118,7 @@ type CollectNext struct {
 
 func (x *CollectNext) Reset() {
 	*x = CollectNext{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[21]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2053,7 +2130,7 @@ func (x *CollectNext) String() string {
 func (*CollectNext) ProtoMessage() {}
 
 func (x *CollectNext) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[21]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2066,7 +2143,7 @@ func (x *CollectNext) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectNext.ProtoReflect.Descriptor instead.
 func (*CollectNext) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{21}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CollectNext) GetRequestId() string {
@@ -2113,7 +2190,7 @@ type CollectGroupsResponse struct {
 
 func (x *CollectGroupsResponse) Reset() {
 	*x = CollectGroupsResponse{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[22]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2125,7 +2202,7 @@ func (x *CollectGroupsResponse) String() string {
 func (*CollectGroupsResponse) ProtoMessage() {}
 
 func (x *CollectGroupsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[22]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2138,7 +2215,7 @@ func (x *CollectGroupsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectGroupsResponse.ProtoReflect.Descriptor instead.
 func (*CollectGroupsResponse) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{22}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CollectGroupsResponse) GetMsg() isCollectGroupsResponse_Msg {
@@ -2210,7 +2287,7 @@ type CollectStatus struct {
 
 func (x *CollectStatus) Reset() {
 	*x = CollectStatus{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[23]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2222,7 +2299,7 @@ func (x *CollectStatus) String() string {
 func (*CollectStatus) ProtoMessage() {}
 
 func (x *CollectStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[23]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2235,7 +2312,7 @@ func (x *CollectStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectStatus.ProtoReflect.Descriptor instead.
 func (*CollectStatus) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{23}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CollectStatus) GetCredits() int32 {
@@ -2318,7 +2395,7 @@ type BeginPolicyUpdateRequest struct {
 
 func (x *BeginPolicyUpdateRequest) Reset() {
 	*x = BeginPolicyUpdateRequest{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[24]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2330,7 +2407,7 @@ func (x *BeginPolicyUpdateRequest) String() string {
 func (*BeginPolicyUpdateRequest) ProtoMessage() {}
 
 func (x *BeginPolicyUpdateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[24]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2343,7 +2420,7 @@ func (x *BeginPolicyUpdateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginPolicyUpdateRequest.ProtoReflect.Descriptor instead.
 func (*BeginPolicyUpdateRequest) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{24}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *BeginPolicyUpdateRequest) GetJobId() string {
@@ -2385,7 +2462,7 @@ type BeginPolicyUpdateResponse struct {
 
 func (x *BeginPolicyUpdateResponse) Reset() {
 	*x = BeginPolicyUpdateResponse{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[25]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2397,7 +2474,7 @@ func (x *BeginPolicyUpdateResponse) String() string {
 func (*BeginPolicyUpdateResponse) ProtoMessage() {}
 
 func (x *BeginPolicyUpdateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[25]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2410,7 +2487,7 @@ func (x *BeginPolicyUpdateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginPolicyUpdateResponse.ProtoReflect.Descriptor instead.
 func (*BeginPolicyUpdateResponse) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{25}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *BeginPolicyUpdateResponse) GetFallback() bool {
@@ -2454,7 +2531,7 @@ type EndPolicyUpdateRequest struct {
 
 func (x *EndPolicyUpdateRequest) Reset() {
 	*x = EndPolicyUpdateRequest{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[26]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2466,7 +2543,7 @@ func (x *EndPolicyUpdateRequest) String() string {
 func (*EndPolicyUpdateRequest) ProtoMessage() {}
 
 func (x *EndPolicyUpdateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[26]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2479,7 +2556,7 @@ func (x *EndPolicyUpdateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndPolicyUpdateRequest.ProtoReflect.Descriptor instead.
 func (*EndPolicyUpdateRequest) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{26}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *EndPolicyUpdateRequest) GetJobId() string {
@@ -2509,7 +2586,7 @@ type EndPolicyUpdateResponse struct {
 
 func (x *EndPolicyUpdateResponse) Reset() {
 	*x = EndPolicyUpdateResponse{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[27]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2521,7 +2598,7 @@ func (x *EndPolicyUpdateResponse) String() string {
 func (*EndPolicyUpdateResponse) ProtoMessage() {}
 
 func (x *EndPolicyUpdateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[27]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2534,7 +2611,7 @@ func (x *EndPolicyUpdateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndPolicyUpdateResponse.ProtoReflect.Descriptor instead.
 func (*EndPolicyUpdateResponse) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{27}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *EndPolicyUpdateResponse) GetVersion() int64 {
@@ -2560,7 +2637,7 @@ type ListEnvironmentsRequest struct {
 
 func (x *ListEnvironmentsRequest) Reset() {
 	*x = ListEnvironmentsRequest{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[28]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2572,7 +2649,7 @@ func (x *ListEnvironmentsRequest) String() string {
 func (*ListEnvironmentsRequest) ProtoMessage() {}
 
 func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[28]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2585,7 +2662,7 @@ func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsRequest.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsRequest) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{28}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{29}
 }
 
 // ListEnvironmentsResponse lists environments.
@@ -2599,7 +2676,7 @@ type ListEnvironmentsResponse struct {
 
 func (x *ListEnvironmentsResponse) Reset() {
 	*x = ListEnvironmentsResponse{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[29]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2611,7 +2688,7 @@ func (x *ListEnvironmentsResponse) String() string {
 func (*ListEnvironmentsResponse) ProtoMessage() {}
 
 func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[29]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2624,7 +2701,7 @@ func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsResponse.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsResponse) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{29}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListEnvironmentsResponse) GetEnvironments() []*Environment {
@@ -2645,7 +2722,7 @@ type DescribeEnvironmentRequest struct {
 
 func (x *DescribeEnvironmentRequest) Reset() {
 	*x = DescribeEnvironmentRequest{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[30]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2657,7 +2734,7 @@ func (x *DescribeEnvironmentRequest) String() string {
 func (*DescribeEnvironmentRequest) ProtoMessage() {}
 
 func (x *DescribeEnvironmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[30]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2670,7 +2747,7 @@ func (x *DescribeEnvironmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeEnvironmentRequest.ProtoReflect.Descriptor instead.
 func (*DescribeEnvironmentRequest) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{30}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *DescribeEnvironmentRequest) GetName() string {
@@ -2695,7 +2772,7 @@ type DescribeEnvironmentResponse struct {
 
 func (x *DescribeEnvironmentResponse) Reset() {
 	*x = DescribeEnvironmentResponse{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[31]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2707,7 +2784,7 @@ func (x *DescribeEnvironmentResponse) String() string {
 func (*DescribeEnvironmentResponse) ProtoMessage() {}
 
 func (x *DescribeEnvironmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[31]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2720,7 +2797,7 @@ func (x *DescribeEnvironmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeEnvironmentResponse.ProtoReflect.Descriptor instead.
 func (*DescribeEnvironmentResponse) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{31}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *DescribeEnvironmentResponse) GetEnvironment() *Environment {
@@ -2769,7 +2846,7 @@ type Environment struct {
 
 func (x *Environment) Reset() {
 	*x = Environment{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[32]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2781,7 +2858,7 @@ func (x *Environment) String() string {
 func (*Environment) ProtoMessage() {}
 
 func (x *Environment) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[32]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2794,7 +2871,7 @@ func (x *Environment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Environment.ProtoReflect.Descriptor instead.
 func (*Environment) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{32}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *Environment) GetName() string {
@@ -2959,7 +3036,7 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"\bposition\x18\x02 \x01(\x05R\bposition\x12\x12\n" +
 	"\x04kind\x18\x03 \x01(\tR\x04kind\x12\x12\n" +
 	"\x04from\x18\x04 \x01(\x03R\x04from\x12\x0e\n" +
-	"\x02to\x18\x05 \x01(\x03R\x02to\"\xa8\a\n" +
+	"\x02to\x18\x05 \x01(\x03R\x02to\"\xfe\a\n" +
 	"\aRollout\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x1d\n" +
 	"\n" +
@@ -2986,12 +3063,17 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"\x0etoken_versions\x18\x14 \x03(\x03R\rtokenVersions\x129\n" +
 	"\fversion_cuts\x18\x15 \x03(\v2\x16.rollout.v1.VersionCutR\vversionCuts\x12$\n" +
 	"\x0eloss_mask_runs\x18\x16 \x03(\x05R\flossMaskRuns\x12)\n" +
-	"\x10trained_logprobs\x18\x17 \x03(\x02R\x0ftrainedLogprobs\x1aC\n" +
+	"\x10trained_logprobs\x18\x17 \x03(\x02R\x0ftrainedLogprobs\x12!\n" +
+	"\fturn_rewards\x18\x18 \x03(\x01R\vturnRewards\x121\n" +
+	"\adistill\x18\x19 \x03(\v2\x17.rollout.v1.TeacherTopKR\adistill\x1aC\n" +
 	"\x15RewardComponentsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01B\f\n" +
 	"\n" +
-	"_advantage\"\xe5\x01\n" +
+	"_advantage\"F\n" +
+	"\vTeacherTopK\x12\x1b\n" +
+	"\ttoken_ids\x18\x01 \x03(\x05R\btokenIds\x12\x1a\n" +
+	"\blogprobs\x18\x02 \x03(\x02R\blogprobs\"\xe5\x01\n" +
 	"\x14CollectGroupsRequest\x120\n" +
 	"\x05start\x18\x01 \x01(\v2\x18.rollout.v1.CollectStartH\x00R\x05start\x123\n" +
 	"\x06credit\x18\x02 \x01(\v2\x19.rollout.v1.CollectCreditH\x00R\x06credit\x120\n" +
@@ -3114,7 +3196,7 @@ func file_rollout_v1_rollout_proto_rawDescGZIP() []byte {
 }
 
 var file_rollout_v1_rollout_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_rollout_v1_rollout_proto_msgTypes = make([]protoimpl.MessageInfo, 34)
+var file_rollout_v1_rollout_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
 var file_rollout_v1_rollout_proto_goTypes = []any{
 	(JobMode)(0),                        // 0: rollout.v1.JobMode
 	(JobState)(0),                       // 1: rollout.v1.JobState
@@ -3136,24 +3218,25 @@ var file_rollout_v1_rollout_proto_goTypes = []any{
 	(*Group)(nil),                       // 17: rollout.v1.Group
 	(*VersionCut)(nil),                  // 18: rollout.v1.VersionCut
 	(*Rollout)(nil),                     // 19: rollout.v1.Rollout
-	(*CollectGroupsRequest)(nil),        // 20: rollout.v1.CollectGroupsRequest
-	(*CollectStart)(nil),                // 21: rollout.v1.CollectStart
-	(*CollectCredit)(nil),               // 22: rollout.v1.CollectCredit
-	(*CollectItems)(nil),                // 23: rollout.v1.CollectItems
-	(*CollectNext)(nil),                 // 24: rollout.v1.CollectNext
-	(*CollectGroupsResponse)(nil),       // 25: rollout.v1.CollectGroupsResponse
-	(*CollectStatus)(nil),               // 26: rollout.v1.CollectStatus
-	(*BeginPolicyUpdateRequest)(nil),    // 27: rollout.v1.BeginPolicyUpdateRequest
-	(*BeginPolicyUpdateResponse)(nil),   // 28: rollout.v1.BeginPolicyUpdateResponse
-	(*EndPolicyUpdateRequest)(nil),      // 29: rollout.v1.EndPolicyUpdateRequest
-	(*EndPolicyUpdateResponse)(nil),     // 30: rollout.v1.EndPolicyUpdateResponse
-	(*ListEnvironmentsRequest)(nil),     // 31: rollout.v1.ListEnvironmentsRequest
-	(*ListEnvironmentsResponse)(nil),    // 32: rollout.v1.ListEnvironmentsResponse
-	(*DescribeEnvironmentRequest)(nil),  // 33: rollout.v1.DescribeEnvironmentRequest
-	(*DescribeEnvironmentResponse)(nil), // 34: rollout.v1.DescribeEnvironmentResponse
-	(*Environment)(nil),                 // 35: rollout.v1.Environment
-	nil,                                 // 36: rollout.v1.Rollout.RewardComponentsEntry
-	(*timestamppb.Timestamp)(nil),       // 37: google.protobuf.Timestamp
+	(*TeacherTopK)(nil),                 // 20: rollout.v1.TeacherTopK
+	(*CollectGroupsRequest)(nil),        // 21: rollout.v1.CollectGroupsRequest
+	(*CollectStart)(nil),                // 22: rollout.v1.CollectStart
+	(*CollectCredit)(nil),               // 23: rollout.v1.CollectCredit
+	(*CollectItems)(nil),                // 24: rollout.v1.CollectItems
+	(*CollectNext)(nil),                 // 25: rollout.v1.CollectNext
+	(*CollectGroupsResponse)(nil),       // 26: rollout.v1.CollectGroupsResponse
+	(*CollectStatus)(nil),               // 27: rollout.v1.CollectStatus
+	(*BeginPolicyUpdateRequest)(nil),    // 28: rollout.v1.BeginPolicyUpdateRequest
+	(*BeginPolicyUpdateResponse)(nil),   // 29: rollout.v1.BeginPolicyUpdateResponse
+	(*EndPolicyUpdateRequest)(nil),      // 30: rollout.v1.EndPolicyUpdateRequest
+	(*EndPolicyUpdateResponse)(nil),     // 31: rollout.v1.EndPolicyUpdateResponse
+	(*ListEnvironmentsRequest)(nil),     // 32: rollout.v1.ListEnvironmentsRequest
+	(*ListEnvironmentsResponse)(nil),    // 33: rollout.v1.ListEnvironmentsResponse
+	(*DescribeEnvironmentRequest)(nil),  // 34: rollout.v1.DescribeEnvironmentRequest
+	(*DescribeEnvironmentResponse)(nil), // 35: rollout.v1.DescribeEnvironmentResponse
+	(*Environment)(nil),                 // 36: rollout.v1.Environment
+	nil,                                 // 37: rollout.v1.Rollout.RewardComponentsEntry
+	(*timestamppb.Timestamp)(nil),       // 38: google.protobuf.Timestamp
 }
 var file_rollout_v1_rollout_proto_depIdxs = []int32{
 	0,  // 0: rollout.v1.StartJobRequest.mode:type_name -> rollout.v1.JobMode
@@ -3168,47 +3251,48 @@ var file_rollout_v1_rollout_proto_depIdxs = []int32{
 	0,  // 9: rollout.v1.Job.mode:type_name -> rollout.v1.JobMode
 	1,  // 10: rollout.v1.Job.state:type_name -> rollout.v1.JobState
 	16, // 11: rollout.v1.Job.progress:type_name -> rollout.v1.JobProgress
-	37, // 12: rollout.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	37, // 13: rollout.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
+	38, // 12: rollout.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	38, // 13: rollout.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
 	19, // 14: rollout.v1.Group.rollouts:type_name -> rollout.v1.Rollout
-	36, // 15: rollout.v1.Rollout.reward_components:type_name -> rollout.v1.Rollout.RewardComponentsEntry
+	37, // 15: rollout.v1.Rollout.reward_components:type_name -> rollout.v1.Rollout.RewardComponentsEntry
 	18, // 16: rollout.v1.Rollout.version_cuts:type_name -> rollout.v1.VersionCut
-	21, // 17: rollout.v1.CollectGroupsRequest.start:type_name -> rollout.v1.CollectStart
-	22, // 18: rollout.v1.CollectGroupsRequest.credit:type_name -> rollout.v1.CollectCredit
-	23, // 19: rollout.v1.CollectGroupsRequest.items:type_name -> rollout.v1.CollectItems
-	24, // 20: rollout.v1.CollectGroupsRequest.next:type_name -> rollout.v1.CollectNext
-	2,  // 21: rollout.v1.CollectStart.token_layout:type_name -> rollout.v1.TokenLayout
-	17, // 22: rollout.v1.CollectGroupsResponse.group:type_name -> rollout.v1.Group
-	26, // 23: rollout.v1.CollectGroupsResponse.status:type_name -> rollout.v1.CollectStatus
-	35, // 24: rollout.v1.ListEnvironmentsResponse.environments:type_name -> rollout.v1.Environment
-	35, // 25: rollout.v1.DescribeEnvironmentResponse.environment:type_name -> rollout.v1.Environment
-	3,  // 26: rollout.v1.RolloutService.GetVersion:input_type -> rollout.v1.GetVersionRequest
-	5,  // 27: rollout.v1.RolloutService.StartJob:input_type -> rollout.v1.StartJobRequest
-	7,  // 28: rollout.v1.RolloutService.GetJob:input_type -> rollout.v1.GetJobRequest
-	9,  // 29: rollout.v1.RolloutService.ListJobs:input_type -> rollout.v1.ListJobsRequest
-	11, // 30: rollout.v1.RolloutService.CancelJob:input_type -> rollout.v1.CancelJobRequest
-	13, // 31: rollout.v1.RolloutService.WatchJob:input_type -> rollout.v1.WatchJobRequest
-	20, // 32: rollout.v1.RolloutService.CollectGroups:input_type -> rollout.v1.CollectGroupsRequest
-	27, // 33: rollout.v1.RolloutService.BeginPolicyUpdate:input_type -> rollout.v1.BeginPolicyUpdateRequest
-	29, // 34: rollout.v1.RolloutService.EndPolicyUpdate:input_type -> rollout.v1.EndPolicyUpdateRequest
-	31, // 35: rollout.v1.RolloutService.ListEnvironments:input_type -> rollout.v1.ListEnvironmentsRequest
-	33, // 36: rollout.v1.RolloutService.DescribeEnvironment:input_type -> rollout.v1.DescribeEnvironmentRequest
-	4,  // 37: rollout.v1.RolloutService.GetVersion:output_type -> rollout.v1.GetVersionResponse
-	6,  // 38: rollout.v1.RolloutService.StartJob:output_type -> rollout.v1.StartJobResponse
-	8,  // 39: rollout.v1.RolloutService.GetJob:output_type -> rollout.v1.GetJobResponse
-	10, // 40: rollout.v1.RolloutService.ListJobs:output_type -> rollout.v1.ListJobsResponse
-	12, // 41: rollout.v1.RolloutService.CancelJob:output_type -> rollout.v1.CancelJobResponse
-	14, // 42: rollout.v1.RolloutService.WatchJob:output_type -> rollout.v1.WatchJobResponse
-	25, // 43: rollout.v1.RolloutService.CollectGroups:output_type -> rollout.v1.CollectGroupsResponse
-	28, // 44: rollout.v1.RolloutService.BeginPolicyUpdate:output_type -> rollout.v1.BeginPolicyUpdateResponse
-	30, // 45: rollout.v1.RolloutService.EndPolicyUpdate:output_type -> rollout.v1.EndPolicyUpdateResponse
-	32, // 46: rollout.v1.RolloutService.ListEnvironments:output_type -> rollout.v1.ListEnvironmentsResponse
-	34, // 47: rollout.v1.RolloutService.DescribeEnvironment:output_type -> rollout.v1.DescribeEnvironmentResponse
-	37, // [37:48] is the sub-list for method output_type
-	26, // [26:37] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	20, // 17: rollout.v1.Rollout.distill:type_name -> rollout.v1.TeacherTopK
+	22, // 18: rollout.v1.CollectGroupsRequest.start:type_name -> rollout.v1.CollectStart
+	23, // 19: rollout.v1.CollectGroupsRequest.credit:type_name -> rollout.v1.CollectCredit
+	24, // 20: rollout.v1.CollectGroupsRequest.items:type_name -> rollout.v1.CollectItems
+	25, // 21: rollout.v1.CollectGroupsRequest.next:type_name -> rollout.v1.CollectNext
+	2,  // 22: rollout.v1.CollectStart.token_layout:type_name -> rollout.v1.TokenLayout
+	17, // 23: rollout.v1.CollectGroupsResponse.group:type_name -> rollout.v1.Group
+	27, // 24: rollout.v1.CollectGroupsResponse.status:type_name -> rollout.v1.CollectStatus
+	36, // 25: rollout.v1.ListEnvironmentsResponse.environments:type_name -> rollout.v1.Environment
+	36, // 26: rollout.v1.DescribeEnvironmentResponse.environment:type_name -> rollout.v1.Environment
+	3,  // 27: rollout.v1.RolloutService.GetVersion:input_type -> rollout.v1.GetVersionRequest
+	5,  // 28: rollout.v1.RolloutService.StartJob:input_type -> rollout.v1.StartJobRequest
+	7,  // 29: rollout.v1.RolloutService.GetJob:input_type -> rollout.v1.GetJobRequest
+	9,  // 30: rollout.v1.RolloutService.ListJobs:input_type -> rollout.v1.ListJobsRequest
+	11, // 31: rollout.v1.RolloutService.CancelJob:input_type -> rollout.v1.CancelJobRequest
+	13, // 32: rollout.v1.RolloutService.WatchJob:input_type -> rollout.v1.WatchJobRequest
+	21, // 33: rollout.v1.RolloutService.CollectGroups:input_type -> rollout.v1.CollectGroupsRequest
+	28, // 34: rollout.v1.RolloutService.BeginPolicyUpdate:input_type -> rollout.v1.BeginPolicyUpdateRequest
+	30, // 35: rollout.v1.RolloutService.EndPolicyUpdate:input_type -> rollout.v1.EndPolicyUpdateRequest
+	32, // 36: rollout.v1.RolloutService.ListEnvironments:input_type -> rollout.v1.ListEnvironmentsRequest
+	34, // 37: rollout.v1.RolloutService.DescribeEnvironment:input_type -> rollout.v1.DescribeEnvironmentRequest
+	4,  // 38: rollout.v1.RolloutService.GetVersion:output_type -> rollout.v1.GetVersionResponse
+	6,  // 39: rollout.v1.RolloutService.StartJob:output_type -> rollout.v1.StartJobResponse
+	8,  // 40: rollout.v1.RolloutService.GetJob:output_type -> rollout.v1.GetJobResponse
+	10, // 41: rollout.v1.RolloutService.ListJobs:output_type -> rollout.v1.ListJobsResponse
+	12, // 42: rollout.v1.RolloutService.CancelJob:output_type -> rollout.v1.CancelJobResponse
+	14, // 43: rollout.v1.RolloutService.WatchJob:output_type -> rollout.v1.WatchJobResponse
+	26, // 44: rollout.v1.RolloutService.CollectGroups:output_type -> rollout.v1.CollectGroupsResponse
+	29, // 45: rollout.v1.RolloutService.BeginPolicyUpdate:output_type -> rollout.v1.BeginPolicyUpdateResponse
+	31, // 46: rollout.v1.RolloutService.EndPolicyUpdate:output_type -> rollout.v1.EndPolicyUpdateResponse
+	33, // 47: rollout.v1.RolloutService.ListEnvironments:output_type -> rollout.v1.ListEnvironmentsResponse
+	35, // 48: rollout.v1.RolloutService.DescribeEnvironment:output_type -> rollout.v1.DescribeEnvironmentResponse
+	38, // [38:49] is the sub-list for method output_type
+	27, // [27:38] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_rollout_v1_rollout_proto_init() }
@@ -3228,17 +3312,17 @@ func file_rollout_v1_rollout_proto_init() {
 	}
 	file_rollout_v1_rollout_proto_msgTypes[14].OneofWrappers = []any{}
 	file_rollout_v1_rollout_proto_msgTypes[16].OneofWrappers = []any{}
-	file_rollout_v1_rollout_proto_msgTypes[17].OneofWrappers = []any{
+	file_rollout_v1_rollout_proto_msgTypes[18].OneofWrappers = []any{
 		(*CollectGroupsRequest_Start)(nil),
 		(*CollectGroupsRequest_Credit)(nil),
 		(*CollectGroupsRequest_Items)(nil),
 		(*CollectGroupsRequest_Next)(nil),
 	}
-	file_rollout_v1_rollout_proto_msgTypes[18].OneofWrappers = []any{}
 	file_rollout_v1_rollout_proto_msgTypes[19].OneofWrappers = []any{}
 	file_rollout_v1_rollout_proto_msgTypes[20].OneofWrappers = []any{}
 	file_rollout_v1_rollout_proto_msgTypes[21].OneofWrappers = []any{}
-	file_rollout_v1_rollout_proto_msgTypes[22].OneofWrappers = []any{
+	file_rollout_v1_rollout_proto_msgTypes[22].OneofWrappers = []any{}
+	file_rollout_v1_rollout_proto_msgTypes[23].OneofWrappers = []any{
 		(*CollectGroupsResponse_Group)(nil),
 		(*CollectGroupsResponse_Status)(nil),
 	}
@@ -3248,7 +3332,7 @@ func file_rollout_v1_rollout_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rollout_v1_rollout_proto_rawDesc), len(file_rollout_v1_rollout_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   34,
+			NumMessages:   35,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
