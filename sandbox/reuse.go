@@ -32,8 +32,9 @@ type resetter interface {
 	// the container belongs to a new holder and Close removes nothing.
 	onClose(fn func(ctx context.Context) bool)
 	// resetInPlace returns the container to the state of a fresh sandbox
-	// of spec and returns the new holder's handle. The receiver is closed
-	// (its Close is under way) and stays closed.
+	// of spec and returns the new holder's handle; spec's files are not
+	// placed (the pool places the next holder's at hand-out). The receiver
+	// is closed (its Close is under way) and stays closed.
 	resetInPlace(ctx context.Context, spec Spec) (warmable, error)
 	// resets is how many times the container was reset so far.
 	resets() int
@@ -98,10 +99,6 @@ func (s *dockerSandbox) resetInPlace(ctx context.Context, spec Spec) (warmable, 
 	// left to release.
 	s.d.live[s.id] = ns
 	s.d.mu.Unlock()
-	if err := placeFiles(ctx, ns, spec.Files); err != nil {
-		_ = ns.Close(ctx)
-		return nil, fmt.Errorf("reset sandbox %s: %w", s.short(), err)
-	}
 	s.log.Debug("sandbox reset in place", "resets", ns.resetCount, "killed", resp.Reset.Killed,
 		"removed", resp.Reset.Removed, "ipc", resp.Reset.IPC, "agent_ms", float64(resp.Reset.DurationNS)/1e6)
 	return ns, nil
@@ -171,7 +168,7 @@ func (p *Pool) recycle(ctx context.Context, ws *warmSet, r resetter) bool {
 		return false
 	}
 	bare := ws.spec
-	bare.Files = nil
+	bare.Files = nil // the next holder's go in at hand-out
 	fresh, err := r.resetInPlace(ctx, bare)
 	if err != nil {
 		metricResets.WithLabelValues("failed").Inc()

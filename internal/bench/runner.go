@@ -18,10 +18,10 @@ type phases struct {
 	mu                                        sync.Mutex
 	n, infra, turns                           int
 	sandbox, generation, tools, reward, total time.Duration
-	// ends holds each rollout's start (its event's arrival minus its
+	// spans holds each rollout's start (its event's arrival minus its
 	// total), sandbox acquisition and total, and firstEnd the arrival of
 	// the first rollout's event: for the steady state of a run with reuse.
-	ends     []rolloutSpan
+	spans    []rolloutSpan
 	firstEnd time.Time
 }
 
@@ -39,7 +39,7 @@ func (p *phases) steadySandboxShare() (float64, int) {
 	defer p.mu.Unlock()
 	var sb, tot time.Duration
 	n := 0
-	for _, e := range p.ends {
+	for _, e := range p.spans {
 		if e.start.Before(p.firstEnd) {
 			continue
 		}
@@ -69,7 +69,7 @@ func (p *phases) event(_ string, e runner.Event) {
 	if p.firstEnd.IsZero() {
 		p.firstEnd = now
 	}
-	p.ends = append(p.ends, rolloutSpan{start: now.Add(-t.Total), sandbox: t.SandboxStart, total: t.Total})
+	p.spans = append(p.spans, rolloutSpan{start: now.Add(-t.Total), sandbox: t.SandboxStart, total: t.Total})
 	p.sandbox += t.SandboxStart
 	p.generation += t.Generation
 	p.tools += t.Tools
