@@ -562,11 +562,8 @@ func (l *lazyDocker) Expect(spec sandbox.Spec, n int) error {
 // Close stops the backend if it was started, removing its containers
 // (the pool's unused ones first).
 func (l *lazyDocker) Close(ctx context.Context) error {
-	// No start is under way while the gates are held.
-	l.engineGate.mu.Lock()
-	defer l.engineGate.mu.Unlock()
-	l.started.mu.Lock()
-	defer l.started.mu.Unlock()
+	defer l.engineGate.hold()()
+	defer l.started.hold()()
 	if l.engine != nil {
 		_ = l.engine.Close()
 	}

@@ -46,3 +46,10 @@ func (g *startGate) do(start func() error) error {
 	g.done, g.err = true, nil
 	return nil
 }
+
+// hold waits for a start under way and keeps any other from beginning
+// until release is called (a Close reading what the start set up).
+func (g *startGate) hold() (release func()) {
+	g.mu.Lock()
+	return g.mu.Unlock
+}
