@@ -716,7 +716,7 @@ func (r *runner) interpret(gen inference.Turn) (reasoning *string, content strin
 	}
 	for _, s := range slots {
 		if s.id == "" {
-			s.id = parsers.NewCallIDFor(r.cfg.Parser)
+			s.id = parsers.NewCallIDFor(r.parser)
 		}
 	}
 	return reasoning, content, slots, nil
@@ -761,7 +761,7 @@ func (r *runner) slotsFromParse(pr parsers.Result) []*slot {
 		if s.parse != nil {
 			// The call is not in the assistant message (it is not
 			// well-formed), so its answer needs an id of its own.
-			s.id = parsers.NewCallIDFor(r.cfg.Parser)
+			s.id = parsers.NewCallIDFor(r.parser)
 		}
 	}
 	return out

@@ -51,13 +51,18 @@ func NewMistralCallID() string {
 	return string(out[:])
 }
 
-// NewCallIDFor returns a fresh call id in the shape the named tool-call
-// parser's family expects: NewMistralCallID for mistral, NewCallID for
-// every other. The agent loop uses it for the answers to calls it could
-// not parse.
-func NewCallIDFor(parser string) string {
-	if parser == "mistral" {
-		return NewMistralCallID()
+// CallIDMaker is a Parser whose family has an id shape of its own for the
+// ids it makes up (mistral); the others use NewCallID.
+type CallIDMaker interface {
+	NewCallID() string
+}
+
+// NewCallIDFor returns a fresh call id in the shape p's family expects
+// (NewCallID when p is nil or not a CallIDMaker). The agent loop uses it
+// for the answers to calls it could not parse.
+func NewCallIDFor(p Parser) string {
+	if m, ok := p.(CallIDMaker); ok {
+		return m.NewCallID()
 	}
 	return NewCallID()
 }

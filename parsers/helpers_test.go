@@ -29,18 +29,24 @@ func TestNewCallID(t *testing.T) {
 
 func TestNewMistralCallID(t *testing.T) {
 	checkFreshIDs(t, 1000, NewMistralCallID, isMistralCallID, "9 alphanumerics")
-	if id := NewCallIDFor("mistral"); !isMistralCallID(id) {
-		t.Fatalf("NewCallIDFor(mistral) = %q", id)
-	}
-	if id := NewCallIDFor("hermes"); !isCallID(id) {
-		t.Fatalf("NewCallIDFor(hermes) = %q", id)
-	}
-	// A model that gives the same [CALL_ID] twice: the second call gets a
-	// fresh id of the family's shape.
 	p, err := Get("mistral")
 	if err != nil {
 		t.Fatal(err)
 	}
+	if id := NewCallIDFor(p); !isMistralCallID(id) {
+		t.Fatalf("NewCallIDFor(mistral) = %q", id)
+	}
+	h, err := Get("hermes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, other := range []Parser{h, nil} {
+		if id := NewCallIDFor(other); !isCallID(id) {
+			t.Fatalf("NewCallIDFor(%T) = %q", other, id)
+		}
+	}
+	// A model that gives the same [CALL_ID] twice: the second call gets a
+	// fresh id of the family's shape.
 	r := p.Parse(`[TOOL_CALLS]f[CALL_ID]abcdefghi[ARGS]{"a":1}[TOOL_CALLS]g[CALL_ID]abcdefghi[ARGS]{"b":2}`, nil)
 	if len(r.ToolCalls) != 2 || r.ToolCalls[0].ID != "abcdefghi" || r.ToolCalls[1].ID == "abcdefghi" || !isMistralCallID(r.ToolCalls[1].ID) {
 		t.Fatalf("repeated native id: %+v (errors %+v)", r.ToolCalls, r.Errors)

@@ -24,6 +24,9 @@ const (
 	mistralCallID    = "[CALL_ID]"
 )
 
+// NewCallID makes the family's ids (CallIDMaker): 9 alphanumerics.
+func (mistralParser) NewCallID() string { return NewMistralCallID() }
+
 func (mistralParser) Parse(text string, _ []ToolSchema) Result {
 	c := collector{newID: NewMistralCallID}
 	first := -1
