@@ -40,12 +40,16 @@ type Pool struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	// root is the scope of the pool's own Acquire and Expect (a run's
+	// single job); Scope gives others (rollout serve's jobs).
+	root *PoolScope
+
 	mu   sync.Mutex
 	sets map[string]*warmSet
 	// spares are used sandboxes reset in place (PoolOptions.Reuse), by
-	// reuseKey: any spec that differs only in Files and Labels takes one,
-	// its own files placed at hand-out.
-	spares map[string][]warmable
+	// scope and reuseKey: any spec of the same scope that differs only in
+	// Files and Labels takes one, its own files placed at hand-out.
+	spares map[spareKey][]warmable
 	idle   int // ready + filling across sets
 	closed bool
 	// changed is closed and replaced whenever a start finishes.
@@ -63,10 +67,15 @@ type warmSet struct {
 	reuseKey string // the spares it can take (reuse.go)
 	spec     Spec
 	base     int // Warm: kept ready at all times
-	demand   int // Expect: announced acquires not yet made
-	ready    []warmable
-	filling  int
-	waiters  []chan warmable
+	// demand is Expect's announced acquires not yet made, by scope.
+	demand  map[*PoolScope]int
+	ready   []warmable
+	filling int
+	// discard counts the sandboxes being started that a closed scope
+	// wanted and no one else does: they are removed once up (removing
+	// counts those removals under way).
+	discard, removing int
+	waiters           []chan warmable
 }
 
 var _ Backend = (*Pool)(nil)
@@ -105,8 +114,10 @@ func NewPool(d poolSource, opts PoolOptions) *Pool {
 		opts.MaxUses = 100
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Pool{d: d, opts: opts, ctx: ctx, cancel: cancel, sets: map[string]*warmSet{},
-		spares: map[string][]warmable{}, changed: make(chan struct{})}
+	p := &Pool{d: d, opts: opts, ctx: ctx, cancel: cancel, sets: map[string]*warmSet{},
+		spares: map[spareKey][]warmable{}, changed: make(chan struct{})}
+	p.root = &PoolScope{p: p, reuse: true}
+	return p
 }
 
 // Fingerprint identifies the container a spec produces (labels excluded):
@@ -139,7 +150,7 @@ func (p *Pool) set(spec Spec) (*warmSet, error) {
 		clean := spec
 		clean.Labels = nil
 		clean.Env = maps.Clone(spec.Env)
-		ws = &warmSet{key: key, spec: clean}
+		ws = &warmSet{key: key, spec: clean, demand: map[*PoolScope]int{}}
 		ws.reuseKey = reuseKey(ws)
 		p.sets[key] = ws
 	}
@@ -167,20 +178,26 @@ func (p *Pool) Warm(spec Spec, n int) error {
 
 // Expect announces n upcoming Acquires of spec (a GRPO group of G rollouts
 // on one image): that many sandboxes are started ahead of time.
-func (p *Pool) Expect(spec Spec, n int) error {
+func (p *Pool) Expect(spec Spec, n int) error { return p.root.Expect(spec, n) }
+
+func (p *Pool) expect(sc *PoolScope, spec Spec, n int) error {
 	if n < 0 {
 		return fmt.Errorf("warm pool: %w: negative demand %d", ErrInvalid, n)
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.closed {
+	if p.closed || sc.closed {
 		return fmt.Errorf("warm pool: %w", ErrClosed)
 	}
 	ws, err := p.set(spec)
 	if err != nil {
 		return err
 	}
-	ws.demand += n
+	ws.demand[sc] += n
+	if sc.expected == nil {
+		sc.expected = map[*warmSet]struct{}{}
+	}
+	sc.expected[ws] = struct{}{}
 	p.refillLocked(ws)
 	return nil
 }
@@ -205,9 +222,13 @@ func (p *Pool) Create(ctx context.Context, spec Spec) (Sandbox, error) { return 
 // sandbox of another spec is removed to make room, else Acquire waits for
 // a slot (a hard bound, never exceeded).
 func (p *Pool) Acquire(ctx context.Context, spec Spec) (Sandbox, error) {
+	return p.acquire(ctx, p.root, spec)
+}
+
+func (p *Pool) acquire(ctx context.Context, sc *PoolScope, spec Spec) (Sandbox, error) {
 	start := time.Now()
 	p.mu.Lock()
-	if p.closed {
+	if p.closed || sc.closed {
 		p.mu.Unlock()
 		return nil, errAcquireClosed
 	}
@@ -216,29 +237,32 @@ func (p *Pool) Acquire(ctx context.Context, spec Spec) (Sandbox, error) {
 		p.mu.Unlock()
 		return nil, fmt.Errorf("acquire sandbox: %w", err)
 	}
-	if ws.demand > 0 {
-		ws.demand--
+	if ws.demand[sc] > 1 {
+		ws.demand[sc]--
+	} else {
+		delete(ws.demand, sc)
 	}
 	for {
-		// p.mu is held here.
-		if got := p.popReadyLocked(ws); got != nil {
-			p.refillLocked(ws)
-			p.mu.Unlock()
-			return p.handOut(got, ws, spec, start), nil
-		}
-		if got := p.popSpareLocked(ws); got != nil {
+		// p.mu is held here. The scope's own reset spares go first: a
+		// never-used sandbox can serve any scope, a spare only this one.
+		if got := p.popSpareLocked(ws, sc); got != nil {
 			p.mu.Unlock()
 			if err := placeFiles(ctx, got, spec.Files); err != nil {
 				p.d.logger().Warn("warm pool: a reset sandbox refused the spec's files, removing it", "err", err)
 				_ = got.Close(context.WithoutCancel(ctx))
 				p.mu.Lock()
-				if p.closed {
+				if p.closed || sc.closed {
 					p.mu.Unlock()
 					return nil, errAcquireClosed
 				}
 				continue
 			}
-			return p.handOut(got, ws, spec, start), nil
+			return p.handOut(got, ws, sc, spec, start), nil
+		}
+		if got := p.popReadyLocked(ws); got != nil {
+			p.refillLocked(ws)
+			p.mu.Unlock()
+			return p.handOut(got, ws, sc, spec, start), nil
 		}
 		if ws.filling > len(ws.waiters) {
 			// One being started is ours.
@@ -247,12 +271,12 @@ func (p *Pool) Acquire(ctx context.Context, spec Spec) (Sandbox, error) {
 				return nil, err
 			}
 			if got != nil {
-				return p.handOut(got, ws, spec, start), nil
+				return p.handOut(got, ws, sc, spec, start), nil
 			}
 			// Its start failed: try again (a create of our own meets the
 			// error and returns it).
 			p.mu.Lock()
-			if p.closed {
+			if p.closed || sc.closed {
 				p.mu.Unlock()
 				return nil, errAcquireClosed
 			}
@@ -266,7 +290,7 @@ func (p *Pool) Acquire(ctx context.Context, spec Spec) (Sandbox, error) {
 				return nil, fmt.Errorf("acquire sandbox: %w", err)
 			}
 			metricAcquire.WithLabelValues("create").Observe(time.Since(start).Seconds())
-			p.hook(sb, ws)
+			p.hook(sb, ws, sc)
 			return sb, nil
 		}
 		if victim := p.evictLocked(); victim != nil {
@@ -286,7 +310,7 @@ func (p *Pool) Acquire(ctx context.Context, spec Spec) (Sandbox, error) {
 			return nil, fmt.Errorf("acquire sandbox: waiting for a free slot (%d in use): %w", p.d.slotSem().cap, ctx.Err())
 		}
 		p.mu.Lock()
-		if p.closed {
+		if p.closed || sc.closed {
 			p.mu.Unlock()
 			return nil, errAcquireClosed
 		}
@@ -320,7 +344,11 @@ func (p *Pool) popHealthyLocked(q *[]warmable) warmable {
 func (p *Pool) evictLocked() warmable {
 	for k, sp := range p.spares {
 		if len(sp) > 0 {
-			p.spares[k] = sp[1:]
+			if len(sp) == 1 {
+				delete(p.spares, k)
+			} else {
+				p.spares[k] = sp[1:]
+			}
 			p.idle--
 			return sp[0]
 		}
@@ -367,9 +395,9 @@ func (p *Pool) waitFill(ctx context.Context, ws *warmSet) (warmable, error) {
 	}
 }
 
-func (p *Pool) handOut(got warmable, ws *warmSet, spec Spec, start time.Time) Sandbox {
+func (p *Pool) handOut(got warmable, ws *warmSet, sc *PoolScope, spec Spec, start time.Time) Sandbox {
 	got.setPooled(false)
-	p.hook(got, ws)
+	p.hook(got, ws, sc)
 	got.setLabels(maps.Clone(spec.Labels))
 	got.touch()
 	metricAcquire.WithLabelValues("pool").Observe(time.Since(start).Seconds())
@@ -380,10 +408,14 @@ func (p *Pool) handOut(got warmable, ws *warmSet, spec Spec, start time.Time) Sa
 // MaxIdle and the backend's free slots (a filler holds its slot from the
 // start, so the warm pool can never exceed MaxContainers).
 func (p *Pool) refillLocked(ws *warmSet) {
-	missing := ws.base + ws.demand - len(ws.ready) - ws.filling
-	if p.reusable(ws.spec) {
-		// Reset spares serve this spec too: start only what they cannot.
-		missing -= len(p.spares[ws.reuseKey])
+	missing := ws.base - len(ws.ready) - (ws.filling - ws.discard)
+	for sc, n := range ws.demand {
+		if p.reusable(ws.spec, sc) {
+			// The scope's reset spares serve this spec too: start only
+			// what they cannot.
+			n -= len(p.spares[spareKey{sc, ws.reuseKey}])
+		}
+		missing += max(n, 0)
 	}
 	for ; missing > 0 && p.idle < p.opts.MaxIdle && p.d.slotSem().tryAcquire(); missing-- {
 		ws.filling++
@@ -405,8 +437,14 @@ func (p *Pool) fill(ws *warmSet, spec Spec) {
 	defer p.mu.Unlock()
 	defer p.changedLocked()
 	ws.filling--
+	// Never more to discard than still starting (a waiter may have taken
+	// one counted surplus).
+	defer func() { ws.discard = min(ws.discard, ws.filling) }()
 	if err != nil {
 		p.idle--
+		if ws.discard > 0 {
+			ws.discard--
+		}
 		if p.ctx.Err() == nil {
 			p.d.logger().Warn("warm pool: create failed", "image", spec.Image, "err", err)
 		}
@@ -429,6 +467,19 @@ func (p *Pool) fill(ws *warmSet, spec Spec) {
 		ws.waiters = ws.waiters[1:]
 		p.idle--
 		w <- sb
+		return
+	}
+	if ws.discard > 0 {
+		ws.discard--
+		ws.removing++
+		p.idle--
+		p.wg.Go(func() {
+			_ = sb.Close(context.WithoutCancel(p.ctx))
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			ws.removing--
+			p.changedLocked()
+		})
 		return
 	}
 	ws.ready = append(ws.ready, sb)

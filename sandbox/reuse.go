@@ -104,19 +104,27 @@ func (s *dockerSandbox) resetInPlace(ctx context.Context, spec Spec) (warmable, 
 	return ns, nil
 }
 
-// reusable says whether sandboxes of spec are reset in place by p.
-func (p *Pool) reusable(spec Spec) bool {
-	return p.opts.Reuse && spec.Limits.ReadOnlyRoot && (spec.Runtime == "" || spec.Runtime == RuntimeRunc)
+// spareKey files a reset sandbox: it serves only the scope whose rollout
+// used it, and specs of that reuseKey.
+type spareKey struct {
+	scope    *PoolScope
+	reuseKey string
 }
 
-// hook makes sb's Close hand the container back to ws after a reset in
-// place, when the pool reuses sandboxes of ws's spec.
-func (p *Pool) hook(sb warmable, ws *warmSet) {
-	if !p.reusable(ws.spec) {
+// reusable says whether sandboxes of spec acquired through sc are reset in
+// place by p.
+func (p *Pool) reusable(spec Spec, sc *PoolScope) bool {
+	return p.opts.Reuse && sc.reuse && spec.Limits.ReadOnlyRoot && (spec.Runtime == "" || spec.Runtime == RuntimeRunc)
+}
+
+// hook makes sb's Close hand the container back to sc's spares for ws
+// after a reset in place, when sc reuses sandboxes of ws's spec.
+func (p *Pool) hook(sb warmable, ws *warmSet, sc *PoolScope) {
+	if !p.reusable(ws.spec, sc) {
 		return
 	}
 	if r, ok := sb.(resetter); ok {
-		r.onClose(func(ctx context.Context) bool { return p.recycle(ctx, ws, r) })
+		r.onClose(func(ctx context.Context) bool { return p.recycle(ctx, ws, sc, r) })
 	}
 }
 
@@ -132,14 +140,20 @@ func reuseKey(ws *warmSet) string {
 	return k
 }
 
-// popSpareLocked takes a healthy reset sandbox that can serve ws's spec.
-func (p *Pool) popSpareLocked(ws *warmSet) warmable {
-	if !p.reusable(ws.spec) {
+// popSpareLocked takes a healthy reset sandbox of sc that can serve ws's
+// spec.
+func (p *Pool) popSpareLocked(ws *warmSet, sc *PoolScope) warmable {
+	if !p.reusable(ws.spec, sc) {
 		return nil
 	}
-	q := p.spares[ws.reuseKey]
+	k := spareKey{sc, ws.reuseKey}
+	q := p.spares[k]
 	sb := p.popHealthyLocked(&q)
-	p.spares[ws.reuseKey] = q
+	if len(q) == 0 {
+		delete(p.spares, k)
+	} else {
+		p.spares[k] = q
+	}
 	return sb
 }
 
@@ -153,16 +167,16 @@ func placeFiles(ctx context.Context, sb Sandbox, files []File) error {
 	return nil
 }
 
-// recycle resets r in place and keeps it as a spare for the next Acquire
+// recycle resets r in place and keeps it as a spare for sc's next Acquire
 // of a spec like ws's (files aside). It returns false when the container
-// should be removed instead: the pool is closed, the container was reset
-// MaxUses times, or the reset failed.
-func (p *Pool) recycle(ctx context.Context, ws *warmSet, r resetter) bool {
+// should be removed instead: the pool or the scope is closed, the
+// container was reset MaxUses times, or the reset failed.
+func (p *Pool) recycle(ctx context.Context, ws *warmSet, sc *PoolScope, r resetter) bool {
 	if r.resets() >= p.opts.MaxUses || r.broken() != nil {
 		return false
 	}
 	p.mu.Lock()
-	closed := p.closed
+	closed := p.closed || sc.closed
 	p.mu.Unlock()
 	if closed {
 		return false
@@ -181,7 +195,7 @@ func (p *Pool) recycle(ctx context.Context, ws *warmSet, r resetter) bool {
 	metricResets.WithLabelValues("ok").Inc()
 	p.resetsOK.Add(1)
 	p.mu.Lock()
-	if p.closed || p.idle >= p.opts.MaxIdle {
+	if p.closed || sc.closed || p.idle >= p.opts.MaxIdle {
 		p.mu.Unlock()
 		_ = fresh.Close(ctx)
 		return true
@@ -189,7 +203,8 @@ func (p *Pool) recycle(ctx context.Context, ws *warmSet, r resetter) bool {
 	defer p.mu.Unlock()
 	defer p.changedLocked()
 	fresh.setPooled(true)
-	p.spares[ws.reuseKey] = append(p.spares[ws.reuseKey], fresh)
+	k := spareKey{sc, ws.reuseKey}
+	p.spares[k] = append(p.spares[k], fresh)
 	p.idle++
 	return true
 }

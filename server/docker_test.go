@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/moby/moby/client"
+	"github.com/prometheus/client_golang/prometheus"
 
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
 	"github.com/rollout-rl/rollout/internal/dockerclient"
@@ -70,6 +71,14 @@ output: {dir: runs/docker}
 	if err := shared.Close(ctx); err != nil {
 		t.Fatalf("close the sandbox backend: %v", err)
 	}
+	checkNoContainers(t, instance, "after the shared backend closed")
+}
+
+// checkNoContainers fails the test for every container of the instance.
+func checkNoContainers(t *testing.T, instance, when string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	cli, err := dockerclient.New(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -81,6 +90,69 @@ output: {dir: runs/docker}
 		t.Fatal(err)
 	}
 	for _, c := range list.Items {
-		t.Errorf("container %s left behind (%s)", c.ID[:12], c.State)
+		t.Errorf("container %s left behind %s (%s)", c.ID[:12], when, c.State)
 	}
+}
+
+// TestDockerJobReuse runs a job with sandbox.reuse through the server's
+// shared backend: its groups' sandboxes are started ahead from the shared
+// warm pool, each is reset in place for the job's next rollouts, and when
+// the job ends its sandboxes are gone although the backend stays up.
+func TestDockerJobReuse(t *testing.T) {
+	ref := needDocker(t)
+	shared, instance := newShared(t, "servertest")
+
+	s := newSim(t, "terminal-tasks", -1)
+	h := startServer(t, Options{Sandboxes: shared, Images: shared}, RunOptions{})
+	cfg := fmt.Sprintf(`env: terminal-tasks
+groups: 6
+group_size: 2
+limits: {groups_in_flight: 1}
+inference:
+  backend: vllm
+  endpoints: [%s]
+  timeout: 2m
+parser: hermes
+sampling: {max_tokens: 1024}
+sandbox: {image: %s, read_only_root: true, reuse: true}
+output: {dir: runs/reuse}
+`, s.URL, ref)
+	before := resetsOK(t)
+	j := h.start(t, startReq(cfg, ""))
+	res := h.watch(bg(t), j.Id, true, nil)
+	if res.err != nil || res.finished.GetState() != rolloutv1.JobState_JOB_STATE_SUCCEEDED {
+		t.Fatalf("job: %v (%v)", res.finished, res.err)
+	}
+	if p := res.finished.Progress; p.GroupsDone != 6 || p.RolloutsOk != 12 {
+		t.Errorf("progress %v", p)
+	}
+	checkSandboxedRun(t, j.OutputDir, 6)
+	// One group of 2 at a time: the later groups run in the first group's
+	// two containers, reset in place.
+	if n := resetsOK(t) - before; n < 6 {
+		t.Errorf("%v resets in place over 12 rollouts in groups of 2: reuse did not happen", n)
+	}
+	checkNoContainers(t, instance, "after the job ended")
+}
+
+// resetsOK reads rollout_sandbox_resets_total{result="ok"}.
+func resetsOK(t *testing.T) float64 {
+	t.Helper()
+	mfs, err := prometheus.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "rollout_sandbox_resets_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" && l.GetValue() == "ok" {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }

@@ -366,7 +366,7 @@ func newShared(t *testing.T, prefix string) (shared *job.Shared, instance string
 	b := make([]byte, 4)
 	_, _ = crand.Read(b)
 	instance = prefix + "-" + hex.EncodeToString(b)
-	shared = job.NewShared(sandbox.Options{Instance: instance, Logger: quiet})
+	shared = job.NewShared(sandbox.Options{Instance: instance, Logger: quiet}, 16)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()

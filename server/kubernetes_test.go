@@ -26,7 +26,7 @@ import (
 // A job's sandbox.kubernetes.kubeconfig is a host path holding credentials:
 // the server's path policy applies to it like to output.dir.
 func TestKubernetesJobKubeconfigPathPolicy(t *testing.T) {
-	shared := job.NewShared(sandbox.Options{Logger: quiet})
+	shared := job.NewShared(sandbox.Options{Logger: quiet}, 0)
 	t.Cleanup(func() { _ = shared.Close(context.Background()) })
 	h := startServer(t, Options{Sandboxes: shared, Images: shared}, RunOptions{})
 	cfg := `env: terminal-tasks

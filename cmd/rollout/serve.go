@@ -37,6 +37,7 @@ type serveFlags struct {
 	rateLimit      float64
 	rateBurst      int
 	maxSandboxes   int
+	warmSandboxes  int
 	atroposURL     string
 	quotas         server.Quotas
 	tracing        tracingFlags
@@ -84,6 +85,7 @@ Off loopback the server requires --auth-token-file (clients send
 	fl.Float64Var(&f.rateLimit, "rate-limit", 0, "calls per second admitted across all clients, streams counted when opened (0: unlimited)")
 	fl.IntVar(&f.rateBurst, "rate-burst", 0, "burst size of --rate-limit (default: the rate, at least 1)")
 	fl.IntVar(&f.maxSandboxes, "max-sandboxes", 0, "sandbox containers alive at once across all jobs (default 512); also the most pods of each Kubernetes backend (sandbox.kubernetes.max_pods)")
+	fl.IntVar(&f.warmSandboxes, "warm-sandboxes", 64, "idle Docker sandboxes kept across all jobs: started ahead of a job's groups, or reset in place for its next rollouts with sandbox.reuse (they count against --max-sandboxes and give way to any job needing a slot; 0: none, every sandbox created on demand)")
 	fl.IntVar(&f.quotas.Jobs, "quota-jobs", 0, "jobs and collect streams one client (token) may run at once (default 8; -1: no quota)")
 	fl.IntVar(&f.quotas.Sandboxes, "quota-sandboxes", 0, "sum of limits.sandboxes over one client's running jobs (default 256; -1: no quota)")
 	fl.Int64Var(&f.quotas.Rows, "quota-rows", 0, "rollouts (groups x group_size) one job may produce (default 1000000; -1: no quota)")
@@ -96,8 +98,8 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 	if (f.tlsCert == "") != (f.tlsKey == "") {
 		return usageError(cmd, errors.New("--tls-cert and --tls-key go together"))
 	}
-	if f.maxMsgSize <= 0 || f.rateLimit < 0 || f.rateBurst < 0 || f.maxSandboxes < 0 || f.drainTimeout < 0 {
-		return usageError(cmd, errors.New("--max-msg-size must be positive; --rate-limit, --rate-burst, --max-sandboxes and --drain-timeout must not be negative"))
+	if f.maxMsgSize <= 0 || f.rateLimit < 0 || f.rateBurst < 0 || f.maxSandboxes < 0 || f.warmSandboxes < 0 || f.drainTimeout < 0 {
+		return usageError(cmd, errors.New("--max-msg-size must be positive; --rate-limit, --rate-burst, --max-sandboxes, --warm-sandboxes and --drain-timeout must not be negative"))
 	}
 	if f.cancelGrace < 0 {
 		return usageError(cmd, errors.New("--cancel-grace must not be negative (0: wait for in-flight rollouts)"))
@@ -167,11 +169,12 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 		o.MetricsListener = m
 	}
 
-	// One Docker backend for every job, and one Kubernetes backend per
-	// distinct sandbox.kubernetes block of jobs with sandbox.backend
-	// kubernetes (docs/kubernetes.md), each started on its first sandbox;
-	// they are closed last, removing whatever sandboxes remain.
-	shared := job.NewShared(sandbox.Options{Logger: log, MaxContainers: f.maxSandboxes})
+	// One Docker backend and warm pool for every job, and one Kubernetes
+	// backend per distinct sandbox.kubernetes block of jobs with
+	// sandbox.backend kubernetes (docs/kubernetes.md), each started on its
+	// first sandbox; they are closed last, removing whatever sandboxes
+	// remain.
+	shared := job.NewShared(sandbox.Options{Logger: log, MaxContainers: f.maxSandboxes}, f.warmSandboxes)
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 		defer cancel()

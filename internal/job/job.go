@@ -75,8 +75,11 @@ type Job struct {
 	Env    envs.Env
 	Runner *runner.Runner
 	writer *trajectory.Writer
-	docker *lazyDocker
-	Dir    string
+	docker *lazyDocker // the job's own sandbox backend; nil with a shared one
+	// release gives back the job's sandboxes when it ends: its own
+	// backend's Close, or a shared backend's Release (its scope).
+	release func(context.Context) error
+	Dir     string
 	// sampler reports the run's effective sampler with the server's view
 	// (inference.Client); nil for other policies.
 	sampler samplerReporter
@@ -187,11 +190,11 @@ func open(ctx context.Context, cfg runner.Config, opts Options) (*Job, error) {
 	if sel, ok := sbs.(BackendSelector); ok {
 		// A shared backend per sandbox.backend (the server's): the
 		// job's config picks Docker or a Kubernetes cluster.
-		if cfg.Sandbox.Reuse {
-			return nil, fmt.Errorf("%w: sandbox.reuse: not implemented for rollout serve's shared backends (use it with rollout run or eval)", runner.ErrConfig)
-		}
 		if sbs, imgs, err = sel.For(cfg); err != nil {
 			return nil, fmt.Errorf("%w: sandbox: %w", runner.ErrConfig, err)
+		}
+		if r, ok := sbs.(releaser); ok {
+			j.release = r.Release
 		}
 	}
 	if sbs == nil {
@@ -211,6 +214,7 @@ func open(ctx context.Context, cfg runner.Config, opts Options) (*Job, error) {
 			j.docker.kube = &kc
 		}
 		sbs = j.docker
+		j.release = j.docker.Close
 	}
 	if imgs == nil {
 		imgs = &taskImages{docker: j.docker}
@@ -336,8 +340,8 @@ func (j *Job) Close(ctx context.Context) error {
 		j.recordSampler()
 		err = j.writer.Close(ctx)
 	}
-	if j.docker != nil {
-		err = errors.Join(err, j.docker.Close(ctx))
+	if j.release != nil {
+		err = errors.Join(err, j.release(ctx))
 	}
 	if j.teacher != nil {
 		_ = j.teacher.Close()
@@ -361,8 +365,8 @@ func (j *Job) run(ctx context.Context) (runner.Summary, error) {
 		j.recordSampler()
 		closeErr = j.writer.Close(cctx)
 	}
-	if j.docker != nil {
-		if err := j.docker.Close(cctx); err != nil {
+	if j.release != nil {
+		if err := j.release(cctx); err != nil {
 			j.opts.Logger.Warn("close sandbox backend", "error", err)
 		}
 	}
@@ -419,6 +423,12 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// releaser is a shared backend's view for one job (BackendSelector.For),
+// released when the job ends; the backend itself stays up.
+type releaser interface {
+	Release(ctx context.Context) error
 }
 
 // lazyDocker starts the sandbox backend (Docker, or Kubernetes when kube

@@ -21,10 +21,15 @@ type BackendSelector interface {
 
 // Shared is the lazily started sandbox backends and task-image builders of
 // many jobs (the gRPC server's): one Docker backend with one container
-// limit, one reaper and one instance label for the whole process, plus one
-// Kubernetes backend per distinct sandbox.kubernetes block that jobs name,
-// and one Close that removes every sandbox still alive. The engine or
-// cluster is contacted on a job's first sandbox.
+// limit, one reaper, one instance label and one warm pool for the whole
+// process, plus one Kubernetes backend per distinct sandbox.kubernetes
+// block that jobs name, and one Close that removes every sandbox still
+// alive. The engine or cluster is contacted on a job's first sandbox.
+//
+// Each job gets the Docker backend through a scope of the warm pool
+// (sharedJob): the groups it announces are started ahead of time as in
+// rollout run, and with sandbox.reuse its sandboxes are reset in place
+// for its own next rollouts, never for another job's.
 type Shared struct {
 	opts   sandbox.Options
 	docker *lazyDocker
@@ -43,22 +48,30 @@ var (
 
 // NewShared returns a shared backend; opts configure the Docker backend
 // when it starts (and the Kubernetes ones: logger, instance, and
-// MaxContainers as an upper bound of their max_pods).
-func NewShared(opts sandbox.Options) *Shared {
+// MaxContainers as an upper bound of their max_pods). warm bounds the idle
+// sandboxes of the Docker backend's warm pool across all jobs (started
+// ahead of a job's groups, or reset for its next rollouts); they count
+// against MaxContainers, and a job needing a slot removes an idle one. 0
+// runs without the pool: every sandbox is created on demand and
+// sandbox.reuse is refused.
+func NewShared(opts sandbox.Options, warm int) *Shared {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	d := &lazyDocker{log: opts.Logger, instance: opts.Instance, opts: &opts}
+	d := &lazyDocker{log: opts.Logger, instance: opts.Instance, opts: &opts, warm: max(warm, 0), reuse: true}
 	return &Shared{opts: opts, docker: d, images: &taskImages{docker: d}, kube: map[string]*sharedKube{}}
 }
 
-// For implements BackendSelector: the shared Docker backend (s itself), or
-// the shared Kubernetes backend of the config's sandbox.kubernetes block,
-// started on its first sandbox. Jobs with equal blocks share one backend
-// (one owner lease, one admission).
+// For implements BackendSelector: the job's scope of the shared Docker
+// backend, or the shared Kubernetes backend of the config's
+// sandbox.kubernetes block, started on its first sandbox. Jobs with equal
+// blocks share one backend (one owner lease, one admission).
 func (s *Shared) For(cfg runner.Config) (runner.Sandboxes, runner.ImageBuilder, error) {
 	if cfg.Sandbox.Backend != sandbox.BackendKubernetes {
-		return s, s, nil
+		if cfg.Sandbox.Reuse && s.docker.warm == 0 {
+			return nil, nil, errors.New("sandbox.reuse: this server runs without a warm pool (rollout serve --warm-sandboxes 0), where reset sandboxes would wait")
+		}
+		return &sharedJob{s: s, reuse: cfg.Sandbox.Reuse, expect: cfg.Sandbox.WarmPool >= 0}, s, nil
 	}
 	kc := sandbox.KubernetesConfig{}
 	if cfg.Sandbox.Kubernetes != nil {
@@ -101,7 +114,8 @@ func (s *Shared) start(ctx context.Context) error {
 	return s.docker.start(ctx)
 }
 
-// Create implements runner.Sandboxes.
+// Create implements runner.Sandboxes: a sandbox of the shared Docker
+// backend outside any job's scope (single-use, never from the warm pool).
 func (s *Shared) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
 	s.mu.RLock()
 	err := s.start(ctx)
@@ -110,6 +124,83 @@ func (s *Shared) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox
 		return nil, err
 	}
 	return s.docker.d.Create(ctx, spec)
+}
+
+// sharedJob is one job's view of the shared Docker backend: its sandboxes
+// come through its own scope of the shared warm pool (sandbox.PoolScope),
+// made on the job's first sandbox and closed by Release when the job ends.
+type sharedJob struct {
+	s      *Shared
+	reuse  bool // sandbox.reuse
+	expect bool // sandbox.warm_pool >= 0: the groups it announces are started ahead
+
+	mu       sync.Mutex
+	scope    *sandbox.PoolScope
+	released bool
+}
+
+var (
+	_ runner.Sandboxes = (*sharedJob)(nil)
+	_ runner.Expecter  = (*sharedJob)(nil)
+	_ releaser         = (*sharedJob)(nil)
+)
+
+// backend starts the shared Docker backend and returns the job's scope,
+// or nil when the server runs without a warm pool.
+func (j *sharedJob) backend(ctx context.Context) (*sandbox.PoolScope, error) {
+	j.s.mu.RLock()
+	err := j.s.start(ctx)
+	j.s.mu.RUnlock()
+	if err != nil {
+		return nil, err
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.released {
+		return nil, fmt.Errorf("%w: the job's sandboxes were released", sandbox.ErrClosed)
+	}
+	if j.scope == nil && j.s.docker.pool != nil {
+		j.scope = j.s.docker.pool.Scope(j.reuse)
+	}
+	return j.scope, nil
+}
+
+// Create implements runner.Sandboxes.
+func (j *sharedJob) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+	sc, err := j.backend(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if sc == nil {
+		return j.s.docker.d.Create(ctx, spec)
+	}
+	return sc.Create(ctx, spec)
+}
+
+// Expect implements runner.Expecter.
+func (j *sharedJob) Expect(spec sandbox.Spec, n int) error {
+	if !j.expect {
+		return nil
+	}
+	sc, err := j.backend(context.Background())
+	if err != nil || sc == nil {
+		return err
+	}
+	return sc.Expect(spec, n)
+}
+
+// Release implements releaser: the job is over. Its scope's demand is
+// withdrawn and its reset spares removed; the backend stays up for the
+// other jobs.
+func (j *sharedJob) Release(ctx context.Context) error {
+	j.mu.Lock()
+	j.released = true
+	sc := j.scope
+	j.mu.Unlock()
+	if sc == nil {
+		return nil
+	}
+	return sc.Close(ctx)
 }
 
 // BuildTask implements runner.ImageBuilder.
@@ -140,9 +231,9 @@ func (s *Shared) Close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// sharedKube is one shared Kubernetes backend. It has no warm pool (jobs
-// come and go; the shared Docker backend has none either): pods are
-// created per sandbox, under the backend's admission.
+// sharedKube is one shared Kubernetes backend. It has no warm pool (not
+// built for Kubernetes in serve): pods are created per sandbox, under the
+// backend's admission.
 type sharedKube struct {
 	s      *Shared
 	l      *lazyDocker

@@ -78,7 +78,7 @@ func TestSharedBackendRetriesAFailedStart(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	s := job.NewShared(sandbox.Options{Logger: slog.New(slog.DiscardHandler), Instance: "startretry", ReapInterval: -1})
+	s := job.NewShared(sandbox.Options{Logger: slog.New(slog.DiscardHandler), Instance: "startretry", ReapInterval: -1}, 0)
 	defer func() {
 		if err := s.Close(context.Background()); err != nil {
 			t.Errorf("close: %v", err)

@@ -1,0 +1,117 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// PoolScope is one client's share of a Pool that several clients use at
+// once: rollout serve keeps one pool for all its jobs, and each job works
+// through a scope of its own.
+//
+// Never-used warm sandboxes are interchangeable between scopes (nothing
+// ran in them), so a scope takes any ready one of its spec, and the pool's
+// MaxIdle and eviction span every scope. What a scope's rollouts used stays
+// with it: with reuse, a sandbox reset in place is handed only to the next
+// Acquire of the same scope, never to another client's rollout, and Close
+// removes the scope's reset spares and withdraws its announced demand.
+type PoolScope struct {
+	p *Pool
+	// reuse: this scope's read-only-root sandboxes are reset in place
+	// (when the pool's PoolOptions.Reuse allows it).
+	reuse bool
+	// closed and expected are guarded by p.mu. expected are the warm
+	// sets the scope announced demand on.
+	closed   bool
+	expected map[*warmSet]struct{}
+}
+
+// Scope returns a new scope of p; reuse asks for its used sandboxes to be
+// reset in place for its own next rollouts (only when the pool was made
+// with PoolOptions.Reuse; otherwise every sandbox is single-use). Close it
+// when the client is done.
+func (p *Pool) Scope(reuse bool) *PoolScope {
+	return &PoolScope{p: p, reuse: reuse}
+}
+
+// Create is Acquire through the scope (runner.Sandboxes): a ready warm
+// sandbox of spec, one of the scope's reset spares, or a new one.
+func (sc *PoolScope) Create(ctx context.Context, spec Spec) (Sandbox, error) {
+	return sc.p.acquire(ctx, sc, spec)
+}
+
+// Expect announces n upcoming Creates of spec by this scope
+// (runner.Expecter); the pool starts that many ahead of time.
+func (sc *PoolScope) Expect(spec Spec, n int) error { return sc.p.expect(sc, spec, n) }
+
+// Close ends the scope: its announced demand is withdrawn, and the
+// sandboxes started for it that no one else announced are removed (those
+// still starting once they are up: Close waits for that); its reset
+// spares are removed, and
+// sandboxes it still holds are removed, not reset, when they are closed.
+// Later Creates fail with ErrClosed.
+func (sc *PoolScope) Close(ctx context.Context) error {
+	p := sc.p
+	p.mu.Lock()
+	if sc.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	sc.closed = true
+	var drop []warmable
+	for ws := range sc.expected {
+		delete(ws.demand, sc)
+		want := ws.base
+		for _, n := range ws.demand {
+			want += n
+		}
+		excess := len(ws.ready) + ws.filling - ws.discard - want
+		for ; excess > 0 && len(ws.ready) > 0; excess-- {
+			drop = append(drop, ws.ready[0])
+			ws.ready = ws.ready[1:]
+			p.idle--
+		}
+		ws.discard += max(excess, 0)
+		metricPoolIdle.WithLabelValues(ws.spec.Image).Set(float64(len(ws.ready)))
+	}
+	sets := sc.expected
+	sc.expected = nil
+	for k, sp := range p.spares {
+		if k.scope == sc {
+			drop = append(drop, sp...)
+			p.idle -= len(sp)
+			delete(p.spares, k)
+		}
+	}
+	p.changedLocked()
+	p.mu.Unlock()
+	var errs []error
+	for _, sb := range drop {
+		errs = append(errs, sb.Close(ctx))
+	}
+	return errors.Join(append(errs, p.waitDiscarded(ctx, sets))...)
+}
+
+// waitDiscarded waits until the sandboxes being started for sets that are
+// to be discarded are gone.
+func (p *Pool) waitDiscarded(ctx context.Context, sets map[*warmSet]struct{}) error {
+	for {
+		p.mu.Lock()
+		left := 0
+		for ws := range sets {
+			left += ws.discard + ws.removing
+		}
+		changed := p.changed
+		closed := p.closed
+		p.mu.Unlock()
+		if left == 0 || closed {
+			return nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return fmt.Errorf("close pool scope: %d sandboxes still starting: %w", left, ctx.Err())
+		}
+	}
+}
