@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/moby/moby/client"
-	"github.com/prometheus/client_golang/prometheus"
 
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
 	"github.com/rollout-rl/rollout/internal/dockerclient"
@@ -117,7 +116,6 @@ sampling: {max_tokens: 1024}
 sandbox: {image: %s, read_only_root: true, reuse: true}
 output: {dir: runs/reuse}
 `, s.URL, ref)
-	before := resetsOK(t)
 	j := h.start(t, startReq(cfg, ""))
 	res := h.watch(bg(t), j.Id, true, nil)
 	if res.err != nil || res.finished.GetState() != rolloutv1.JobState_JOB_STATE_SUCCEEDED {
@@ -129,30 +127,8 @@ output: {dir: runs/reuse}
 	checkSandboxedRun(t, j.OutputDir, 6)
 	// One group of 2 at a time: the later groups run in the first group's
 	// two containers, reset in place.
-	if n := resetsOK(t) - before; n < 6 {
+	if n, _ := shared.Resets(); n < 6 {
 		t.Errorf("%v resets in place over 12 rollouts in groups of 2: reuse did not happen", n)
 	}
 	checkNoContainers(t, instance, "after the job ended")
-}
-
-// resetsOK reads rollout_sandbox_resets_total{result="ok"}.
-func resetsOK(t *testing.T) float64 {
-	t.Helper()
-	mfs, err := prometheus.DefaultGatherer.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "rollout_sandbox_resets_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "result" && l.GetValue() == "ok" {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
 }

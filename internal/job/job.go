@@ -544,6 +544,14 @@ func (l *lazyDocker) start(ctx context.Context) error {
 	})
 }
 
+// poolIfStarted is the warm pool, nil before the backend has started or
+// without one.
+func (l *lazyDocker) poolIfStarted() *sandbox.Pool {
+	release := l.started.hold()
+	defer release()
+	return l.pool
+}
+
 // Create implements runner.Sandboxes.
 func (l *lazyDocker) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
 	if err := l.start(ctx); err != nil {

@@ -126,6 +126,17 @@ func (s *Shared) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox
 	return s.docker.d.Create(ctx, spec)
 }
 
+// Resets counts the shared Docker backend's resets in place so far (jobs
+// with sandbox.reuse): done, and failed (those containers were removed).
+func (s *Shared) Resets() (ok, failed int64) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if p := s.docker.poolIfStarted(); p != nil {
+		return p.Resets()
+	}
+	return 0, 0
+}
+
 // sharedJob is one job's view of the shared Docker backend: its sandboxes
 // come through its own scope of the shared warm pool (sandbox.PoolScope),
 // made on the job's first sandbox and closed by Release when the job ends.
