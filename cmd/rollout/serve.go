@@ -85,7 +85,7 @@ Off loopback the server requires --auth-token-file (clients send
 	fl.Float64Var(&f.rateLimit, "rate-limit", 0, "calls per second admitted across all clients, streams counted when opened (0: unlimited)")
 	fl.IntVar(&f.rateBurst, "rate-burst", 0, "burst size of --rate-limit (default: the rate, at least 1)")
 	fl.IntVar(&f.maxSandboxes, "max-sandboxes", 0, "sandbox containers alive at once across all jobs (default 512); also the most pods of each Kubernetes backend (sandbox.kubernetes.max_pods)")
-	fl.IntVar(&f.warmSandboxes, "warm-sandboxes", 64, "idle Docker sandboxes kept across all jobs: started ahead of a job's groups, or reset in place for its next rollouts with sandbox.reuse (they count against --max-sandboxes and give way to any job needing a slot; 0: none, every sandbox created on demand)")
+	fl.IntVar(&f.warmSandboxes, "warm-sandboxes", 64, "idle sandboxes kept by each shared backend (Docker; each Kubernetes one) across all jobs: started ahead of a job's groups, or reset in place for its next rollouts with sandbox.reuse (they count against --max-sandboxes and give way to any job needing a slot; 0: none, every sandbox created on demand)")
 	fl.IntVar(&f.quotas.Jobs, "quota-jobs", 0, "jobs and collect streams one client (token) may run at once (default 8; -1: no quota)")
 	fl.IntVar(&f.quotas.Sandboxes, "quota-sandboxes", 0, "sum of limits.sandboxes over one client's running jobs (default 256; -1: no quota)")
 	fl.Int64Var(&f.quotas.Rows, "quota-rows", 0, "rollouts (groups x group_size) one job may produce (default 1000000; -1: no quota)")

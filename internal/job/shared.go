@@ -22,14 +22,14 @@ type BackendSelector interface {
 // Shared is the lazily started sandbox backends and task-image builders of
 // many jobs (the gRPC server's): one Docker backend with one container
 // limit, one reaper, one instance label and one warm pool for the whole
-// process, plus one Kubernetes backend per distinct sandbox.kubernetes
-// block that jobs name, and one Close that removes every sandbox still
+// process, plus one Kubernetes backend (and warm pool) per distinct
+// sandbox.kubernetes block that jobs name, and one Close that removes every sandbox still
 // alive. The engine or cluster is contacted on a job's first sandbox.
 //
-// Each job gets the Docker backend through a scope of the warm pool
+// Each job gets its backend through a scope of the backend's warm pool
 // (sharedJob): the groups it announces are started ahead of time as in
-// rollout run, and with sandbox.reuse its sandboxes are reset in place
-// for its own next rollouts, never for another job's.
+// rollout run, and with sandbox.reuse (Docker) its sandboxes are reset in
+// place for its own next rollouts, never for another job's.
 type Shared struct {
 	opts   sandbox.Options
 	docker *lazyDocker
@@ -49,7 +49,7 @@ var (
 // NewShared returns a shared backend; opts configure the Docker backend
 // when it starts (and the Kubernetes ones: logger, instance, and
 // MaxContainers as an upper bound of their max_pods). warm bounds the idle
-// sandboxes of the Docker backend's warm pool across all jobs (started
+// sandboxes of each backend's warm pool across all jobs (started
 // ahead of a job's groups, or reset for its next rollouts); they count
 // against MaxContainers, and a job needing a slot removes an idle one. 0
 // runs without the pool: every sandbox is created on demand and
@@ -63,15 +63,16 @@ func NewShared(opts sandbox.Options, warm int) *Shared {
 }
 
 // For implements BackendSelector: the job's scope of the shared Docker
-// backend, or the shared Kubernetes backend of the config's
+// backend, or of the shared Kubernetes backend of the config's
 // sandbox.kubernetes block, started on its first sandbox. Jobs with equal
-// blocks share one backend (one owner lease, one admission).
+// blocks share one backend (one owner lease, one admission, one warm
+// pool).
 func (s *Shared) For(cfg runner.Config) (runner.Sandboxes, runner.ImageBuilder, error) {
 	if cfg.Sandbox.Backend != sandbox.BackendKubernetes {
 		if cfg.Sandbox.Reuse && s.docker.warm == 0 {
 			return nil, nil, errors.New("sandbox.reuse: this server runs without a warm pool (rollout serve --warm-sandboxes 0), where reset sandboxes would wait")
 		}
-		return &sharedJob{s: s, reuse: cfg.Sandbox.Reuse, expect: cfg.Sandbox.WarmPool >= 0}, s, nil
+		return &sharedJob{s: s, l: s.docker, reuse: cfg.Sandbox.Reuse, expect: cfg.Sandbox.WarmPool >= 0}, s, nil
 	}
 	kc := sandbox.KubernetesConfig{}
 	if cfg.Sandbox.Kubernetes != nil {
@@ -100,11 +101,11 @@ func (s *Shared) For(cfg runner.Config) (runner.Sandboxes, runner.ImageBuilder, 
 		if instance != "" {
 			instance = fmt.Sprintf("%s-k%d", instance, len(s.kube)+1)
 		}
-		l := &lazyDocker{log: s.opts.Logger, instance: instance, kube: &kc}
+		l := &lazyDocker{log: s.opts.Logger, instance: instance, kube: &kc, warm: s.docker.warm}
 		k = &sharedKube{s: s, l: l, images: &taskImages{docker: l}}
 		s.kube[string(key)] = k
 	}
-	return k, k, nil
+	return &sharedJob{s: s, l: k.l, expect: cfg.Sandbox.WarmPool >= 0}, k, nil
 }
 
 func (s *Shared) start(ctx context.Context) error {
@@ -137,12 +138,14 @@ func (s *Shared) Resets() (ok, failed int64) {
 	return 0, 0
 }
 
-// sharedJob is one job's view of the shared Docker backend: its sandboxes
-// come through its own scope of the shared warm pool (sandbox.PoolScope),
-// made on the job's first sandbox and closed by Release when the job ends.
+// sharedJob is one job's view of a shared backend (Docker, or one of the
+// Kubernetes ones): its sandboxes come through its own scope of the
+// backend's warm pool (sandbox.PoolScope), made on the job's first sandbox
+// and closed by Release when the job ends.
 type sharedJob struct {
 	s      *Shared
-	reuse  bool // sandbox.reuse
+	l      *lazyDocker // the backend
+	reuse  bool        // sandbox.reuse (Docker only: the config refuses it with Kubernetes)
 	expect bool // sandbox.warm_pool >= 0: the groups it announces are started ahead
 
 	mu       sync.Mutex
@@ -156,11 +159,11 @@ var (
 	_ releaser         = (*sharedJob)(nil)
 )
 
-// backend starts the shared Docker backend and returns the job's scope,
-// or nil when the server runs without a warm pool.
+// backend starts the shared backend and returns the job's scope, or nil
+// when the server runs without a warm pool.
 func (j *sharedJob) backend(ctx context.Context) (*sandbox.PoolScope, error) {
 	j.s.mu.RLock()
-	err := j.s.start(ctx)
+	err := j.s.started(ctx, j.l)
 	j.s.mu.RUnlock()
 	if err != nil {
 		return nil, err
@@ -170,8 +173,8 @@ func (j *sharedJob) backend(ctx context.Context) (*sandbox.PoolScope, error) {
 	if j.released {
 		return nil, fmt.Errorf("%w: the job's sandboxes were released", sandbox.ErrClosed)
 	}
-	if j.scope == nil && j.s.docker.pool != nil {
-		j.scope = j.s.docker.pool.Scope(j.reuse)
+	if j.scope == nil && j.l.pool != nil {
+		j.scope = j.l.pool.Scope(j.reuse)
 	}
 	return j.scope, nil
 }
@@ -183,7 +186,7 @@ func (j *sharedJob) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sand
 		return nil, err
 	}
 	if sc == nil {
-		return j.s.docker.d.Create(ctx, spec)
+		return j.l.Create(ctx, spec)
 	}
 	return sc.Create(ctx, spec)
 }
@@ -242,24 +245,13 @@ func (s *Shared) Close(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// sharedKube is one shared Kubernetes backend. It has no warm pool (not
-// built for Kubernetes in serve): pods are created per sandbox, under the
-// backend's admission.
+// sharedKube is one shared Kubernetes backend, with a warm pool of pods
+// like the Docker one's (jobs take their pods through sharedJob), and its
+// task-image builder.
 type sharedKube struct {
 	s      *Shared
 	l      *lazyDocker
 	images *taskImages
-}
-
-// Create implements runner.Sandboxes.
-func (k *sharedKube) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
-	k.s.mu.RLock()
-	err := k.s.started(ctx, k.l)
-	k.s.mu.RUnlock()
-	if err != nil {
-		return nil, err
-	}
-	return k.l.k.Create(ctx, spec)
 }
 
 // BuildTask implements runner.ImageBuilder: built locally, pushed to
