@@ -146,7 +146,7 @@ type sharedJob struct {
 	s      *Shared
 	l      *lazyDocker // the backend
 	reuse  bool        // sandbox.reuse (Docker only: the config refuses it with Kubernetes)
-	expect bool // sandbox.warm_pool >= 0: the groups it announces are started ahead
+	expect bool        // sandbox.warm_pool >= 0: the groups it announces are started ahead
 
 	mu       sync.Mutex
 	scope    *sandbox.PoolScope
