@@ -57,7 +57,7 @@ func RolloutProto(rec *trajectory.Record, rolloutID string, attempts int) *rollo
 		RewardComponents: rec.RewardComponents, Advantage: rec.Advantage, Tokens: rec.Tokens,
 		Logprobs: rec.Logprobs, PromptTokens: rec.PromptTokens, CompletionTokens: rec.CompletionTokens,
 		Turns: rec.Turns, FinishedNaturally: rec.FinishedNaturally, StopReason: rec.StopReason,
-		MessagesJson: rec.Messages, DriftTokens: rec.DriftTokens, Attempts: int32(attempts),
+		MessagesJson: rec.Messages, DriftTokens: rec.DriftTokens, UnscoredTokens: rec.UnscoredTokens, Attempts: int32(attempts),
 	}
 	if rec.Failure != nil {
 		pr.FailureKind, pr.FailureMessage = rec.Failure.Kind, rec.Failure.Message

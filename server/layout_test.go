@@ -144,16 +144,20 @@ func equalInts(a, b []int32) bool {
 // A record's turn rewards and teacher top-K reach the stream as Parquet
 // holds them, and survive the compact layout.
 func TestRolloutProtoCarriesTurnRewardsAndDistill(t *testing.T) {
-	rec := trajectory.Record{Status: trajectory.StatusOK, Reward: 1, Tokens: []int32{5, 6, 7},
-		LossMask: []int8{0, 1, 1}, Logprobs: []float32{trajectory.LogprobPlaceholder, -0.5, -0.25},
+	rec := trajectory.Record{Status: trajectory.StatusOK, Reward: 1, Tokens: []int32{5, 6, 7, 8},
+		LossMask: []int8{0, 1, 1, 0}, Logprobs: []float32{trajectory.LogprobPlaceholder, -0.5, -0.25, trajectory.LogprobPlaceholder},
+		UnscoredTokens:  1,
 		TurnRewards:     []float64{0, 0.5},
-		DistillTokenIDs: [][]int32{{}, {6, 9}, {7, 1}},
-		DistillLogprobs: [][]float32{{}, {-0.1, -2.5}, {-0.3, -1.5}}}
+		DistillTokenIDs: [][]int32{{}, {6, 9}, {7, 1}, {}},
+		DistillLogprobs: [][]float32{{}, {-0.1, -2.5}, {-0.3, -1.5}, {}}}
 	pr := RolloutProto(&rec, "g#0", 1)
+	if pr.UnscoredTokens != 1 {
+		t.Fatalf("unscored_tokens %d, want 1", pr.UnscoredTokens)
+	}
 	if !slices.Equal(pr.TurnRewards, rec.TurnRewards) {
 		t.Fatalf("turn_rewards %v, want %v", pr.TurnRewards, rec.TurnRewards)
 	}
-	if len(pr.Distill) != 3 || len(pr.Distill[0].TokenIds) != 0 ||
+	if len(pr.Distill) != 4 || len(pr.Distill[0].TokenIds) != 0 ||
 		!slices.Equal(pr.Distill[1].TokenIds, []int32{6, 9}) || !slices.Equal(pr.Distill[2].Logprobs, []float32{-0.3, -1.5}) {
 		t.Fatalf("distill %v", pr.Distill)
 	}

@@ -157,7 +157,7 @@ func expectedArrowRow(r Record) map[string]any {
 		"distill_token_ids": nestedOf(r.DistillTokenIDs), "distill_logprobs": nestedOf(r.DistillLogprobs),
 		"timings": map[string]any{"generation_ms": r.Timings.GenerationMS, "tools_ms": r.Timings.ToolsMS,
 			"sandbox_start_ms": r.Timings.SandboxStartMS, "reward_ms": r.Timings.RewardMS, "total_ms": r.Timings.TotalMS},
-		"drift_tokens": r.DriftTokens,
+		"drift_tokens": r.DriftTokens, "unscored_tokens": r.UnscoredTokens,
 		"manifest": map[string]any{"image_digest": m.ImageDigest, "cpus": m.CPUs, "memory_bytes": m.MemoryBytes,
 			"pids_limit": m.PidsLimit, "network": m.Network, "rollout_timeout_ms": m.RolloutTimeoutMS,
 			"tool_timeout_ms": m.ToolTimeoutMS, "parser": m.Parser, "service_version": m.ServiceVersion, "config_hash": m.ConfigHash,

@@ -71,6 +71,16 @@ func TestReadsFilesWithoutLoopEvents(t *testing.T) {
 	}
 }
 
+// A part file written before unscored_tokens existed reads it as 0.
+func TestReadsFilesWithoutUnscoredTokens(t *testing.T) {
+	want := fixtureRecords()[2]
+	want.UnscoredTokens = 0
+	got := readAsOlderFile(t, fixtureRecords()[2], map[string]bool{"UnscoredTokens": true})
+	if d := cmp.Diff(want, got, cmpopts.EquateEmpty()); d != "" {
+		t.Fatalf("record (-want +got):\n%s", d)
+	}
+}
+
 // A part file written before the asynchronous-RL columns existed reads
 // with them empty/null.
 func TestReadsFilesWithoutPolicyVersions(t *testing.T) {

@@ -92,6 +92,7 @@ func fixtureRecords() []Record {
 	}
 	recs[1].LoopEvents = []LoopEvent{{Turn: 1, Kind: "arguments_replaced", Message: 2, CallID: "call_1", Original: `{"command": "ls`, Detail: "{}"}}
 	recs[2].DriftTokens = 2
+	recs[2].UnscoredTokens = 1
 	// Same conversation as recs[0]: --dedupe drops it.
 	recs[2].Messages = recs[0].Messages
 	failed := Record{

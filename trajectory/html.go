@@ -40,6 +40,7 @@ type viewRecord struct {
 	Turns             int32              `json:"turns"`
 	Timings           Timings            `json:"timings"`
 	DriftTokens       int32              `json:"drift_tokens"`
+	UnscoredTokens    int32              `json:"unscored_tokens"`
 	ToolErrors        []viewToolError    `json:"tool_errors"`
 	LoopEvents        []viewLoopEvent    `json:"loop_events"`
 	Messages          json.RawMessage    `json:"messages"`
@@ -86,7 +87,7 @@ func WriteHTML(w io.Writer, recs []Record, opts HTMLOptions) error {
 		v := viewRecord{Env: r.Env, Category: r.Category, ItemID: r.ItemID, GroupID: r.GroupID, RolloutIndex: r.RolloutIndex,
 			Model: r.Model, PolicyVersion: r.PolicyVersion, Reward: r.Reward, RewardComponents: r.RewardComponents,
 			Advantage: r.Advantage, Status: r.Status, Failure: r.Failure, StopReason: r.StopReason,
-			FinishedNaturally: r.FinishedNaturally, Turns: r.Turns, Timings: r.Timings, DriftTokens: r.DriftTokens,
+			FinishedNaturally: r.FinishedNaturally, Turns: r.Turns, Timings: r.Timings, DriftTokens: r.DriftTokens, UnscoredTokens: r.UnscoredTokens,
 			Messages: jsonOrNull(r.Messages), Tools: jsonOrNull(r.Tools), Tokens: r.Tokens, LossMask: r.LossMask, Logprobs: r.Logprobs}
 		for _, te := range r.ToolErrors {
 			v.ToolErrors = append(v.ToolErrors, viewToolError{te.Turn, te.Tool, te.Kind, te.Message})

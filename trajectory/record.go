@@ -90,10 +90,16 @@ type Record struct {
 	DistillTokenIDs [][]int32   `parquet:"distill_token_ids,list"`
 	DistillLogprobs [][]float32 `parquet:"distill_logprobs,list"`
 
-	Timings     Timings   `parquet:"timings"`
-	DriftTokens int32     `parquet:"drift_tokens"`
-	Manifest    Manifest  `parquet:"manifest"`
-	CreatedAt   time.Time `parquet:"created_at,timestamp(microsecond)"`
+	Timings     Timings `parquet:"timings"`
+	DriftTokens int32   `parquet:"drift_tokens"`
+	// UnscoredTokens counts sampled tokens the engine returned no logprob
+	// for (llama.cpp withholds it for a token that ends inside a UTF-8
+	// character): they are in Tokens, in context, with LossMask 0 and the
+	// 1.0 placeholder, so not trained. 0 in files written before the
+	// column existed.
+	UnscoredTokens int32     `parquet:"unscored_tokens"`
+	Manifest       Manifest  `parquet:"manifest"`
+	CreatedAt      time.Time `parquet:"created_at,timestamp(microsecond)"`
 
 	// Asynchronous RL (docs/async-rl.md). Files written before these
 	// columns existed read as empty/null.

@@ -84,7 +84,7 @@ func Record(run *runner.RunInfo, g *runner.Group, ro *runner.Rollout) (trajector
 		Tokens: seq.Tokens, LossMask: seq.Mask, Logprobs: seq.Logprobs,
 		Reward: ro.Score.Value, RewardComponents: ro.Score.Components, Advantage: ro.Advantage,
 		Turns: int32(res.TurnsUsed), FinishedNaturally: res.FinishedNaturally, StopReason: string(res.StopReason),
-		Status: trajectory.StatusOK, DriftTokens: int32(seq.DriftTokens), CreatedAt: ro.Created,
+		Status: trajectory.StatusOK, DriftTokens: int32(seq.DriftTokens), UnscoredTokens: int32(seq.Unscored), CreatedAt: ro.Created,
 		Timings: trajectory.Timings{
 			GenerationMS: ro.Timings.Generation.Milliseconds(), ToolsMS: ro.Timings.Tools.Milliseconds(),
 			SandboxStartMS: ro.Timings.SandboxStart.Milliseconds(), RewardMS: ro.Timings.Reward.Milliseconds(),

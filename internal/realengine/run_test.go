@@ -176,6 +176,7 @@ type stats struct {
 	toolErrors, loopEvents  map[string]int
 	turns, turnsWithCalls   int
 	calls, trained, checked int
+	unscored                int // sampled tokens without a logprob (unscored_tokens)
 }
 
 func (s stats) String() string {
@@ -187,8 +188,8 @@ func (s stats) String() string {
 		}
 		return strings.Join(parts, ", ")
 	}
-	return fmt.Sprintf("rollouts %d (ok %d, failed %d)\n  stop reasons: %s\n  failure kinds: %s\n  turns %d, with calls %d, calls %d\n  tool errors: %s\n  loop events: %s\n  trained tokens %d, re-scored against the server %d",
-		s.rollouts, s.ok, s.infra, f(s.byStop), f(s.byFailure), s.turns, s.turnsWithCalls, s.calls, f(s.toolErrors), f(s.loopEvents), s.trained, s.checked)
+	return fmt.Sprintf("rollouts %d (ok %d, failed %d)\n  stop reasons: %s\n  failure kinds: %s\n  turns %d, with calls %d, calls %d\n  tool errors: %s\n  loop events: %s\n  trained tokens %d (and %d sampled without a logprob, untrained), re-scored against the server %d",
+		s.rollouts, s.ok, s.infra, f(s.byStop), f(s.byFailure), s.turns, s.turnsWithCalls, s.calls, f(s.toolErrors), f(s.loopEvents), s.trained, s.unscored, s.checked)
 }
 
 type message struct {
@@ -285,6 +286,18 @@ func check(t *testing.T, e *llamacpptest.Engine, dir string, wantIDs bool, resco
 			}
 		}
 		s.trained += len(trained)
+		// Unscored sampled tokens are untrained placeholders after the
+		// first prompt: there must be at least that many.
+		untrained := 0
+		for j := int(r.PromptTokens); j < n; j++ {
+			if r.LossMask[j] == 0 && r.Logprobs[j] == trajectory.LogprobPlaceholder {
+				untrained++
+			}
+		}
+		if r.UnscoredTokens < 0 || int(r.UnscoredTokens) > untrained {
+			t.Errorf("%s: unscored_tokens %d, but only %d untrained placeholder positions after the prompt", name, r.UnscoredTokens, untrained)
+		}
+		s.unscored += int(r.UnscoredTokens)
 		if len(trained) == 0 {
 			t.Errorf("%s: ok row with no trained token (%d tokens)", name, n)
 			continue

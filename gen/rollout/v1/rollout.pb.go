@@ -1497,9 +1497,13 @@ type Rollout struct {
 	// and their logprobs, an empty entry elsewhere. Empty without
 	// distillation. As the Parquet columns distill_token_ids and
 	// distill_logprobs; the same in both token layouts.
-	Distill       []*TeacherTopK `protobuf:"bytes,25,rep,name=distill,proto3" json:"distill,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Distill []*TeacherTopK `protobuf:"bytes,25,rep,name=distill,proto3" json:"distill,omitempty"`
+	// unscored_tokens counts sampled tokens the engine returned no logprob
+	// for (llama.cpp, a token ending inside a UTF-8 character): in tokens
+	// with loss_mask 0, not trained. As the Parquet column unscored_tokens.
+	UnscoredTokens int32 `protobuf:"varint,26,opt,name=unscored_tokens,json=unscoredTokens,proto3" json:"unscored_tokens,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *Rollout) Reset() {
@@ -1705,6 +1709,13 @@ func (x *Rollout) GetDistill() []*TeacherTopK {
 		return x.Distill
 	}
 	return nil
+}
+
+func (x *Rollout) GetUnscoredTokens() int32 {
+	if x != nil {
+		return x.UnscoredTokens
+	}
+	return 0
 }
 
 // TeacherTopK is one position's teacher top-K (Rollout.distill).
@@ -3036,7 +3047,7 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"\bposition\x18\x02 \x01(\x05R\bposition\x12\x12\n" +
 	"\x04kind\x18\x03 \x01(\tR\x04kind\x12\x12\n" +
 	"\x04from\x18\x04 \x01(\x03R\x04from\x12\x0e\n" +
-	"\x02to\x18\x05 \x01(\x03R\x02to\"\xfe\a\n" +
+	"\x02to\x18\x05 \x01(\x03R\x02to\"\xa7\b\n" +
 	"\aRollout\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x1d\n" +
 	"\n" +
@@ -3065,7 +3076,8 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"\x0eloss_mask_runs\x18\x16 \x03(\x05R\flossMaskRuns\x12)\n" +
 	"\x10trained_logprobs\x18\x17 \x03(\x02R\x0ftrainedLogprobs\x12!\n" +
 	"\fturn_rewards\x18\x18 \x03(\x01R\vturnRewards\x121\n" +
-	"\adistill\x18\x19 \x03(\v2\x17.rollout.v1.TeacherTopKR\adistill\x1aC\n" +
+	"\adistill\x18\x19 \x03(\v2\x17.rollout.v1.TeacherTopKR\adistill\x12'\n" +
+	"\x0funscored_tokens\x18\x1a \x01(\x05R\x0eunscoredTokens\x1aC\n" +
 	"\x15RewardComponentsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01B\f\n" +
