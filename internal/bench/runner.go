@@ -9,7 +9,9 @@ import (
 
 	"github.com/rollout-rl/rollout/inference/sim"
 	"github.com/rollout-rl/rollout/internal/demo"
+	"github.com/rollout-rl/rollout/internal/job"
 	"github.com/rollout-rl/rollout/runner"
+	"github.com/rollout-rl/rollout/sandbox"
 	"github.com/rollout-rl/rollout/sandbox/image"
 )
 
@@ -96,17 +98,35 @@ type runnerRun struct {
 	ph         *phases
 }
 
-func runTerminalTasks(ctx context.Context, r *runCtx, ref string, groups int, lat sim.Latency, noJournal, reuse bool) (runnerRun, error) {
+// ttRun is how runTerminalTasks runs: groups of 4, 8 at a time.
+type ttRun struct {
+	groups    int
+	lat       sim.Latency
+	noJournal bool
+	reuse     bool // read-only root, sandbox.reuse
+	// serveWarm > -1 runs the job through rollout serve's shared Docker
+	// backend (job.Shared) with --warm-sandboxes serveWarm, instead of a
+	// backend of its own.
+	serveWarm int
+}
+
+func runTerminalTasks(ctx context.Context, r *runCtx, ref string, o ttRun) (runnerRun, error) {
 	dir, err := os.MkdirTemp("", "rollout-bench-runner-*")
 	if err != nil {
 		return runnerRun{}, err
 	}
 	defer os.RemoveAll(dir)
 	ph := &phases{}
+	do := demo.Options{Out: dir, Specs: []demo.Spec{{Env: "terminal-tasks", Groups: o.groups, GroupSize: 4, Image: ref}},
+		Seed: 1, Latency: o.lat, Logger: r.logger, Progress: ph.event, SandboxInstance: "bench-runner-" + randomSuffix(),
+		NoJournal: o.noJournal, Reuse: o.reuse}
+	if o.serveWarm > -1 {
+		do.Shared = job.NewShared(sandbox.Options{Logger: r.logger, Instance: do.SandboxInstance}, o.serveWarm)
+		defer do.Shared.Close(context.WithoutCancel(ctx))
+	}
 	cpu0 := processCPU()
 	d0, ok0 := daemonCPU()
-	res, err := demo.Run(ctx, demo.Options{Out: dir, Specs: []demo.Spec{{Env: "terminal-tasks", Groups: groups, GroupSize: 4, Image: ref}},
-		Seed: 1, Latency: lat, Logger: r.logger, Progress: ph.event, SandboxInstance: "bench-runner-" + randomSuffix(), NoJournal: noJournal, Reuse: reuse})
+	res, err := demo.Run(ctx, do)
 	cpu := processCPU() - cpu0
 	d1, ok1 := daemonCPU()
 	if err != nil {
@@ -130,7 +150,7 @@ func runRunner(ctx context.Context, r *runCtx) ([]Measure, error) {
 		return nil, fmt.Errorf("busybox image: %w", err)
 	}
 	var out []Measure
-	zero, err := runTerminalTasks(ctx, r, ref, r.n(8, 2), sim.Latency{}, false, false)
+	zero, err := runTerminalTasks(ctx, r, ref, ttRun{groups: r.n(8, 2), serveWarm: -1})
 	if err != nil {
 		return nil, fmt.Errorf("zero latency: %w", err)
 	}
@@ -158,7 +178,7 @@ func runRunner(ctx context.Context, r *runCtx) ([]Measure, error) {
 	// The same env with a read-only root and sandboxes reset in place
 	// (sandbox.reuse), over more groups than run at once (8), so that
 	// most rollouts find a reset sandbox, as in a long run.
-	reuse, err := runTerminalTasks(ctx, r, ref, r.n(32, 4), sim.Latency{}, false, true)
+	reuse, err := runTerminalTasks(ctx, r, ref, ttRun{groups: r.n(32, 4), reuse: true, serveWarm: -1})
 	if err != nil {
 		return out, fmt.Errorf("zero latency with reuse: %w", err)
 	}
@@ -180,13 +200,39 @@ func runRunner(ctx context.Context, r *runCtx) ([]Measure, error) {
 		out = append(out, NotMeasured("runner.reuse_steady_sandbox_share", "no rollout started after the first one ended"))
 	}
 
+	// The reuse run's groups through rollout serve's shared backend: first
+	// without a warm pool (every sandbox created on demand and single-use,
+	// as serve ran them before it had one), then with its pool and reuse.
+	cold, err := runTerminalTasks(ctx, r, ref, ttRun{groups: r.n(32, 4), serveWarm: 0})
+	if err != nil {
+		return out, fmt.Errorf("through serve's shared backend without a pool: %w", err)
+	}
+	served, err := runTerminalTasks(ctx, r, ref, ttRun{groups: r.n(32, 4), reuse: true, serveWarm: 64})
+	if err != nil {
+		return out, fmt.Errorf("through serve's shared backend with reuse: %w", err)
+	}
+	coldRate := float64(cold.rollouts) / cold.elapsed.Seconds()
+	out = append(out,
+		Measure{Name: "runner.serve_cold_rollouts_per_s", Value: ptr(sig(coldRate)),
+			Note: fmt.Sprintf("%d rollouts, %d infra-failed, wall %s", cold.rollouts, cold.ph.infra, cold.elapsed.Round(time.Millisecond))},
+		Measure{Name: "runner.serve_reuse_rollouts_per_s", Value: ptr(sig(float64(served.rollouts) / served.elapsed.Seconds())),
+			Baseline: ptr(sig(coldRate)), BaselineName: "runner.serve_cold_rollouts_per_s, same bench run",
+			Note: fmt.Sprintf("%d rollouts, %d infra-failed, wall %s", served.rollouts, served.ph.infra, served.elapsed.Round(time.Millisecond))},
+	)
+	if tot := served.ph.mean(served.ph.total); tot > 0 {
+		out = append(out, Measure{Name: "runner.serve_reuse_sandbox_share", Value: ptr(sig(served.ph.mean(served.ph.sandbox) / tot)),
+			Baseline: ptr(sig(cold.ph.mean(cold.ph.sandbox) / max(cold.ph.mean(cold.ph.total), 1e-9))), BaselineName: "the same share without the pool, same bench run"})
+	} else {
+		out = append(out, NotMeasured("runner.serve_reuse_sandbox_share", "no rollout finished"))
+	}
+
 	// Durability end to end: the same run with the journal off, then on
 	// again, alternating; groups/s from the runner's own elapsed time.
 	var on, off []float64
 	on = append(on, float64(zero.groups)/zero.elapsed.Seconds())
 	for range r.n(2, 1) {
 		for _, noJournal := range []bool{true, false} {
-			x, err := runTerminalTasks(ctx, r, ref, r.n(8, 2), sim.Latency{}, noJournal, false)
+			x, err := runTerminalTasks(ctx, r, ref, ttRun{groups: r.n(8, 2), noJournal: noJournal, serveWarm: -1})
 			if err != nil {
 				return out, fmt.Errorf("durability on/off: %w", err)
 			}
@@ -205,7 +251,8 @@ func runRunner(ctx context.Context, r *runCtx) ([]Measure, error) {
 		Measure{Name: "runner.durable_throughput_ratio", Value: ptr(sig(median(on) / median(off)))},
 	)
 
-	real, err := runTerminalTasks(ctx, r, ref, r.n(4, 1), sim.Latency{TTFT: 200 * time.Millisecond, PerToken: 30 * time.Millisecond}, false, false)
+	real, err := runTerminalTasks(ctx, r, ref, ttRun{groups: r.n(4, 1), lat: sim.Latency{TTFT: 200 * time.Millisecond, PerToken: 30 * time.Millisecond},
+		serveWarm: -1})
 	if err != nil {
 		return out, fmt.Errorf("realistic latency: %w", err)
 	}

@@ -150,6 +150,10 @@ type Options struct {
 	Reuse bool
 	// GroupsInFlight is limits.groups_in_flight (0: the default).
 	GroupsInFlight int
+	// Shared, when set, is rollout serve's shared sandbox backend: the
+	// jobs take their sandboxes through it (job.Options.Sandboxes), as a
+	// server's jobs do, instead of a backend of their own.
+	Shared *job.Shared
 }
 
 // Result is one env's outcome.
@@ -262,7 +266,11 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 				o.Progress(name, e)
 			}
 		}
-		j, err := job.Open(ctx, cfg, job.Options{Mode: mode, Logger: o.Logger, Progress: prog, SandboxInstance: o.SandboxInstance, NoJournal: o.NoJournal})
+		jo := job.Options{Mode: mode, Logger: o.Logger, Progress: prog, SandboxInstance: o.SandboxInstance, NoJournal: o.NoJournal}
+		if o.Shared != nil {
+			jo.Sandboxes, jo.Images = o.Shared, o.Shared
+		}
+		j, err := job.Open(ctx, cfg, jo)
 		if err != nil {
 			return out, err
 		}
