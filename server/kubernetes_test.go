@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,6 +23,29 @@ import (
 	"github.com/rollout-rl/rollout/sandbox"
 	"github.com/rollout-rl/rollout/trajectory"
 )
+
+// poolHandOuts is how many sandboxes warm pools have handed out in this
+// process (rollout_sandbox_acquire_seconds{source="pool"}).
+func poolHandOuts(t *testing.T) float64 {
+	t.Helper()
+	mfs, err := prometheus.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "rollout_sandbox_acquire_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "source" && l.GetValue() == "pool" {
+					return float64(m.GetHistogram().GetSampleCount())
+				}
+			}
+		}
+	}
+	return 0
+}
 
 // A job's sandbox.kubernetes.kubeconfig is a host path holding credentials:
 // the server's path policy applies to it like to output.dir.
@@ -94,8 +118,10 @@ sandbox:
   kubernetes: {kubeconfig: %s, namespace: default, image_pull_policy: Never}
 output: {dir: runs/kubernetes}
 `, s.URL, kc)
+	fromPool := poolHandOuts(t)
 	j := h.start(t, startReq(cfg, ""))
 	res := h.watch(bg(t), j.Id, true, nil)
+	fromPool = poolHandOuts(t) - fromPool
 	if res.err != nil || res.finished.GetState() != rolloutv1.JobState_JOB_STATE_SUCCEEDED {
 		for g, rows := range readRun(t, j.OutputDir) {
 			for _, r := range rows {
@@ -134,10 +160,26 @@ output: {dir: runs/kubernetes}
 		seenNodes = append(seenNodes, n)
 	}
 	sort.Strings(seenNodes)
-	t.Logf("the job's sandboxes: %d pods scheduled on nodes %v", len(pods), seenNodes)
+	t.Logf("the job's sandboxes: %d pods scheduled on nodes %v, %v handed out by the warm pool", len(pods), seenNodes, fromPool)
 	if len(pods) < 6 {
-		// One pod per rollout (no warm pool in the shared backend).
+		// One pod per rollout (pods are never reused).
 		t.Errorf("%d pods of the job were scheduled, want >= 6 (one per rollout)", len(pods))
+	}
+	// The groups were announced: their pods were started ahead by the
+	// shared backend's warm pool.
+	if fromPool < 1 {
+		t.Errorf("no pod was handed out by the shared backend's warm pool")
+	}
+	// The job's end released its scope: no pod of it is left although
+	// the backend is still up.
+	live, err := cs.CoreV1().Pods("default").List(bg(t), sel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range live.Items {
+		if p.DeletionTimestamp == nil {
+			t.Errorf("pod %s left after the job ended (%s)", p.Name, p.Status.Phase)
+		}
 	}
 
 	if err := h.stop(); err != nil {
