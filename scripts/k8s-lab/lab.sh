@@ -102,10 +102,12 @@ EOF
 }
 
 # node_run NAME: a container that can run containerd and a kubelet
-# (docs/kubernetes.md, "Host quirks").
+# (docs/kubernetes.md, "Host quirks"). --init: the engine's init is its
+# pid 1 and reaps the node's orphans (containerd shims, runc), which
+# `sleep` would leave as zombies, hundreds within minutes.
 node_run() {
 	local name=$1
-	docker run -d --name "$name" --hostname "$name" --network "$LAB" \
+	docker run -d --init --name "$name" --hostname "$name" --network "$LAB" \
 		--label io.rollout.lab="$LAB" \
 		--cap-add ALL --cap-drop SYS_RESOURCE \
 		--security-opt seccomp=unconfined --security-opt apparmor=unconfined --security-opt systempaths=unconfined \
