@@ -38,29 +38,8 @@ func TestDockerJob(t *testing.T) {
 	ref := needDocker(t)
 	shared, instance := newShared(t, "servertest")
 
-	s := newSim(t, "terminal-tasks", -1)
 	h := startServer(t, Options{Sandboxes: shared, Images: shared}, RunOptions{})
-	cfg := fmt.Sprintf(`env: terminal-tasks
-groups: 2
-group_size: 2
-inference:
-  backend: vllm
-  endpoints: [%s]
-  timeout: 2m
-parser: hermes
-sampling: {max_tokens: 1024}
-sandbox: {image: %s}
-output: {dir: runs/docker}
-`, s.URL, ref)
-	j := h.start(t, startReq(cfg, ""))
-	res := h.watch(bg(t), j.Id, true, nil)
-	if res.err != nil || res.finished.GetState() != rolloutv1.JobState_JOB_STATE_SUCCEEDED {
-		t.Fatalf("job: %v (%v)", res.finished, res.err)
-	}
-	if p := res.finished.Progress; p.GroupsDone != 2 || p.RolloutsOk != 4 {
-		t.Errorf("progress %v", p)
-	}
-	checkSandboxedRun(t, j.OutputDir, 2)
+	runTerminalTasksJob(t, h, ref, 2, "", "", "runs/docker")
 
 	if err := h.stop(); err != nil {
 		t.Fatal(err)
@@ -71,6 +50,37 @@ output: {dir: runs/docker}
 		t.Fatalf("close the sandbox backend: %v", err)
 	}
 	checkNoContainers(t, instance, "after the shared backend closed")
+}
+
+// runTerminalTasksJob runs terminal-tasks on h against a simulator of its
+// own, groups of 2 in sandboxes of image ref (sandboxKeys: more keys of the
+// sandbox block, from ", "; extra: more config lines), and requires every
+// rollout to succeed with its tool calls sandboxed.
+func runTerminalTasksJob(t *testing.T, h *harness, ref string, groups int32, sandboxKeys, extra, dir string) {
+	t.Helper()
+	s := newSim(t, "terminal-tasks", -1)
+	cfg := fmt.Sprintf(`env: terminal-tasks
+groups: %d
+group_size: 2
+inference:
+  backend: vllm
+  endpoints: [%s]
+  timeout: 2m
+parser: hermes
+sampling: {max_tokens: 1024}
+sandbox: {image: %s%s}
+output: {dir: %s}
+%s
+`, groups, s.URL, ref, sandboxKeys, dir, extra)
+	j := h.start(t, startReq(cfg, ""))
+	res := h.watch(bg(t), j.Id, true, nil)
+	if res.err != nil || res.finished.GetState() != rolloutv1.JobState_JOB_STATE_SUCCEEDED {
+		t.Fatalf("job: %v (%v)", res.finished, res.err)
+	}
+	if p := res.finished.Progress; p.GroupsDone != groups || p.RolloutsOk != 2*groups {
+		t.Errorf("progress %v", p)
+	}
+	checkSandboxedRun(t, j.OutputDir, int(groups))
 }
 
 // checkNoContainers fails the test for every container of the instance.
@@ -101,30 +111,8 @@ func TestDockerJobReuse(t *testing.T) {
 	ref := needDocker(t)
 	shared, instance := newShared(t, "servertest")
 
-	s := newSim(t, "terminal-tasks", -1)
 	h := startServer(t, Options{Sandboxes: shared, Images: shared}, RunOptions{})
-	cfg := fmt.Sprintf(`env: terminal-tasks
-groups: 6
-group_size: 2
-limits: {groups_in_flight: 1}
-inference:
-  backend: vllm
-  endpoints: [%s]
-  timeout: 2m
-parser: hermes
-sampling: {max_tokens: 1024}
-sandbox: {image: %s, read_only_root: true, reuse: true}
-output: {dir: runs/reuse}
-`, s.URL, ref)
-	j := h.start(t, startReq(cfg, ""))
-	res := h.watch(bg(t), j.Id, true, nil)
-	if res.err != nil || res.finished.GetState() != rolloutv1.JobState_JOB_STATE_SUCCEEDED {
-		t.Fatalf("job: %v (%v)", res.finished, res.err)
-	}
-	if p := res.finished.Progress; p.GroupsDone != 6 || p.RolloutsOk != 12 {
-		t.Errorf("progress %v", p)
-	}
-	checkSandboxedRun(t, j.OutputDir, 6)
+	runTerminalTasksJob(t, h, ref, 6, ", read_only_root: true, reuse: true", "limits: {groups_in_flight: 1}", "runs/reuse")
 	// One group of 2 at a time: the later groups run in the first group's
 	// two containers, reset in place.
 	if n, _ := shared.Resets(); n < 6 {
