@@ -116,7 +116,7 @@ func NewPool(d poolSource, opts PoolOptions) *Pool {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Pool{d: d, opts: opts, ctx: ctx, cancel: cancel, sets: map[string]*warmSet{},
 		spares: map[spareKey][]warmable{}, changed: make(chan struct{})}
-	p.root = &PoolScope{p: p, reuse: true}
+	p.root = &PoolScope{p: p, opts: ScopeOptions{Reuse: true}}
 	return p
 }
 
@@ -192,6 +192,13 @@ func (p *Pool) expect(sc *PoolScope, spec Spec, n int) error {
 	ws, err := p.set(spec)
 	if err != nil {
 		return err
+	}
+	if m := sc.opts.MaxDemand; m > 0 {
+		outstanding := 0
+		for e := range sc.expected {
+			outstanding += e.demand[sc]
+		}
+		n = min(n, max(m-outstanding, 0))
 	}
 	ws.demand[sc] += n
 	if sc.expected == nil {

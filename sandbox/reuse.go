@@ -114,7 +114,7 @@ type spareKey struct {
 // reusable says whether sandboxes of spec acquired through sc are reset in
 // place by p.
 func (p *Pool) reusable(spec Spec, sc *PoolScope) bool {
-	return p.opts.Reuse && sc.reuse && spec.Limits.ReadOnlyRoot && (spec.Runtime == "" || spec.Runtime == RuntimeRunc)
+	return p.opts.Reuse && sc.opts.Reuse && spec.Limits.ReadOnlyRoot && (spec.Runtime == "" || spec.Runtime == RuntimeRunc)
 }
 
 // hook makes sb's Close hand the container back to sc's spares for ws

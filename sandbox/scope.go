@@ -17,22 +17,29 @@ import (
 // Acquire of the same scope, never to another client's rollout, and Close
 // removes the scope's reset spares and withdraws its announced demand.
 type PoolScope struct {
-	p *Pool
-	// reuse: this scope's read-only-root sandboxes are reset in place
-	// (when the pool's PoolOptions.Reuse allows it).
-	reuse bool
+	p    *Pool
+	opts ScopeOptions
 	// closed and expected are guarded by p.mu. expected are the warm
 	// sets the scope announced demand on.
 	closed   bool
 	expected map[*warmSet]struct{}
 }
 
-// Scope returns a new scope of p; reuse asks for its used sandboxes to be
-// reset in place for its own next rollouts (only when the pool was made
-// with PoolOptions.Reuse; otherwise every sandbox is single-use). Close it
-// when the client is done.
-func (p *Pool) Scope(reuse bool) *PoolScope {
-	return &PoolScope{p: p, reuse: reuse}
+// ScopeOptions configure a PoolScope.
+type ScopeOptions struct {
+	// Reuse asks for the scope's used sandboxes to be reset in place for
+	// its own next rollouts (only when the pool was made with
+	// PoolOptions.Reuse; otherwise every sandbox is single-use).
+	Reuse bool
+	// MaxDemand bounds the scope's announced demand not yet acquired,
+	// across specs (0: unbounded): one client cannot have more sandboxes
+	// started ahead for it than this (a job's limits.sandboxes).
+	MaxDemand int
+}
+
+// Scope returns a new scope of p. Close it when the client is done.
+func (p *Pool) Scope(opts ScopeOptions) *PoolScope {
+	return &PoolScope{p: p, opts: opts}
 }
 
 // Create is Acquire through the scope (runner.Sandboxes): a ready warm

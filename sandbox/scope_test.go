@@ -22,7 +22,7 @@ func isLive(id string) bool {
 func TestPoolScopesKeepResetSandboxes(t *testing.T) {
 	ctx, p := reusePool(t, PoolOptions{Reuse: true, MaxIdle: 4})
 	spec := Spec{Image: testImage, Limits: Limits{ReadOnlyRoot: true}}
-	a, b := p.Scope(true), p.Scope(true)
+	a, b := p.Scope(ScopeOptions{Reuse: true}), p.Scope(ScopeOptions{Reuse: true})
 	t.Cleanup(func() { _ = a.Close(context.Background()); _ = b.Close(context.Background()) })
 
 	sa, err := a.Create(ctx, spec)
@@ -85,7 +85,7 @@ func TestPoolScopesKeepResetSandboxes(t *testing.T) {
 func TestPoolScopeWithoutReuse(t *testing.T) {
 	ctx, p := reusePool(t, PoolOptions{Reuse: true, MaxIdle: 4})
 	spec := Spec{Image: testImage, Limits: Limits{ReadOnlyRoot: true}}
-	sc := p.Scope(false)
+	sc := p.Scope(ScopeOptions{})
 	t.Cleanup(func() { _ = sc.Close(context.Background()) })
 	s, err := sc.Create(ctx, spec)
 	if err != nil {
@@ -104,7 +104,7 @@ func TestPoolScopeWithoutReuse(t *testing.T) {
 func TestPoolScopeCloseWithdrawsDemand(t *testing.T) {
 	ctx, p := reusePool(t, PoolOptions{MaxIdle: 4})
 	spec := Spec{Image: testImage}
-	a, b := p.Scope(false), p.Scope(false)
+	a, b := p.Scope(ScopeOptions{}), p.Scope(ScopeOptions{})
 	t.Cleanup(func() { _ = a.Close(context.Background()); _ = b.Close(context.Background()) })
 	if err := a.Expect(spec, 2); err != nil {
 		t.Fatal(err)
@@ -145,7 +145,7 @@ func TestPoolScopeCloseDiscardsStarting(t *testing.T) {
 		return len(testDocker.live)
 	}
 	before := live()
-	sc := p.Scope(false)
+	sc := p.Scope(ScopeOptions{})
 	if err := sc.Expect(spec, 3); err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +160,7 @@ func TestPoolScopeCloseDiscardsStarting(t *testing.T) {
 	}
 	// The pool still serves others: a new scope's announced sandbox is
 	// started and handed out.
-	other := p.Scope(false)
+	other := p.Scope(ScopeOptions{})
 	defer other.Close(context.Background())
 	if err := other.Expect(spec, 1); err != nil {
 		t.Fatal(err)
@@ -170,4 +170,50 @@ func TestPoolScopeCloseDiscardsStarting(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = s.Close(ctx)
+}
+
+// MaxDemand bounds what a scope has started ahead for it across specs: a
+// job cannot take more of the shared pool than its own limit.
+func TestPoolScopeMaxDemand(t *testing.T) {
+	ctx, p := reusePool(t, PoolOptions{MaxIdle: 8})
+	a := Spec{Image: testImage, Env: map[string]string{"SCOPE": "max-a"}}
+	b := Spec{Image: testImage, Env: map[string]string{"SCOPE": "max-b"}}
+	sc := p.Scope(ScopeOptions{MaxDemand: 3})
+	t.Cleanup(func() { _ = sc.Close(context.Background()) })
+	if err := sc.Expect(a, 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := sc.Expect(b, 5); err != nil {
+		t.Fatal(err)
+	}
+	started := func(spec Spec) int {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		ws, err := p.set(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ws.ready) + ws.filling
+	}
+	if na, nb := started(a), started(b); na != 2 || nb != 1 {
+		t.Fatalf("started ahead: %d of a, %d of b; want 2 and 1 (MaxDemand 3)", na, nb)
+	}
+	// Taking one frees room for one more announced.
+	for p.Ready(a) < 1 {
+		if ctx.Err() != nil {
+			t.Fatal("no announced sandbox became ready")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	s, err := sc.Create(ctx, a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(context.Background())
+	if err := sc.Expect(b, 1); err != nil {
+		t.Fatal(err)
+	}
+	if nb := started(b); nb != 2 {
+		t.Fatalf("after one acquire, %d of b started ahead; want 2", nb)
+	}
 }

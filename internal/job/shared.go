@@ -72,7 +72,7 @@ func (s *Shared) For(cfg runner.Config) (runner.Sandboxes, runner.ImageBuilder, 
 		if cfg.Sandbox.Reuse && s.docker.warm == 0 {
 			return nil, nil, errors.New("sandbox.reuse: this server runs without a warm pool (rollout serve --warm-sandboxes 0), where reset sandboxes would wait")
 		}
-		return &sharedJob{s: s, l: s.docker, reuse: cfg.Sandbox.Reuse, expect: cfg.Sandbox.WarmPool >= 0}, s, nil
+		return &sharedJob{s: s, l: s.docker, reuse: cfg.Sandbox.Reuse, expect: cfg.Sandbox.WarmPool >= 0, limit: sandboxLimit(cfg)}, s, nil
 	}
 	kc := sandbox.KubernetesConfig{}
 	if cfg.Sandbox.Kubernetes != nil {
@@ -105,7 +105,7 @@ func (s *Shared) For(cfg runner.Config) (runner.Sandboxes, runner.ImageBuilder, 
 		k = &sharedKube{s: s, l: l, images: &taskImages{docker: l}}
 		s.kube[string(key)] = k
 	}
-	return &sharedJob{s: s, l: k.l, expect: cfg.Sandbox.WarmPool >= 0}, k, nil
+	return &sharedJob{s: s, l: k.l, expect: cfg.Sandbox.WarmPool >= 0, limit: sandboxLimit(cfg)}, k, nil
 }
 
 func (s *Shared) start(ctx context.Context) error {
@@ -147,6 +147,7 @@ type sharedJob struct {
 	l      *lazyDocker // the backend
 	reuse  bool        // sandbox.reuse (Docker only: the config refuses it with Kubernetes)
 	expect bool        // sandbox.warm_pool >= 0: the groups it announces are started ahead
+	limit  int         // limits.sandboxes: at most this many started ahead for the job at once
 
 	mu       sync.Mutex
 	scope    *sandbox.PoolScope
@@ -174,7 +175,7 @@ func (j *sharedJob) backend(ctx context.Context) (*sandbox.PoolScope, error) {
 		return nil, fmt.Errorf("%w: the job's sandboxes were released", sandbox.ErrClosed)
 	}
 	if j.scope == nil && j.l.pool != nil {
-		j.scope = j.l.pool.Scope(j.reuse)
+		j.scope = j.l.pool.Scope(sandbox.ScopeOptions{Reuse: j.reuse, MaxDemand: j.limit})
 	}
 	return j.scope, nil
 }
