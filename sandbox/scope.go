@@ -42,8 +42,8 @@ func (p *Pool) Scope(opts ScopeOptions) *PoolScope {
 	return &PoolScope{p: p, opts: opts}
 }
 
-// Create is Acquire through the scope (runner.Sandboxes): a ready warm
-// sandbox of spec, one of the scope's reset spares, or a new one.
+// Create is Acquire through the scope (runner.Sandboxes): one of the
+// scope's reset spares, a ready warm sandbox of spec, or a new one.
 func (sc *PoolScope) Create(ctx context.Context, spec Spec) (Sandbox, error) {
 	return sc.p.acquire(ctx, sc, spec)
 }
@@ -55,9 +55,8 @@ func (sc *PoolScope) Expect(spec Spec, n int) error { return sc.p.expect(sc, spe
 // Close ends the scope: its announced demand is withdrawn, and the
 // sandboxes started for it that no one else announced are removed (those
 // still starting once they are up: Close waits for that); its reset
-// spares are removed, and
-// sandboxes it still holds are removed, not reset, when they are closed.
-// Later Creates fail with ErrClosed.
+// spares are removed, and sandboxes it still holds are removed, not
+// reset, when they are closed. Later Creates fail with ErrClosed.
 func (sc *PoolScope) Close(ctx context.Context) error {
 	p := sc.p
 	p.mu.Lock()

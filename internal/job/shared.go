@@ -108,18 +108,11 @@ func (s *Shared) For(cfg runner.Config) (runner.Sandboxes, runner.ImageBuilder, 
 	return &sharedJob{s: s, l: k.l, expect: cfg.Sandbox.WarmPool >= 0, limit: sandboxLimit(cfg)}, k, nil
 }
 
-func (s *Shared) start(ctx context.Context) error {
-	if s.closed {
-		return fmt.Errorf("%w: the sandbox backend is shutting down", sandbox.ErrUnavailable)
-	}
-	return s.docker.start(ctx)
-}
-
 // Create implements runner.Sandboxes: a sandbox of the shared Docker
 // backend outside any job's scope (single-use, never from the warm pool).
 func (s *Shared) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
 	s.mu.RLock()
-	err := s.start(ctx)
+	err := s.started(ctx, s.docker)
 	s.mu.RUnlock()
 	if err != nil {
 		return nil, err
@@ -221,7 +214,7 @@ func (j *sharedJob) Release(ctx context.Context) error {
 // BuildTask implements runner.ImageBuilder.
 func (s *Shared) BuildTask(ctx context.Context, b envs.ImageBuild) (string, error) {
 	s.mu.RLock()
-	err := s.start(ctx)
+	err := s.started(ctx, s.docker)
 	s.mu.RUnlock()
 	if err != nil {
 		return "", fmt.Errorf("task image: %w", err)
