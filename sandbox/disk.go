@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sync"
@@ -104,36 +105,64 @@ func (d *Docker) diskLoop(ctx context.Context) {
 // checkDisks measures every live sandbox with a known upper dir.
 func (d *Docker) checkDisks(ctx context.Context) {
 	d.mu.Lock()
-	var watched []*dockerSandbox
+	watched := make([]diskWatched, 0, len(d.live))
 	for _, s := range d.live {
-		if s.upperDir != "" && s.spec.Limits.DiskBytes > 0 && !s.closing.Load() {
-			watched = append(watched, s)
-		}
+		watched = append(watched, s)
 	}
 	d.mu.Unlock()
+	checkDisks(ctx, watched, d.log)
+}
+
+// diskWatched is a sandbox whose writable layer the disk watchdog measures
+// (Docker's and runc's).
+type diskWatched interface {
+	// diskTarget is the host directory of the writable layer ("" unknown)
+	// and the limit on it.
+	diskTarget() (dir string, limit int64)
+	isClosing() bool
+	setDiskUsed(n int64)
+	short() string
+	// evict closes the sandbox, giving why as the reason later calls see.
+	evict(ctx context.Context, why string) error
+}
+
+func (s *dockerSandbox) diskTarget() (string, int64) { return s.upperDir, s.spec.Limits.DiskBytes }
+func (s *dockerSandbox) isClosing() bool             { return s.closing.Load() }
+func (s *dockerSandbox) setDiskUsed(n int64)         { s.diskUsed.Store(n) }
+func (s *dockerSandbox) evict(ctx context.Context, why string) error {
+	s.reason.Store(why)
+	return s.Close(ctx)
+}
+
+// checkDisks measures the writable layer of every watched sandbox, four
+// at a time, and evicts those past their limit.
+func checkDisks(ctx context.Context, watched []diskWatched, log *slog.Logger) {
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 4)
 	for _, s := range watched {
+		dir, limit := s.diskTarget()
+		if dir == "" || limit <= 0 || s.isClosing() {
+			continue
+		}
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			limit := s.spec.Limits.DiskBytes
-			used, err := dirUsage(s.upperDir, limit)
+			used, err := dirUsage(dir, limit)
 			if err != nil {
 				if !errors.Is(err, fs.ErrNotExist) {
-					d.log.Debug("disk watchdog: measure", "container", s.short(), "err", err)
+					log.Debug("disk watchdog: measure", "container", s.short(), "err", err)
 				}
 				return
 			}
-			s.diskUsed.Store(used)
-			if used <= limit || s.closing.Load() || ctx.Err() != nil {
+			s.setDiskUsed(used)
+			if used <= limit || s.isClosing() || ctx.Err() != nil {
 				return
 			}
-			s.reason.Store(fmt.Sprintf("disk limit exceeded: the sandbox wrote more than %d MiB (limit %d MiB)", used>>20, limit>>20))
 			metricReaped.WithLabelValues("disk").Inc()
-			d.log.Warn("removing sandbox past its disk limit", "container", s.short(), "used_mib", used>>20, "limit_mib", limit>>20)
-			if err := s.Close(context.WithoutCancel(ctx)); err != nil {
-				d.log.Warn("close sandbox past its disk limit", "container", s.short(), "err", err)
+			log.Warn("removing sandbox past its disk limit", "container", s.short(), "used_mib", used>>20, "limit_mib", limit>>20)
+			why := fmt.Sprintf("disk limit exceeded: the sandbox wrote more than %d MiB (limit %d MiB)", used>>20, limit>>20)
+			if err := s.evict(context.WithoutCancel(ctx), why); err != nil {
+				log.Warn("close sandbox past its disk limit", "container", s.short(), "err", err)
 			}
 		})
 	}

@@ -1007,10 +1007,16 @@ func (d *Docker) createWarm(ctx context.Context, spec Spec, extra map[string]str
 }
 
 func (s *dockerSandbox) handshake(ctx context.Context) (agent.Hello, error) {
+	return awaitHello(ctx, s.conn, s.stderr)
+}
+
+// awaitHello waits for the agent's hello on c and checks its protocol
+// version; stderr is the agent's, quoted when it exits or stays silent.
+func awaitHello(ctx context.Context, c *conn, stderr *tailBuffer) (agent.Hello, error) {
 	t := time.NewTimer(30 * time.Second)
 	defer t.Stop()
 	select {
-	case h := <-s.conn.hello:
+	case h := <-c.hello:
 		if h.Err != "" {
 			return h, fmt.Errorf("%w: agent start-up: %s", ErrInvalid, h.Err)
 		}
@@ -1018,10 +1024,10 @@ func (s *dockerSandbox) handshake(ctx context.Context) (agent.Hello, error) {
 			return h, fmt.Errorf("%w: agent protocol %d, want %d (stale rollout-agent binary?)", ErrInvalid, h.Version, agent.ProtocolVersion)
 		}
 		return h, nil
-	case <-s.conn.done:
-		return agent.Hello{}, fmt.Errorf("%w: agent exited before its hello: %s", ErrUnavailable, s.stderr.String())
+	case <-c.done:
+		return agent.Hello{}, fmt.Errorf("%w: agent exited before its hello: %s", ErrUnavailable, stderr.String())
 	case <-t.C:
-		return agent.Hello{}, fmt.Errorf("%w: no hello from the agent within 30s: %s", ErrUnavailable, s.stderr.String())
+		return agent.Hello{}, fmt.Errorf("%w: no hello from the agent within 30s: %s", ErrUnavailable, stderr.String())
 	case <-ctx.Done():
 		return agent.Hello{}, ctx.Err()
 	}

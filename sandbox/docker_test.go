@@ -18,7 +18,12 @@ import (
 )
 
 func TestExec(t *testing.T) {
-	s := newSandbox(t, Spec{Env: map[string]string{"BASE": "b"}})
+	testExecTable(t, newSandbox(t, Spec{Env: map[string]string{"BASE": "b"}}))
+}
+
+// testExecTable runs the exec cases on s, a sandbox of testImage with
+// BASE=b in its environment (every backend's sandbox passes them).
+func testExecTable(t *testing.T, s Sandbox) {
 	ctx := context.Background()
 	tests := []struct {
 		name       string

@@ -17,6 +17,9 @@ import (
 const (
 	BackendDocker     = "docker"
 	BackendKubernetes = "kubernetes"
+	// BackendRunc runs each sandbox with runc directly, no engine daemon
+	// in the path (runc.go); one host, as root.
+	BackendRunc = "runc"
 )
 
 // Kubernetes modes (KubernetesConfig.Mode).

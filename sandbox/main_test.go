@@ -34,6 +34,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(ownerChildEnv) != "" {
 		os.Exit(ownerChild())
 	}
+	if os.Getenv(runcOwnerChildEnv) != "" {
+		os.Exit(runcOwnerChild())
+	}
 	code := func() int {
 		dir, err := os.MkdirTemp("", "rollout-agent-test")
 		if err != nil {
@@ -58,6 +61,10 @@ func TestMain(m *testing.M) {
 		code := m.Run()
 		if err := closeTestKube(ctx); err != nil {
 			fmt.Fprintln(os.Stderr, "close kubernetes test backend:", err)
+			code = 1
+		}
+		if err := closeTestRunc(ctx); err != nil {
+			fmt.Fprintln(os.Stderr, "close runc test backend:", err)
 			code = 1
 		}
 		if testDocker != nil {

@@ -19,7 +19,7 @@ var (
 	}, []string{"source"})
 	metricDaemon = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "rollout_sandbox_daemon_seconds",
-		Help:    "Latency of Docker Engine API calls, by operation.",
+		Help:    "Latency of Docker Engine API calls and runc commands, by operation.",
 		Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
 	}, []string{"op"})
 	metricCreates = prometheus.NewCounter(prometheus.CounterOpts{

@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/moby/moby/client"
+	"github.com/prometheus/client_golang/prometheus"
 
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
 	"github.com/rollout-rl/rollout/internal/dockerclient"
@@ -50,6 +52,64 @@ func TestDockerJob(t *testing.T) {
 		t.Fatalf("close the sandbox backend: %v", err)
 	}
 	checkNoContainers(t, instance, "after the shared backend closed")
+}
+
+// TestRuncJob runs the same job with sandbox.backend runc: the server's
+// shared runc backend starts the sandboxes with runc directly, and closing
+// it leaves no container state, layer or bundle of its instance.
+func TestRuncJob(t *testing.T) {
+	ref := needDocker(t)
+	if os.Geteuid() != 0 {
+		t.Skip("the runc backend needs root")
+	}
+	shared, instance := newShared(t, "servertest")
+	h := startServer(t, Options{Sandboxes: shared, Images: shared}, RunOptions{})
+	before := runcRuns(t)
+	runTerminalTasksJob(t, h, ref, 2, ", backend: runc", "", "runs/runc")
+	if n := runcRuns(t) - before; n < 4 {
+		t.Errorf("%d containers started by runc for 4 rollouts", n)
+	}
+	if err := h.stop(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := shared.Close(ctx); err != nil {
+		t.Fatalf("close the sandbox backends: %v", err)
+	}
+	prefix := "rollout-" + instance + "-r-"
+	for _, dir := range []string{"/run/rollout-runc/runc", "/run/rollout-runc/bundles", "/var/lib/rollout/runc/layers"} {
+		ents, _ := os.ReadDir(dir)
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), prefix) {
+				t.Errorf("%s/%s left after the shared backend closed", dir, e.Name())
+			}
+		}
+	}
+	checkNoContainers(t, instance, "after the shared backend closed")
+}
+
+// runcRuns counts the runc backend's container starts so far (the
+// process's rollout_sandbox_daemon_seconds{op="runc_run"} samples).
+func runcRuns(t *testing.T) uint64 {
+	t.Helper()
+	mfs, err := prometheus.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "rollout_sandbox_daemon_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "op" && l.GetValue() == "runc_run" {
+					return m.GetHistogram().GetSampleCount()
+				}
+			}
+		}
+	}
+	return 0
 }
 
 // runTerminalTasksJob runs terminal-tasks on h against a simulator of its

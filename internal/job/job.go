@@ -203,6 +203,7 @@ func open(ctx context.Context, cfg runner.Config, opts Options) (*Job, error) {
 		limit := sandboxLimit(cfg)
 		j.docker = &lazyDocker{log: opts.Logger, instance: opts.SandboxInstance, warm: min(warmPoolSize(cfg), limit), maxContainers: limit,
 			reuse: cfg.Sandbox.Reuse}
+		j.docker.runc = cfg.Sandbox.Backend == sandbox.BackendRunc
 		if cfg.Sandbox.Backend == sandbox.BackendKubernetes {
 			kc := sandbox.KubernetesConfig{}
 			if cfg.Sandbox.Kubernetes != nil {
@@ -431,12 +432,14 @@ type releaser interface {
 	Release(ctx context.Context) error
 }
 
-// lazyDocker starts the sandbox backend (Docker, or Kubernetes when kube
-// is set) on the first sandbox request, so runs without sandboxes need no
-// engine or cluster.
+// lazyDocker starts the sandbox backend (Docker; runc when runc is set;
+// Kubernetes when kube is set) on the first sandbox request, so runs
+// without sandboxes need no engine or cluster.
 type lazyDocker struct {
 	kube     *sandbox.KubernetesConfig
 	k        *sandbox.Kubernetes
+	runc     bool // the runc backend instead of Docker (sandbox.backend runc)
+	r        *sandbox.Runc
 	log      *slog.Logger
 	instance string
 	opts     *sandbox.Options // full backend options (Shared); nil: log and instance only
@@ -494,6 +497,9 @@ func (l *lazyDocker) imageEngine(ctx context.Context) (*client.Client, string, e
 		if err := l.start(ctx); err != nil {
 			return nil, "", err
 		}
+		if l.r != nil {
+			return l.r.Client(), "", nil
+		}
 		return l.d.Client(), "", nil
 	}
 	if l.kube.ImageRegistry == "" {
@@ -525,6 +531,17 @@ func (l *lazyDocker) start(ctx context.Context) error {
 			l.k = k
 			if l.warm > 0 {
 				l.pool = sandbox.NewPool(k, sandbox.PoolOptions{MaxIdle: l.warm})
+			}
+			return nil
+		}
+		if l.runc {
+			r, err := sandbox.NewRunc(context.WithoutCancel(ctx), sandbox.RuncOptions{Logger: l.log, Instance: l.instance, MaxContainers: l.maxContainers})
+			if err != nil {
+				return err
+			}
+			l.r = r
+			if l.warm > 0 {
+				l.pool = sandbox.NewPool(r, sandbox.PoolOptions{MaxIdle: l.warm})
 			}
 			return nil
 		}
@@ -563,6 +580,9 @@ func (l *lazyDocker) Create(ctx context.Context, spec sandbox.Spec) (sandbox.San
 	if l.k != nil {
 		return l.k.Create(ctx, spec)
 	}
+	if l.r != nil {
+		return l.r.Create(ctx, spec)
+	}
 	return l.d.Create(ctx, spec)
 }
 
@@ -585,16 +605,19 @@ func (l *lazyDocker) Close(ctx context.Context) error {
 	if l.engine != nil {
 		_ = l.engine.Close()
 	}
-	if l.d == nil && l.k == nil {
+	if l.d == nil && l.k == nil && l.r == nil {
 		return nil
 	}
 	var errs []error
 	if l.pool != nil {
 		errs = append(errs, l.pool.Close(ctx))
 	}
-	if l.k != nil {
+	switch {
+	case l.k != nil:
 		errs = append(errs, l.k.Close(ctx))
-	} else {
+	case l.r != nil:
+		errs = append(errs, l.r.Close(ctx))
+	default:
 		errs = append(errs, l.d.Close(ctx))
 	}
 	return errors.Join(errs...)

@@ -23,7 +23,8 @@ type BackendSelector interface {
 // many jobs (the gRPC server's): one Docker backend with one container
 // limit, one reaper, one instance label and one warm pool for the whole
 // process, plus one Kubernetes backend (and warm pool) per distinct
-// sandbox.kubernetes block that jobs name, and one Close that removes every sandbox still
+// sandbox.kubernetes block that jobs name, one runc backend for the jobs
+// with sandbox.backend runc, and one Close that removes every sandbox still
 // alive. The engine or cluster is contacted on a job's first sandbox.
 //
 // Each job gets its backend through a scope of the backend's warm pool
@@ -37,7 +38,8 @@ type Shared struct {
 
 	mu     sync.RWMutex // Create/BuildTask hold R while starting a backend; For and Close hold W
 	closed bool
-	kube   map[string]*sharedKube // by the canonical JSON of the validated config
+	kube   map[string]*sharedBackend // by the canonical JSON of the validated config
+	runc   *sharedBackend            // made for the first job with sandbox.backend runc
 }
 
 var (
@@ -59,7 +61,7 @@ func NewShared(opts sandbox.Options, warm int) *Shared {
 		opts.Logger = slog.Default()
 	}
 	d := &lazyDocker{log: opts.Logger, instance: opts.Instance, opts: &opts, warm: max(warm, 0), reuse: true}
-	return &Shared{opts: opts, docker: d, images: &taskImages{docker: d}, kube: map[string]*sharedKube{}}
+	return &Shared{opts: opts, docker: d, images: &taskImages{docker: d}, kube: map[string]*sharedBackend{}}
 }
 
 // For implements BackendSelector: the job's scope of the shared Docker
@@ -68,6 +70,9 @@ func NewShared(opts sandbox.Options, warm int) *Shared {
 // blocks share one backend (one owner lease, one admission, one warm
 // pool).
 func (s *Shared) For(cfg runner.Config) (runner.Sandboxes, runner.ImageBuilder, error) {
+	if cfg.Sandbox.Backend == sandbox.BackendRunc {
+		return s.forRunc(cfg)
+	}
 	if cfg.Sandbox.Backend != sandbox.BackendKubernetes {
 		if cfg.Sandbox.Reuse && s.docker.warm == 0 {
 			return nil, nil, errors.New("sandbox.reuse: this server runs without a warm pool (rollout serve --warm-sandboxes 0), where reset sandboxes would wait")
@@ -102,7 +107,7 @@ func (s *Shared) For(cfg runner.Config) (runner.Sandboxes, runner.ImageBuilder, 
 			instance = fmt.Sprintf("%s-k%d", instance, len(s.kube)+1)
 		}
 		l := &lazyDocker{log: s.opts.Logger, instance: instance, kube: &kc, warm: s.docker.warm}
-		k = &sharedKube{s: s, l: l, images: &taskImages{docker: l}}
+		k = &sharedBackend{s: s, l: l, images: &taskImages{docker: l}}
 		s.kube[string(key)] = k
 	}
 	return &sharedJob{s: s, l: k.l, expect: cfg.Sandbox.WarmPool >= 0, limit: sandboxLimit(cfg)}, k, nil
@@ -236,21 +241,44 @@ func (s *Shared) Close(ctx context.Context) error {
 	for _, k := range s.kube {
 		errs = append(errs, k.l.Close(ctx))
 	}
+	if s.runc != nil {
+		errs = append(errs, s.runc.l.Close(ctx))
+	}
 	return errors.Join(errs...)
 }
 
-// sharedKube is one shared Kubernetes backend, with a warm pool of pods
-// like the Docker one's (jobs take their pods through sharedJob), and its
-// task-image builder.
-type sharedKube struct {
+// forRunc is For of a job with sandbox.backend runc: the job's scope of
+// the shared runc backend, made on the first such job.
+func (s *Shared) forRunc(cfg runner.Config) (runner.Sandboxes, runner.ImageBuilder, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, nil, fmt.Errorf("%w: the sandbox backend is shutting down", sandbox.ErrUnavailable)
+	}
+	if s.runc == nil {
+		instance := s.opts.Instance
+		if instance != "" {
+			instance += "-r"
+		}
+		l := &lazyDocker{log: s.opts.Logger, instance: instance, runc: true, warm: s.docker.warm, maxContainers: s.opts.MaxContainers}
+		s.runc = &sharedBackend{s: s, l: l, images: &taskImages{docker: l}}
+	}
+	return &sharedJob{s: s, l: s.runc.l, expect: cfg.Sandbox.WarmPool >= 0, limit: sandboxLimit(cfg)}, s.runc, nil
+}
+
+// sharedBackend is one shared Kubernetes or runc backend, with a warm pool
+// like the Docker one's (jobs take their sandboxes through sharedJob), and
+// its task-image builder.
+type sharedBackend struct {
 	s      *Shared
 	l      *lazyDocker
 	images *taskImages
 }
 
-// BuildTask implements runner.ImageBuilder: built locally, pushed to
-// sandbox.kubernetes.image_registry (an error without one).
-func (k *sharedKube) BuildTask(ctx context.Context, b envs.ImageBuild) (string, error) {
+// BuildTask implements runner.ImageBuilder: built by the local engine (for
+// Kubernetes then pushed to sandbox.kubernetes.image_registry, an error
+// without one).
+func (k *sharedBackend) BuildTask(ctx context.Context, b envs.ImageBuild) (string, error) {
 	k.s.mu.RLock()
 	closed := k.s.closed
 	k.s.mu.RUnlock()

@@ -46,6 +46,7 @@ func Main(args []string) int {
 	install := fset.String("install", "", "copy this executable to the given path (mode 0755) and exit (Kubernetes init container)")
 	socket := fset.String("socket", "", "also serve the protocol on a connection to this unix socket (the host's listener, on a bind mount)")
 	initMode := fset.Bool("init", false, "run as the container's init: reap orphans, exit on SIGTERM/SIGINT (Kubernetes pods, where the agent itself is exec'd)")
+	supervise := fset.Bool("supervise", false, "run as the container's init and start the agent (the other flags) as its child on the same stdio: reap orphans, forward signals, exit with the agent's status (containers started by runc directly, which have no docker-init)")
 	if err := fset.Parse(args); err != nil {
 		return 2
 	}
@@ -58,6 +59,8 @@ func Main(args []string) int {
 		return 0
 	case *initMode:
 		return runInit()
+	case *supervise:
+		return runSupervised(append(commandPrefix(args), withoutFlag(args, "supervise")...))
 	}
 	// One P: the agent's work is waiting on pipes, processes and its
 	// channel. With the runtime's default (2 here, the floor for a

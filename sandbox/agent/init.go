@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"syscall"
 )
 
@@ -65,4 +66,71 @@ func runInit() int {
 		}
 	}
 	return 0
+}
+
+// runSupervised is pid 1 of a sandbox the runc backend starts (no
+// docker-init there): it starts the agent proper, /proc/self/exe with args,
+// as its child on the same stdin, stdout and stderr, reaps every orphan the
+// sandbox user's commands leave behind, forwards termination signals to the
+// agent, and exits with the agent's status once it is gone. The agent is
+// never pid 1, so its reset can tell its own processes from the rest.
+func runSupervised(args []string) int {
+	sigs := make(chan os.Signal, 32)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGCHLD)
+	child, err := os.StartProcess("/proc/self/exe", append([]string{"rollout-agent"}, args...), &os.ProcAttr{
+		Files: []*os.File{os.Stdin, os.Stdout, os.Stderr},
+		Env:   os.Environ(),
+	})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "rollout-agent: supervise: start the agent:", err)
+		return 1
+	}
+	for sig := range sigs {
+		if sig != syscall.SIGCHLD {
+			_ = child.Signal(sig)
+			continue
+		}
+		for {
+			var ws syscall.WaitStatus
+			pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+			if pid <= 0 || err != nil {
+				break
+			}
+			if pid == child.Pid {
+				return exitStatus(ws)
+			}
+		}
+	}
+	return 0
+}
+
+// exitStatus is a shell's rendering of a wait status: the exit code, or
+// 128 + the signal that ended the process.
+func exitStatus(ws syscall.WaitStatus) int {
+	if ws.Signaled() {
+		return 128 + int(ws.Signal())
+	}
+	return ws.ExitStatus()
+}
+
+// commandPrefix is what came between the program and args on the command
+// line (the rollout binary's "agent" subcommand), so that the supervised
+// child is started the same way.
+func commandPrefix(args []string) []string {
+	n := len(os.Args) - len(args)
+	if n < 1 || !slices.Equal(os.Args[n:], args) {
+		return nil
+	}
+	return slices.Clone(os.Args[1:n])
+}
+
+// withoutFlag returns args less -name and --name.
+func withoutFlag(args []string, name string) []string {
+	out := make([]string, 0, len(args))
+	for _, a := range args {
+		if a != "-"+name && a != "--"+name {
+			out = append(out, a)
+		}
+	}
+	return out
 }

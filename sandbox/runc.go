@@ -1,0 +1,901 @@
+package sandbox
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/moby/moby/client"
+	seccomp "github.com/moby/profiles/seccomp"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+
+	"github.com/rollout-rl/rollout/internal/dockerclient"
+	"github.com/rollout-rl/rollout/sandbox/agent"
+)
+
+// The runc backend starts each sandbox as an OCI container through the
+// runc binary directly, with no engine daemon in the path: no dockerd, no
+// containerd, no shim process per container. A Docker sandbox's start is
+// mostly the engine's own work (sandbox/README.md: ContainerStart 216 ms of
+// a ~240 ms lifecycle on this VM); runc itself starts a container in ~30 ms.
+// The sandbox is the same container the Docker backend makes — the same
+// image, user, limits, capabilities, seccomp profile (Docker's default),
+// masked paths and no-new-privileges, no network — and the same agent
+// serves the same protocol, over pipes the backend holds itself. The local
+// Docker engine remains the image store: each image is unpacked once per
+// host (runc_rootfs.go) and is the read-only lower layer of an overlay per
+// sandbox. The backend needs root (overlay mounts, cgroups) and runc on
+// the host. docs/security.md ("The runc backend") has the isolation
+// argument; sandbox/README.md the measurements.
+
+// LabelBackend names the backend on a runc container's annotations.
+const LabelBackend = "io.rollout.sandbox.backend"
+
+// RuncOptions configure a Runc backend. Zero values take defaults.
+type RuncOptions struct {
+	Instance      string // service instance id (default: random)
+	MaxContainers int    // concurrent sandboxes, warm ones included (default 512)
+	// Runc is the runc executable (default: runc on PATH).
+	Runc string
+	// StateDir holds runc's state and the per-sandbox bundles (default
+	// /run/rollout-runc, a tmpfs on most hosts: gone at reboot).
+	StateDir string
+	// DataDir holds the unpacked images and the sandboxes' writable layers
+	// (default /var/lib/rollout/runc).
+	DataDir           string
+	Agent             *AgentBinary  // default ResolveAgent()
+	ReapInterval      time.Duration // periodic reaper (default 30s; < 0 disables, start-up reap too)
+	LeakGrace         time.Duration // own untracked containers younger than this are left alone (default 2m)
+	DiskCheckInterval time.Duration // disk watchdog period (default 1s; disk.go)
+	Logger            *slog.Logger
+}
+
+// Runc creates sandboxes as OCI containers run by runc. It is safe for
+// concurrent use.
+type Runc struct {
+	opts   RuncOptions
+	log    *slog.Logger
+	cli    *client.Client // the local engine, as image store only
+	agent  AgentBinary
+	labels map[string]string
+	slots  *slotSem
+	images *rootfsCache
+
+	mu     sync.Mutex
+	live   map[string]*runcSandbox
+	closed bool
+
+	stop context.CancelFunc
+	bg   sync.WaitGroup
+}
+
+var (
+	_ Backend    = (*Runc)(nil)
+	_ poolSource = (*Runc)(nil)
+)
+
+// NewRunc checks the host (root, runc), removes the leftovers of dead
+// instances and starts the reaper and the disk watchdog.
+func NewRunc(ctx context.Context, opts RuncOptions) (*Runc, error) {
+	if os.Geteuid() != 0 {
+		return nil, fmt.Errorf("%w: the runc backend needs root (it mounts overlays and creates cgroups); use the docker backend", ErrInvalid)
+	}
+	if opts.Instance == "" {
+		opts.Instance = randomID(8)
+	}
+	if opts.MaxContainers <= 0 {
+		opts.MaxContainers = 512
+	}
+	if opts.Runc == "" {
+		opts.Runc = "runc"
+	}
+	bin, err := exec.LookPath(opts.Runc)
+	if err != nil {
+		return nil, fmt.Errorf("%w: the runc backend needs runc on the host (Debian: apt-get install runc): %v", ErrInvalid, err)
+	}
+	opts.Runc = bin
+	if opts.StateDir == "" {
+		opts.StateDir = "/run/rollout-runc"
+	}
+	if opts.DataDir == "" {
+		opts.DataDir = "/var/lib/rollout/runc"
+	}
+	if opts.ReapInterval == 0 {
+		opts.ReapInterval = 30 * time.Second
+	}
+	if opts.LeakGrace <= 0 {
+		opts.LeakGrace = 2 * time.Minute
+	}
+	if opts.DiskCheckInterval <= 0 {
+		opts.DiskCheckInterval = time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	var ab AgentBinary
+	if opts.Agent != nil {
+		ab = *opts.Agent
+		if err := checkStatic(ab.Path); err != nil {
+			return nil, fmt.Errorf("%w: agent %s: %v", ErrInvalid, ab.Path, err)
+		}
+	} else if ab, err = ResolveAgent(); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if abs, err := filepath.Abs(ab.Path); err == nil {
+		ab.Path = abs
+	}
+	for _, d := range []string{opts.StateDir, filepath.Join(opts.StateDir, "bundles"), filepath.Join(opts.DataDir, "layers")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, fmt.Errorf("%w: runc backend: %v", ErrUnavailable, err)
+		}
+	}
+	cli, err := dockerclient.New(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: the runc backend takes its images from the local engine: %w", ErrUnavailable, err)
+	}
+	host, _ := os.Hostname()
+	r := &Runc{
+		opts:  opts,
+		log:   opts.Logger.With("sandbox_instance", opts.Instance, "backend", "runc"),
+		cli:   cli,
+		agent: ab,
+		labels: map[string]string{
+			LabelManaged:  "true",
+			LabelBackend:  "runc",
+			LabelInstance: opts.Instance,
+			LabelHost:     host,
+			LabelPID:      strconv.Itoa(os.Getpid()),
+			LabelPIDStart: pidStart(os.Getpid()),
+			LabelBoot:     bootID(),
+		},
+		slots: newSlotSem(opts.MaxContainers),
+		live:  map[string]*runcSandbox{},
+	}
+	r.images = &rootfsCache{dir: filepath.Join(opts.DataDir, "images"), cli: cli, labels: maps.Clone(r.labels), images: map[string]runcImage{}}
+	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	r.stop = cancel
+	if opts.ReapInterval > 0 {
+		if _, err := r.Reap(ctx); err != nil {
+			r.log.Warn("start-up reap failed", "err", err)
+		}
+		r.bg.Go(func() {
+			t := time.NewTicker(opts.ReapInterval)
+			defer t.Stop()
+			for {
+				select {
+				case <-rctx.Done():
+					return
+				case <-t.C:
+				}
+				if _, err := r.Reap(rctx); err != nil && rctx.Err() == nil {
+					r.log.Warn("reap failed", "err", err)
+				}
+			}
+		})
+	}
+	r.bg.Go(func() {
+		t := time.NewTicker(opts.DiskCheckInterval)
+		defer t.Stop()
+		for {
+			select {
+			case <-rctx.Done():
+				return
+			case <-t.C:
+			}
+			r.mu.Lock()
+			watched := make([]diskWatched, 0, len(r.live))
+			for _, s := range r.live {
+				watched = append(watched, s)
+			}
+			r.mu.Unlock()
+			checkDisks(rctx, watched, r.log)
+		}
+	})
+	return r, nil
+}
+
+// Instance is the id in the instance annotation of this backend's containers.
+func (r *Runc) Instance() string { return r.opts.Instance }
+
+// Close removes every sandbox this backend still owns and stops the reaper.
+func (r *Runc) Close(ctx context.Context) error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil
+	}
+	r.closed = true
+	live := make([]*runcSandbox, 0, len(r.live))
+	for _, s := range r.live {
+		live = append(live, s)
+	}
+	r.mu.Unlock()
+	r.stop()
+	r.bg.Wait()
+	errs := closeAll(ctx, live, 16)
+	errs = append(errs, r.cli.Close())
+	return errors.Join(errs...)
+}
+
+func (r *Runc) logger() *slog.Logger { return r.log }
+
+func (r *Runc) slotSem() *slotSem { return r.slots }
+
+// validate applies the backend-independent checks and refuses what this
+// backend does not build.
+func (r *Runc) validate(spec *Spec) error {
+	if err := (&Docker{}).validate(spec); err != nil {
+		return err
+	}
+	if spec.Network != NetworkNone {
+		return fmt.Errorf("network %q: not implemented in the runc backend (its sandboxes have no network; use the docker backend)", spec.Network)
+	}
+	if spec.Runtime != RuntimeRunc {
+		return fmt.Errorf("runtime %q: not implemented in the runc backend (use the docker backend with the runtime registered)", spec.Runtime)
+	}
+	return nil
+}
+
+// Create starts a sandbox for spec, waiting for a slot under MaxContainers
+// as long as ctx allows.
+func (r *Runc) Create(ctx context.Context, spec Spec) (Sandbox, error) {
+	start := time.Now()
+	s, err := r.create(ctx, spec, nil, slotWait)
+	if err != nil {
+		return nil, err
+	}
+	metricAcquire.WithLabelValues("create").Observe(time.Since(start).Seconds())
+	return s, nil
+}
+
+// createWarm is create for a Pool.
+func (r *Runc) createWarm(ctx context.Context, spec Spec, extra map[string]string, slot slotMode, _ bool) (warmable, error) {
+	s, err := r.create(ctx, spec, extra, slot)
+	if err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// runcPaths are one sandbox's places on the host.
+type runcPaths struct {
+	bundle string // StateDir/bundles/<id>: config.json, pid file, runc's log, the overlay's mount point
+	layer  string // DataDir/layers/<id>: the overlay's upper and work dirs
+}
+
+func (r *Runc) paths(id string) runcPaths {
+	return runcPaths{bundle: filepath.Join(r.opts.StateDir, "bundles", id), layer: filepath.Join(r.opts.DataDir, "layers", id)}
+}
+
+func (p runcPaths) rootfs() string { return filepath.Join(p.bundle, "rootfs") }
+func (p runcPaths) upper() string  { return filepath.Join(p.layer, "upper") }
+
+func (r *Runc) create(ctx context.Context, spec Spec, extraLabels map[string]string, slot slotMode) (_ *runcSandbox, err error) {
+	holding := slot == slotHeld
+	defer func() {
+		if holding {
+			r.slots.release()
+		}
+	}()
+	spec.Labels = maps.Clone(spec.Labels)
+	spec.Env = maps.Clone(spec.Env)
+	if err := r.validate(&spec); err != nil {
+		return nil, fmt.Errorf("create sandbox: %w: %v", ErrInvalid, err)
+	}
+	r.mu.Lock()
+	closed := r.closed
+	r.mu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("create sandbox: %w: backend closed", ErrClosed)
+	}
+	switch slot {
+	case slotWait:
+		if err := r.slots.acquire(ctx); err != nil {
+			return nil, fmt.Errorf("create sandbox: waiting for a free slot (%d in use): %w", r.slots.cap, err)
+		}
+		holding = true
+	case slotHeld:
+	default:
+		return nil, fmt.Errorf("create sandbox: %w: unknown slot mode %d", ErrInvalid, slot)
+	}
+	img, err := r.images.get(ctx, spec.Image)
+	if err != nil {
+		metricFailures.WithLabelValues("create").Inc()
+		return nil, fmt.Errorf("create sandbox: %w", err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("create sandbox: %w", err)
+	}
+	id := "rollout-" + r.opts.Instance + "-" + randomID(6)
+	p := r.paths(id)
+	// From here every failure takes down whatever was made.
+	defer func() {
+		if err != nil {
+			metricFailures.WithLabelValues("create").Inc()
+			r.destroy(id)
+		}
+	}()
+	if err := r.prepareRoot(p, img); err != nil {
+		return nil, fmt.Errorf("create sandbox %s: %w: %v", id, ErrUnavailable, err)
+	}
+	labels := maps.Clone(r.labels)
+	maps.Copy(labels, spec.Labels)
+	maps.Copy(labels, extraLabels)
+	cfg, err := r.ociSpec(id, spec, img, labels)
+	if err != nil {
+		return nil, fmt.Errorf("create sandbox %s: %w: %v", id, ErrInvalid, err)
+	}
+	if err := os.WriteFile(filepath.Join(p.bundle, "config.json"), cfg, 0o600); err != nil {
+		return nil, fmt.Errorf("create sandbox %s: %w: %v", id, ErrUnavailable, err)
+	}
+	s, err := r.start(ctx, id, p, spec, img)
+	if err != nil {
+		return nil, fmt.Errorf("create sandbox %s from %s: %w", id, spec.Image, err)
+	}
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		s.stopChannel()
+		return nil, fmt.Errorf("create sandbox: %w: backend closed", ErrClosed)
+	}
+	r.live[id] = s
+	metricLive.Set(float64(len(r.live)))
+	r.mu.Unlock()
+	holding = false
+	metricCreates.Inc()
+	if ferr := placeFiles(ctx, s, spec.Files); ferr != nil {
+		_ = s.Close(ctx)
+		return nil, fmt.Errorf("create sandbox %s: %w", id, ferr)
+	}
+	s.log.Debug("sandbox started", "image", spec.Image, "user", s.hello.User, "uid", s.hello.UID)
+	return s, nil
+}
+
+// prepareRoot makes the bundle and layer directories and mounts the
+// sandbox's root: an overlay of the unpacked image under a writable layer
+// of its own (read-only for ReadOnlyRoot through the OCI config, which
+// also gives such sandboxes their tmpfs /tmp and workdir).
+func (r *Runc) prepareRoot(p runcPaths, img runcImage) error {
+	for _, d := range []string{p.rootfs(), p.upper(), filepath.Join(p.layer, "work")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return err
+		}
+	}
+	if err := os.Chmod(p.upper(), 0o755); err != nil {
+		return err
+	}
+	data := "lowerdir=" + img.rootfs + ",upperdir=" + p.upper() + ",workdir=" + filepath.Join(p.layer, "work")
+	if err := unix.Mount("overlay", p.rootfs(), "overlay", 0, data); err != nil {
+		return fmt.Errorf("mount the sandbox's overlay root: %w", err)
+	}
+	return nil
+}
+
+// start runs the container with the agent on pipes of ours and waits for
+// the agent's hello. A returned sandbox with an error has a running
+// container the caller must destroy.
+func (r *Runc) start(ctx context.Context, id string, p runcPaths, spec Spec, img runcImage) (*runcSandbox, error) {
+	inR, inW, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		inR.Close()
+		inW.Close()
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		inR.Close()
+		inW.Close()
+		outR.Close()
+		outW.Close()
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	pidFile := filepath.Join(p.bundle, "pid")
+	logFile := filepath.Join(p.bundle, "runc.log")
+	// runc hands these pipes to the container's process and exits once it
+	// runs; a cancelled ctx must not kill runc halfway (a half-made
+	// container), so the run has its own bound.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 60*time.Second)
+	cmd := exec.CommandContext(rctx, r.opts.Runc, "--root", r.runcRoot(), "--log", logFile, "--log-format", "json",
+		"run", "--detach", "--bundle", p.bundle, "--pid-file", pidFile, id)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, errW
+	started := time.Now()
+	runErr := cmd.Run()
+	cancel()
+	metricDaemon.WithLabelValues("runc_run").Observe(time.Since(started).Seconds())
+	inR.Close()
+	outW.Close()
+	errW.Close()
+	s := &runcSandbox{r: r, id: id, paths: p, spec: spec, imageID: img.id, created: time.Now(),
+		log: r.log.With("container", id), stderr: &tailBuffer{max: 8 << 10}, stdin: inW, stdout: outR, stderrPipe: errR,
+		stderrDone: make(chan struct{}),
+		applied: Applied{MemoryBytes: spec.Limits.MemoryBytes, CPUs: spec.Limits.CPUs, PIDs: spec.Limits.PIDs, DiskBytes: spec.Limits.DiskBytes,
+			ReadOnlyRoot: spec.Limits.ReadOnlyRoot, Network: spec.Network, Runtime: RuntimeRunc}}
+	go func() {
+		defer close(s.stderrDone)
+		_, _ = io.Copy(s.stderr, errR)
+	}()
+	s.touch()
+	s.channelOps = channelOps{conn: newConn(bufio.NewReaderSize(outR, 64<<10), inW), owner: s}
+	if pb, err := os.ReadFile(pidFile); err == nil {
+		s.pid, _ = strconv.Atoi(strings.TrimSpace(string(pb)))
+	}
+	if runErr != nil || s.pid <= 0 {
+		s.stopChannel()
+		msg, _ := os.ReadFile(logFile)
+		metricFailures.WithLabelValues("start").Inc()
+		return s, fmt.Errorf("%w: runc run: %v: %s", ErrUnavailable, runErr, runcLogMessage(msg))
+	}
+	if fd, err := unix.PidfdOpen(s.pid, 0); err == nil {
+		s.pidfd = os.NewFile(uintptr(fd), "pidfd")
+	}
+	hello, err := awaitHello(ctx, s.conn, s.stderr)
+	if err != nil {
+		metricFailures.WithLabelValues("handshake").Inc()
+		s.stopChannel()
+		return s, err
+	}
+	s.hello = hello
+	return s, nil
+}
+
+// runcRoot is runc's --root: its state directory for this backend.
+func (r *Runc) runcRoot() string { return filepath.Join(r.opts.StateDir, "runc") }
+
+// runcLogMessage extracts the messages of runc's JSON log.
+func runcLogMessage(b []byte) string {
+	var msgs []string
+	for line := range bytes.SplitSeq(bytes.TrimSpace(b), []byte("\n")) {
+		var e struct {
+			Msg   string `json:"msg"`
+			Level string `json:"level"`
+		}
+		if json.Unmarshal(line, &e) == nil && e.Msg != "" {
+			if e.Level == "error" || e.Level == "fatal" || e.Level == "warning" {
+				msgs = append(msgs, e.Msg)
+			}
+		} else if len(line) > 0 {
+			msgs = append(msgs, string(line))
+		}
+	}
+	if len(msgs) == 0 {
+		return "(runc logged nothing)"
+	}
+	return strings.Join(msgs, "; ")
+}
+
+// ociSpec is the container's OCI runtime config: what `docker run` of the
+// Docker backend's container config would hand to runc, written here.
+func (r *Runc) ociSpec(id string, spec Spec, img runcImage, labels map[string]string) ([]byte, error) {
+	user, optional := spec.User, false
+	if user == "" {
+		user, optional = "agent", true
+	}
+	args := append([]string{agentInCtr}, r.agent.Args...)
+	args = append(args, "-supervise", "-user", user, "-workdir", spec.Workdir)
+	if optional {
+		args = append(args, "-optional-user", "-fallback-user", img.user)
+	}
+	env := mergeEnv(img.env, spec.Env)
+	env = append(env, "HOSTNAME="+id[len(id)-12:])
+	// Only the root agent holds these: it switches to the sandbox user
+	// (SETUID/SETGID), prepares the workdir (CHOWN) and kills process
+	// groups of that user (KILL). Commands run without capabilities.
+	caps := []string{"CAP_CHOWN", "CAP_SETUID", "CAP_SETGID", "CAP_KILL"}
+	pids := spec.Limits.PIDs
+	swap := spec.Limits.MemoryBytes
+	period := uint64(100000)
+	quota := int64(spec.Limits.CPUs * float64(period))
+	ro := []string{"nosuid", "noexec", "nodev", "ro"}
+	// Docker's containers get the engine's own open-files limit; these get
+	// this process's (raising it past that needs CAP_SYS_RESOURCE).
+	nofile := uint64(1 << 20)
+	var rl unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_NOFILE, &rl) == nil {
+		nofile = min(nofile, rl.Max)
+	}
+	s := &specs.Spec{
+		Version: specs.Version,
+		Process: &specs.Process{
+			User:            specs.User{UID: 0, GID: 0},
+			Args:            args,
+			Env:             env,
+			Cwd:             "/",
+			NoNewPrivileges: true,
+			Capabilities:    &specs.LinuxCapabilities{Bounding: caps, Effective: caps, Permitted: caps},
+			Rlimits:         []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: nofile, Soft: nofile}},
+		},
+		Root:     &specs.Root{Path: "rootfs", Readonly: spec.Limits.ReadOnlyRoot},
+		Hostname: id[len(id)-12:],
+		Mounts: []specs.Mount{
+			{Destination: "/proc", Type: "proc", Source: "proc", Options: []string{"nosuid", "noexec", "nodev"}},
+			{Destination: "/dev", Type: "tmpfs", Source: "tmpfs", Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+			{Destination: "/dev/pts", Type: "devpts", Source: "devpts", Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
+			{Destination: "/dev/shm", Type: "tmpfs", Source: "shm", Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+			{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue", Options: []string{"nosuid", "noexec", "nodev"}},
+			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: ro},
+			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: append([]string{"relatime"}, ro...)},
+			{Destination: agentInCtr, Type: "bind", Source: r.agent.Path, Options: []string{"rbind", "ro", "nosuid", "nodev"}},
+		},
+		Annotations: labels,
+		Linux: &specs.Linux{
+			CgroupsPath: "/rollout-runc/" + id,
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace}, {Type: specs.NetworkNamespace}, {Type: specs.IPCNamespace},
+				{Type: specs.UTSNamespace}, {Type: specs.MountNamespace},
+			},
+			Resources: &specs.LinuxResources{
+				Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
+				Memory:  &specs.LinuxMemory{Limit: &spec.Limits.MemoryBytes, Swap: &swap},
+				CPU:     &specs.LinuxCPU{Period: &period, Quota: &quota},
+				Pids:    &specs.LinuxPids{Limit: &pids},
+			},
+			MaskedPaths: []string{"/proc/asound", "/proc/acpi", "/proc/kcore", "/proc/keys", "/proc/latency_stats",
+				"/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug", "/proc/scsi", "/sys/firmware", "/sys/devices/virtual/powercap"},
+			ReadonlyPaths: []string{"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"},
+		},
+	}
+	if spec.Limits.ReadOnlyRoot {
+		s.Mounts = append(s.Mounts,
+			specs.Mount{Destination: "/tmp", Type: "tmpfs", Source: "tmpfs",
+				Options: []string{"rw", "nosuid", "nodev", "mode=1777", "size=" + strconv.FormatInt(min(spec.Limits.DiskBytes, 512<<20), 10)}},
+			specs.Mount{Destination: spec.Workdir, Type: "tmpfs", Source: "tmpfs",
+				Options: []string{"rw", "exec", "nosuid", "nodev", "mode=755", "size=" + strconv.FormatInt(spec.Limits.DiskBytes, 10)}})
+	}
+	prof, err := seccomp.GetDefaultProfile(s)
+	if err != nil {
+		return nil, fmt.Errorf("seccomp profile: %v", err)
+	}
+	s.Linux.Seccomp = prof
+	return json.Marshal(s)
+}
+
+// mergeEnv is the image's environment with spec's on top, sorted by name.
+func mergeEnv(image []string, spec map[string]string) []string {
+	m := map[string]string{}
+	for _, kv := range image {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			m[k] = v
+		}
+	}
+	maps.Copy(m, spec)
+	if _, ok := m["PATH"]; !ok {
+		m["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+	}
+	out := make([]string, 0, len(m))
+	for k, v := range m {
+		out = append(out, k+"="+v)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// runc runs one runc command against this backend's state, bounded in time.
+func (r *Runc) runc(ctx context.Context, args ...string) ([]byte, error) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(cctx, r.opts.Runc, append([]string{"--root", r.runcRoot()}, args...)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return out, fmt.Errorf("runc %s: %v: %s", args[0], err, strings.TrimSpace(stderr.String()))
+	}
+	return out, nil
+}
+
+// destroy removes every trace of container id: its processes (SIGKILL to
+// the namespace's init takes all of them), runc's state and cgroups, the
+// overlay and the directories. Safe to call for a container that never
+// started or is gone.
+func (r *Runc) destroy(id string) error {
+	ctx := context.Background()
+	p := r.paths(id)
+	var errs []error
+	if _, err := os.Stat(filepath.Join(r.runcRoot(), id)); err == nil {
+		if _, err := r.runc(ctx, "delete", "--force", id); err != nil {
+			// Already gone between the stat and the delete counts as done.
+			if _, serr := os.Stat(filepath.Join(r.runcRoot(), id)); serr == nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	if err := unix.Unmount(p.rootfs(), unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		errs = append(errs, fmt.Errorf("unmount %s: %w", p.rootfs(), err))
+	}
+	for _, d := range []string{p.bundle, p.layer} {
+		if err := os.RemoveAll(d); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		metricFailures.WithLabelValues("remove").Inc()
+		return fmt.Errorf("%w: remove sandbox %s: %w", ErrUnavailable, id, errors.Join(errs...))
+	}
+	return nil
+}
+
+// runcState is what `runc list --format json` says of one container.
+type runcState struct {
+	ID          string            `json:"id"`
+	PID         int               `json:"pid"`
+	Status      string            `json:"status"`
+	Created     time.Time         `json:"created"`
+	Annotations map[string]string `json:"annotations"`
+}
+
+// Reap removes the containers of this backend's state directory that no
+// live instance owns (their owner process is gone), and this instance's
+// own untracked ones older than LeakGrace, with their layers; and layer or
+// bundle directories no container owns.
+func (r *Runc) Reap(ctx context.Context) ([]Reaped, error) {
+	out, err := r.runc(ctx, "list", "--format", "json")
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
+	}
+	var states []runcState
+	if len(bytes.TrimSpace(out)) > 0 && !bytes.Equal(bytes.TrimSpace(out), []byte("null")) {
+		if err := json.Unmarshal(out, &states); err != nil {
+			return nil, fmt.Errorf("%w: runc list: %v", ErrUnavailable, err)
+		}
+	}
+	r.mu.Lock()
+	tracked := make(map[string]bool, len(r.live))
+	for id := range r.live {
+		tracked[id] = true
+	}
+	r.mu.Unlock()
+	known := map[string]bool{}
+	var reaped []Reaped
+	var errs []error
+	for _, st := range states {
+		known[st.ID] = true
+		a := st.Annotations
+		if a[LabelManaged] != "true" || a[LabelBackend] != "runc" {
+			continue
+		}
+		why := ""
+		switch {
+		case a[LabelInstance] == r.opts.Instance:
+			if !tracked[st.ID] && time.Since(st.Created) > r.opts.LeakGrace {
+				why = "leaked"
+			}
+		case a[LabelHost] != r.labels[LabelHost]:
+			// Another host's state directory (shared /run): not ours to judge.
+		case !alive(a[LabelPID], a[LabelPIDStart], a[LabelBoot]):
+			why = "orphan"
+		}
+		if why == "" {
+			continue
+		}
+		if err := r.destroy(st.ID); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		metricReaped.WithLabelValues(why).Inc()
+		reaped = append(reaped, Reaped{ID: st.ID, Reason: why})
+	}
+	// Directories without a container: a create that died before runc ran.
+	ents, _ := os.ReadDir(filepath.Join(r.opts.DataDir, "layers"))
+	for _, e := range ents {
+		id := e.Name()
+		if known[id] || tracked[id] || !strings.HasPrefix(id, "rollout-") {
+			continue
+		}
+		info, err := e.Info()
+		if err != nil || time.Since(info.ModTime()) < r.opts.LeakGrace || strings.HasPrefix(id, "rollout-"+r.opts.Instance+"-") {
+			continue
+		}
+		if err := r.destroy(id); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return reaped, errors.Join(errs...)
+}
+
+// runcSandbox is one container run by runc.
+type runcSandbox struct {
+	r       *Runc
+	id      string
+	paths   runcPaths
+	spec    Spec
+	imageID string
+	pid     int      // the container's init (the agent's supervisor), host pid namespace
+	pidfd   *os.File // open on pid from the start: no pid reuse can redirect a kill
+	channelOps
+	stdin      *os.File
+	stdout     *os.File
+	stderrPipe *os.File
+	stderrDone chan struct{}
+	stderr     *tailBuffer
+	hello      agent.Hello
+	created    time.Time
+	log        *slog.Logger
+	applied    Applied
+
+	lastUsed atomic.Int64
+	pooled   atomic.Bool
+	closing  atomic.Bool
+	reason   atomic.Value // string: why the backend closed it
+	diskUsed atomic.Int64
+	once     sync.Once
+	closeErr error
+}
+
+var (
+	_ Sandbox         = (*runcSandbox)(nil)
+	_ warmable        = (*runcSandbox)(nil)
+	_ ImageIdentifier = (*runcSandbox)(nil)
+	_ LimitsReporter  = (*runcSandbox)(nil)
+	_ Labeler         = (*runcSandbox)(nil)
+	_ Quiescer        = (*runcSandbox)(nil)
+)
+
+func (s *runcSandbox) ID() string                    { return s.id }
+func (s *runcSandbox) ImageID() string               { return s.imageID }
+func (s *runcSandbox) Applied() Applied              { return s.applied }
+func (s *runcSandbox) Labels() map[string]string     { return maps.Clone(s.spec.Labels) }
+func (s *runcSandbox) touch()                        { s.lastUsed.Store(time.Now().UnixNano()) }
+func (s *runcSandbox) broken() error                 { return s.conn.broken() }
+func (s *runcSandbox) setPooled(v bool)              { s.pooled.Store(v) }
+func (s *runcSandbox) setLabels(l map[string]string) { s.spec.Labels = l }
+func (s *runcSandbox) short() string                 { return s.id[len(s.id)-6:] }
+
+func (s *runcSandbox) check() error {
+	if s.closing.Load() {
+		if r, _ := s.reason.Load().(string); r != "" {
+			return fmt.Errorf("sandbox %s: %w (%s)", s.id, ErrClosed, r)
+		}
+		return fmt.Errorf("sandbox %s: %w", s.id, ErrClosed)
+	}
+	s.touch()
+	return nil
+}
+
+func (s *runcSandbox) wrap(what string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if s.closing.Load() && errors.Is(err, ErrUnavailable) {
+		if r, _ := s.reason.Load().(string); r != "" {
+			return fmt.Errorf("%s in sandbox %s: %w (%s)", what, s.id, ErrClosed, r)
+		}
+		return fmt.Errorf("%s in sandbox %s: %w", what, s.id, ErrClosed)
+	}
+	if errors.Is(err, ErrUnavailable) {
+		metricFailures.WithLabelValues("channel").Inc()
+		return fmt.Errorf("%s in sandbox %s: %w (%s)", what, s.id, err, s.state())
+	}
+	return fmt.Errorf("%s in sandbox %s: %w", what, s.id, err)
+}
+
+// state describes the container after the channel broke.
+func (s *runcSandbox) state() string {
+	msg := "container state unknown"
+	if s.pidfd != nil {
+		if err := unix.PidfdSendSignal(int(s.pidfd.Fd()), 0, nil, 0); errors.Is(err, unix.ESRCH) {
+			msg = "container exited"
+		} else if err == nil {
+			msg = "container running"
+		}
+	}
+	if oom := s.oomKills(); oom > 0 {
+		msg += ", OOM-killed"
+	}
+	if e := s.stderr.String(); e != "" {
+		msg += ", agent: " + e
+	}
+	return msg
+}
+
+// oomKills reads the memory cgroup's OOM kill count (cgroup v1 and v2).
+func (s *runcSandbox) oomKills() int {
+	for _, f := range []string{"/sys/fs/cgroup/memory/rollout-runc/" + s.id + "/memory.oom_control", "/sys/fs/cgroup/rollout-runc/" + s.id + "/memory.events"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for line := range strings.SplitSeq(string(b), "\n") {
+			if v, ok := strings.CutPrefix(line, "oom_kill "); ok {
+				n, _ := strconv.Atoi(strings.TrimSpace(v))
+				return n
+			}
+		}
+	}
+	return 0
+}
+
+// stopChannel ends the agent's channel: with stdin closed the agent exits,
+// and its supervisor (the container's init) with it. It waits for the
+// read loops.
+func (s *runcSandbox) stopChannel() {
+	_ = s.stdin.Close()
+	_ = s.stdout.Close()
+	<-s.conn.done
+	_ = s.stderrPipe.Close()
+	<-s.stderrDone
+}
+
+// Close removes the container, its cgroups, its writable layer and its
+// state. It is idempotent and works with a cancelled ctx.
+func (s *runcSandbox) Close(ctx context.Context) error {
+	s.once.Do(func() {
+		s.closing.Store(true)
+		if s.pidfd != nil {
+			// The namespace's init first: the kernel then kills every
+			// process in the sandbox, so nothing of it runs while runc
+			// cleans up.
+			_ = unix.PidfdSendSignal(int(s.pidfd.Fd()), unix.SIGKILL, nil, 0)
+		}
+		// Until the init has exited, runc would still find the container
+		// running and poll for it in 100 ms steps.
+		waitExit(s.pidfd, 5*time.Second)
+		s.stopChannel()
+		s.closeErr = s.r.destroy(s.id)
+		if s.pidfd != nil {
+			_ = s.pidfd.Close()
+		}
+		r := s.r
+		r.mu.Lock()
+		if _, ok := r.live[s.id]; ok {
+			delete(r.live, s.id)
+			r.slots.release()
+		}
+		metricLive.Set(float64(len(r.live)))
+		r.mu.Unlock()
+		if s.closeErr != nil {
+			s.closeErr = fmt.Errorf("close sandbox %s: %w", s.id, s.closeErr)
+		}
+	})
+	return s.closeErr
+}
+
+func (s *runcSandbox) diskTarget() (string, int64) { return s.paths.upper(), s.spec.Limits.DiskBytes }
+func (s *runcSandbox) isClosing() bool             { return s.closing.Load() }
+func (s *runcSandbox) setDiskUsed(n int64)         { s.diskUsed.Store(n) }
+func (s *runcSandbox) evict(ctx context.Context, why string) error {
+	s.reason.Store(why)
+	return s.Close(ctx)
+}
+
+// waitExit waits up to d for the process behind pidfd (nil: none) to exit.
+func waitExit(pidfd *os.File, d time.Duration) {
+	if pidfd == nil {
+		return
+	}
+	fds := []unix.PollFd{{Fd: int32(pidfd.Fd()), Events: unix.POLLIN}}
+	deadline := time.Now().Add(d)
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return
+		}
+		n, err := unix.Poll(fds, int(left/time.Millisecond)+1)
+		if n > 0 || (err != nil && !errors.Is(err, unix.EINTR)) {
+			return
+		}
+	}
+}
+
+// Client is the local engine the backend takes its images from (task
+// images are built there).
+func (r *Runc) Client() *client.Client { return r.cli }
