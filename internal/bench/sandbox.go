@@ -220,6 +220,9 @@ func runSandbox(ctx context.Context, r *runCtx) (out []Measure, err error) {
 	// gVisor beside runc: cold start and exec round trip, alternating.
 	out = append(out, measureRunsc(ctx, r, d, spec, rounds)...)
 
+	// The runc backend: the same sandboxes without the engine daemon.
+	out = append(out, measureRuncBackend(ctx, r, d, ref, rounds, peak, bestBase)...)
+
 	// Peak: peak sandboxes at once, each answering an exec while all are
 	// alive. The harness tries exactly `peak`; it does not search beyond.
 	res := sandbox.MeasurePeak(ctx, d, sandbox.Spec{Image: ref, Limits: sandbox.Limits{MemoryBytes: 256 << 20, CPUs: 0.5, PIDs: 64}}, peak, 8)
@@ -288,6 +291,133 @@ func measureAttach(ctx context.Context, r *runCtx, s sandbox.Sandbox, spec sandb
 			Note: fmt.Sprintf("n=%d each", sa.N)},
 		{Name: names[1], Value: ptr(sig(float64(ss.P50) / float64(sa.P50)))},
 	}
+}
+
+// measureRuncBackend measures the runc backend (sandbox.Runc) on this host
+// against the same run's Docker baselines: cold start against `docker run
+// -d` and against the Docker backend's own, alternating; exec; churn over
+// 1–16 at a time (runc has no daemon to deadlock) against the `docker run
+// && docker rm` loop's best (loop); and the density run. Without root or
+// runc every measure says why.
+func measureRuncBackend(ctx context.Context, r *runCtx, d *sandbox.Docker, ref string, rounds, peak int, loop sandbox.ChurnResult) []Measure {
+	names := []string{"sandbox.runc.cold_start_p50_ms", "sandbox.runc.cold_start_p99_ms", "sandbox.runc.cold_start_vs_docker_run_ratio",
+		"sandbox.runc.cold_start_vs_docker_backend_ratio", "sandbox.runc.exec_p50_ms", "sandbox.runc.exec_p99_ms",
+		"sandbox.runc.churn_per_s", "sandbox.runc.churn_vs_docker_run_ratio", "sandbox.runc.max_concurrent",
+		"sandbox.runc.mem_per_sandbox_mib", "sandbox.runc.pss_per_sandbox_mib"}
+	var out []Measure
+	missing := func(why string) []Measure {
+		have := map[string]bool{}
+		for _, m := range out {
+			have[m.Name] = true
+		}
+		for _, n := range names {
+			if !have[n] {
+				out = append(out, NotMeasured(n, why))
+			}
+		}
+		return out
+	}
+	rb, err := sandbox.NewRunc(ctx, sandbox.RuncOptions{Instance: "bench-" + randomSuffix(), ReapInterval: -1, MaxContainers: peak + 32, Logger: r.logger})
+	if err != nil {
+		return missing("runc backend: " + firstLine(err.Error()))
+	}
+	defer rb.Close(context.WithoutCancel(ctx))
+	spec := sandbox.Spec{Image: ref}
+	// The image is unpacked on first use: not a cold start's cost.
+	first, err := rb.Create(ctx, spec)
+	if err != nil {
+		return missing("create: " + firstLine(err.Error()))
+	}
+	_ = first.Close(ctx)
+	cr, run, err := sideBySide(rounds,
+		func(n int) ([]time.Duration, error) { return sandbox.MeasureCreate(ctx, rb, spec, n) }, r.n(20, 3),
+		func(n int) ([]time.Duration, error) {
+			return sandbox.MeasureDockerRun(ctx, d.Client(), ref, d.BaseLabels(), n)
+		}, r.n(20, 3))
+	if err != nil {
+		return missing("cold start: " + firstLine(err.Error()))
+	}
+	cr2, dk, err := sideBySide(rounds,
+		func(n int) ([]time.Duration, error) { return sandbox.MeasureCreate(ctx, rb, spec, n) }, r.n(20, 3),
+		func(n int) ([]time.Duration, error) { return sandbox.MeasureCreate(ctx, d, spec, n) }, r.n(20, 3))
+	if err != nil {
+		return missing("cold start: " + firstLine(err.Error()))
+	}
+	cold, rs, cold2, dks := sandbox.Summarize(cr), sandbox.Summarize(run), sandbox.Summarize(cr2), sandbox.Summarize(dk)
+	base := "`docker run -d --network none IMAGE sleep 3600` via the CLI, alternating, same run"
+	out = append(out,
+		Measure{Name: names[0], Value: ptr(toMS(cold.P50)), Baseline: ptr(toMS(rs.P50)), BaselineName: base,
+			Note: fmt.Sprintf("n=%d; overlay mount, OCI config, `runc run`, agent handshake", cold.N)},
+		Measure{Name: names[1], Value: ptr(toMS(cold.P99)), Baseline: ptr(toMS(rs.P99)), BaselineName: base},
+		Measure{Name: names[2], Value: ptr(sig(float64(cold.P50) / float64(rs.P50)))},
+		Measure{Name: names[3], Value: ptr(sig(float64(cold2.P50) / float64(dks.P50))),
+			Note: fmt.Sprintf("runc backend %.1f ms vs Docker backend %.1f ms p50, alternating, n=%d each", toMS(cold2.P50), toMS(dks.P50), cold2.N)},
+	)
+	s, err := rb.Create(ctx, spec)
+	if err != nil {
+		return missing("create: " + firstLine(err.Error()))
+	}
+	ds, err := d.Create(ctx, spec)
+	if err != nil {
+		_ = s.Close(ctx)
+		return missing("create: " + firstLine(err.Error()))
+	}
+	er, ed, err := sideBySide(rounds,
+		func(n int) ([]time.Duration, error) { return sandbox.MeasureExec(ctx, s, n) }, r.n(500, 50),
+		func(n int) ([]time.Duration, error) { return sandbox.MeasureExec(ctx, ds, n) }, r.n(500, 50))
+	_ = s.Close(ctx)
+	_ = ds.Close(ctx)
+	if err != nil {
+		return missing("exec: " + firstLine(err.Error()))
+	}
+	ers, eds := sandbox.Summarize(er), sandbox.Summarize(ed)
+	base = "the Docker backend's channel, alternating, same run"
+	out = append(out,
+		Measure{Name: names[4], Value: ptr(toMS(ers.P50)), Baseline: ptr(toMS(eds.P50)), BaselineName: base, Note: fmt.Sprintf("n=%d each; the agent's pipes held by this process", ers.N)},
+		Measure{Name: names[5], Value: ptr(toMS(ers.P99)), Baseline: ptr(toMS(eds.P99)), BaselineName: base},
+	)
+	levels := []int{1, 2, 4, 8, 16}
+	if r.quick() {
+		levels = []int{4}
+	}
+	churnN := r.n(32, 4)
+	var best sandbox.ChurnResult
+	var curve []string
+	for _, c := range levels {
+		res, err := sandbox.MeasureChurn(ctx, rb, spec, max(churnN, c), c)
+		if err != nil {
+			return missing(fmt.Sprintf("churn at %d: %s", c, firstLine(err.Error())))
+		}
+		if res.PerSecond() > best.PerSecond() {
+			best = res
+		}
+		curve = append(curve, fmt.Sprintf("%d: %.2f/s", c, res.PerSecond()))
+	}
+	if loop.PerSecond() > 0 {
+		out = append(out,
+			Measure{Name: names[6], Value: ptr(sig(best.PerSecond())), Baseline: ptr(sig(loop.PerSecond())),
+				BaselineName: "the `docker run -d … && docker rm -f` loop at its best concurrency (sandbox.churn_per_s), same run",
+				Note: fmt.Sprintf("single-use sandboxes (create, start, handshake, exec `true`, remove), best at %d at a time; %d lifecycles per level; curve: %s",
+					best.Concurrency, max(churnN, 1), strings.Join(curve, ", "))},
+			Measure{Name: names[7], Value: ptr(sig(best.PerSecond() / loop.PerSecond()))},
+		)
+	}
+	res := sandbox.MeasurePeak(ctx, rb, sandbox.Spec{Image: ref, Limits: sandbox.Limits{MemoryBytes: 256 << 20, CPUs: 0.5, PIDs: 64}}, peak, 8)
+	note := fmt.Sprintf("tried %d; all created in %s", res.Target, res.Elapsed.Round(time.Millisecond))
+	if res.Err != nil {
+		note = joinNote(note, firstLine(res.Err.Error()))
+	}
+	out = append(out, Measure{Name: names[8], Value: ptr(float64(res.Alive)), Note: note})
+	if res.Alive > 0 && res.ContainerPSS > 0 {
+		n := float64(res.Alive)
+		out = append(out,
+			Measure{Name: names[9], Value: ptr(sig(float64(res.MemAvailableDrop) / n / (1 << 20))),
+				Note: fmt.Sprintf("MemAvailable dropped %.0f MiB with %d idle sandboxes alive", float64(res.MemAvailableDrop)/(1<<20), res.Alive)},
+			Measure{Name: names[10], Value: ptr(sig(float64(res.ContainerPSS) / n / (1 << 20))),
+				Note: "the sandbox's own processes (the agent and its supervisor); no shim"},
+		)
+	}
+	return missing("no sandbox processes visible in /proc")
 }
 
 // measureRunsc compares sandboxes under gVisor (runsc) with runc in the
