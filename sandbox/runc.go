@@ -337,6 +337,9 @@ func (r *Runc) create(ctx context.Context, spec Spec, extraLabels map[string]str
 	labels := maps.Clone(r.labels)
 	maps.Copy(labels, spec.Labels)
 	maps.Copy(labels, extraLabels)
+	if err := writeEtc(p, id); err != nil {
+		return nil, fmt.Errorf("create sandbox %s: %w: %v", id, ErrUnavailable, err)
+	}
 	cfg, err := r.ociSpec(id, spec, img, labels)
 	if err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w: %v", id, ErrInvalid, err)
@@ -535,6 +538,10 @@ func (r *Runc) ociSpec(id string, spec Spec, img runcImage, labels map[string]st
 			{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: ro},
 			{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup", Options: append([]string{"relatime"}, ro...)},
 			{Destination: agentInCtr, Type: "bind", Source: r.agent.Path, Options: []string{"rbind", "ro", "nosuid", "nodev"}},
+			// As Docker does for its containers (the image's own are
+			// empty mount points left by the engine's export).
+			{Destination: "/etc/hosts", Type: "bind", Source: filepath.Join(r.paths(id).bundle, "hosts"), Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}},
+			{Destination: "/etc/hostname", Type: "bind", Source: filepath.Join(r.paths(id).bundle, "hostname"), Options: []string{"rbind", "ro", "nosuid", "nodev", "noexec"}},
 		},
 		Annotations: labels,
 		Linux: &specs.Linux{
@@ -561,6 +568,7 @@ func (r *Runc) ociSpec(id string, spec Spec, img runcImage, labels map[string]st
 			specs.Mount{Destination: spec.Workdir, Type: "tmpfs", Source: "tmpfs",
 				Options: []string{"rw", "exec", "nosuid", "nodev", "mode=755", "size=" + strconv.FormatInt(spec.Limits.DiskBytes, 10)}})
 	}
+	s.Process.ApparmorProfile = apparmorProfile()
 	prof, err := seccomp.GetDefaultProfile(s)
 	if err != nil {
 		return nil, fmt.Errorf("seccomp profile: %v", err)
@@ -568,6 +576,29 @@ func (r *Runc) ociSpec(id string, spec Spec, img runcImage, labels map[string]st
 	s.Linux.Seccomp = prof
 	return json.Marshal(s)
 }
+
+// writeEtc writes the sandbox's /etc/hosts and /etc/hostname into its
+// bundle (bind-mounted read-only): loopback names as Docker writes them for
+// a container without network.
+func writeEtc(p runcPaths, id string) error {
+	host := id[len(id)-12:]
+	hosts := "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\nfe00::0\tip6-localnet\nff00::0\tip6-mcastprefix\nff02::1\tip6-allnodes\nff02::2\tip6-allrouters\n"
+	if err := os.WriteFile(filepath.Join(p.bundle, "hosts"), []byte(hosts), 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(p.bundle, "hostname"), []byte(host+"\n"), 0o644)
+}
+
+// apparmorProfile is Docker's docker-default when the host enforces
+// AppArmor and the engine has loaded it (as Docker's containers get it),
+// else none.
+var apparmorProfile = sync.OnceValue(func() string {
+	b, err := os.ReadFile("/sys/kernel/security/apparmor/profiles")
+	if err == nil && strings.Contains(string(b), "docker-default (enforce)") {
+		return "docker-default"
+	}
+	return ""
+})
 
 // mergeEnv is the image's environment with spec's on top, sorted by name.
 func mergeEnv(image []string, spec map[string]string) []string {

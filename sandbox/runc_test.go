@@ -109,6 +109,10 @@ func TestRuncIsolation(t *testing.T) {
 	if dev := run("cat /proc/net/dev"); strings.Contains(dev, "eth") || !strings.Contains(dev, "lo:") {
 		t.Errorf("network devices:\n%s", dev)
 	}
+	// Loopback is up and named, as in a Docker container without network.
+	if lo := run("cat /sys/class/net/lo/flags; grep -c localhost /etc/hosts; cat /etc/hostname"); !strings.HasPrefix(lo, "0x9\n2\n") || !strings.Contains(lo, s.ID()[len(s.ID())-12:]) {
+		t.Errorf("loopback, /etc/hosts, /etc/hostname:\n%s", lo)
+	}
 	// The agent's supervisor is pid 1; the agent its child.
 	if comm := run("cat /proc/1/cmdline | tr '\\0' ' '"); !strings.Contains(comm, "-supervise") {
 		t.Errorf("pid 1 is %q, want the agent's supervisor", comm)

@@ -16,7 +16,7 @@ import (
 func init() { register(newDemoCmd) }
 
 func newDemoCmd() *cobra.Command {
-	var out, backend, family string
+	var out, backend, family, sandboxBackend string
 	var successProb float64
 	var seed int64
 	var envSpecs []string
@@ -59,7 +59,7 @@ groups of 8).`,
 			bars := map[string]*progress{}
 			results, err := demo.Run(ctx, demo.Options{
 				Out: out, Specs: specs, Backend: backend, Family: family,
-				SuccessProb: successProb, Seed: seed, Logger: log, Distill: distill,
+				SuccessProb: successProb, Seed: seed, Logger: log, Distill: distill, SandboxBackend: sandboxBackend,
 				Progress: func(env string, e runner.Event) {
 					p, ok := bars[env]
 					if !ok {
@@ -85,6 +85,7 @@ groups of 8).`,
 	}
 	cmd.Flags().StringVar(&out, "out", "out/demo", "output directory (one run directory per env)")
 	cmd.Flags().StringVar(&backend, "backend", "vllm", "inference backend against the simulator: vllm (token-exact), chat, vllm-generate, sglang")
+	cmd.Flags().StringVar(&sandboxBackend, "sandbox-backend", "docker", "sandbox backend: docker, or runc (containers started by runc directly, no engine daemon; root)")
 	cmd.Flags().StringVar(&family, "family", "hermes", "tool-call format the simulated model emits (and the parser)")
 	cmd.Flags().Float64Var(&successProb, "success-prob", 0.7, "probability that a rollout follows the correct solution")
 	cmd.Flags().Int64Var(&seed, "seed", 1, "simulator seed")

@@ -95,6 +95,8 @@ var catalog = []entry{
 	{"runner", "runner.rollouts_per_s", "rollouts/s", "", "issue 7 (reported)", "terminal-tasks on busybox, simulator at zero latency, end to end"},
 	{"runner", "runner.cpu_s_per_rollout", "CPU-s", "", "issue 7 (reported)", "this process's CPU per rollout at zero latency (includes the in-process simulator; Docker excluded)"},
 	{"runner", "runner.phase_sandbox_share", "×", "", "", "sandbox acquisition / total wall per rollout, zero latency (runner.phase_sandbox_start_ms / runner.phase_total_ms): single-use sandboxes, every one a new container"},
+	{"runner", "runner.runc_rollouts_per_s", "rollouts/s", "", "issue 20 (reported)", "the zero-latency run on the runc backend (sandbox.backend runc): single-use sandboxes started by runc without the engine daemon"},
+	{"runner", "runner.runc_phase_sandbox_share", "×", "", "issue 20 (reported)", "sandbox acquisition / total wall per rollout of runner.runc_rollouts_per_s's run (single-use sandboxes, every one a new container)"},
 	{"runner", "runner.reuse_rollouts_per_s", "rollouts/s", "", "", "terminal-tasks on busybox at zero latency with a read-only root and sandboxes reset in place (sandbox.reuse)"},
 	{"runner", "runner.reuse_phase_sandbox_share", "×", "", "", "sandbox acquisition / total wall per rollout, zero latency, sandboxes reset in place (runner.reuse_phase_sandbox_start_ms / runner.reuse_phase_total_ms), over the whole run: its first wave (8 groups × 4) creates every sandbox cold"},
 	{"runner", "runner.reuse_steady_sandbox_share", "×", "< 0.25", "issue 20", "as runner.reuse_phase_sandbox_share over the rollouts that started after the first rollout ended (a long run's steady state: only they can find a sandbox given back and reset)"},

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -103,7 +104,8 @@ type ttRun struct {
 	groups    int
 	lat       sim.Latency
 	noJournal bool
-	reuse     bool // read-only root, sandbox.reuse
+	reuse     bool   // read-only root, sandbox.reuse
+	backend   string // sandbox.backend ("": docker)
 	// serveWarm > -1 runs the job through rollout serve's shared Docker
 	// backend (job.Shared) with --warm-sandboxes serveWarm, instead of a
 	// backend of its own.
@@ -119,7 +121,7 @@ func runTerminalTasks(ctx context.Context, r *runCtx, ref string, o ttRun) (runn
 	ph := &phases{}
 	do := demo.Options{Out: dir, Specs: []demo.Spec{{Env: "terminal-tasks", Groups: o.groups, GroupSize: 4, Image: ref}},
 		Seed: 1, Latency: o.lat, Logger: r.logger, Progress: ph.event, SandboxInstance: "bench-runner-" + randomSuffix(),
-		NoJournal: o.noJournal, Reuse: o.reuse}
+		NoJournal: o.noJournal, Reuse: o.reuse, SandboxBackend: o.backend}
 	if o.serveWarm > -1 {
 		do.Shared = job.NewShared(sandbox.Options{Logger: r.logger, Instance: do.SandboxInstance}, o.serveWarm)
 		defer do.Shared.Close(context.WithoutCancel(ctx))
@@ -174,6 +176,10 @@ func runRunner(ctx context.Context, r *runCtx) ([]Measure, error) {
 	} else {
 		out = append(out, NotMeasured("runner.phase_sandbox_share", "no rollout finished"))
 	}
+
+	// The same run on the runc backend: single-use sandboxes that runc
+	// starts without the engine daemon.
+	out = append(out, runcRunnerMeasures(ctx, r, ref, zero)...)
 
 	// The same env with a read-only root and sandboxes reset in place
 	// (sandbox.reuse), over more groups than run at once (8), so that
@@ -264,6 +270,29 @@ func runRunner(ctx context.Context, r *runCtx) ([]Measure, error) {
 	)
 	out = append(out, phaseMeasures("runner.realistic_phase_", "TTFT 200 ms + 30 ms/token", real.ph)...)
 	return out, nil
+}
+
+// runcRunnerMeasures runs the zero-latency run again with sandbox.backend
+// runc (baseline: the Docker run zero, same bench run); without root or
+// runc the measures say why.
+func runcRunnerMeasures(ctx context.Context, r *runCtx, ref string, zero runnerRun) []Measure {
+	names := []string{"runner.runc_rollouts_per_s", "runner.runc_phase_sandbox_share"}
+	rr, err := runTerminalTasks(ctx, r, ref, ttRun{groups: r.n(8, 2), serveWarm: -1, backend: sandbox.BackendRunc})
+	if err == nil && rr.ph.mean(rr.ph.total) <= 0 {
+		err = errors.New("no rollout finished")
+	}
+	if err != nil {
+		return []Measure{NotMeasured(names[0], firstLine(err.Error())), NotMeasured(names[1], firstLine(err.Error()))}
+	}
+	zph, ph := zero.ph, rr.ph
+	return []Measure{
+		{Name: names[0], Value: ptr(sig(float64(rr.rollouts) / rr.elapsed.Seconds())),
+			Baseline: ptr(sig(float64(zero.rollouts) / zero.elapsed.Seconds())), BaselineName: "runner.rollouts_per_s (the Docker backend), same bench run",
+			Note: fmt.Sprintf("%d rollouts (groups of 4, %d infra-failed), wall %s; mean sandbox acquisition %.0f ms vs %.0f ms on Docker",
+				rr.rollouts, ph.infra, rr.elapsed.Round(time.Millisecond), ph.mean(ph.sandbox), zph.mean(zph.sandbox))},
+		{Name: names[1], Value: ptr(sig(ph.mean(ph.sandbox) / ph.mean(ph.total))),
+			Baseline: ptr(sig(zph.mean(zph.sandbox) / max(zph.mean(zph.total), 1e-9))), BaselineName: "runner.phase_sandbox_share (the Docker backend), same bench run"},
+	}
 }
 
 // phaseMeasures reports where a rollout's wall time went, per rollout

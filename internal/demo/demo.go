@@ -148,6 +148,8 @@ type Options struct {
 	// Reuse runs the sandboxes with a read-only root and resets them in
 	// place between rollouts (sandbox.reuse).
 	Reuse bool
+	// SandboxBackend is sandbox.backend: "" or docker, or runc.
+	SandboxBackend string
 	// GroupsInFlight is limits.groups_in_flight (0: the default).
 	GroupsInFlight int
 	// Shared, when set, is rollout serve's shared sandbox backend: the
@@ -253,6 +255,7 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 		}
 		cfg.Sandbox.Image = s.Image
 		cfg.Sandbox.ReadOnlyRoot, cfg.Sandbox.Reuse = o.Reuse, o.Reuse
+		cfg.Sandbox.Backend = o.SandboxBackend
 		cfg.Limits.GroupsInFlight = o.GroupsInFlight
 		if node != nil {
 			cfg.EnvConfig = *node
