@@ -408,6 +408,53 @@ func TestReuseMatchesFreshSandboxes(t *testing.T) {
 	assertNoContainers(t)
 }
 
+// TestRuncMatchesDocker runs the same groups on the Docker and the runc
+// backends: every group earns the same rewards, and the runc backend leaves
+// no container state behind.
+func TestRuncMatchesDocker(t *testing.T) {
+	needImages(t, false)
+	if os.Geteuid() != 0 {
+		t.Skip("the runc backend needs root")
+	}
+	specs := []Spec{{Env: "terminal-tasks", Groups: 8, GroupSize: 2, Image: "rollout-sandbox:busybox"}}
+	rewards := func(backend string) map[string][]float64 {
+		inst := testInstance()
+		res, err := Run(context.Background(), Options{SandboxInstance: inst, Out: t.TempDir(), Specs: specs, Seed: 11,
+			Logger: quiet, SandboxBackend: backend, GroupsInFlight: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res[0].Summary.InfraFailed != 0 {
+			t.Fatalf("%s: %d infra failures: %+v", backend, res[0].Summary.InfraFailed, res[0].Summary.FailuresByKind)
+		}
+		recs := readRun(t, res[0].Dir)
+		checkRecords(t, recs, specs[0].Groups, specs[0].GroupSize)
+		out := map[string][]float64{}
+		for _, r := range recs {
+			out[r.GroupID] = append(out[r.GroupID], r.Reward)
+		}
+		for _, v := range out {
+			slices.Sort(v)
+		}
+		if backend == sandbox.BackendRunc {
+			ents, _ := os.ReadDir("/run/rollout-runc/runc")
+			for _, e := range ents {
+				if strings.HasPrefix(e.Name(), "rollout-"+inst+"-") {
+					t.Errorf("runc container %s left after the run", e.Name())
+				}
+			}
+		}
+		return out
+	}
+	docker, runc := rewards(sandbox.BackendDocker), rewards(sandbox.BackendRunc)
+	for g, want := range docker {
+		if got := runc[g]; !slices.Equal(got, want) {
+			t.Errorf("group %s: rewards %v on runc, %v on Docker", g, got, want)
+		}
+	}
+	assertNoContainers(t)
+}
+
 // resetsDone reads rollout_sandbox_resets_total{result="ok"}.
 func resetsDone(t *testing.T) float64 { return resetCount(t, "ok") }
 
