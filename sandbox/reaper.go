@@ -83,21 +83,7 @@ func reap(ctx context.Context, cli *client.Client, self map[string]string, track
 	var errs []error
 	for _, c := range res.Items {
 		inst := c.Labels[LabelInstance]
-		reason := ""
-		switch {
-		case opts.All:
-			reason = "all"
-		case c.Labels[LabelHost] != host:
-			if opts.OtherHosts {
-				reason = "other-host"
-			}
-		case self != nil && inst == self[LabelInstance] && c.Labels[LabelPID] == self[LabelPID] && c.Labels[LabelPIDStart] == self[LabelPIDStart]:
-			if !tracked[c.ID] && time.Since(time.Unix(c.Created, 0)) > grace {
-				reason = "leaked"
-			}
-		case !alive(c.Labels[LabelPID], c.Labels[LabelPIDStart], c.Labels[LabelBoot]):
-			reason = "orphan"
-		}
+		reason := reapReason(c.Labels, tracked[c.ID], time.Unix(c.Created, 0), self, grace, opts, host)
 		if reason == "" {
 			continue
 		}
@@ -113,6 +99,29 @@ func reap(ctx context.Context, cli *client.Client, self map[string]string, track
 		out = append(out, Reaped{ID: c.ID, Name: name, Instance: inst, Reason: reason})
 	}
 	return out, errors.Join(errs...)
+}
+
+// reapReason says why a sandbox container with these labels, created at
+// created, is to be removed ("" keeps it): every one with opts.All; other
+// hosts' with opts.OtherHosts; the calling backend's own (self: its
+// instance, pid and pid start labels) when it does not track it and it is
+// older than grace; any other whose creating process is gone.
+func reapReason(labels map[string]string, isTracked bool, created time.Time, self map[string]string, grace time.Duration, opts ReapOptions, host string) string {
+	switch {
+	case opts.All:
+		return "all"
+	case labels[LabelHost] != host:
+		if opts.OtherHosts {
+			return "other-host"
+		}
+	case self != nil && labels[LabelInstance] == self[LabelInstance] && labels[LabelPID] == self[LabelPID] && labels[LabelPIDStart] == self[LabelPIDStart]:
+		if !isTracked && time.Since(created) > grace {
+			return "leaked"
+		}
+	case !alive(labels[LabelPID], labels[LabelPIDStart], labels[LabelBoot]):
+		return "orphan"
+	}
+	return ""
 }
 
 // alive reports whether the process that labelled a container still runs

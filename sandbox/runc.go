@@ -171,7 +171,7 @@ func NewRunc(ctx context.Context, opts RuncOptions) (*Runc, error) {
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	r.stop = cancel
 	if opts.ReapInterval > 0 {
-		if _, err := r.Reap(ctx); err != nil {
+		if _, err := r.Reap(ctx, ReapOptions{}); err != nil {
 			r.log.Warn("start-up reap failed", "err", err)
 		}
 		r.bg.Go(func() {
@@ -183,7 +183,7 @@ func NewRunc(ctx context.Context, opts RuncOptions) (*Runc, error) {
 					return
 				case <-t.C:
 				}
-				if _, err := r.Reap(rctx); err != nil && rctx.Err() == nil {
+				if _, err := r.Reap(rctx, ReapOptions{}); err != nil && rctx.Err() == nil {
 					r.log.Warn("reap failed", "err", err)
 				}
 			}
@@ -674,18 +674,19 @@ type runcState struct {
 	Annotations map[string]string `json:"annotations"`
 }
 
-// Reap removes the containers of this backend's state directory that no
-// live instance owns (their owner process is gone), and this instance's
-// own untracked ones older than LeakGrace, with their layers; and layer or
-// bundle directories no container owns.
-func (r *Runc) Reap(ctx context.Context) ([]Reaped, error) {
+// Reap removes the runc containers of this backend's state directory that
+// no live instance owns, with their layers and bundles, by the Docker
+// reaper's rules (reapReason; opts as for `rollout sandbox gc`); and layer
+// directories no container owns, left by a create that died before runc
+// ran, once older than LeakGrace.
+func (r *Runc) Reap(ctx context.Context, opts ReapOptions) ([]Reaped, error) {
 	out, err := r.runc(ctx, "list", "--format", "json")
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	var states []runcState
-	if len(bytes.TrimSpace(out)) > 0 && !bytes.Equal(bytes.TrimSpace(out), []byte("null")) {
-		if err := json.Unmarshal(out, &states); err != nil {
+	if t := bytes.TrimSpace(out); len(t) > 0 && !bytes.Equal(t, []byte("null")) {
+		if err := json.Unmarshal(t, &states); err != nil {
 			return nil, fmt.Errorf("%w: runc list: %v", ErrUnavailable, err)
 		}
 	}
@@ -695,26 +696,17 @@ func (r *Runc) Reap(ctx context.Context) ([]Reaped, error) {
 		tracked[id] = true
 	}
 	r.mu.Unlock()
+	self := map[string]string{LabelInstance: r.opts.Instance, LabelPID: r.labels[LabelPID], LabelPIDStart: r.labels[LabelPIDStart]}
 	known := map[string]bool{}
 	var reaped []Reaped
 	var errs []error
 	for _, st := range states {
 		known[st.ID] = true
 		a := st.Annotations
-		if a[LabelManaged] != "true" || a[LabelBackend] != "runc" {
+		if a[LabelManaged] != "true" || a[LabelBackend] != "runc" || tracked[st.ID] {
 			continue
 		}
-		why := ""
-		switch {
-		case a[LabelInstance] == r.opts.Instance:
-			if !tracked[st.ID] && time.Since(st.Created) > r.opts.LeakGrace {
-				why = "leaked"
-			}
-		case a[LabelHost] != r.labels[LabelHost]:
-			// Another host's state directory (shared /run): not ours to judge.
-		case !alive(a[LabelPID], a[LabelPIDStart], a[LabelBoot]):
-			why = "orphan"
-		}
+		why := reapReason(a, false, st.Created, self, r.opts.LeakGrace, opts, r.labels[LabelHost])
 		if why == "" {
 			continue
 		}
@@ -723,9 +715,8 @@ func (r *Runc) Reap(ctx context.Context) ([]Reaped, error) {
 			continue
 		}
 		metricReaped.WithLabelValues(why).Inc()
-		reaped = append(reaped, Reaped{ID: st.ID, Reason: why})
+		reaped = append(reaped, Reaped{ID: st.ID, Instance: a[LabelInstance], Reason: why})
 	}
-	// Directories without a container: a create that died before runc ran.
 	ents, _ := os.ReadDir(filepath.Join(r.opts.DataDir, "layers"))
 	for _, e := range ents {
 		id := e.Name()
@@ -733,7 +724,7 @@ func (r *Runc) Reap(ctx context.Context) ([]Reaped, error) {
 			continue
 		}
 		info, err := e.Info()
-		if err != nil || time.Since(info.ModTime()) < r.opts.LeakGrace || strings.HasPrefix(id, "rollout-"+r.opts.Instance+"-") {
+		if err != nil || (!opts.All && time.Since(info.ModTime()) < r.opts.LeakGrace) {
 			continue
 		}
 		if err := r.destroy(id); err != nil {
@@ -741,6 +732,18 @@ func (r *Runc) Reap(ctx context.Context) ([]Reaped, error) {
 		}
 	}
 	return reaped, errors.Join(errs...)
+}
+
+// GCRunc is Reap of the runc backend's default directories (or those of
+// opts) for `rollout sandbox gc --runc`.
+func GCRunc(ctx context.Context, ro RuncOptions, opts ReapOptions) ([]Reaped, error) {
+	ro.ReapInterval, ro.Instance = -1, "gc-"+randomID(8)
+	r, err := NewRunc(ctx, ro)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close(context.WithoutCancel(ctx))
+	return r.Reap(ctx, opts)
 }
 
 // runcSandbox is one container run by runc.

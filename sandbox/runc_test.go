@@ -252,7 +252,7 @@ func TestRuncOwnerDeath(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(r.runcRoot(), id)); err != nil {
 		t.Fatalf("the dead owner's container state is missing before the reap: %v", err)
 	}
-	reaped, err := r.Reap(context.Background())
+	reaped, err := r.Reap(context.Background(), ReapOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

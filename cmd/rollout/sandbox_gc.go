@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/spf13/cobra"
@@ -12,7 +13,7 @@ func init() { registerSandbox(newSandboxGCCmd) }
 
 func newSandboxGCCmd() *cobra.Command {
 	var opts sandbox.ReapOptions
-	var kube bool
+	var kube, runc bool
 	var kc sandbox.KubernetesConfig
 	cmd := &cobra.Command{
 		Use:   "gc",
@@ -21,20 +22,32 @@ func newSandboxGCCmd() *cobra.Command {
 			"(crashed runs). Containers of running instances are kept unless --all is given.\n" +
 			"With --kubernetes: delete the owner leases of processes that stopped renewing them (the\n" +
 			"cluster's garbage collector then deletes their pods) and pods without a live owner, in\n" +
-			"--namespace (docs/kubernetes.md).",
+			"--namespace (docs/kubernetes.md).\n" +
+			"With --runc: remove the runc backend's containers whose creating process is gone, with\n" +
+			"their writable layers (as root).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if kube && runc {
+				return usageError(cmd, errors.New("--kubernetes and --runc: choose one backend to collect"))
+			}
 			var removed []sandbox.Reaped
 			var err error
 			what := "container(s)"
-			if kube {
+			switch {
+			case kube:
 				removed, err = sandbox.GCKubernetes(cmd.Context(), kc, opts)
 				what = "object(s)"
-			} else {
+			case runc:
+				removed, err = sandbox.GCRunc(cmd.Context(), sandbox.RuncOptions{}, opts)
+			default:
 				removed, err = sandbox.GC(cmd.Context(), opts)
 			}
 			out := cmd.OutOrStdout()
 			for _, r := range removed {
+				if r.Name == "" { // runc: the id is the name
+					fmt.Fprintf(out, "removed %s (instance %s, %s)\n", r.ID, r.Instance, r.Reason)
+					continue
+				}
 				fmt.Fprintf(out, "removed %s %s (instance %s, %s)\n", r.ID[:min(12, len(r.ID))], r.Name, r.Instance, r.Reason)
 			}
 			fmt.Fprintf(out, "%d %s removed\n", len(removed), what)
@@ -44,6 +57,7 @@ func newSandboxGCCmd() *cobra.Command {
 	cmd.Flags().BoolVar(&opts.All, "all", false, "remove every sandbox container of this service, also those of running instances")
 	cmd.Flags().BoolVar(&opts.OtherHosts, "other-hosts", false, "also remove containers created from other hosts (shared engine)")
 	cmd.Flags().BoolVar(&kube, "kubernetes", false, "collect on a Kubernetes cluster instead of the local engine")
+	cmd.Flags().BoolVar(&runc, "runc", false, "collect the runc backend's containers (sandbox.backend runc) instead of the engine's")
 	cmd.Flags().StringVar(&kc.Kubeconfig, "kubeconfig", "", "kubeconfig file (default $KUBECONFIG, ~/.kube/config, in-cluster)")
 	cmd.Flags().StringVar(&kc.Context, "context", "", "kubeconfig context")
 	cmd.Flags().StringVar(&kc.Namespace, "namespace", "default", "namespace of the sandbox pods")
