@@ -182,7 +182,8 @@ type SandboxConfig struct {
 	// it and creating another: every process killed, the tmpfs mounts,
 	// /dev/shm, /dev/mqueue and SysV IPC emptied, the spec's files placed
 	// again. Needs read_only_root (nothing else is writable) and the
-	// Docker backend with runc (docs/security.md, "Reuse").
+	// Docker backend with runc, or the runc backend (docs/security.md,
+	// "Reuse").
 	Reuse bool `yaml:"reuse,omitempty" json:"reuse,omitempty"`
 	// Backend is "docker" (default: the local engine), "kubernetes" (pods
 	// on a cluster, configured by Kubernetes; docs/kubernetes.md) or "runc"
@@ -453,8 +454,6 @@ func (s SandboxConfig) validate(bad func(field, format string, args ...any) erro
 			return bad("sandbox.network", "%q: not implemented for the runc backend (its sandboxes have no network; use the docker backend)", s.Network)
 		case s.Runtime == sandbox.RuntimeRunsc:
 			return bad("sandbox.runtime", "runsc: not implemented for the runc backend (use the docker backend with runsc registered)")
-		case s.Reuse:
-			return bad("sandbox.reuse", "not implemented for the runc backend (its starts are what reuse saves; docs/config.md)")
 		}
 	}
 	if s.Reuse {

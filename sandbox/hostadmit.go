@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -88,23 +89,29 @@ func (d *Docker) admitHost(ctx context.Context, spec Spec, block bool) error {
 	if !d.bind || d.opts.HostMemoryReserve < 0 {
 		return nil
 	}
-	needMem := spec.Limits.MemoryBytes + d.opts.HostMemoryReserve
-	if total, err := d.probe.memTotal(); err == nil && needMem > total {
+	return admitHost(ctx, d.probe, d.log, spec, d.engineDataRoot(ctx), d.opts.HostMemoryReserve, d.opts.HostDiskReserve, block)
+}
+
+// admitHost waits until the host's memory covers spec's limit plus
+// memReserve and the disk of root (skipped when "") its disk limit plus
+// diskReserve (block), or reports ErrUnavailable at once (!block).
+func admitHost(ctx context.Context, probe hostProbe, log *slog.Logger, spec Spec, root string, memReserve, diskReserve int64, block bool) error {
+	needMem := spec.Limits.MemoryBytes + memReserve
+	if total, err := probe.memTotal(); err == nil && needMem > total {
 		return fmt.Errorf("%w: memory limit %d MiB plus the host reserve %d MiB exceeds the host's memory (%d MiB)",
-			ErrInvalid, spec.Limits.MemoryBytes>>20, d.opts.HostMemoryReserve>>20, total>>20)
+			ErrInvalid, spec.Limits.MemoryBytes>>20, memReserve>>20, total>>20)
 	}
-	root := d.engineDataRoot(ctx)
-	needDisk := spec.Limits.DiskBytes + d.opts.HostDiskReserve
+	needDisk := spec.Limits.DiskBytes + diskReserve
 	var waitedFor string
 	for {
 		short := ""
-		if avail, err := d.probe.memAvailable(); err == nil && avail < needMem {
+		if avail, err := probe.memAvailable(); err == nil && avail < needMem {
 			short = fmt.Sprintf("host memory: %d MiB available, a sandbox may use %d MiB plus a reserve of %d MiB",
-				avail>>20, spec.Limits.MemoryBytes>>20, d.opts.HostMemoryReserve>>20)
+				avail>>20, spec.Limits.MemoryBytes>>20, memReserve>>20)
 		} else if root != "" {
-			if free, err := d.probe.diskFree(root); err == nil && free < needDisk {
+			if free, err := probe.diskFree(root); err == nil && free < needDisk {
 				short = fmt.Sprintf("disk of %s: %d MiB free, a sandbox may write %d MiB plus a reserve of %d MiB",
-					root, free>>20, spec.Limits.DiskBytes>>20, d.opts.HostDiskReserve>>20)
+					root, free>>20, spec.Limits.DiskBytes>>20, diskReserve>>20)
 			}
 		}
 		if short == "" {
@@ -114,7 +121,7 @@ func (d *Docker) admitHost(ctx context.Context, spec Spec, block bool) error {
 			return fmt.Errorf("%w: %s", ErrUnavailable, short)
 		}
 		if waitedFor != short {
-			d.log.Warn("sandbox admission waits for host resources", "reason", short)
+			log.Warn("sandbox admission waits for host resources", "reason", short)
 			waitedFor = short
 		}
 		metricHostWaits.Inc()

@@ -20,7 +20,8 @@ type PoolOptions struct {
 	MaxIdle int
 	// Reuse resets a used sandbox in place and keeps it for the next
 	// Acquire of the same spec instead of removing it, for specs with a
-	// read-only root under runc on backends that can (Docker; reuse.go).
+	// read-only root under runc on backends that can (Docker, runc;
+	// reuse.go).
 	// Other specs are single-use as without it.
 	Reuse bool
 	// MaxUses bounds the rollouts one container serves with Reuse

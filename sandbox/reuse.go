@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/rollout-rl/rollout/sandbox/agent"
@@ -57,32 +58,9 @@ func (s *dockerSandbox) resetInPlace(ctx context.Context, spec Spec) (warmable, 
 	if !s.spec.Limits.ReadOnlyRoot || (s.spec.Runtime != "" && s.spec.Runtime != RuntimeRunc) {
 		return nil, fmt.Errorf("reset sandbox %s: %w: only a read-only root under runc can be reset in place", s.short(), ErrInvalid)
 	}
-	if err := s.conn.broken(); err != nil {
-		return nil, fmt.Errorf("reset sandbox %s: %w: %v", s.short(), ErrUnavailable, err)
-	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resetTimeout)
-	defer cancel()
-	if pending, idle := s.calls.close(); pending > 0 {
-		// The previous holder still has calls under way (a command, a
-		// wait): stop every process so that they return.
-		if _, err := s.conn.roundTrip(ctx, agent.Request{Op: agent.OpKillAll}, nil, nil); err != nil {
-			return nil, fmt.Errorf("reset sandbox %s: stop the previous holder's processes: %w", s.short(), err)
-		}
-		select {
-		case <-idle:
-		case <-ctx.Done():
-			return nil, fmt.Errorf("reset sandbox %s: %d calls of the previous holder did not return: %w", s.short(), pending, ctx.Err())
-		}
-	}
-	resp, err := s.conn.roundTrip(ctx, agent.Request{Op: agent.OpReset, Paths: s.writableMounts(), TimeoutNS: int64(resetTimeout * 2 / 3)}, nil, nil)
-	if err == nil {
-		err = responseError("reset", resp)
-	}
-	if err == nil && resp.Reset == nil {
-		err = fmt.Errorf("%w: agent sent no reset result", ErrUnavailable)
-	}
+	res, err := resetAgent(ctx, &s.channelOps, s.short(), s.writableMounts())
 	if err != nil {
-		return nil, fmt.Errorf("reset sandbox %s: %w", s.short(), err)
+		return nil, err
 	}
 	ns := &dockerSandbox{d: s.d, id: s.id, name: s.name, spec: spec, imageID: s.imageID, hj: s.hj, demux: s.demux,
 		attach: s.attach, sock: s.sock, stderr: s.stderr, hello: s.hello, created: time.Now(), log: s.log,
@@ -99,9 +77,48 @@ func (s *dockerSandbox) resetInPlace(ctx context.Context, spec Spec) (warmable, 
 	// left to release.
 	s.d.live[s.id] = ns
 	s.d.mu.Unlock()
-	s.log.Debug("sandbox reset in place", "resets", ns.resetCount, "killed", resp.Reset.Killed,
-		"removed", resp.Reset.Removed, "ipc", resp.Reset.IPC, "agent_ms", float64(resp.Reset.DurationNS)/1e6)
+	logReset(s.log, ns.resetCount, res)
 	return ns, nil
+}
+
+// resetAgent is the agent's side of a reset in place, the same for every
+// backend: the previous holder's gate is shut (its calls under way are
+// stopped by killing every process, then waited for), and the agent
+// empties paths, kills what is left and clears IPC.
+func resetAgent(ctx context.Context, o *channelOps, short string, paths []string) (*agent.ResetResult, error) {
+	if err := o.conn.broken(); err != nil {
+		return nil, fmt.Errorf("reset sandbox %s: %w: %v", short, ErrUnavailable, err)
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resetTimeout)
+	defer cancel()
+	if pending, idle := o.calls.close(); pending > 0 {
+		// The previous holder still has calls under way (a command, a
+		// wait): stop every process so that they return.
+		if _, err := o.conn.roundTrip(ctx, agent.Request{Op: agent.OpKillAll}, nil, nil); err != nil {
+			return nil, fmt.Errorf("reset sandbox %s: stop the previous holder's processes: %w", short, err)
+		}
+		select {
+		case <-idle:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("reset sandbox %s: %d calls of the previous holder did not return: %w", short, pending, ctx.Err())
+		}
+	}
+	resp, err := o.conn.roundTrip(ctx, agent.Request{Op: agent.OpReset, Paths: paths, TimeoutNS: int64(resetTimeout * 2 / 3)}, nil, nil)
+	if err == nil {
+		err = responseError("reset", resp)
+	}
+	if err == nil && resp.Reset == nil {
+		err = fmt.Errorf("%w: agent sent no reset result", ErrUnavailable)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reset sandbox %s: %w", short, err)
+	}
+	return resp.Reset, nil
+}
+
+func logReset(log *slog.Logger, count int, res *agent.ResetResult) {
+	log.Debug("sandbox reset in place", "resets", count, "killed", res.Killed,
+		"removed", res.Removed, "ipc", res.IPC, "agent_ms", float64(res.DurationNS)/1e6)
 }
 
 // spareKey files a reset sandbox: it serves only the scope whose rollout

@@ -42,16 +42,26 @@ func hostileRollout(t *testing.T, ctx context.Context, s Sandbox) {
 // of the test, and a context bounding the test.
 func reusePool(t *testing.T, opts PoolOptions) (context.Context, *Pool) {
 	t.Helper()
-	d := needDocker(t)
+	return reusePoolOn(t, needDocker(t), opts)
+}
+
+// reusePoolOn is reusePool over backend src.
+func reusePoolOn(t *testing.T, src poolSource, opts PoolOptions) (context.Context, *Pool) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
-	p := NewPool(d, opts)
+	p := NewPool(src, opts)
 	t.Cleanup(func() { _ = p.Close(context.Background()) })
 	return ctx, p
 }
 
-func TestReuseResetsEveryTrace(t *testing.T) {
-	ctx, p := reusePool(t, PoolOptions{Reuse: true, MaxIdle: 2})
+func TestReuseResetsEveryTrace(t *testing.T) { testReuseResetsEveryTrace(t, needDocker(t)) }
+
+// The runc backend's sandboxes reset in place just as well.
+func TestRuncReuseResetsEveryTrace(t *testing.T) { testReuseResetsEveryTrace(t, needRunc(t)) }
+
+func testReuseResetsEveryTrace(t *testing.T, src poolSource) {
+	ctx, p := reusePoolOn(t, src, PoolOptions{Reuse: true, MaxIdle: 2})
 	spec := Spec{Image: testImage, Limits: Limits{ReadOnlyRoot: true},
 		Files: []File{{Path: "/workspace/seed.txt", Data: []byte("seed\n")}}}
 
@@ -78,7 +88,7 @@ func TestReuseResetsEveryTrace(t *testing.T) {
 	}
 	defer second.Close(context.Background())
 	if second.ID() != id {
-		t.Fatalf("second sandbox is container %s, want the reset %s", second.ID()[:12], id[:12])
+		t.Fatalf("second sandbox is container %s, want the reset %s", second.ID(), id)
 	}
 	check := func(what, cmd, want string) {
 		t.Helper()

@@ -64,6 +64,13 @@ type RuncOptions struct {
 	LeakGrace         time.Duration // own untracked containers younger than this are left alone (default 2m)
 	DiskCheckInterval time.Duration // disk watchdog period (default 1s; disk.go)
 	Logger            *slog.Logger
+	// HostMemoryReserve and HostDiskReserve are the Docker backend's
+	// host admission (Options): a create waits until the host's memory
+	// covers the sandbox's limit plus the reserve (default 512 MiB;
+	// negative disables admission) and DataDir's disk its disk limit plus
+	// the reserve (default 2 GiB).
+	HostMemoryReserve int64
+	HostDiskReserve   int64
 }
 
 // Runc creates sandboxes as OCI containers run by runc. It is safe for
@@ -127,6 +134,12 @@ func NewRunc(ctx context.Context, opts RuncOptions) (*Runc, error) {
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
+	}
+	if opts.HostMemoryReserve == 0 {
+		opts.HostMemoryReserve = 512 << 20
+	}
+	if opts.HostDiskReserve <= 0 {
+		opts.HostDiskReserve = 2 << 30
 	}
 	var ab AgentBinary
 	if opts.Agent != nil {
@@ -256,7 +269,7 @@ func (r *Runc) validate(spec *Spec) error {
 // as long as ctx allows.
 func (r *Runc) Create(ctx context.Context, spec Spec) (Sandbox, error) {
 	start := time.Now()
-	s, err := r.create(ctx, spec, nil, slotWait)
+	s, err := r.create(ctx, spec, nil, slotWait, true)
 	if err != nil {
 		return nil, err
 	}
@@ -264,9 +277,10 @@ func (r *Runc) Create(ctx context.Context, spec Spec) (Sandbox, error) {
 	return s, nil
 }
 
-// createWarm is create for a Pool.
-func (r *Runc) createWarm(ctx context.Context, spec Spec, extra map[string]string, slot slotMode, _ bool) (warmable, error) {
-	s, err := r.create(ctx, spec, extra, slot)
+// createWarm is create for a Pool; block=false fails at once when the host
+// has no room (a warm fill never waits).
+func (r *Runc) createWarm(ctx context.Context, spec Spec, extra map[string]string, slot slotMode, block bool) (warmable, error) {
+	s, err := r.create(ctx, spec, extra, slot, block)
 	if err != nil {
 		return nil, err
 	}
@@ -286,7 +300,7 @@ func (r *Runc) paths(id string) runcPaths {
 func (p runcPaths) rootfs() string { return filepath.Join(p.bundle, "rootfs") }
 func (p runcPaths) upper() string  { return filepath.Join(p.layer, "upper") }
 
-func (r *Runc) create(ctx context.Context, spec Spec, extraLabels map[string]string, slot slotMode) (_ *runcSandbox, err error) {
+func (r *Runc) create(ctx context.Context, spec Spec, extraLabels map[string]string, slot slotMode, block bool) (_ *runcSandbox, err error) {
 	holding := slot == slotHeld
 	defer func() {
 		if holding {
@@ -313,6 +327,11 @@ func (r *Runc) create(ctx context.Context, spec Spec, extraLabels map[string]str
 	case slotHeld:
 	default:
 		return nil, fmt.Errorf("create sandbox: %w: unknown slot mode %d", ErrInvalid, slot)
+	}
+	if r.opts.HostMemoryReserve >= 0 {
+		if err := admitHost(ctx, procHost{}, r.log, spec, r.opts.DataDir, r.opts.HostMemoryReserve, r.opts.HostDiskReserve, block); err != nil {
+			return nil, fmt.Errorf("create sandbox: %w", err)
+		}
 	}
 	img, err := r.images.get(ctx, spec.Image)
 	if err != nil {
@@ -773,9 +792,14 @@ type runcSandbox struct {
 	diskUsed atomic.Int64
 	once     sync.Once
 	closeErr error
+	// recycle, when set (a pool that reuses sandboxes), runs first in
+	// Close; true means the container was reset for a new holder.
+	recycle    func(ctx context.Context) bool
+	resetCount int
 }
 
 var (
+	_ resetter        = (*runcSandbox)(nil)
 	_ Sandbox         = (*runcSandbox)(nil)
 	_ warmable        = (*runcSandbox)(nil)
 	_ ImageIdentifier = (*runcSandbox)(nil)
@@ -874,6 +898,9 @@ func (s *runcSandbox) stopChannel() {
 func (s *runcSandbox) Close(ctx context.Context) error {
 	s.once.Do(func() {
 		s.closing.Store(true)
+		if s.recycle != nil && s.recycle(ctx) {
+			return
+		}
 		if s.pidfd != nil {
 			// The namespace's init first: the kernel then kills every
 			// process in the sandbox, so nothing of it runs while runc
@@ -933,3 +960,35 @@ func waitExit(pidfd *os.File, d time.Duration) {
 // Client is the local engine the backend takes its images from (task
 // images are built there).
 func (r *Runc) Client() *client.Client { return r.cli }
+
+func (s *runcSandbox) onClose(fn func(ctx context.Context) bool) { s.recycle = fn }
+
+func (s *runcSandbox) resets() int { return s.resetCount }
+
+// resetInPlace is the Docker sandbox's (reuse.go) for a runc container: the
+// agent empties the writable mounts of a read-only root, and the new handle
+// takes over the container, its pipes and its slot.
+func (s *runcSandbox) resetInPlace(ctx context.Context, spec Spec) (warmable, error) {
+	if !s.spec.Limits.ReadOnlyRoot {
+		return nil, fmt.Errorf("reset sandbox %s: %w: only a read-only root can be reset in place", s.id, ErrInvalid)
+	}
+	res, err := resetAgent(ctx, &s.channelOps, s.id, []string{"/tmp", s.hello.Workdir, "/dev/shm", "/dev/mqueue"})
+	if err != nil {
+		return nil, err
+	}
+	ns := &runcSandbox{r: s.r, id: s.id, paths: s.paths, spec: spec, imageID: s.imageID, pid: s.pid, pidfd: s.pidfd,
+		stdin: s.stdin, stdout: s.stdout, stderrPipe: s.stderrPipe, stderrDone: s.stderrDone, stderr: s.stderr,
+		hello: s.hello, created: time.Now(), log: s.log, applied: s.applied, resetCount: s.resetCount + 1}
+	ns.channelOps = channelOps{conn: s.conn, owner: ns}
+	ns.touch()
+	s.r.mu.Lock()
+	if s.r.closed {
+		s.r.mu.Unlock()
+		return nil, fmt.Errorf("reset sandbox %s: %w: backend closed", s.id, ErrClosed)
+	}
+	// From here the new handle owns the container and its slot.
+	s.r.live[s.id] = ns
+	s.r.mu.Unlock()
+	logReset(s.log, ns.resetCount, res)
+	return ns, nil
+}

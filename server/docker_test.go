@@ -180,3 +180,17 @@ func TestDockerJobReuse(t *testing.T) {
 	}
 	checkNoContainers(t, instance, "after the job ended")
 }
+
+// TestRuncJobReuse is TestDockerJobReuse on the shared runc backend.
+func TestRuncJobReuse(t *testing.T) {
+	ref := needDocker(t)
+	if os.Geteuid() != 0 {
+		t.Skip("the runc backend needs root")
+	}
+	shared, _ := newShared(t, "servertest")
+	h := startServer(t, Options{Sandboxes: shared, Images: shared}, RunOptions{})
+	runTerminalTasksJob(t, h, ref, 6, ", backend: runc, read_only_root: true, reuse: true", "limits: {groups_in_flight: 1}", "runs/runc-reuse")
+	if n, _ := shared.Resets(); n < 6 {
+		t.Errorf("%v resets in place over 12 rollouts in groups of 2: reuse did not happen", n)
+	}
+}

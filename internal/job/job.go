@@ -448,7 +448,7 @@ type lazyDocker struct {
 	// (runner.Expecter); warm <= 0 creates every sandbox on demand.
 	warm int
 	// reuse resets used sandboxes in place for the next rollout
-	// (sandbox.reuse; the Docker backend's pool only).
+	// (sandbox.reuse; the Docker and runc backends' pools).
 	reuse bool
 	// maxContainers is the backend's MaxContainers when it starts with
 	// log and instance only (0: the backend's default).
@@ -541,7 +541,7 @@ func (l *lazyDocker) start(ctx context.Context) error {
 			}
 			l.r = r
 			if l.warm > 0 {
-				l.pool = sandbox.NewPool(r, sandbox.PoolOptions{MaxIdle: l.warm})
+				l.pool = sandbox.NewPool(r, sandbox.PoolOptions{MaxIdle: l.warm, Reuse: l.reuse})
 			}
 			return nil
 		}

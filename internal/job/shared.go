@@ -70,13 +70,13 @@ func NewShared(opts sandbox.Options, warm int) *Shared {
 // blocks share one backend (one owner lease, one admission, one warm
 // pool).
 func (s *Shared) For(cfg runner.Config) (runner.Sandboxes, runner.ImageBuilder, error) {
+	if cfg.Sandbox.Reuse && s.docker.warm == 0 && cfg.Sandbox.Backend != sandbox.BackendKubernetes {
+		return nil, nil, errors.New("sandbox.reuse: this server runs without a warm pool (rollout serve --warm-sandboxes 0), where reset sandboxes would wait")
+	}
 	if cfg.Sandbox.Backend == sandbox.BackendRunc {
 		return s.forRunc(cfg)
 	}
 	if cfg.Sandbox.Backend != sandbox.BackendKubernetes {
-		if cfg.Sandbox.Reuse && s.docker.warm == 0 {
-			return nil, nil, errors.New("sandbox.reuse: this server runs without a warm pool (rollout serve --warm-sandboxes 0), where reset sandboxes would wait")
-		}
 		return &sharedJob{s: s, l: s.docker, reuse: cfg.Sandbox.Reuse, expect: cfg.Sandbox.WarmPool >= 0, limit: sandboxLimit(cfg)}, s, nil
 	}
 	kc := sandbox.KubernetesConfig{}
@@ -125,15 +125,23 @@ func (s *Shared) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox
 	return s.docker.d.Create(ctx, spec)
 }
 
-// Resets counts the shared Docker backend's resets in place so far (jobs
-// with sandbox.reuse): done, and failed (those containers were removed).
+// Resets counts the shared Docker and runc backends' resets in place so
+// far (jobs with sandbox.reuse): done, and failed (those containers were
+// removed).
 func (s *Shared) Resets() (ok, failed int64) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	if p := s.docker.poolIfStarted(); p != nil {
-		return p.Resets()
+	ls := []*lazyDocker{s.docker}
+	if s.runc != nil {
+		ls = append(ls, s.runc.l)
 	}
-	return 0, 0
+	for _, l := range ls {
+		if p := l.poolIfStarted(); p != nil {
+			o, f := p.Resets()
+			ok, failed = ok+o, failed+f
+		}
+	}
+	return ok, failed
 }
 
 // sharedJob is one job's view of a shared backend (Docker, or one of the
@@ -143,7 +151,7 @@ func (s *Shared) Resets() (ok, failed int64) {
 type sharedJob struct {
 	s      *Shared
 	l      *lazyDocker // the backend
-	reuse  bool        // sandbox.reuse (Docker only: the config refuses it with Kubernetes)
+	reuse  bool        // sandbox.reuse (Docker and runc: the config refuses it with Kubernetes)
 	expect bool        // sandbox.warm_pool >= 0: the groups it announces are started ahead
 	limit  int         // limits.sandboxes: at most this many started ahead for the job at once
 
@@ -260,10 +268,10 @@ func (s *Shared) forRunc(cfg runner.Config) (runner.Sandboxes, runner.ImageBuild
 		if instance != "" {
 			instance += "-r"
 		}
-		l := &lazyDocker{log: s.opts.Logger, instance: instance, runc: true, warm: s.docker.warm, maxContainers: s.opts.MaxContainers}
+		l := &lazyDocker{log: s.opts.Logger, instance: instance, runc: true, warm: s.docker.warm, maxContainers: s.opts.MaxContainers, reuse: true}
 		s.runc = &sharedBackend{s: s, l: l, images: &taskImages{docker: l}}
 	}
-	return &sharedJob{s: s, l: s.runc.l, expect: cfg.Sandbox.WarmPool >= 0, limit: sandboxLimit(cfg)}, s.runc, nil
+	return &sharedJob{s: s, l: s.runc.l, reuse: cfg.Sandbox.Reuse, expect: cfg.Sandbox.WarmPool >= 0, limit: sandboxLimit(cfg)}, s.runc, nil
 }
 
 // sharedBackend is one shared Kubernetes or runc backend, with a warm pool
