@@ -7,6 +7,8 @@ package doctor
 import (
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
 	"strings"
 	"syscall"
 	"time"
@@ -134,6 +136,7 @@ func Run(ctx context.Context, opts Options) Report {
 		}
 	}
 
+	checkRunc(&r)
 	if !opts.SkipAgent {
 		if a, err := sandbox.ResolveAgent(); err != nil {
 			r.add("sandbox agent", Fail, "%v", err)
@@ -142,6 +145,20 @@ func Run(ctx context.Context, opts Options) Report {
 		}
 	}
 	return r
+}
+
+// checkRunc says whether sandbox.backend runc can run here (informational:
+// docker is the default backend).
+func checkRunc(r *Report) {
+	p, err := exec.LookPath("runc")
+	switch {
+	case err != nil:
+		r.add("runc backend", Info, "runc not found: sandbox.backend runc needs it (Debian: apt-get install runc)")
+	case os.Geteuid() != 0:
+		r.add("runc backend", Info, "runc at %s; sandbox.backend runc needs root (overlay mounts, cgroups)", p)
+	default:
+		r.add("runc backend", OK, "runc at %s, running as root: sandbox.backend runc is available", p)
+	}
 }
 
 func checkDriver(r *Report, driver string) {
