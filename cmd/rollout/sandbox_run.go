@@ -22,6 +22,7 @@ const sandboxFailed = 125
 func newSandboxRunCmd() *cobra.Command {
 	var (
 		img, network, workdir, user, memory string
+		backend                             string
 		env                                 []string
 		cpus                                float64
 		pids                                int64
@@ -66,7 +67,7 @@ func newSandboxRunCmd() *cobra.Command {
 			if shell {
 				req = sandbox.ExecRequest{Command: strings.Join(args, " "), Timeout: timeout}
 			}
-			return runInSandbox(cmd, spec, req)
+			return runInSandbox(cmd, backend, spec, req)
 		},
 	}
 	f := cmd.Flags()
@@ -81,14 +82,33 @@ func newSandboxRunCmd() *cobra.Command {
 	f.DurationVar(&timeout, "timeout", 0, "kill the command's process group after this long (exit 124)")
 	f.BoolVar(&shell, "shell", false, "run the arguments joined as one /bin/sh -c command")
 	f.BoolVar(&readOnly, "read-only", false, "read-only root with a tmpfs workdir and /tmp")
+	f.StringVar(&backend, "backend", sandbox.BackendDocker, "sandbox backend: docker, or runc (runc directly, no engine daemon; root; network none)")
 	return cmd
 }
 
-func runInSandbox(cmd *cobra.Command, spec sandbox.Spec, req sandbox.ExecRequest) error {
+// localBackend is a sandbox backend of this host that runInSandbox closes.
+type localBackend interface {
+	sandbox.Backend
+	Close(ctx context.Context) error
+}
+
+func runInSandbox(cmd *cobra.Command, backend string, spec sandbox.Spec, req sandbox.ExecRequest) error {
 	ctx := cmd.Context()
 	cleanup := context.WithoutCancel(ctx)
-	d, err := sandbox.NewDocker(ctx, sandbox.Options{ReapInterval: -1})
+	var d localBackend
+	var err error
+	switch backend {
+	case sandbox.BackendDocker, "":
+		d, err = sandbox.NewDocker(ctx, sandbox.Options{ReapInterval: -1})
+	case sandbox.BackendRunc:
+		d, err = sandbox.NewRunc(ctx, sandbox.RuncOptions{ReapInterval: -1})
+	default:
+		return usageError(cmd, fmt.Errorf("--backend %q: want docker or runc", backend))
+	}
 	if err != nil {
+		if errors.Is(err, sandbox.ErrInvalid) {
+			return usageError(cmd, err)
+		}
 		return withExitCode(sandboxFailed, err)
 	}
 	defer d.Close(cleanup)
