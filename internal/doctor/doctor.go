@@ -1,6 +1,7 @@
 // Package doctor checks that this machine can run the main job: a
 // reachable Docker engine with a usable API version, storage driver and free
-// disk, current sandbox base images and the sandbox agent binary. Every
+// disk, current sandbox base images, the sandbox agent binary, and whether
+// the runc backend can run here. Every
 // problem is one line saying what is wrong and what to run.
 package doctor
 
