@@ -66,6 +66,27 @@ func resolveAgent() (AgentBinary, error) {
 		"(make build does this) and keep it next to the rollout binary, or set ROLLOUT_AGENT to its path")
 }
 
+// agentOption is a backend's agent: opt when given (checked), else
+// ResolveAgent's; the path made absolute.
+func agentOption(opt *AgentBinary) (AgentBinary, error) {
+	var ab AgentBinary
+	if opt != nil {
+		ab = *opt
+		if err := checkStatic(ab.Path); err != nil {
+			return ab, fmt.Errorf("%w: agent %s: %v", ErrInvalid, ab.Path, err)
+		}
+	} else {
+		var err error
+		if ab, err = ResolveAgent(); err != nil {
+			return ab, fmt.Errorf("%w: %v", ErrInvalid, err)
+		}
+	}
+	if abs, err := filepath.Abs(ab.Path); err == nil {
+		ab.Path = abs
+	}
+	return ab, nil
+}
+
 // checkStatic accepts an x86-64 ELF executable without a dynamic loader:
 // it has to run in any image, including FROM scratch.
 func checkStatic(path string) error {

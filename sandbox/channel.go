@@ -8,6 +8,7 @@ import (
 	"os"
 	"path"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/rollout-rl/rollout/sandbox/agent"
@@ -86,6 +87,39 @@ func (o *channelOps) begin() (func(), error) {
 // channelOwner is the backend-specific part: whether the sandbox is still
 // open, and what an error means for it (e.g. what happened to the container
 // or pod when the channel broke).
+// handleState is the state every backend's sandbox handle keeps the same
+// way: when it was last used, whether it waits in a warm pool (exempt from
+// the idle limit), whether Close began, and why when the backend closed it
+// (idle or lifetime limit, disk limit, the pod lost).
+type handleState struct {
+	lastUsed atomic.Int64 // unix ns
+	pooled   atomic.Bool
+	closing  atomic.Bool
+	reason   atomic.Value // string
+}
+
+func (c *handleState) touch()           { c.lastUsed.Store(time.Now().UnixNano()) }
+func (c *handleState) setPooled(v bool) { c.pooled.Store(v) }
+
+// open is the handle's check before a call: ErrClosed (named by what) once
+// Close began, else it marks the handle used.
+func (c *handleState) open(what string) error {
+	if c.closing.Load() {
+		return c.closedError(what)
+	}
+	c.touch()
+	return nil
+}
+
+// closedError is ErrClosed after prefix, with the backend's reason when it
+// gave one.
+func (c *handleState) closedError(prefix string) error {
+	if r, _ := c.reason.Load().(string); r != "" {
+		return fmt.Errorf("%s: %w (%s)", prefix, ErrClosed, r)
+	}
+	return fmt.Errorf("%s: %w", prefix, ErrClosed)
+}
+
 type channelOwner interface {
 	check() error
 	wrap(what string, err error) error

@@ -90,7 +90,12 @@ func (d *Docker) inspectCreated(ctx context.Context, id string, spec Spec) (Appl
 
 // diskLoop runs the watchdog until ctx ends.
 func (d *Docker) diskLoop(ctx context.Context) {
-	t := time.NewTicker(d.opts.DiskCheckInterval)
+	every(ctx, d.opts.DiskCheckInterval, func() { d.checkDisks(ctx) })
+}
+
+// every runs fn every interval until ctx ends.
+func every(ctx context.Context, interval time.Duration, fn func()) {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
@@ -98,14 +103,14 @@ func (d *Docker) diskLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		d.checkDisks(ctx)
+		fn()
 	}
 }
 
 // checkDisks measures every live sandbox with a known upper dir.
 func (d *Docker) checkDisks(ctx context.Context) {
 	d.mu.Lock()
-	watched := make([]diskWatched, 0, len(d.live))
+	watched := make([]liveHandle, 0, len(d.live))
 	for _, s := range d.live {
 		watched = append(watched, s)
 	}
@@ -113,17 +118,54 @@ func (d *Docker) checkDisks(ctx context.Context) {
 	checkDisks(ctx, watched, d.log)
 }
 
-// diskWatched is a sandbox whose writable layer the disk watchdog measures
-// (Docker's and runc's).
-type diskWatched interface {
+// liveHandle is what a backend's housekeeping needs of a live sandbox
+// handle (Docker's, runc's): the disk watchdog (checkDisks) and the idle
+// and lifetime limits (expireLimits).
+type liveHandle interface {
 	// diskTarget is the host directory of the writable layer ("" unknown)
 	// and the limit on it.
 	diskTarget() (dir string, limit int64)
+	// expiry names the limit the sandbox is past at now ("lifetime",
+	// "idle"), or "".
+	expiry(now time.Time) string
 	isClosing() bool
 	setDiskUsed(n int64)
 	short() string
 	// evict closes the sandbox, giving why as the reason later calls see.
 	evict(ctx context.Context, why string) error
+}
+
+// expiry is liveHandle.expiry of a sandbox with limits l, created at
+// created, last used at lastUsed (unix ns), waiting in a warm pool when
+// pooled (exempt from the idle limit).
+func expiry(l Limits, now, created time.Time, lastUsed int64, pooled bool) string {
+	switch {
+	case l.MaxLifetime > 0 && now.Sub(created) > l.MaxLifetime:
+		return "lifetime"
+	case l.IdleTimeout > 0 && !pooled && now.Sub(time.Unix(0, lastUsed)) > l.IdleTimeout:
+		return "idle"
+	}
+	return ""
+}
+
+// expireLimits closes the handles past their idle or lifetime limit.
+func expireLimits(ctx context.Context, live []liveHandle, log *slog.Logger) {
+	now := time.Now()
+	for _, s := range live {
+		why := s.expiry(now)
+		if why == "" || s.isClosing() {
+			continue
+		}
+		metricReaped.WithLabelValues(why).Inc()
+		log.Info("closing sandbox past its limit", "container", s.short(), "reason", why)
+		if err := s.evict(ctx, fmt.Sprintf("removed by the reaper: %s limit", why)); err != nil {
+			log.Warn("close expired sandbox", "container", s.short(), "err", err)
+		}
+	}
+}
+
+func (s *dockerSandbox) expiry(now time.Time) string {
+	return expiry(s.spec.Limits, now, s.created, s.lastUsed.Load(), s.pooled.Load())
 }
 
 func (s *dockerSandbox) diskTarget() (string, int64) { return s.upperDir, s.spec.Limits.DiskBytes }
@@ -136,7 +178,7 @@ func (s *dockerSandbox) evict(ctx context.Context, why string) error {
 
 // checkDisks measures the writable layer of every watched sandbox, four
 // at a time, and evicts those past their limit.
-func checkDisks(ctx context.Context, watched []diskWatched, log *slog.Logger) {
+func checkDisks(ctx context.Context, watched []liveHandle, log *slog.Logger) {
 	var wg sync.WaitGroup
 	sem := make(chan struct{}, 4)
 	for _, s := range watched {

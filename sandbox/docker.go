@@ -197,20 +197,9 @@ func newDocker(cli *client.Client, opts Options) (*Docker, error) {
 	if opts.HostDiskReserve <= 0 {
 		opts.HostDiskReserve = 2 << 30
 	}
-	var ab AgentBinary
-	if opts.Agent != nil {
-		ab = *opts.Agent
-		if err := checkStatic(ab.Path); err != nil {
-			return nil, fmt.Errorf("%w: agent %s: %v", ErrInvalid, ab.Path, err)
-		}
-	} else {
-		var err error
-		if ab, err = ResolveAgent(); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
-		}
-	}
-	if abs, err := filepath.Abs(ab.Path); err == nil {
-		ab.Path = abs
+	ab, err := agentOption(opts.Agent)
+	if err != nil {
+		return nil, err
 	}
 	bind := false
 	switch opts.Delivery {
@@ -237,28 +226,20 @@ func newDocker(cli *client.Client, opts Options) (*Docker, error) {
 	default:
 		return nil, fmt.Errorf("%w: channel %q (want %q or empty for auto)", ErrInvalid, opts.Channel, ChannelAttach)
 	}
-	host, _ := os.Hostname()
 	d := &Docker{
 		sockRoot: sockRoot,
 		cli:      cli,
 		opts:     opts,
 		log:      opts.Logger.With("sandbox_instance", opts.Instance),
 		agent:    ab,
-		labels: map[string]string{
-			LabelManaged:  "true",
-			LabelInstance: opts.Instance,
-			LabelHost:     host,
-			LabelPID:      strconv.Itoa(os.Getpid()),
-			LabelPIDStart: pidStart(os.Getpid()),
-			LabelBoot:     bootID(),
-		},
-		bind:   bind,
-		slots:  newSlotSem(opts.MaxContainers),
-		gate:   newCreateGate(opts.MaxParallelCreates, opts.SlowCreate),
-		rate:   newRateLimiter(opts.CreateRate, opts.MaxParallelCreates),
-		live:   map[string]*dockerSandbox{},
-		images: map[string]imageInfo{},
-		probe:  procHost{},
+		labels:   ownerLabels(opts.Instance),
+		bind:     bind,
+		slots:    newSlotSem(opts.MaxContainers),
+		gate:     newCreateGate(opts.MaxParallelCreates, opts.SlowCreate),
+		rate:     newRateLimiter(opts.CreateRate, opts.MaxParallelCreates),
+		live:     map[string]*dockerSandbox{},
+		images:   map[string]imageInfo{},
+		probe:    procHost{},
 	}
 	return d, nil
 }
@@ -971,12 +952,9 @@ type dockerSandbox struct {
 	created time.Time
 	log     *slog.Logger
 
-	lastUsed atomic.Int64
-	pooled   atomic.Bool // waiting in a warm pool: exempt from the idle limit
-	closing  atomic.Bool
+	handleState
 	once     sync.Once
 	closeErr error
-	reason   atomic.Value // string: why the backend closed it
 	applied  Applied      // limits read back from the created container
 	upperDir string       // host path of the writable layer ("" unknown)
 	diskUsed atomic.Int64 // last measured by the disk watchdog
@@ -986,10 +964,7 @@ type dockerSandbox struct {
 	resetCount int // resets in place before this handle (reuse.go)
 }
 
-func (s *dockerSandbox) touch() { s.lastUsed.Store(time.Now().UnixNano()) }
-
 func (s *dockerSandbox) broken() error                 { return s.conn.broken() }
-func (s *dockerSandbox) setPooled(v bool)              { s.pooled.Store(v) }
 func (s *dockerSandbox) setLabels(l map[string]string) { s.spec.Labels = l }
 
 func (d *Docker) logger() *slog.Logger { return d.log }
@@ -1063,14 +1038,7 @@ var _ ImageIdentifier = (*dockerSandbox)(nil)
 func (s *dockerSandbox) Labels() map[string]string { return maps.Clone(s.spec.Labels) }
 
 func (s *dockerSandbox) check() error {
-	if s.closing.Load() {
-		if r, _ := s.reason.Load().(string); r != "" {
-			return fmt.Errorf("sandbox %s: %w (%s)", s.short(), ErrClosed, r)
-		}
-		return fmt.Errorf("sandbox %s: %w", s.short(), ErrClosed)
-	}
-	s.touch()
-	return nil
+	return s.open("sandbox " + s.short())
 }
 
 func (s *dockerSandbox) short() string { return s.id[:12] }
@@ -1082,10 +1050,7 @@ func (s *dockerSandbox) wrap(what string, err error) error {
 		return nil
 	}
 	if s.closing.Load() && errors.Is(err, ErrUnavailable) {
-		if r, _ := s.reason.Load().(string); r != "" {
-			return fmt.Errorf("%s in sandbox %s: %w (%s)", what, s.short(), ErrClosed, r)
-		}
-		return fmt.Errorf("%s in sandbox %s: %w", what, s.short(), ErrClosed)
+		return s.closedError(what + " in sandbox " + s.short())
 	}
 	if errors.Is(err, ErrUnavailable) {
 		metricFailures.WithLabelValues("channel").Inc()

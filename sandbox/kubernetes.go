@@ -1245,12 +1245,9 @@ type k8sSandbox struct {
 	streamDone chan struct{}
 	stdin      *io.PipeReader
 
-	lastUsed  atomic.Int64
-	pooled    atomic.Bool
-	closing   atomic.Bool
+	handleState
 	once      sync.Once
 	closeErr  error
-	reason    atomic.Value // string: why the backend closed it
 	lost      atomic.Value // string: why the pod can no longer serve
 	seenReady atomic.Bool
 }
@@ -1353,9 +1350,7 @@ func (s *k8sSandbox) fail(why string) {
 	}
 }
 
-func (s *k8sSandbox) touch()                        { s.lastUsed.Store(time.Now().UnixNano()) }
 func (s *k8sSandbox) broken() error                 { return s.conn.broken() }
-func (s *k8sSandbox) setPooled(v bool)              { s.pooled.Store(v) }
 func (s *k8sSandbox) setLabels(l map[string]string) { s.spec.Labels = l }
 
 // ID is the pod name.
@@ -1372,14 +1367,7 @@ func (s *k8sSandbox) ImageID() string { return s.imageID }
 func (s *k8sSandbox) Labels() map[string]string { return maps.Clone(s.spec.Labels) }
 
 func (s *k8sSandbox) check() error {
-	if s.closing.Load() {
-		if r, _ := s.reason.Load().(string); r != "" {
-			return fmt.Errorf("sandbox %s: %w (%s)", s.name, ErrClosed, r)
-		}
-		return fmt.Errorf("sandbox %s: %w", s.name, ErrClosed)
-	}
-	s.touch()
-	return nil
+	return s.open("sandbox " + s.name)
 }
 
 func (s *k8sSandbox) wrap(what string, err error) error {

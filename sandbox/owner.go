@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -44,6 +45,21 @@ var bootOnce = sync.OnceValue(func() string {
 	}
 	return strings.TrimSpace(string(b))
 })
+
+// ownerLabels are the labels (annotations for runc) that bind a backend's
+// sandboxes to this process (instance, host, pid, its start time, boot id)
+// for the reaper.
+func ownerLabels(instance string) map[string]string {
+	host, _ := os.Hostname()
+	return map[string]string{
+		LabelManaged:  "true",
+		LabelInstance: instance,
+		LabelHost:     host,
+		LabelPID:      strconv.Itoa(os.Getpid()),
+		LabelPIDStart: pidStart(os.Getpid()),
+		LabelBoot:     bootID(),
+	}
+}
 
 // bootID is the kernel's boot id ("" where /proc does not have it).
 func bootID() string { return bootOnce() }

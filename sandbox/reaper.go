@@ -166,28 +166,13 @@ func (d *Docker) reapLoop(ctx context.Context) {
 
 // enforceLimits closes sandboxes past their idle or lifetime limit.
 func (d *Docker) enforceLimits(ctx context.Context) {
-	now := time.Now()
 	d.mu.Lock()
-	var expired []*dockerSandbox
-	var reasons []string
+	live := make([]liveHandle, 0, len(d.live))
 	for _, s := range d.live {
-		l := s.spec.Limits
-		switch {
-		case l.MaxLifetime > 0 && now.Sub(s.created) > l.MaxLifetime:
-			expired, reasons = append(expired, s), append(reasons, "lifetime")
-		case l.IdleTimeout > 0 && !s.pooled.Load() && now.Sub(time.Unix(0, s.lastUsed.Load())) > l.IdleTimeout:
-			expired, reasons = append(expired, s), append(reasons, "idle")
-		}
+		live = append(live, s)
 	}
 	d.mu.Unlock()
-	for i, s := range expired {
-		s.reason.Store(fmt.Sprintf("removed by the reaper: %s limit", reasons[i]))
-		metricReaped.WithLabelValues(reasons[i]).Inc()
-		d.log.Info("closing sandbox past its limit", "container", s.short(), "reason", reasons[i])
-		if err := s.Close(ctx); err != nil {
-			d.log.Warn("close expired sandbox", "container", s.short(), "err", err)
-		}
-	}
+	expireLimits(ctx, live, d.log)
 }
 
 func isNotFound(err error) bool { return cerrdefs.IsNotFound(err) }

@@ -141,17 +141,9 @@ func NewRunc(ctx context.Context, opts RuncOptions) (*Runc, error) {
 	if opts.HostDiskReserve <= 0 {
 		opts.HostDiskReserve = 2 << 30
 	}
-	var ab AgentBinary
-	if opts.Agent != nil {
-		ab = *opts.Agent
-		if err := checkStatic(ab.Path); err != nil {
-			return nil, fmt.Errorf("%w: agent %s: %v", ErrInvalid, ab.Path, err)
-		}
-	} else if ab, err = ResolveAgent(); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
-	}
-	if abs, err := filepath.Abs(ab.Path); err == nil {
-		ab.Path = abs
+	ab, err := agentOption(opts.Agent)
+	if err != nil {
+		return nil, err
 	}
 	for _, d := range []string{opts.StateDir, filepath.Join(opts.StateDir, "bundles"), filepath.Join(opts.DataDir, "layers")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
@@ -162,23 +154,16 @@ func NewRunc(ctx context.Context, opts RuncOptions) (*Runc, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: the runc backend takes its images from the local engine: %w", ErrUnavailable, err)
 	}
-	host, _ := os.Hostname()
+	labels := ownerLabels(opts.Instance)
+	labels[LabelBackend] = "runc"
 	r := &Runc{
-		opts:  opts,
-		log:   opts.Logger.With("sandbox_instance", opts.Instance, "backend", "runc"),
-		cli:   cli,
-		agent: ab,
-		labels: map[string]string{
-			LabelManaged:  "true",
-			LabelBackend:  "runc",
-			LabelInstance: opts.Instance,
-			LabelHost:     host,
-			LabelPID:      strconv.Itoa(os.Getpid()),
-			LabelPIDStart: pidStart(os.Getpid()),
-			LabelBoot:     bootID(),
-		},
-		slots: newSlotSem(opts.MaxContainers),
-		live:  map[string]*runcSandbox{},
+		opts:   opts,
+		log:    opts.Logger.With("sandbox_instance", opts.Instance, "backend", "runc"),
+		cli:    cli,
+		agent:  ab,
+		labels: labels,
+		slots:  newSlotSem(opts.MaxContainers),
+		live:   map[string]*runcSandbox{},
 	}
 	r.images = &rootfsCache{dir: filepath.Join(opts.DataDir, "images"), cli: cli, labels: maps.Clone(r.labels), images: map[string]runcImage{}}
 	rctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -188,39 +173,27 @@ func NewRunc(ctx context.Context, opts RuncOptions) (*Runc, error) {
 			r.log.Warn("start-up reap failed", "err", err)
 		}
 		r.bg.Go(func() {
-			t := time.NewTicker(opts.ReapInterval)
-			defer t.Stop()
-			for {
-				select {
-				case <-rctx.Done():
-					return
-				case <-t.C:
-				}
+			every(rctx, opts.ReapInterval, func() {
+				expireLimits(rctx, r.handles(), r.log)
 				if _, err := r.Reap(rctx, ReapOptions{}); err != nil && rctx.Err() == nil {
-					r.log.Warn("reap failed", "err", err)
+					r.log.Warn("periodic reap failed", "err", err)
 				}
-			}
+			})
 		})
 	}
-	r.bg.Go(func() {
-		t := time.NewTicker(opts.DiskCheckInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-rctx.Done():
-				return
-			case <-t.C:
-			}
-			r.mu.Lock()
-			watched := make([]diskWatched, 0, len(r.live))
-			for _, s := range r.live {
-				watched = append(watched, s)
-			}
-			r.mu.Unlock()
-			checkDisks(rctx, watched, r.log)
-		}
-	})
+	r.bg.Go(func() { every(rctx, opts.DiskCheckInterval, func() { checkDisks(rctx, r.handles(), r.log) }) })
 	return r, nil
+}
+
+// handles are the live sandboxes, for the housekeeping.
+func (r *Runc) handles() []liveHandle {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]liveHandle, 0, len(r.live))
+	for _, s := range r.live {
+		out = append(out, s)
+	}
+	return out
 }
 
 // Instance is the id in the instance annotation of this backend's containers.
@@ -785,10 +758,7 @@ type runcSandbox struct {
 	log        *slog.Logger
 	applied    Applied
 
-	lastUsed atomic.Int64
-	pooled   atomic.Bool
-	closing  atomic.Bool
-	reason   atomic.Value // string: why the backend closed it
+	handleState
 	diskUsed atomic.Int64
 	once     sync.Once
 	closeErr error
@@ -812,21 +782,12 @@ func (s *runcSandbox) ID() string                    { return s.id }
 func (s *runcSandbox) ImageID() string               { return s.imageID }
 func (s *runcSandbox) Applied() Applied              { return s.applied }
 func (s *runcSandbox) Labels() map[string]string     { return maps.Clone(s.spec.Labels) }
-func (s *runcSandbox) touch()                        { s.lastUsed.Store(time.Now().UnixNano()) }
 func (s *runcSandbox) broken() error                 { return s.conn.broken() }
-func (s *runcSandbox) setPooled(v bool)              { s.pooled.Store(v) }
 func (s *runcSandbox) setLabels(l map[string]string) { s.spec.Labels = l }
 func (s *runcSandbox) short() string                 { return s.id[len(s.id)-6:] }
 
 func (s *runcSandbox) check() error {
-	if s.closing.Load() {
-		if r, _ := s.reason.Load().(string); r != "" {
-			return fmt.Errorf("sandbox %s: %w (%s)", s.id, ErrClosed, r)
-		}
-		return fmt.Errorf("sandbox %s: %w", s.id, ErrClosed)
-	}
-	s.touch()
-	return nil
+	return s.open("sandbox " + s.id)
 }
 
 func (s *runcSandbox) wrap(what string, err error) error {
@@ -834,10 +795,7 @@ func (s *runcSandbox) wrap(what string, err error) error {
 		return nil
 	}
 	if s.closing.Load() && errors.Is(err, ErrUnavailable) {
-		if r, _ := s.reason.Load().(string); r != "" {
-			return fmt.Errorf("%s in sandbox %s: %w (%s)", what, s.id, ErrClosed, r)
-		}
-		return fmt.Errorf("%s in sandbox %s: %w", what, s.id, ErrClosed)
+		return s.closedError(what + " in sandbox " + s.id)
 	}
 	if errors.Is(err, ErrUnavailable) {
 		metricFailures.WithLabelValues("channel").Inc()
@@ -932,7 +890,10 @@ func (s *runcSandbox) Close(ctx context.Context) error {
 
 func (s *runcSandbox) diskTarget() (string, int64) { return s.paths.upper(), s.spec.Limits.DiskBytes }
 func (s *runcSandbox) isClosing() bool             { return s.closing.Load() }
-func (s *runcSandbox) setDiskUsed(n int64)         { s.diskUsed.Store(n) }
+func (s *runcSandbox) expiry(now time.Time) string {
+	return expiry(s.spec.Limits, now, s.created, s.lastUsed.Load(), s.pooled.Load())
+}
+func (s *runcSandbox) setDiskUsed(n int64) { s.diskUsed.Store(n) }
 func (s *runcSandbox) evict(ctx context.Context, why string) error {
 	s.reason.Store(why)
 	return s.Close(ctx)
