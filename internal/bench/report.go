@@ -325,7 +325,18 @@ func writeCost(p func(string, ...any), ix index) {
 		if run, ok := ix.base("sandbox.cold_start_p50_ms"); ok {
 			p(" (`docker run -d` of the same image: %s ms)", FormatNumber(run))
 		}
-		p("; taking a started one from the warm pool costs %s ms.\n\n", FormatNumber(acq))
+		p("; taking a started one from the warm pool costs %s ms.", FormatNumber(acq))
+		if rc, ok := ix.val("sandbox.runc.cold_start_p50_ms"); ok {
+			p(" The runc backend (runc directly, no engine daemon) starts the same sandbox in %s ms", FormatNumber(rc))
+			if ch, ok := ix.val("sandbox.runc.churn_per_s"); ok {
+				p(" and creates, uses and removes %s single-use sandboxes per second", FormatNumber(ch))
+			}
+			if sh, ok := ix.val("runner.runc_phase_sandbox_share"); ok {
+				p("; in the zero-latency run above, acquisition is %.0f%% of a rollout with it", 100*sh)
+			}
+			p(".")
+		}
+		p("\n\n")
 		wrote = true
 	}
 	if mbs, ok := ix.val("output.parquet_write_mb_s"); ok {
