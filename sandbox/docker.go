@@ -838,6 +838,18 @@ func (d *Docker) containerConfig(spec Spec, img imageInfo, extraLabels map[strin
 	return cfg, hc
 }
 
+// forget removes id from a backend's live handles under mu and gives its
+// slot back, once: only while id is still there.
+func forget[S any](mu *sync.Mutex, live map[string]S, id string, slots *slotSem) {
+	mu.Lock()
+	defer mu.Unlock()
+	if _, ok := live[id]; ok {
+		delete(live, id)
+		slots.release()
+	}
+	metricLive.Set(float64(len(live)))
+}
+
 // agentTar wraps the agent binary for CopyToContainer.
 func agentTar(p string) ([]byte, error) {
 	data, err := os.ReadFile(p)
@@ -1095,13 +1107,7 @@ func (s *dockerSandbox) Close(ctx context.Context) error {
 		s.closeErr = s.d.removeContainer(ctx, s.id)
 		<-s.demux
 		<-s.conn.done
-		s.d.mu.Lock()
-		if _, ok := s.d.live[s.id]; ok {
-			delete(s.d.live, s.id)
-			s.d.slots.release()
-		}
-		metricLive.Set(float64(len(s.d.live)))
-		s.d.mu.Unlock()
+		forget(&s.d.mu, s.d.live, s.id, s.d.slots)
 		if s.closeErr != nil {
 			s.closeErr = fmt.Errorf("close sandbox %s: %w", s.short(), s.closeErr)
 		}

@@ -873,14 +873,7 @@ func (s *runcSandbox) Close(ctx context.Context) error {
 		if s.pidfd != nil {
 			_ = s.pidfd.Close()
 		}
-		r := s.r
-		r.mu.Lock()
-		if _, ok := r.live[s.id]; ok {
-			delete(r.live, s.id)
-			r.slots.release()
-		}
-		metricLive.Set(float64(len(r.live)))
-		r.mu.Unlock()
+		forget(&s.r.mu, s.r.live, s.id, s.r.slots)
 		if s.closeErr != nil {
 			s.closeErr = fmt.Errorf("close sandbox %s: %w", s.id, s.closeErr)
 		}

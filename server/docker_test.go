@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/moby/moby/client"
-	"github.com/prometheus/client_golang/prometheus"
 
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
 	"github.com/rollout-rl/rollout/internal/dockerclient"
@@ -92,24 +91,7 @@ func TestRuncJob(t *testing.T) {
 // runcRuns counts the runc backend's container starts so far (the
 // process's rollout_sandbox_daemon_seconds{op="runc_run"} samples).
 func runcRuns(t *testing.T) uint64 {
-	t.Helper()
-	mfs, err := prometheus.DefaultGatherer.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "rollout_sandbox_daemon_seconds" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "op" && l.GetValue() == "runc_run" {
-					return m.GetHistogram().GetSampleCount()
-				}
-			}
-		}
-	}
-	return 0
+	return histogramCount(t, "rollout_sandbox_daemon_seconds", "op", "runc_run")
 }
 
 // runTerminalTasksJob runs terminal-tasks on h against a simulator of its

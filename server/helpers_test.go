@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -356,6 +357,29 @@ func checkSandboxedRun(t *testing.T, dir string, wantGroups int) map[string][]tr
 		t.Error("no rollout earned a reward: the sandboxed tool calls did not take effect")
 	}
 	return recs
+}
+
+// histogramCount is the sample count of the process's histogram name with
+// label = value (0 when it has none yet).
+func histogramCount(t *testing.T, name, label, value string) uint64 {
+	t.Helper()
+	mfs, err := prometheus.DefaultGatherer.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label && l.GetValue() == value {
+					return m.GetHistogram().GetSampleCount()
+				}
+			}
+		}
+	}
+	return 0
 }
 
 // newShared returns the server's shared sandbox backends under a fresh

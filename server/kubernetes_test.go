@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,24 +26,7 @@ import (
 // poolHandOuts is how many sandboxes warm pools have handed out in this
 // process (rollout_sandbox_acquire_seconds{source="pool"}).
 func poolHandOuts(t *testing.T) float64 {
-	t.Helper()
-	mfs, err := prometheus.DefaultGatherer.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "rollout_sandbox_acquire_seconds" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "source" && l.GetValue() == "pool" {
-					return float64(m.GetHistogram().GetSampleCount())
-				}
-			}
-		}
-	}
-	return 0
+	return float64(histogramCount(t, "rollout_sandbox_acquire_seconds", "source", "pool"))
 }
 
 // A job's sandbox.kubernetes.kubeconfig is a host path holding credentials:

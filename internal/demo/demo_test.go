@@ -371,30 +371,9 @@ func TestOtherEnvsEndToEnd(t *testing.T) {
 func TestReuseMatchesFreshSandboxes(t *testing.T) {
 	needImages(t, false)
 	specs := []Spec{{Env: "terminal-tasks", Groups: 8, GroupSize: 2, Image: "rollout-sandbox:busybox"}}
-	rewards := func(reuse bool) map[string][]float64 {
-		res, err := Run(context.Background(), Options{SandboxInstance: testInstance(), Out: t.TempDir(), Specs: specs, Seed: 11,
-			Logger: quiet, Reuse: reuse, GroupsInFlight: 2})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if res[0].Summary.InfraFailed != 0 {
-			t.Fatalf("reuse=%v: %d infra failures: %+v", reuse, res[0].Summary.InfraFailed, res[0].Summary.FailuresByKind)
-		}
-		recs := readRun(t, res[0].Dir)
-		checkRecords(t, recs, specs[0].Groups, specs[0].GroupSize)
-		// The simulator picks which rollout of a group takes the right
-		// path by arrival order, so rewards are compared per group.
-		out := map[string][]float64{}
-		for _, r := range recs {
-			out[r.GroupID] = append(out[r.GroupID], r.Reward)
-		}
-		for _, v := range out {
-			slices.Sort(v)
-		}
-		return out
-	}
 	before := resetsDone(t)
-	fresh, reused := rewards(false), rewards(true)
+	fresh := groupRewards(t, Options{SandboxInstance: testInstance(), Specs: specs})
+	reused := groupRewards(t, Options{SandboxInstance: testInstance(), Specs: specs, Reuse: true})
 	n := resetsDone(t) - before
 	t.Logf("%v resets in place, %v failed", n, resetCount(t, "failed"))
 	if n < 8 {
@@ -417,42 +396,47 @@ func TestRuncMatchesDocker(t *testing.T) {
 		t.Skip("the runc backend needs root")
 	}
 	specs := []Spec{{Env: "terminal-tasks", Groups: 8, GroupSize: 2, Image: "rollout-sandbox:busybox"}}
-	rewards := func(backend string) map[string][]float64 {
-		inst := testInstance()
-		res, err := Run(context.Background(), Options{SandboxInstance: inst, Out: t.TempDir(), Specs: specs, Seed: 11,
-			Logger: quiet, SandboxBackend: backend, GroupsInFlight: 2})
-		if err != nil {
-			t.Fatal(err)
+	docker := groupRewards(t, Options{SandboxInstance: testInstance(), Specs: specs})
+	inst := testInstance()
+	runc := groupRewards(t, Options{SandboxInstance: inst, Specs: specs, SandboxBackend: sandbox.BackendRunc})
+	ents, _ := os.ReadDir("/run/rollout-runc/runc")
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), "rollout-"+inst+"-") {
+			t.Errorf("runc container %s left after the run", e.Name())
 		}
-		if res[0].Summary.InfraFailed != 0 {
-			t.Fatalf("%s: %d infra failures: %+v", backend, res[0].Summary.InfraFailed, res[0].Summary.FailuresByKind)
-		}
-		recs := readRun(t, res[0].Dir)
-		checkRecords(t, recs, specs[0].Groups, specs[0].GroupSize)
-		out := map[string][]float64{}
-		for _, r := range recs {
-			out[r.GroupID] = append(out[r.GroupID], r.Reward)
-		}
-		for _, v := range out {
-			slices.Sort(v)
-		}
-		if backend == sandbox.BackendRunc {
-			ents, _ := os.ReadDir("/run/rollout-runc/runc")
-			for _, e := range ents {
-				if strings.HasPrefix(e.Name(), "rollout-"+inst+"-") {
-					t.Errorf("runc container %s left after the run", e.Name())
-				}
-			}
-		}
-		return out
 	}
-	docker, runc := rewards(sandbox.BackendDocker), rewards(sandbox.BackendRunc)
 	for g, want := range docker {
 		if got := runc[g]; !slices.Equal(got, want) {
 			t.Errorf("group %s: rewards %v on runc, %v on Docker", g, got, want)
 		}
 	}
 	assertNoContainers(t)
+}
+
+// groupRewards runs o (seed 11, two groups at a time, in a temporary
+// directory) and returns each group's rewards, sorted: the simulator picks
+// which rollout of a group takes the right path by arrival order, so runs
+// are compared per group. Every rollout must be ok.
+func groupRewards(t *testing.T, o Options) map[string][]float64 {
+	t.Helper()
+	o.Out, o.Seed, o.Logger, o.GroupsInFlight = t.TempDir(), 11, quiet, 2
+	res, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].Summary.InfraFailed != 0 {
+		t.Fatalf("reuse=%v backend=%q: %d infra failures: %+v", o.Reuse, o.SandboxBackend, res[0].Summary.InfraFailed, res[0].Summary.FailuresByKind)
+	}
+	recs := readRun(t, res[0].Dir)
+	checkRecords(t, recs, o.Specs[0].Groups, o.Specs[0].GroupSize)
+	out := map[string][]float64{}
+	for _, r := range recs {
+		out[r.GroupID] = append(out[r.GroupID], r.Reward)
+	}
+	for _, v := range out {
+		slices.Sort(v)
+	}
+	return out
 }
 
 // resetsDone reads rollout_sandbox_resets_total{result="ok"}.
