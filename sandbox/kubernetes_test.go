@@ -58,21 +58,7 @@ func closeTestKube(ctx context.Context) error {
 
 func newKubeSandbox(t *testing.T, k *Kubernetes, spec Spec) *k8sSandbox {
 	t.Helper()
-	if spec.Image == "" {
-		spec.Image = labImage
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	s, err := k.Create(ctx, spec)
-	if err != nil {
-		t.Fatalf("create: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := s.Close(context.Background()); err != nil {
-			t.Errorf("close: %v", err)
-		}
-	})
-	return s.(*k8sSandbox)
+	return createOn(t, k, spec, labImage, 2*time.Minute).(*k8sSandbox)
 }
 
 func TestKubernetesConfigValidate(t *testing.T) {

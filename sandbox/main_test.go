@@ -167,13 +167,19 @@ func needDocker(t testing.TB) *Docker {
 
 func newSandbox(t testing.TB, spec Spec) Sandbox {
 	t.Helper()
-	d := needDocker(t)
+	return createOn(t, needDocker(t), spec, testImage, time.Minute)
+}
+
+// createOn creates a sandbox of spec (image img when spec has none) on b
+// within timeout, closed when the test ends.
+func createOn(t testing.TB, b Backend, spec Spec, img string, timeout time.Duration) Sandbox {
+	t.Helper()
 	if spec.Image == "" {
-		spec.Image = testImage
+		spec.Image = img
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	s, err := d.Create(ctx, spec)
+	s, err := b.Create(ctx, spec)
 	if err != nil {
 		t.Fatalf("create sandbox: %v", err)
 	}

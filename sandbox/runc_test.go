@@ -62,22 +62,7 @@ func closeTestRunc(ctx context.Context) error {
 
 func newRuncSandbox(t testing.TB, spec Spec) *runcSandbox {
 	t.Helper()
-	r := needRunc(t)
-	if spec.Image == "" {
-		spec.Image = testImage
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	s, err := r.Create(ctx, spec)
-	if err != nil {
-		t.Fatalf("create runc sandbox: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := s.Close(context.Background()); err != nil {
-			t.Errorf("close: %v", err)
-		}
-	})
-	return s.(*runcSandbox)
+	return createOn(t, needRunc(t), spec, testImage, time.Minute).(*runcSandbox)
 }
 
 // The runc backend's sandbox passes the same exec table as Docker's.
