@@ -37,6 +37,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(runcOwnerChildEnv) != "" {
 		os.Exit(runcOwnerChild())
 	}
+	if os.Getenv(runcSubreaperChildEnv) != "" {
+		os.Exit(runcSubreaperChild())
+	}
 	code := func() int {
 		dir, err := os.MkdirTemp("", "rollout-agent-test")
 		if err != nil {

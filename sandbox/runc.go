@@ -870,6 +870,13 @@ func (s *runcSandbox) Close(ctx context.Context) error {
 		waitExit(s.pidfd, 5*time.Second)
 		s.stopChannel()
 		s.closeErr = s.r.destroy(s.id)
+		// The init was orphaned when runc exited: where this process is
+		// the pid namespace's init (rollout in a container) or a
+		// subreaper, it is this process's child now and its zombie ours
+		// to reap. Anywhere else this finds no child of ours.
+		if s.pid > 0 {
+			_, _ = unix.Wait4(s.pid, nil, unix.WNOHANG, nil)
+		}
 		if s.pidfd != nil {
 			_ = s.pidfd.Close()
 		}

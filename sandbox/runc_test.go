@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 var (
@@ -277,6 +279,84 @@ func runcOwnerChild() int {
 	}
 	fmt.Println(s.ID())
 	return 0
+}
+
+// Where the owner is a subreaper (or pid 1 of its container), the
+// container's init becomes its child when runc exits; Close reaps it, so
+// no zombie is left per sandbox.
+func TestRuncReapsItsOrphanedInit(t *testing.T) {
+	r := needRunc(t)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, "-test.run", "^$")
+	cmd.Env = append(os.Environ(), runcSubreaperChildEnv+"="+testImage, "ROLLOUT_RUNC_STATE="+r.opts.StateDir, "ROLLOUT_RUNC_DATA="+r.opts.DataDir)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("subreaper child: %v", err)
+	}
+	if got := strings.TrimSpace(string(out)); got != "adopted 1, zombies 0" {
+		t.Fatalf("subreaper child: %q, want the init adopted and no zombie left", got)
+	}
+}
+
+// runcSubreaperChildEnv makes the test binary a subreaper that creates and
+// closes one runc sandbox, then prints how many children it adopted while
+// the sandbox ran and how many zombies it has left.
+const runcSubreaperChildEnv = "ROLLOUT_RUNC_SUBREAPER_CHILD"
+
+func runcSubreaperChild() int {
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	ctx := context.Background()
+	r, err := NewRunc(ctx, RuncOptions{Instance: "child-" + randomID(4), ReapInterval: -1,
+		StateDir: os.Getenv("ROLLOUT_RUNC_STATE"), DataDir: os.Getenv("ROLLOUT_RUNC_DATA")})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer r.Close(ctx)
+	s, err := r.Create(ctx, Spec{Image: os.Getenv(runcSubreaperChildEnv)})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	adopted := len(children())
+	if err := s.Close(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	zombies := 0
+	for _, st := range children() {
+		if st == "Z" {
+			zombies++
+		}
+	}
+	fmt.Printf("adopted %d, zombies %d\n", adopted, zombies)
+	return 0
+}
+
+// children lists the states of this process's children.
+func children() []string {
+	var out []string
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...
+		rest := string(b[strings.LastIndexByte(string(b), ')')+2:])
+		f := strings.Fields(rest)
+		if len(f) > 1 && f[1] == fmt.Sprint(os.Getpid()) {
+			out = append(out, f[0])
+		}
+	}
+	return out
 }
 
 // A pool fills from the runc backend like from Docker's.
