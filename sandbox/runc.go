@@ -727,7 +727,9 @@ func (r *Runc) Reap(ctx context.Context, opts ReapOptions) ([]Reaped, error) {
 }
 
 // GCRunc is Reap of the runc backend's default directories (or those of
-// opts) for `rollout sandbox gc --runc`.
+// opts) for `rollout sandbox gc --runc`, then the removal of unpacked
+// images the engine no longer has (rootfsCache.prune), reported with reason
+// "image".
 func GCRunc(ctx context.Context, ro RuncOptions, opts ReapOptions) ([]Reaped, error) {
 	ro.ReapInterval, ro.Instance = -1, "gc-"+randomID(8)
 	r, err := NewRunc(ctx, ro)
@@ -735,7 +737,12 @@ func GCRunc(ctx context.Context, ro RuncOptions, opts ReapOptions) ([]Reaped, er
 		return nil, err
 	}
 	defer r.Close(context.WithoutCancel(ctx))
-	return r.Reap(ctx, opts)
+	reaped, err := r.Reap(ctx, opts)
+	pruned, perr := r.images.prune(ctx)
+	for _, id := range pruned {
+		reaped = append(reaped, Reaped{ID: id, Reason: "image"})
+	}
+	return reaped, errors.Join(err, perr)
 }
 
 // runcSandbox is one container run by runc.

@@ -137,3 +137,46 @@ func (c *rootfsCache) export(ctx context.Context, ref, dir string) error {
 	_, _ = io.Copy(io.Discard, rc)
 	return nil
 }
+
+// prune removes the unpacked images whose image the engine no longer has
+// and that no mount on this host uses (a sandbox's overlay names its lower
+// directory), and returns their ids.
+func (c *rootfsCache) prune(ctx context.Context) ([]string, error) {
+	ents, err := os.ReadDir(c.dir)
+	if err != nil {
+		if os.IsNotExist(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("%w: rootfs cache: %v", ErrUnavailable, err)
+	}
+	mounts, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, fmt.Errorf("%w: read mounts: %v", ErrUnavailable, err)
+	}
+	var pruned []string
+	var errs []error
+	for _, e := range ents {
+		hex := e.Name()
+		if !e.IsDir() || strings.HasPrefix(hex, ".") {
+			continue
+		}
+		dir := filepath.Join(c.dir, hex)
+		if bytes.Contains(mounts, []byte(dir)) {
+			continue
+		}
+		_, err := c.cli.ImageInspect(ctx, "sha256:"+hex)
+		if err == nil {
+			continue
+		}
+		if !cerrdefs.IsNotFound(err) {
+			errs = append(errs, fmt.Errorf("%w: inspect image %s: %v", ErrUnavailable, hex[:12], err))
+			continue
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		pruned = append(pruned, "sha256:"+hex)
+	}
+	return pruned, errors.Join(errs...)
+}

@@ -359,6 +359,30 @@ func children() []string {
 	return out
 }
 
+// Unpacked images the engine no longer has are pruned; those it has, and
+// those a sandbox's overlay uses, are kept.
+func TestRuncPruneImages(t *testing.T) {
+	s := newRuncSandbox(t, Spec{})
+	r := s.r
+	gone := filepath.Join(r.images.dir, strings.Repeat("0", 63)+"1")
+	if err := os.MkdirAll(filepath.Join(gone, "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	pruned, err := r.images.prune(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pruned) != 1 || pruned[0] != "sha256:"+filepath.Base(gone) {
+		t.Errorf("pruned %v, want only the image the engine does not have", pruned)
+	}
+	if _, err := os.Stat(gone); !os.IsNotExist(err) {
+		t.Errorf("%s left: %v", gone, err)
+	}
+	if _, err := os.Stat(filepath.Join(r.images.dir, strings.TrimPrefix(s.ImageID(), "sha256:"))); err != nil {
+		t.Errorf("the running sandbox's image was removed: %v", err)
+	}
+}
+
 // A pool fills from the runc backend like from Docker's.
 func TestRuncPool(t *testing.T) {
 	r := needRunc(t)

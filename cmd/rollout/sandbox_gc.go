@@ -24,7 +24,7 @@ func newSandboxGCCmd() *cobra.Command {
 			"cluster's garbage collector then deletes their pods) and pods without a live owner, in\n" +
 			"--namespace (docs/kubernetes.md).\n" +
 			"With --runc: remove the runc backend's containers whose creating process is gone, with\n" +
-			"their writable layers (as root).",
+			"their writable layers, and the unpacked images the engine no longer has (as root).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if kube && runc {
@@ -39,12 +39,17 @@ func newSandboxGCCmd() *cobra.Command {
 				what = "object(s)"
 			case runc:
 				removed, err = sandbox.GCRunc(cmd.Context(), sandbox.RuncOptions{}, opts)
+				what = "container(s) and unpacked image(s)"
 			default:
 				removed, err = sandbox.GC(cmd.Context(), opts)
 			}
 			out := cmd.OutOrStdout()
 			for _, r := range removed {
-				if r.Name == "" { // runc: the id is the name
+				switch {
+				case r.Reason == "image": // runc: an unpacked image the engine no longer has
+					fmt.Fprintf(out, "removed unpacked image %s\n", r.ID)
+					continue
+				case r.Name == "": // runc: the id is the name
 					fmt.Fprintf(out, "removed %s (instance %s, %s)\n", r.ID, r.Instance, r.Reason)
 					continue
 				}
