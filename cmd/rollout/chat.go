@@ -23,6 +23,7 @@ func init() { register(newChatCmd) }
 
 type chatFlags struct {
 	endpoint, parser, reasoningParser, image, backend, model, out, system string
+	sandboxBackend                                                        string
 	toolsets                                                              []string
 	maxTurns                                                              int
 	timeout                                                               time.Duration
@@ -54,6 +55,7 @@ results, stop reason). --out writes the episode as one JSON trajectory object
 	fl.StringVar(&f.parser, "parser", "", "tool-call parser (vLLM --tool-call-parser name); required for tokens-mode backends")
 	fl.StringVar(&f.reasoningParser, "reasoning-parser", "", "reasoning parser (tokens-mode backends)")
 	fl.StringVar(&f.image, "image", "", "sandbox image (required)")
+	fl.StringVar(&f.sandboxBackend, "sandbox-backend", sandbox.BackendDocker, "sandbox backend: docker, or runc (runc directly, no engine daemon; root; network none)")
 	fl.StringVar(&f.backend, "backend", inference.BackendChat, "backend: chat, vllm, vllm-generate, sglang or llamacpp")
 	fl.StringVar(&f.model, "model", "", "model name (default: the first model of /v1/models)")
 	fl.IntVar(&f.maxTurns, "max-turns", agentloop.DefaultMaxTurns, "maximum generations")
@@ -113,9 +115,12 @@ func runChat(cmd *cobra.Command, f chatFlags, task string) error {
 	if c, ok := policy.(interface{ Close() error }); ok {
 		defer c.Close()
 	}
-	backend, err := sandbox.NewDocker(ctx, sandbox.Options{Logger: log})
+	backend, err := openLocalBackend(ctx, f.sandboxBackend, log, false)
 	if err != nil {
-		return fmt.Errorf("docker: %w", err)
+		if errors.Is(err, sandbox.ErrInvalid) {
+			return usageError(cmd, err)
+		}
+		return fmt.Errorf("sandbox backend %s: %w", f.sandboxBackend, err)
 	}
 	defer backend.Close(context.WithoutCancel(ctx))
 	id := fmt.Sprintf("chat-%d", time.Now().UnixNano())

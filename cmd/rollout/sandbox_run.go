@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -92,19 +93,27 @@ type localBackend interface {
 	Close(ctx context.Context) error
 }
 
+// openLocalBackend starts the named backend of this host ("" is docker);
+// noReap skips the start-up reap of a one-command run. An unknown name is
+// sandbox.ErrInvalid.
+func openLocalBackend(ctx context.Context, name string, log *slog.Logger, noReap bool) (localBackend, error) {
+	reap := time.Duration(0)
+	if noReap {
+		reap = -1
+	}
+	switch name {
+	case sandbox.BackendDocker, "":
+		return sandbox.NewDocker(ctx, sandbox.Options{ReapInterval: reap, Logger: log})
+	case sandbox.BackendRunc:
+		return sandbox.NewRunc(ctx, sandbox.RuncOptions{ReapInterval: reap, Logger: log})
+	}
+	return nil, fmt.Errorf("%w: sandbox backend %q: want docker or runc", sandbox.ErrInvalid, name)
+}
+
 func runInSandbox(cmd *cobra.Command, backend string, spec sandbox.Spec, req sandbox.ExecRequest) error {
 	ctx := cmd.Context()
 	cleanup := context.WithoutCancel(ctx)
-	var d localBackend
-	var err error
-	switch backend {
-	case sandbox.BackendDocker, "":
-		d, err = sandbox.NewDocker(ctx, sandbox.Options{ReapInterval: -1})
-	case sandbox.BackendRunc:
-		d, err = sandbox.NewRunc(ctx, sandbox.RuncOptions{ReapInterval: -1})
-	default:
-		return usageError(cmd, fmt.Errorf("--backend %q: want docker or runc", backend))
-	}
+	d, err := openLocalBackend(ctx, backend, slog.Default(), true)
 	if err != nil {
 		if errors.Is(err, sandbox.ErrInvalid) {
 			return usageError(cmd, err)
