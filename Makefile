@@ -32,6 +32,8 @@ lint:
 # example's test, ensure-python-torch.sh python3-torch, python3-numpy and
 # python3-matplotlib for the GRPO example's (as root; otherwise they say
 # what to install).
+# ensure-runc.sh makes sure runc is there for the runc backend's tests
+# (Debian's docker.io brings it; apt as root otherwise).
 # ensure-runsc.sh installs Debian's runsc and registers it with the engine
 # (SIGHUP, no restart) for the gVisor tests (docs/security.md).
 #
@@ -50,6 +52,7 @@ test: lint proto-check build
 # test-main: everything but the Kubernetes lab.
 test-main:
 	scripts/ensure-docker.sh
+	scripts/ensure-runc.sh
 	scripts/ensure-runsc.sh
 	$(BIN) sandbox image build
 	$(BIN) sandbox image build --name llamacpp
