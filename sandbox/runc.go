@@ -317,10 +317,14 @@ func (r *Runc) create(ctx context.Context, spec Spec, extraLabels map[string]str
 	id := "rollout-" + r.opts.Instance + "-" + randomID(6)
 	p := r.paths(id)
 	// From here every failure takes down whatever was made.
+	var s *runcSandbox
 	defer func() {
 		if err != nil {
 			metricFailures.WithLabelValues("create").Inc()
 			r.destroy(id)
+			if s != nil && s.pidfd != nil {
+				_ = s.pidfd.Close()
+			}
 		}
 	}()
 	if err := r.prepareRoot(p, img); err != nil {
@@ -339,7 +343,7 @@ func (r *Runc) create(ctx context.Context, spec Spec, extraLabels map[string]str
 	if err := os.WriteFile(filepath.Join(p.bundle, "config.json"), cfg, 0o600); err != nil {
 		return nil, fmt.Errorf("create sandbox %s: %w: %v", id, ErrUnavailable, err)
 	}
-	s, err := r.start(ctx, id, p, spec, img)
+	s, err = r.start(ctx, id, p, spec, img)
 	if err != nil {
 		return nil, fmt.Errorf("create sandbox %s from %s: %w", id, spec.Image, err)
 	}

@@ -126,7 +126,8 @@ func TestRuncIsolation(t *testing.T) {
 	}
 }
 
-// What the backend does not build is refused, before anything is made.
+// What the backend does not build is refused, before anything is made; a
+// user the image does not have is refused by the agent, and nothing is left.
 func TestRuncRefuses(t *testing.T) {
 	r := needRunc(t)
 	ctx := context.Background()
@@ -135,10 +136,18 @@ func TestRuncRefuses(t *testing.T) {
 		{Image: testImage, Runtime: RuntimeRunsc},
 		{Image: ""},
 		{Image: "rollout-no-such-image:x"},
+		{Image: testImage, User: "nobody-here"}, // the agent's hello says so
 	} {
 		if _, err := r.Create(ctx, spec); !errors.Is(err, ErrInvalid) {
 			t.Errorf("spec %+v: err %v, want ErrInvalid", spec, err)
 		}
+	}
+	if n := len(r.handles()); n != 0 {
+		t.Errorf("%d sandboxes live after refused creates", n)
+	}
+	ents, _ := os.ReadDir(filepath.Join(r.opts.DataDir, "layers"))
+	if len(ents) != 0 {
+		t.Errorf("layers left after refused creates: %v", ents)
 	}
 }
 
