@@ -664,8 +664,6 @@ func (r *Runc) destroy(id string) error {
 // runcState is what `runc list --format json` says of one container.
 type runcState struct {
 	ID          string            `json:"id"`
-	PID         int               `json:"pid"`
-	Status      string            `json:"status"`
 	Created     time.Time         `json:"created"`
 	Annotations map[string]string `json:"annotations"`
 }

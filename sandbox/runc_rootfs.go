@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -134,7 +133,6 @@ func (c *rootfsCache) export(ctx context.Context, ref, dir string) error {
 		}
 		return fmt.Errorf("%w: tar: %v: %s", ErrUnavailable, err, strings.TrimSpace(stderr.String()))
 	}
-	_, _ = io.Copy(io.Discard, rc)
 	return nil
 }
 

@@ -104,15 +104,19 @@ func TestRuncIsolation(t *testing.T) {
 	if comm := run("cat /proc/1/cmdline | tr '\\0' ' '"); !strings.Contains(comm, "-supervise") {
 		t.Errorf("pid 1 is %q, want the agent's supervisor", comm)
 	}
-	cg := "/sys/fs/cgroup/memory/rollout-runc/" + s.ID() + "/memory.limit_in_bytes"
-	if b, err := os.ReadFile(cg); err == nil && strings.TrimSpace(string(b)) != fmt.Sprint(256<<20) {
-		t.Errorf("memory limit %s, want %d", b, 256<<20)
-	}
-	if b, err := os.ReadFile("/sys/fs/cgroup/pids/rollout-runc/" + s.ID() + "/pids.max"); err == nil && strings.TrimSpace(string(b)) != "64" {
-		t.Errorf("pids limit %s, want 64", b)
-	}
-	if b, err := os.ReadFile("/sys/fs/cgroup/cpu/rollout-runc/" + s.ID() + "/cpu.cfs_quota_us"); err == nil && strings.TrimSpace(string(b)) != "50000" {
-		t.Errorf("cpu quota %s, want 50000", b)
+	// The limits in the container's cgroups (v1 paths; on a v2 host the
+	// same values sit in memory.max, pids.max and cpu.max).
+	if _, err := os.Stat("/sys/fs/cgroup/memory/memory.limit_in_bytes"); err == nil {
+		for file, want := range map[string]string{
+			"memory/rollout-runc/" + s.ID() + "/memory.limit_in_bytes": fmt.Sprint(256 << 20),
+			"pids/rollout-runc/" + s.ID() + "/pids.max":                "64",
+			"cpu/rollout-runc/" + s.ID() + "/cpu.cfs_quota_us":         "50000",
+		} {
+			b, err := os.ReadFile("/sys/fs/cgroup/" + file)
+			if err != nil || strings.TrimSpace(string(b)) != want {
+				t.Errorf("%s = %q (%v), want %s", file, b, err, want)
+			}
+		}
 	}
 	// Masked and read-only kernel files.
 	if out := run("cat /proc/kcore | head -c 1 | wc -c; echo x > /proc/sys/kernel/hostname || echo refused"); !strings.Contains(out, "0\n") || !strings.Contains(out, "refused") {
