@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/bits"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -513,6 +514,63 @@ var asciiPlain = func() (t [256]bool) {
 	return t
 }()
 
+// Strings in model output run to kilobytes (files, shell scripts), so the
+// plain runs inside them are skipped eight bytes at a time: a word is loaded
+// and tested for the bytes that need attention with the usual bit tricks
+// (in x-n*ones &^ x, a byte below n sets its high bit; with n = 1 that finds
+// a zero byte). A borrow can only flag bytes above a real hit, so the lowest
+// flagged byte is always a real one, which is all a skip needs.
+const (
+	ones  = 0x0101010101010101
+	highs = 0x8080808080808080
+)
+
+// load64 reads the first eight bytes of s as a little-endian word (one load
+// once compiled).
+func load64(s string) uint64 {
+	_ = s[7]
+	return uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
+		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
+}
+
+// strSpecial flags, in their high bits, the bytes of x that strPlain
+// rejects. x^0x02 maps the control characters and '"' (0x22) to exactly the
+// bytes below 0x21, so two tests cover the three cases.
+func strSpecial(x uint64) uint64 {
+	c, b := x^(0x02*ones), x^('\\'*ones)
+	return ((c-0x21*ones)&^c | (b-ones)&^b) & highs
+}
+
+// skipStrPlain returns the first index at or after i whose byte is not
+// strPlain, or len(s).
+func skipStrPlain(s string, i int) int {
+	t := s[i:]
+	for len(t) >= 8 {
+		if m := strSpecial(load64(t)); m != 0 {
+			return len(s) - len(t) + bits.TrailingZeros64(m)/8
+		}
+		t = t[8:]
+	}
+	for i = len(s) - len(t); i < len(s) && strPlain[s[i]]; i++ {
+	}
+	return i
+}
+
+// skipASCIIPlain is skipStrPlain for asciiPlain: non-ASCII bytes stop it too.
+func skipASCIIPlain(s string, i int) int {
+	t := s[i:]
+	for len(t) >= 8 {
+		x := load64(t)
+		if m := strSpecial(x) | x&highs; m != 0 {
+			return len(s) - len(t) + bits.TrailingZeros64(m)/8
+		}
+		t = t[8:]
+	}
+	for i = len(s) - len(t); i < len(s) && asciiPlain[s[i]]; i++ {
+	}
+	return i
+}
+
 // appendJSONString appends s as a JSON string literal. Unlike encoding/json
 // it leaves non-ASCII text and <>& alone (ensure_ascii=False in vLLM terms);
 // invalid UTF-8 becomes U+FFFD so the output is always valid JSON.
@@ -521,10 +579,7 @@ func appendJSONString(dst []byte, s string) []byte {
 	dst = append(dst, '"')
 	start := 0
 	for i := 0; i < len(s); {
-		// Runs of ASCII that need no escape, one table lookup per byte.
-		for i < len(s) && asciiPlain[s[i]] {
-			i++
-		}
+		i = skipASCIIPlain(s, i) // runs of ASCII that need no escape
 		if i >= len(s) {
 			break
 		}

@@ -183,3 +183,33 @@ func TestTextPtrAndSnippet(t *testing.T) {
 		t.Error("short snippet changed")
 	}
 }
+
+// The word-at-a-time skips must stop exactly where the byte tables do: every
+// byte value, at every position of a word and in the tail, after runs of
+// plain text or of other special bytes.
+func TestSkipPlainRuns(t *testing.T) {
+	tableSkip := func(table *[256]bool, s string, i int) int {
+		for i < len(s) && table[s[i]] {
+			i++
+		}
+		return i
+	}
+	for c := range 256 {
+		for pos := range 20 {
+			for _, fill := range []byte{'a', '\\', 0xe9} {
+				buf := []byte(strings.Repeat("x", 20))
+				buf[pos] = byte(c)
+				buf[min(pos+3, 19)] = fill
+				s := string(buf)
+				for from := range 3 {
+					if got, want := skipStrPlain(s, from), tableSkip(&strPlain, s, from); got != want {
+						t.Fatalf("skipStrPlain(%q, %d) = %d, want %d", s, from, got, want)
+					}
+					if got, want := skipASCIIPlain(s, from), tableSkip(&asciiPlain, s, from); got != want {
+						t.Fatalf("skipASCIIPlain(%q, %d) = %d, want %d", s, from, got, want)
+					}
+				}
+			}
+		}
+	}
+}

@@ -145,8 +145,8 @@ func scanLiteral(s string, i int, lit string) (int, error) {
 	return i + len(lit), nil
 }
 
-// strPlain marks the bytes that need no attention inside a JSON string, so
-// the common run of ordinary characters is a tight table loop.
+// strPlain marks the bytes that need no attention inside a JSON string
+// (skipStrPlain tests eight at a time).
 var strPlain = func() (t [256]bool) {
 	for c := 0x20; c < 256; c++ {
 		t[c] = c != '"' && c != '\\'
@@ -157,9 +157,7 @@ var strPlain = func() (t [256]bool) {
 func scanString(s string, i int) (int, error) {
 	j := i + 1
 	for {
-		for j < len(s) && strPlain[s[j]] {
-			j++
-		}
+		j = skipStrPlain(s, j)
 		if j >= len(s) {
 			return len(s), errJSONEOF
 		}
