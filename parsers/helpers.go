@@ -620,66 +620,24 @@ func appendJSONString(dst []byte, s string) []byte {
 // whitespace, keeping key order and string contents byte for byte.
 func compactJSON(raw string) (string, error) {
 	t := strings.TrimSpace(raw)
-	end, err := scanValue(t, 0)
+	end, out, err := scanCompact(t, 0)
 	if err != nil {
 		return "", err
 	}
 	if end != len(t) {
 		return "", &jsonError{end, "unexpected text after the value"}
 	}
-	if !utf8.ValidString(t) {
-		t = strings.ToValidUTF8(t, "\ufffd")
-	}
-	return compactScanned(t), nil
+	return validUTF8(out), nil
 }
 
-// compactScanned drops whitespace outside strings from JSON that scanValue
-// accepted. Model output is usually compact or nearly so; when there is
-// nothing to drop the input is returned without copying, otherwise runs of
-// kept bytes are copied whole.
-func compactScanned(s string) string {
-	var b strings.Builder // grown at the first whitespace to drop; String() does not copy
-	last := 0             // s[last:i] is kept but not yet copied
-	i := 0
-	for i < len(s) {
-		c := s[i]
-		switch {
-		case c == '"':
-			i++
-			for i < len(s) {
-				for i < len(s) && strPlain[s[i]] {
-					i++
-				}
-				if i >= len(s) {
-					break
-				}
-				if s[i] == '\\' {
-					i += 2
-					continue
-				}
-				i++
-				if s[i-1] == '"' {
-					break
-				}
-			}
-		case isJSONSpace(c):
-			if b.Cap() == 0 {
-				b.Grow(len(s))
-			}
-			b.WriteString(s[last:i])
-			for i < len(s) && isJSONSpace(s[i]) {
-				i++
-			}
-			last = i
-		default:
-			i++
-		}
-	}
-	if b.Cap() == 0 {
+// validUTF8 replaces each run of invalid UTF-8 in compacted JSON with
+// U+FFFD. Such bytes can only sit inside strings (the scanner refuses them
+// elsewhere), so cleaning before or after compaction gives the same text.
+func validUTF8(s string) string {
+	if utf8.ValidString(s) {
 		return s
 	}
-	b.WriteString(s[last:min(len(s), i)])
-	return b.String()
+	return strings.ToValidUTF8(s, "\ufffd")
 }
 
 // normalizeArgs validates that raw is a JSON object and returns it compact,
@@ -690,7 +648,7 @@ func normalizeArgs(raw string) (string, error) {
 	if t == "" {
 		return "", errors.New("arguments are empty")
 	}
-	end, err := scanValue(t, 0)
+	end, out, err := scanCompact(t, 0)
 	switch {
 	case errors.Is(err, errJSONEOF):
 		return "", fmt.Errorf("arguments are truncated JSON (input ends at offset %d before the value is complete)", len(t))
@@ -702,10 +660,7 @@ func normalizeArgs(raw string) (string, error) {
 	if t[0] != '{' {
 		return "", fmt.Errorf("arguments are a JSON %s, not an object", jsonKind(json.RawMessage(t)))
 	}
-	if !utf8.ValidString(t) {
-		t = strings.ToValidUTF8(t, "\ufffd")
-	}
-	return compactScanned(t), nil
+	return validUTF8(out), nil
 }
 
 // --- text helpers ---

@@ -1,6 +1,7 @@
 package parsers
 
 import (
+	"bytes"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -209,6 +210,40 @@ func TestSkipPlainRuns(t *testing.T) {
 						t.Fatalf("skipASCIIPlain(%q, %d) = %d, want %d", s, from, got, want)
 					}
 				}
+			}
+		}
+	}
+}
+
+// scanCompact validates like scanValue and compacts like json.Compact (which
+// neither escapes nor reorders).
+func TestScanCompact(t *testing.T) {
+	for _, s := range []string{
+		`{}`, `[]`, `"x"`, `-1.5e3`, `true`, `null`,
+		`{"a":1,"b":[1,2]}`,
+		"{ \"a\" :\t1 ,\n\"b\" : [ 1 , 2 , { } , [ ] ] }",
+		` {"s": "  spaced  \" \\ \n ", "u": "é\u00e9<&>"}`,
+		`[ "x" , {"k" : null} ]  trailing`,
+		`{"a": 1`, `{"a" 1}`, `{"a": [1, 2,]}`, `{"a": "x` + "\x01" + `"}`, `[1 2]`, ` `,
+	} {
+		for i := range 2 {
+			if i >= len(s) {
+				continue
+			}
+			end, out, err := scanCompact(s, i)
+			wantEnd, wantErr := scanValue(s, i)
+			if end != wantEnd || (err == nil) != (wantErr == nil) || (err != nil && err.Error() != wantErr.Error()) {
+				t.Fatalf("scanCompact(%q, %d) = %d, %v; scanValue gives %d, %v", s, i, end, err, wantEnd, wantErr)
+			}
+			if err != nil {
+				continue
+			}
+			var want bytes.Buffer
+			if err := json.Compact(&want, []byte(s[i:end])); err != nil {
+				t.Fatal(err)
+			}
+			if out != want.String() {
+				t.Errorf("scanCompact(%q, %d) = %q, want %q", s, i, out, want.String())
 			}
 		}
 	}

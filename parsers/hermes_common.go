@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"unicode/utf8"
 )
 
 // errJSONEOF marks JSON that is well-formed so far but ends too early: the
@@ -41,10 +40,58 @@ func skipSpace(s string, i int) int {
 // parser can find the extent of a call in model output before deciding what
 // to decode.
 func scanValue(s string, i int) (int, error) {
-	return scanValueDepth(s, i, 0)
+	return scanValueDepth(s, i, 0, nil)
 }
 
-func scanValueDepth(s string, i, depth int) (int, error) {
+// scanCompact is scanValue that also returns the value without the
+// whitespace between its tokens, key order and string contents byte for
+// byte. Arguments are validated and compacted in the same pass instead of
+// one pass each. The value is a slice of s when there was nothing to drop.
+func scanCompact(s string, i int) (end int, compact string, err error) {
+	cp := compactor{kept: i}
+	if end, err = scanValueDepth(s, i, 0, &cp); err != nil {
+		return end, "", err
+	}
+	if cp.b.Cap() == 0 {
+		return end, s[i:end], nil
+	}
+	cp.b.WriteString(s[cp.kept:end])
+	return end, cp.b.String(), nil
+}
+
+// compactor collects what scanValueDepth walks minus the whitespace it
+// skips between tokens.
+type compactor struct {
+	b    strings.Builder // allocated at the first whitespace dropped
+	kept int             // s[kept:] is not in b yet
+}
+
+// skip is skipSpace that, when cp is not nil, drops what it skips. The
+// common case, no whitespace at all, is one comparison (small enough to
+// inline: the scanner calls this between every two tokens).
+func (cp *compactor) skip(s string, i int) int {
+	if i < len(s) && s[i] <= ' ' {
+		return cp.drop(s, i)
+	}
+	return i
+}
+
+func (cp *compactor) drop(s string, i int) int {
+	j := skipSpace(s, i)
+	if cp == nil || j == i {
+		return j
+	}
+	if cp.b.Cap() == 0 {
+		// The value is at most the rest of s, and callers pass s ending at
+		// or near the value: one allocation, no regrowth.
+		cp.b.Grow(len(s) - cp.kept)
+	}
+	cp.b.WriteString(s[cp.kept:i])
+	cp.kept = j
+	return j
+}
+
+func scanValueDepth(s string, i, depth int, cp *compactor) (int, error) {
 	if i >= len(s) {
 		return i, errJSONEOF
 	}
@@ -53,7 +100,7 @@ func scanValueDepth(s string, i, depth int) (int, error) {
 		if depth >= maxJSONDepth {
 			return i, &jsonError{i, "nesting too deep"}
 		}
-		i = skipSpace(s, i+1)
+		i = cp.skip(s, i+1)
 		if i < len(s) && s[i] == '}' {
 			return i + 1, nil
 		}
@@ -68,24 +115,24 @@ func scanValueDepth(s string, i, depth int) (int, error) {
 			if err != nil {
 				return end, err
 			}
-			i = skipSpace(s, end)
+			i = cp.skip(s, end)
 			if i >= len(s) {
 				return i, errJSONEOF
 			}
 			if s[i] != ':' {
 				return i, &jsonError{i, "expected ':' after key"}
 			}
-			i = skipSpace(s, i+1)
-			if i, err = scanValueDepth(s, i, depth+1); err != nil {
+			i = cp.skip(s, i+1)
+			if i, err = scanValueDepth(s, i, depth+1, cp); err != nil {
 				return i, err
 			}
-			i = skipSpace(s, i)
+			i = cp.skip(s, i)
 			if i >= len(s) {
 				return i, errJSONEOF
 			}
 			switch s[i] {
 			case ',':
-				i = skipSpace(s, i+1)
+				i = cp.skip(s, i+1)
 			case '}':
 				return i + 1, nil
 			default:
@@ -96,22 +143,22 @@ func scanValueDepth(s string, i, depth int) (int, error) {
 		if depth >= maxJSONDepth {
 			return i, &jsonError{i, "nesting too deep"}
 		}
-		i = skipSpace(s, i+1)
+		i = cp.skip(s, i+1)
 		if i < len(s) && s[i] == ']' {
 			return i + 1, nil
 		}
 		for {
 			var err error
-			if i, err = scanValueDepth(s, i, depth+1); err != nil {
+			if i, err = scanValueDepth(s, i, depth+1, cp); err != nil {
 				return i, err
 			}
-			i = skipSpace(s, i)
+			i = cp.skip(s, i)
 			if i >= len(s) {
 				return i, errJSONEOF
 			}
 			switch s[i] {
 			case ',':
-				i = skipSpace(s, i+1)
+				i = cp.skip(s, i+1)
 			case ']':
 				return i + 1, nil
 			default:
@@ -382,10 +429,8 @@ func normalizeScanned(span string) (string, error) {
 	if span[0] != '{' {
 		return "", fmt.Errorf("arguments are a JSON %s, not an object", jsonKind(json.RawMessage(span)))
 	}
-	if !utf8.ValidString(span) {
-		span = strings.ToValidUTF8(span, "\ufffd")
-	}
-	return compactScanned(span), nil
+	_, out, _ := scanCompact(span, 0)
+	return validUTF8(out), nil
 }
 
 // collector accumulates calls and errors, numbering them together in output

@@ -161,16 +161,12 @@ func mistralV11(c *collector, seg, raw string) bool {
 		c.fail(name, "arguments are not a JSON object", raw)
 		return true
 	}
-	end, err := scanValue(rest, j)
+	_, args, err := scanCompact(rest, j)
 	if err != nil {
 		c.fail(name, describeScanErr(err, "arguments"), raw)
 		return true
 	}
-	args, err := normalizeScanned(rest[j:end])
-	if err != nil {
-		c.fail(name, err.Error(), raw)
-		return true
-	}
+	args = validUTF8(args)
 	if id != "" {
 		c.okNative(id, name, args, raw)
 	} else {
