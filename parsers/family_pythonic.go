@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"math"
 	"math/big"
+	"slices"
 	"strconv"
 	"strings"
 	"unicode"
@@ -200,6 +201,7 @@ func pyList(s string, i int) (spans []pySpan, truncAt, end int, ok bool) {
 	if i < len(s) && s[i] == ']' {
 		return nil, -1, i + 1, false // an empty list is not a call
 	}
+	spans = make([]pySpan, 0, 4) // most turns make 1-4 calls
 	for {
 		i = pySkipSpace(s, i)
 		if i >= len(s) {
@@ -233,8 +235,14 @@ func pyList(s string, i int) (spans []pySpan, truncAt, end int, ok bool) {
 
 // pyCalls records the calls of spans, plus a truncation error.
 func pyCalls(c *vlCollector, s string, spans []pySpan, truncAt int) {
+	longest := 0
 	for _, sp := range spans {
-		name, args, reason := pyParseCall(s[sp.start:sp.end])
+		longest = max(longest, sp.end-sp.start)
+	}
+	// One buffer serves every call: JSON is about as long as the Python.
+	p := pyConv{out: make([]byte, 0, longest+16), keys: make([]string, 0, 8)}
+	for _, sp := range spans {
+		name, args, reason := p.call(s[sp.start:sp.end])
 		if reason != "" {
 			c.fail(name, reason, s[sp.start:sp.end])
 		} else {
@@ -295,6 +303,9 @@ type pyConv struct {
 	s     string
 	i     int
 	depth int
+	// out and keys are call's buffers, reused from one call to the next.
+	out  []byte
+	keys []string
 }
 
 type pyError struct{ msg string }
@@ -303,14 +314,16 @@ func (e *pyError) Error() string { return e.msg }
 
 func pyErrf(format string, a ...any) error { return &pyError{fmt.Sprintf(format, a...)} }
 
-// pyParseCall converts one complete call span to name and JSON arguments.
-func pyParseCall(span string) (name, args, reason string) {
+// call converts one complete call span to name and JSON arguments. The
+// object is written straight into p.out, which the calls of a list share,
+// so a call allocates only its arguments string.
+func (p *pyConv) call(span string) (name, args, reason string) {
 	e := pyScanName(span, 0)
 	name = span[:e]
-	p := &pyConv{s: span, i: e}
-	p.i = pySkipSpace(span, p.i)
-	p.i++ // '('
-	ab := newArgs()
+	p.s, p.depth = span, 0
+	p.i = pySkipSpace(span, e) + 1 // past '('
+	out := append(p.out[:0], '{')
+	keys := p.keys[:0]
 	for {
 		p.i = pySkipSpace(span, p.i)
 		if p.i >= len(span) {
@@ -330,16 +343,18 @@ func pyParseCall(span string) (name, args, reason string) {
 				isKw = true
 				key := span[p.i:ke]
 				p.i = j + 1
-				v, err := p.value(nil)
-				if err != nil {
+				if len(keys) > 0 {
+					out = append(out, ',')
+				}
+				out = append(appendJSONString(out, key), ':')
+				var err error
+				if out, err = p.value(out); err != nil {
 					return name, "", fmt.Sprintf("argument %s: %v", key, err)
 				}
-				for _, k := range ab.keys {
-					if k == key {
-						return name, "", fmt.Sprintf("keyword argument %s repeated", key)
-					}
+				if slices.Contains(keys, key) {
+					return name, "", fmt.Sprintf("keyword argument %s repeated", key)
 				}
-				ab.add(key, v)
+				keys = append(keys, key)
 			}
 		}
 		if !isKw {
@@ -355,7 +370,9 @@ func pyParseCall(span string) (name, args, reason string) {
 		}
 		return name, "", fmt.Sprintf("unexpected %q after argument", pyNear(span, p.i))
 	}
-	return name, ab.String(), ""
+	out = append(out, '}')
+	p.out, p.keys = out, keys
+	return name, string(out), ""
 }
 
 func pyNear(s string, i int) string {
@@ -465,6 +482,9 @@ func (p *pyConv) strings() (string, error) {
 		more := k < len(p.s) && (p.s[k] == '\'' || p.s[k] == '"' || pyIdentStart(p.s[k]))
 		if first && !more && (raw || strings.IndexByte(body, '\\') < 0) {
 			return body, nil // one plain literal: no copy
+		}
+		if b.Cap() == 0 {
+			b.Grow(len(body)) // decoding escapes never lengthens the text
 		}
 		if raw {
 			b.WriteString(body)
