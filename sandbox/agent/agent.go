@@ -29,6 +29,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Main runs the agent with command-line args (without the program name) on
@@ -69,7 +71,8 @@ func Main(args []string) int {
 	// sandbox, alternating (sandbox/README.md). Commands do not inherit it.
 	runtime.GOMAXPROCS(1)
 	warmThreads()
-	s := newServer(os.Stdout)
+	stdin, stdout := pollable(os.Stdin), pollable(os.Stdout)
+	s := newServer(stdout)
 	if err := s.setup(*user, *fallback, *optional, *workdir); err != nil {
 		_ = s.sendJSON(FrameHello, 0, Hello{Version: ProtocolVersion, PID: os.Getpid(), Err: err.Error()})
 		fmt.Fprintln(os.Stderr, "rollout-agent:", err)
@@ -90,7 +93,7 @@ func Main(args []string) int {
 		fmt.Fprintln(os.Stderr, "rollout-agent: hello:", err)
 		return 1
 	}
-	err := s.serve(bufio.NewReaderSize(os.Stdin, 256<<10))
+	err := s.serve(bufio.NewReaderSize(stdin, 256<<10))
 	s.shutdown()
 	if err != nil && !errors.Is(err, io.EOF) {
 		fmt.Fprintln(os.Stderr, "rollout-agent:", err)
@@ -310,6 +313,7 @@ func (s *server) servePeer(p *peer, r io.Reader) error {
 				p.mu.Unlock()
 				_ = p.sendJSON(FrameResponse, f.ID, resp)
 			})
+
 		case FrameData, FrameEnd, FrameCancel:
 			p.mu.Lock()
 			in := p.reqs[f.ID]
@@ -441,4 +445,24 @@ func (s *server) handle(ctx context.Context, p *peer, id uint32, req *Request, d
 		return errResponse(err)
 	}
 	return resp
+}
+
+// pollable returns f, when it is a pipe (the stdio runc, the Docker shim
+// and the kubelet hand the agent), set non-blocking and served by the
+// runtime's poller; else f as it is. A blocking read(2) of stdin holds a
+// thread in the kernel, and on the agent's one P the handler of the
+// request it returned then waits until sysmon retakes the P from that
+// thread: about 100 µs of every round trip on the runc backend's pipes
+// (issue 20; sandbox/README.md). In the poller, the reading goroutine parks
+// and the handler runs at once. Only these two descriptors change: the
+// pipes' other ends, held by the host or the shim, are other open files.
+func pollable(f *os.File) *os.File {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFIFO {
+		return f
+	}
+	if err := unix.SetNonblock(int(f.Fd()), true); err != nil {
+		return f
+	}
+	return os.NewFile(f.Fd(), f.Name())
 }
