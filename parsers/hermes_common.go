@@ -499,10 +499,18 @@ func isFuncName(s string) bool {
 		return false
 	}
 	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c <= ' ' || c == '<' || c == '>' || c == '{' || c == '}' || c == '"' || c == '\'' || c == '(' || c == ')' || c == ',' || c == '`' || c == '[' || c == ']' || c == '=' {
+		if !funcNameByte[s[i]] {
 			return false
 		}
 	}
 	return true
 }
+
+// funcNameByte marks the bytes isFuncName accepts: one lookup per byte
+// instead of a chain of comparisons.
+var funcNameByte = func() (t [256]bool) {
+	for c := ' ' + 1; c < 256; c++ {
+		t[c] = !strings.ContainsRune("<>{}\"'(),`[]=", rune(c))
+	}
+	return t
+}()
