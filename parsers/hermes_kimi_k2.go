@@ -35,22 +35,20 @@ func (kimiK2Parser) Parse(text string, _ []ToolSchema) Result {
 		}
 		start := pos + k
 		bs := start + len(kimiCallBegin)
-		closeAt, bodyEnd, closed := tagExtent(text, bs, kimiCallBegin, kimiCallEnd)
-		body := text[bs:bodyEnd]
+		ab, bodyEnd, closeAt, closed := kimiCallExtent(text, bs)
 		raw := text[start:closeAt]
 		pos = closeAt
-		ab := strings.Index(body, kimiArgBegin)
 		if ab < 0 {
 			c.fail("", "call has no <|tool_call_argument_begin|> (truncated or malformed)", raw)
 			continue
 		}
-		id := strings.TrimSpace(body[:ab])
+		id := strings.TrimSpace(text[bs:ab])
 		name, ok := kimiName(id)
 		if !ok {
 			c.fail("", "call id "+quoteShort(id)+" is not functions.NAME:IDX", raw)
 			continue
 		}
-		args := body[ab+len(kimiArgBegin):]
+		args := text[ab+len(kimiArgBegin) : bodyEnd]
 		if !closed {
 			if e := strings.Index(args, "<|tool_calls_section_end|>"); e >= 0 {
 				args = args[:e]
@@ -88,6 +86,31 @@ func kimiFirstMarker(text string) int {
 			return from + k
 		}
 		from += k + 1
+	}
+}
+
+// kimiCallExtent reads the call whose begin marker ends at bs. Like
+// tagExtent, its body ends at the first end marker (closed) or at the next
+// begin marker, else at the end of the text; ab is the first argument
+// marker inside the body, or -1. Every marker starts with '<', which the
+// id and the JSON rarely contain, so one walk over the '<' of the body
+// finds all three instead of three searches of the text.
+func kimiCallExtent(text string, bs int) (ab, bodyEnd, closeAt int, closed bool) {
+	ab = -1
+	for i := bs; ; i++ {
+		k := strings.IndexByte(text[i:], '<')
+		if k < 0 {
+			return ab, len(text), len(text), false
+		}
+		i += k
+		switch at := text[i:]; {
+		case strings.HasPrefix(at, kimiCallEnd):
+			return ab, i, i + len(kimiCallEnd), true
+		case strings.HasPrefix(at, kimiCallBegin):
+			return ab, i, i, false
+		case ab < 0 && strings.HasPrefix(at, kimiArgBegin):
+			ab = i
+		}
 	}
 }
 
