@@ -30,6 +30,23 @@ func TestNewCallID(t *testing.T) {
 
 func TestNewMistralCallID(t *testing.T) {
 	checkFreshIDs(t, 1000, NewMistralCallID, isMistralCallID, "9 alphanumerics")
+	// Every position draws from all 62 symbols (one draw makes the whole
+	// id, so a slip in its base-62 digits would starve some position).
+	var seen [9]map[byte]bool
+	for i := range seen {
+		seen[i] = map[byte]bool{}
+	}
+	for range 3000 {
+		id := NewMistralCallID()
+		for i := range seen {
+			seen[i][id[i]] = true
+		}
+	}
+	for i := range seen {
+		if len(seen[i]) != 62 {
+			t.Fatalf("position %d drew %d of the 62 symbols", i, len(seen[i]))
+		}
+	}
 	p, err := Get("mistral")
 	if err != nil {
 		t.Fatal(err)

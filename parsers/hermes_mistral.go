@@ -126,12 +126,7 @@ func mistralElem(c *collector, obj string) {
 // mistralV11 parses one name{json} segment; it reports false when the
 // segment is prose that merely follows the marker (no valid name).
 func mistralV11(c *collector, seg, raw string) bool {
-	nameEnd := len(seg)
-	for _, m := range []string{"{", mistralArgs, mistralCallID} {
-		if k := strings.Index(seg, m); k >= 0 && k < nameEnd {
-			nameEnd = k
-		}
-	}
+	nameEnd := mistralNameEnd(seg)
 	name := strings.TrimSpace(seg[:nameEnd])
 	if !isFuncName(name) {
 		return false
@@ -173,4 +168,25 @@ func mistralV11(c *collector, seg, raw string) bool {
 		c.ok(name, args, raw)
 	}
 	return true
+}
+
+// mistralNameEnd is where the name of a v11 segment ends: at the first '{',
+// [ARGS] or [CALL_ID], else at the end. The bracket markers matter only
+// before the '{', so they are looked for in that short prefix instead of
+// in the whole segment.
+func mistralNameEnd(seg string) int {
+	end := strings.IndexByte(seg, '{')
+	if end < 0 {
+		end = len(seg)
+	}
+	for i := 0; ; i++ {
+		k := strings.IndexByte(seg[i:end], '[')
+		if k < 0 {
+			return end
+		}
+		i += k
+		if strings.HasPrefix(seg[i:], mistralArgs) || strings.HasPrefix(seg[i:], mistralCallID) {
+			return i
+		}
+	}
 }
