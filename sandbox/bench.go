@@ -50,22 +50,33 @@ func (s Stats) String() string {
 
 // MeasureExec times n round trips of argv through the sandbox's channel.
 func MeasureExec(ctx context.Context, s Sandbox, n int, argv ...string) ([]time.Duration, error) {
+	rt, _, err := MeasureExecSplit(ctx, s, n, argv...)
+	return rt, err
+}
+
+// MeasureExecSplit is MeasureExec that also returns, per call, the time
+// the agent itself reported for the command (ExecResult.Duration: the
+// spawn, the command's run and the reaping, inside the sandbox), so that a
+// round trip splits into the command's own cost and the channel's.
+func MeasureExecSplit(ctx context.Context, s Sandbox, n int, argv ...string) (roundTrips, inAgent []time.Duration, err error) {
 	if len(argv) == 0 {
 		argv = []string{"true"}
 	}
-	out := make([]time.Duration, 0, n)
+	roundTrips = make([]time.Duration, 0, n)
+	inAgent = make([]time.Duration, 0, n)
 	for range n {
 		start := time.Now()
 		r, err := s.Exec(ctx, ExecRequest{Argv: argv})
 		if err != nil {
-			return out, err
+			return roundTrips, inAgent, err
 		}
 		if r.ExitCode != 0 {
-			return out, fmt.Errorf("%s exited %d: %s", strings.Join(argv, " "), r.ExitCode, r.Stderr)
+			return roundTrips, inAgent, fmt.Errorf("%s exited %d: %s", strings.Join(argv, " "), r.ExitCode, r.Stderr)
 		}
-		out = append(out, time.Since(start))
+		roundTrips = append(roundTrips, time.Since(start))
+		inAgent = append(inAgent, r.Duration)
 	}
-	return out, nil
+	return roundTrips, inAgent, nil
 }
 
 // MeasureDockerExecCLI times n runs of `docker exec <container> ARGV...`

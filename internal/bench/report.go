@@ -199,6 +199,8 @@ func writeMachine(p func(string, ...any), r Report) {
 	docker := m.DockerVersion
 	if docker == "" {
 		docker = "unavailable: " + m.DockerError
+	} else if m.DockerStorage != "" {
+		docker += ", storage driver " + m.DockerStorage
 	}
 	p("| Docker engine | %s |\n", cell(docker))
 	p("| Go | %s |\n", m.GoVersion)
