@@ -48,7 +48,10 @@ with open(tmp, "w") as f:
     f.write("\n")
 os.replace(tmp, conf)
 PY
-pid=$(pgrep -x dockerd) || { echo "ensure-runsc: no dockerd running (scripts/ensure-docker.sh starts one)" >&2; exit 1; }
+# The machine's engine: its pid file, else the oldest dockerd (a second
+# daemon, e.g. scripts/overlay2-engine.sh's, must not get the SIGHUP).
+pid=$(cat /var/run/docker.pid 2>/dev/null) && kill -0 "$pid" 2>/dev/null ||
+	pid=$(pgrep -xo dockerd) || { echo "ensure-runsc: no dockerd running (scripts/ensure-docker.sh starts one)" >&2; exit 1; }
 kill -HUP "$pid"
 for _ in $(seq 1 20); do
 	if have_runtime; then
