@@ -242,6 +242,11 @@ func TestScanCompact(t *testing.T) {
 		` {"s": "  spaced  \" \\ \n ", "u": "é\u00e9<&>"}`,
 		`[ "x" , {"k" : null} ]  trailing`,
 		`{"a": 1`, `{"a" 1}`, `{"a": [1, 2,]}`, `{"a": "x` + "\x01" + `"}`, `[1 2]`, ` `,
+		// Around the size of scanCompact's stack room, and far past it.
+		`{"a": "` + strings.Repeat("x", 494) + `", "b": 1}`,
+		`{"a": "` + strings.Repeat("x", 495) + `", "b": 1}`,
+		`{"a": "` + strings.Repeat("x", 496) + `", "b": 1}`,
+		"{\n  \"a\": \"" + strings.Repeat("y ", 3000) + "\",\n  \"b\": [1, 2]\n}",
 	} {
 		for i := range 2 {
 			if i >= len(s) {

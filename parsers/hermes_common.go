@@ -48,22 +48,39 @@ func scanValue(s string, i int) (int, error) {
 // byte. Arguments are validated and compacted in the same pass instead of
 // one pass each. The value is a slice of s when there was nothing to drop.
 func scanCompact(s string, i int) (end int, compact string, err error) {
-	cp := compactor{kept: i}
+	// The value is at most the rest of s. When that surely fits the room,
+	// the value is gathered on the stack and copied out once, at its size.
+	var room [512]byte
+	// The Builder is held by pointer: its buffer escapes to the heap, and
+	// escape analysis, which does not tell a struct's fields apart, would
+	// move the room along with it.
+	var big strings.Builder
+	cp := compactor{kept: i, big: &big}
+	if len(s)-i <= len(room) {
+		cp.small = room[:0]
+	}
 	if end, err = scanValueDepth(s, i, 0, &cp); err != nil {
 		return end, "", err
 	}
-	if cp.b.Cap() == 0 {
+	if cp.kept == i {
 		return end, s[i:end], nil
 	}
-	cp.b.WriteString(s[cp.kept:end])
-	return end, cp.b.String(), nil
+	cp.keep(s, end)
+	if cp.small != nil {
+		return end, string(cp.small), nil
+	}
+	return end, cp.big.String(), nil
 }
 
 // compactor collects what scanValueDepth walks minus the whitespace it
-// skips between tokens.
+// skips between tokens, in small when that is set, else in big (whose
+// String does not copy). small is preferred because appending to it only
+// stores a length: a Builder is written through a pointer at every piece,
+// which costs a GC write barrier whenever the collector is marking.
 type compactor struct {
-	b    strings.Builder // allocated at the first whitespace dropped
-	kept int             // s[kept:] is not in b yet
+	small []byte
+	big   *strings.Builder
+	kept  int // s[kept:] has not been kept yet
 }
 
 // skip is skipSpace that, when cp is not nil, drops what it skips. The
@@ -81,14 +98,24 @@ func (cp *compactor) drop(s string, i int) int {
 	if cp == nil || j == i {
 		return j
 	}
-	if cp.b.Cap() == 0 {
-		// The value is at most the rest of s, and callers pass s ending at
-		// or near the value: one allocation, no regrowth.
-		cp.b.Grow(len(s) - cp.kept)
-	}
-	cp.b.WriteString(s[cp.kept:i])
+	cp.keep(s, i)
 	cp.kept = j
 	return j
+}
+
+// keep adds s[kept:to] to the kept text.
+func (cp *compactor) keep(s string, to int) {
+	piece := s[cp.kept:to]
+	if cp.small != nil {
+		n := len(cp.small)
+		cp.small = cp.small[:n+len(piece)] // a length store: no write barrier
+		copy(cp.small[n:], piece)
+		return
+	}
+	if cp.big.Cap() == 0 {
+		cp.big.Grow(len(s) - cp.kept) // at most the rest of s: one allocation
+	}
+	cp.big.WriteString(piece)
 }
 
 func scanValueDepth(s string, i, depth int, cp *compactor) (int, error) {
