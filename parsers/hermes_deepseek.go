@@ -140,7 +140,8 @@ func deepseekV3Body(c *collector, body, raw string) (name, args string, ok bool)
 // call with nothing between the markers is a call without arguments (what a
 // zero-parameter tool gets); an unclosed one is truncated.
 func rawArgs(args string, closed bool) (string, error) {
-	if closed && strings.TrimSpace(args) == "" {
+	args = strings.TrimSpace(args) // once here makes normalizeArgs' trim free
+	if closed && args == "" {
 		return "{}", nil
 	}
 	return normalizeArgs(args)
