@@ -639,10 +639,24 @@ func compactJSON(raw string) (string, error) {
 // U+FFFD. Such bytes can only sit inside strings (the scanner refuses them
 // elsewhere), so cleaning before or after compaction gives the same text.
 func validUTF8(s string) string {
-	if utf8.ValidString(s) {
+	if isASCII(s) || utf8.ValidString(s) {
 		return s
 	}
 	return strings.ToValidUTF8(s, "\ufffd")
+}
+
+// isASCII reports whether s is all ASCII, eight bytes at a time: cheaper
+// than utf8.ValidString for the common case, whose byte loop handles the
+// last few bytes of every string.
+func isASCII(s string) bool {
+	var acc uint64
+	for ; len(s) >= 8; s = s[8:] {
+		acc |= load64(s)
+	}
+	for i := 0; i < len(s); i++ {
+		acc |= uint64(s[i])
+	}
+	return acc&highs == 0
 }
 
 // normalizeArgs validates that raw is a JSON object and returns it compact,

@@ -232,6 +232,20 @@ func TestSkipPlainRuns(t *testing.T) {
 	}
 }
 
+func TestIsASCII(t *testing.T) {
+	for n := range 20 {
+		for pos := range n {
+			for _, c := range []byte{0x00, 0x7f, 0x80, 0xc3, 0xff} {
+				buf := []byte(strings.Repeat("a", n))
+				buf[pos] = c
+				if got, want := isASCII(string(buf)), c < 0x80; got != want {
+					t.Fatalf("isASCII(%q) = %v", buf, got)
+				}
+			}
+		}
+	}
+}
+
 // scanCompact validates like scanValue and compacts like json.Compact (which
 // neither escapes nor reorders).
 func TestScanCompact(t *testing.T) {
