@@ -62,13 +62,14 @@ func scanCompact(s string, i int) (end int, compact string, err error) {
 	if end, err = scanValueDepth(s, i, 0, &cp); err != nil {
 		return end, "", err
 	}
-	if cp.kept == i {
+	switch {
+	case cp.kept == i:
 		return end, s[i:end], nil
-	}
-	cp.keep(s, end)
-	if cp.small != nil {
+	case cp.small != nil:
+		cp.keepSmall(s, end)
 		return end, string(cp.small), nil
 	}
+	cp.keepBig(s, end)
 	return end, cp.big.String(), nil
 }
 
@@ -93,29 +94,34 @@ func (cp *compactor) skip(s string, i int) int {
 	return i
 }
 
+// drop skips the whitespace at s[i] and keeps the text before it.
 func (cp *compactor) drop(s string, i int) int {
 	j := skipSpace(s, i)
 	if cp == nil || j == i {
 		return j
 	}
-	cp.keep(s, i)
+	if cp.small != nil {
+		cp.keepSmall(s, i)
+	} else {
+		cp.keepBig(s, i)
+	}
 	cp.kept = j
 	return j
 }
 
-// keep adds s[kept:to] to the kept text.
-func (cp *compactor) keep(s string, to int) {
-	piece := s[cp.kept:to]
-	if cp.small != nil {
-		n := len(cp.small)
-		cp.small = cp.small[:n+len(piece)] // a length store: no write barrier
-		copy(cp.small[n:], piece)
-		return
-	}
+// keepSmall adds s[kept:to] to small, which has room for it.
+func (cp *compactor) keepSmall(s string, to int) {
+	n := len(cp.small)
+	cp.small = cp.small[:n+to-cp.kept] // a length store: no write barrier
+	copy(cp.small[n:], s[cp.kept:to])
+}
+
+// keepBig adds s[kept:to] to big.
+func (cp *compactor) keepBig(s string, to int) {
 	if cp.big.Cap() == 0 {
 		cp.big.Grow(len(s) - cp.kept) // at most the rest of s: one allocation
 	}
-	cp.big.WriteString(piece)
+	cp.big.WriteString(s[cp.kept:to])
 }
 
 func scanValueDepth(s string, i, depth int, cp *compactor) (int, error) {
