@@ -103,13 +103,15 @@ func kimiCallExtent(text string, bs int) (ab, bodyEnd, closeAt int, closed bool)
 			return ab, len(text), len(text), false
 		}
 		i += k
+		// No text starts with two of the markers, so the order of the
+		// tests is free: the argument marker, met first, is tested first.
 		switch at := text[i:]; {
+		case ab < 0 && strings.HasPrefix(at, kimiArgBegin):
+			ab = i
 		case strings.HasPrefix(at, kimiCallEnd):
 			return ab, i, i + len(kimiCallEnd), true
 		case strings.HasPrefix(at, kimiCallBegin):
 			return ab, i, i, false
-		case ab < 0 && strings.HasPrefix(at, kimiArgBegin):
-			ab = i
 		}
 	}
 }
