@@ -663,17 +663,22 @@ func isASCII(s string) bool {
 // with key order and unicode preserved (no \u escaping added, no HTML
 // escaping). The error says why it is not acceptable, for CallError.Reason.
 func normalizeArgs(raw string) (string, error) {
-	t := strings.TrimSpace(raw)
+	return normalizeTrimmed(strings.TrimSpace(raw))
+}
+
+// normalizeTrimmed is normalizeArgs for text already trimmed.
+func normalizeTrimmed(t string) (string, error) {
 	if t == "" {
 		return "", errors.New("arguments are empty")
 	}
 	end, out, err := scanCompact(t, 0)
-	switch {
-	case errors.Is(err, errJSONEOF):
-		return "", fmt.Errorf("arguments are truncated JSON (input ends at offset %d before the value is complete)", len(t))
-	case err != nil:
+	if err != nil {
+		if errors.Is(err, errJSONEOF) {
+			return "", fmt.Errorf("arguments are truncated JSON (input ends at offset %d before the value is complete)", len(t))
+		}
 		return "", err
-	case end != len(t):
+	}
+	if end != len(t) {
 		return "", &jsonError{end, "unexpected text after the JSON value"}
 	}
 	if t[0] != '{' {

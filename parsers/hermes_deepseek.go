@@ -140,9 +140,9 @@ func deepseekV3Body(c *collector, body, raw string) (name, args string, ok bool)
 // call with nothing between the markers is a call without arguments (what a
 // zero-parameter tool gets); an unclosed one is truncated.
 func rawArgs(args string, closed bool) (string, error) {
-	args = strings.TrimSpace(args) // once here makes normalizeArgs' trim free
+	args = strings.TrimSpace(args)
 	if closed && args == "" {
 		return "{}", nil
 	}
-	return normalizeArgs(args)
+	return normalizeTrimmed(args)
 }
