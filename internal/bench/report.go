@@ -225,7 +225,7 @@ func writeReproduce(p func(string, ...any), r Report) {
 	p("```\n\n")
 	p("Suites: %s. How the numbers are taken:\n\n", strings.Join(Suites, ", "))
 	p("- Latencies are nearest-rank percentiles; the candidate and its baseline are sampled in alternating rounds, so load from other jobs falls on both.\n")
-	p("- Throughputs are the median of five timed batches after a warm-up; parsers run on one goroutine (single core).\n")
+	p("- Throughputs are the median of five timed batches after a warm-up; parsers run on one goroutine and one P (`GOMAXPROCS` 1: on more, idle GC mark workers on the other core add CPU time without a faster parse), so MB per CPU-second is per core.\n")
 	p("- CPU is the process's user + system time over wall time (`getrusage`); RSS is the process's peak resident set, sampled every 100 ms.\n")
 	p("- `met` compares the measured value with the target; a target needs the full run (`--quick` uses smaller counts, e.g. fewer concurrent sandboxes).\n")
 	p("- The Python parser figures are issue 3's reference numbers, not measured here (Python and vLLM are not dependencies).\n\n")
