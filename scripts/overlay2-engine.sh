@@ -13,13 +13,16 @@
 # Every command a sandbox runs is read from the container's root: on
 # fuse-overlayfs each spawn goes through the FUSE daemon (~0.3 ms here),
 # on overlay2 through the kernel (sandbox/README.md, "Exec and the storage
-# driver"). The daemon has no bridge and no iptables rules (sandboxes run
-# with --network none), its own data root, exec root and containerd.
+# driver"). The daemon has its own data root, exec root, containerd and
+# bridge (rollout-ov2br, no iptables rules: sandboxes run with --network
+# none). Not "bridge": "none": a dockerd started so deletes the host's
+# docker0, which the machine's engine needs.
 set -euo pipefail
 
 run=/run/rollout-engine-overlay2
 data=/var/lib/rollout/engine-overlay2
 sock=unix://$run/docker.sock
+br=rollout-ov2br
 
 stop() {
 	if [ -f "$run/dockerd.pid" ]; then
@@ -28,6 +31,7 @@ stop() {
 		for _ in $(seq 60); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
 	fi
 	rm -rf "$run"
+	ip link del "$br" 2>/dev/null || true
 	if [ -d "$data" ]; then
 		# Mounts the daemon left (a killed daemon's overlay2 layers).
 		grep -o " $data[^ ]*" /proc/mounts | sort -r | xargs -r -n1 umount -l 2>/dev/null || true
@@ -50,10 +54,11 @@ esac
 [ "$(id -u)" = 0 ] || { echo "overlay2-engine: needs root (a second dockerd)" >&2; exit 1; }
 if ! DOCKER_HOST=$sock timeout 5 docker version >/dev/null 2>&1; then
 	mkdir -p "$run" "$data"
+	ip link show "$br" >/dev/null 2>&1 || ip link add "$br" type bridge
 	# A config file of its own: the machine's /etc/docker/daemon.json sets
 	# the storage driver, and a flag may not repeat what a file sets.
 	cat >"$run/daemon.json" <<EOF
-{"data-root": "$data", "storage-driver": "overlay2", "log-driver": "none", "bridge": "none", "iptables": false, "ip6tables": false}
+{"data-root": "$data", "storage-driver": "overlay2", "log-driver": "none", "bridge": "$br", "iptables": false, "ip6tables": false}
 EOF
 	setsid dockerd --config-file "$run/daemon.json" --exec-root "$run" -H "$sock" \
 		--pidfile "$run/dockerd.pid" >"$run/dockerd.log" 2>&1 </dev/null &
