@@ -275,12 +275,18 @@ func TestRuncOwnerDeath(t *testing.T) {
 // without closing it; the value is the image.
 const runcOwnerChildEnv = "ROLLOUT_RUNC_OWNER_CHILD"
 
+// childRunc is the runc backend a test's child process makes in the
+// parent's state and data directories (passed in the environment).
+func childRunc(ctx context.Context) (*Runc, error) {
+	return NewRunc(ctx, RuncOptions{Instance: "child-" + randomID(4), ReapInterval: -1,
+		StateDir: os.Getenv("ROLLOUT_RUNC_STATE"), DataDir: os.Getenv("ROLLOUT_RUNC_DATA")})
+}
+
 // runcOwnerChild creates a sandbox in the package's runc state and exits
 // without closing it (TestRuncOwnerDeath).
 func runcOwnerChild() int {
 	ctx := context.Background()
-	r, err := NewRunc(ctx, RuncOptions{Instance: "child-" + randomID(4), ReapInterval: -1,
-		StateDir: os.Getenv("ROLLOUT_RUNC_STATE"), DataDir: os.Getenv("ROLLOUT_RUNC_DATA")})
+	r, err := childRunc(ctx)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -326,8 +332,7 @@ func runcSubreaperChild() int {
 		return 1
 	}
 	ctx := context.Background()
-	r, err := NewRunc(ctx, RuncOptions{Instance: "child-" + randomID(4), ReapInterval: -1,
-		StateDir: os.Getenv("ROLLOUT_RUNC_STATE"), DataDir: os.Getenv("ROLLOUT_RUNC_DATA")})
+	r, err := childRunc(ctx)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
