@@ -31,9 +31,22 @@ func (o CallOptions) aff() *affinity {
 }
 
 func encodeBody(v any, extra map[string]any, op, reqID string) ([]byte, error) {
-	b, err := json.Marshal(v)
+	// Without json.Marshal's EscapeHTML: a body for an inference server is
+	// not HTML, and escaping <, > and & (chat templates and tool output are
+	// full of them) was a third of encoding a render with a tool result.
+	b, err := json.Append(make([]byte, 0, 1024), v, json.SortMapKeys)
 	if err != nil {
 		return nil, &Error{Class: ErrRequest, Op: op, RequestID: reqID, Msg: "encode request", Err: err}
+	}
+	if tc, ok := v.(toolsCarrier); ok {
+		if raw, both := tc.encodedTools(); len(raw) > 0 {
+			if both {
+				return nil, &Error{Class: ErrRequest, Op: op, RequestID: reqID, Msg: "encode request: both Tools and ToolsJSON are set"}
+			}
+			if b, err = appendField(b, toolsKey, raw); err != nil {
+				return nil, &Error{Class: ErrRequest, Op: op, RequestID: reqID, Msg: "encode request: tools", Err: err}
+			}
+		}
 	}
 	b, err = withExtra(b, extra)
 	if err != nil {

@@ -71,8 +71,11 @@ func finishKind(finish string) stopKind {
 	return stopNone
 }
 
-func checkPrompt(ep, op, reqID string, sent, echoed []int32) error {
-	if echoed != nil && !slices.Equal(sent, echoed) {
+// checkPrompt compares the server's echo of the prompt, if it sent one,
+// with the prompt sent, and releases the echo.
+func checkPrompt(ep, op, reqID string, sent []int32, echo *PromptEcho) error {
+	defer echo.Release()
+	if echoed := echo.IDs(); echoed != nil && !slices.Equal(sent, echoed) {
 		return badAnswer(ep, op, reqID, "server echoed prompt_token_ids that differ from the prompt sent (%d vs %d ids)", len(echoed), len(sent))
 	}
 	return nil
@@ -106,7 +109,7 @@ func (completionsGen) generate(ctx context.Context, p *Pool, in genInput) (sampl
 		return sample{}, badAnswer(ep, op, reqID, "want 1 choice, got %d", len(resp.Choices))
 	}
 	ch := resp.Choices[0]
-	if err := checkPrompt(ep, op, reqID, in.prompt, ch.PromptTokenIDs); err != nil {
+	if err := checkPrompt(ep, op, reqID, in.prompt, &resp.Choices[0].PromptTokenIDs); err != nil {
 		return sample{}, err
 	}
 	if ch.Logprobs == nil {
@@ -354,7 +357,7 @@ func (atroposGen) generate(ctx context.Context, p *Pool, in genInput) (sample, e
 	if len(resp.TokenIDs) != 1 || len(resp.Logprobs) != 1 || len(resp.FinishReasons) != 1 {
 		return sample{}, badAnswer(ep, op, reqID, "want token_ids, logprobs and finish_reasons for 1 choice, got %d/%d/%d (is logprobs supported by this server?)", len(resp.TokenIDs), len(resp.Logprobs), len(resp.FinishReasons))
 	}
-	if err := checkPrompt(ep, op, reqID, in.prompt, resp.PromptTokenIDs); err != nil {
+	if err := checkPrompt(ep, op, reqID, in.prompt, &resp.PromptTokenIDs); err != nil {
 		return sample{}, err
 	}
 	ids := resp.TokenIDs[0]

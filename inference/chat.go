@@ -21,6 +21,7 @@ import (
 type chatEpisode struct {
 	c      *Client
 	spec   EpisodeSpec
+	tools  EncodedTools // spec.Tools, encoded once
 	aff    Affinity
 	maxLen int // 0: unknown
 	// known is a lower bound of the next prompt's length: the last prompt
@@ -76,9 +77,7 @@ func (e *chatEpisode) generate(ctx context.Context, messages []openai.ChatComple
 	} else if llama {
 		extra = llamaChatSampler(s)
 	}
-	if len(e.spec.Tools) > 0 {
-		req.Tools = e.spec.Tools // vLLM rejects "tools": []
-	}
+	req.ToolsJSON = e.tools // nil without tools: vLLM rejects "tools": []
 	if llama {
 		// An explicit seed per rollout and turn: the turn can be replayed
 		// exactly on /completion (llamaReplay).
@@ -167,7 +166,7 @@ func (e *chatEpisode) generate(ctx context.Context, messages []openai.ChatComple
 			// llama.cpp returns no prompt ids: render the same request's
 			// messages on the server, as its chat route did.
 			po := CallOptions{Affinity: &e.aff, RequestID: reqID + "-prompt"}
-			promptIDs, err = e.c.promptIDsFallback(ctx, po, messages, req.Tools, s.ChatTemplateKwargs)
+			promptIDs, err = e.c.promptIDsFallback(ctx, po, messages, req.ToolsJSON, s.ChatTemplateKwargs)
 			if err != nil || len(promptIDs) == 0 {
 				return Turn{}, noIDsError(ep, op, reqID, "the answer has no prompt_token_ids", err)
 			}

@@ -82,7 +82,7 @@ func (e *chatEpisode) replayTurn(ctx context.Context, messages []openai.ChatComp
 	s := e.spec.Sampling
 	s.Seed = req.Seed
 	o := CallOptions{Affinity: &e.aff, RequestID: reqID + "-replay"}
-	prompt, err := e.c.promptIDsFallback(ctx, o, messages, req.Tools, s.ChatTemplateKwargs)
+	prompt, err := e.c.promptIDsFallback(ctx, o, messages, req.ToolsJSON, s.ChatTemplateKwargs)
 	if err != nil {
 		return Turn{}, fmt.Errorf("episode %s turn %d: %s: prompt: %w (after %w)", e.spec.ID, turnNo, op, err, orNamed(cause, named))
 	}

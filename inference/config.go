@@ -204,12 +204,16 @@ func (c *Client) Start(ctx context.Context, spec EpisodeSpec) (Episode, error) {
 	if spec.Sampling.MaxTokens < 0 {
 		return nil, &Error{Class: ErrRequest, Op: "start", RequestID: spec.ID, Msg: fmt.Sprintf("max_tokens %d is negative", spec.Sampling.MaxTokens)}
 	}
+	tools, err := EncodeTools(spec.Tools)
+	if err != nil {
+		return nil, &Error{Class: ErrRequest, Op: "start", RequestID: spec.ID, Msg: "tools", Err: err}
+	}
 	if c.gen == nil {
-		e := &chatEpisode{c: c, spec: spec, maxLen: maxLen}
+		e := &chatEpisode{c: c, spec: spec, tools: tools, maxLen: maxLen}
 		e.aff.a.key = spec.Group
 		return e, nil
 	}
-	e := &tokenEpisode{c: c, spec: spec, maxLen: maxLen}
+	e := &tokenEpisode{c: c, spec: spec, tools: tools, maxLen: maxLen}
 	e.aff.a.key, e.taff.a.key = spec.Group, spec.Group
 	return e, nil
 }

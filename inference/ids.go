@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 
 	json "github.com/segmentio/encoding/json"
 )
@@ -99,6 +100,51 @@ func parseIDs(b []byte, dst []int32) ([]int32, error) {
 		default:
 			return nil, fmt.Errorf("token ids: unexpected %q after element %d", b[i], len(dst)-1)
 		}
+	}
+}
+
+// PromptEcho is a server's echo of the prompt ids (vLLM's
+// prompt_token_ids), decoded only to be compared with the prompt sent:
+// the ids go into a buffer reused across responses instead of a new
+// slice the size of the whole context every turn (docs/inference.md,
+// "Client cost"). Release gives the buffer back; a PromptEcho never
+// released just leaves its buffer to the collector.
+type PromptEcho struct {
+	buf *[]int32 // nil: absent or null
+}
+
+var echoPool = sync.Pool{New: func() any { return new([]int32) }}
+
+// UnmarshalJSON parses an array of integers (or null) as TokenIDs does.
+func (p *PromptEcho) UnmarshalJSON(b []byte) error {
+	p.Release()
+	buf := echoPool.Get().(*[]int32)
+	ids, err := parseIDs(b, (*buf)[:0])
+	if err != nil || ids == nil {
+		echoPool.Put(buf)
+		return err
+	}
+	*buf = ids
+	p.buf = buf
+	return nil
+}
+
+// IDs are the echoed ids (nil when the server sent none), valid until
+// Release.
+func (p *PromptEcho) IDs() []int32 {
+	if p.buf == nil {
+		return nil
+	}
+	return *p.buf
+}
+
+// Release gives the buffer back for the next response.
+func (p *PromptEcho) Release() {
+	if p.buf != nil {
+		if cap(*p.buf) <= 1<<20 {
+			echoPool.Put(p.buf)
+		}
+		p.buf = nil
 	}
 }
 

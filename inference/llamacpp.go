@@ -25,10 +25,16 @@ import (
 
 // LlamaTemplateRequest is the /apply-template body.
 type LlamaTemplateRequest struct {
-	Messages            []openai.ChatCompletionMessage `json:"messages"`
-	Tools               []openai.Tool                  `json:"tools,omitempty"`
-	AddGenerationPrompt *bool                          `json:"add_generation_prompt,omitempty"`
-	ChatTemplateKwargs  map[string]any                 `json:"chat_template_kwargs,omitempty"`
+	Messages []openai.ChatCompletionMessage `json:"messages"`
+	Tools    []openai.Tool                  `json:"tools,omitempty"`
+	// ToolsJSON, when set, is sent as "tools" instead of Tools.
+	ToolsJSON           EncodedTools   `json:"-"`
+	AddGenerationPrompt *bool          `json:"add_generation_prompt,omitempty"`
+	ChatTemplateKwargs  map[string]any `json:"chat_template_kwargs,omitempty"`
+}
+
+func (r *LlamaTemplateRequest) encodedTools() (EncodedTools, bool) {
+	return r.ToolsJSON, len(r.Tools) > 0
 }
 
 // LlamaTokenizeRequest is the /tokenize body of llama.cpp.
@@ -153,11 +159,8 @@ func (p *Pool) LlamaProps(ctx context.Context) (*LlamaProps, error) {
 // llamaRender renders msgs with the server's template and tokenises the
 // result as the server's chat route does (BOS per the model, special
 // tokens parsed).
-func llamaRender(ctx context.Context, p *Pool, o CallOptions, msgs []openai.ChatCompletionMessage, tools []openai.Tool, genPrompt bool, kwargs map[string]any) ([]int32, error) {
-	req := &LlamaTemplateRequest{Messages: msgs, AddGenerationPrompt: &genPrompt, ChatTemplateKwargs: kwargs}
-	if len(tools) > 0 {
-		req.Tools = tools
-	}
+func llamaRender(ctx context.Context, p *Pool, o CallOptions, msgs []openai.ChatCompletionMessage, tools EncodedTools, genPrompt bool, kwargs map[string]any) ([]int32, error) {
+	req := &LlamaTemplateRequest{Messages: msgs, ToolsJSON: tools, AddGenerationPrompt: &genPrompt, ChatTemplateKwargs: kwargs}
 	text, err := p.LlamaApplyTemplate(ctx, o, req)
 	if err != nil {
 		return nil, err
@@ -421,7 +424,7 @@ func echoedSampler(gs map[string]any, sent map[string]any) map[string]any {
 // promptIDsFallback renders the chat request's messages on the server when
 // the chat answer carries no prompt ids (llama.cpp): the same template and
 // tokenisation the chat route applied.
-func (c *Client) promptIDsFallback(ctx context.Context, o CallOptions, msgs []openai.ChatCompletionMessage, tools []openai.Tool, kwargs map[string]any) ([]int32, error) {
+func (c *Client) promptIDsFallback(ctx context.Context, o CallOptions, msgs []openai.ChatCompletionMessage, tools EncodedTools, kwargs map[string]any) ([]int32, error) {
 	c.mu.Lock()
 	llama := c.llama
 	c.mu.Unlock()
@@ -429,7 +432,7 @@ func (c *Client) promptIDsFallback(ctx context.Context, o CallOptions, msgs []op
 		return llamaRender(ctx, c.pool, o, msgs, tools, true, kwargs)
 	}
 	gp := true
-	resp, err := c.pool.Tokenize(ctx, o, &TokenizeRequest{Messages: msgs, Tools: tools, AddGenerationPrompt: &gp, ChatTemplateKwargs: kwargs})
+	resp, err := c.pool.Tokenize(ctx, o, &TokenizeRequest{Messages: msgs, ToolsJSON: tools, AddGenerationPrompt: &gp, ChatTemplateKwargs: kwargs})
 	if err != nil {
 		return nil, err
 	}

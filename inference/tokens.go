@@ -28,6 +28,7 @@ import (
 type tokenEpisode struct {
 	c      *Client
 	spec   EpisodeSpec
+	tools  EncodedTools // spec.Tools, encoded once
 	maxLen int
 	aff    Affinity // generation pool
 	taff   Affinity // tokenizer pool when separate
@@ -59,12 +60,12 @@ func (e *tokenEpisode) tokOpts(suffix string) CallOptions {
 // render asks the server for the ids of messages under the chat template.
 func (e *tokenEpisode) render(ctx context.Context, msgs []openai.ChatCompletionMessage, genPrompt bool, suffix string) ([]int32, error) {
 	if e.c.cfg.Backend == BackendLlamaCpp {
-		return llamaRender(ctx, e.c.tok, e.tokOpts(suffix), msgs, e.spec.Tools, genPrompt, e.spec.Sampling.ChatTemplateKwargs)
+		return llamaRender(ctx, e.c.tok, e.tokOpts(suffix), msgs, e.tools, genPrompt, e.spec.Sampling.ChatTemplateKwargs)
 	}
 	resp, err := e.c.tok.Tokenize(ctx, e.tokOpts(suffix), &TokenizeRequest{
 		Model:               e.spec.Model,
 		Messages:            msgs,
-		Tools:               e.spec.Tools,
+		ToolsJSON:           e.tools,
 		AddGenerationPrompt: &genPrompt,
 		ChatTemplateKwargs:  e.spec.Sampling.ChatTemplateKwargs,
 	})
@@ -84,7 +85,7 @@ func (e *tokenEpisode) renderPrompt(ctx context.Context, msgs []openai.ChatCompl
 	resp, err := e.c.tok.Tokenize(ctx, e.tokOpts("t1-prompt"), &TokenizeRequest{
 		Model:               e.spec.Model,
 		Messages:            msgs,
-		Tools:               e.spec.Tools,
+		ToolsJSON:           e.tools,
 		AddGenerationPrompt: &gp,
 		ChatTemplateKwargs:  e.spec.Sampling.ChatTemplateKwargs,
 	})

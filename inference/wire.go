@@ -50,6 +50,8 @@ type ChatRequest struct {
 	Model    string                         `json:"model,omitempty"`
 	Messages []openai.ChatCompletionMessage `json:"messages"`
 	Tools    []openai.Tool                  `json:"tools,omitempty"`
+	// ToolsJSON, when set, is sent as "tools" instead of Tools.
+	ToolsJSON EncodedTools `json:"-"`
 	samplingFields
 	Logprobs           bool           `json:"logprobs,omitempty"`
 	TopLogprobs        *int           `json:"top_logprobs,omitempty"`
@@ -142,7 +144,7 @@ type CompletionChoice struct {
 	FinishReason   string              `json:"finish_reason"`
 	StopReason     json.RawMessage     `json:"stop_reason"` // null, a token id or a stop string
 	TokenIDs       TokenIDs            `json:"token_ids"`
-	PromptTokenIDs TokenIDs            `json:"prompt_token_ids"`
+	PromptTokenIDs PromptEcho          `json:"prompt_token_ids"`
 }
 
 // CompletionResponse is a non-streaming /v1/completions response.
@@ -155,13 +157,15 @@ type CompletionResponse struct {
 // TokenizeRequest covers both forms of /tokenize: Prompt (completion form)
 // or Messages (chat form, with tools and add_generation_prompt).
 type TokenizeRequest struct {
-	Model               string                         `json:"model,omitempty"`
-	Prompt              *string                        `json:"prompt,omitempty"`
-	Messages            []openai.ChatCompletionMessage `json:"messages,omitempty"`
-	Tools               []openai.Tool                  `json:"tools,omitempty"`
-	AddGenerationPrompt *bool                          `json:"add_generation_prompt,omitempty"`
-	AddSpecialTokens    *bool                          `json:"add_special_tokens,omitempty"`
-	ChatTemplateKwargs  map[string]any                 `json:"chat_template_kwargs,omitempty"`
+	Model    string                         `json:"model,omitempty"`
+	Prompt   *string                        `json:"prompt,omitempty"`
+	Messages []openai.ChatCompletionMessage `json:"messages,omitempty"`
+	Tools    []openai.Tool                  `json:"tools,omitempty"`
+	// ToolsJSON, when set, is sent as "tools" instead of Tools.
+	ToolsJSON           EncodedTools   `json:"-"`
+	AddGenerationPrompt *bool          `json:"add_generation_prompt,omitempty"`
+	AddSpecialTokens    *bool          `json:"add_special_tokens,omitempty"`
+	ChatTemplateKwargs  map[string]any `json:"chat_template_kwargs,omitempty"`
 }
 
 // TokenizeResponse is the /tokenize answer.
@@ -284,7 +288,7 @@ type AtroposResponse struct {
 	Text           []string                         `json:"text"`
 	FinishReasons  []string                         `json:"finish_reasons"`
 	Logprobs       [][][]map[string]json.RawMessage `json:"logprobs"`
-	PromptTokenIDs TokenIDs                         `json:"prompt_token_ids"`
+	PromptTokenIDs PromptEcho                       `json:"prompt_token_ids"`
 	TokenIDs       []TokenIDs                       `json:"token_ids"`
 }
 
@@ -313,32 +317,73 @@ type ModelMeta struct {
 // last duplicate key, so extra_body wins over typed fields, as in the
 // OpenAI SDKs.
 func withExtra(obj []byte, extra map[string]any) ([]byte, error) {
-	if len(extra) == 0 {
-		return obj, nil
-	}
-	obj = bytes.TrimRight(obj, " \n")
-	if len(obj) < 2 || obj[len(obj)-1] != '}' {
-		return nil, fmt.Errorf("extra_body: base is not a JSON object")
-	}
-	out := make([]byte, 0, len(obj)+64*len(extra))
-	out = append(out, obj[:len(obj)-1]...)
-	first := len(obj) == 2
 	for k, v := range extra {
 		vb, err := json.Marshal(v)
 		if err != nil {
 			return nil, fmt.Errorf("extra_body key %q: %w", k, err)
 		}
 		kb, _ := json.Marshal(k)
-		if !first {
-			out = append(out, ',')
+		if obj, err = appendField(obj, kb, vb); err != nil {
+			return nil, fmt.Errorf("extra_body: %w", err)
 		}
-		first = false
-		out = append(out, kb...)
-		out = append(out, ':')
-		out = append(out, vb...)
 	}
-	return append(out, '}'), nil
+	return obj, nil
 }
+
+// appendField adds the member key:val (both already encoded) to the JSON
+// object obj, in place: obj must be the caller's own buffer.
+func appendField(obj, key, val []byte) ([]byte, error) {
+	obj = bytes.TrimRight(obj, " \n")
+	if len(obj) < 2 || obj[len(obj)-1] != '}' {
+		return nil, fmt.Errorf("base is not a JSON object")
+	}
+	empty := len(bytes.TrimSpace(obj[1:len(obj)-1])) == 0
+	obj = obj[:len(obj)-1]
+	if !empty {
+		obj = append(obj, ',')
+	}
+	obj = append(obj, key...)
+	obj = append(obj, ':')
+	obj = append(obj, val...)
+	return append(obj, '}'), nil
+}
+
+// EncodedTools is a tools array already encoded as JSON. An episode sends
+// the same tools with every render and chat turn; encoded per request,
+// their schemas (kilobytes, through go-openai's MarshalJSON and the codec's
+// check of what it returns) cost more CPU than the rest of the request
+// (docs/inference.md, "Client cost"). A request carries it in ToolsJSON,
+// and encodeBody copies it in as "tools" verbatim.
+type EncodedTools []byte
+
+// EncodeTools encodes ts once; no tools encode to nil (vLLM rejects
+// "tools": []).
+func EncodeTools(ts []openai.Tool) (EncodedTools, error) {
+	if len(ts) == 0 {
+		return nil, nil
+	}
+	b, err := json.Marshal(ts)
+	if err != nil {
+		return nil, fmt.Errorf("encode tools: %w", err)
+	}
+	return EncodedTools(b), nil
+}
+
+// toolsCarrier is a request that may carry its tools encoded ahead
+// (ToolsJSON); both reports whether Tools is set as well.
+type toolsCarrier interface {
+	encodedTools() (raw EncodedTools, both bool)
+}
+
+func (r *ChatRequest) encodedTools() (EncodedTools, bool) {
+	return r.ToolsJSON, len(r.Tools) > 0
+}
+
+func (r *TokenizeRequest) encodedTools() (EncodedTools, bool) {
+	return r.ToolsJSON, len(r.Tools) > 0
+}
+
+var toolsKey = []byte(`"tools"`)
 
 // parseTokenID reads "token_id:123".
 func parseTokenID(s string) (int32, bool) {

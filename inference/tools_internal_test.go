@@ -1,0 +1,193 @@
+package inference
+
+import (
+	"context"
+	stdjson "encoding/json"
+	"errors"
+	"net/http"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	json "github.com/segmentio/encoding/json"
+
+	openai "github.com/sashabaranov/go-openai"
+
+	"github.com/rollout-rl/rollout/tools"
+)
+
+// agentTools is the terminal and file toolsets: six tools, ~6 KB of
+// schemas, what an agent episode sends with every render.
+func agentTools(tb testing.TB) []openai.Tool {
+	tb.Helper()
+	set, err := tools.Default().Resolve([]string{"terminal", "file"}, nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return set.OpenAI()
+}
+
+func decodeAny(t *testing.T, b []byte) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := stdjson.Unmarshal(b, &m); err != nil {
+		t.Fatalf("request body is not a JSON object: %v: %s", err, b)
+	}
+	return m
+}
+
+// TestEncodedToolsSameBody: a request with its tools encoded ahead sends
+// the body the same request with Tools sends, for every request type that
+// takes them, with and without extra_body.
+func TestEncodedToolsSameBody(t *testing.T) {
+	ts := agentTools(t)
+	enc, err := EncodeTools(ts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gp := true
+	msgs := []openai.ChatCompletionMessage{{Role: "user", Content: "list the files"}}
+	pairs := []struct {
+		name       string
+		list, json any
+	}{
+		{"tokenize", &TokenizeRequest{Model: "m", Messages: msgs, Tools: ts, AddGenerationPrompt: &gp},
+			&TokenizeRequest{Model: "m", Messages: msgs, ToolsJSON: enc, AddGenerationPrompt: &gp}},
+		{"chat", &ChatRequest{Model: "m", Messages: msgs, Tools: ts}, &ChatRequest{Model: "m", Messages: msgs, ToolsJSON: enc}},
+		{"apply-template", &LlamaTemplateRequest{Messages: msgs, Tools: ts, AddGenerationPrompt: &gp},
+			&LlamaTemplateRequest{Messages: msgs, ToolsJSON: enc, AddGenerationPrompt: &gp}},
+	}
+	for _, p := range pairs {
+		for _, extra := range []map[string]any{nil, {"priority": 3}} {
+			a, err := encodeBody(p.list, extra, "op", "r")
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := encodeBody(p.json, extra, "op", "r")
+			if err != nil {
+				t.Fatal(err)
+			}
+			ma, mb := decodeAny(t, a), decodeAny(t, b)
+			if _, ok := mb["tools"]; !ok {
+				t.Fatalf("%s: no tools in %s", p.name, b)
+			}
+			if !reflect.DeepEqual(ma, mb) {
+				t.Fatalf("%s (extra %v): bodies differ:\n%s\n%s", p.name, extra, a, b)
+			}
+		}
+	}
+}
+
+func TestEncodedToolsEdges(t *testing.T) {
+	enc, err := EncodeTools(nil)
+	if err != nil || enc != nil {
+		t.Fatalf("no tools: %q, %v; want nil, nil", enc, err)
+	}
+	b, err := encodeBody(&ChatRequest{ToolsJSON: enc}, nil, "op", "r")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := decodeAny(t, b)["tools"]; ok {
+		t.Fatalf("no tools, but the body has a tools key (vLLM rejects \"tools\": []): %s", b)
+	}
+	ts := agentTools(t)
+	enc, _ = EncodeTools(ts)
+	_, err = encodeBody(&TokenizeRequest{Tools: ts, ToolsJSON: enc}, nil, "op", "r")
+	var ie *Error
+	if !errors.As(err, &ie) || ie.Class != ErrRequest {
+		t.Fatalf("both Tools and ToolsJSON: %v, want a request error", err)
+	}
+	bad := []openai.Tool{{Type: openai.ToolTypeFunction, Function: &openai.FunctionDefinition{Name: "x", Parameters: stdjson.RawMessage(`{`)}}}
+	if _, err := EncodeTools(bad); err == nil {
+		t.Fatal("a tool with a malformed schema encoded")
+	}
+}
+
+// BenchmarkRenderRequestEncode is the body of one render (/tokenize with
+// the messages of a segment: an assistant tool call and a 4 KB terminal
+// listing) with the agent's six tools: as it was encoded before
+// (json.Marshal, tools per request), with the tools per request, and with
+// the tools encoded once per episode.
+func BenchmarkRenderRequestEncode(b *testing.B) {
+	ts := agentTools(b)
+	enc, err := EncodeTools(ts)
+	if err != nil {
+		b.Fatal(err)
+	}
+	gp := true
+	msgs := []openai.ChatCompletionMessage{
+		{Role: "user", Content: "x"},
+		{Role: "assistant", Content: "Listing.", ToolCalls: []openai.ToolCall{{ID: "c1", Type: "function",
+			Function: openai.FunctionCall{Name: "terminal", Arguments: `{"command":"ls -la"}`}}}},
+		{Role: "tool", ToolCallID: "c1", Content: strings.Repeat("-rw-r--r-- 1 user user 4096 Nov 26 23:59 <a & b>.txt\n", 80)},
+	}
+	b.Run("as_before", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := json.Marshal(&TokenizeRequest{Model: "m", Messages: msgs, Tools: ts, AddGenerationPrompt: &gp}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("tools_per_request", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := encodeBody(&TokenizeRequest{Model: "m", Messages: msgs, Tools: ts, AddGenerationPrompt: &gp}, nil, "op", "r"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("tools_encoded_once", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := encodeBody(&TokenizeRequest{Model: "m", Messages: msgs, ToolsJSON: enc, AddGenerationPrompt: &gp}, nil, "op", "r"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// TestPromptEchoChecked: /v1/completions' prompt_token_ids must be the
+// prompt sent, id for id; an echo that differs (a server that inserted a
+// BOS, truncated, or answered another request) is a malformed answer,
+// also when an earlier response left its buffer to be reused.
+func TestPromptEchoChecked(t *testing.T) {
+	body := func(echo string) []byte {
+		return []byte(`{"id":"c","choices":[{"index":0,"text":"ab","logprobs":{"tokens":["token_id:97","token_id:98"],` +
+			`"token_logprobs":[-0.5,-0.25]},"finish_reason":"length","stop_reason":null,"token_ids":[97,98],"prompt_token_ids":` + echo + `}]}`)
+	}
+	prompt := []int32{1, 2, 3}
+	in := genInput{model: "m", prompt: prompt, maxTokens: 2, opts: CallOptions{RequestID: "echo-t1"}}
+	for _, c := range []struct {
+		echo string
+		ok   bool
+	}{
+		{`[1,2,3]`, true},
+		{`null`, true}, // older servers: nothing to compare
+		{`[1,2,3,4,5,6,7,8]`, false},
+		{`[1,2,3]`, true},
+		{`[0,1,2,3]`, false},
+		{`[1,2]`, false},
+		{`[]`, false},
+		{`[1,2,4]`, false},
+	} {
+		p, err := NewPool(PoolConfig{Endpoints: []string{"http://echo.invalid"}, Retries: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.caller.hc = &http.Client{Transport: bodyTransport{body(c.echo)}}
+		s, err := (completionsGen{}).generate(context.Background(), p, in)
+		p.Close()
+		if c.ok {
+			if err != nil || !slices.Equal(s.ids, []int32{97, 98}) {
+				t.Fatalf("echo %s: %v, ids %v", c.echo, err, s.ids)
+			}
+			continue
+		}
+		var ie *Error
+		if !errors.As(err, &ie) || ie.Class != ErrInfra || !strings.Contains(ie.Msg, "prompt_token_ids that differ") {
+			t.Fatalf("echo %s of prompt %v: %v, want a malformed-answer error", c.echo, prompt, err)
+		}
+	}
+}
