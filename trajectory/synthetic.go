@@ -19,6 +19,10 @@ type SyntheticOptions struct {
 	PromptTokens int
 	// Vocab is the token id range (151,936, Qwen's vocabulary).
 	Vocab int
+	// SharedPrompt gives the rollouts of a group one prompt (its ids and
+	// the system and user messages), as the rollouts of a GRPO group have.
+	// Off, every record draws its own (the records are otherwise the same).
+	SharedPrompt bool
 }
 
 func (o *SyntheticOptions) defaults() {
@@ -64,16 +68,7 @@ func Synthetic(seed uint64, index int, opts SyntheticOptions) Record {
 	for i := range r.Tokens {
 		r.Tokens[i] = int32(zipf.Uint64())
 	}
-	words := func(k int) string {
-		var b strings.Builder
-		for i := range k {
-			if i > 0 {
-				b.WriteByte(' ')
-			}
-			b.WriteString(syntheticWords[rng.IntN(len(syntheticWords))])
-		}
-		return b.String()
-	}
+	words := func(k int) string { return syntheticText(rng, k) }
 	// ~0.75 words per token.
 	type msg = map[string]any
 	msgs := []msg{{"role": "system", "content": words(opts.PromptTokens / 2)}, {"role": "user", "content": words(opts.PromptTokens / 4)}}
@@ -97,6 +92,17 @@ func Synthetic(seed uint64, index int, opts SyntheticOptions) Record {
 		pos += tool
 		msgs = append(msgs, msg{"role": "tool", "tool_call_id": call, "content": words(tool * 3 / 4)})
 	}
+	if opts.SharedPrompt {
+		// Drawn after the record's own stream, so everything else is the
+		// record it would be without the option.
+		g := rand.New(rand.NewPCG(seed, 1<<40+uint64(index/opts.GroupSize)))
+		gz := rand.NewZipf(g, 1.07, 8, uint64(opts.Vocab-1))
+		for i := range opts.PromptTokens {
+			r.Tokens[i] = int32(gz.Uint64())
+		}
+		msgs[0]["content"] = syntheticText(g, opts.PromptTokens/2)
+		msgs[1]["content"] = syntheticText(g, opts.PromptTokens/4)
+	}
 	r.Turns = int32(turn)
 	r.PromptTokens = int32(opts.PromptTokens)
 	r.CompletionTokens = int32(n - opts.PromptTokens)
@@ -109,6 +115,18 @@ func Synthetic(seed uint64, index int, opts SyntheticOptions) Record {
 	r.Timings.TotalMS = r.Timings.GenerationMS + r.Timings.ToolsMS + r.Timings.SandboxStartMS + r.Timings.RewardMS
 	r.DeriveTrainingFields()
 	return r
+}
+
+// syntheticText is k words of syntheticWords drawn from rng.
+func syntheticText(rng *rand.Rand, k int) string {
+	var b strings.Builder
+	for i := range k {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		b.WriteString(syntheticWords[rng.IntN(len(syntheticWords))])
+	}
+	return b.String()
 }
 
 const fixtureToolsJSON = `[{"type":"function","function":{"name":"terminal","description":"Run a shell command in the sandbox","parameters":{"type":"object","properties":{"command":{"type":"string"}},"required":["command"]}}}]`

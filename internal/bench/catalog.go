@@ -116,6 +116,7 @@ var catalog = []entry{
 	{"output", "output.parquet_write_rows_per_s", "rows/s", "", "issue 8 (reported)", "Parquet write of 8k-token trajectories, rows/s"},
 	{"output", "output.size_vs_atropos_jsonl_gz", "×", "<= 0.5", "issue 8, 20", "Parquet bytes / the same records as Atropos JSONL gzip (this data's information floor with masks stored: 0.55×, docs/trajectory-schema.md §7)"},
 	{"output", "output.parquet_mb_per_1k", "MB", "", "", "Parquet size per 1,000 trajectories of 8k tokens"},
+	{"output", "output.size_vs_atropos_jsonl_gz_grpo", "×", "", "", "as output.size_vs_atropos_jsonl_gz, with the 8 rollouts of each group sharing their prompt (1,024 ids, system and user messages) as a GRPO group's do"},
 	{"output", "output.durable_groups_per_s", "groups/s", "", "issue 15 (reported)", "groups of 8 × 8k tokens written with durability on (journal fsynced before WriteGroup returns), 8 concurrent writers"},
 	{"output", "output.durable_throughput_ratio", "×", "", "issue 15 (reported: worst case)", "writer alone, nothing else running: groups/s with durability on / off, same run"},
 	{"output", "output.durable_extra_bytes_ratio", "×", "", "issue 15 (reported)", "journal bytes written / Parquet bytes, the extra writes durability costs"},

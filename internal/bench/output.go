@@ -29,11 +29,12 @@ const (
 )
 
 // synthetic returns n records of benchTokens tokens in groups of
-// benchGroupSize: agent-like trajectories (trajectory.Synthetic).
-func synthetic(n int) []trajectory.Record {
+// benchGroupSize: agent-like trajectories (trajectory.Synthetic), each
+// with a prompt of its own unless sharedPrompt.
+func synthetic(n int, sharedPrompt bool) []trajectory.Record {
 	recs := make([]trajectory.Record, n)
 	for i := range recs {
-		recs[i] = trajectory.Synthetic(11, i, trajectory.SyntheticOptions{Tokens: benchTokens, GroupSize: benchGroupSize})
+		recs[i] = trajectory.Synthetic(11, i, trajectory.SyntheticOptions{Tokens: benchTokens, GroupSize: benchGroupSize, SharedPrompt: sharedPrompt})
 	}
 	return recs
 }
@@ -48,7 +49,7 @@ func runOutput(ctx context.Context, r *runCtx) (out []Measure, err error) {
 	// Size: Parquet vs Atropos JSONL gzip for the same records, reported
 	// per 1,000 trajectories.
 	nSize := r.n(1000, 96)
-	recs := synthetic(nSize)
+	recs := synthetic(nSize, false)
 	c, err := trajectory.CompareSize(ctx, tmp, recs)
 	if err != nil {
 		return nil, fmt.Errorf("size: %w", err)
@@ -65,6 +66,14 @@ func runOutput(ctx context.Context, r *runCtx) (out []Measure, err error) {
 		Measure{Name: "output.parquet_mb_per_1k", Value: ptr(per1k(c.ParquetBytes)), Baseline: ptr(per1k(c.AtroposGzipBytes)),
 			BaselineName: "the same records as Atropos JSONL, gzip"},
 	)
+	// The same records with each group's rollouts sharing their prompt,
+	// as a GRPO group's do.
+	g, err := trajectory.CompareSize(ctx, tmp, synthetic(nSize, true))
+	if err != nil {
+		return out, fmt.Errorf("size, shared prompts: %w", err)
+	}
+	out = append(out, Measure{Name: "output.size_vs_atropos_jsonl_gz_grpo", Value: ptr(sig(g.Ratio)),
+		Note: fmt.Sprintf("%d trajectories: Parquet %d B, Atropos JSONL %d B gzip", g.Rows, g.ParquetBytes, g.AtroposGzipBytes)})
 
 	// Write throughput, side by side with encoding the same records as
 	// Atropos JSONL (no compression, no disk): median of rounds.
