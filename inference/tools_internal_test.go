@@ -18,14 +18,20 @@ import (
 )
 
 // agentTools is the terminal and file toolsets: six tools, ~6 KB of
-// schemas, what an agent episode sends with every render.
-func agentTools(tb testing.TB) []openai.Tool {
+// schemas, what an agent episode sends with every render; and the same,
+// encoded.
+func agentTools(tb testing.TB) ([]openai.Tool, EncodedTools) {
 	tb.Helper()
 	set, err := tools.Default().Resolve([]string{"terminal", "file"}, nil)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return set.OpenAI()
+	ts := set.OpenAI()
+	enc, err := EncodeTools(ts)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return ts, enc
 }
 
 func decodeAny(t *testing.T, b []byte) map[string]any {
@@ -41,11 +47,7 @@ func decodeAny(t *testing.T, b []byte) map[string]any {
 // the body the same request with Tools sends, for every request type that
 // takes them, with and without extra_body.
 func TestEncodedToolsSameBody(t *testing.T) {
-	ts := agentTools(t)
-	enc, err := EncodeTools(ts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ts, enc := agentTools(t)
 	gp := true
 	msgs := []openai.ChatCompletionMessage{{Role: "user", Content: "list the files"}}
 	pairs := []struct {
@@ -91,8 +93,7 @@ func TestEncodedToolsEdges(t *testing.T) {
 	if _, ok := decodeAny(t, b)["tools"]; ok {
 		t.Fatalf("no tools, but the body has a tools key (vLLM rejects \"tools\": []): %s", b)
 	}
-	ts := agentTools(t)
-	enc, _ = EncodeTools(ts)
+	ts, enc := agentTools(t)
 	_, err = encodeBody(&TokenizeRequest{Tools: ts, ToolsJSON: enc}, nil, "op", "r")
 	var ie *Error
 	if !errors.As(err, &ie) || ie.Class != ErrRequest {
@@ -110,11 +111,7 @@ func TestEncodedToolsEdges(t *testing.T) {
 // (json.Marshal, tools per request), with the tools per request, and with
 // the tools encoded once per episode.
 func BenchmarkRenderRequestEncode(b *testing.B) {
-	ts := agentTools(b)
-	enc, err := EncodeTools(ts)
-	if err != nil {
-		b.Fatal(err)
-	}
+	ts, enc := agentTools(b)
 	gp := true
 	msgs := []openai.ChatCompletionMessage{
 		{Role: "user", Content: "x"},
