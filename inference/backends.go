@@ -108,8 +108,8 @@ func (completionsGen) generate(ctx context.Context, p *Pool, in genInput) (sampl
 	if len(resp.Choices) != 1 {
 		return sample{}, badAnswer(ep, op, reqID, "want 1 choice, got %d", len(resp.Choices))
 	}
-	ch := resp.Choices[0]
-	if err := checkPrompt(ep, op, reqID, in.prompt, &resp.Choices[0].PromptTokenIDs); err != nil {
+	ch := &resp.Choices[0]
+	if err := checkPrompt(ep, op, reqID, in.prompt, &ch.PromptTokenIDs); err != nil {
 		return sample{}, err
 	}
 	if ch.Logprobs == nil {

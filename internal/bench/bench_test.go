@@ -334,3 +334,27 @@ func TestTurnCostBackends(t *testing.T) {
 		t.Fatalf("requests per turn: llamacpp %.1f, vllm %.1f", l.reqPerTurn, v.reqPerTurn)
 	}
 }
+
+// The output suite, quick: every catalogue row is measured, and Parquet
+// gains when a group's rollouts share their prompt (the _grpo row).
+func TestOutputSuiteQuick(t *testing.T) {
+	if testing.Short() {
+		t.Skip("writes ~60 MB of Parquet and JSONL")
+	}
+	rep, err := Run(context.Background(), Options{Suites: []string{"output"}, Quick: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ix := newIndex(rep.Measures)
+	for _, c := range catalog {
+		if c.suite == "output" {
+			if m, ok := ix[c.name]; !ok || m.Value == nil {
+				t.Errorf("%s not measured: %+v", c.name, m)
+			}
+		}
+	}
+	plain, grpo := ix["output.size_vs_atropos_jsonl_gz"], ix["output.size_vs_atropos_jsonl_gz_grpo"]
+	if plain.Value != nil && grpo.Value != nil && *grpo.Value >= *plain.Value {
+		t.Errorf("shared prompts %.3f×, own prompts %.3f×: Parquet did not gain from the repeat", *grpo.Value, *plain.Value)
+	}
+}
