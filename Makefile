@@ -102,9 +102,13 @@ demo: build
 # are taken), writes out/bench.json and regenerates docs/performance.md from
 # it. BENCH_FLAGS=--quick: small counts, under two minutes (CI smoke run).
 # A failed suite still gets its rows ("not measured") into the document, and
-# then fails the target.
+# then fails the target. The engine and the runtimes are made ready first, as
+# for make test, or the runc and runsc rows read "not measured".
 BENCH_FLAGS ?=
 bench: build
+	scripts/ensure-docker.sh
+	scripts/ensure-runc.sh
+	scripts/ensure-runsc.sh
 	@mkdir -p out && rm -f out/bench.json
 	$(BIN) bench --json out/bench.json $(BENCH_FLAGS); status=$$?; \
 	if [ -f out/bench.json ]; then $(BIN) bench report out/bench.json --out docs/performance.md || exit 1; fi; \

@@ -44,7 +44,7 @@ type RunInfo struct {
 	// Corpus is the parsers corpus directory when --corpus was given.
 	Corpus string `json:"corpus,omitempty"`
 	// SettleS is the time spent before suites waiting for the machine to
-	// settle (the previous suite's teardown; settle.go).
+	// settle (an earlier suite's teardown; settle.go).
 	SettleS float64 `json:"settle_s,omitempty"`
 	// Errors holds, by suite, why a suite stopped early: its remaining
 	// measures are listed as not measured.
@@ -192,12 +192,10 @@ func Run(ctx context.Context, opts Options) (Report, error) {
 			return rep, ctx.Err()
 		}
 		r.printf("==> %s", name)
-		if name != suites[0] {
-			w, err := r.settleBefore(ctx, name)
-			rep.Run.SettleS += round(w.Seconds(), 1)
-			if err != nil {
-				return rep, err
-			}
+		w, err := r.settleBefore(ctx, name)
+		rep.Run.SettleS += round(w.Seconds(), 1)
+		if err != nil {
+			return rep, err
 		}
 		t0 := time.Now()
 		ms, err := runSuite(ctx, r, name)

@@ -208,7 +208,7 @@ func writeMachine(p func(string, ...any), r Report) {
 		m.LoadAvgStart, m.LoadAvgEnd)
 	settleNote := ""
 	if r.Run.SettleS > 0 {
-		settleNote = fmt.Sprintf(" (%s s of it waiting, before suites, for the previous suite's teardown to settle)", FormatNumber(r.Run.SettleS))
+		settleNote = fmt.Sprintf(" (%s s of it waiting, before each suite, for the machine to settle)", FormatNumber(r.Run.SettleS))
 	}
 	p("| Run | %s s%s, suites %s |\n", FormatNumber(r.Run.ElapsedS), settleNote, strings.Join(r.Run.Suites, ", "))
 	if r.Run.Corpus != "" {
@@ -231,7 +231,7 @@ func writeReproduce(p func(string, ...any), r Report) {
 	p("- Latencies are nearest-rank percentiles; the candidate and its baseline are sampled in alternating rounds, so load from other jobs falls on both.\n")
 	p("- Throughputs are the median of five timed batches after a warm-up; parsers run on one goroutine and one P (`GOMAXPROCS` 1: on more, idle GC mark workers on the other core add CPU time without a faster parse), so MB per CPU-second is per core.\n")
 	p("- CPU is the process's user + system time over wall time (`getrusage`); RSS is the process's peak resident set, sampled every 100 ms.\n")
-	p("- Before every suite but the first, the run waits until the machine is quiet (three 1-second samples of `/proc/stat` with at most 35 %% of the CPUs busy, at most 3 minutes): the sandbox suite's teardown of a thousand sandboxes keeps the engine busy for minutes, and the next suite would measure it.\n")
+	p("- Before every suite, the first included, the run waits until the machine is quiet (three 1-second samples of `/proc/stat` with at most 35 %% of the CPUs busy, at most 3 minutes): the sandbox suite's teardown of a thousand sandboxes keeps the engine busy for minutes, and the next suite (or, for the first, whatever ran before the bench) would be measured with it.\n")
 	p("- `met` compares the measured value with the target; a target needs the full run (`--quick` uses smaller counts, e.g. fewer concurrent sandboxes).\n")
 	p("- The Python parser figures are issue 3's reference numbers, not measured here (Python and vLLM are not dependencies).\n\n")
 }

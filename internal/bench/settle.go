@@ -17,6 +17,9 @@ import (
 // ratio) measured that teardown instead of the project (a full run of
 // 5b18e8d read runner.reuse_steady_sandbox_share 0.734 right after the
 // sandbox suite, 0.143 when the runner suite ran alone minutes later).
+// The first suite waits too: whatever ran before the bench (a build, an
+// earlier run's teardown) is the same disturbance (a full run of 1a0e809
+// started at load average 12 and read the parser rows 20-40 % low).
 const (
 	settleBusyMax  = 0.35             // share of all CPUs busy (not idle, not waiting for I/O)
 	settleQuiet    = 3                // consecutive quiet samples
