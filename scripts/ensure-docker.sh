@@ -6,17 +6,29 @@
 # says what is wrong and fails.
 set -uo pipefail
 
-responsive() { timeout 20 docker info >/dev/null 2>&1; }
+# A daemon wedged on one container's lock still answers `docker info` and
+# `docker ps`, while inspect, stop and rm of that container hang (seen with
+# a bench's sandboxes on 2026-11-27): every container is inspected too, and
+# only a timeout counts (a container removed meanwhile is not a hang).
+responsive() {
+	timeout 20 docker info >/dev/null 2>&1 || return 1
+	local ids
+	ids=$(timeout 20 docker ps -aq 2>/dev/null) || return 1
+	[ -z "$ids" ] && return 0
+	# shellcheck disable=SC2086 # one argument per id
+	timeout 60 docker inspect $ids >/dev/null 2>&1
+	[ $? -ne 124 ]
+}
 
 if responsive; then
 	exit 0
 fi
 if [ -n "${DOCKER_HOST:-}" ] && [[ "$DOCKER_HOST" != unix://* ]]; then
-	echo "ensure-docker: the engine at DOCKER_HOST=$DOCKER_HOST does not answer 'docker info' within 20 s" >&2
+	echo "ensure-docker: the engine at DOCKER_HOST=$DOCKER_HOST does not answer 'docker info' within 20 s, or its containers 'docker inspect' within 60 s" >&2
 	exit 1
 fi
 if [ "$(id -u)" != 0 ] || [ ! -x /usr/sbin/dockerd ]; then
-	echo "ensure-docker: the local Docker engine does not answer 'docker info' within 20 s; (re)start it (e.g. 'sudo service docker restart')" >&2
+	echo "ensure-docker: the local Docker engine does not answer 'docker info' within 20 s, or its containers 'docker inspect' within 60 s; (re)start it (e.g. 'sudo service docker restart')" >&2
 	exit 1
 fi
 if pid=$(pgrep -x dockerd); then
