@@ -232,11 +232,14 @@ func runRunner(ctx context.Context, r *runCtx) ([]Measure, error) {
 		out = append(out, NotMeasured("runner.serve_reuse_sandbox_share", "no rollout finished"))
 	}
 
-	// Durability end to end: the same run with the journal off, then on
-	// again, alternating; groups/s from the runner's own elapsed time.
+	// Durability end to end: the same run with the journal off, then on,
+	// alternating; groups/s from the runner's own elapsed time. Each run's
+	// wall is mostly the engine creating and removing sandboxes, which
+	// moves by ±10 % from run to run here: four pairs, so that the medians
+	// hold the 5 % the target allows (two pairs and the suite's first run
+	// read 0.892 and 0.994 in two full runs of the same code).
 	var on, off []float64
-	on = append(on, float64(zero.groups)/zero.elapsed.Seconds())
-	for range r.n(2, 1) {
+	for range r.n(4, 1) {
 		for _, noJournal := range []bool{true, false} {
 			x, err := runTerminalTasks(ctx, r, ref, ttRun{groups: r.n(8, 2), noJournal: noJournal, serveWarm: -1})
 			if err != nil {
