@@ -271,7 +271,7 @@ func (d *Docker) Close(ctx context.Context) error {
 		d.stop()
 	}
 	d.reaper.Wait()
-	errs := closeAll(ctx, live, 16)
+	errs := closeAll(ctx, live, closeParallel)
 	if d.sockRoot != "" {
 		_ = os.RemoveAll(filepath.Join(d.sockRoot, d.opts.Instance))
 	}
@@ -279,6 +279,10 @@ func (d *Docker) Close(ctx context.Context) error {
 	errs = append(errs, d.cli.Close())
 	return errors.Join(errs...)
 }
+
+// closeParallel is how many sandboxes a local backend's Close, and a
+// pool's, remove at once.
+const closeParallel = 16
 
 // closeAll closes sandboxes, at most par at a time, and returns their
 // errors (a backend's Close).

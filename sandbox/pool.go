@@ -494,7 +494,7 @@ func (p *Pool) fill(ws *warmSet, spec Spec) {
 	metricPoolIdle.WithLabelValues(spec.Image).Set(float64(len(ws.ready)))
 }
 
-// Close removes every warm sandbox, poolCloseParallel at a time (one
+// Close removes every warm sandbox, closeParallel at a time (one
 // after the other, a pool of 64 took 64 engine removals in a row, and on an
 // engine that stopped answering — Docker 20.10's removal deadlock,
 // moby/moby#42545 — each waits out its timeouts); acquired ones are the
@@ -527,9 +527,5 @@ func (p *Pool) Close(ctx context.Context) error {
 	}
 	p.idle = 0
 	p.mu.Unlock()
-	return errors.Join(closeAll(ctx, ready, poolCloseParallel)...)
+	return errors.Join(closeAll(ctx, ready, closeParallel)...)
 }
-
-// poolCloseParallel bounds Pool.Close's concurrent removals, as
-// Docker.Close's.
-const poolCloseParallel = 16

@@ -214,7 +214,7 @@ func (r *Runc) Close(ctx context.Context) error {
 	r.mu.Unlock()
 	r.stop()
 	r.bg.Wait()
-	errs := closeAll(ctx, live, 16)
+	errs := closeAll(ctx, live, closeParallel)
 	errs = append(errs, r.cli.Close())
 	return errors.Join(errs...)
 }
