@@ -4,8 +4,13 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,8 +25,10 @@ import (
 var quiet = slog.New(slog.DiscardHandler)
 
 // dyingRun starts a toolcall-match run (no sandboxes) against a simulator
-// over a real socket, and closes the simulator once the first group is
-// written: from then on no endpoint answers.
+// behind a front over a real socket. Once the first group is written the
+// front stops answering (every connection is dropped) and dyingRun returns
+// when a rollout in flight has hit it: from then on no endpoint answers and
+// a group is waiting for one.
 func dyingRun(t *testing.T, ctx context.Context, unreachable time.Duration) (*job.Job, string, <-chan error) {
 	t.Helper()
 	scripts, err := demo.EnvScripts(ctx, "toolcall-match", "train")
@@ -33,16 +40,38 @@ func dyingRun(t *testing.T, ctx context.Context, unreachable time.Duration) (*jo
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { srv.Close() })
+	target, err := url.Parse(srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	var dead atomic.Bool
+	hit := make(chan struct{})
+	var hitOnce sync.Once
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !dead.Load() {
+			proxy.ServeHTTP(w, r)
+			return
+		}
+		if r.URL.Path != "/health" {
+			hitOnce.Do(func() { close(hit) })
+		}
+		// A dead server: the connection drops without an answer.
+		if c, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			_ = c.Close()
+		}
+	}))
+	t.Cleanup(front.Close)
 	cfg := runner.Config{Env: "toolcall-match", GroupSize: 2, Parser: "hermes",
-		Inference: inference.Config{Backend: inference.BackendVLLM, Endpoints: []string{srv.URL}, UnreachableTimeout: unreachable},
+		Inference: inference.Config{Backend: inference.BackendVLLM, Endpoints: []string{front.URL}, UnreachableTimeout: unreachable},
 		Sampling:  inference.Sampling{MaxTokens: 256},
 		Limits:    runner.Limits{GroupsInFlight: 1},
 		Output:    runner.Output{Dir: t.TempDir()}}
-	first := make(chan struct{})
-	var once sync.Once
 	j, err := job.Open(ctx, cfg, job.Options{Logger: quiet, Progress: func(e runner.Event) {
+		// The group's slot is released after Progress returns, so the
+		// next group starts against the dead front.
 		if e.Group != nil {
-			once.Do(func() { close(first) })
+			dead.Store(true)
 		}
 	}})
 	if err != nil {
@@ -54,12 +83,11 @@ func dyingRun(t *testing.T, ctx context.Context, unreachable time.Duration) (*jo
 		res <- err
 	}()
 	select {
-	case <-first:
+	case <-hit:
 	case err := <-res:
-		t.Fatalf("the run ended before its first group: %v", err)
+		t.Fatalf("the run ended before a rollout met the dead endpoint: %v", err)
 	}
-	srv.Close()
-	return j, srv.URL, res
+	return j, front.URL, res
 }
 
 // A run whose every endpoint stops answering fails after
