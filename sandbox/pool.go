@@ -51,8 +51,13 @@ type Pool struct {
 	// scope and reuseKey: any spec of the same scope that differs only in
 	// Files and Labels takes one, its own files placed at hand-out.
 	spares map[spareKey][]warmable
-	idle   int // ready + filling across sets
-	closed bool
+	// returning counts, by the same key, the sandboxes a reusing scope
+	// holds that will come back as spares when closed (uses left), and
+	// those being reset: they serve its announced demand, so refill starts
+	// nothing for it (reuse.go).
+	returning map[spareKey]int
+	idle      int // ready + filling across sets
+	closed    bool
 	// changed is closed and replaced whenever a start finishes.
 	changed chan struct{}
 
@@ -116,7 +121,7 @@ func NewPool(d poolSource, opts PoolOptions) *Pool {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &Pool{d: d, opts: opts, ctx: ctx, cancel: cancel, sets: map[string]*warmSet{},
-		spares: map[spareKey][]warmable{}, changed: make(chan struct{})}
+		spares: map[spareKey][]warmable{}, returning: map[spareKey]int{}, changed: make(chan struct{})}
 	p.root = &PoolScope{p: p, opts: ScopeOptions{Reuse: true}}
 	return p
 }
@@ -373,6 +378,22 @@ func (p *Pool) evictLocked() warmable {
 	return nil
 }
 
+// surplusReadyLocked takes the oldest ready sandbox of a set that has more
+// than its base and no announced demand, or nil.
+func (p *Pool) surplusReadyLocked() warmable {
+	for _, ws := range p.sets {
+		if len(ws.ready) <= ws.base || len(ws.demand) > 0 {
+			continue
+		}
+		sb := ws.ready[0]
+		ws.ready = ws.ready[1:]
+		p.idle--
+		metricPoolIdle.WithLabelValues(ws.spec.Image).Set(float64(len(ws.ready)))
+		return sb
+	}
+	return nil
+}
+
 // waitFill waits (p.mu held on entry, released on return) for a sandbox
 // being started for ws; nil when that start failed.
 func (p *Pool) waitFill(ctx context.Context, ws *warmSet) (warmable, error) {
@@ -419,9 +440,11 @@ func (p *Pool) refillLocked(ws *warmSet) {
 	missing := ws.base - len(ws.ready) - (ws.filling - ws.discard)
 	for sc, n := range ws.demand {
 		if p.reusable(ws.spec, sc) {
-			// The scope's reset spares serve this spec too: start only
-			// what they cannot.
-			n -= len(p.spares[spareKey{sc, ws.reuseKey}])
+			// The scope's reset spares serve this spec too, and so do the
+			// sandboxes it holds, once given back: start only what they
+			// cannot.
+			k := spareKey{sc, ws.reuseKey}
+			n -= len(p.spares[k]) + p.returning[k]
 		}
 		missing += max(n, 0)
 	}

@@ -135,14 +135,24 @@ func (p *Pool) reusable(spec Spec, sc *PoolScope) bool {
 }
 
 // hook makes sb's Close hand the container back to sc's spares for ws
-// after a reset in place, when sc reuses sandboxes of ws's spec.
+// after a reset in place, when sc reuses sandboxes of ws's spec. Until
+// then it counts as returning (unless it has no use left), so that demand
+// announced meanwhile does not start containers it will serve.
 func (p *Pool) hook(sb warmable, ws *warmSet, sc *PoolScope) {
 	if !p.reusable(ws.spec, sc) {
 		return
 	}
-	if r, ok := sb.(resetter); ok {
-		r.onClose(func(ctx context.Context) bool { return p.recycle(ctx, ws, sc, r) })
+	r, ok := sb.(resetter)
+	if !ok {
+		return
 	}
+	counted := r.resets() < p.opts.MaxUses
+	if counted {
+		p.mu.Lock()
+		p.returning[spareKey{sc, ws.reuseKey}]++
+		p.mu.Unlock()
+	}
+	r.onClose(func(ctx context.Context) bool { return p.recycle(ctx, ws, sc, r, counted) })
 }
 
 // reuseKey identifies the specs a reset sandbox can serve: everything but
@@ -187,13 +197,34 @@ func placeFiles(ctx context.Context, sb Sandbox, files []File) error {
 // recycle resets r in place and keeps it as a spare for sc's next Acquire
 // of a spec like ws's (files aside). It returns false when the container
 // should be removed instead: the pool or the scope is closed, the
-// container was reset MaxUses times, or the reset failed.
-func (p *Pool) recycle(ctx context.Context, ws *warmSet, sc *PoolScope, r resetter) bool {
+// container was reset MaxUses times, or the reset failed. counted says
+// that hook counted r as returning: recycle settles that count, with the
+// spare when there is one, and otherwise starts what the scope's demand
+// now lacks.
+func (p *Pool) recycle(ctx context.Context, ws *warmSet, sc *PoolScope, r resetter, counted bool) bool {
+	k := spareKey{sc, ws.reuseKey}
+	settleLocked := func(kept bool) {
+		if !counted {
+			return
+		}
+		if p.returning[k]--; p.returning[k] <= 0 {
+			delete(p.returning, k)
+		}
+		if !kept && !p.closed && !sc.closed {
+			p.refillLocked(ws)
+		}
+	}
 	if r.resets() >= p.opts.MaxUses || r.broken() != nil {
+		p.mu.Lock()
+		settleLocked(false)
+		p.mu.Unlock()
 		return false
 	}
 	p.mu.Lock()
 	closed := p.closed || sc.closed
+	if closed {
+		settleLocked(false)
+	}
 	p.mu.Unlock()
 	if closed {
 		return false
@@ -202,6 +233,9 @@ func (p *Pool) recycle(ctx context.Context, ws *warmSet, sc *PoolScope, r resett
 	bare.Files = nil // the next holder's go in at hand-out
 	fresh, err := r.resetInPlace(ctx, bare)
 	if err != nil {
+		p.mu.Lock()
+		settleLocked(false)
+		p.mu.Unlock()
 		metricResets.WithLabelValues("failed").Inc()
 		p.resetsFailed.Add(1)
 		if !errors.Is(err, ErrClosed) {
@@ -212,15 +246,23 @@ func (p *Pool) recycle(ctx context.Context, ws *warmSet, sc *PoolScope, r resett
 	metricResets.WithLabelValues("ok").Inc()
 	p.resetsOK.Add(1)
 	p.mu.Lock()
+	if !p.closed && !sc.closed && p.idle >= p.opts.MaxIdle {
+		// The spare serves the scope's next rollout of any task; a
+		// never-used sandbox no one announced serves no one: it goes.
+		if surplus := p.surplusReadyLocked(); surplus != nil {
+			p.wg.Go(func() { _ = surplus.Close(context.WithoutCancel(ctx)) })
+		}
+	}
 	if p.closed || sc.closed || p.idle >= p.opts.MaxIdle {
+		settleLocked(false)
 		p.mu.Unlock()
 		_ = fresh.Close(ctx)
 		return true
 	}
 	defer p.mu.Unlock()
 	defer p.changedLocked()
+	settleLocked(true)
 	fresh.setPooled(true)
-	k := spareKey{sc, ws.reuseKey}
 	p.spares[k] = append(p.spares[k], fresh)
 	p.idle++
 	return true

@@ -241,3 +241,130 @@ func TestReuseAcrossFiles(t *testing.T) {
 		t.Fatalf("task b's workdir: %q, %v", r.Stdout, err)
 	}
 }
+
+// filling is how many sandboxes of spec the pool is starting.
+func filling(t *testing.T, p *Pool, spec Spec) int {
+	t.Helper()
+	key, err := p.Fingerprint(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if ws := p.sets[key]; ws != nil {
+		return ws.filling
+	}
+	return 0
+}
+
+// Demand announced while the scope holds sandboxes that come back reset
+// (a prepared group waiting for a running one to end) starts nothing:
+// they serve it. A held sandbox with no use left does not count.
+func TestReuseHeldSandboxesServeDemand(t *testing.T) {
+	ctx, p := reusePool(t, PoolOptions{Reuse: true, MaxIdle: 4, MaxUses: 1})
+	task := func(name string) Spec {
+		return Spec{Image: testImage, Limits: Limits{ReadOnlyRoot: true},
+			Files: []File{{Path: "/workspace/" + name + ".txt", Data: []byte(name)}}}
+	}
+	var held []Sandbox
+	ids := map[string]bool{}
+	for range 2 {
+		s, err := p.Acquire(ctx, task("a"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, s)
+		ids[s.ID()] = true
+	}
+	if err := p.Expect(task("b"), 2); err != nil {
+		t.Fatal(err)
+	}
+	if n := filling(t, p, task("b")); n != 0 {
+		t.Fatalf("%d sandboxes started for demand that the 2 held ones serve", n)
+	}
+	for _, s := range held {
+		if err := s.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var reset []Sandbox
+	for range 2 {
+		s, err := p.Acquire(ctx, task("b"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		reset = append(reset, s)
+		if !ids[s.ID()] {
+			t.Fatalf("task b got container %s, want one of the reset ones", s.ID()[:12])
+		}
+	}
+	// Both were reset once: with MaxUses 1 neither comes back, so demand
+	// announced now starts its own.
+	if err := p.Expect(task("c"), 1); err != nil {
+		t.Fatal(err)
+	}
+	if n := filling(t, p, task("c")); n != 1 {
+		t.Fatalf("%d sandboxes started for task c, want 1 (the held ones have no use left)", n)
+	}
+	for _, s := range reset {
+		_ = s.Close(ctx)
+	}
+	p.mu.Lock()
+	left := len(p.returning)
+	p.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("returning counts left after every holder closed: %d", left)
+	}
+}
+
+// A full pool keeps a reset sandbox, which serves the scope's next rollout
+// of any task, over a never-used one that no one announced.
+func TestReuseSpareOutranksSurplus(t *testing.T) {
+	ctx, p := reusePool(t, PoolOptions{Reuse: true, MaxIdle: 2})
+	task := func(name string) Spec {
+		return Spec{Image: testImage, Limits: Limits{ReadOnlyRoot: true},
+			Files: []File{{Path: "/workspace/" + name + ".txt", Data: []byte(name)}}}
+	}
+	use := func(name string) Sandbox {
+		t.Helper()
+		s, err := p.Acquire(ctx, task(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	closeIt := func(s Sandbox) {
+		t.Helper()
+		if err := s.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A sandbox started ahead for task c, ready; a spare from task a.
+	if err := p.Expect(task("c"), 1); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the warm sandbox of task c", func() bool { return p.Ready(task("c")) == 1 })
+	a := use("a")
+	closeIt(a)
+	// Task c's rollout takes the spare (spares go first): c's warm one is
+	// now wanted by no one. Another spare fills the pool.
+	c := use("c")
+	if c.ID() != a.ID() || p.Ready(task("c")) != 1 {
+		t.Fatalf("task c got %s (spare %s), %d warm left; want the spare and 1", c.ID()[:12], a.ID()[:12], p.Ready(task("c")))
+	}
+	e := use("e")
+	closeIt(e)
+	closeIt(c)
+	if n := p.Ready(task("c")); n != 0 {
+		t.Fatalf("the surplus warm sandbox is still ready (%d) while the pool is full", n)
+	}
+	want := map[string]bool{a.ID(): true, e.ID(): true}
+	for range 2 {
+		d := use("d")
+		defer d.Close(context.Background())
+		if !want[d.ID()] {
+			t.Fatalf("task d got container %s, want one of the reset ones", d.ID()[:12])
+		}
+		delete(want, d.ID())
+	}
+}
