@@ -366,23 +366,20 @@ func (p *Pool) evictLocked() warmable {
 			return sp[0]
 		}
 	}
-	for _, ws := range p.sets {
-		if len(ws.ready) > 0 {
-			sb := ws.ready[0]
-			ws.ready = ws.ready[1:]
-			p.idle--
-			metricPoolIdle.WithLabelValues(ws.spec.Image).Set(float64(len(ws.ready)))
-			return sb
-		}
-	}
-	return nil
+	return p.takeReadyLocked(func(ws *warmSet) bool { return len(ws.ready) > 0 })
 }
 
 // surplusReadyLocked takes the oldest ready sandbox of a set that has more
 // than its base and no announced demand, or nil.
 func (p *Pool) surplusReadyLocked() warmable {
+	return p.takeReadyLocked(func(ws *warmSet) bool { return len(ws.ready) > ws.base && len(ws.demand) == 0 })
+}
+
+// takeReadyLocked takes the oldest ready sandbox of the first set that ok
+// accepts (ok implies a ready one), or nil.
+func (p *Pool) takeReadyLocked(ok func(*warmSet) bool) warmable {
 	for _, ws := range p.sets {
-		if len(ws.ready) <= ws.base || len(ws.demand) > 0 {
+		if !ok(ws) {
 			continue
 		}
 		sb := ws.ready[0]

@@ -211,15 +211,17 @@ func TestReuseMaxUses(t *testing.T) {
 	}
 }
 
+// task is the read-only-root spec of a task that places its own file.
+func task(name string) Spec {
+	return Spec{Image: testImage, Limits: Limits{ReadOnlyRoot: true},
+		Files: []File{{Path: "/workspace/" + name + ".txt", Data: []byte(name)}}}
+}
+
 // A reset sandbox serves any spec that differs only in its files (each
 // task of an env places its own): the next holder gets its own files and
 // none of the previous spec's.
 func TestReuseAcrossFiles(t *testing.T) {
 	ctx, p := reusePool(t, PoolOptions{Reuse: true, MaxIdle: 2})
-	task := func(name string) Spec {
-		return Spec{Image: testImage, Limits: Limits{ReadOnlyRoot: true},
-			Files: []File{{Path: "/workspace/" + name + ".txt", Data: []byte(name)}}}
-	}
 	a, err := p.Acquire(ctx, task("a"))
 	if err != nil {
 		t.Fatal(err)
@@ -262,10 +264,6 @@ func filling(t *testing.T, p *Pool, spec Spec) int {
 // they serve it. A held sandbox with no use left does not count.
 func TestReuseHeldSandboxesServeDemand(t *testing.T) {
 	ctx, p := reusePool(t, PoolOptions{Reuse: true, MaxIdle: 4, MaxUses: 1})
-	task := func(name string) Spec {
-		return Spec{Image: testImage, Limits: Limits{ReadOnlyRoot: true},
-			Files: []File{{Path: "/workspace/" + name + ".txt", Data: []byte(name)}}}
-	}
 	var held []Sandbox
 	ids := map[string]bool{}
 	for range 2 {
@@ -321,10 +319,6 @@ func TestReuseHeldSandboxesServeDemand(t *testing.T) {
 // of any task, over a never-used one that no one announced.
 func TestReuseSpareOutranksSurplus(t *testing.T) {
 	ctx, p := reusePool(t, PoolOptions{Reuse: true, MaxIdle: 2})
-	task := func(name string) Spec {
-		return Spec{Image: testImage, Limits: Limits{ReadOnlyRoot: true},
-			Files: []File{{Path: "/workspace/" + name + ".txt", Data: []byte(name)}}}
-	}
 	use := func(name string) Sandbox {
 		t.Helper()
 		s, err := p.Acquire(ctx, task(name))
