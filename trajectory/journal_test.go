@@ -462,3 +462,33 @@ func TestJournalKeepsZeroOptionalFields(t *testing.T) {
 		t.Fatalf("unset optional fields came back set: %+v", n)
 	}
 }
+
+// Every group WriteGroup makes durable is timed (DurableWaits and
+// rollout_trajectory_group_durable_seconds); with the journal off nothing
+// waits and nothing is counted.
+func TestDurableWaitsCounted(t *testing.T) {
+	ctx := context.Background()
+	for _, noJournal := range []bool{false, true} {
+		w, err := NewWriter(ctx, t.TempDir(), WriterOptions{RunID: "r", NoJournal: noJournal})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g0, w0 := DurableWaits()
+		for _, g := range journalGroups() {
+			if err := w.WriteGroup(ctx, g); err != nil {
+				t.Fatal(err)
+			}
+		}
+		g1, w1 := DurableWaits()
+		if err := w.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+		want := int64(3)
+		if noJournal {
+			want = 0
+		}
+		if g1-g0 != want || (want > 0) != (w1 > w0) {
+			t.Errorf("journal off %v: %d groups waited %s, want %d", noJournal, g1-g0, w1-w0, want)
+		}
+	}
+}

@@ -1,6 +1,9 @@
 package trajectory
 
 import (
+	"sync/atomic"
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rollout-rl/rollout/internal/version"
@@ -23,12 +26,32 @@ var (
 		Name: "rollout_trajectory_write_errors_total",
 		Help: "Trajectory writers stopped by a write error (intake stopped).",
 	})
+	metricDurableWait = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "rollout_trajectory_group_durable_seconds",
+		Help:    "How long WriteGroup waited for a group to be durable (its journal frame written and fsynced), journal on.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16), // 0.5 ms to 16 s
+	})
+	// durableGroups and durableWaitNS total what metricDurableWait
+	// observes, for DurableWaits.
+	durableGroups, durableWaitNS atomic.Int64
 )
+
+// DurableWaits returns how many groups WriteGroup made durable in this
+// process so far and the total time they waited for it (journal on).
+func DurableWaits() (groups int64, total time.Duration) {
+	return durableGroups.Load(), time.Duration(durableWaitNS.Load())
+}
+
+func observeDurableWait(d time.Duration) {
+	metricDurableWait.Observe(d.Seconds())
+	durableGroups.Add(1)
+	durableWaitNS.Add(int64(d))
+}
 
 // Collectors returns the package's Prometheus collectors for the caller to
 // register (the package never touches the default registry itself).
 func Collectors() []prometheus.Collector {
-	return []prometheus.Collector{metricRows, metricFiles, metricBytes, metricErrors}
+	return []prometheus.Collector{metricRows, metricFiles, metricBytes, metricErrors, metricDurableWait}
 }
 
 func serviceVersion() string { return version.Get().Version }

@@ -465,11 +465,15 @@ func (w *Writer) WriteGroupSeq(ctx context.Context, recs []Record) (int64, error
 		return -1, err
 	}
 	durable := make(chan durableResult, 1)
+	start := time.Now()
 	if err := w.send(ctx, request{group: batch, frame: frame, durable: durable}); err != nil {
 		return -1, err
 	}
 	select {
 	case res := <-durable:
+		if res.err == nil {
+			observeDurableWait(time.Since(start))
+		}
 		return res.seq, res.err
 	case <-ctx.Done():
 		return -1, fmt.Errorf("write trajectory group: waiting for the journal: %w", ctx.Err())

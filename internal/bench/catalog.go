@@ -109,6 +109,7 @@ var catalog = []entry{
 	{"runner", "runner.docker_cpu_s_per_rollout", "CPU-s", "", "", "dockerd + containerd CPU per rollout at zero latency"},
 	{"runner", "runner.durable_groups_per_s", "groups/s", "", "issue 15 (reported)", "terminal-tasks on busybox, zero-latency simulator, with durability on (every group fsynced before it is announced)"},
 	{"runner", "runner.durable_throughput_ratio", "×", ">= 0.95", "issue 15", "end-to-end groups/s with durability on / off, same bench run"},
+	{"runner", "runner.durable_wait_ms_mean", "ms", "", "issue 15 (reported)", "the durability runs' own cost: mean time a group waited in WriteGroup for its journal frame to be fsynced (rollout_trajectory_group_durable_seconds), against the mean wall of those runs"},
 	{"runner", "runner.realistic_rollouts_per_s", "rollouts/s", "", "", "the same with TTFT 200 ms + 30 ms/token"},
 	{"runner", "runner.realistic_cpu_s_per_rollout", "CPU-s", "", "", "this process's CPU per rollout with TTFT 200 ms + 30 ms/token"},
 

@@ -14,6 +14,7 @@ import (
 	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/sandbox"
 	"github.com/rollout-rl/rollout/sandbox/image"
+	"github.com/rollout-rl/rollout/trajectory"
 )
 
 // phases accumulates per-rollout phase timings from progress events.
@@ -238,9 +239,14 @@ func runRunner(ctx context.Context, r *runCtx) ([]Measure, error) {
 	// moves by ±10 % from run to run here: four pairs, so that the medians
 	// hold the 5 % the target allows (two pairs and the suite's first run
 	// read 0.892 and 0.994 in two full runs of the same code).
+	// The writer also times every group's wait for its fsync: the cost
+	// itself, free of the engine's run-to-run spread.
 	var on, off []float64
+	var waited, onWall time.Duration
+	var waits int64
 	for range r.n(4, 1) {
 		for _, noJournal := range []bool{true, false} {
+			g0, w0 := trajectory.DurableWaits()
 			x, err := runTerminalTasks(ctx, r, ref, ttRun{groups: r.n(8, 2), noJournal: noJournal, serveWarm: -1})
 			if err != nil {
 				return out, fmt.Errorf("durability on/off: %w", err)
@@ -250,6 +256,8 @@ func runRunner(ctx context.Context, r *runCtx) ([]Measure, error) {
 				off = append(off, rate)
 			} else {
 				on = append(on, rate)
+				g1, w1 := trajectory.DurableWaits()
+				waits, waited, onWall = waits+g1-g0, waited+w1-w0, onWall+x.elapsed
 			}
 		}
 	}
@@ -259,6 +267,14 @@ func runRunner(ctx context.Context, r *runCtx) ([]Measure, error) {
 			Note:         fmt.Sprintf("terminal-tasks on busybox, zero-latency simulator, median of %d runs on and %d off", len(on), len(off))},
 		Measure{Name: "runner.durable_throughput_ratio", Value: ptr(sig(median(on) / median(off)))},
 	)
+	if waits > 0 {
+		mean := waited / time.Duration(waits)
+		wall := onWall / time.Duration(len(on))
+		out = append(out, Measure{Name: "runner.durable_wait_ms_mean", Value: ptr(sig(toMS(mean))),
+			Note: fmt.Sprintf("%d groups in %d runs with durability on, mean run wall %s", waits, len(on), wall.Round(time.Millisecond))})
+	} else {
+		out = append(out, NotMeasured("runner.durable_wait_ms_mean", "no group was written with durability on"))
+	}
 
 	real, err := runTerminalTasks(ctx, r, ref, ttRun{groups: r.n(4, 1), lat: sim.Latency{TTFT: 200 * time.Millisecond, PerToken: 30 * time.Millisecond},
 		serveWarm: -1})
