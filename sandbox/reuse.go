@@ -200,7 +200,7 @@ func placeFiles(ctx context.Context, sb Sandbox, files []File) error {
 // container was reset MaxUses times, or the reset failed. counted says
 // that hook counted r as returning: recycle settles that count, with the
 // spare when there is one, and otherwise starts what the scope's demand
-// now lacks.
+// (of any spec r could have served) now lacks.
 func (p *Pool) recycle(ctx context.Context, ws *warmSet, sc *PoolScope, r resetter, counted bool) bool {
 	k := spareKey{sc, ws.reuseKey}
 	settleLocked := func(kept bool) {
@@ -211,7 +211,12 @@ func (p *Pool) recycle(ctx context.Context, ws *warmSet, sc *PoolScope, r resett
 			delete(p.returning, k)
 		}
 		if !kept && !p.closed && !sc.closed {
-			p.refillLocked(ws)
+			// It may have stood for demand of any spec it could serve.
+			for _, o := range p.sets {
+				if o.reuseKey == ws.reuseKey {
+					p.refillLocked(o)
+				}
+			}
 		}
 	}
 	if r.resets() >= p.opts.MaxUses || r.broken() != nil {

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/moby/moby/client"
 )
 
 // hostileRollout leaves behind everything a rollout could use to reach the
@@ -360,5 +362,40 @@ func TestReuseSpareOutranksSurplus(t *testing.T) {
 			t.Fatalf("task d got container %s, want one of the reset ones", d.ID()[:12])
 		}
 		delete(want, d.ID())
+	}
+}
+
+// A held sandbox that cannot come back (its container died) no longer
+// stands for the demand it was counted against: closing it starts a
+// sandbox for that demand, of another task's spec.
+func TestReuseLostSandboxRefillsDemand(t *testing.T) {
+	d := needDocker(t)
+	ctx, p := reusePool(t, PoolOptions{Reuse: true, MaxIdle: 4})
+	a, err := p.Acquire(ctx, task("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Expect(task("b"), 1); err != nil {
+		t.Fatal(err)
+	}
+	if n := filling(t, p, task("b")); n != 0 {
+		t.Fatalf("%d sandboxes started for demand the held one serves", n)
+	}
+	if _, err := d.Client().ContainerKill(ctx, a.ID(), client.ContainerKillOptions{Signal: "KILL"}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the killed sandbox's channel to break", func() bool {
+		_, err := a.Exec(ctx, ExecRequest{Command: "true"})
+		return err != nil
+	})
+	_ = a.Close(ctx)
+	eventually(t, "a sandbox for task b", func() bool { return filling(t, p, task("b"))+p.Ready(task("b")) == 1 })
+	b, err := p.Acquire(ctx, task("b"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close(context.Background())
+	if b.ID() == a.ID() {
+		t.Fatalf("task b got the killed container")
 	}
 }
