@@ -203,10 +203,12 @@ func placeFiles(ctx context.Context, sb Sandbox, files []File) error {
 // (of any spec r could have served) now lacks.
 func (p *Pool) recycle(ctx context.Context, ws *warmSet, sc *PoolScope, r resetter, counted bool) bool {
 	k := spareKey{sc, ws.reuseKey}
+	settled := !counted
 	settleLocked := func(kept bool) {
-		if !counted {
+		if settled {
 			return
 		}
+		settled = true
 		if p.returning[k]--; p.returning[k] <= 0 {
 			delete(p.returning, k)
 		}
@@ -219,17 +221,19 @@ func (p *Pool) recycle(ctx context.Context, ws *warmSet, sc *PoolScope, r resett
 			}
 		}
 	}
+	// Every way out without a spare settles here.
+	defer func() {
+		if !settled {
+			p.mu.Lock()
+			settleLocked(false)
+			p.mu.Unlock()
+		}
+	}()
 	if r.resets() >= p.opts.MaxUses || r.broken() != nil {
-		p.mu.Lock()
-		settleLocked(false)
-		p.mu.Unlock()
 		return false
 	}
 	p.mu.Lock()
 	closed := p.closed || sc.closed
-	if closed {
-		settleLocked(false)
-	}
 	p.mu.Unlock()
 	if closed {
 		return false
@@ -238,9 +242,6 @@ func (p *Pool) recycle(ctx context.Context, ws *warmSet, sc *PoolScope, r resett
 	bare.Files = nil // the next holder's go in at hand-out
 	fresh, err := r.resetInPlace(ctx, bare)
 	if err != nil {
-		p.mu.Lock()
-		settleLocked(false)
-		p.mu.Unlock()
 		metricResets.WithLabelValues("failed").Inc()
 		p.resetsFailed.Add(1)
 		if !errors.Is(err, ErrClosed) {
@@ -259,6 +260,7 @@ func (p *Pool) recycle(ctx context.Context, ws *warmSet, sc *PoolScope, r resett
 		}
 	}
 	if p.closed || sc.closed || p.idle >= p.opts.MaxIdle {
+		// Settled before the removal, which can take long.
 		settleLocked(false)
 		p.mu.Unlock()
 		_ = fresh.Close(ctx)

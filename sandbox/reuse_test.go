@@ -264,8 +264,15 @@ func filling(t *testing.T, p *Pool, spec Spec) int {
 // Demand announced while the scope holds sandboxes that come back reset
 // (a prepared group waiting for a running one to end) starts nothing:
 // they serve it. A held sandbox with no use left does not count.
-func TestReuseHeldSandboxesServeDemand(t *testing.T) {
-	ctx, p := reusePool(t, PoolOptions{Reuse: true, MaxIdle: 4, MaxUses: 1})
+func TestReuseHeldSandboxesServeDemand(t *testing.T) { testReuseHeldSandboxesServeDemand(t, needDocker(t)) }
+
+// The runc backend's pool counts them the same way.
+func TestRuncReuseHeldSandboxesServeDemand(t *testing.T) {
+	testReuseHeldSandboxesServeDemand(t, needRunc(t))
+}
+
+func testReuseHeldSandboxesServeDemand(t *testing.T, src poolSource) {
+	ctx, p := reusePoolOn(t, src, PoolOptions{Reuse: true, MaxIdle: 4, MaxUses: 1})
 	var held []Sandbox
 	ids := map[string]bool{}
 	for range 2 {
