@@ -1,10 +1,10 @@
 package trajectory
 
 import (
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/rollout-rl/rollout/internal/version"
 )
@@ -31,21 +31,18 @@ var (
 		Help:    "How long WriteGroup waited for a group to be durable (its journal frame written and fsynced), journal on.",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16), // 0.5 ms to 16 s
 	})
-	// durableGroups and durableWaitNS total what metricDurableWait
-	// observes, for DurableWaits.
-	durableGroups, durableWaitNS atomic.Int64
 )
 
 // DurableWaits returns how many groups WriteGroup made durable in this
-// process so far and the total time they waited for it (journal on).
+// process so far and the total time they waited for it (journal on): the
+// count and sum of rollout_trajectory_group_durable_seconds.
 func DurableWaits() (groups int64, total time.Duration) {
-	return durableGroups.Load(), time.Duration(durableWaitNS.Load())
-}
-
-func observeDurableWait(d time.Duration) {
-	metricDurableWait.Observe(d.Seconds())
-	durableGroups.Add(1)
-	durableWaitNS.Add(int64(d))
+	var m dto.Metric
+	if err := metricDurableWait.Write(&m); err != nil {
+		return 0, 0
+	}
+	h := m.GetHistogram()
+	return int64(h.GetSampleCount()), time.Duration(h.GetSampleSum() * float64(time.Second))
 }
 
 // Collectors returns the package's Prometheus collectors for the caller to

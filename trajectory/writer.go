@@ -472,7 +472,7 @@ func (w *Writer) WriteGroupSeq(ctx context.Context, recs []Record) (int64, error
 	select {
 	case res := <-durable:
 		if res.err == nil {
-			observeDurableWait(time.Since(start))
+			metricDurableWait.Observe(time.Since(start).Seconds())
 		}
 		return res.seq, res.err
 	case <-ctx.Done():
