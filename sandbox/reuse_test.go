@@ -264,7 +264,9 @@ func filling(t *testing.T, p *Pool, spec Spec) int {
 // Demand announced while the scope holds sandboxes that come back reset
 // (a prepared group waiting for a running one to end) starts nothing:
 // they serve it. A held sandbox with no use left does not count.
-func TestReuseHeldSandboxesServeDemand(t *testing.T) { testReuseHeldSandboxesServeDemand(t, needDocker(t)) }
+func TestReuseHeldSandboxesServeDemand(t *testing.T) {
+	testReuseHeldSandboxesServeDemand(t, needDocker(t))
+}
 
 // The runc backend's pool counts them the same way.
 func TestRuncReuseHeldSandboxesServeDemand(t *testing.T) {
