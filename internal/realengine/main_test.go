@@ -29,9 +29,12 @@ var (
 )
 
 // rolloutBin builds the rollout binary and the sandbox agent once per test
-// binary (the Go build cache makes it a link when `make build` ran first)
-// and returns the path of rollout. The suite runs the real binary, as a
-// user would.
+// binary and returns the path of rollout. The suite runs the real binary,
+// as a user would. Both builds use `make build`'s compile flags, so that
+// the Go build cache makes them links when it ran first: a rollout build
+// with other flags (it once had -trimpath) recompiles every dependency,
+// which on a slow 2-core machine under the rest of the test run took longer
+// than the timeout below.
 func rolloutBin(t *testing.T) string {
 	t.Helper()
 	buildOnce.Do(func() {
@@ -45,12 +48,14 @@ func rolloutBin(t *testing.T) string {
 		defer cancel()
 		for _, b := range []struct {
 			out, pkg string
+			flags    []string
 			env      []string
 		}{
-			{"rollout", "github.com/rollout-rl/rollout/cmd/rollout", nil},
-			{"rollout-agent", "github.com/rollout-rl/rollout/sandbox/agent/cmd/rollout-agent", []string{"CGO_ENABLED=0"}},
+			{"rollout", "github.com/rollout-rl/rollout/cmd/rollout", nil, nil},
+			{"rollout-agent", "github.com/rollout-rl/rollout/sandbox/agent/cmd/rollout-agent", []string{"-trimpath"}, []string{"CGO_ENABLED=0"}},
 		} {
-			cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", filepath.Join(dir, b.out), b.pkg)
+			args := append(append([]string{"build"}, b.flags...), "-o", filepath.Join(dir, b.out), b.pkg)
+			cmd := exec.CommandContext(ctx, "go", args...)
 			cmd.Env = append(os.Environ(), b.env...)
 			if out, err := cmd.CombinedOutput(); err != nil {
 				buildErr = fmt.Errorf("go build %s: %v\n%s", b.pkg, err, out)
