@@ -1,6 +1,7 @@
 package sandbox
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/moby/moby/client"
@@ -77,6 +79,41 @@ func MeasureExecSplit(ctx context.Context, s Sandbox, n int, argv ...string) (ro
 		inAgent = append(inAgent, r.Duration)
 	}
 	return roundTrips, inAgent, nil
+}
+
+// ChannelShare is, per call of MeasureExecSplit, the round trip less the
+// agent's own time: what the channel itself costs (framing, the transport,
+// the agent's dispatch), free of the spawn.
+func ChannelShare(roundTrips, inAgent []time.Duration) []time.Duration {
+	out := make([]time.Duration, 0, min(len(roundTrips), len(inAgent)))
+	for i := range min(len(roundTrips), len(inAgent)) {
+		out = append(out, max(0, roundTrips[i]-inAgent[i]))
+	}
+	return out
+}
+
+// MeasureHostSpawn times n runs of the program at path with argv (argv[0]
+// included) spawned by this process directly on the host, no sandbox, the
+// way the agent spawns a command: its own process group, stdout and stderr
+// on one pipe read to the end, then reaped. It is the machine's own floor
+// under every exec round trip; a non-zero exit is an error.
+func MeasureHostSpawn(ctx context.Context, n int, path string, argv ...string) ([]time.Duration, error) {
+	out := make([]time.Duration, 0, n)
+	var buf bytes.Buffer
+	for range n {
+		if err := ctx.Err(); err != nil {
+			return out, err
+		}
+		buf.Reset()
+		cmd := &exec.Cmd{Path: path, Args: argv, Stdout: &buf, Stderr: &buf,
+			SysProcAttr: &syscall.SysProcAttr{Setpgid: true}}
+		start := time.Now()
+		if err := cmd.Run(); err != nil {
+			return out, fmt.Errorf("spawn %s: %w: %.200s", path, err, buf.Bytes())
+		}
+		out = append(out, time.Since(start))
+	}
+	return out, nil
 }
 
 // MeasureDockerExecCLI times n runs of `docker exec <container> ARGV...`

@@ -3,7 +3,10 @@ package sandbox
 import (
 	"context"
 	"os"
+	"os/exec"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -120,6 +123,32 @@ func TestSummarize(t *testing.T) {
 	}
 	if (Summarize(nil) != Stats{}) {
 		t.Fatal("empty")
+	}
+}
+
+func TestChannelShare(t *testing.T) {
+	ms := time.Millisecond
+	got := ChannelShare([]time.Duration{3 * ms, 2 * ms, ms, 5 * ms}, []time.Duration{2 * ms, 2 * ms, 3 * ms})
+	want := []time.Duration{ms, 0, 0} // clamped at zero; the unpaired round trip is left out
+	if !slices.Equal(got, want) {
+		t.Fatalf("ChannelShare = %v, want %v", got, want)
+	}
+}
+
+// MeasureHostSpawn times real spawns and calls a failing command an error,
+// with its output.
+func TestMeasureHostSpawn(t *testing.T) {
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		t.Skip("no sh")
+	}
+	d, err := MeasureHostSpawn(context.Background(), 3, sh, "sh", "-c", "exit 0")
+	if err != nil || len(d) != 3 || d[0] <= 0 {
+		t.Fatalf("MeasureHostSpawn = %v, %v", d, err)
+	}
+	d, err = MeasureHostSpawn(context.Background(), 3, sh, "sh", "-c", "echo broken >&2; exit 3")
+	if err == nil || len(d) != 0 || !strings.Contains(err.Error(), "broken") {
+		t.Fatalf("a failing command: %v, %v", d, err)
 	}
 }
 

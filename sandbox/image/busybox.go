@@ -38,6 +38,11 @@ func init() {
 // busyboxCandidates are where Debian's busybox-static installs the binary.
 var busyboxCandidates = []string{"/bin/busybox", "/usr/bin/busybox"}
 
+// BusyboxPath is the host's static busybox, the one binary of the busybox
+// image (`rollout bench sandbox` spawns it on the host as the machine's
+// own floor under every exec round trip).
+func BusyboxPath() (string, error) { return findBusybox() }
+
 // findBusybox returns the path of a statically linked busybox on this host.
 // The dynamic one from Debian's `busybox` package would not run FROM
 // scratch, so it is rejected rather than copied.
