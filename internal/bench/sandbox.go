@@ -43,6 +43,16 @@ func sideBySide(rounds int, a measureFn, na int, b measureFn, nb int) (sa, sb []
 	return sa, sb, nil
 }
 
+// splitExec times exec round trips of `true` in s (MeasureExecSplit) and
+// adds the agent's own time of every call to *inAgent.
+func splitExec(ctx context.Context, s sandbox.Sandbox, inAgent *[]time.Duration) measureFn {
+	return func(n int) ([]time.Duration, error) {
+		rt, in, err := sandbox.MeasureExecSplit(ctx, s, n)
+		*inAgent = append(*inAgent, in...)
+		return rt, err
+	}
+}
+
 func btoi(b bool) int {
 	if b {
 		return 1
@@ -96,11 +106,7 @@ func runSandbox(ctx context.Context, r *runCtx) (out []Measure, err error) {
 	defer s.Close(context.WithoutCancel(ctx))
 	var inAgent []time.Duration
 	ch, cli, err := sideBySide(rounds,
-		func(n int) ([]time.Duration, error) {
-			rt, in, err := sandbox.MeasureExecSplit(ctx, s, n)
-			inAgent = append(inAgent, in...)
-			return rt, err
-		}, r.n(1000, 100),
+		splitExec(ctx, s, &inAgent), r.n(1000, 100),
 		func(n int) ([]time.Duration, error) { return sandbox.MeasureDockerExecCLI(ctx, s.ID(), n) }, r.n(60, 10))
 	if err != nil {
 		return out, fmt.Errorf("exec: %w", err)
@@ -325,11 +331,7 @@ func measureSpawnFloor(ctx context.Context, r *runCtx, s sandbox.Sandbox, rounds
 	var inAgent []time.Duration
 	host, ch, err := sideBySide(rounds,
 		func(n int) ([]time.Duration, error) { return sandbox.MeasureHostSpawn(ctx, n, bb, "true") }, r.n(500, 50),
-		func(n int) ([]time.Duration, error) {
-			rt, in, err := sandbox.MeasureExecSplit(ctx, s, n)
-			inAgent = append(inAgent, in...)
-			return rt, err
-		}, r.n(500, 50))
+		splitExec(ctx, s, &inAgent), r.n(500, 50))
 	if err != nil {
 		return NotMeasured(name, firstLine(err.Error()))
 	}
@@ -419,11 +421,7 @@ func measureRuncBackend(ctx context.Context, r *runCtx, d *sandbox.Docker, ref s
 	}
 	var inAgent []time.Duration
 	er, ed, err := sideBySide(rounds,
-		func(n int) ([]time.Duration, error) {
-			rt, in, err := sandbox.MeasureExecSplit(ctx, s, n)
-			inAgent = append(inAgent, in...)
-			return rt, err
-		}, r.n(500, 50),
+		splitExec(ctx, s, &inAgent), r.n(500, 50),
 		func(n int) ([]time.Duration, error) { return sandbox.MeasureExec(ctx, ds, n) }, r.n(500, 50))
 	_ = s.Close(ctx)
 	_ = ds.Close(ctx)
