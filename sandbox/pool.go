@@ -211,6 +211,15 @@ func (p *Pool) expect(sc *PoolScope, spec Spec, n int) error {
 		sc.expected = map[*warmSet]struct{}{}
 	}
 	sc.expected[ws] = struct{}{}
+	if p.reusable(ws.spec, sc) {
+		// The new demand may take spares that another set of the scope
+		// counted on (coverLocked): each of them starts what it now lacks.
+		for o := range sc.expected {
+			if o != ws && o.reuseKey == ws.reuseKey {
+				p.refillLocked(o)
+			}
+		}
+	}
 	p.refillLocked(ws)
 	return nil
 }
@@ -440,8 +449,7 @@ func (p *Pool) refillLocked(ws *warmSet) {
 			// The scope's reset spares serve this spec too, and so do the
 			// sandboxes it holds, once given back: start only what they
 			// cannot.
-			k := spareKey{sc, ws.reuseKey}
-			n -= len(p.spares[k]) + p.returning[k]
+			n -= p.coverLocked(ws, sc)
 		}
 		missing += max(n, 0)
 	}

@@ -167,6 +167,21 @@ func reuseKey(ws *warmSet) string {
 	return k
 }
 
+// coverLocked is how much of ws's demand in sc the scope's spares and
+// held sandboxes of ws's reuseKey serve (refillLocked). Every set of sc
+// with that key (specs that differ only in files or labels) draws on the
+// same sandboxes, in key order, so that none stands for two sets' demand.
+func (p *Pool) coverLocked(ws *warmSet, sc *PoolScope) int {
+	k := spareKey{sc, ws.reuseKey}
+	left := len(p.spares[k]) + p.returning[k]
+	for o := range sc.expected {
+		if o != ws && o.reuseKey == ws.reuseKey && o.key < ws.key {
+			left -= o.demand[sc]
+		}
+	}
+	return min(max(left, 0), ws.demand[sc])
+}
+
 // popSpareLocked takes a healthy reset sandbox of sc that can serve ws's
 // spec.
 func (p *Pool) popSpareLocked(ws *warmSet, sc *PoolScope) warmable {

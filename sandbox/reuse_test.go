@@ -408,3 +408,36 @@ func TestReuseLostSandboxRefillsDemand(t *testing.T) {
 		t.Fatalf("task b got the killed container")
 	}
 }
+
+// The sandboxes a scope holds stand for the demand of one task each, not
+// of every task they could serve: with two held, demand for two of task b
+// and two of task c starts two (whichever set the held ones are counted
+// against), not none.
+func TestReuseHeldSandboxesCountOnce(t *testing.T) {
+	ctx, p := reusePool(t, PoolOptions{Reuse: true, MaxIdle: 8})
+	for range 2 {
+		s, err := p.Acquire(ctx, task("a"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close(context.Background())
+	}
+	for _, name := range []string{"b", "c"} {
+		if err := p.Expect(task(name), 2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	started := func() int {
+		return filling(t, p, task("b")) + p.Ready(task("b")) + filling(t, p, task("c")) + p.Ready(task("c"))
+	}
+	if n := started(); n != 2 {
+		t.Fatalf("%d sandboxes started for demand of 4 with 2 held, want 2", n)
+	}
+	// A third task draws on what is left: nothing.
+	if err := p.Expect(task("d"), 1); err != nil {
+		t.Fatal(err)
+	}
+	if n := started() + filling(t, p, task("d")) + p.Ready(task("d")); n != 3 {
+		t.Fatalf("%d sandboxes started for demand of 5 with 2 held, want 3", n)
+	}
+}
