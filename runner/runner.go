@@ -997,6 +997,9 @@ func (r *Runner) openSandbox(ctx context.Context, gr *groupRun, ro *Rollout) (sa
 	if im, ok := sb.(sandbox.ImageIdentifier); ok {
 		ro.ImageID = im.ImageID()
 	}
+	if br, ok := sb.(sandbox.BackendReporter); ok {
+		ro.Backend = br.Backend()
+	}
 	// The manifest records what the container got, not what was asked.
 	if lr, ok := sb.(sandbox.LimitsReporter); ok {
 		a := lr.Applied()

@@ -77,6 +77,7 @@ type Rollout struct {
 	Limits  sandbox.Limits
 	Network string
 	Runtime string
+	Backend string // the sandbox backend that made the sandbox (docker, runc, kubernetes)
 	Created time.Time
 	// DistillTokenIDs and DistillLogprobs are the teacher's top-K per
 	// token of Result.Sequence (nil on untrained positions); nil without

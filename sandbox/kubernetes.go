@@ -1362,6 +1362,7 @@ func (s *k8sSandbox) Node() string { return s.node }
 // ImageID is the image digest the kubelet reported for the sandbox
 // container.
 func (s *k8sSandbox) ImageID() string { return s.imageID }
+func (s *k8sSandbox) Backend() string { return BackendKubernetes }
 
 // Labels returns the caller labels of the spec.
 func (s *k8sSandbox) Labels() map[string]string { return maps.Clone(s.spec.Labels) }

@@ -789,6 +789,7 @@ var (
 
 func (s *runcSandbox) ID() string                    { return s.id }
 func (s *runcSandbox) ImageID() string               { return s.imageID }
+func (s *runcSandbox) Backend() string               { return BackendRunc }
 func (s *runcSandbox) Applied() Applied              { return s.applied }
 func (s *runcSandbox) Labels() map[string]string     { return maps.Clone(s.spec.Labels) }
 func (s *runcSandbox) broken() error                 { return s.conn.broken() }

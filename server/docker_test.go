@@ -122,7 +122,11 @@ output: {dir: %s}
 	if p := res.finished.Progress; p.GroupsDone != groups || p.RolloutsOk != 2*groups {
 		t.Errorf("progress %v", p)
 	}
-	checkSandboxedRun(t, j.OutputDir, int(groups))
+	backend := sandbox.BackendDocker
+	if strings.Contains(sandboxKeys, "backend: runc") {
+		backend = sandbox.BackendRunc
+	}
+	checkSandboxedRun(t, j.OutputDir, int(groups), backend)
 }
 
 // checkNoContainers fails the test for every container of the instance.

@@ -336,7 +336,7 @@ func wantCode(t *testing.T, what string, err error, code codes.Code, field strin
 // checkSandboxedRun reads a finished job's run directory and checks that it
 // holds wantGroups groups of ok rollouts of at least two turns, at least one
 // of them rewarded (its sandboxed tool calls took effect).
-func checkSandboxedRun(t *testing.T, dir string, wantGroups int) map[string][]trajectory.Record {
+func checkSandboxedRun(t *testing.T, dir string, wantGroups int, backend string) map[string][]trajectory.Record {
 	t.Helper()
 	recs := readRun(t, dir)
 	if len(recs) != wantGroups {
@@ -347,6 +347,9 @@ func checkSandboxedRun(t *testing.T, dir string, wantGroups int) map[string][]tr
 		for _, r := range rows {
 			if r.Status != trajectory.StatusOK || r.Turns < 2 {
 				t.Errorf("group %s rollout %d: %s, %d turns, %+v", g, r.RolloutIndex, r.Status, r.Turns, r.Failure)
+			}
+			if r.Manifest.Backend != backend {
+				t.Errorf("group %s rollout %d: manifest backend %q, want %q", g, r.RolloutIndex, r.Manifest.Backend, backend)
 			}
 			if r.Reward > 0 {
 				rewarded++

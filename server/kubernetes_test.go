@@ -117,7 +117,7 @@ output: {dir: runs/kubernetes}
 	if p := res.finished.Progress; p.GroupsDone != 3 || p.RolloutsOk != 6 {
 		t.Errorf("progress %v", p)
 	}
-	checkSandboxedRun(t, j.OutputDir, 3)
+	checkSandboxedRun(t, j.OutputDir, 3, sandbox.BackendKubernetes)
 	// The scheduler's events name every pod of the job and its node (the
 	// pods themselves are gone). Read after the job, not polled during it:
 	// the backend sets client-go's global logger when it starts.

@@ -161,7 +161,7 @@ func expectedArrowRow(r Record) map[string]any {
 		"manifest": map[string]any{"image_digest": m.ImageDigest, "cpus": m.CPUs, "memory_bytes": m.MemoryBytes,
 			"pids_limit": m.PidsLimit, "network": m.Network, "rollout_timeout_ms": m.RolloutTimeoutMS,
 			"tool_timeout_ms": m.ToolTimeoutMS, "parser": m.Parser, "service_version": m.ServiceVersion, "config_hash": m.ConfigHash,
-			"disk_bytes": m.DiskBytes, "runtime": m.Runtime},
+			"disk_bytes": m.DiskBytes, "runtime": m.Runtime, "backend": m.Backend},
 		"created_at": r.CreatedAt.UTC().Truncate(time.Microsecond),
 	}
 }

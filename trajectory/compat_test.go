@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -14,22 +15,11 @@ import (
 
 // readAsOlderFile writes rec as a part file whose schema lacks the Record
 // fields in added (a file written before those columns existed) and reads
-// it back.
+// it back. A name "Manifest.Backend" drops a field of a nested group.
 func readAsOlderFile(t *testing.T, rec Record, added map[string]bool) Record {
 	t.Helper()
-	rt := reflect.TypeFor[Record]()
-	var fields []reflect.StructField
-	for i := range rt.NumField() {
-		if f := rt.Field(i); !added[f.Name] {
-			fields = append(fields, f)
-		}
-	}
-	old := reflect.StructOf(fields)
-	row := reflect.New(old).Elem()
-	src := reflect.ValueOf(rec)
-	for i := range old.NumField() {
-		row.Field(i).Set(src.FieldByName(old.Field(i).Name))
-	}
+	row := reflect.New(olderType(reflect.TypeFor[Record](), "", added)).Elem()
+	copyFields(row, reflect.ValueOf(rec))
 	path := filepath.Join(t.TempDir(), "part-00000.parquet")
 	f, err := os.Create(path)
 	if err != nil {
@@ -53,6 +43,39 @@ func readAsOlderFile(t *testing.T, rec Record, added map[string]bool) Record {
 		t.Fatalf("%d records", len(got))
 	}
 	return got[0]
+}
+
+// olderType is rt without the fields named in added (prefix.Name).
+func olderType(rt reflect.Type, prefix string, added map[string]bool) reflect.Type {
+	var fields []reflect.StructField
+	for i := range rt.NumField() {
+		f := rt.Field(i)
+		name := prefix + f.Name
+		if added[name] {
+			continue
+		}
+		for k := range added {
+			if f.Type.Kind() == reflect.Struct && strings.HasPrefix(k, name+".") {
+				f.Type = olderType(f.Type, name+".", added)
+				break
+			}
+		}
+		fields = append(fields, f)
+	}
+	return reflect.StructOf(fields)
+}
+
+// copyFields sets every field of dst from src's field of the same name,
+// field by field where olderType changed the type.
+func copyFields(dst, src reflect.Value) {
+	for i := range dst.NumField() {
+		d, s := dst.Field(i), src.FieldByName(dst.Type().Field(i).Name)
+		if d.Type() == s.Type() {
+			d.Set(s)
+		} else {
+			copyFields(d, s)
+		}
+	}
 }
 
 // A part file written before a nullable column was added still reads: the
@@ -91,6 +114,18 @@ func TestReadsFilesWithoutPolicyVersions(t *testing.T) {
 		t.Fatalf("new columns not empty: %+v %v %v %v %+v %v", r.TokenVersions, r.MinPolicyVersion, r.MaxPolicyVersion, r.PolicyLag, r.VersionCuts, r.Stale)
 	}
 	if d := cmp.Diff(want, r, cmpopts.EquateEmpty()); d != "" {
+		t.Fatalf("record (-want +got):\n%s", d)
+	}
+}
+
+// A part file written before manifest.backend existed reads it as empty.
+func TestReadsFilesWithoutManifestBackend(t *testing.T) {
+	rec := fixtureRecords()[0]
+	rec.Manifest.Backend = "runc"
+	want := rec
+	want.Manifest.Backend = ""
+	got := readAsOlderFile(t, rec, map[string]bool{"Manifest.Backend": true})
+	if d := cmp.Diff(want, got, cmpopts.EquateEmpty()); d != "" {
 		t.Fatalf("record (-want +got):\n%s", d)
 	}
 }

@@ -196,6 +196,10 @@ type Manifest struct {
 	// written before they existed.
 	DiskBytes int64  `parquet:"disk_bytes"`
 	Runtime   string `parquet:"runtime,dict"`
+	// Backend is the sandbox backend that made the sandbox: docker, runc
+	// or kubernetes. Empty in files written before it existed and for
+	// rollouts without a sandbox.
+	Backend string `parquet:"backend,dict"`
 }
 
 // ErrInvalidRecord is returned (wrapped) by Validate and Writer.Write for a

@@ -134,8 +134,8 @@ output: {dir: %s}
 	}
 	for _, r := range recs {
 		m := r.Manifest
-		if m.CPUs != 1 || m.MemoryBytes != 2<<30 || m.PidsLimit != 512 || m.Network != "none" {
-			t.Fatalf("manifest %+v, want cpus 1, memory 2 GiB, pids 512, network none", m)
+		if m.CPUs != 1 || m.MemoryBytes != 2<<30 || m.PidsLimit != 512 || m.Network != "none" || m.Backend != "docker" {
+			t.Fatalf("manifest %+v, want cpus 1, memory 2 GiB, pids 512, network none, backend docker", m)
 		}
 	}
 }

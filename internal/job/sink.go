@@ -94,7 +94,7 @@ func Record(run *runner.RunInfo, g *runner.Group, ro *runner.Rollout) (trajector
 			ImageDigest: imageDigest(ro), CPUs: ro.Limits.CPUs, MemoryBytes: ro.Limits.MemoryBytes, PidsLimit: ro.Limits.PIDs,
 			Network: ro.Network, RolloutTimeoutMS: run.RolloutTimeout.Milliseconds(), ToolTimeoutMS: run.ToolTimeout.Milliseconds(),
 			Parser: run.Parser, ServiceVersion: run.ServiceVersion, ConfigHash: run.ConfigHash,
-			DiskBytes: ro.Limits.DiskBytes, Runtime: ro.Runtime,
+			DiskBytes: ro.Limits.DiskBytes, Runtime: ro.Runtime, Backend: ro.Backend,
 		},
 	}
 	if n := len(seq.Tokens); n > 0 {
