@@ -182,6 +182,18 @@ func (r ConcurrencyReport) CPUPerGeneration() time.Duration {
 	return r.CPU / time.Duration(r.Generations())
 }
 
+// CoresOnSchedule is the CPU the loops need to keep to their schedule,
+// one generation per latency each: CPU per generation × loops / latency.
+// It equals CPUCores when every generation took latency, and is larger
+// when the machine fell behind and the wall stretched (CPU over a longer
+// wall reads lower than what the schedule needs).
+func (r ConcurrencyReport) CoresOnSchedule(latency time.Duration) float64 {
+	if latency <= 0 {
+		return 0
+	}
+	return r.CPUPerGeneration().Seconds() * float64(r.Loops) / latency.Seconds()
+}
+
 // ConcurrentLoops runs loops episodes at once, each turnsPerLoop turns with
 // a latency-long generation from a fake in-process policy (a timer; no
 // HTTP, JSON or tokens), and measures process CPU and peak RSS: the loop's

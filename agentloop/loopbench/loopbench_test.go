@@ -135,3 +135,15 @@ func BenchmarkTurnOverheadSimulator(b *testing.B) {
 		b.ReportMetric(float64(rep.P99.Nanoseconds())/1e3, "p99-µs/turn")
 	}
 }
+
+// On schedule, the cores are the CPU per generation times the loops'
+// generations per second: a wall stretched tenfold does not lower them.
+func TestCoresOnSchedule(t *testing.T) {
+	r := ConcurrencyReport{Loops: 4, TurnsPerLoop: 1, CPU: 8 * time.Millisecond, Wall: 20 * time.Second}
+	if got := r.CoresOnSchedule(time.Second); got < 0.0039 || got > 0.0041 {
+		t.Errorf("on schedule %.5f cores, want 0.004 (1 ms per generation × 4 loops per second)", got)
+	}
+	if got := r.CoresOnSchedule(0); got != 0 {
+		t.Errorf("zero latency: %v, want 0", got)
+	}
+}

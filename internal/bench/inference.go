@@ -104,10 +104,10 @@ func runLoop(ctx context.Context, r *runCtx) ([]Measure, error) {
 			return out, fmt.Errorf("%d concurrent loops: %w", c.loops, err)
 		}
 		fake4k = cr
-		note := fmt.Sprintf("%d turns each, wall %s, peak heap in use %.0f MiB, peak %d goroutines", cr.TurnsPerLoop,
-			cr.Wall.Round(time.Millisecond), float64(cr.HeapInuse)/(1<<20), cr.Goroutines)
+		note := fmt.Sprintf("%d turns each, wall %s, CPU / wall %.3f cores, peak heap in use %.0f MiB, peak %d goroutines", cr.TurnsPerLoop,
+			cr.Wall.Round(time.Millisecond), cr.CPUCores, float64(cr.HeapInuse)/(1<<20), cr.Goroutines)
 		out = append(out,
-			Measure{Name: "loop.cpu_" + c.tag + "_loops_cores", Value: ptr(sig(cr.CPUCores)), Note: note},
+			Measure{Name: "loop.cpu_" + c.tag + "_loops_cores", Value: ptr(sig(cr.CoresOnSchedule(time.Second))), Note: note},
 			Measure{Name: "loop.rss_" + c.tag + "_loops_mb", Value: ptr(sig(float64(cr.PeakRSSBytes) / (1 << 20))),
 				Note: "whole process, after returning freed memory to the OS"})
 	}

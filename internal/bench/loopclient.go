@@ -1,11 +1,16 @@
 package bench
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"runtime"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/rollout-rl/rollout/agentloop/loopbench"
@@ -14,7 +19,8 @@ import (
 
 // clientLoopNames are the measures of runLoopClient.
 var clientLoopNames = []string{"loop.cpu_1k_loops_client_cores", "loop.rss_1k_loops_client_mb",
-	"loop.cpu_4k_loops_client_cores", "loop.rss_4k_loops_client_mb", "loop.cpu_per_turn_client_us"}
+	"loop.cpu_4k_loops_client_cores", "loop.rss_4k_loops_client_mb", "loop.cpu_per_turn_client_us",
+	"loop.cpu_4k_http_floor_cores", "loop.cpu_per_request_http_floor_us"}
 
 // runLoopClient runs the concurrent loops of loop.cpu_*_loops_cores again,
 // but through the real tokens-mode client (backend vllm: /tokenize,
@@ -56,13 +62,13 @@ func runLoopClient(ctx context.Context, r *runCtx, turns int, fake loopbench.Con
 				float64(st.simPeakRSS)/(1<<20))
 		}
 		note := fmt.Sprintf("%d loops × %d turns + final answer, TTFT %s: wall %s (%.1f× the ideal %s), %.0f µs CPU per turn, "+
-			"%.1f cores needed to keep every loop at 1 turn/s; peak heap in use %.0f MiB, peak %d goroutines, "+
+			"CPU / wall %.3f cores; peak heap in use %.0f MiB, peak %d goroutines, "+
 			"%d connections dialled, %d closed; %s",
 			cr.Loops, cr.TurnsPerLoop, ttft, cr.Wall.Round(time.Millisecond), cr.Wall.Seconds()/ideal.Seconds(), ideal,
-			float64(cr.CPUPerGeneration())/1e3, cr.CPUPerGeneration().Seconds()*float64(cr.Loops)/ttft.Seconds(),
+			float64(cr.CPUPerGeneration())/1e3, cr.CPUCores,
 			float64(cr.HeapInuse)/(1<<20), cr.Goroutines, st.dials, st.closes, simNote)
 		out = append(out,
-			Measure{Name: "loop.cpu_" + c.tag + "_loops_client_cores", Value: ptr(sig(cr.CPUCores)), Note: note},
+			Measure{Name: "loop.cpu_" + c.tag + "_loops_client_cores", Value: ptr(sig(cr.CoresOnSchedule(ttft))), Note: note},
 			Measure{Name: "loop.rss_" + c.tag + "_loops_client_mb", Value: ptr(sig(float64(cr.PeakRSSBytes) / (1 << 20))),
 				Note: "after returning freed memory to the OS"})
 	}
@@ -73,10 +79,92 @@ func runLoopClient(ctx context.Context, r *runCtx, turns int, fake loopbench.Con
 		m.BaselineName = fmt.Sprintf("the same %d loops with the fake in-process timer policy (no client), same run", fake.Loops)
 	}
 	out = append(out, m)
+	// The floor under any client that sends an HTTP request per turn: as
+	// many loops, each turn one minimal POST through bare net/http.
+	runtime.GC()
+	fl, err := httpFloor(ctx, sp.URL, last.Loops, last.TurnsPerLoop+1)
+	if err != nil {
+		return out, errors.Join(fmt.Errorf("bare HTTP floor: %w", err), sp.Close())
+	}
+	floorNote := fmt.Sprintf("%d goroutines × %d sequential POST /v1/completions (3 prompt ids, max_tokens 1, body read and discarded; no JSON encoding or decoding) "+
+		"through net/http with keep-alive on the same simulator at TTFT %s: wall %s, CPU / wall %.3f cores, %.0f µs CPU per request; "+
+		"the real client sends three requests per turn (/tokenize twice, /v1/completions)",
+		fl.loops, fl.perLoop, ttft, fl.wall.Round(time.Millisecond), fl.cores(), float64(fl.perRequest())/1e3)
+	out = append(out,
+		Measure{Name: "loop.cpu_4k_http_floor_cores", Value: ptr(sig(fl.perRequest().Seconds() * float64(fl.loops) / ttft.Seconds())), Note: floorNote},
+		Measure{Name: "loop.cpu_per_request_http_floor_us", Value: ptr(toUS(fl.perRequest())),
+			Note: "of loop.cpu_4k_http_floor_cores; against loop.cpu_per_turn_client_us, a turn of the real client"})
 	if err := sp.Close(); err != nil {
 		return out, fmt.Errorf("stop simulator process: %w", err)
 	}
 	return out, nil
+}
+
+// floorReport is what httpFloor measured.
+type floorReport struct {
+	loops, perLoop int
+	wall, cpu      time.Duration
+}
+
+func (f floorReport) cores() float64 { return f.cpu.Seconds() / f.wall.Seconds() }
+
+func (f floorReport) perRequest() time.Duration {
+	return f.cpu / time.Duration(max(f.loops*f.perLoop, 1))
+}
+
+// httpFloor runs loops goroutines that each send perLoop minimal
+// completions requests to the simulator at url one after the other,
+// through a bare net/http client (keep-alive, one connection per
+// goroutine at most), and measures this process's CPU over the wall: the
+// cost of the HTTP exchange alone, under any client of an HTTP inference
+// API. A request that fails or answers other than 200 is an error.
+func httpFloor(ctx context.Context, url string, loops, perLoop int) (floorReport, error) {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConns, tr.MaxIdleConnsPerHost = loops, loops
+	defer tr.CloseIdleConnections()
+	cl := &http.Client{Transport: tr}
+	body := []byte(`{"model":"rollout-sim","prompt":[1,2,3],"max_tokens":1}`)
+	post := func() error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := cl.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return err
+		}
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("POST /v1/completions: status %d: %.200s", resp.StatusCode, b)
+		}
+		return nil
+	}
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		ferr error
+	)
+	cpu0, start := processCPU(), time.Now()
+	for range loops {
+		wg.Go(func() {
+			for range perLoop {
+				if err := post(); err != nil {
+					mu.Lock()
+					ferr = cmp.Or(ferr, err)
+					mu.Unlock()
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	rep := floorReport{loops: loops, perLoop: perLoop, wall: time.Since(start), cpu: processCPU() - cpu0}
+	return rep, ferr
 }
 
 // clientStats is what clientLoops sees besides the loops' report.

@@ -3,12 +3,15 @@ package bench
 import (
 	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -83,6 +86,10 @@ func TestSimProcessClientLoops(t *testing.T) {
 	if cr.Loops != 16 || cr.Generations() != 48 || st.dials < 1 {
 		t.Errorf("report %v, stats %+v", cr, st)
 	}
+	// The floor's minimal request is one the simulator serves.
+	if _, err := httpFloor(ctx, sp.URL, 4, 2); err != nil {
+		t.Errorf("bare HTTP floor against the simulator: %v", err)
+	}
 	if _, ok := sp.cpu(); !ok {
 		t.Error("no CPU time for the simulator process")
 	}
@@ -111,5 +118,34 @@ func TestSimProcessClientLoops(t *testing.T) {
 	_, err = startSimProcess(ctx, exe, "family: nope\n")
 	if err == nil || !strings.Contains(err.Error(), "nope") {
 		t.Fatalf("want the simulator's complaint, got %v", err)
+	}
+}
+
+// httpFloor sends every request it reports and fails on an answer other
+// than 200, naming the status.
+func TestHTTPFloor(t *testing.T) {
+	var n atomic.Int64
+	ok := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/completions" || r.Header.Get("Content-Type") != "application/json" {
+			http.Error(w, "bad request", http.StatusBadRequest)
+			return
+		}
+		n.Add(1)
+		_, _ = io.WriteString(w, `{"choices":[]}`)
+	}))
+	defer ok.Close()
+	rep, err := httpFloor(context.Background(), ok.URL, 8, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.Load() != 24 || rep.loops != 8 || rep.perLoop != 3 || rep.wall <= 0 {
+		t.Fatalf("%d requests served, report %+v", n.Load(), rep)
+	}
+	bad := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "overloaded", http.StatusServiceUnavailable)
+	}))
+	defer bad.Close()
+	if _, err := httpFloor(context.Background(), bad.URL, 2, 2); err == nil || !strings.Contains(err.Error(), "status 503") {
+		t.Fatalf("error %v, want one naming status 503", err)
 	}
 }
