@@ -25,6 +25,28 @@ type BenchConfig struct {
 	Concurrency  int    // burst size for the connection-churn check (default 4096)
 }
 
+// RawPost sends body as JSON to url through c and reads the answer to its
+// end, nothing more: the bare HTTP exchange that the client's overhead is
+// measured against. An answer other than 200 is an error naming its status.
+func RawPost(ctx context.Context, c *http.Client, url string, body []byte) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 200))
+		return fmt.Errorf("POST %s: status %d: %s", url, resp.StatusCode, b)
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	return err
+}
+
 // BenchResult is what `rollout bench inference` prints.
 type BenchResult struct {
 	Calls int
@@ -103,23 +125,7 @@ func MeasureOverhead(ctx context.Context, cfg BenchConfig) (BenchResult, error) 
 	}
 	rawClient := &http.Client{Transport: newTransport(64, nil)}
 	defer rawClient.CloseIdleConnections()
-	raw := func() error {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, pool.eps[0].base+"/v1/completions", bytes.NewReader(rawBody))
-		if err != nil {
-			return err
-		}
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := rawClient.Do(req)
-		if err != nil {
-			return err
-		}
-		_, err = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("raw baseline: HTTP %d", resp.StatusCode)
-		}
-		return err
-	}
+	raw := func() error { return RawPost(ctx, rawClient, pool.eps[0].base+"/v1/completions", rawBody) }
 	client := func() error {
 		_, err := gen.generate(ctx, pool, in)
 		return err

@@ -28,7 +28,7 @@ var catalog = []entry{
 	{"sandbox", "sandbox.exec_agent_p50_ms", "ms", "", "issue 20 (reported)", "the agent's own time for `true` within those round trips (spawn, run, reap, inside the sandbox), p50: the rest is the channel"},
 	{"sandbox", "sandbox.exec_vs_docker_cli_ratio", "×", "<= 0.0111", "issue 20 (≥ 90× faster)", "channel p50 / `docker exec CID true` p50"},
 	{"sandbox", "sandbox.exec_channel_p50_ms", "ms", "", "issue 20 (reported)", "the channel's own share of an exec round trip of `true` (round trip less the agent's own time, per call), p50"},
-	{"sandbox", "sandbox.spawn_floor_p50_ms", "ms", "", "issue 20 (reported)", "the machine's floor under every exec: the image's static busybox spawned as `true` by this process on the host (own process group, output piped, reaped), no sandbox, p50; baseline: the Docker backend's exec round trip, alternating, same run"},
+	{"sandbox", "sandbox.spawn_floor_p50_ms", "ms", "", "issue 20 (reported)", "the machine's floor under every exec: the image's static busybox spawned as `true` by this process on the host (own process group, output piped, reaped), no sandbox, p50"},
 	{"sandbox", "sandbox.exec_attach_p50_ms", "ms", "", "issue 20 (reported)", "exec round trip of `true` over the attach stream only (through dockerd), p50; baseline: the socket channel, same run"},
 	{"sandbox", "sandbox.exec_socket_vs_attach_ratio", "×", "", "issue 20 (reported)", "socket channel p50 / attach stream p50"},
 	{"sandbox", "sandbox.exec_1mb_p50_ms", "ms", "", "", "exec of a command printing 1 MiB through the channel, p50"},

@@ -1,12 +1,10 @@
 package bench
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"runtime"
 	"runtime/debug"
@@ -124,26 +122,7 @@ func httpFloor(ctx context.Context, url string, loops, perLoop int) (floorReport
 	defer tr.CloseIdleConnections()
 	cl := &http.Client{Transport: tr}
 	body := []byte(`{"model":"rollout-sim","prompt":[1,2,3],"max_tokens":1}`)
-	post := func() error {
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", bytes.NewReader(body))
-		if err != nil {
-			return err
-		}
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := cl.Do(req)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		b, err := io.ReadAll(resp.Body)
-		if err != nil {
-			return err
-		}
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("POST /v1/completions: status %d: %.200s", resp.StatusCode, b)
-		}
-		return nil
-	}
+	post := func() error { return inference.RawPost(ctx, cl, url+"/v1/completions", body) }
 	var (
 		wg   sync.WaitGroup
 		mu   sync.Mutex
