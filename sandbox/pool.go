@@ -201,8 +201,10 @@ func (p *Pool) expect(sc *PoolScope, spec Spec, n int) error {
 	}
 	if m := sc.opts.MaxDemand; m > 0 {
 		outstanding := 0
-		for e := range sc.expected {
-			outstanding += e.demand[sc]
+		for _, sets := range sc.demanding {
+			for e := range sets {
+				outstanding += e.demand[sc]
+			}
 		}
 		n = min(n, max(m-outstanding, 0))
 	}
@@ -211,11 +213,12 @@ func (p *Pool) expect(sc *PoolScope, spec Spec, n int) error {
 		sc.expected = map[*warmSet]struct{}{}
 	}
 	sc.expected[ws] = struct{}{}
+	sc.demandChangedLocked(ws)
 	if p.reusable(ws.spec, sc) {
 		// The new demand may take spares that another set of the scope
 		// counted on (coverLocked): each of them starts what it now lacks.
-		for o := range sc.expected {
-			if o != ws && o.reuseKey == ws.reuseKey {
+		for o := range sc.demanding[ws.reuseKey] {
+			if o != ws {
 				p.refillLocked(o)
 			}
 		}
@@ -264,6 +267,7 @@ func (p *Pool) acquire(ctx context.Context, sc *PoolScope, spec Spec) (Sandbox, 
 	} else {
 		delete(ws.demand, sc)
 	}
+	sc.demandChangedLocked(ws)
 	for {
 		// p.mu is held here. The scope's own reset spares go first: a
 		// never-used sandbox can serve any scope, a spare only this one.

@@ -174,8 +174,8 @@ func reuseKey(ws *warmSet) string {
 func (p *Pool) coverLocked(ws *warmSet, sc *PoolScope) int {
 	k := spareKey{sc, ws.reuseKey}
 	left := len(p.spares[k]) + p.returning[k]
-	for o := range sc.expected {
-		if o != ws && o.reuseKey == ws.reuseKey && o.key < ws.key {
+	for o := range sc.demanding[ws.reuseKey] {
+		if o.key < ws.key {
 			left -= o.demand[sc]
 		}
 	}

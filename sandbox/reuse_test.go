@@ -441,3 +441,37 @@ func TestReuseHeldSandboxesCountOnce(t *testing.T) {
 		t.Fatalf("%d sandboxes started for demand of 5 with 2 held, want 3", n)
 	}
 }
+
+// The scope keeps only the sets whose demand is still open in its index,
+// so that counting cover stays as cheap as the few groups announced ahead
+// however many tasks a long run has gone through.
+func TestScopeForgetsAcquiredDemand(t *testing.T) {
+	ctx, p := reusePool(t, PoolOptions{Reuse: true, MaxIdle: 4})
+	open := func() int {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		n := 0
+		for _, sets := range p.root.demanding {
+			n += len(sets)
+		}
+		return n
+	}
+	for _, name := range []string{"a", "b"} {
+		if err := p.Expect(task(name), 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := open(); n != 2 {
+		t.Fatalf("%d sets with open demand, want 2", n)
+	}
+	for _, name := range []string{"a", "b"} {
+		s, err := p.Acquire(ctx, task(name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close(context.Background())
+	}
+	if n := open(); n != 0 {
+		t.Fatalf("%d sets with open demand after every announced sandbox was acquired, want 0", n)
+	}
+}

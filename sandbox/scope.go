@@ -19,10 +19,34 @@ import (
 type PoolScope struct {
 	p    *Pool
 	opts ScopeOptions
-	// closed and expected are guarded by p.mu. expected are the warm
-	// sets the scope announced demand on.
-	closed   bool
-	expected map[*warmSet]struct{}
+	// closed, expected and demanding are guarded by p.mu. expected are
+	// the warm sets the scope announced demand on; demanding, by reuse
+	// key, those of them whose demand is not yet acquired (a few groups'
+	// worth, where expected grows with every task of a long run).
+	closed    bool
+	expected  map[*warmSet]struct{}
+	demanding map[string]map[*warmSet]struct{}
+}
+
+// demandChangedLocked files ws under sc.demanding by whether the scope
+// still has demand on it.
+func (sc *PoolScope) demandChangedLocked(ws *warmSet) {
+	if ws.demand[sc] > 0 {
+		if sc.demanding == nil {
+			sc.demanding = map[string]map[*warmSet]struct{}{}
+		}
+		if sc.demanding[ws.reuseKey] == nil {
+			sc.demanding[ws.reuseKey] = map[*warmSet]struct{}{}
+		}
+		sc.demanding[ws.reuseKey][ws] = struct{}{}
+		return
+	}
+	if m := sc.demanding[ws.reuseKey]; m != nil {
+		delete(m, ws)
+		if len(m) == 0 {
+			delete(sc.demanding, ws.reuseKey)
+		}
+	}
 }
 
 // ScopeOptions configure a PoolScope.
@@ -82,7 +106,7 @@ func (sc *PoolScope) Close(ctx context.Context) error {
 		metricPoolIdle.WithLabelValues(ws.spec.Image).Set(float64(len(ws.ready)))
 	}
 	sets := sc.expected
-	sc.expected = nil
+	sc.expected, sc.demanding = nil, nil
 	for k, sp := range p.spares {
 		if k.scope == sc {
 			drop = append(drop, sp...)
