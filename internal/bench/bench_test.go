@@ -358,3 +358,27 @@ func TestOutputSuiteQuick(t *testing.T) {
 		t.Errorf("shared prompts %.3f×, own prompts %.3f×: Parquet did not gain from the repeat", *grpo.Value, *plain.Value)
 	}
 }
+
+// The notes name a measure's baseline once: from its description when it
+// names one there, else from the measure's own BaselineName.
+func TestReportNamesBaselineOnce(t *testing.T) {
+	rep := Report{Machine: Machine{Cores: 2}, Run: RunInfo{Suites: Suites}, Measures: []Measure{
+		{Name: "sandbox.runsc_exec_p50_ms", Unit: "ms", Value: ptr(18.0), Baseline: ptr(2.4),
+			Description: "exec under runsc; baseline: runc, same run", BaselineName: "runc exec `true`, same run"},
+		{Name: "sandbox.exec_attach_p50_ms", Unit: "ms", Value: ptr(3.0), Baseline: ptr(2.7),
+			Description: "exec over the attach stream", BaselineName: "the socket channel, same run"},
+	}}
+	var buf bytes.Buffer
+	if err := WriteMarkdown(&buf, rep); err != nil {
+		t.Fatal(err)
+	}
+	md := buf.String()
+	for _, want := range []string{"exec under runsc; baseline: runc, same run", "exec over the attach stream; baseline: the socket channel, same run"} {
+		if !strings.Contains(md, want) {
+			t.Errorf("report lacks %q", want)
+		}
+	}
+	if strings.Contains(md, "runc exec `true`, same run") {
+		t.Error("a baseline named in the description is named again")
+	}
+}

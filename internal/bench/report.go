@@ -163,7 +163,8 @@ func WriteMarkdown(w io.Writer, r Report) error {
 		p("| measure | measured | baseline | ratio | target | met | notes |\n|---|---|---|---|---|---|---|\n")
 		for _, m := range rows {
 			notes := m.Description
-			if m.BaselineName != "" {
+			if m.BaselineName != "" && !strings.Contains(notes, "baseline: ") {
+				// A description that names its baseline already says it.
 				notes = joinNote(notes, "baseline: "+m.BaselineName)
 			}
 			notes = joinNote(notes, m.Note)
