@@ -30,12 +30,16 @@ type Applied struct {
 }
 
 // LimitsReporter is implemented by sandboxes that know the limits their
-// container was created with (the Docker backend's do).
+// container was created with (the Docker, runc and Kubernetes backends'
+// do).
 type LimitsReporter interface {
 	Applied() Applied
 }
 
-var _ LimitsReporter = (*dockerSandbox)(nil)
+var (
+	_ LimitsReporter = (*dockerSandbox)(nil)
+	_ LimitsReporter = (*k8sSandbox)(nil)
+)
 
 // Applied returns the limits read back from the created container.
 func (s *dockerSandbox) Applied() Applied { return s.applied }

@@ -1364,6 +1364,18 @@ func (s *k8sSandbox) Node() string { return s.node }
 func (s *k8sSandbox) ImageID() string { return s.imageID }
 func (s *k8sSandbox) Backend() string { return BackendKubernetes }
 
+// Applied reports the limits the pod was made with (podFor, from the
+// validated spec: defaults filled in): memory and CPU limits, the disk
+// bound behind its ephemeral-storage limit, the root and the network
+// policy. A pod spec has no pids limit (the kubelet's podPidsLimit applies
+// per node), so PIDs is 0: none enforced per pod. Runtime is the runtime
+// class when one is set, else empty: the cluster's default handler.
+func (s *k8sSandbox) Applied() Applied {
+	l := s.spec.Limits
+	return Applied{MemoryBytes: l.MemoryBytes, CPUs: l.CPUs, DiskBytes: l.DiskBytes, ReadOnlyRoot: l.ReadOnlyRoot,
+		Network: s.spec.Network, Runtime: s.k.cfg.RuntimeClassName}
+}
+
 // Labels returns the caller labels of the spec.
 func (s *k8sSandbox) Labels() map[string]string { return maps.Clone(s.spec.Labels) }
 

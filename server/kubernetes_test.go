@@ -117,7 +117,17 @@ output: {dir: runs/kubernetes}
 	if p := res.finished.Progress; p.GroupsDone != 3 || p.RolloutsOk != 6 {
 		t.Errorf("progress %v", p)
 	}
-	checkSandboxedRun(t, j.OutputDir, 3, sandbox.BackendKubernetes)
+	// The manifest records the limits the pods were made with (the
+	// defaults here), not the zeros of an unset config; a pod has no pids
+	// limit of its own.
+	d := sandbox.DefaultLimits
+	for _, rows := range checkSandboxedRun(t, j.OutputDir, 3, sandbox.BackendKubernetes) {
+		for _, r := range rows {
+			if m := r.Manifest; m.CPUs != d.CPUs || m.MemoryBytes != d.MemoryBytes || m.DiskBytes != d.DiskBytes || m.PidsLimit != 0 {
+				t.Errorf("rollout %s/%d: manifest %+v, want cpus %v, memory %d, disk %d, pids 0", r.GroupID, r.RolloutIndex, m, d.CPUs, d.MemoryBytes, d.DiskBytes)
+			}
+		}
+	}
 	// The scheduler's events name every pod of the job and its node (the
 	// pods themselves are gone). Read after the job, not polled during it:
 	// the backend sets client-go's global logger when it starts.
