@@ -997,15 +997,12 @@ func (r *Runner) openSandbox(ctx context.Context, gr *groupRun, ro *Rollout) (sa
 	if im, ok := sb.(sandbox.ImageIdentifier); ok {
 		ro.ImageID = im.ImageID()
 	}
-	if br, ok := sb.(sandbox.BackendReporter); ok {
-		ro.Backend = br.Backend()
-	}
 	// The manifest records what the container got, not what was asked.
 	if lr, ok := sb.(sandbox.LimitsReporter); ok {
 		a := lr.Applied()
 		ro.Limits.MemoryBytes, ro.Limits.CPUs, ro.Limits.PIDs = a.MemoryBytes, a.CPUs, a.PIDs
 		ro.Limits.DiskBytes, ro.Limits.ReadOnlyRoot = a.DiskBytes, a.ReadOnlyRoot
-		ro.Network, ro.Runtime = a.Network, a.Runtime
+		ro.Network, ro.Runtime, ro.Backend = a.Network, a.Runtime, a.Backend
 	}
 	return sb, "", nil
 }

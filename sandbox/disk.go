@@ -27,6 +27,9 @@ type Applied struct {
 	ReadOnlyRoot bool
 	Network      string // the policy: none, bridge (egress only) or open
 	Runtime      string // OCI runtime: runc, runsc
+	// Backend is the backend that made the sandbox: BackendDocker,
+	// BackendRunc or BackendKubernetes (the first two both run runc).
+	Backend string
 }
 
 // LimitsReporter is implemented by sandboxes that know the limits their
@@ -56,7 +59,7 @@ func (d *Docker) inspectCreated(ctx context.Context, id string, spec Spec) (Appl
 	if err != nil {
 		return Applied{}, "", fmt.Errorf("%w: inspect created container: %v", ErrUnavailable, err)
 	}
-	a := Applied{DiskBytes: spec.Limits.DiskBytes, Network: spec.Network, Runtime: spec.Runtime}
+	a := Applied{DiskBytes: spec.Limits.DiskBytes, Network: spec.Network, Runtime: spec.Runtime, Backend: BackendDocker}
 	if hc := res.Container.HostConfig; hc != nil {
 		a.MemoryBytes = hc.Memory
 		a.CPUs = float64(hc.NanoCPUs) / 1e9

@@ -1046,7 +1046,6 @@ func (s *dockerSandbox) closeSocket() {
 // ImageID is the content-addressed id of the image the sandbox runs
 // (ImageIdentifier), for reproducibility manifests.
 func (s *dockerSandbox) ImageID() string { return s.imageID }
-func (s *dockerSandbox) Backend() string { return BackendDocker }
 
 var _ ImageIdentifier = (*dockerSandbox)(nil)
 

@@ -140,7 +140,7 @@ func TestAppliedLimits(t *testing.T) {
 	s := newSandbox(t, Spec{Limits: Limits{PIDs: 100, CPUs: 0.5}})
 	a := s.(LimitsReporter).Applied()
 	want := Applied{MemoryBytes: DefaultLimits.MemoryBytes, CPUs: 0.5, PIDs: 100, DiskBytes: DefaultLimits.DiskBytes,
-		Network: NetworkNone, Runtime: RuntimeRunc}
+		Network: NetworkNone, Runtime: RuntimeRunc, Backend: BackendDocker}
 	if a != want {
 		t.Errorf("applied %+v, want %+v", a, want)
 	}

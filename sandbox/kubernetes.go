@@ -1362,7 +1362,6 @@ func (s *k8sSandbox) Node() string { return s.node }
 // ImageID is the image digest the kubelet reported for the sandbox
 // container.
 func (s *k8sSandbox) ImageID() string { return s.imageID }
-func (s *k8sSandbox) Backend() string { return BackendKubernetes }
 
 // Applied reports the limits the pod was made with (podFor, from the
 // validated spec: defaults filled in): memory and CPU limits, the disk
@@ -1373,7 +1372,7 @@ func (s *k8sSandbox) Backend() string { return BackendKubernetes }
 func (s *k8sSandbox) Applied() Applied {
 	l := s.spec.Limits
 	return Applied{MemoryBytes: l.MemoryBytes, CPUs: l.CPUs, DiskBytes: l.DiskBytes, ReadOnlyRoot: l.ReadOnlyRoot,
-		Network: s.spec.Network, Runtime: s.k.cfg.RuntimeClassName}
+		Network: s.spec.Network, Runtime: s.k.cfg.RuntimeClassName, Backend: BackendKubernetes}
 }
 
 // Labels returns the caller labels of the spec.

@@ -428,7 +428,7 @@ func (r *Runc) start(ctx context.Context, id string, p runcPaths, spec Spec, img
 		log: r.log.With("container", id), stderr: &tailBuffer{max: 8 << 10}, stdin: inW, stdout: outR, stderrPipe: errR,
 		stderrDone: make(chan struct{}),
 		applied: Applied{MemoryBytes: spec.Limits.MemoryBytes, CPUs: spec.Limits.CPUs, PIDs: spec.Limits.PIDs, DiskBytes: spec.Limits.DiskBytes,
-			ReadOnlyRoot: spec.Limits.ReadOnlyRoot, Network: spec.Network, Runtime: RuntimeRunc}}
+			ReadOnlyRoot: spec.Limits.ReadOnlyRoot, Network: spec.Network, Runtime: RuntimeRunc, Backend: BackendRunc}}
 	go func() {
 		defer close(s.stderrDone)
 		_, _ = io.Copy(s.stderr, errR)
@@ -789,7 +789,6 @@ var (
 
 func (s *runcSandbox) ID() string                    { return s.id }
 func (s *runcSandbox) ImageID() string               { return s.imageID }
-func (s *runcSandbox) Backend() string               { return BackendRunc }
 func (s *runcSandbox) Applied() Applied              { return s.applied }
 func (s *runcSandbox) Labels() map[string]string     { return maps.Clone(s.spec.Labels) }
 func (s *runcSandbox) broken() error                 { return s.conn.broken() }

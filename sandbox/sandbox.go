@@ -142,13 +142,6 @@ type ImageIdentifier interface {
 	ImageID() string
 }
 
-// BackendReporter is implemented by sandboxes that name the backend that
-// made them (BackendDocker, BackendRunc, BackendKubernetes): the rollout's
-// manifest records it beside the runtime, which is runc for the first two.
-type BackendReporter interface {
-	Backend() string
-}
-
 // Quiescer is implemented by sandboxes that can stop every process the
 // sandbox user started — background jobs, daemons, setsid'd children —
 // leaving only the sandbox's own machinery. Rewards run after it, so
