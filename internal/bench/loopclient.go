@@ -80,17 +80,17 @@ func runLoopClient(ctx context.Context, r *runCtx, turns int, fake loopbench.Con
 	// The floor under any client that sends an HTTP request per turn: as
 	// many loops, each turn one minimal POST through bare net/http.
 	runtime.GC()
-	fl, err := httpFloor(ctx, sp.URL, last.Loops, last.TurnsPerLoop+1)
+	fl, err := httpFloor(ctx, sp.URL, last.Loops, last.TurnsPerLoop)
 	if err != nil {
 		return out, errors.Join(fmt.Errorf("bare HTTP floor: %w", err), sp.Close())
 	}
 	floorNote := fmt.Sprintf("%d goroutines × %d sequential POST /v1/completions (3 prompt ids, max_tokens 1, body read and discarded; no JSON encoding or decoding) "+
 		"through net/http with keep-alive on the same simulator at TTFT %s: wall %s, CPU / wall %.3f cores, %.0f µs CPU per request; "+
 		"the real client sends three requests per turn (/tokenize twice, /v1/completions)",
-		fl.loops, fl.perLoop, ttft, fl.wall.Round(time.Millisecond), fl.cores(), float64(fl.perRequest())/1e3)
+		fl.Loops, fl.TurnsPerLoop+1, ttft, fl.Wall.Round(time.Millisecond), fl.CPUCores, float64(fl.CPUPerGeneration())/1e3)
 	out = append(out,
-		Measure{Name: "loop.cpu_4k_http_floor_cores", Value: ptr(sig(fl.perRequest().Seconds() * float64(fl.loops) / ttft.Seconds())), Note: floorNote},
-		Measure{Name: "loop.cpu_per_request_http_floor_us", Value: ptr(toUS(fl.perRequest())),
+		Measure{Name: "loop.cpu_4k_http_floor_cores", Value: ptr(sig(fl.CoresOnSchedule(ttft))), Note: floorNote},
+		Measure{Name: "loop.cpu_per_request_http_floor_us", Value: ptr(toUS(fl.CPUPerGeneration())),
 			Note: "of loop.cpu_4k_http_floor_cores; against loop.cpu_per_turn_client_us, a turn of the real client"})
 	if err := sp.Close(); err != nil {
 		return out, fmt.Errorf("stop simulator process: %w", err)
@@ -98,25 +98,14 @@ func runLoopClient(ctx context.Context, r *runCtx, turns int, fake loopbench.Con
 	return out, nil
 }
 
-// floorReport is what httpFloor measured.
-type floorReport struct {
-	loops, perLoop int
-	wall, cpu      time.Duration
-}
-
-func (f floorReport) cores() float64 { return f.cpu.Seconds() / f.wall.Seconds() }
-
-func (f floorReport) perRequest() time.Duration {
-	return f.cpu / time.Duration(max(f.loops*f.perLoop, 1))
-}
-
-// httpFloor runs loops goroutines that each send perLoop minimal
-// completions requests to the simulator at url one after the other,
-// through a bare net/http client (keep-alive, one connection per
-// goroutine at most), and measures this process's CPU over the wall: the
-// cost of the HTTP exchange alone, under any client of an HTTP inference
-// API. A request that fails or answers other than 200 is an error.
-func httpFloor(ctx context.Context, url string, loops, perLoop int) (floorReport, error) {
+// httpFloor runs loops goroutines that each send turns+1 minimal
+// completions requests (as many as a loop's generations: its turns and
+// final answer) to the simulator at url one after the other, through a
+// bare net/http client (keep-alive, one connection per goroutine at most),
+// and measures this process's CPU: the cost of the HTTP exchange alone,
+// under any client of an HTTP inference API, reported as the loops' is. A
+// request that fails or answers other than 200 is an error.
+func httpFloor(ctx context.Context, url string, loops, turns int) (loopbench.ConcurrencyReport, error) {
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.MaxIdleConns, tr.MaxIdleConnsPerHost = loops, loops
 	defer tr.CloseIdleConnections()
@@ -131,7 +120,7 @@ func httpFloor(ctx context.Context, url string, loops, perLoop int) (floorReport
 	cpu0, start := processCPU(), time.Now()
 	for range loops {
 		wg.Go(func() {
-			for range perLoop {
+			for range turns + 1 {
 				if err := post(); err != nil {
 					mu.Lock()
 					ferr = cmp.Or(ferr, err)
@@ -142,7 +131,8 @@ func httpFloor(ctx context.Context, url string, loops, perLoop int) (floorReport
 		})
 	}
 	wg.Wait()
-	rep := floorReport{loops: loops, perLoop: perLoop, wall: time.Since(start), cpu: processCPU() - cpu0}
+	rep := loopbench.ConcurrencyReport{Loops: loops, TurnsPerLoop: turns, Wall: time.Since(start), CPU: processCPU() - cpu0}
+	rep.CPUCores = rep.CPU.Seconds() / rep.Wall.Seconds()
 	return rep, ferr
 }
 

@@ -134,11 +134,11 @@ func TestHTTPFloor(t *testing.T) {
 		_, _ = io.WriteString(w, `{"choices":[]}`)
 	}))
 	defer ok.Close()
-	rep, err := httpFloor(context.Background(), ok.URL, 8, 3)
+	rep, err := httpFloor(context.Background(), ok.URL, 8, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n.Load() != 24 || rep.loops != 8 || rep.perLoop != 3 || rep.wall <= 0 {
+	if n.Load() != 24 || rep.Loops != 8 || rep.Generations() != 24 || rep.Wall <= 0 {
 		t.Fatalf("%d requests served, report %+v", n.Load(), rep)
 	}
 	bad := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
