@@ -50,9 +50,9 @@ func RawPost(ctx context.Context, c *http.Client, url string, body []byte) error
 // BenchResult is what `rollout bench inference` prints.
 type BenchResult struct {
 	Calls int
-	// Raw is a bare net/http POST of the same pre-encoded body with the
-	// response read and discarded: server time plus the irreducible
-	// transport cost. Client is the full vllm tokens-mode generation path
+	// Raw is a bare POST of the same pre-encoded body through the
+	// client's own transport (direct.go), the response read and discarded:
+	// server time plus the irreducible transport cost. Client is the full vllm tokens-mode generation path
 	// (encode, pool routing, metrics, HTTP, decode, shape validation).
 	RawP50, RawP99       time.Duration
 	ClientP50, ClientP99 time.Duration

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	json "github.com/segmentio/encoding/json"
@@ -22,11 +23,25 @@ import (
 // with logprobs is a few MiB.
 const maxResponseBytes = 256 << 20
 
-// newTransport sizes an http.Transport for thousands of concurrent agent
+// newTransport is the client's transport: the direct HTTP/1.1 path for
+// cleartext endpoints over a net/http Transport for everything else
+// (direct.go), both sized by idlePerHost.
+func newTransport(idlePerHost int, st *connStats) *directTransport {
+	return newDirectTransport(newStdTransport(idlePerHost, st), idlePerHost)
+}
+
+// NewHTTPClient is an HTTP client on the pool's own transport, keeping up
+// to idlePerHost idle connections per host: for benchmarks that measure
+// the floor the client stands on.
+func NewHTTPClient(idlePerHost int) *http.Client {
+	return &http.Client{Transport: newTransport(idlePerHost, nil)}
+}
+
+// newStdTransport sizes an http.Transport for thousands of concurrent agent
 // loops: the default keeps 2 idle connections per host, which makes every
 // burst open (and TIME_WAIT) new sockets. dials counts new connections so
 // churn can be measured from the client side.
-func newTransport(idlePerHost int, st *connStats) *http.Transport {
+func newStdTransport(idlePerHost int, st *connStats) *http.Transport {
 	d := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
 	return &http.Transport{
 		Proxy: http.ProxyFromEnvironment,
@@ -70,6 +85,16 @@ type countedConn struct {
 func (c *countedConn) Close() error {
 	c.once.Do(func() { c.st.closes.Add(1) })
 	return c.Conn.Close()
+}
+
+// SyscallConn reaches the socket under the count (the direct transport
+// peeks at idle connections through it).
+func (c *countedConn) SyscallConn() (syscall.RawConn, error) {
+	sc, ok := c.Conn.(syscall.Conn)
+	if !ok {
+		return nil, errors.ErrUnsupported
+	}
+	return sc.SyscallConn()
 }
 
 // httpCaller performs one JSON request against one endpoint and classifies

@@ -121,7 +121,7 @@ type Pool struct {
 	cfg       PoolConfig
 	eps       []*endpoint
 	caller    *httpCaller
-	transport *http.Transport
+	transport *directTransport
 	conns     connStats
 
 	mu      sync.Mutex

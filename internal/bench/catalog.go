@@ -73,7 +73,7 @@ var catalog = []entry{
 	{"sandbox", "sandbox.k8s.agentsandbox_claim_p50_ms", "ms", "", "issue 18 (reported)", "Kubernetes mode agent-sandbox (when the cluster has its CRDs): SandboxClaim on a warm SandboxWarmPool → Ready → agent handshake, p50; baseline: cold pod start of mode pods, same run"},
 	{"sandbox", "sandbox.k8s.max_concurrent", "pods", ">= 200", "issue 18", "Kubernetes: busybox sandbox pods alive and answering an exec at the same time, across the cluster's nodes"},
 
-	{"inference", "inference.overhead_p50_us", "µs", "<= 100", "issue 5", "client-side cost of one tokens-mode generation (client p50 − bare net/http p50), zero-latency simulator"},
+	{"inference", "inference.overhead_p50_us", "µs", "<= 100", "issue 5", "client-side cost of one tokens-mode generation (client p50 − bare POST p50 through the same transport), zero-latency simulator"},
 	{"inference", "inference.client_p50_us", "µs", "", "", "full tokens-mode generation call against the zero-latency simulator, p50"},
 	{"inference", "inference.client_p99_us", "µs", "", "", "full tokens-mode generation call against the zero-latency simulator, p99"},
 	{"inference", "inference.burst_4096_errors", "requests", "== 0", "issue 5", "failed requests in two bursts of 4,096 concurrent generations"},
@@ -99,6 +99,7 @@ var catalog = []entry{
 	{"loop", "loop.cpu_per_turn_client_us", "µs", "", "", "CPU of this process per loop turn (one generation), 4,096 loops through the real client; unlike CPU / wall, independent of how long turns took"},
 	{"loop", "loop.cpu_4k_http_floor_cores", "cores", "", "", "the floor under loop.cpu_4k_loops_client_cores: as many loops, each turn one minimal POST /v1/completions through bare net/http (no JSON work) on the same simulator at 1 s TTFT: process CPU on schedule (CPU per request × 4,096 requests per second)"},
 	{"loop", "loop.cpu_per_request_http_floor_us", "µs", "", "", "CPU of this process per request of loop.cpu_4k_http_floor_cores"},
+	{"loop", "loop.cpu_per_request_direct_floor_us", "µs", "", "", "as loop.cpu_per_request_http_floor_us, through the real client's own transport (the direct HTTP/1.1 path, inference/direct.go) instead of bare net/http"},
 
 	{"runner", "runner.rollouts_per_s", "rollouts/s", "", "issue 7 (reported)", "terminal-tasks on busybox, simulator at zero latency, end to end"},
 	{"runner", "runner.cpu_s_per_rollout", "CPU-s", "", "issue 7 (reported)", "this process's CPU per rollout at zero latency (includes the in-process simulator; Docker excluded)"},

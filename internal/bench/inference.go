@@ -27,7 +27,7 @@ func runInference(ctx context.Context, r *runCtx) ([]Measure, error) {
 	if err != nil {
 		return nil, err
 	}
-	raw := "bare net/http POST of the same pre-encoded body, alternating with the client, same run"
+	raw := "bare POST of the same pre-encoded body through the client's own transport, alternating with the client, same run"
 	turns := r.n(2000, 200)
 	vt, err := turnCost(ctx, r, inference.BackendVLLM, sim.EngineVLLM, turns)
 	if err != nil {

@@ -18,7 +18,7 @@ import (
 // clientLoopNames are the measures of runLoopClient.
 var clientLoopNames = []string{"loop.cpu_1k_loops_client_cores", "loop.rss_1k_loops_client_mb",
 	"loop.cpu_4k_loops_client_cores", "loop.rss_4k_loops_client_mb", "loop.cpu_per_turn_client_us",
-	"loop.cpu_4k_http_floor_cores", "loop.cpu_per_request_http_floor_us"}
+	"loop.cpu_4k_http_floor_cores", "loop.cpu_per_request_http_floor_us", "loop.cpu_per_request_direct_floor_us"}
 
 // runLoopClient runs the concurrent loops of loop.cpu_*_loops_cores again,
 // but through the real tokens-mode client (backend vllm: /tokenize,
@@ -78,11 +78,22 @@ func runLoopClient(ctx context.Context, r *runCtx, turns int, fake loopbench.Con
 	}
 	out = append(out, m)
 	// The floor under any client that sends an HTTP request per turn: as
-	// many loops, each turn one minimal POST through bare net/http.
-	runtime.GC()
-	fl, err := httpFloor(ctx, sp.URL, last.Loops, last.TurnsPerLoop)
+	// many loops, each turn one minimal POST through bare net/http; then
+	// the same through the client's own transport.
+	floor := func(hc *http.Client) (loopbench.ConcurrencyReport, error) {
+		defer hc.CloseIdleConnections()
+		runtime.GC()
+		return httpFloor(ctx, hc, sp.URL, last.Loops, last.TurnsPerLoop)
+	}
+	std := http.DefaultTransport.(*http.Transport).Clone()
+	std.MaxIdleConns, std.MaxIdleConnsPerHost = last.Loops, last.Loops
+	fl, err := floor(&http.Client{Transport: std})
 	if err != nil {
 		return out, errors.Join(fmt.Errorf("bare HTTP floor: %w", err), sp.Close())
+	}
+	dfl, err := floor(inference.NewHTTPClient(last.Loops))
+	if err != nil {
+		return out, errors.Join(fmt.Errorf("HTTP floor through the client's transport: %w", err), sp.Close())
 	}
 	floorNote := fmt.Sprintf("%d goroutines × %d sequential POST /v1/completions (3 prompt ids, max_tokens 1, body read and discarded; no JSON encoding or decoding) "+
 		"through net/http with keep-alive on the same simulator at TTFT %s: wall %s, CPU / wall %.3f cores, %.0f µs CPU per request; "+
@@ -91,7 +102,11 @@ func runLoopClient(ctx context.Context, r *runCtx, turns int, fake loopbench.Con
 	out = append(out,
 		Measure{Name: "loop.cpu_4k_http_floor_cores", Value: ptr(sig(fl.CoresOnSchedule(ttft))), Note: floorNote},
 		Measure{Name: "loop.cpu_per_request_http_floor_us", Value: ptr(toUS(fl.CPUPerGeneration())),
-			Note: "of loop.cpu_4k_http_floor_cores; against loop.cpu_per_turn_client_us, a turn of the real client"})
+			Note: "of loop.cpu_4k_http_floor_cores; against loop.cpu_per_turn_client_us, a turn of the real client"},
+		Measure{Name: "loop.cpu_per_request_direct_floor_us", Value: ptr(toUS(dfl.CPUPerGeneration())),
+			Baseline: ptr(toUS(fl.CPUPerGeneration())), BaselineName: "loop.cpu_per_request_http_floor_us (bare net/http), same run",
+			Note: fmt.Sprintf("the same %d goroutines × %d requests right after: wall %s, CPU / wall %.3f cores", dfl.Loops, dfl.TurnsPerLoop+1,
+				dfl.Wall.Round(time.Millisecond), dfl.CPUCores)})
 	if err := sp.Close(); err != nil {
 		return out, fmt.Errorf("stop simulator process: %w", err)
 	}
@@ -100,16 +115,12 @@ func runLoopClient(ctx context.Context, r *runCtx, turns int, fake loopbench.Con
 
 // httpFloor runs loops goroutines that each send turns+1 minimal
 // completions requests (as many as a loop's generations: its turns and
-// final answer) to the simulator at url one after the other, through a
-// bare net/http client (keep-alive, one connection per goroutine at most),
-// and measures this process's CPU: the cost of the HTTP exchange alone,
-// under any client of an HTTP inference API, reported as the loops' is. A
-// request that fails or answers other than 200 is an error.
-func httpFloor(ctx context.Context, url string, loops, turns int) (loopbench.ConcurrencyReport, error) {
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.MaxIdleConns, tr.MaxIdleConnsPerHost = loops, loops
-	defer tr.CloseIdleConnections()
-	cl := &http.Client{Transport: tr}
+// final answer) to the simulator at url one after the other, through cl
+// (keep-alive, one connection per goroutine at most), and measures this
+// process's CPU: the cost of the HTTP exchange alone, under any client of
+// an HTTP inference API, reported as the loops' is. A request that fails
+// or answers other than 200 is an error.
+func httpFloor(ctx context.Context, cl *http.Client, url string, loops, turns int) (loopbench.ConcurrencyReport, error) {
 	body := []byte(`{"model":"rollout-sim","prompt":[1,2,3],"max_tokens":1}`)
 	post := func() error { return inference.RawPost(ctx, cl, url+"/v1/completions", body) }
 	var (

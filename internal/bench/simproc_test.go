@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/rollout-rl/rollout/agentloop/loopbench"
+	"github.com/rollout-rl/rollout/inference"
 )
 
 // buildRollout builds the rollout binary (whose sim command the *_client_*
@@ -87,7 +88,7 @@ func TestSimProcessClientLoops(t *testing.T) {
 		t.Errorf("report %v, stats %+v", cr, st)
 	}
 	// The floor's minimal request is one the simulator serves.
-	if _, err := httpFloor(ctx, sp.URL, 4, 2); err != nil {
+	if _, err := httpFloor(ctx, inference.NewHTTPClient(4), sp.URL, 4, 2); err != nil {
 		t.Errorf("bare HTTP floor against the simulator: %v", err)
 	}
 	if _, ok := sp.cpu(); !ok {
@@ -134,7 +135,7 @@ func TestHTTPFloor(t *testing.T) {
 		_, _ = io.WriteString(w, `{"choices":[]}`)
 	}))
 	defer ok.Close()
-	rep, err := httpFloor(context.Background(), ok.URL, 8, 2)
+	rep, err := httpFloor(context.Background(), http.DefaultClient, ok.URL, 8, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +146,7 @@ func TestHTTPFloor(t *testing.T) {
 		http.Error(w, "overloaded", http.StatusServiceUnavailable)
 	}))
 	defer bad.Close()
-	if _, err := httpFloor(context.Background(), bad.URL, 2, 2); err == nil || !strings.Contains(err.Error(), "status 503") {
+	if _, err := httpFloor(context.Background(), inference.NewHTTPClient(2), bad.URL, 2, 2); err == nil || !strings.Contains(err.Error(), "status 503") {
 		t.Fatalf("error %v, want one naming status 503", err)
 	}
 }

@@ -1,0 +1,346 @@
+package inference
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// directTransport is the client's http.RoundTripper. What a collector
+// sends most is small JSON requests over cleartext HTTP/1.1 straight to an
+// engine, thousands of them at once: those it runs on the caller's own
+// goroutine, writing the request with net/http's Request.Write and reading
+// the answer with http.ReadResponse on a kept-alive connection of its own
+// pool. net/http's Transport gives every connection a reader and a writer
+// goroutine and hands each request and response between them over
+// channels; at 4,096 loops those hand-offs were the largest part of the
+// client's CPU (docs/inference.md, "The HTTP floor"). Everything else —
+// https (TLS, HTTP/2), a proxy from the environment, a scheme other than
+// http — goes to the wrapped net/http Transport unchanged.
+//
+// Connection rules, as net/http keeps them: a connection is reused only
+// after its response body was read to the end and neither side asked to
+// close it; an idle connection the server has closed (its keep-alive
+// timeout) is noticed before reuse, and a request that fails on a reused
+// connection before any byte of an answer arrived is sent once more on a
+// new one when its body can be replayed; a cancelled context ends a
+// blocked write or read at once (the connection is then closed, never
+// reused). Idle connections are kept per host up to maxIdle and closed
+// after idleTimeout. No goroutine is started.
+type directTransport struct {
+	std         *http.Transport
+	dial        func(ctx context.Context, network, addr string) (net.Conn, error)
+	maxIdle     int
+	idleTimeout time.Duration
+
+	mu    sync.Mutex
+	hosts map[string]*directHost
+	sweep *time.Timer // pending idle sweep, nil when none is scheduled
+}
+
+type directHost struct {
+	direct bool          // no proxy applies: the direct path serves it
+	idle   []*directConn // LIFO: the most recently used on top
+}
+
+type directConn struct {
+	net.Conn
+	br    *bufio.Reader
+	bw    *bufio.Writer
+	since time.Time // when it went idle
+}
+
+func newDirectTransport(std *http.Transport, maxIdle int) *directTransport {
+	dial := std.DialContext
+	if dial == nil {
+		dial = (&net.Dialer{}).DialContext
+	}
+	if maxIdle <= 0 {
+		maxIdle = http.DefaultMaxIdleConnsPerHost
+	}
+	return &directTransport{std: std, dial: dial, maxIdle: maxIdle, idleTimeout: std.IdleConnTimeout, hosts: map[string]*directHost{}}
+}
+
+var _ http.RoundTripper = (*directTransport)(nil)
+
+// RoundTrip implements http.RoundTripper.
+func (t *directTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.URL.Scheme != "http" || req.URL.Host == "" {
+		return t.std.RoundTrip(req)
+	}
+	addr := canonicalAddr(req)
+	if !t.isDirect(req, addr) {
+		return t.std.RoundTrip(req)
+	}
+	ctx := req.Context()
+	for attempt := 0; ; attempt++ {
+		resp, retry, err := t.try(ctx, req, addr)
+		if err == nil {
+			return resp, nil
+		}
+		if cerr := ctx.Err(); cerr != nil {
+			return nil, cerr
+		}
+		if !retry || attempt > 0 {
+			return nil, err
+		}
+		if req.Body != nil && req.Body != http.NoBody {
+			if req.GetBody == nil {
+				return nil, err
+			}
+			body, gerr := req.GetBody()
+			if gerr != nil {
+				return nil, err
+			}
+			req = req.Clone(ctx)
+			req.Body = body
+		}
+	}
+}
+
+// try sends req once. retry reports a failure on a reused connection
+// before any byte of the answer came back: the server had closed it.
+func (t *directTransport) try(ctx context.Context, req *http.Request, addr string) (_ *http.Response, retry bool, _ error) {
+	c, reused, err := t.conn(ctx, addr)
+	if err != nil {
+		return nil, false, err
+	}
+	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
+	fail := func(err error) (*http.Response, bool, error) {
+		stop()
+		_ = c.Close()
+		return nil, false, err
+	}
+	if err := req.Write(c.bw); err != nil {
+		stop()
+		_ = c.Close()
+		return nil, reused, fmt.Errorf("write request: %w", err)
+	}
+	if err := c.bw.Flush(); err != nil {
+		stop()
+		_ = c.Close()
+		return nil, reused, fmt.Errorf("write request: %w", err)
+	}
+	if _, err := c.br.Peek(1); err != nil {
+		stop()
+		_ = c.Close()
+		// Nothing at all came back on a reused connection: the server
+		// closed it while it sat idle, before reading this request.
+		nothing := errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)
+		return nil, reused && nothing, fmt.Errorf("read response: %w", err)
+	}
+	resp, err := http.ReadResponse(c.br, req)
+	if err != nil {
+		return fail(fmt.Errorf("read response: %w", err))
+	}
+	if resp.StatusCode < 200 {
+		// 1xx: nothing here asks for one (no Expect: 100-continue).
+		return fail(fmt.Errorf("unexpected informational response %s", resp.Status))
+	}
+	keep := !resp.Close && !req.Close
+	body := &directBody{rc: resp.Body, c: c, t: t, addr: addr, stop: stop, keep: keep, ctx: ctx}
+	if resp.Body == http.NoBody || req.Method == http.MethodHead {
+		body.done(true) // nothing to read: the connection is free now
+	}
+	resp.Body = body
+	return resp, false, nil
+}
+
+// conn returns an idle connection to addr that is still open, or dials.
+func (t *directTransport) conn(ctx context.Context, addr string) (*directConn, bool, error) {
+	now := time.Now()
+	for {
+		t.mu.Lock()
+		h := t.hosts[addr]
+		var c *directConn
+		if h != nil && len(h.idle) > 0 {
+			c = h.idle[len(h.idle)-1]
+			h.idle[len(h.idle)-1] = nil
+			h.idle = h.idle[:len(h.idle)-1]
+		}
+		t.mu.Unlock()
+		if c == nil {
+			break
+		}
+		if now.Sub(c.since) < t.idleTimeout && alive(c.Conn) {
+			return c, true, nil
+		}
+		_ = c.Close()
+	}
+	nc, err := t.dial(ctx, "tcp", addr)
+	if err != nil {
+		return nil, false, err
+	}
+	return &directConn{Conn: nc, br: bufio.NewReaderSize(nc, 4<<10), bw: bufio.NewWriterSize(nc, 4<<10)}, false, nil
+}
+
+// put keeps c for reuse, or closes it when addr has enough idle ones.
+func (t *directTransport) put(addr string, c *directConn) {
+	c.since = time.Now()
+	t.mu.Lock()
+	h := t.hosts[addr]
+	if h == nil || len(h.idle) >= t.maxIdle {
+		t.mu.Unlock()
+		_ = c.Close()
+		return
+	}
+	h.idle = append(h.idle, c)
+	if t.sweep == nil && t.idleTimeout > 0 {
+		t.sweep = time.AfterFunc(t.idleTimeout, t.sweepIdle)
+	}
+	t.mu.Unlock()
+}
+
+// sweepIdle closes the connections idle for longer than idleTimeout (the
+// oldest are at the bottom of each stack) and runs again while any are
+// left.
+func (t *directTransport) sweepIdle() {
+	now := time.Now()
+	var stale []*directConn
+	t.mu.Lock()
+	left := false
+	for _, h := range t.hosts {
+		n := 0
+		for n < len(h.idle) && now.Sub(h.idle[n].since) >= t.idleTimeout {
+			n++
+		}
+		stale = append(stale, h.idle[:n]...)
+		h.idle = append(h.idle[:0], h.idle[n:]...)
+		left = left || len(h.idle) > 0
+	}
+	t.sweep = nil
+	if left {
+		t.sweep = time.AfterFunc(t.idleTimeout/2, t.sweepIdle)
+	}
+	t.mu.Unlock()
+	for _, c := range stale {
+		_ = c.Close()
+	}
+}
+
+// CloseIdleConnections closes every idle connection, both paths'.
+func (t *directTransport) CloseIdleConnections() {
+	var idle []*directConn
+	t.mu.Lock()
+	for _, h := range t.hosts {
+		idle = append(idle, h.idle...)
+		h.idle = nil
+	}
+	if t.sweep != nil {
+		t.sweep.Stop()
+		t.sweep = nil
+	}
+	t.mu.Unlock()
+	for _, c := range idle {
+		_ = c.Close()
+	}
+	t.std.CloseIdleConnections()
+}
+
+// isDirect reports whether requests to addr bypass any proxy; learned
+// once per host (the environment's proxy settings are read once anyway).
+func (t *directTransport) isDirect(req *http.Request, addr string) bool {
+	t.mu.Lock()
+	h := t.hosts[addr]
+	t.mu.Unlock()
+	if h != nil {
+		return h.direct
+	}
+	direct := true
+	if t.std.Proxy != nil {
+		u, err := t.std.Proxy(req)
+		direct = err == nil && u == nil
+	}
+	t.mu.Lock()
+	if t.hosts[addr] == nil {
+		t.hosts[addr] = &directHost{direct: direct}
+	}
+	t.mu.Unlock()
+	return direct
+}
+
+func canonicalAddr(req *http.Request) string {
+	if req.URL.Port() != "" {
+		return req.URL.Host
+	}
+	return net.JoinHostPort(req.URL.Hostname(), "80")
+}
+
+// alive reports whether an idle connection is still open: a peek finds
+// nothing to read yet. End of file (the server closed it) or bytes nobody
+// asked for both mean it must not carry another request.
+func alive(c net.Conn) bool {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return true // cannot tell; a failed send on it is retried
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return true
+	}
+	open := false
+	var buf [1]byte
+	if err := rc.Read(func(fd uintptr) bool {
+		_, _, rerr := unix.Recvfrom(int(fd), buf[:], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+		open = errors.Is(rerr, unix.EAGAIN)
+		return true
+	}); err != nil {
+		return false
+	}
+	return open
+}
+
+// directBody hands the connection back once the body has been read to its
+// end, or closes it when the reader stops early or the read fails.
+type directBody struct {
+	rc   io.ReadCloser
+	c    *directConn
+	t    *directTransport
+	addr string
+	stop func() bool
+	keep bool
+	ctx  context.Context
+
+	once sync.Once
+}
+
+func (b *directBody) Read(p []byte) (int, error) {
+	n, err := b.rc.Read(p)
+	switch {
+	case err == io.EOF:
+		b.done(true)
+	case err != nil:
+		b.done(false)
+		if cerr := b.ctx.Err(); cerr != nil {
+			err = fmt.Errorf("read body: %w", cerr)
+		}
+	}
+	return n, err
+}
+
+func (b *directBody) Close() error {
+	b.done(false) // before EOF: the rest of the body is still on the wire
+	return nil
+}
+
+func (b *directBody) done(complete bool) {
+	b.once.Do(func() {
+		_ = b.rc.Close()
+		// stop is false when the context ended first: its callback has
+		// set (or is setting) a deadline on the connection.
+		if b.stop() && complete && b.keep {
+			b.t.put(b.addr, b.c)
+			return
+		}
+		_ = b.c.Close()
+	})
+}
