@@ -35,6 +35,9 @@ type TeacherConfig struct {
 	Retries int           `yaml:"retries,omitempty" json:"retries,omitempty"`
 }
 
+// teacherIdleConns is how many idle connections a teacher keeps.
+const teacherIdleConns = 1024
+
 // Teacher scores token sequences with a teacher's prompt_logprobs.
 type Teacher struct {
 	cfg    TeacherConfig
@@ -66,7 +69,11 @@ func NewTeacher(cfg TeacherConfig, getenv func(string) string) (*Teacher, error)
 	case cfg.Retries < 0:
 		cfg.Retries = 0
 	}
-	t := &Teacher{cfg: cfg, http: &http.Client{Timeout: cfg.Timeout}}
+	// A transport of its own, as a pool's: scores are asked for by many
+	// rollouts at once, and net/http's default keeps two idle connections
+	// per host (every further one is dialled and dropped); Close must not
+	// close the default transport's connections for the whole process.
+	t := &Teacher{cfg: cfg, http: &http.Client{Timeout: cfg.Timeout, Transport: newTransport(teacherIdleConns, nil)}}
 	if cfg.APIKeyEnv != "" {
 		if t.apiKey = getenv(cfg.APIKeyEnv); t.apiKey == "" {
 			return nil, fmt.Errorf("distill: $%s (api_key_env) is empty", cfg.APIKeyEnv)

@@ -2,7 +2,12 @@ package inference_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"sync"
 	"testing"
 	"time"
 
@@ -79,5 +84,56 @@ func TestTeacherScoresAgainstSimulator(t *testing.T) {
 	}
 	if _, err := inference.NewTeacher(inference.TeacherConfig{Endpoint: "http://x", Model: "m", APIKeyEnv: "K"}, func(string) string { return "" }); err == nil {
 		t.Error("empty api key accepted")
+	}
+}
+
+// Scores asked for by many rollouts at once reuse their connections: a
+// teacher does not dial anew for every request beyond two (net/http's
+// default idle connections per host).
+func TestTeacherKeepsConnections(t *testing.T) {
+	var mu sync.Mutex
+	conns := map[string]bool{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		conns[r.RemoteAddr] = true
+		mu.Unlock()
+		var req struct {
+			Prompt []int32 `json:"prompt"`
+		}
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		pl := make([]map[string]any, len(req.Prompt))
+		for p := 1; p < len(pl); p++ {
+			pl[p] = map[string]any{fmt.Sprint(req.Prompt[p]): map[string]any{"logprob": -0.5, "rank": 1}}
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"choices": []any{map[string]any{"prompt_logprobs": pl}}})
+	}))
+	defer srv.Close()
+	tc, err := inference.NewTeacher(inference.TeacherConfig{Endpoint: srv.URL, Model: "m", TopK: 1}, func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tc.Close()
+	const callers, rounds = 16, 4
+	for range rounds {
+		var wg sync.WaitGroup
+		errs := make(chan error, callers)
+		for range callers {
+			wg.Go(func() {
+				if _, _, err := tc.Score(context.Background(), []int32{1, 2, 3}, func(int) bool { return true }); err != nil {
+					errs <- err
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+	}
+	if n := len(conns); n > callers {
+		t.Fatalf("%d rounds of %d concurrent scores used %d connections, want at most %d", rounds, callers, n, callers)
 	}
 }
