@@ -43,6 +43,16 @@ type Judge struct {
 	tmpl     *template.Template
 }
 
+// judgeTransport is every judge's transport unless Judge.Client is set:
+// many rollouts are scored at once, and net/http's default transport keeps
+// two idle connections per host, so every further one would be dialled
+// for one verdict and dropped.
+var judgeTransport = func() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConnsPerHost = 256
+	return t
+}()
+
 // NewJudge validates the configuration and parses the prompt template.
 func NewJudge(j Judge) (*Judge, error) {
 	if j.BaseURL == "" || j.Model == "" {
@@ -63,7 +73,7 @@ func NewJudge(j Judge) (*Judge, error) {
 		j.Timeout = 2 * time.Minute
 	}
 	if j.Client == nil {
-		j.Client = &http.Client{}
+		j.Client = &http.Client{Transport: judgeTransport}
 	}
 	return &j, nil
 }

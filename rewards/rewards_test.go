@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -213,6 +215,45 @@ func TestSumAndSpecs(t *testing.T) {
 		if _, err := BuildSum([]Spec{b.spec}); err == nil || !strings.Contains(err.Error(), b.want) {
 			t.Errorf("%+v: err = %v, want %q", b.spec, err, b.want)
 		}
+	}
+}
+
+// Verdicts asked for by many rollouts at once reuse their connections.
+func TestJudgeKeepsConnections(t *testing.T) {
+	var mu sync.Mutex
+	conns := map[string]bool{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		conns[r.RemoteAddr] = true
+		mu.Unlock()
+		_, _ = io.Copy(io.Discard, r.Body)
+		_, _ = w.Write([]byte(`{"choices":[{"message":{"content":"{\"score\": 1}"}}]}`))
+	}))
+	defer srv.Close()
+	defer judgeTransport.CloseIdleConnections()
+	j, err := NewJudge(Judge{BaseURL: srv.URL, Model: "judge"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const callers, rounds = 16, 4
+	for range rounds {
+		var wg sync.WaitGroup
+		errs := make(chan error, callers)
+		for range callers {
+			wg.Go(func() {
+				if _, err := j.Score(context.Background(), Input{Final: "x"}); err != nil {
+					errs <- err
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+	}
+	if n := len(conns); n > callers {
+		t.Fatalf("%d rounds of %d concurrent verdicts used %d connections, want at most %d", rounds, callers, n, callers)
 	}
 }
 
