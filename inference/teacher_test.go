@@ -6,13 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/inference/sim"
+	"github.com/rollout-rl/rollout/internal/conntest"
 )
 
 func TestTeacherScoresAgainstSimulator(t *testing.T) {
@@ -91,12 +90,7 @@ func TestTeacherScoresAgainstSimulator(t *testing.T) {
 // teacher does not dial anew for every request beyond two (net/http's
 // default idle connections per host).
 func TestTeacherKeepsConnections(t *testing.T) {
-	var mu sync.Mutex
-	conns := map[string]bool{}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		conns[r.RemoteAddr] = true
-		mu.Unlock()
+	srv := conntest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var req struct {
 			Prompt []int32 `json:"prompt"`
 		}
@@ -117,23 +111,11 @@ func TestTeacherKeepsConnections(t *testing.T) {
 	}
 	defer tc.Close()
 	const callers, rounds = 16, 4
-	for range rounds {
-		var wg sync.WaitGroup
-		errs := make(chan error, callers)
-		for range callers {
-			wg.Go(func() {
-				if _, _, err := tc.Score(context.Background(), []int32{1, 2, 3}, func(int) bool { return true }); err != nil {
-					errs <- err
-				}
-			})
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			t.Fatal(err)
-		}
-	}
-	if n := len(conns); n > callers {
+	conntest.Rounds(t, callers, rounds, func() error {
+		_, _, err := tc.Score(context.Background(), []int32{1, 2, 3}, func(int) bool { return true })
+		return err
+	})
+	if n := srv.Conns(); n > callers {
 		t.Fatalf("%d rounds of %d concurrent scores used %d connections, want at most %d", rounds, callers, n, callers)
 	}
 }

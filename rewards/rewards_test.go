@@ -9,12 +9,12 @@ import (
 	"net/http/httptest"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 
 	"go.uber.org/goleak"
 
+	"github.com/rollout-rl/rollout/internal/conntest"
 	"github.com/rollout-rl/rollout/sandbox"
 )
 
@@ -220,12 +220,7 @@ func TestSumAndSpecs(t *testing.T) {
 
 // Verdicts asked for by many rollouts at once reuse their connections.
 func TestJudgeKeepsConnections(t *testing.T) {
-	var mu sync.Mutex
-	conns := map[string]bool{}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		mu.Lock()
-		conns[r.RemoteAddr] = true
-		mu.Unlock()
+	srv := conntest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		_, _ = w.Write([]byte(`{"choices":[{"message":{"content":"{\"score\": 1}"}}]}`))
 	}))
@@ -236,23 +231,11 @@ func TestJudgeKeepsConnections(t *testing.T) {
 		t.Fatal(err)
 	}
 	const callers, rounds = 16, 4
-	for range rounds {
-		var wg sync.WaitGroup
-		errs := make(chan error, callers)
-		for range callers {
-			wg.Go(func() {
-				if _, err := j.Score(context.Background(), Input{Final: "x"}); err != nil {
-					errs <- err
-				}
-			})
-		}
-		wg.Wait()
-		close(errs)
-		for err := range errs {
-			t.Fatal(err)
-		}
-	}
-	if n := len(conns); n > callers {
+	conntest.Rounds(t, callers, rounds, func() error {
+		_, err := j.Score(context.Background(), Input{Final: "x"})
+		return err
+	})
+	if n := srv.Conns(); n > callers {
 		t.Fatalf("%d rounds of %d concurrent verdicts used %d connections, want at most %d", rounds, callers, n, callers)
 	}
 }
