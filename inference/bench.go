@@ -52,8 +52,9 @@ type BenchResult struct {
 	Calls int
 	// Raw is a bare POST of the same pre-encoded body through the
 	// client's own transport (direct.go), the response read and discarded:
-	// server time plus the irreducible transport cost. Client is the full vllm tokens-mode generation path
-	// (encode, pool routing, metrics, HTTP, decode, shape validation).
+	// server time plus the irreducible transport cost. Client is the full
+	// vllm tokens-mode generation path (encode, pool routing, metrics,
+	// HTTP, decode, shape validation).
 	RawP50, RawP99       time.Duration
 	ClientP50, ClientP99 time.Duration
 	// OverheadP50 = ClientP50 − RawP50: what this package adds per call.
@@ -123,7 +124,7 @@ func MeasureOverhead(ctx context.Context, cfg BenchConfig) (BenchResult, error) 
 	if err != nil {
 		return BenchResult{}, err
 	}
-	rawClient := &http.Client{Transport: newTransport(64, nil)}
+	rawClient := NewHTTPClient(64)
 	defer rawClient.CloseIdleConnections()
 	raw := func() error { return RawPost(ctx, rawClient, pool.eps[0].base+"/v1/completions", rawBody) }
 	client := func() error {

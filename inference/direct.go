@@ -35,7 +35,7 @@ import (
 // new one when its body can be replayed; a cancelled context ends a
 // blocked write or read at once (the connection is then closed, never
 // reused). Idle connections are kept per host up to maxIdle and closed
-// after idleTimeout. No goroutine is started.
+// after idleTimeout (never when it is 0). No goroutine is started.
 type directTransport struct {
 	std         *http.Transport
 	dial        func(ctx context.Context, network, addr string) (net.Conn, error)
@@ -78,100 +78,96 @@ func (t *directTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return t.std.RoundTrip(req)
 	}
 	addr := canonicalAddr(req)
-	if !t.isDirect(req, addr) {
+	h := t.host(req, addr)
+	if !h.direct {
 		return t.std.RoundTrip(req)
 	}
 	ctx := req.Context()
-	for attempt := 0; ; attempt++ {
-		resp, retry, err := t.try(ctx, req, addr)
-		if err == nil {
-			return resp, nil
-		}
-		if cerr := ctx.Err(); cerr != nil {
-			return nil, cerr
-		}
-		if !retry || attempt > 0 {
+	resp, retry, err := t.try(ctx, req, h, addr)
+	if err == nil || !retry || ctx.Err() != nil {
+		return resp, ctxErr(ctx, err)
+	}
+	if req.Body != nil && req.Body != http.NoBody {
+		if req.GetBody == nil {
 			return nil, err
 		}
-		if req.Body != nil && req.Body != http.NoBody {
-			if req.GetBody == nil {
-				return nil, err
-			}
-			body, gerr := req.GetBody()
-			if gerr != nil {
-				return nil, err
-			}
-			req = req.Clone(ctx)
-			req.Body = body
+		body, gerr := req.GetBody()
+		if gerr != nil {
+			return nil, err
 		}
+		req = req.Clone(ctx)
+		req.Body = body
 	}
+	resp, _, err = t.try(ctx, req, h, addr)
+	return resp, ctxErr(ctx, err)
+}
+
+// ctxErr is the context's error in place of err once the context ended:
+// the exchange failed because the caller gave up.
+func ctxErr(ctx context.Context, err error) error {
+	if err != nil && ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return err
 }
 
 // try sends req once. retry reports a failure on a reused connection
 // before any byte of the answer came back: the server had closed it.
-func (t *directTransport) try(ctx context.Context, req *http.Request, addr string) (_ *http.Response, retry bool, _ error) {
-	c, reused, err := t.conn(ctx, addr)
+func (t *directTransport) try(ctx context.Context, req *http.Request, h *directHost, addr string) (_ *http.Response, retry bool, _ error) {
+	c, reused, err := t.conn(ctx, h, addr)
 	if err != nil {
 		return nil, false, err
 	}
 	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
-	fail := func(err error) (*http.Response, bool, error) {
+	fail := func(retry bool, err error) (*http.Response, bool, error) {
 		stop()
 		_ = c.Close()
-		return nil, false, err
+		return nil, retry, err
 	}
 	if err := req.Write(c.bw); err != nil {
-		stop()
-		_ = c.Close()
-		return nil, reused, fmt.Errorf("write request: %w", err)
+		return fail(reused, fmt.Errorf("write request: %w", err))
 	}
 	if err := c.bw.Flush(); err != nil {
-		stop()
-		_ = c.Close()
-		return nil, reused, fmt.Errorf("write request: %w", err)
+		return fail(reused, fmt.Errorf("write request: %w", err))
 	}
 	if _, err := c.br.Peek(1); err != nil {
-		stop()
-		_ = c.Close()
 		// Nothing at all came back on a reused connection: the server
 		// closed it while it sat idle, before reading this request.
 		nothing := errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)
-		return nil, reused && nothing, fmt.Errorf("read response: %w", err)
+		return fail(reused && nothing, fmt.Errorf("read response: %w", err))
 	}
 	resp, err := http.ReadResponse(c.br, req)
 	if err != nil {
-		return fail(fmt.Errorf("read response: %w", err))
+		return fail(false, fmt.Errorf("read response: %w", err))
 	}
 	if resp.StatusCode < 200 {
 		// 1xx: nothing here asks for one (no Expect: 100-continue).
-		return fail(fmt.Errorf("unexpected informational response %s", resp.Status))
+		return fail(false, fmt.Errorf("unexpected informational response %s", resp.Status))
 	}
-	keep := !resp.Close && !req.Close
-	body := &directBody{rc: resp.Body, c: c, t: t, addr: addr, stop: stop, keep: keep, ctx: ctx}
-	if resp.Body == http.NoBody || req.Method == http.MethodHead {
+	body := &directBody{rc: resp.Body, c: c, t: t, h: h, stop: stop, keep: !resp.Close && !req.Close, ctx: ctx}
+	if resp.Body == http.NoBody { // HEAD, 204, 304, an empty length
 		body.done(true) // nothing to read: the connection is free now
 	}
 	resp.Body = body
 	return resp, false, nil
 }
 
-// conn returns an idle connection to addr that is still open, or dials.
-func (t *directTransport) conn(ctx context.Context, addr string) (*directConn, bool, error) {
+// conn returns an idle connection of h that is still open, or dials addr.
+func (t *directTransport) conn(ctx context.Context, h *directHost, addr string) (*directConn, bool, error) {
 	now := time.Now()
 	for {
 		t.mu.Lock()
-		h := t.hosts[addr]
 		var c *directConn
-		if h != nil && len(h.idle) > 0 {
-			c = h.idle[len(h.idle)-1]
-			h.idle[len(h.idle)-1] = nil
-			h.idle = h.idle[:len(h.idle)-1]
+		if n := len(h.idle); n > 0 {
+			c = h.idle[n-1]
+			h.idle[n-1] = nil
+			h.idle = h.idle[:n-1]
 		}
 		t.mu.Unlock()
 		if c == nil {
 			break
 		}
-		if now.Sub(c.since) < t.idleTimeout && alive(c.Conn) {
+		if (t.idleTimeout <= 0 || now.Sub(c.since) < t.idleTimeout) && alive(c.Conn) {
 			return c, true, nil
 		}
 		_ = c.Close()
@@ -183,12 +179,11 @@ func (t *directTransport) conn(ctx context.Context, addr string) (*directConn, b
 	return &directConn{Conn: nc, br: bufio.NewReaderSize(nc, 4<<10), bw: bufio.NewWriterSize(nc, 4<<10)}, false, nil
 }
 
-// put keeps c for reuse, or closes it when addr has enough idle ones.
-func (t *directTransport) put(addr string, c *directConn) {
+// put keeps c for reuse, or closes it when h has enough idle ones.
+func (t *directTransport) put(h *directHost, c *directConn) {
 	c.since = time.Now()
 	t.mu.Lock()
-	h := t.hosts[addr]
-	if h == nil || len(h.idle) >= t.maxIdle {
+	if len(h.idle) >= t.maxIdle {
 		t.mu.Unlock()
 		_ = c.Close()
 		return
@@ -246,14 +241,15 @@ func (t *directTransport) CloseIdleConnections() {
 	t.std.CloseIdleConnections()
 }
 
-// isDirect reports whether requests to addr bypass any proxy; learned
-// once per host (the environment's proxy settings are read once anyway).
-func (t *directTransport) isDirect(req *http.Request, addr string) bool {
+// host returns addr's entry, made on its first request: whether requests
+// to it bypass any proxy is learned then (the environment's proxy
+// settings are read once anyway).
+func (t *directTransport) host(req *http.Request, addr string) *directHost {
 	t.mu.Lock()
 	h := t.hosts[addr]
 	t.mu.Unlock()
 	if h != nil {
-		return h.direct
+		return h
 	}
 	direct := true
 	if t.std.Proxy != nil {
@@ -261,11 +257,12 @@ func (t *directTransport) isDirect(req *http.Request, addr string) bool {
 		direct = err == nil && u == nil
 	}
 	t.mu.Lock()
-	if t.hosts[addr] == nil {
-		t.hosts[addr] = &directHost{direct: direct}
+	defer t.mu.Unlock()
+	if h = t.hosts[addr]; h == nil {
+		h = &directHost{direct: direct}
+		t.hosts[addr] = h
 	}
-	t.mu.Unlock()
-	return direct
+	return h
 }
 
 func canonicalAddr(req *http.Request) string {
@@ -305,7 +302,7 @@ type directBody struct {
 	rc   io.ReadCloser
 	c    *directConn
 	t    *directTransport
-	addr string
+	h    *directHost
 	stop func() bool
 	keep bool
 	ctx  context.Context
@@ -338,7 +335,7 @@ func (b *directBody) done(complete bool) {
 		// stop is false when the context ended first: its callback has
 		// set (or is setting) a deadline on the connection.
 		if b.stop() && complete && b.keep {
-			b.t.put(b.addr, b.c)
+			b.t.put(b.h, b.c)
 			return
 		}
 		_ = b.c.Close()

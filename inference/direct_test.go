@@ -15,15 +15,17 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/rollout-rl/rollout/internal/conntest"
 )
 
 // directClient is what the pool builds, with its connection counts.
-func directClient(t *testing.T) (*http.Client, *directTransport, *connStats) {
+func directClient(t *testing.T) (*http.Client, *connStats) {
 	t.Helper()
 	st := &connStats{}
 	tr := newTransport(128, st)
 	t.Cleanup(tr.CloseIdleConnections)
-	return &http.Client{Transport: tr}, tr, st
+	return &http.Client{Transport: tr}, st
 }
 
 func post(t *testing.T, ctx context.Context, c *http.Client, u, body string) (string, error) {
@@ -53,7 +55,7 @@ func echoServer(t *testing.T) *httptest.Server {
 
 func TestDirectReusesOneConnection(t *testing.T) {
 	srv := echoServer(t)
-	c, _, st := directClient(t)
+	c, st := directClient(t)
 	for i := range 20 {
 		got, err := post(t, context.Background(), c, srv.URL+"/v1/x", fmt.Sprint(i))
 		if err != nil {
@@ -66,6 +68,22 @@ func TestDirectReusesOneConnection(t *testing.T) {
 	if d, cl := st.dials.Load(), st.closes.Load(); d != 1 || cl != 0 {
 		t.Fatalf("20 sequential requests: %d dials, %d closes; want 1 and 0", d, cl)
 	}
+
+	// An idle timeout of 0 means none, as for net/http: still one
+	// connection.
+	st0 := &connStats{}
+	std := newStdTransport(16, st0)
+	std.IdleConnTimeout = 0
+	tr := newDirectTransport(std, 16)
+	defer tr.CloseIdleConnections()
+	for i := range 3 {
+		if _, err := post(t, context.Background(), &http.Client{Transport: tr}, srv.URL, fmt.Sprint(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d := st0.dials.Load(); d != 1 {
+		t.Fatalf("no idle timeout: %d dials for 3 sequential requests, want 1", d)
+	}
 }
 
 func TestDirectChunkedResponse(t *testing.T) {
@@ -76,7 +94,7 @@ func TestDirectChunkedResponse(t *testing.T) {
 		}
 	}))
 	defer srv.Close()
-	c, _, st := directClient(t)
+	c, st := directClient(t)
 	for range 3 {
 		got, err := post(t, context.Background(), c, srv.URL, "")
 		if err != nil || got != "part0;part1;part2;" {
@@ -141,7 +159,7 @@ func TestDirectNoticesServerClosedIdle(t *testing.T) {
 		_ = w.Flush()
 		return false
 	})
-	c, _, st := directClient(t)
+	c, st := directClient(t)
 	for i := 1; i <= 3; i++ {
 		got, err := post(t, context.Background(), c, u, "x")
 		if err != nil {
@@ -176,7 +194,7 @@ func TestDirectResendsWhenReusedConnectionDies(t *testing.T) {
 		ok(w, fmt.Sprint("conn", conn, " ", body))
 		return true
 	})
-	c, _, st := directClient(t)
+	c, st := directClient(t)
 	if got, err := post(t, context.Background(), c, u, "first"); err != nil || got != "conn1 first" {
 		t.Fatalf("first: %q, %v", got, err)
 	}
@@ -212,7 +230,7 @@ func TestDirectCancelEndsTheRequestAndDropsTheConnection(t *testing.T) {
 	}))
 	defer srv.Close()
 	defer close(release)
-	c, _, st := directClient(t)
+	c, st := directClient(t)
 	if _, err := post(t, context.Background(), c, srv.URL+"/fast", ""); err != nil {
 		t.Fatal(err)
 	}
@@ -236,7 +254,7 @@ func TestDirectCancelEndsTheRequestAndDropsTheConnection(t *testing.T) {
 
 func TestDirectUnreadBodyClosesTheConnection(t *testing.T) {
 	srv := echoServer(t)
-	c, _, st := directClient(t)
+	c, st := directClient(t)
 	req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(strings.Repeat("y", 1000)))
 	resp, err := c.Do(req)
 	if err != nil {
@@ -311,29 +329,16 @@ func TestDirectLeavesProxiedAndTLSToNetHTTP(t *testing.T) {
 
 func TestDirectConcurrentRequests(t *testing.T) {
 	srv := echoServer(t)
-	c, _, st := directClient(t)
-	var wg sync.WaitGroup
-	errs := make(chan error, 64)
-	for g := range 64 {
-		wg.Go(func() {
-			for i := range 20 {
-				body := fmt.Sprintf("%d-%d", g, i)
-				got, err := post(t, context.Background(), c, srv.URL+"/p", body)
-				if err == nil && got != "/p "+body {
-					err = fmt.Errorf("got %q for %q", got, body)
-				}
-				if err != nil {
-					errs <- err
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+	c, st := directClient(t)
+	var n atomic.Int64
+	conntest.Rounds(t, 64, 20, func() error {
+		body := fmt.Sprint(n.Add(1))
+		got, err := post(t, context.Background(), c, srv.URL+"/p", body)
+		if err == nil && got != "/p "+body {
+			err = fmt.Errorf("got %q for %q", got, body)
+		}
+		return err
+	})
 	if d := st.dials.Load(); d > 64 {
 		t.Fatalf("%d dials for 64 concurrent callers", d)
 	}
