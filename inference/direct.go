@@ -32,9 +32,10 @@ import (
 // close it; an idle connection the server has closed (its keep-alive
 // timeout) is noticed before reuse, and a request that fails on a reused
 // connection before any byte of an answer arrived is sent once more on a
-// new one when its body can be replayed; a cancelled context ends a
-// blocked write or read at once (the connection is then closed, never
-// reused). Idle connections are kept per host up to maxIdle and closed
+// new one when its body can be replayed; an answer the server sent before
+// it stopped reading the request is returned (earlyAnswer); a cancelled
+// context ends a blocked write or read at once (the connection is then
+// closed, never reused). Idle connections are kept per host up to maxIdle and closed
 // after idleTimeout (never when it is 0). No goroutine is started.
 type directTransport struct {
 	std         *http.Transport
@@ -124,10 +125,14 @@ func (t *directTransport) try(ctx context.Context, req *http.Request, h *directH
 		_ = c.Close()
 		return nil, retry, err
 	}
-	if err := req.Write(c.bw); err != nil {
-		return fail(reused, fmt.Errorf("write request: %w", err))
+	err = req.Write(c.bw)
+	if err == nil {
+		err = c.bw.Flush()
 	}
-	if err := c.bw.Flush(); err != nil {
+	if err != nil {
+		if resp := earlyAnswer(ctx, c, req); resp != nil {
+			return t.answer(ctx, req, resp, c, h, stop, false), false, nil
+		}
 		return fail(reused, fmt.Errorf("write request: %w", err))
 	}
 	if _, err := c.br.Peek(1); err != nil {
@@ -144,12 +149,50 @@ func (t *directTransport) try(ctx context.Context, req *http.Request, h *directH
 		// 1xx: nothing here asks for one (no Expect: 100-continue).
 		return fail(false, fmt.Errorf("unexpected informational response %s", resp.Status))
 	}
-	body := &directBody{rc: resp.Body, c: c, t: t, h: h, stop: stop, keep: !resp.Close && !req.Close, ctx: ctx}
+	return t.answer(ctx, req, resp, c, h, stop, !resp.Close && !req.Close), false, nil
+}
+
+// answer hands resp to the caller with a body that gives c back (keep) or
+// closes it once read.
+func (t *directTransport) answer(ctx context.Context, req *http.Request, resp *http.Response, c *directConn, h *directHost, stop func() bool, keep bool) *http.Response {
+	body := &directBody{rc: resp.Body, c: c, t: t, h: h, stop: stop, keep: keep, ctx: ctx}
 	if resp.Body == http.NoBody { // HEAD, 204, 304, an empty length
 		body.done(true) // nothing to read: the connection is free now
 	}
 	resp.Body = body
-	return resp, false, nil
+	return resp
+}
+
+// earlyAnswerWait bounds the look for an answer after a failed write.
+const earlyAnswerWait = 50 * time.Millisecond
+
+// earlyAnswer is the answer a server sent before it stopped reading the
+// request and closed the connection — a proxy's 413 for a body over its
+// limit, a 400 for a bad header: that answer, not "connection reset", is
+// what the caller needs to see. It is looked for after any failed write
+// (net/http reports a failed write of the body as a failed read of it, so
+// the two cannot be told apart) and for at most earlyAnswerWait; nil when
+// none came or the context ended.
+func earlyAnswer(ctx context.Context, c *directConn, req *http.Request) *http.Response {
+	if ctx.Err() != nil {
+		return nil
+	}
+	if err := c.SetReadDeadline(time.Now().Add(earlyAnswerWait)); err != nil {
+		return nil
+	}
+	resp, err := http.ReadResponse(c.br, req)
+	if err != nil || resp.StatusCode < 200 {
+		return nil
+	}
+	// The rest of the answer is already here or comes without a wait:
+	// no deadline, unless the context ended meanwhile (its callback's
+	// past deadline must stay).
+	_ = c.SetReadDeadline(time.Time{})
+	if ctx.Err() != nil {
+		_ = c.SetDeadline(time.Unix(1, 0))
+	}
+	resp.Close = true
+	return resp
 }
 
 // conn returns an idle connection of h that is still open, or dials addr.

@@ -343,3 +343,43 @@ func TestDirectConcurrentRequests(t *testing.T) {
 		t.Fatalf("%d dials for 64 concurrent callers", d)
 	}
 }
+
+// A server that answers before it has read the whole request and then
+// closes (a proxy's 413 for a body over its limit) is heard: the caller
+// gets its answer, not the failed write.
+func TestDirectReturnsAnAnswerSentBeforeTheBodyWasRead(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			nc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			if _, err := http.ReadRequest(bufio.NewReader(nc)); err == nil {
+				_, _ = io.WriteString(nc, "HTTP/1.1 413 Request Entity Too Large\r\nContent-Length: 9\r\nConnection: close\r\n\r\ntoo large")
+			}
+			_ = nc.Close() // most of the body unread: the close resets the connection
+		}
+	}()
+	c, st := directClient(t)
+	req, err := http.NewRequest(http.MethodPost, "http://"+ln.Addr().String()+"/v1/completions", strings.NewReader(strings.Repeat("x", 32<<20)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("got error %v, want the server's 413", err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestEntityTooLarge || string(b) != "too large" || err != nil {
+		t.Fatalf("got %d %q (%v), want 413 %q", resp.StatusCode, b, err, "too large")
+	}
+	if d, cl := st.dials.Load(), st.closes.Load(); d != 1 || cl != 1 {
+		t.Fatalf("%d dials, %d closes; want 1 and 1 (the connection is never reused)", d, cl)
+	}
+}
