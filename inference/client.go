@@ -195,7 +195,7 @@ func (c *httpCaller) doJSON(ctx context.Context, base, method, path, reqID strin
 	if out == nil {
 		return nil
 	}
-	if err := json.Unmarshal(data, out); err != nil {
+	if err := decodeResponse(data, out); err != nil {
 		e := mk(ErrInfra, resp.StatusCode, fmt.Sprintf("%v: %s", errMalformed, snippet(data)), err)
 		e.acknowledged = true
 		return e

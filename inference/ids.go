@@ -1,6 +1,7 @@
 package inference
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"strconv"
@@ -32,26 +33,39 @@ func (t *TokenIDs) UnmarshalJSON(b []byte) error {
 	return nil
 }
 
-// parseIDs parses a JSON array of int32 values into dst. encoding/json
-// has already checked that b is one valid JSON value; this checks that it
-// is null or an array of integers.
+// parseIDs parses a JSON array of int32 values (or null) into dst: b is
+// that one value.
 func parseIDs(b []byte, dst []int32) ([]int32, error) {
-	i := skipWS(b, 0)
-	if string(trimWS(b[i:])) == "null" {
-		return nil, nil
+	ids, end, err := scanIDs(b, skipWS(b, 0), dst)
+	if err != nil {
+		return nil, err
+	}
+	if skipWS(b, end) != len(b) {
+		return nil, fmt.Errorf("token ids: data after the array")
+	}
+	return ids, nil
+}
+
+// scanIDs parses the array of int32 values (or null) that starts at b[i]
+// into dst and returns the offset just past it. It checks the JSON
+// grammar of what it reads (wireDecoder hands it bodies the codec has not
+// seen): integers only, no leading zeros, in int32 range.
+func scanIDs(b []byte, i int, dst []int32) ([]int32, int, error) {
+	if isNull(b, i) {
+		return nil, i + 4, nil
 	}
 	if i >= len(b) || b[i] != '[' {
-		return nil, fmt.Errorf("token ids: %w, got %s", errIDs, snippet(b))
+		return nil, 0, fmt.Errorf("token ids: %w, got %s", errIDs, snippet(b[i:]))
 	}
 	i++
 	if dst == nil {
-		// A rough guess from the length (≥ 2 bytes per id) keeps the
-		// slice from growing more than once or twice.
-		dst = make([]int32, 0, min(len(b)/4+1, 1<<16))
+		// A rough guess from the array's length (≥ 2 bytes per id) keeps
+		// the slice from growing more than once or twice.
+		dst = make([]int32, 0, min(arrayLen(b, i)/4+1, 1<<16))
 	}
 	i = skipWS(b, i)
 	if i < len(b) && b[i] == ']' {
-		return dst, nil
+		return dst, i + 1, nil
 	}
 	for {
 		i = skipWS(b, i)
@@ -68,39 +82,62 @@ func parseIDs(b []byte, dst []int32) ([]int32, error) {
 			digits++
 			i++
 			if v > 1<<31 {
-				return nil, fmt.Errorf("token ids: element %d is out of int32 range", len(dst))
+				return nil, 0, fmt.Errorf("token ids: element %d is out of int32 range", len(dst))
 			}
 		}
-		if digits == 0 || (i < len(b) && (b[i] == '.' || b[i] == 'e' || b[i] == 'E')) {
+		if digits == 0 || (digits > 1 && b[start+btoi(neg)] == '0') || (i < len(b) && (b[i] == '.' || b[i] == 'e' || b[i] == 'E')) {
 			end := i
 			for end < len(b) && b[end] != ',' && b[end] != ']' {
 				end++
 			}
-			return nil, fmt.Errorf("token ids: element %d is %q, %w", len(dst), b[start:end], errIDs)
+			return nil, 0, fmt.Errorf("token ids: element %d is %q, %w", len(dst), b[start:end], errIDs)
 		}
 		if neg {
 			v = -v
 		}
 		if v > 1<<31-1 || v < -1<<31 {
-			return nil, fmt.Errorf("token ids: element %d is out of int32 range", len(dst))
+			return nil, 0, fmt.Errorf("token ids: element %d is out of int32 range", len(dst))
 		}
 		dst = append(dst, int32(v))
 		i = skipWS(b, i)
 		if i >= len(b) {
-			return nil, fmt.Errorf("token ids: unterminated array")
+			return nil, 0, fmt.Errorf("token ids: unterminated array")
 		}
 		switch b[i] {
 		case ',':
 			i++
 		case ']':
-			if j := skipWS(b, i+1); j != len(b) {
-				return nil, fmt.Errorf("token ids: data after the array")
-			}
-			return dst, nil
+			return dst, i + 1, nil
 		default:
-			return nil, fmt.Errorf("token ids: unexpected %q after element %d", b[i], len(dst)-1)
+			return nil, 0, fmt.Errorf("token ids: unexpected %q after element %d", b[i], len(dst)-1)
 		}
 	}
+}
+
+// arrayLen is the length in bytes of the flat array (no strings, no
+// nesting) whose elements start at b[i]: up to its first ']'.
+func arrayLen(b []byte, i int) int {
+	if j := bytes.IndexByte(b[i:], ']'); j >= 0 {
+		return j
+	}
+	return len(b) - i
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// scan decodes the ids at b[i:] for wireDecoder.
+func (t *TokenIDs) scan(b []byte, i int) (int, error) {
+	ids, end, err := scanIDs(b, i, nil)
+	if err != nil {
+		return 0, err
+	}
+	*t = ids
+	return end, nil
 }
 
 // PromptEcho is a server's echo of the prompt ids (vLLM's
@@ -117,16 +154,35 @@ var echoPool = sync.Pool{New: func() any { return new([]int32) }}
 
 // UnmarshalJSON parses an array of integers (or null) as TokenIDs does.
 func (p *PromptEcho) UnmarshalJSON(b []byte) error {
+	err := unmarshalWhole(b, "token ids", p.scan)
+	if err != nil {
+		p.Release()
+	}
+	return err
+}
+
+// unmarshalWhole runs scan on b, which must hold that one array (or null)
+// and nothing after it: an UnmarshalJSON made of a scan.
+func unmarshalWhole(b []byte, what string, scan func(b []byte, i int) (int, error)) error {
+	end, err := scan(b, skipWS(b, 0))
+	if err == nil && skipWS(b, end) != len(b) {
+		err = fmt.Errorf("%s: data after the array", what)
+	}
+	return err
+}
+
+// scan decodes the ids at b[i:] for wireDecoder.
+func (p *PromptEcho) scan(b []byte, i int) (int, error) {
 	p.Release()
 	buf := echoPool.Get().(*[]int32)
-	ids, err := parseIDs(b, (*buf)[:0])
+	ids, end, err := scanIDs(b, i, (*buf)[:0])
 	if err != nil || ids == nil {
 		echoPool.Put(buf)
-		return err
+		return end, err
 	}
 	*buf = ids
 	p.buf = buf
-	return nil
+	return end, nil
 }
 
 // IDs are the echoed ids (nil when the server sent none), valid until
@@ -170,48 +226,54 @@ type Logprobs []*float64
 
 // UnmarshalJSON parses an array of numbers and nulls (or null).
 func (l *Logprobs) UnmarshalJSON(b []byte) error {
-	i := skipWS(b, 0)
-	if string(trimWS(b[i:])) == "null" {
+	return unmarshalWhole(b, "token logprobs", l.scan)
+}
+
+// scan parses the array of numbers and nulls (or null) at b[i:] and
+// returns the offset just past it; numbers must follow JSON's grammar.
+func (l *Logprobs) scan(b []byte, i int) (int, error) {
+	if isNull(b, i) {
 		*l = nil
-		return nil
+		return i + 4, nil
 	}
 	if i >= len(b) || b[i] != '[' {
-		return fmt.Errorf("token logprobs: want an array of numbers, got %s", snippet(b))
+		return 0, fmt.Errorf("token logprobs: want an array of numbers, got %s", snippet(b[i:]))
 	}
 	i++
-	vals := make([]float64, 0, len(b)/8+1)
+	vals := make([]float64, 0, arrayLen(b, i)/8+1)
 	var nulls []int // positions of null entries
 	i = skipWS(b, i)
 	if i < len(b) && b[i] == ']' {
 		*l = Logprobs{}
-		return nil
+		return i + 1, nil
 	}
 	for n := 0; ; n++ {
 		i = skipWS(b, i)
-		start := i
-		for i < len(b) && b[i] != ',' && b[i] != ']' && b[i] != ' ' && b[i] != '\n' && b[i] != '\t' && b[i] != '\r' {
-			i++
-		}
-		lit := b[start:i]
-		if string(lit) == "null" {
+		if isNull(b, i) {
 			nulls = append(nulls, n)
 			vals = append(vals, 0)
+			i += 4
 		} else {
-			v, err := strconv.ParseFloat(string(lit), 64)
-			if err != nil || len(lit) == 0 || lit[0] == '"' {
-				return fmt.Errorf("token logprobs: element %d is %q, not a number", n, lit)
+			end, ok := numberEnd(b, i)
+			v, err := strconv.ParseFloat(string(b[i:end]), 64)
+			if !ok || err != nil {
+				for end < len(b) && b[end] != ',' && b[end] != ']' {
+					end++
+				}
+				return 0, fmt.Errorf("token logprobs: element %d is %q, not a number", n, b[i:end])
 			}
 			vals = append(vals, v)
+			i = end
 		}
 		i = skipWS(b, i)
 		if i >= len(b) {
-			return fmt.Errorf("token logprobs: unterminated array")
+			return 0, fmt.Errorf("token logprobs: unterminated array")
 		}
 		if b[i] == ']' {
 			break
 		}
 		if b[i] != ',' {
-			return fmt.Errorf("token logprobs: unexpected %q after element %d", b[i], n)
+			return 0, fmt.Errorf("token logprobs: unexpected %q after element %d", b[i], n)
 		}
 		i++
 	}
@@ -223,7 +285,48 @@ func (l *Logprobs) UnmarshalJSON(b []byte) error {
 		out[k] = nil
 	}
 	*l = out
-	return nil
+	return i + 1, nil
+}
+
+// numberEnd is the end of the JSON number at b[i:] and whether one is
+// there: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
+func numberEnd(b []byte, i int) (int, bool) {
+	digits := func(i int) int {
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			i++
+		}
+		return i
+	}
+	if i < len(b) && b[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(b) && b[i] == '0':
+		i++
+	case i < len(b) && b[i] >= '1' && b[i] <= '9':
+		i = digits(i)
+	default:
+		return i, false
+	}
+	if i < len(b) && b[i] == '.' {
+		j := digits(i + 1)
+		if j == i+1 {
+			return j, false
+		}
+		i = j
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		j := digits(i)
+		if j == i {
+			return j, false
+		}
+		i = j
+	}
+	return i, true
 }
 
 // TokenStrings is /v1/completions' logprobs.tokens ("token_id:N" with
@@ -233,65 +336,76 @@ type TokenStrings []string
 
 // UnmarshalJSON parses an array of strings (or null).
 func (t *TokenStrings) UnmarshalJSON(b []byte) error {
-	i := skipWS(b, 0)
-	if string(trimWS(b[i:])) == "null" {
+	return unmarshalWhole(b, "logprob tokens", t.scan)
+}
+
+// scan parses the array of strings (or null) at b[i:] and returns the
+// offset just past it. A null element stands for "".
+func (t *TokenStrings) scan(b []byte, i int) (int, error) {
+	if isNull(b, i) {
 		*t = nil
-		return nil
+		return i + 4, nil
 	}
 	if i >= len(b) || b[i] != '[' {
-		return fmt.Errorf("logprob tokens: want an array of strings, got %s", snippet(b))
+		return 0, fmt.Errorf("logprob tokens: want an array of strings, got %s", snippet(b[i:]))
 	}
-	all := string(b) // the one copy the plain strings point into
-	out := make(TokenStrings, 0, len(b)/12+1)
+	end, err := valueEnd(b, i)
+	if err != nil {
+		return 0, fmt.Errorf("logprob tokens: %w", err)
+	}
+	base, all := i, string(b[i:end]) // the one copy the plain strings point into
+	out := make(TokenStrings, 0, (end-i)/12+1)
 	i = skipWS(b, i+1)
 	if i < len(b) && b[i] == ']' {
 		*t = out
-		return nil
+		return i + 1, nil
 	}
 	for {
 		i = skipWS(b, i)
 		if i >= len(b) || b[i] != '"' {
-			if i+4 <= len(b) && string(b[i:i+4]) == "null" {
-				out = append(out, "")
-				i += 4
-			} else {
-				return fmt.Errorf("logprob tokens: element %d is not a string", len(out))
+			if !isNull(b, i) {
+				return 0, fmt.Errorf("logprob tokens: element %d is not a string", len(out))
 			}
+			out = append(out, "")
+			i += 4
 		} else {
 			start := i
 			escaped := false
 			i++
 			for i < len(b) && b[i] != '"' {
-				if b[i] == '\\' {
+				switch {
+				case b[i] == '\\':
 					escaped = true
 					i++
+				case b[i] < 0x20:
+					return 0, fmt.Errorf("logprob tokens: element %d has a control character", len(out))
 				}
 				i++
 			}
 			if i >= len(b) {
-				return fmt.Errorf("logprob tokens: unterminated string")
+				return 0, fmt.Errorf("logprob tokens: unterminated string")
 			}
 			i++
 			if escaped {
 				var s string
 				if err := json.Unmarshal(b[start:i], &s); err != nil {
-					return fmt.Errorf("logprob tokens: element %d: %w", len(out), err)
+					return 0, fmt.Errorf("logprob tokens: element %d: %w", len(out), err)
 				}
 				out = append(out, s)
 			} else {
-				out = append(out, all[start+1:i-1])
+				out = append(out, all[start-base+1:i-base-1])
 			}
 		}
 		i = skipWS(b, i)
 		if i >= len(b) {
-			return fmt.Errorf("logprob tokens: unterminated array")
+			return 0, fmt.Errorf("logprob tokens: unterminated array")
 		}
 		if b[i] == ']' {
 			*t = out
-			return nil
+			return i + 1, nil
 		}
 		if b[i] != ',' {
-			return fmt.Errorf("logprob tokens: unexpected %q after element %d", b[i], len(out)-1)
+			return 0, fmt.Errorf("logprob tokens: unexpected %q after element %d", b[i], len(out)-1)
 		}
 		i++
 	}

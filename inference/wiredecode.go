@@ -1,0 +1,320 @@
+package inference
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+
+	json "github.com/segmentio/encoding/json"
+)
+
+// wireDecoder is implemented by the responses a tokens-mode turn decodes
+// most (/tokenize, /v1/completions): their token-id arrays — a whole
+// prompt's worth in every render and in vLLM's prompt echo — are parsed
+// straight from the body in one pass. Through the codec each array was
+// scanned twice: once, number by number, to find where it ends before the
+// codec hands it to TokenIDs, and once by TokenIDs itself; the first scan
+// was 8 % of the client's CPU at 4,096 loops (docs/inference.md, "Client
+// cost"). Everything else in these responses still goes through the
+// codec, one value at a time, so what is accepted and what each field
+// holds is what json.Unmarshal gives (wiredecode_test.go checks the two
+// against each other on fuzzed bodies).
+type wireDecoder interface {
+	decodeWire(b []byte) error
+}
+
+// decodeResponse decodes a response body into out.
+func decodeResponse(b []byte, out any) error {
+	if d, ok := out.(wireDecoder); ok {
+		return d.decodeWire(b)
+	}
+	return json.Unmarshal(b, out)
+}
+
+var errWire = errors.New("invalid JSON")
+
+// wireDoc decodes document b, one object walked by wireObject with names
+// and field, and checks that nothing but white space follows it; a
+// document that is null leaves the value as it is (as json.Unmarshal
+// does).
+func wireDoc(b []byte, names []string, field func(name string, i int) (int, error)) error {
+	i := skipWS(b, 0)
+	var err error
+	if isNull(b, i) {
+		i += 4
+	} else if i, err = wireObject(b, i, names, field); err != nil {
+		return err
+	}
+	if i = skipWS(b, i); i != len(b) {
+		return fmt.Errorf("%w: data after the top-level value at offset %d", errWire, i)
+	}
+	return nil
+}
+
+func isNull(b []byte, i int) bool {
+	return i+4 <= len(b) && string(b[i:i+4]) == "null"
+}
+
+// wireObject walks the object at b[i:], calling field with each key (the
+// name of the struct field it matches, exactly or else case-insensitively
+// as json.Unmarshal matches them, or "" for none) and the offset of its
+// value; field returns the offset just past that value. wireObject
+// returns the offset just past the object.
+func wireObject(b []byte, i int, names []string, field func(name string, i int) (int, error)) (int, error) {
+	if i >= len(b) || b[i] != '{' {
+		return 0, fmt.Errorf("%w: want an object at offset %d", errWire, i)
+	}
+	i = skipWS(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return i + 1, nil
+	}
+	for {
+		if i >= len(b) || b[i] != '"' {
+			return 0, fmt.Errorf("%w: want a key at offset %d", errWire, i)
+		}
+		end, err := valueEnd(b, i)
+		if err != nil {
+			return 0, err
+		}
+		name, err := fieldName(b[i:end], names)
+		if err != nil {
+			return 0, err
+		}
+		i = skipWS(b, end)
+		if i >= len(b) || b[i] != ':' {
+			return 0, fmt.Errorf("%w: want ':' at offset %d", errWire, i)
+		}
+		i = skipWS(b, i+1)
+		if i, err = field(name, i); err != nil {
+			return 0, err
+		}
+		i = skipWS(b, i)
+		if i >= len(b) {
+			return 0, fmt.Errorf("%w: unterminated object", errWire)
+		}
+		switch b[i] {
+		case ',':
+			i = skipWS(b, i+1)
+		case '}':
+			return i + 1, nil
+		default:
+			return 0, fmt.Errorf("%w: unexpected %q in an object at offset %d", errWire, b[i], i)
+		}
+	}
+}
+
+// wireArray walks the array at b[i:] (or null), calling elem with the
+// offset of each element; elem returns the offset just past it. It
+// returns the offset just past the array and whether it was null.
+func wireArray(b []byte, i int, elem func(i int) (int, error)) (end int, null bool, err error) {
+	if isNull(b, i) {
+		return i + 4, true, nil
+	}
+	if i >= len(b) || b[i] != '[' {
+		return 0, false, fmt.Errorf("%w: want an array at offset %d", errWire, i)
+	}
+	i = skipWS(b, i+1)
+	if i < len(b) && b[i] == ']' {
+		return i + 1, false, nil
+	}
+	for {
+		if i, err = elem(i); err != nil {
+			return 0, false, err
+		}
+		i = skipWS(b, i)
+		if i >= len(b) {
+			return 0, false, fmt.Errorf("%w: unterminated array", errWire)
+		}
+		switch b[i] {
+		case ',':
+			i = skipWS(b, i+1)
+		case ']':
+			return i + 1, false, nil
+		default:
+			return 0, false, fmt.Errorf("%w: unexpected %q in an array at offset %d", errWire, b[i], i)
+		}
+	}
+}
+
+// fieldName is the name in names the JSON string key matches: exactly,
+// or else case-insensitively; "" when none does.
+func fieldName(key []byte, names []string) (string, error) {
+	raw := key[1 : len(key)-1]
+	if bytes.IndexByte(raw, '\\') >= 0 {
+		var k string
+		if err := json.Unmarshal(key, &k); err != nil {
+			return "", err
+		}
+		raw = []byte(k)
+	} else if !json.Valid(key) {
+		return "", fmt.Errorf("%w: bad key %s", errWire, snippet(key))
+	}
+	for _, n := range names {
+		if string(raw) == n {
+			return n, nil
+		}
+	}
+	for _, n := range names {
+		if bytes.EqualFold(raw, []byte(n)) {
+			return n, nil
+		}
+	}
+	return "", nil
+}
+
+// wireValue decodes the value at b[i:] into v with the codec and returns
+// the offset just past it; v nil checks the value and drops it.
+func wireValue(b []byte, i int, v any) (int, error) {
+	end, err := valueEnd(b, i)
+	if err != nil {
+		return 0, err
+	}
+	if v == nil {
+		if !json.Valid(b[i:end]) {
+			return 0, fmt.Errorf("%w: bad value %s", errWire, snippet(b[i:end]))
+		}
+		return end, nil
+	}
+	return end, json.Unmarshal(b[i:end], v)
+}
+
+// valueEnd finds where the JSON value at b[i:] ends by its structure
+// alone: strings, nesting, and the end of a bare literal. It checks
+// nothing else; the caller's decode of b[i:end] does.
+func valueEnd(b []byte, i int) (int, error) {
+	depth := 0
+	for i < len(b) {
+		switch c := b[i]; c {
+		case '"':
+			i++
+			for i < len(b) && b[i] != '"' {
+				if b[i] == '\\' {
+					i++
+				}
+				i++
+			}
+			if i >= len(b) {
+				return 0, fmt.Errorf("%w: unterminated string", errWire)
+			}
+			i++
+		case '[', '{':
+			depth++
+			i++
+			continue
+		case ']', '}':
+			if depth == 0 {
+				return i, nil
+			}
+			depth--
+			i++
+		case ',', ':', ' ', '\t', '\n', '\r':
+			if depth == 0 {
+				return i, nil
+			}
+			i++
+			continue
+		default:
+			i++
+			continue
+		}
+		if depth == 0 {
+			return i, nil
+		}
+	}
+	if depth != 0 {
+		return 0, fmt.Errorf("%w: unterminated value", errWire)
+	}
+	return i, nil
+}
+
+// Field names, in the order the decoders below switch on them.
+var (
+	tokenizeNames   = []string{"count", "max_model_len", "tokens"}
+	completionNames = []string{"id", "choices", "usage"}
+	choiceNames     = []string{"index", "text", "logprobs", "finish_reason", "stop_reason", "token_ids", "prompt_token_ids"}
+	logprobsNames   = []string{"tokens", "token_logprobs"}
+)
+
+func (r *TokenizeResponse) decodeWire(b []byte) error {
+	return wireDoc(b, tokenizeNames, func(name string, i int) (int, error) {
+		switch name {
+		case "count":
+			return wireValue(b, i, &r.Count)
+		case "max_model_len":
+			return wireValue(b, i, &r.MaxModelLen)
+		case "tokens":
+			return r.Tokens.scan(b, i)
+		}
+		return wireValue(b, i, nil)
+	})
+}
+
+func (r *CompletionResponse) decodeWire(b []byte) error {
+	return wireDoc(b, completionNames, func(name string, i int) (int, error) {
+		switch name {
+		case "id":
+			return wireValue(b, i, &r.ID)
+		case "usage":
+			return wireValue(b, i, &r.Usage)
+		case "choices":
+			r.Choices = r.Choices[:0]
+			end, null, err := wireArray(b, i, func(i int) (int, error) {
+				r.Choices = append(r.Choices, CompletionChoice{})
+				return r.Choices[len(r.Choices)-1].scan(b, i)
+			})
+			if null {
+				r.Choices = nil
+			} else if r.Choices == nil {
+				r.Choices = []CompletionChoice{}
+			}
+			return end, err
+		}
+		return wireValue(b, i, nil)
+	})
+}
+
+// scan decodes one choice; null leaves it zero.
+func (c *CompletionChoice) scan(b []byte, i int) (int, error) {
+	if isNull(b, i) {
+		return i + 4, nil
+	}
+	return wireObject(b, i, choiceNames, func(name string, i int) (int, error) {
+		switch name {
+		case "index":
+			return wireValue(b, i, &c.Index)
+		case "text":
+			return wireValue(b, i, &c.Text)
+		case "logprobs":
+			if isNull(b, i) {
+				c.Logprobs = nil
+				return i + 4, nil
+			}
+			if c.Logprobs == nil {
+				c.Logprobs = new(CompletionLogprobs)
+			}
+			return c.Logprobs.scan(b, i)
+		case "finish_reason":
+			return wireValue(b, i, &c.FinishReason)
+		case "stop_reason":
+			return wireValue(b, i, &c.StopReason)
+		case "token_ids":
+			return c.TokenIDs.scan(b, i)
+		case "prompt_token_ids":
+			return c.PromptTokenIDs.scan(b, i)
+		}
+		return wireValue(b, i, nil)
+	})
+}
+
+// scan decodes the parallel arrays of a choice's logprobs.
+func (l *CompletionLogprobs) scan(b []byte, i int) (int, error) {
+	return wireObject(b, i, logprobsNames, func(name string, i int) (int, error) {
+		switch name {
+		case "tokens":
+			return l.Tokens.scan(b, i)
+		case "token_logprobs":
+			return l.TokenLogprobs.scan(b, i)
+		}
+		return wireValue(b, i, nil)
+	})
+}

@@ -1,0 +1,142 @@
+package inference
+
+import (
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+
+	json "github.com/segmentio/encoding/json"
+)
+
+// completionSeed is a /v1/completions answer as vLLM sends it.
+const completionSeed = `{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"ab","token_ids":[1,2],` +
+	`"prompt_token_ids":[5,6,7],"finish_reason":"stop","stop_reason":null,"logprobs":{"tokens":["token_id:1","token_id:2"],` +
+	`"token_logprobs":[-0.1,-0.2],"top_logprobs":null,"text_offset":[0,1]}}],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}`
+
+// wireSeeds are bodies as servers send them, and the edges of the
+// grammar the one-pass id parser has to check itself.
+var wireSeeds = []string{
+	`{"count":3,"max_model_len":32768,"tokens":[151644,872,198]}`,
+	`{"count":0,"max_model_len":4096,"tokens":[]}`,
+	`{"tokens":null}`, `null`, ` {"tokens" : [ 1 , 2 ] } `, `{"TOKENS":[7],"Count":1}`, `{"tok\u0065ns":[7]}`,
+	`{"tokens":[01]}`, `{"tokens":[-0]}`, `{"tokens":[1.0]}`, `{"tokens":[1e2]}`, `{"tokens":[2147483647,-2147483648]}`,
+	`{"tokens":[2147483648]}`, `{"tokens":[1,]}`, `{"tokens":[-]}`, `{"tokens":[1}`, `{"tokens":[1] `, `{"tokens":[1]}x`,
+	completionSeed,
+	`{"choices":[{"index":0,"text":"a\"b\\u00e9","token_ids":[3],"prompt_token_ids":null,"finish_reason":"length","stop_reason":151645}]}`,
+	`{"choices":[null,{"index":1}]}`, `{"choices":null}`, `{"choices":[]}`, `{"choices":{}}`, `{"choices":[1]}`,
+	`{"choices":[{"index":"0"}]}`, `{"usage":null,"id":null}`, `{"a":{"b":[1,{"c":"}]"}]},"tokens":[4]}`, `{"a":tru}`, `{"a":"x`, `[]`, `"x"`, `{`,
+	`{"choices":[{"logprobs":{"tokens":["a",null,"\u00e9\n","token_id:5"],"token_logprobs":[-0.1e-3,null,0,-12.5E+2]}}]}`,
+	`{"choices":[{"logprobs":{"token_logprobs":[1.]}}]}`, `{"choices":[{"logprobs":{"token_logprobs":[.5]}}]}`,
+	`{"choices":[{"logprobs":{"token_logprobs":[+1]}}]}`, `{"choices":[{"logprobs":{"token_logprobs":[NaN]}}]}`,
+	`{"choices":[{"logprobs":{"token_logprobs":[-]}}]}`, `{"choices":[{"logprobs":{"token_logprobs":[1e400]}}]}`,
+	`{"choices":[{"logprobs":{"token_logprobs":[0x1p-2]}}]}`, `{"choices":[{"logprobs":{"token_logprobs":[-01]}}]}`,
+	`{"choices":[{"logprobs":null}]}`, `{"choices":[{"logprobs":{}}]}`, `{"choices":[{"logprobs":{"tokens":null,"token_logprobs":[]}}]}`,
+	"{\"choices\":[{\"logprobs\":{\"tokens\":[\"\x01\"]}}]}", "{\"choices\":[{\"logprobs\":{\"tokens\":[\"\xff\"]}}]}",
+	`{"choices":[{"logprobs":{"tokens":["a\q"]}}]}`, `{"choices":[{"logprobs":{"tokens":[1]}}]}`,
+	`{"a":1,}`, `{"a" 1}`, `{,}`, "{\"a\":\"\x01\"}", "{\"tokens\":[1]\n}", `{"choices":[{"token_ids":[1],"token_ids":[2]}]}`,
+}
+
+// The one-pass decoders give what json.Unmarshal gives: the same values
+// when it succeeds, an error when it fails.
+func FuzzWireDecodeMatchesCodec(f *testing.F) {
+	for _, s := range wireSeeds {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		checkWire(t, body, func() (wireDecoder, any) { return new(TokenizeResponse), new(TokenizeResponse) })
+		checkWire(t, body, func() (wireDecoder, any) { return new(CompletionResponse), new(CompletionResponse) })
+	})
+}
+
+func checkWire(t *testing.T, body []byte, mk func() (wireDecoder, any)) {
+	t.Helper()
+	got, want := mk()
+	gerr := got.decodeWire(body)
+	werr := json.Unmarshal(body, want)
+	switch {
+	case (gerr == nil) != (werr == nil):
+		t.Fatalf("%T on %q: one pass says %v, the codec %v", got, body, gerr, werr)
+	case gerr == nil && !reflect.DeepEqual(got, want):
+		t.Fatalf("%T on %q:\n one pass %+v\n codec    %+v", got, body, got, want)
+	}
+}
+
+func TestWireDecodeSeeds(t *testing.T) {
+	for _, s := range wireSeeds {
+		checkWire(t, []byte(s), func() (wireDecoder, any) { return new(TokenizeResponse), new(TokenizeResponse) })
+		checkWire(t, []byte(s), func() (wireDecoder, any) { return new(CompletionResponse), new(CompletionResponse) })
+	}
+	var r CompletionResponse
+	if err := r.decodeWire([]byte(completionSeed)); err != nil {
+		t.Fatal(err)
+	}
+	c := r.Choices[0]
+	if c.Text != "ab" || !reflect.DeepEqual([]int32(c.TokenIDs), []int32{1, 2}) || !reflect.DeepEqual(c.PromptTokenIDs.IDs(), []int32{5, 6, 7}) ||
+		c.Logprobs == nil || len(c.Logprobs.TokenLogprobs) != 2 || r.Usage == nil || r.Usage.CompletionTokens != 2 {
+		t.Fatalf("decoded %+v", r)
+	}
+	if err := new(TokenizeResponse).decodeWire([]byte(`{"tokens":[01]}`)); err == nil || !strings.Contains(err.Error(), "token ids") {
+		t.Fatalf("leading zero: got %v, want a token ids error", err)
+	}
+}
+
+// wireBody is a /v1/completions answer of a turn deep in an episode: the
+// prompt's ids echoed, 256 ids generated with their logprobs.
+func wireBody(prompt, gen int) []byte {
+	var b strings.Builder
+	ids := func(n, seed int) {
+		for i := range n {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(strconv.Itoa((i*7919 + seed) % 151000))
+		}
+	}
+	b.WriteString(`{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"`)
+	b.WriteString(strings.Repeat("word ", gen))
+	b.WriteString(`","logprobs":{"text_offset":null,"tokens":[`)
+	for i := range gen {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(`"token_id:` + strconv.Itoa(i*31%151000) + `"`)
+	}
+	b.WriteString(`],"token_logprobs":[`)
+	for i := range gen {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatFloat(-float64(i%97)/13.7, 'g', -1, 64))
+	}
+	b.WriteString(`],"top_logprobs":null},"finish_reason":"stop","stop_reason":null,"token_ids":[`)
+	ids(gen, 3)
+	b.WriteString(`],"prompt_token_ids":[`)
+	ids(prompt, 11)
+	b.WriteString(`]}],"usage":{"prompt_tokens":1,"total_tokens":2,"completion_tokens":1}}`)
+	return []byte(b.String())
+}
+
+func BenchmarkDecodeCompletion(b *testing.B) {
+	body := wireBody(4096, 256)
+	b.Run("one-pass", func(b *testing.B) {
+		b.SetBytes(int64(len(body)))
+		for b.Loop() {
+			var r CompletionResponse
+			if err := r.decodeWire(body); err != nil {
+				b.Fatal(err)
+			}
+			r.Choices[0].PromptTokenIDs.Release()
+		}
+	})
+	b.Run("codec", func(b *testing.B) {
+		b.SetBytes(int64(len(body)))
+		for b.Loop() {
+			var r CompletionResponse
+			if err := json.Unmarshal(body, &r); err != nil {
+				b.Fatal(err)
+			}
+			r.Choices[0].PromptTokenIDs.Release()
+		}
+	})
+}
