@@ -124,9 +124,7 @@ func (p *Pool) LlamaApplyTemplate(ctx context.Context, o CallOptions, req *Llama
 
 // LlamaTokenize posts llama.cpp's /tokenize.
 func (p *Pool) LlamaTokenize(ctx context.Context, o CallOptions, req *LlamaTokenizeRequest) ([]int32, error) {
-	var out struct {
-		Tokens TokenIDs `json:"tokens"`
-	}
+	var out TokenizeResponse // llama.cpp's has only "tokens"
 	ep, err := p.post(ctx, o, "/tokenize", req, &out)
 	if err != nil {
 		return nil, err

@@ -9,7 +9,8 @@ import (
 )
 
 // wireDecoder is implemented by the responses a tokens-mode turn decodes
-// most (/tokenize, /v1/completions): their token-id arrays — a whole
+// most (/tokenize, /v1/completions, llama.cpp's /completion): their
+// token-id arrays — a whole
 // prompt's worth in every render and in vLLM's prompt echo — are parsed
 // straight from the body in one pass. Through the codec each array was
 // scanned twice: once, number by number, to find where it ends before the
@@ -233,6 +234,8 @@ var (
 	completionNames = []string{"id", "choices", "usage"}
 	choiceNames     = []string{"index", "text", "logprobs", "finish_reason", "stop_reason", "token_ids", "prompt_token_ids"}
 	logprobsNames   = []string{"tokens", "token_logprobs"}
+	llamaNames      = []string{"content", "tokens", "stop_type", "stopping_word", "truncated", "tokens_predicted",
+		"tokens_evaluated", "completion_probabilities", "generation_settings"}
 )
 
 func (r *TokenizeResponse) decodeWire(b []byte) error {
@@ -268,6 +271,32 @@ func (r *CompletionResponse) decodeWire(b []byte) error {
 				r.Choices = []CompletionChoice{}
 			}
 			return end, err
+		}
+		return wireValue(b, i, nil)
+	})
+}
+
+func (r *LlamaCompletionResponse) decodeWire(b []byte) error {
+	return wireDoc(b, llamaNames, func(name string, i int) (int, error) {
+		switch name {
+		case "content":
+			return wireValue(b, i, &r.Content)
+		case "tokens":
+			return r.Tokens.scan(b, i)
+		case "stop_type":
+			return wireValue(b, i, &r.StopType)
+		case "stopping_word":
+			return wireValue(b, i, &r.StoppingWord)
+		case "truncated":
+			return wireValue(b, i, &r.Truncated)
+		case "tokens_predicted":
+			return wireValue(b, i, &r.TokensPredicted)
+		case "tokens_evaluated":
+			return wireValue(b, i, &r.TokensEvaluated)
+		case "completion_probabilities":
+			return wireValue(b, i, &r.Probs)
+		case "generation_settings":
+			return wireValue(b, i, &r.GenerationSettings)
 		}
 		return wireValue(b, i, nil)
 	})

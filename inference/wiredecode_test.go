@@ -34,6 +34,9 @@ var wireSeeds = []string{
 	`{"choices":[{"logprobs":null}]}`, `{"choices":[{"logprobs":{}}]}`, `{"choices":[{"logprobs":{"tokens":null,"token_logprobs":[]}}]}`,
 	"{\"choices\":[{\"logprobs\":{\"tokens\":[\"\x01\"]}}]}", "{\"choices\":[{\"logprobs\":{\"tokens\":[\"\xff\"]}}]}",
 	`{"choices":[{"logprobs":{"tokens":["a\q"]}}]}`, `{"choices":[{"logprobs":{"tokens":[1]}}]}`,
+	`{"content":"a","tokens":[5,9],"stop_type":"eos","stopping_word":"","truncated":false,"tokens_predicted":2,"tokens_evaluated":7,` +
+		`"completion_probabilities":[{"id":5,"token":"a","logprob":-0.5,"bytes":[97]},{"id":9,"logprob":-0.1}],"generation_settings":{"top_k":40,"n":[1]}}`,
+	`{"tokens":[5],"stop_type":"limit","truncated":true,"completion_probabilities":[{"id":6,"prob":0.5}]}`, `{"truncated":1}`,
 	`{"a":1,}`, `{"a" 1}`, `{,}`, "{\"a\":\"\x01\"}", "{\"tokens\":[1]\n}", `{"choices":[{"token_ids":[1],"token_ids":[2]}]}`,
 }
 
@@ -46,6 +49,7 @@ func FuzzWireDecodeMatchesCodec(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		checkWire(t, body, func() (wireDecoder, any) { return new(TokenizeResponse), new(TokenizeResponse) })
 		checkWire(t, body, func() (wireDecoder, any) { return new(CompletionResponse), new(CompletionResponse) })
+		checkWire(t, body, func() (wireDecoder, any) { return new(LlamaCompletionResponse), new(LlamaCompletionResponse) })
 	})
 }
 
@@ -66,6 +70,7 @@ func TestWireDecodeSeeds(t *testing.T) {
 	for _, s := range wireSeeds {
 		checkWire(t, []byte(s), func() (wireDecoder, any) { return new(TokenizeResponse), new(TokenizeResponse) })
 		checkWire(t, []byte(s), func() (wireDecoder, any) { return new(CompletionResponse), new(CompletionResponse) })
+		checkWire(t, []byte(s), func() (wireDecoder, any) { return new(LlamaCompletionResponse), new(LlamaCompletionResponse) })
 	}
 	var r CompletionResponse
 	if err := r.decodeWire([]byte(completionSeed)); err != nil {
