@@ -68,24 +68,28 @@ func scanIDs(b []byte, i int, dst []int32) ([]int32, int, error) {
 		return dst, i + 1, nil
 	}
 	for {
-		i = skipWS(b, i)
+		if i < len(b) && b[i] <= ' ' {
+			i = skipWS(b, i)
+		}
 		start := i
-		neg := false
-		if i < len(b) && b[i] == '-' {
-			neg = true
+		neg := i < len(b) && b[i] == '-'
+		if neg {
 			i++
 		}
+		// Up to 10 digits fit int64 with room to spare: no overflow check
+		// per digit, one on the count and one on the value.
 		var v int64
-		digits := 0
-		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
-			v = v*10 + int64(b[i]-'0')
-			digits++
-			i++
-			if v > 1<<31 {
-				return nil, 0, fmt.Errorf("token ids: element %d is out of int32 range", len(dst))
+		d0 := i
+		for i < len(b) {
+			c := b[i] - '0'
+			if c > 9 {
+				break
 			}
+			v = v*10 + int64(c)
+			i++
 		}
-		if digits == 0 || (digits > 1 && b[start+btoi(neg)] == '0') || (i < len(b) && (b[i] == '.' || b[i] == 'e' || b[i] == 'E')) {
+		digits := i - d0
+		if digits == 0 || (digits > 1 && b[d0] == '0') || (i < len(b) && (b[i] == '.' || b[i] == 'e' || b[i] == 'E')) {
 			end := i
 			for end < len(b) && b[end] != ',' && b[end] != ']' {
 				end++
@@ -95,11 +99,13 @@ func scanIDs(b []byte, i int, dst []int32) ([]int32, int, error) {
 		if neg {
 			v = -v
 		}
-		if v > 1<<31-1 || v < -1<<31 {
+		if digits > 10 || v > 1<<31-1 || v < -1<<31 {
 			return nil, 0, fmt.Errorf("token ids: element %d is out of int32 range", len(dst))
 		}
 		dst = append(dst, int32(v))
-		i = skipWS(b, i)
+		if i < len(b) && b[i] <= ' ' {
+			i = skipWS(b, i)
+		}
 		if i >= len(b) {
 			return nil, 0, fmt.Errorf("token ids: unterminated array")
 		}
@@ -121,13 +127,6 @@ func arrayLen(b []byte, i int) int {
 		return j
 	}
 	return len(b) - i
-}
-
-func btoi(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // scan decodes the ids at b[i:] for wireDecoder.

@@ -145,3 +145,15 @@ func BenchmarkDecodeCompletion(b *testing.B) {
 		}
 	})
 }
+
+func BenchmarkScanIDs(b *testing.B) {
+	body := wireBody(4096, 0)
+	i := strings.Index(string(body), `"prompt_token_ids":[`) + len(`"prompt_token_ids":`)
+	b.SetBytes(int64(len(body) - i))
+	buf := make([]int32, 0, 4096)
+	for b.Loop() {
+		if _, _, err := scanIDs(body, i, buf[:0]); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
