@@ -10,9 +10,8 @@ import (
 
 // wireDecoder is implemented by the responses a tokens-mode turn decodes
 // most (/tokenize, /v1/completions, llama.cpp's /completion): their
-// token-id arrays — a whole
-// prompt's worth in every render and in vLLM's prompt echo — are parsed
-// straight from the body in one pass. Through the codec each array was
+// token-id arrays — a whole prompt's worth in every render and in vLLM's
+// prompt echo — are parsed straight from the body in one pass. Through the codec each array was
 // scanned twice: once, number by number, to find where it ends before the
 // codec hands it to TokenIDs, and once by TokenIDs itself; the first scan
 // was 8 % of the client's CPU at 4,096 loops (docs/inference.md, "Client
