@@ -161,8 +161,17 @@ func TestExecCancel(t *testing.T) {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("err = %v, want deadline exceeded", err)
 	}
-	// The agent killed it: the sandbox stays usable and nothing is left.
-	r, err := s.Exec(context.Background(), ExecRequest{Command: "ps -o comm | grep -c sleep"})
+	// The agent kills it: the sandbox stays usable and nothing is left.
+	// The cancel is a frame the call does not wait on, and the kill and
+	// the reap run beside the next request: give them a moment (a CI run
+	// once listed the dying sleep).
+	var r ExecResult
+	for start := time.Now(); ; time.Sleep(20 * time.Millisecond) {
+		r, err = s.Exec(context.Background(), ExecRequest{Command: "ps -o comm | grep -c sleep"})
+		if err != nil || strings.TrimSpace(string(r.Stdout)) == "0" || time.Since(start) > 5*time.Second {
+			break
+		}
+	}
 	if err != nil || strings.TrimSpace(string(r.Stdout)) != "0" {
 		t.Fatalf("after cancel: %q %v", r.Stdout, err)
 	}
