@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"time"
 
 	"github.com/rollout-rl/rollout/sandbox/agent"
 )
@@ -201,9 +202,38 @@ func (c *conn) roundTrip(ctx context.Context, req agent.Request, upload io.Reade
 			return resp, nil
 		case <-ctx.Done():
 			_ = c.send(agent.FrameCancel, id, nil)
+			c.awaitCancelled(cl, data)
 			return agent.Response{}, ctx.Err()
 		case <-c.done:
 			return fail(nil)
+		}
+	}
+}
+
+// cancelGrace bounds how long a cancelled call waits for the agent's
+// answer to it.
+const cancelGrace = 2 * time.Second
+
+// awaitCancelled waits, after a Cancel frame, for the agent's answer to
+// the call: the agent sends it once the command is killed and reaped, so
+// a call made right after a cancelled one never finds that command still
+// running (or still writing). The rest of its output is dropped. An agent
+// that does not answer within cancelGrace is not waited for further.
+func (c *conn) awaitCancelled(cl *call, data <-chan []byte) {
+	t := time.NewTimer(cancelGrace)
+	defer t.Stop()
+	for {
+		select {
+		case _, ok := <-data:
+			if !ok {
+				data = nil
+			}
+		case <-cl.resp:
+			return
+		case <-c.done:
+			return
+		case <-t.C:
+			return
 		}
 	}
 }

@@ -161,19 +161,21 @@ func TestExecCancel(t *testing.T) {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("err = %v, want deadline exceeded", err)
 	}
-	// The agent kills it: the sandbox stays usable and nothing is left.
-	// The cancel is a frame the call does not wait on, and the kill and
-	// the reap run beside the next request: give them a moment (a CI run
-	// once listed the dying sleep).
-	var r ExecResult
-	for start := time.Now(); ; time.Sleep(20 * time.Millisecond) {
-		r, err = s.Exec(context.Background(), ExecRequest{Command: "ps -o comm | grep -c sleep"})
-		if err != nil || strings.TrimSpace(string(r.Stdout)) == "0" || time.Since(start) > 5*time.Second {
-			break
+	// The agent killed and reaped it before the cancelled call returned:
+	// the sandbox stays usable and the very next call finds nothing left
+	// (before the call waited for the agent's answer, a CI run once listed
+	// the dying sleep here).
+	for i := range 20 {
+		r, err := s.Exec(context.Background(), ExecRequest{Command: "ps -o comm | grep -c sleep"})
+		if err != nil || strings.TrimSpace(string(r.Stdout)) != "0" {
+			t.Fatalf("after cancel %d: %q %v", i, r.Stdout, err)
 		}
-	}
-	if err != nil || strings.TrimSpace(string(r.Stdout)) != "0" {
-		t.Fatalf("after cancel: %q %v", r.Stdout, err)
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		_, err = s.Exec(ctx, ExecRequest{Command: "for i in 1 2 3 4 5 6 7 8; do sleep 1000 & done; wait"})
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("cancel %d: err = %v, want deadline exceeded", i, err)
+		}
 	}
 }
 
