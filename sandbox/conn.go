@@ -158,6 +158,11 @@ func (c *conn) roundTrip(ctx context.Context, req agent.Request, upload io.Reade
 	if upload != nil {
 		var err error
 		if early, err = c.stream(ctx, id, upload, cl.resp); err != nil {
+			if !errors.Is(err, ErrUnavailable) {
+				// Aborted (cancelled, or the source failed): the agent
+				// answers once it has dropped the partial upload.
+				c.awaitCancelled(cl, cl.data)
+			}
 			return fail(err)
 		}
 		if early != nil {
@@ -214,11 +219,12 @@ func (c *conn) roundTrip(ctx context.Context, req agent.Request, upload io.Reade
 // answer to it.
 const cancelGrace = 2 * time.Second
 
-// awaitCancelled waits, after a Cancel frame, for the agent's answer to
-// the call: the agent sends it once the command is killed and reaped, so
-// a call made right after a cancelled one never finds that command still
-// running (or still writing). The rest of its output is dropped. An agent
-// that does not answer within cancelGrace is not waited for further.
+// awaitCancelled waits, after a Cancel frame (or an aborted upload), for
+// the agent's answer to the call: the agent sends it once the command is
+// killed and reaped (the partial upload dropped), so a call made right
+// after a cancelled one never finds that command still running or still
+// writing. The rest of its output is dropped. An agent that does not
+// answer within cancelGrace is not waited for further.
 func (c *conn) awaitCancelled(cl *call, data <-chan []byte) {
 	t := time.NewTimer(cancelGrace)
 	defer t.Stop()
