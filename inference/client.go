@@ -31,8 +31,9 @@ func newTransport(idlePerHost int, st *connStats) *directTransport {
 }
 
 // NewHTTPClient is an HTTP client on the pool's own transport, keeping up
-// to idlePerHost idle connections per host: for benchmarks that measure
-// the floor the client stands on.
+// to idlePerHost idle connections per host: for other clients of
+// inference servers (LLM judges) and for benchmarks that measure the
+// floor the client stands on.
 func NewHTTPClient(idlePerHost int) *http.Client {
 	return &http.Client{Transport: newTransport(idlePerHost, nil)}
 }

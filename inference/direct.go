@@ -35,8 +35,9 @@ import (
 // new one when its body can be replayed; an answer the server sent before
 // it stopped reading the request is returned (earlyAnswer); a cancelled
 // context ends a blocked write or read at once (the connection is then
-// closed, never reused). Idle connections are kept per host up to maxIdle and closed
-// after idleTimeout (never when it is 0). No goroutine is started.
+// closed, never reused). Idle connections are kept per host up to maxIdle
+// and closed after idleTimeout (never when it is 0). No goroutine is
+// started.
 type directTransport struct {
 	std         *http.Transport
 	dial        func(ctx context.Context, network, addr string) (net.Conn, error)

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"text/template"
 	"time"
+
+	"github.com/rollout-rl/rollout/inference"
 )
 
 // DefaultJudgePrompt asks for a JSON verdict. Fields: .Question, .Answer
@@ -43,15 +45,12 @@ type Judge struct {
 	tmpl     *template.Template
 }
 
-// judgeTransport is every judge's transport unless Judge.Client is set:
-// many rollouts are scored at once, and net/http's default transport keeps
-// two idle connections per host, so every further one would be dialled
-// for one verdict and dropped.
-var judgeTransport = func() *http.Transport {
-	t := http.DefaultTransport.(*http.Transport).Clone()
-	t.MaxIdleConnsPerHost = 256
-	return t
-}()
+// judgeClient is every judge's client unless Judge.Client is set: the
+// inference pool's transport (inference.NewHTTPClient), shared, so that
+// the verdicts of many rollouts scored at once reuse kept-alive
+// connections instead of dialling one each (net/http's default transport
+// keeps two idle per host).
+var judgeClient = inference.NewHTTPClient(256)
 
 // NewJudge validates the configuration and parses the prompt template.
 func NewJudge(j Judge) (*Judge, error) {
@@ -73,7 +72,7 @@ func NewJudge(j Judge) (*Judge, error) {
 		j.Timeout = 2 * time.Minute
 	}
 	if j.Client == nil {
-		j.Client = &http.Client{Transport: judgeTransport}
+		j.Client = judgeClient
 	}
 	return &j, nil
 }

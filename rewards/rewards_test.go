@@ -225,7 +225,7 @@ func TestJudgeKeepsConnections(t *testing.T) {
 		_, _ = w.Write([]byte(`{"choices":[{"message":{"content":"{\"score\": 1}"}}]}`))
 	}))
 	defer srv.Close()
-	defer judgeTransport.CloseIdleConnections()
+	defer judgeClient.CloseIdleConnections()
 	j, err := NewJudge(Judge{BaseURL: srv.URL, Model: "judge"})
 	if err != nil {
 		t.Fatal(err)
