@@ -25,25 +25,7 @@ var errIDs = errors.New("want an array of integer token ids")
 
 // UnmarshalJSON parses an array of integers (or null).
 func (t *TokenIDs) UnmarshalJSON(b []byte) error {
-	ids, err := parseIDs(b, nil)
-	if err != nil {
-		return err
-	}
-	*t = ids
-	return nil
-}
-
-// parseIDs parses a JSON array of int32 values (or null) into dst: b is
-// that one value.
-func parseIDs(b []byte, dst []int32) ([]int32, error) {
-	ids, end, err := scanIDs(b, skipWS(b, 0), dst)
-	if err != nil {
-		return nil, err
-	}
-	if skipWS(b, end) != len(b) {
-		return nil, fmt.Errorf("token ids: data after the array")
-	}
-	return ids, nil
+	return unmarshalWhole(b, "token ids", t.scan)
 }
 
 // scanIDs parses the array of int32 values (or null) that starts at b[i]
@@ -208,14 +190,6 @@ func skipWS(b []byte, i int) int {
 		i++
 	}
 	return i
-}
-
-func trimWS(b []byte) []byte {
-	j := len(b)
-	for j > 0 && (b[j-1] == ' ' || b[j-1] == '\n' || b[j-1] == '\t' || b[j-1] == '\r') {
-		j--
-	}
-	return b[:j]
 }
 
 // Logprobs is /v1/completions' token_logprobs: a number, or null where
