@@ -118,6 +118,11 @@ const (
 	// EventCallNotExecuted: a call of the last turn was not executed
 	// because the episode stopped (Detail: "length" or "grace_turn").
 	EventCallNotExecuted = "call_not_executed"
+	// EventDistillHint is added by the runner, not the loop, with
+	// distillation hints: the teacher scored the assistant message Message
+	// with Detail (the judge's hint) appended to the last user message
+	// before it; Original says how many of the judge's votes were positive.
+	EventDistillHint = "distill_hint"
 )
 
 // Event is one intervention of the loop, recorded so that a trainer can

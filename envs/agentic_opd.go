@@ -20,6 +20,13 @@ type Distilled interface {
 	Teacher() *inference.TeacherConfig
 }
 
+// Hinted is implemented by envs that may ask for the hint-enhanced
+// teacher context (agentic-opd's hints: true); the teacher in use, the
+// env's or the run config's, then judges every turn for a hint.
+type Hinted interface {
+	DistillHints() bool
+}
+
 // AgenticOPD ports Hermes' agentic on-policy distillation env: coding
 // tasks with hidden tests (swe-tests' tasks), scored with Hermes' blend
 // clamp(0.7·correctness + 0.15·efficiency + 0.15·tool_usage), and a
@@ -41,7 +48,9 @@ type opdConfig struct {
 	// unset = no distillation unless the run config has a distill block.
 	Teacher *inference.TeacherConfig `yaml:"teacher,omitempty" json:"teacher,omitempty"`
 	// Hints: Hermes' hint-enhanced teacher context (a judge extracts a hint
-	// from the next state). Not implemented yet: true is a config error.
+	// from each turn's next state; the teacher scores that turn with the
+	// hint in its context), with default settings unless the teacher's
+	// config has a hints block (docs/distillation.md).
 	Hints bool `yaml:"hints,omitempty" json:"hints,omitempty"`
 }
 
@@ -50,9 +59,6 @@ func init() {
 		c := opdConfig{Image: "rollout-sandbox:bookworm", SystemPrompt: DefaultSystemPrompt, MaxTurns: 15, GroupSize: 4, TestTimeout: 2 * time.Minute}
 		if err := decodeStrict(node, &c); err != nil {
 			return nil, err
-		}
-		if c.Hints {
-			return nil, fmt.Errorf("%w: hints: the hint-enhanced teacher context (judge-extracted hints) is not implemented yet; teacher scoring runs on the student's own context", ErrConfig)
 		}
 		if c.MaxTurns < 1 || c.GroupSize < 1 {
 			return nil, fmt.Errorf("%w: max_turns and group_size must be positive", ErrConfig)
@@ -69,6 +75,7 @@ var (
 	_ Env       = (*AgenticOPD)(nil)
 	_ Solver    = (*AgenticOPD)(nil)
 	_ Distilled = (*AgenticOPD)(nil)
+	_ Hinted    = (*AgenticOPD)(nil)
 )
 
 // Name implements Env.
@@ -79,6 +86,9 @@ func (e *AgenticOPD) Config() any { return e.cfg }
 
 // Teacher implements Distilled.
 func (e *AgenticOPD) Teacher() *inference.TeacherConfig { return e.cfg.Teacher }
+
+// DistillHints implements Hinted.
+func (e *AgenticOPD) DistillHints() bool { return e.cfg.Hints }
 
 // Defaults implements Env.
 func (e *AgenticOPD) Defaults() Defaults {

@@ -283,7 +283,7 @@ func TestAgenticOPDConfigAndScoring(t *testing.T) {
 			t.Errorf("tool usage %v = %v, want %v", c.names, got, c.want)
 		}
 	}
-	for _, bad := range []string{"hints: true\n", "teacher: {model: m}\n", "max_turns: -1\n"} {
+	for _, bad := range []string{"hints: yes please\n", "teacher: {model: m}\n", "max_turns: -1\n"} {
 		var n yaml.Node
 		if err := yaml.Unmarshal([]byte(bad), &n); err != nil {
 			t.Fatal(err)
@@ -297,5 +297,12 @@ func TestAgenticOPDConfigAndScoring(t *testing.T) {
 	e, err = New("agentic-opd", n.Content[0])
 	if err != nil || e.(Distilled).Teacher().TopK != 8 {
 		t.Fatalf("teacher config: %v", err)
+	}
+	if e.(Hinted).DistillHints() {
+		t.Error("hints on without hints: true")
+	}
+	_ = yaml.Unmarshal([]byte("hints: true\n"), &n)
+	if e, err = New("agentic-opd", n.Content[0]); err != nil || !e.(Hinted).DistillHints() {
+		t.Fatalf("hints: true: %v", err)
 	}
 }

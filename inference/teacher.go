@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"sort"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -33,6 +32,10 @@ type TeacherConfig struct {
 	// error or 5xx (default 3; -1 disables).
 	Timeout time.Duration `yaml:"timeout,omitempty" json:"timeout,omitempty"`
 	Retries int           `yaml:"retries,omitempty" json:"retries,omitempty"`
+	// Hints, when set, has a judge extract hints from what followed each
+	// turn and the teacher score hinted turns under the hint-enhanced
+	// context (HintTurns).
+	Hints *HintConfig `yaml:"hints,omitempty" json:"hints,omitempty"`
 }
 
 // teacherIdleConns is how many idle connections a teacher keeps.
@@ -44,6 +47,7 @@ type Teacher struct {
 	url    string
 	apiKey string
 	http   *http.Client
+	hints  *hintSetup // nil without hints
 }
 
 // NewTeacher validates cfg; getenv reads APIKeyEnv.
@@ -79,11 +83,14 @@ func NewTeacher(cfg TeacherConfig, getenv func(string) string) (*Teacher, error)
 			return nil, fmt.Errorf("distill: $%s (api_key_env) is empty", cfg.APIKeyEnv)
 		}
 	}
-	u := strings.TrimSuffix(cfg.Endpoint, "/")
-	if !strings.HasSuffix(u, "/v1") {
-		u += "/v1"
+	t.url = v1URL(cfg.Endpoint) + "/completions"
+	if cfg.Hints != nil {
+		h, err := newHintSetup(cfg, t.apiKey, getenv)
+		if err != nil {
+			return nil, err
+		}
+		t.hints = h
 	}
-	t.url = u + "/completions"
 	return t, nil
 }
 
@@ -121,7 +128,7 @@ func (t *Teacher) Score(ctx context.Context, ids []int32, want func(p int) bool)
 		return nil, nil, err
 	}
 	var resp teacherResponse
-	if err := t.post(ctx, body, &resp); err != nil {
+	if err := t.post(ctx, route{t.cfg.Endpoint, t.url, "POST /v1/completions", t.apiKey}, body, &resp); err != nil {
 		return nil, nil, err
 	}
 	if len(resp.Choices) == 0 || len(resp.Choices[0].PromptLogprobs) != len(ids) {
@@ -169,29 +176,37 @@ func (t *Teacher) Score(ctx context.Context, ids []int32, want func(p int) bool)
 	return outIDs, outLPs, nil
 }
 
-func (t *Teacher) post(ctx context.Context, body []byte, out any) error {
-	op := "POST /v1/completions"
+// route is one URL the teacher posts to: its own completions route, its
+// /tokenize, or the hint judge's chat route (with the judge's key).
+type route struct {
+	endpoint, url, op, apiKey string
+}
+
+// post sends body along r, retrying a connection error or a 5xx, and
+// decodes the answer into out.
+func (t *Teacher) post(ctx context.Context, r route, body []byte, out any) error {
+	op := r.op
 	var last error
 	for attempt := 0; attempt <= t.cfg.Retries; attempt++ {
 		if attempt > 0 {
 			d := time.Duration(200<<attempt)*time.Millisecond + time.Duration(rand.Int64N(int64(100*time.Millisecond)))
 			select {
 			case <-ctx.Done():
-				return &Error{Class: ErrInfra, Endpoint: t.cfg.Endpoint, Op: op, Msg: "distill: cancelled", Err: ctx.Err()}
+				return &Error{Class: ErrInfra, Endpoint: r.endpoint, Op: op, Msg: "distill: cancelled", Err: ctx.Err()}
 			case <-time.After(d):
 			}
 		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, t.url, bytes.NewReader(body))
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.url, bytes.NewReader(body))
 		if err != nil {
-			return &Error{Class: ErrRequest, Endpoint: t.cfg.Endpoint, Op: op, Msg: "distill: build request", Err: err}
+			return &Error{Class: ErrRequest, Endpoint: r.endpoint, Op: op, Msg: "distill: build request", Err: err}
 		}
 		req.Header.Set("Content-Type", "application/json")
-		if t.apiKey != "" {
-			req.Header.Set("Authorization", "Bearer "+t.apiKey)
+		if r.apiKey != "" {
+			req.Header.Set("Authorization", "Bearer "+r.apiKey)
 		}
 		resp, err := t.http.Do(req)
 		if err != nil {
-			last = &Error{Class: ErrInfra, Endpoint: t.cfg.Endpoint, Op: op, Msg: "distill: teacher unreachable", Err: err}
+			last = &Error{Class: ErrInfra, Endpoint: r.endpoint, Op: op, Msg: "distill: unreachable", Err: err}
 			if ctx.Err() != nil {
 				return last
 			}
@@ -201,16 +216,16 @@ func (t *Teacher) post(ctx context.Context, body []byte, out any) error {
 		resp.Body.Close()
 		switch {
 		case err != nil:
-			last = &Error{Class: ErrInfra, Endpoint: t.cfg.Endpoint, Op: op, Status: resp.StatusCode, Msg: "distill: read response", Err: err}
+			last = &Error{Class: ErrInfra, Endpoint: r.endpoint, Op: op, Status: resp.StatusCode, Msg: "distill: read response", Err: err}
 			continue
 		case resp.StatusCode >= 500:
-			last = &Error{Class: ErrInfra, Endpoint: t.cfg.Endpoint, Op: op, Status: resp.StatusCode, Msg: "distill: " + serverMessage(data)}
+			last = &Error{Class: ErrInfra, Endpoint: r.endpoint, Op: op, Status: resp.StatusCode, Msg: "distill: " + serverMessage(data)}
 			continue
 		case resp.StatusCode != http.StatusOK:
-			return &Error{Class: ErrRequest, Endpoint: t.cfg.Endpoint, Op: op, Status: resp.StatusCode, Msg: "distill: " + serverMessage(data)}
+			return &Error{Class: ErrRequest, Endpoint: r.endpoint, Op: op, Status: resp.StatusCode, Msg: "distill: " + serverMessage(data)}
 		}
 		if err := json.Unmarshal(data, out); err != nil {
-			return &Error{Class: ErrInfra, Endpoint: t.cfg.Endpoint, Op: op, Status: resp.StatusCode, Msg: "distill: malformed response: " + snippet(data), Err: err}
+			return &Error{Class: ErrInfra, Endpoint: r.endpoint, Op: op, Status: resp.StatusCode, Msg: "distill: malformed response: " + snippet(data), Err: err}
 		}
 		return nil
 	}

@@ -68,12 +68,21 @@ type Deps struct {
 	// Distiller, when set, scores each ok rollout's trained tokens with a
 	// teacher (on-policy distillation; *inference.Teacher).
 	Distiller Distiller
+	// Hinter, when set, rescores the turns a judge found a hint for under
+	// the hint-enhanced teacher context (*inference.Teacher with hints).
+	Hinter Hinter
 }
 
 // Distiller returns the teacher's top-K ids and logprobs for the positions
 // of ids that want selects (nil elsewhere).
 type Distiller interface {
 	Score(ctx context.Context, ids []int32, want func(p int) bool) ([][]int32, [][]float32, error)
+}
+
+// Hinter judges what followed each turn of a rollout and returns the
+// turns the teacher scored again under a hint (inference.HintTurns).
+type Hinter interface {
+	HintTurns(ctx context.Context, in inference.HintInput) ([]inference.HintedTurn, inference.HintStats, error)
 }
 
 // Event is a progress notification.
@@ -848,7 +857,7 @@ func (r *Runner) attempt(ctx context.Context, gr *groupRun, idx int) (ro Rollout
 		return ro
 	}
 	if r.deps.Distiller != nil {
-		if err := r.distill(ctx, &ro); err != nil {
+		if err := r.distill(ctx, &ro, len(task.Messages), sampling.ChatTemplateKwargs); err != nil {
 			kind := FailDistill
 			if ctx.Err() != nil {
 				kind = FailCancelled
@@ -1144,8 +1153,10 @@ func (e envResponder) Respond(ctx context.Context, turn int, msgs []openai.ChatC
 }
 
 // distill asks the teacher for its top-K logprobs at every trained
-// position of the rollout's sequence (the student's exact ids).
-func (r *Runner) distill(ctx context.Context, ro *Rollout) error {
+// position of the rollout's sequence (the student's exact ids), then, with
+// a Hinter, replaces the turns it found a hint for with their scores under
+// the hint-enhanced context and records each hint as a loop event.
+func (r *Runner) distill(ctx context.Context, ro *Rollout, first int, kwargs map[string]any) error {
 	seq := ro.Result.Sequence
 	if len(seq.Tokens) == 0 || !slices.Contains(seq.Mask, 1) {
 		return nil
@@ -1155,13 +1166,37 @@ func (r *Runner) distill(ctx context.Context, ro *Rollout) error {
 		last--
 	}
 	t0 := time.Now()
+	defer func() { ro.Timings.Distill = time.Since(t0) }()
 	ids, lps, err := r.deps.Distiller.Score(ctx, seq.Tokens[:last+1], func(p int) bool { return seq.Mask[p] == 1 })
-	ro.Timings.Distill = time.Since(t0)
 	if err != nil {
 		return fmt.Errorf("distill: %w", err)
 	}
 	for len(ids) < len(seq.Tokens) {
 		ids, lps = append(ids, nil), append(lps, nil)
+	}
+	if r.deps.Hinter != nil {
+		hinted, st, err := r.deps.Hinter.HintTurns(ctx, inference.HintInput{
+			Messages: ro.Result.Messages, First: first, Tools: ro.Tools, ChatTemplateKwargs: kwargs, Sequence: seq,
+		})
+		if err != nil {
+			return fmt.Errorf("distill hints: %w", err)
+		}
+		if st.Unreadable > 0 {
+			r.log.Warn("hint judge replies without a verdict (\\boxed{1} or \\boxed{-1}); those votes count for no hint",
+				"rollout", ro.ID, "unreadable", st.Unreadable, "turns_judged", st.Judged)
+		}
+		for _, h := range hinted {
+			for j := range h.IDs {
+				if h.IDs[j] != nil {
+					ids[h.Start+j], lps[h.Start+j] = h.IDs[j], h.Logprobs[j]
+				}
+			}
+			ro.Result.Events = append(ro.Result.Events, agentloop.Event{
+				Turn: h.Turn + 1, Kind: agentloop.EventDistillHint, Message: h.Message,
+				Detail: h.Hint, Original: fmt.Sprintf("%d of %d votes", h.Positive, h.Votes),
+			})
+		}
+		slices.SortStableFunc(ro.Result.Events, func(a, b agentloop.Event) int { return a.Turn - b.Turn })
 	}
 	ro.DistillTokenIDs, ro.DistillLogprobs = ids, lps
 	return nil

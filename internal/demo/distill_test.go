@@ -2,11 +2,16 @@ package demo
 
 import (
 	"context"
+	"encoding/json"
 	"math"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
+	openai "github.com/sashabaranov/go-openai"
+
+	"github.com/rollout-rl/rollout/agentloop"
 	"github.com/rollout-rl/rollout/envs"
 	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/inference/sim"
@@ -28,9 +33,15 @@ func TestDistillationEndToEnd(t *testing.T) {
 	specs := []struct {
 		env   string
 		image string
-	}{{"terminal-tasks", "rollout-sandbox:busybox"}, {"guess-number", ""}, {"agentic-opd", ""}}
-	var scripts []sim.Script
-	for _, s := range specs {
+		hints bool
+	}{{"terminal-tasks", "rollout-sandbox:busybox", false}, {"guess-number", "", false}, {"agentic-opd", "", false}, {"agentic-opd", "", true}}
+	// The hint judge is the simulator too (the teacher's endpoint, the
+	// default): its prompt opens with a fixed line, and it always finds a
+	// hint. Its script comes first: the judge's prompt quotes the task,
+	// which the env's scripts match.
+	scripts := []sim.Script{{Match: "You are reviewing one step of an AI agent's work",
+		Steps: []sim.Step{{Final: "The output shows what to check. [HINT_START]Read the failing test before you edit the code.[HINT_END]\n\\boxed{1}"}}}}
+	for _, s := range specs[:3] {
 		env, err := envs.New(s.env, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -52,18 +63,22 @@ func TestDistillationEndToEnd(t *testing.T) {
 	defer srv.Close()
 	dir := t.TempDir()
 	for _, s := range specs {
-		t.Run(s.env, func(t *testing.T) {
+		name := s.env
+		if s.hints {
+			name += "-hints"
+		}
+		t.Run(name, func(t *testing.T) {
 			cfg := runner.Config{Env: s.env, Split: "train", Groups: 2, GroupSize: 2, Seed: 1,
 				Inference: inference.Config{Backend: "vllm", Endpoints: []string{srv.URL}, Timeout: time.Minute},
 				Sampling:  inference.Sampling{MaxTokens: 1024}, Parser: "hermes",
 				RolloutTimeout: runner.Duration(3 * time.Minute),
-				Output:         runner.Output{Dir: filepath.Join(dir, s.env)},
+				Output:         runner.Output{Dir: filepath.Join(dir, name)},
 				Distill:        &inference.TeacherConfig{Endpoint: srv.URL, Model: "rollout-sim", TopK: topK}}
 			cfg.Sandbox.Image = s.image
 			if s.env == "agentic-opd" {
 				// The env brings its own teacher (env_config.teacher).
 				cfg.Distill = nil
-				if err := cfg.EnvConfig.Encode(map[string]any{"teacher": map[string]any{"endpoint": srv.URL, "model": "rollout-sim", "top_k": topK}}); err != nil {
+				if err := cfg.EnvConfig.Encode(map[string]any{"hints": s.hints, "teacher": map[string]any{"endpoint": srv.URL, "model": "rollout-sim", "top_k": topK}}); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -107,6 +122,37 @@ func TestDistillationEndToEnd(t *testing.T) {
 					if want := 0.7*c["correctness"] + 0.15*c["efficiency"] + 0.15*c["tool_usage"]; c["correctness"] != 1 || c["tool_usage"] == 0 || math.Abs(r.Reward-want) > 1e-9 {
 						t.Errorf("agentic-opd reward %v components %v", r.Reward, r.RewardComponents)
 					}
+				}
+			}
+			for _, r := range recs {
+				// Every assistant turn that something followed is judged,
+				// and this judge always finds a hint; the answer is not.
+				var hinted []int32
+				for _, ev := range r.LoopEvents {
+					if ev.Kind == agentloop.EventDistillHint {
+						hinted = append(hinted, ev.Message)
+						if ev.Detail != "Read the failing test before you edit the code." || ev.Original != "3 of 3 votes" {
+							t.Fatalf("hint event %+v", ev)
+						}
+					}
+				}
+				var msgs []openai.ChatCompletionMessage
+				if err := json.Unmarshal([]byte(r.Messages), &msgs); err != nil {
+					t.Fatal(err)
+				}
+				var want []int32
+				for i, m := range msgs {
+					if m.Role == openai.ChatMessageRoleAssistant && i+1 < len(msgs) {
+						want = append(want, int32(i))
+					}
+				}
+				if !s.hints {
+					want = nil
+				} else if len(want) == 0 {
+					t.Fatal("no assistant turn with a next state to judge")
+				}
+				if !slices.Equal(hinted, want) {
+					t.Fatalf("hints on messages %v, want %v", hinted, want)
 				}
 			}
 			if scored == 0 || agree == 0 || agree == scored {

@@ -189,3 +189,29 @@ func TestOpenTakesTheOutputLock(t *testing.T) {
 	}
 	_ = j.Close(ctx)
 }
+
+// agentic-opd's hints need a teacher: asked for without one, Open refuses
+// the config (and releases the run directory); with the run config's
+// distill block, the env's hints apply to that teacher.
+func TestHintsNeedATeacher(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	cfg := runner.Config{Env: "agentic-opd", Parser: "hermes", Output: runner.Output{Dir: dir},
+		Inference: inference.Config{Backend: inference.BackendVLLM, Endpoints: []string{"http://127.0.0.1:1"}}}
+	if err := cfg.EnvConfig.Encode(map[string]any{"hints": true}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := job.Open(ctx, cfg, job.Options{Logger: quiet}); !errors.Is(err, runner.ErrConfig) || !strings.Contains(err.Error(), "needs a teacher") {
+		t.Fatalf("hints without a teacher: %v", err)
+	}
+	cfg.Distill = &inference.TeacherConfig{Endpoint: "http://127.0.0.1:1", Model: "t", Hints: &inference.HintConfig{Votes: -2}}
+	if _, err := job.Open(ctx, cfg, job.Options{Logger: quiet}); !errors.Is(err, runner.ErrConfig) || !strings.Contains(err.Error(), "hints.votes") {
+		t.Fatalf("the distill block's own hints are used: %v", err)
+	}
+	cfg.Distill.Hints = nil
+	j, err := job.Open(ctx, cfg, job.Options{Logger: quiet})
+	if err != nil {
+		t.Fatalf("hints on the run config's teacher: %v", err)
+	}
+	_ = j.Close(ctx)
+}

@@ -237,9 +237,12 @@ func open(ctx context.Context, cfg runner.Config, opts Options) (*Job, error) {
 		Env: env, Policy: policy, Sandboxes: sbs, Images: imgs, Sinks: sinks,
 		Items: opts.Items, Progress: opts.Progress, Logger: opts.Logger, RunID: runID,
 	}
-	teacher := cfg.Distill
-	if d, ok := env.(envs.Distilled); ok && teacher == nil {
-		teacher = d.Teacher()
+	teacher, err := teacherConfig(cfg, env)
+	if err != nil {
+		if j.writer != nil {
+			_ = j.writer.Close(context.WithoutCancel(ctx))
+		}
+		return nil, fmt.Errorf("%w: %w", runner.ErrConfig, err)
 	}
 	if teacher != nil {
 		t, err := inference.NewTeacher(*teacher, os.Getenv)
@@ -253,6 +256,9 @@ func open(ctx context.Context, cfg runner.Config, opts Options) (*Job, error) {
 			return nil, fmt.Errorf("%w: %w", runner.ErrConfig, err)
 		}
 		deps.Distiller, j.teacher = t, t
+		if t.Hints() {
+			deps.Hinter = t
+		}
 	}
 	r, err := runner.New(cfg, deps)
 	if err != nil {
@@ -263,6 +269,28 @@ func open(ctx context.Context, cfg runner.Config, opts Options) (*Job, error) {
 	}
 	j.Runner = r
 	return j, nil
+}
+
+// teacherConfig is the distillation teacher: the run config's distill
+// block, else the env's own; an env that asks for hints (agentic-opd's
+// hints: true) gets them on either, with default settings unless the
+// teacher config has its own.
+func teacherConfig(cfg runner.Config, env envs.Env) (*inference.TeacherConfig, error) {
+	teacher := cfg.Distill
+	if d, ok := env.(envs.Distilled); ok && teacher == nil {
+		teacher = d.Teacher()
+	}
+	if h, ok := env.(envs.Hinted); ok && h.DistillHints() {
+		if teacher == nil {
+			return nil, fmt.Errorf("env %s: hints: true needs a teacher (env_config.teacher or a distill block)", env.Name())
+		}
+		if teacher.Hints == nil {
+			c := *teacher
+			c.Hints = &inference.HintConfig{}
+			teacher = &c
+		}
+	}
+	return teacher, nil
 }
 
 func newRunID() string {
