@@ -5,6 +5,10 @@ import (
 	"strings"
 	"testing"
 
+	openai "github.com/sashabaranov/go-openai"
+
+	"github.com/rollout-rl/rollout/inference"
+	"github.com/rollout-rl/rollout/inference/sim"
 	"github.com/rollout-rl/rollout/internal/llamacpptest"
 	"github.com/rollout-rl/rollout/rewards"
 )
@@ -35,5 +39,46 @@ func TestJudgeOnLlamaServer(t *testing.T) {
 				t.Fatalf("round %d: err = %v, want a reward error about the reply's missing verdict", round, err)
 			}
 		}
+	}
+}
+
+// TestHintJudgeOnLlamaServer: distillation hints with llama-server as the
+// judge (the teacher is the simulator: llama-server has no
+// prompt_logprobs). The judge's chat requests are accepted and answered;
+// the random-weight model writes no \boxed verdict, so every vote counts
+// for no hint — model output, not a failure — and no turn is rescored.
+func TestHintJudgeOnLlamaServer(t *testing.T) {
+	e := llamacpptest.Start(t, llamacpptest.Options{Slots: 2, Ctx: 2 * 4096, Threads: 1})
+	srv, err := sim.Start(suiteCtx(t), sim.Config{Family: "hermes", Seed: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	tc, err := inference.NewTeacher(inference.TeacherConfig{Endpoint: srv.URL, Model: "rollout-sim", TopK: 2,
+		Hints: &inference.HintConfig{Endpoint: e.URL, Model: "tiny", Votes: 2, MaxTokens: 48}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tc.Close()
+	in := inference.HintInput{
+		Messages: []openai.ChatCompletionMessage{
+			{Role: openai.ChatMessageRoleUser, Content: "Make the tests pass."},
+			{Role: openai.ChatMessageRoleAssistant, Content: "I will run them."},
+			{Role: openai.ChatMessageRoleTool, Name: "terminal", Content: "FAILED: 1 of 3"},
+			{Role: openai.ChatMessageRoleAssistant, Content: "Done."},
+		},
+		First: 1,
+		Sequence: inference.Sequence{
+			Tokens:     []int32{60, 61, 62, 63, 70, 71, 72, 64, 65, 73, 74},
+			Mask:       []int8{0, 0, 0, 0, 1, 1, 1, 0, 0, 1, 1},
+			TurnStarts: []int{4, 9},
+		},
+	}
+	hinted, st, err := tc.HintTurns(suiteCtx(t), in)
+	if err != nil {
+		t.Fatalf("judge on llama-server: %v", err)
+	}
+	if len(hinted) != 0 || st.Judged != 1 || st.Unreadable != 2 {
+		t.Fatalf("hinted %+v, stats %+v: want the one turn with a next state judged, both votes without a verdict", hinted, st)
 	}
 }
