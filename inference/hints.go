@@ -194,6 +194,10 @@ func (t *Teacher) HintTurns(ctx context.Context, in HintInput) ([]HintedTurn, Hi
 	if err != nil {
 		return nil, st, err
 	}
+	tools, err := EncodeTools(in.Tools)
+	if err != nil {
+		return nil, st, err
+	}
 	task := taskText(in.Messages)
 	out := make([]*HintedTurn, len(turns))
 	unreadable := make([]int, len(turns))
@@ -226,7 +230,7 @@ func (t *Teacher) HintTurns(ctx context.Context, in HintInput) ([]HintedTurn, Hi
 			if hint == "" {
 				return nil
 			}
-			ids, lps, err := t.scoreHinted(gctx, in, ht, hint)
+			ids, lps, err := t.scoreHinted(gctx, in, tools, ht, hint)
 			if err != nil {
 				return fmt.Errorf("hinted teacher context, turn %d: %w", ht.turn+1, err)
 			}
@@ -249,7 +253,8 @@ func (t *Teacher) HintTurns(ctx context.Context, in HintInput) ([]HintedTurn, Hi
 }
 
 // hintTurns pairs the generated assistant messages with the sequence's
-// generations and keeps those followed by a next state.
+// generations and keeps those followed by a next state, with a user
+// message before them to carry a hint and something trained in them.
 func hintTurns(in HintInput) ([]hintTurn, error) {
 	seq := in.Sequence
 	if in.First < 0 || in.First > len(in.Messages) {
@@ -272,6 +277,9 @@ func hintTurns(in HintInput) ([]hintTurn, error) {
 		}
 		if m+1 == stop {
 			continue // nothing came back: the final answer
+		}
+		if !slices.ContainsFunc(in.Messages[:m], func(x openai.ChatCompletionMessage) bool { return x.Role == openai.ChatMessageRoleUser }) {
+			continue // no user message to carry a hint
 		}
 		start, bound := seq.TurnStarts[k], len(seq.Tokens)
 		if k+1 < len(seq.TurnStarts) {
@@ -325,14 +333,10 @@ func (t *Teacher) judge(ctx context.Context, prompt string) (string, error) {
 
 // scoreHinted renders the hint-enhanced context with the teacher's
 // template and scores the turn's sampled ids after it.
-func (t *Teacher) scoreHinted(ctx context.Context, in HintInput, ht hintTurn, hint string) ([][]int32, [][]float32, error) {
+func (t *Teacher) scoreHinted(ctx context.Context, in HintInput, tools EncodedTools, ht hintTurn, hint string) ([][]int32, [][]float32, error) {
 	msgs, ok := withHint(in.Messages[:ht.msg], hint)
-	if !ok {
-		return nil, nil, fmt.Errorf("no user message before the turn to carry the hint")
-	}
-	tools, err := EncodeTools(in.Tools)
-	if err != nil {
-		return nil, nil, err
+	if !ok { // hintTurns keeps only turns with a user message before them
+		return nil, nil, errors.New("no user message before the turn to carry the hint")
 	}
 	gp := true
 	body, err := encodeBody(&TokenizeRequest{Model: t.cfg.Model, Messages: msgs, ToolsJSON: tools, AddGenerationPrompt: &gp, ChatTemplateKwargs: in.ChatTemplateKwargs}, nil, t.hints.tokenize.op, "")
