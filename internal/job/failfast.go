@@ -85,8 +85,9 @@ type endpointChecker interface {
 	Watch(ctx context.Context, o inference.WatchOptions) error
 }
 
-// Run checks the endpoints (each must answer within
-// inference.ready_timeout and serve the model), collects every group while
+// Run checks the distillation teacher (and hint judge) and the endpoints
+// (each must answer within inference.ready_timeout and serve its model),
+// collects every group while
 // watching them (a run whose endpoints all stay unreachable for
 // inference.unreachable_timeout fails with an error naming them, rather
 // than retrying forever), closes the output and the sandbox backend (even
@@ -97,14 +98,28 @@ func (j *Job) Run(ctx context.Context) (runner.Summary, error) {
 	defer j.lock.Unlock()
 	rctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	failStart := func(err error) (runner.Summary, error) {
+		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+		defer ccancel()
+		if cerr := j.Close(cctx); cerr != nil {
+			j.opts.Logger.Warn("close after the start check failed", "error", cerr)
+		}
+		return runner.Summary{}, err
+	}
+	if j.teacher != nil {
+		// The teacher scores every ok rollout: a wrong model or key would
+		// fail them all after their generation and sandbox work.
+		err := j.teacher.Ready(rctx, j.Runner.Config().Inference.ReadyTimeout)
+		if errors.Is(err, inference.ErrModelNotServed) || errors.Is(err, inference.ErrEndpointRefused) {
+			err = fmt.Errorf("%w: %w", runner.ErrConfig, err)
+		}
+		if err != nil {
+			return failStart(err)
+		}
+	}
 	if hc, ok := j.Runner.Policy().(endpointChecker); ok {
 		if err := j.ready(rctx, hc); err != nil {
-			cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
-			defer ccancel()
-			if cerr := j.Close(cctx); cerr != nil {
-				j.opts.Logger.Warn("close after the start check failed", "error", cerr)
-			}
-			return runner.Summary{}, err
+			return failStart(err)
 		}
 		wctx, wcancel := context.WithCancel(rctx)
 		var wg sync.WaitGroup

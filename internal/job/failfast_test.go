@@ -117,7 +117,8 @@ func TestStoppingRunDoesNotWaitForDeadEndpoints(t *testing.T) {
 }
 
 // The start check refuses a dead endpoint at once (ready_timeout), and a
-// model the endpoint does not serve as a config error; nothing runs.
+// model the endpoint does not serve as a config error; the same for the
+// distillation teacher and its hint judge; nothing runs.
 func TestStartCheck(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -128,18 +129,27 @@ func TestStartCheck(t *testing.T) {
 	defer srv.Close()
 	base := runner.Config{Env: "toolcall-match", GroupSize: 1, Groups: 1, Parser: "hermes",
 		Inference: inference.Config{Backend: inference.BackendVLLM, ReadyTimeout: 300 * time.Millisecond}}
+	teacher := func(endpoint, model string, hints *inference.HintConfig) *inference.TeacherConfig {
+		return &inference.TeacherConfig{Endpoint: endpoint, Model: model, Hints: hints}
+	}
 	for _, tc := range []struct {
 		name      string
 		endpoints []string
 		model     string
+		distill   *inference.TeacherConfig
 		want      error
 		wantText  string
 	}{
-		{"dead", []string{"http://127.0.0.1:1"}, "", inference.ErrUnreachable, "http://127.0.0.1:1"},
-		{"wrong model", []string{srv.URL}, "no-such-model", runner.ErrConfig, "no-such-model"},
+		{"dead", []string{"http://127.0.0.1:1"}, "", nil, inference.ErrUnreachable, "http://127.0.0.1:1"},
+		{"wrong model", []string{srv.URL}, "no-such-model", nil, runner.ErrConfig, "no-such-model"},
+		// The distillation teacher and the hint judge are checked too.
+		{"dead teacher", []string{srv.URL}, "", teacher("http://127.0.0.1:1", "rollout-sim", nil), inference.ErrUnreachable, "distill teacher start check"},
+		{"wrong teacher model", []string{srv.URL}, "", teacher(srv.URL, "big-teacher", nil), runner.ErrConfig, "big-teacher"},
+		{"wrong judge model", []string{srv.URL}, "", teacher(srv.URL, "rollout-sim", &inference.HintConfig{Model: "judge-9b"}), runner.ErrConfig, "distill hint judge start check"},
 	} {
 		cfg := base
 		cfg.Inference.Endpoints, cfg.Inference.Model = tc.endpoints, tc.model
+		cfg.Distill = tc.distill
 		cfg.Output.Dir = t.TempDir()
 		j, err := job.Open(ctx, cfg, job.Options{Logger: quiet})
 		if err != nil {
