@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"unicode/utf8"
@@ -204,12 +205,14 @@ func (t *Teacher) HintTurns(ctx context.Context, in HintInput) ([]HintedTurn, Hi
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(h.cfg.Concurrency)
 	for i, ht := range turns {
-		g.Go(func() error {
+		g.Go(func() (err error) {
+			defer recoverInto(&err, "hints, turn %d", ht.turn+1)
 			prompt := fmt.Sprintf(hintJudgePrompt, task, responseText(in.Messages[ht.msg]), nextStateText(ht.next, h.cfg.MaxNextStateChars))
 			verdicts := make([]hintVote, h.cfg.Votes)
 			vg, vctx := errgroup.WithContext(gctx)
 			for v := range verdicts {
-				vg.Go(func() error {
+				vg.Go(func() (err error) {
+					defer recoverInto(&err, "hint judge, turn %d", ht.turn+1)
 					text, err := t.judge(vctx, prompt)
 					if err != nil {
 						return err
@@ -257,6 +260,9 @@ func (t *Teacher) HintTurns(ctx context.Context, in HintInput) ([]HintedTurn, Hi
 // message before them to carry a hint and something trained in them.
 func hintTurns(in HintInput) ([]hintTurn, error) {
 	seq := in.Sequence
+	if len(seq.Tokens) != len(seq.Mask) {
+		return nil, fmt.Errorf("hints: %d tokens but %d mask entries", len(seq.Tokens), len(seq.Mask))
+	}
 	if in.First < 0 || in.First > len(in.Messages) {
 		return nil, fmt.Errorf("hints: first generated message %d outside %d messages", in.First, len(in.Messages))
 	}
@@ -486,4 +492,13 @@ func headChars(s string, limit int) string {
 	}
 	r := []rune(s)
 	return string(r[:limit]) + "\n… [truncated]"
+}
+
+// recoverInto turns a panic of a hint goroutine into its error: the
+// runner recovers its own goroutine's panics into failure records, not
+// those of goroutines started here.
+func recoverInto(err *error, format string, args ...any) {
+	if p := recover(); p != nil {
+		*err = fmt.Errorf("%s: panic: %v\n%s", fmt.Sprintf(format, args...), p, debug.Stack())
+	}
 }

@@ -107,3 +107,21 @@ func TestHintTurnsLocatesTurns(t *testing.T) {
 		t.Fatalf("response %q", s)
 	}
 }
+
+// The judge's reply is model output: any text reads without a panic, a
+// vote is readable exactly when a \boxed{±1} is in it, and a hint is text
+// found between the markers.
+func FuzzParseHintVote(f *testing.F) {
+	for _, s := range []string{"", "\\boxed{1}", "[HINT_START]x[HINT_END]\\boxed{-1}", "\\boxed{ +1 }[HINT_START][HINT_START]a[HINT_END]", "[HINT_END][HINT_START]"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, text string) {
+		v := parseHintVote(text)
+		if v.readable != boxedRE.MatchString(text) || (v.positive && !v.readable) {
+			t.Fatalf("%q: %+v", text, v)
+		}
+		if v.hint != "" && (!strings.Contains(text, v.hint) || v.hint != strings.TrimSpace(v.hint)) {
+			t.Fatalf("%q: hint %q", text, v.hint)
+		}
+	})
+}
