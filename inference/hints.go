@@ -225,9 +225,16 @@ func (t *Teacher) HintTurns(ctx context.Context, in HintInput) ([]HintedTurn, Hi
 				return fmt.Errorf("hint judge, turn %d: %w", ht.turn+1, err)
 			}
 			hint, positive := chooseHint(verdicts)
+			m := getMetrics()
 			for _, v := range verdicts {
-				if !v.readable {
+				switch {
+				case !v.readable:
 					unreadable[i]++
+					m.hintVotes.WithLabelValues("unreadable").Inc()
+				case v.positive:
+					m.hintVotes.WithLabelValues("positive").Inc()
+				default:
+					m.hintVotes.WithLabelValues("negative").Inc()
 				}
 			}
 			if hint == "" {
@@ -237,6 +244,7 @@ func (t *Teacher) HintTurns(ctx context.Context, in HintInput) ([]HintedTurn, Hi
 			if err != nil {
 				return fmt.Errorf("hinted teacher context, turn %d: %w", ht.turn+1, err)
 			}
+			m.hinted.Inc()
 			out[i] = &HintedTurn{Turn: ht.turn, Message: ht.msg, Hint: hint, Positive: positive, Votes: len(verdicts), Start: ht.start, IDs: ids, Logprobs: lps}
 			return nil
 		})

@@ -16,6 +16,10 @@ type metricSet struct {
 	errors   *prometheus.CounterVec
 	retries  *prometheus.CounterVec
 	healthy  *prometheus.GaugeVec
+	// hintVotes counts distillation hint judge votes by verdict
+	// (positive, negative, unreadable); hinted counts turns rescored.
+	hintVotes *prometheus.CounterVec
+	hinted    prometheus.Counter
 }
 
 var (
@@ -51,8 +55,16 @@ func getMetrics() *metricSet {
 				Name: "rollout_inference_endpoint_healthy",
 				Help: "1 while the endpoint's circuit breaker is closed, 0 while it is ejected.",
 			}, []string{"endpoint"}),
+			hintVotes: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "rollout_distill_hint_votes_total",
+				Help: "Distillation hint judge votes by verdict: positive, negative, unreadable (no \\boxed verdict).",
+			}, []string{"verdict"}),
+			hinted: prometheus.NewCounter(prometheus.CounterOpts{
+				Name: "rollout_distill_hinted_turns_total",
+				Help: "Turns the distillation teacher scored again under a judge's hint.",
+			}),
 		}
-		for _, c := range []prometheus.Collector{m.inFlight, m.latency, m.tokens, m.errors, m.retries, m.healthy} {
+		for _, c := range []prometheus.Collector{m.inFlight, m.latency, m.tokens, m.errors, m.retries, m.healthy, m.hintVotes, m.hinted} {
 			if err := prometheus.Register(c); err != nil {
 				var are prometheus.AlreadyRegisteredError
 				if !errors.As(err, &are) {
