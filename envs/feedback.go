@@ -15,6 +15,7 @@ import (
 
 	"github.com/rollout-rl/rollout/datasets"
 	"github.com/rollout-rl/rollout/inference"
+	"github.com/rollout-rl/rollout/internal/secretenv"
 )
 
 // Feedback is an env's answer to one assistant turn (docs/env-feedback.md).
@@ -254,7 +255,7 @@ type userSim struct {
 // ErrUserSim wraps failures of the user simulator's endpoint.
 var ErrUserSim = errors.New("user simulator")
 
-func newUserSim(s UserSimSpec, getenv func(string) string) (*userSim, error) {
+func newUserSim(s UserSimSpec) (*userSim, error) {
 	if s.BaseURL == "" || s.Model == "" {
 		return nil, fmt.Errorf("%w: responder.user_simulator: base_url and model are required", ErrConfig)
 	}
@@ -270,9 +271,9 @@ func newUserSim(s UserSimSpec, getenv func(string) string) (*userSim, error) {
 	}
 	cfg := inference.Config{Backend: inference.BackendChat, Endpoints: []string{s.BaseURL}, Model: s.Model, Timeout: s.Timeout}
 	if s.APIKeyEnv != "" {
-		cfg.APIKey = getenv(s.APIKeyEnv)
-		if cfg.APIKey == "" {
-			return nil, fmt.Errorf("%w: responder.user_simulator.api_key_env: $%s is empty", ErrConfig, s.APIKeyEnv)
+		var err error
+		if cfg.APIKey, err = secretenv.Lookup(s.APIKeyEnv); err != nil {
+			return nil, fmt.Errorf("%w: responder.user_simulator.api_key_env: %w", ErrConfig, err)
 		}
 	}
 	c, err := inference.Open(cfg)
@@ -353,7 +354,7 @@ func (u *userSim) timeout() time.Duration {
 }
 
 // buildResponder validates a YAML env's responder block.
-func buildResponder(s *ResponderSpec, getenv func(string) string) (Responder, error) {
+func buildResponder(s *ResponderSpec) (Responder, error) {
 	if s == nil {
 		return nil, nil
 	}
@@ -363,7 +364,7 @@ func buildResponder(s *ResponderSpec, getenv func(string) string) (Responder, er
 	case s.Scripted != nil:
 		return newScripted(*s.Scripted)
 	case s.UserSimulator != nil:
-		return newUserSim(*s.UserSimulator, getenv)
+		return newUserSim(*s.UserSimulator)
 	}
 	return nil, fmt.Errorf("%w: responder: give scripted or user_simulator", ErrConfig)
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"regexp"
 	"strings"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/rollout-rl/rollout/datasets"
+	"github.com/rollout-rl/rollout/internal/secretenv"
 	"github.com/rollout-rl/rollout/rewards"
 	"github.com/rollout-rl/rollout/tools"
 	"github.com/rollout-rl/rollout/tools/web"
@@ -84,8 +84,9 @@ func init() {
 		case "llm_judge":
 			key := ""
 			if c.Judge.APIKeyEnv != "" {
-				if key = os.Getenv(c.Judge.APIKeyEnv); key == "" {
-					return nil, fmt.Errorf("%w: judge.api_key_env: %s is empty or unset", ErrConfig, c.Judge.APIKeyEnv)
+				var err error
+				if key, err = secretenv.Lookup(c.Judge.APIKeyEnv); err != nil {
+					return nil, fmt.Errorf("%w: judge.api_key_env: %w", ErrConfig, err)
 				}
 			}
 			j, err := rewards.NewJudge(rewards.Judge{BaseURL: c.Judge.BaseURL, Model: c.Judge.Model, APIKey: key,

@@ -156,7 +156,7 @@ func NewYAMLEnv(spec YAMLSpec, baseDir string) (*YAMLEnv, error) {
 	if spec.GroupSize == 0 {
 		spec.GroupSize = 4
 	}
-	resp, err := buildResponder(spec.Responder, os.Getenv)
+	resp, err := buildResponder(spec.Responder)
 	if err != nil {
 		return nil, err
 	}

@@ -13,6 +13,8 @@ import (
 
 	openai "github.com/sashabaranov/go-openai"
 	"golang.org/x/sync/errgroup"
+
+	"github.com/rollout-rl/rollout/internal/secretenv"
 )
 
 // HintConfig turns on the hint-enhanced teacher context of Hermes'
@@ -77,7 +79,7 @@ type hintSetup struct {
 	tokenize route
 }
 
-func newHintSetup(tc TeacherConfig, teacherKey string, getenv func(string) string) (*hintSetup, error) {
+func newHintSetup(tc TeacherConfig, teacherKey string) (*hintSetup, error) {
 	h := *tc.Hints
 	switch {
 	case h.Votes == 0:
@@ -113,8 +115,9 @@ func newHintSetup(tc TeacherConfig, teacherKey string, getenv func(string) strin
 		s.model = tc.Model
 	}
 	if h.APIKeyEnv != "" {
-		if key = getenv(h.APIKeyEnv); key == "" {
-			return nil, fmt.Errorf("distill: $%s (hints.api_key_env) is empty", h.APIKeyEnv)
+		var err error
+		if key, err = secretenv.Lookup(h.APIKeyEnv); err != nil {
+			return nil, fmt.Errorf("distill: hints.api_key_env: %w", err)
 		}
 	} else if h.Endpoint != "" && h.Endpoint != tc.Endpoint {
 		key = "" // the teacher's key is not sent to another server

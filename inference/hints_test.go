@@ -105,7 +105,7 @@ func TestHintTurnsOnSimulator(t *testing.T) {
 	in := hintRollout(t, srv)
 	teacher := func(judge string, h inference.HintConfig) *inference.Teacher {
 		h.Endpoint, h.Model = judge, "judge"
-		tc, err := inference.NewTeacher(inference.TeacherConfig{Endpoint: srv.URL, Model: "rollout-sim", TopK: 3, Retries: -1, Timeout: 10 * time.Second, Hints: &h}, func(string) string { return "" })
+		tc, err := inference.NewTeacher(inference.TeacherConfig{Endpoint: srv.URL, Model: "rollout-sim", TopK: 3, Retries: -1, Timeout: 10 * time.Second, Hints: &h})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -185,13 +185,13 @@ func TestHintTurnsOnSimulator(t *testing.T) {
 	}
 
 	// Without hints the teacher rescored nothing.
-	plainTC, _ := inference.NewTeacher(inference.TeacherConfig{Endpoint: srv.URL, Model: "rollout-sim"}, nil)
+	plainTC, _ := inference.NewTeacher(inference.TeacherConfig{Endpoint: srv.URL, Model: "rollout-sim"})
 	defer plainTC.Close()
 	if hs, _, err := plainTC.HintTurns(ctx, in); err != nil || hs != nil || plainTC.Hints() {
 		t.Fatalf("teacher without hints: %v %v", hs, err)
 	}
 	for _, h := range []inference.HintConfig{{Votes: -1}, {MaxTokens: -5}, {APIKeyEnv: "NOPE"}} {
-		if _, err := inference.NewTeacher(inference.TeacherConfig{Endpoint: srv.URL, Model: "m", Hints: &h}, func(string) string { return "" }); err == nil {
+		if _, err := inference.NewTeacher(inference.TeacherConfig{Endpoint: srv.URL, Model: "m", Hints: &h}); err == nil {
 			t.Errorf("hints %+v accepted", h)
 		}
 	}

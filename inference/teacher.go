@@ -14,6 +14,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/rollout-rl/rollout/internal/secretenv"
 )
 
 // TeacherConfig is the teacher endpoint of on-policy distillation
@@ -51,8 +53,8 @@ type Teacher struct {
 	hints  *hintSetup // nil without hints
 }
 
-// NewTeacher validates cfg; getenv reads APIKeyEnv.
-func NewTeacher(cfg TeacherConfig, getenv func(string) string) (*Teacher, error) {
+// NewTeacher validates cfg and reads its keys' variables (secretenv).
+func NewTeacher(cfg TeacherConfig) (*Teacher, error) {
 	if cfg.Endpoint == "" || cfg.Model == "" {
 		return nil, errors.New("distill: teacher endpoint and model are required")
 	}
@@ -80,13 +82,14 @@ func NewTeacher(cfg TeacherConfig, getenv func(string) string) (*Teacher, error)
 	// close the default transport's connections for the whole process.
 	t := &Teacher{cfg: cfg, http: &http.Client{Timeout: cfg.Timeout, Transport: newTransport(teacherIdleConns, nil)}}
 	if cfg.APIKeyEnv != "" {
-		if t.apiKey = getenv(cfg.APIKeyEnv); t.apiKey == "" {
-			return nil, fmt.Errorf("distill: $%s (api_key_env) is empty", cfg.APIKeyEnv)
+		var err error
+		if t.apiKey, err = secretenv.Lookup(cfg.APIKeyEnv); err != nil {
+			return nil, fmt.Errorf("distill: api_key_env: %w", err)
 		}
 	}
 	t.url = v1URL(cfg.Endpoint) + "/completions"
 	if cfg.Hints != nil {
-		h, err := newHintSetup(cfg, t.apiKey, getenv)
+		h, err := newHintSetup(cfg, t.apiKey)
 		if err != nil {
 			return nil, err
 		}

@@ -20,7 +20,7 @@ func TestTeacherScoresAgainstSimulator(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Close()
-	tc, err := inference.NewTeacher(inference.TeacherConfig{Endpoint: srv.URL, Model: "rollout-sim", TopK: 4}, func(string) string { return "" })
+	tc, err := inference.NewTeacher(inference.TeacherConfig{Endpoint: srv.URL, Model: "rollout-sim", TopK: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,22 +66,22 @@ func TestTeacherScoresAgainstSimulator(t *testing.T) {
 	}
 
 	// Refusals are request errors; an unreachable teacher is infra.
-	big, _ := inference.NewTeacher(inference.TeacherConfig{Endpoint: srv.URL, Model: "rollout-sim", TopK: 50}, nil)
+	big, _ := inference.NewTeacher(inference.TeacherConfig{Endpoint: srv.URL, Model: "rollout-sim", TopK: 50})
 	if _, _, err := big.Score(context.Background(), ids, want); !errors.Is(err, inference.ErrRequest) {
 		t.Fatalf("top_k over the server's limit: %v", err)
 	}
 	big.Close()
-	dead, _ := inference.NewTeacher(inference.TeacherConfig{Endpoint: "http://127.0.0.1:1", Model: "m", Retries: -1, Timeout: 5 * time.Second}, nil)
+	dead, _ := inference.NewTeacher(inference.TeacherConfig{Endpoint: "http://127.0.0.1:1", Model: "m", Retries: -1, Timeout: 5 * time.Second})
 	if _, _, err := dead.Score(context.Background(), ids, want); !errors.Is(err, inference.ErrInfra) {
 		t.Fatalf("dead teacher: %v", err)
 	}
 	dead.Close()
 	for _, c := range []inference.TeacherConfig{{Model: "m"}, {Endpoint: "http://x"}, {Endpoint: "http://x", Model: "m", TopK: -1}} {
-		if _, err := inference.NewTeacher(c, nil); err == nil {
+		if _, err := inference.NewTeacher(c); err == nil {
 			t.Errorf("%+v accepted", c)
 		}
 	}
-	if _, err := inference.NewTeacher(inference.TeacherConfig{Endpoint: "http://x", Model: "m", APIKeyEnv: "K"}, func(string) string { return "" }); err == nil {
+	if _, err := inference.NewTeacher(inference.TeacherConfig{Endpoint: "http://x", Model: "m", APIKeyEnv: "K"}); err == nil {
 		t.Error("empty api key accepted")
 	}
 }
@@ -105,7 +105,7 @@ func TestTeacherKeepsConnections(t *testing.T) {
 		_ = json.NewEncoder(w).Encode(map[string]any{"choices": []any{map[string]any{"prompt_logprobs": pl}}})
 	}))
 	defer srv.Close()
-	tc, err := inference.NewTeacher(inference.TeacherConfig{Endpoint: srv.URL, Model: "m", TopK: 1}, func(string) string { return "" })
+	tc, err := inference.NewTeacher(inference.TeacherConfig{Endpoint: srv.URL, Model: "m", TopK: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -341,7 +341,7 @@ func (c Config) Validate() error {
 	case c.MaxTurns < 0:
 		return bad("max_turns", "must not be negative")
 	case mcp.Validate(c.MCPServers) != nil:
-		return fmt.Errorf("%w: %v", ErrConfig, mcp.Validate(c.MCPServers))
+		return fmt.Errorf("%w: %w", ErrConfig, mcp.Validate(c.MCPServers))
 	case c.Retries < -1:
 		return bad("retries", "must be -1 (no retries), 0 (the default, 2) or positive")
 	case c.Loop.OnTruncation != "" && c.Loop.OnTruncation != agentloop.TruncationStop && c.Loop.OnTruncation != agentloop.TruncationToolError:

@@ -18,6 +18,7 @@ import (
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
+	"github.com/rollout-rl/rollout/internal/secretenv"
 )
 
 // TestInvalidArgument: malformed requests fail with InvalidArgument (or
@@ -315,4 +316,37 @@ func TestMaxMsgSize(t *testing.T) {
 	defer conn.Close()
 	_, err = rolloutv1.NewRolloutServiceClient(conn).StartJob(bg(t), startReq(strings.Repeat("#", 4096), ""))
 	wantCode(t, "oversized request", err, codes.ResourceExhausted, "")
+}
+
+// TestSecretEnvConfined: under `rollout serve --allow-env`, a job config
+// may name only the allowed variables for its secrets; any other is
+// refused with PermissionDenied before the job starts, so that a client
+// cannot have the server send, say, its cloud credentials to an endpoint
+// of the client's choosing.
+func TestSecretEnvConfined(t *testing.T) {
+	t.Setenv("ROLLOUT_TEST_SERVER_SECRET", "do-not-send")
+	t.Setenv("ROLLOUT_TEST_ALLOWED_KEY", "fine")
+	defer secretenv.Restrict([]string{"ROLLOUT_TEST_ALLOWED_*"})()
+	data := t.TempDir()
+	h := startServer(t, Options{DataDir: data, StateDir: filepath.Join(data, "state")}, RunOptions{})
+	ctx := bg(t)
+	valid := jobYAML("http://127.0.0.1:9", "runs/x", 1, 2)
+	for _, tc := range []struct{ name, yaml, field string }{
+		{"teacher key", valid + "distill: {endpoint: 'http://127.0.0.1:9', model: m, api_key_env: ROLLOUT_TEST_SERVER_SECRET}\n", "api_key_env"},
+		{"judge key", valid + "distill: {endpoint: 'http://127.0.0.1:9', model: m, hints: {api_key_env: ROLLOUT_TEST_SERVER_SECRET}}\n", "hints.api_key_env"},
+		{"mcp token", valid + "mcp_servers: [{name: m, url: 'http://127.0.0.1:9/mcp', bearer_token_env: ROLLOUT_TEST_SERVER_SECRET}]\n", "ROLLOUT_TEST_SERVER_SECRET"},
+	} {
+		_, err := h.cli.StartJob(ctx, startReq(tc.yaml, ""))
+		wantCode(t, tc.name, err, codes.PermissionDenied, tc.field)
+	}
+	// An allowed name is read; the job starts (and fails later at its
+	// start check: nothing listens there).
+	ok := strings.Replace(valid, "runs/x", "runs/ok", 1) + "distill: {endpoint: 'http://127.0.0.1:9', model: m, api_key_env: ROLLOUT_TEST_ALLOWED_KEY}\n"
+	j, err := h.cli.StartJob(ctx, startReq(ok, ""))
+	if err != nil {
+		t.Fatalf("allowed variable: %v", err)
+	}
+	if _, err := h.cli.CancelJob(ctx, &rolloutv1.CancelJobRequest{JobId: j.GetJob().GetId()}); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -25,6 +25,7 @@ import (
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
 	"github.com/rollout-rl/rollout/internal/dockerclient"
 	"github.com/rollout-rl/rollout/internal/job"
+	"github.com/rollout-rl/rollout/internal/secretenv"
 	"github.com/rollout-rl/rollout/internal/version"
 	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/sandbox"
@@ -630,6 +631,9 @@ func fieldStatus(field string, err error) error {
 	if _, ok := status.FromError(err); ok {
 		return err
 	}
+	if errors.Is(err, secretenv.ErrNotAllowed) {
+		return status.Error(codes.PermissionDenied, field+": "+err.Error())
+	}
 	if errors.Is(err, runner.ErrConfig) || errors.Is(err, envs.ErrConfig) || errors.Is(err, datasets.ErrInvalid) {
 		return status.Error(codes.InvalidArgument, field+": "+err.Error())
 	}
@@ -645,6 +649,8 @@ func toStatus(err error) error {
 		return err
 	}
 	switch {
+	case errors.Is(err, secretenv.ErrNotAllowed):
+		return status.Error(codes.PermissionDenied, err.Error())
 	case errors.Is(err, runner.ErrConfig), errors.Is(err, envs.ErrConfig), errors.Is(err, datasets.ErrInvalid):
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, job.ErrOutputInUse):

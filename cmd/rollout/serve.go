@@ -14,6 +14,7 @@ import (
 
 	"github.com/rollout-rl/rollout/atropos"
 	"github.com/rollout-rl/rollout/internal/job"
+	"github.com/rollout-rl/rollout/internal/secretenv"
 	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/sandbox"
 	"github.com/rollout-rl/rollout/server"
@@ -27,6 +28,7 @@ type serveFlags struct {
 	stateDir       string
 	dataDir        string
 	allowPaths     []string
+	allowEnv       []string
 	tokenFile      string
 	tlsCert        string
 	tlsKey         string
@@ -75,6 +77,7 @@ Off loopback the server requires --auth-token-file (clients send
 	fl.StringVar(&f.dataDir, "data-dir", ".", "where relative paths of job configs resolve (output.dir, dataset.path, env files)")
 	fl.StringVar(&f.stateDir, "state-dir", "", "where job states are kept so jobs resume after a restart (default <data-dir>/.rollout-server; \"none\" disables)")
 	fl.StringSliceVar(&f.allowPaths, "allow-path", nil, "absolute path prefix job configs may use besides --data-dir (repeatable)")
+	fl.StringSliceVar(&f.allowEnv, "allow-env", nil, "environment variable job configs may name for a secret (api_key_env, bearer_token_env): a name, or a prefix ending in * (repeatable; default: none)")
 	fl.StringVar(&f.tokenFile, "auth-token-file", "", "file holding the bearer token clients must send (required off loopback)")
 	fl.StringVar(&f.tlsCert, "tls-cert", "", "TLS certificate (PEM); with --tls-key")
 	fl.StringVar(&f.tlsKey, "tls-key", "", "TLS private key (PEM); with --tls-cert")
@@ -132,6 +135,9 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 		t.TLS = cfg
 	}
 	t.MaxMsgSize, t.RateLimit, t.RateBurst = f.maxMsgSize, f.rateLimit, f.rateBurst
+	// Job configs come from clients: the variables they may name for a
+	// secret are the operator's choice, none by default.
+	defer secretenv.Restrict(f.allowEnv)()
 
 	log := newLogger(os.Stderr)
 	// Deferred first, so it flushes last: after the drain and sandbox removal.

@@ -106,19 +106,16 @@ func (j *Job) Run(ctx context.Context) (runner.Summary, error) {
 		}
 		return runner.Summary{}, err
 	}
+	wait := j.Runner.Config().Inference.ReadyTimeout
 	if j.teacher != nil {
 		// The teacher scores every ok rollout: a wrong model or key would
 		// fail them all after their generation and sandbox work.
-		err := j.teacher.Ready(rctx, j.Runner.Config().Inference.ReadyTimeout)
-		if errors.Is(err, inference.ErrModelNotServed) || errors.Is(err, inference.ErrEndpointRefused) {
-			err = fmt.Errorf("%w: %w", runner.ErrConfig, err)
-		}
-		if err != nil {
+		if err := j.ready(rctx, "the distillation start check", func(ctx context.Context) error { return j.teacher.Ready(ctx, wait) }); err != nil {
 			return failStart(err)
 		}
 	}
 	if hc, ok := j.Runner.Policy().(endpointChecker); ok {
-		if err := j.ready(rctx, hc); err != nil {
+		if err := j.ready(rctx, "the inference start check", func(ctx context.Context) error { return hc.Ready(ctx, 0) }); err != nil {
 			return failStart(err)
 		}
 		wctx, wcancel := context.WithCancel(rctx)
@@ -144,9 +141,10 @@ func (j *Job) Run(ctx context.Context) (runner.Summary, error) {
 	return sum, err
 }
 
-// ready runs the start check; a job cancelled meanwhile (intake stopped)
-// stops waiting at once.
-func (j *Job) ready(ctx context.Context, hc endpointChecker) error {
+// ready runs a start check (what names it in the error of a job
+// cancelled meanwhile: intake stopped, it stops waiting at once). A model
+// not served or a key refused is a config error.
+func (j *Job) ready(ctx context.Context, what string, check func(context.Context) error) error {
 	cctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	stop := make(chan struct{})
@@ -154,16 +152,16 @@ func (j *Job) ready(ctx context.Context, hc endpointChecker) error {
 	go func() {
 		select {
 		case <-j.Runner.Stopping():
-			cancel(fmt.Errorf("cancelled during the inference start check: %w", runner.ErrIntakeStopped))
+			cancel(fmt.Errorf("cancelled during %s: %w", what, runner.ErrIntakeStopped))
 		case <-stop:
 		}
 	}()
-	err := hc.Ready(cctx, 0)
+	err := check(cctx)
 	switch {
 	case err == nil:
 		return nil
 	case errors.Is(err, inference.ErrModelNotServed), errors.Is(err, inference.ErrEndpointRefused):
-		return fmt.Errorf("%w: inference: %w", runner.ErrConfig, err)
+		return fmt.Errorf("%w: %w", runner.ErrConfig, err)
 	}
 	return err
 }

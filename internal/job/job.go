@@ -245,7 +245,7 @@ func open(ctx context.Context, cfg runner.Config, opts Options) (*Job, error) {
 		return nil, fmt.Errorf("%w: %w", runner.ErrConfig, err)
 	}
 	if teacher != nil {
-		t, err := inference.NewTeacher(*teacher, os.Getenv)
+		t, err := inference.NewTeacher(*teacher)
 		if err == nil && cfg.Distill == nil && cfg.Inference.Backend == inference.BackendChat && !cfg.Inference.ChatTokenIDs {
 			err = fmt.Errorf("env %s: its teacher scores the student's token ids: use a tokens-mode backend, or chat with inference.chat_token_ids", env.Name())
 		}

@@ -55,7 +55,7 @@ func TestHintJudgeOnLlamaServer(t *testing.T) {
 	}
 	defer srv.Close()
 	tc, err := inference.NewTeacher(inference.TeacherConfig{Endpoint: srv.URL, Model: "rollout-sim", TopK: 2,
-		Hints: &inference.HintConfig{Endpoint: e.URL, Model: "tiny", Votes: 2, MaxTokens: 48}}, nil)
+		Hints: &inference.HintConfig{Endpoint: e.URL, Model: "tiny", Votes: 2, MaxTokens: 48}})
 	if err != nil {
 		t.Fatal(err)
 	}

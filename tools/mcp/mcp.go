@@ -23,7 +23,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"os"
 	"regexp"
 	"strings"
 	"sync"
@@ -32,6 +31,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/rollout-rl/rollout/internal/secretenv"
 	"github.com/rollout-rl/rollout/internal/version"
 	"github.com/rollout-rl/rollout/sandbox"
 	"github.com/rollout-rl/rollout/tools"
@@ -81,6 +81,11 @@ func Validate(servers []Server) error {
 		}
 		if s.URL == "" && (s.BearerTokenEnv != "") {
 			return fmt.Errorf("mcp_servers[%d] (%s): bearer_token_env applies to url servers only", i, s.Name)
+		}
+		if s.BearerTokenEnv != "" && !secretenv.Allowed(s.BearerTokenEnv) {
+			// Checked here too, not only when a rollout connects: a
+			// server's client learns it at once.
+			return fmt.Errorf("mcp_servers[%d] (%s): bearer_token_env: environment variable %s: %w", i, s.Name, s.BearerTokenEnv, secretenv.ErrNotAllowed)
 		}
 		if s.URL != "" && (len(s.Env) > 0 || s.Cwd != "") {
 			return fmt.Errorf("mcp_servers[%d] (%s): env and cwd apply to command servers only", i, s.Name)
@@ -203,9 +208,9 @@ func open(ctx context.Context, cfg Server, sb sandbox.Sandbox) (*session, []tool
 	} else {
 		hc := &http.Client{}
 		if cfg.BearerTokenEnv != "" {
-			tok := os.Getenv(cfg.BearerTokenEnv)
-			if tok == "" {
-				return nil, nil, fmt.Errorf("mcp server %s: bearer_token_env: %s is empty or unset", cfg.Name, cfg.BearerTokenEnv)
+			tok, err := secretenv.Lookup(cfg.BearerTokenEnv)
+			if err != nil {
+				return nil, nil, fmt.Errorf("mcp server %s: bearer_token_env: %w", cfg.Name, err)
 			}
 			hc.Transport = bearer{tok: tok, next: http.DefaultTransport}
 		}

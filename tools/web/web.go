@@ -21,10 +21,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
+	"github.com/rollout-rl/rollout/internal/secretenv"
 	"github.com/rollout-rl/rollout/tools"
 )
 
@@ -131,9 +131,9 @@ func New(c Config, docs []Doc) (Provider, error) {
 	c.defaults()
 	key := ""
 	if c.APIKeyEnv != "" {
-		key = os.Getenv(c.APIKeyEnv)
-		if key == "" {
-			return nil, fmt.Errorf("%w: api_key_env: environment variable %s is empty or unset", ErrConfig, c.APIKeyEnv)
+		var err error
+		if key, err = secretenv.Lookup(c.APIKeyEnv); err != nil {
+			return nil, fmt.Errorf("%w: api_key_env: %w", ErrConfig, err)
 		}
 	}
 	switch c.Provider {
