@@ -20,7 +20,7 @@ func newDemoCmd() *cobra.Command {
 	var successProb float64
 	var seed int64
 	var envSpecs []string
-	var distill bool
+	var distill, hints bool
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Run the main job end to end: the built-in simulator, real Docker sandboxes, terminal-tasks and swe-tests",
@@ -59,7 +59,7 @@ groups of 8).`,
 			bars := map[string]*progress{}
 			results, err := demo.Run(ctx, demo.Options{
 				Out: out, Specs: specs, Backend: backend, Family: family,
-				SuccessProb: successProb, Seed: seed, Logger: log, Distill: distill, SandboxBackend: sandboxBackend,
+				SuccessProb: successProb, Seed: seed, Logger: log, Distill: distill, Hints: hints, SandboxBackend: sandboxBackend,
 				Progress: func(env string, e runner.Event) {
 					p, ok := bars[env]
 					if !ok {
@@ -90,6 +90,7 @@ groups of 8).`,
 	cmd.Flags().Float64Var(&successProb, "success-prob", 0.7, "probability that a rollout follows the correct solution")
 	cmd.Flags().Int64Var(&seed, "seed", 1, "simulator seed")
 	cmd.Flags().BoolVar(&distill, "distill", false, "also score every trained token with the simulator as the distillation teacher (top-5 prompt_logprobs)")
+	cmd.Flags().BoolVar(&hints, "hints", false, "with --distill: the simulator also judges each turn's next state for a hint, and the teacher rescores hinted turns (distill_hint loop events)")
 	cmd.Flags().StringArrayVar(&envSpecs, "env", nil, "env to run instead of the default ones, as name[:groups[:group_size]] (repeatable; any env with reference solutions, e.g. task-suite, web-research, guess-number; eval-only envs run as evaluations)")
 	return cmd
 }

@@ -9,6 +9,7 @@ package demo
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"path/filepath"
@@ -145,6 +146,9 @@ type Options struct {
 	// Distill makes the simulator the distillation teacher too (top-K 5):
 	// every trained token gets its prompt_logprobs (docs/distillation.md).
 	Distill bool
+	// Hints (with Distill) turns on the hint-enhanced teacher context, the
+	// simulator being the judge too (HintJudgeScript).
+	Hints bool
 	// Reuse runs the sandboxes with a read-only root and resets them in
 	// place between rollouts (sandbox.reuse).
 	Reuse bool
@@ -195,6 +199,21 @@ func ParseSpecs(in []string) ([]Spec, error) {
 	return out, nil
 }
 
+// HintJudge is the hint the simulator writes as a distillation hint judge
+// (HintJudgeScript) on its correct path; on its wrong path it finds none.
+const HintJudge = "Read the failing test before you edit the code."
+
+// HintJudgeScript makes the simulator a distillation hint judge: it
+// recognises the judge's prompt by its fixed opening, and answers with a
+// hint (\boxed{1}), or, with probability 1 - SuccessProb, without
+// (\boxed{-1}). It must come before the envs' scripts: the judge's prompt
+// quotes the task, which those match.
+func HintJudgeScript() sim.Script {
+	return sim.Script{Match: "You are reviewing one step of an AI agent's work",
+		Steps: []sim.Step{{Final: "The output shows what to check. [HINT_START]" + HintJudge + "[HINT_END]\n\\boxed{1}"}},
+		Wrong: []sim.Step{{Final: "Nothing here says the step should have gone otherwise. \\boxed{-1}"}}}
+}
+
 // Run starts the simulator with every spec's scripts and runs the specs one
 // after another.
 func Run(ctx context.Context, o Options) ([]Result, error) {
@@ -210,7 +229,13 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
+	if o.Hints && !o.Distill {
+		return nil, errors.New("hints need distillation (--distill)")
+	}
 	var scripts []sim.Script
+	if o.Hints {
+		scripts = append(scripts, HintJudgeScript())
+	}
 	for _, s := range o.Specs {
 		env, _, err := s.env()
 		if err != nil {
@@ -262,6 +287,9 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 		}
 		if o.Distill {
 			cfg.Distill = &inference.TeacherConfig{Endpoint: srv.URL, Model: "rollout-sim", TopK: 5}
+			if o.Hints {
+				cfg.Distill.Hints = &inference.HintConfig{}
+			}
 		}
 		name := s.Env
 		prog := func(e runner.Event) {

@@ -36,11 +36,8 @@ func TestDistillationEndToEnd(t *testing.T) {
 		hints bool
 	}{{"terminal-tasks", "rollout-sandbox:busybox", false}, {"guess-number", "", false}, {"agentic-opd", "", false}, {"agentic-opd", "", true}}
 	// The hint judge is the simulator too (the teacher's endpoint, the
-	// default): its prompt opens with a fixed line, and it always finds a
-	// hint. Its script comes first: the judge's prompt quotes the task,
-	// which the env's scripts match.
-	scripts := []sim.Script{{Match: "You are reviewing one step of an AI agent's work",
-		Steps: []sim.Step{{Final: "The output shows what to check. [HINT_START]Read the failing test before you edit the code.[HINT_END]\n\\boxed{1}"}}}}
+	// default); with SuccessProb 1 it always finds a hint.
+	scripts := []sim.Script{HintJudgeScript()}
 	for _, s := range specs[:3] {
 		env, err := envs.New(s.env, nil)
 		if err != nil {
@@ -131,7 +128,7 @@ func TestDistillationEndToEnd(t *testing.T) {
 				for _, ev := range r.LoopEvents {
 					if ev.Kind == agentloop.EventDistillHint {
 						hinted = append(hinted, ev.Message)
-						if ev.Detail != "Read the failing test before you edit the code." || ev.Original != "3 of 3 votes" {
+						if ev.Detail != HintJudge || ev.Original != "3 of 3 votes" {
 							t.Fatalf("hint event %+v", ev)
 						}
 					}
