@@ -6,6 +6,7 @@ import (
 	"math"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -173,4 +174,12 @@ func TestDistillationEndToEnd(t *testing.T) {
 		})
 	}
 	assertNoContainers(t)
+}
+
+// Hints without distillation have no teacher to rescore with: refused
+// before anything starts.
+func TestDemoHintsNeedDistill(t *testing.T) {
+	if _, err := Run(context.Background(), Options{Hints: true, Specs: []Spec{{Env: "guess-number", Groups: 1}}}); err == nil || !strings.Contains(err.Error(), "--distill") {
+		t.Fatalf("hints without --distill: %v", err)
+	}
 }
