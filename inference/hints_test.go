@@ -12,11 +12,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	openai "github.com/sashabaranov/go-openai"
 
 	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/inference/sim"
+	"github.com/rollout-rl/rollout/internal/metrictest"
 )
 
 // judgeServer answers every chat request with reply(prompt) and counts the
@@ -123,7 +123,7 @@ func TestHintTurnsOnSimulator(t *testing.T) {
 		return "Nothing to add. \\boxed{-1}"
 	})
 	tc := teacher(judge.URL, inference.HintConfig{})
-	hinted0, positive0 := counterValue(t, "rollout_distill_hinted_turns_total", ""), counterValue(t, "rollout_distill_hint_votes_total", "positive")
+	hinted0, positive0 := metrictest.Find(t, "rollout_distill_hinted_turns_total", "", "").GetCounter().GetValue(), metrictest.Find(t, "rollout_distill_hint_votes_total", "verdict", "positive").GetCounter().GetValue()
 	hinted, st, err := tc.HintTurns(ctx, in)
 	if err != nil {
 		t.Fatal(err)
@@ -134,7 +134,7 @@ func TestHintTurnsOnSimulator(t *testing.T) {
 	if len(hinted) != 1 {
 		t.Fatalf("%d hinted turns, want 1", len(hinted))
 	}
-	if d, p := counterValue(t, "rollout_distill_hinted_turns_total", "")-hinted0, counterValue(t, "rollout_distill_hint_votes_total", "positive")-positive0; d != 1 || p != 3 {
+	if d, p := metrictest.Find(t, "rollout_distill_hinted_turns_total", "", "").GetCounter().GetValue()-hinted0, metrictest.Find(t, "rollout_distill_hint_votes_total", "verdict", "positive").GetCounter().GetValue()-positive0; d != 1 || p != 3 {
 		t.Fatalf("metrics: %v hinted turns, %v positive votes; want 1 and 3", d, p)
 	}
 	h := hinted[0]
@@ -195,25 +195,4 @@ func TestHintTurnsOnSimulator(t *testing.T) {
 			t.Errorf("hints %+v accepted", h)
 		}
 	}
-}
-
-// counterValue reads a counter of the default registry (label verdict when
-// set).
-func counterValue(t *testing.T, name, verdict string) float64 {
-	t.Helper()
-	mfs, err := prometheus.DefaultGatherer.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if verdict == "" || (len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == verdict) {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
 }

@@ -16,7 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -25,6 +24,7 @@ import (
 	"github.com/rollout-rl/rollout/inference/sim"
 	"github.com/rollout-rl/rollout/internal/demo"
 	"github.com/rollout-rl/rollout/internal/job"
+	"github.com/rollout-rl/rollout/internal/metrictest"
 	"github.com/rollout-rl/rollout/sandbox"
 	"github.com/rollout-rl/rollout/trajectory"
 )
@@ -366,23 +366,7 @@ func checkSandboxedRun(t *testing.T, dir string, wantGroups int, backend string)
 // label = value (0 when it has none yet).
 func histogramCount(t *testing.T, name, label, value string) uint64 {
 	t.Helper()
-	mfs, err := prometheus.DefaultGatherer.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					return m.GetHistogram().GetSampleCount()
-				}
-			}
-		}
-	}
-	return 0
+	return metrictest.Find(t, name, label, value).GetHistogram().GetSampleCount()
 }
 
 // newShared returns the server's shared sandbox backends under a fresh

@@ -17,14 +17,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/moby/moby/api/types/container"
 	"github.com/moby/moby/client"
 	"go.uber.org/goleak"
 
 	"github.com/rollout-rl/rollout/inference/sim"
 	"github.com/rollout-rl/rollout/internal/dockerclient"
+	"github.com/rollout-rl/rollout/internal/metrictest"
 	"github.com/rollout-rl/rollout/sandbox"
 	"github.com/rollout-rl/rollout/sandbox/image"
 	"github.com/rollout-rl/rollout/trajectory"
@@ -445,21 +444,5 @@ func resetsDone(t *testing.T) float64 { return resetCount(t, "ok") }
 // resetCount reads rollout_sandbox_resets_total{result}.
 func resetCount(t *testing.T, result string) float64 {
 	t.Helper()
-	mfs, err := prometheus.DefaultGatherer.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "rollout_sandbox_resets_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "result" && l.GetValue() == result {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
+	return metrictest.Find(t, "rollout_sandbox_resets_total", "result", result).GetCounter().GetValue()
 }
