@@ -18,6 +18,7 @@ import (
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
+	"github.com/rollout-rl/rollout/inference/sim"
 	"github.com/rollout-rl/rollout/internal/secretenv"
 )
 
@@ -75,7 +76,14 @@ func TestInvalidArgument(t *testing.T) {
 	start := func(cfg string, credits int32) *rolloutv1.CollectGroupsRequest {
 		return &rolloutv1.CollectGroupsRequest{Msg: &rolloutv1.CollectGroupsRequest_Start{Start: &rolloutv1.CollectStart{ConfigYaml: cfg, InitialCredits: credits}}}
 	}
-	collectCfg := jobYAML("http://127.0.0.1:9", "", 0, 2)
+	// A collect stream checks its endpoints at start (as a job's Run):
+	// the messages after start need a live one.
+	simSrv, err := sim.Start(ctx, sim.Config{Family: "hermes"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer simSrv.Close()
+	collectCfg := jobYAML(simSrv.URL, "", 0, 2)
 	for _, tc := range []struct {
 		name  string
 		msgs  []*rolloutv1.CollectGroupsRequest
@@ -96,6 +104,15 @@ func TestInvalidArgument(t *testing.T) {
 		err := collectErr(ctx, h.cli, tc.msgs)
 		wantCode(t, tc.name, err, codes.InvalidArgument, tc.field)
 	}
+	// The start check: a model the endpoint does not serve is a config
+	// error, an endpoint that does not answer is Unavailable, and so is a
+	// distillation teacher that does not.
+	wrongModel := strings.Replace(collectCfg, "  timeout: 2m\n", "  timeout: 2m\n  model: no-such-model\n", 1)
+	wantCode(t, "collect with a model not served", collectErr(ctx, h.cli, []*rolloutv1.CollectGroupsRequest{start(wrongModel, 0)}), codes.InvalidArgument, "no-such-model")
+	dead := strings.Replace(jobYAML("http://127.0.0.1:9", "", 0, 2), "  timeout: 2m\n", "  timeout: 2m\n  ready_timeout: 200ms\n", 1)
+	wantCode(t, "collect with a dead endpoint", collectErr(ctx, h.cli, []*rolloutv1.CollectGroupsRequest{start(dead, 0)}), codes.Unavailable, "127.0.0.1:9")
+	deadTeacher := strings.Replace(collectCfg, "  timeout: 2m\n", "  timeout: 2m\n  ready_timeout: 200ms\n", 1) + "distill: {endpoint: 'http://127.0.0.1:9', model: t}\n"
+	wantCode(t, "collect with a dead teacher", collectErr(ctx, h.cli, []*rolloutv1.CollectGroupsRequest{start(deadTeacher, 0)}), codes.Unavailable, "distill teacher start check")
 }
 
 // collectErr sends msgs on a CollectGroups stream and returns the error

@@ -162,6 +162,12 @@ func (s *Server) CollectGroups(stream rolloutv1.RolloutService_CollectGroupsServ
 		return err
 	}
 	defer release()
+	// As a job's Run would: a wrong model, key or endpoint fails the
+	// stream now, not every group the trainer asks for.
+	if err := j.StartCheck(ctx); err != nil {
+		_ = j.Close(context.WithoutCancel(ctx))
+		return fieldStatus("start.config_yaml", err)
+	}
 	c.j, c.env = j, j.Env.Name()
 	if start.FromSequence != nil {
 		if err := c.resume(cfg, *start.FromSequence); err != nil {

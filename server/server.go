@@ -23,6 +23,7 @@ import (
 	"github.com/rollout-rl/rollout/datasets"
 	"github.com/rollout-rl/rollout/envs"
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
+	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/internal/dockerclient"
 	"github.com/rollout-rl/rollout/internal/job"
 	"github.com/rollout-rl/rollout/internal/secretenv"
@@ -659,7 +660,7 @@ func toStatus(err error) error {
 		return status.Error(codes.Canceled, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
-	case errors.Is(err, sandbox.ErrUnavailable), errors.Is(err, dockerclient.ErrUnreachable):
+	case errors.Is(err, sandbox.ErrUnavailable), errors.Is(err, dockerclient.ErrUnreachable), errors.Is(err, inference.ErrUnreachable):
 		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, os.ErrNotExist):
 		return status.Error(codes.NotFound, err.Error())

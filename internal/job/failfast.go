@@ -106,18 +106,10 @@ func (j *Job) Run(ctx context.Context) (runner.Summary, error) {
 		}
 		return runner.Summary{}, err
 	}
-	wait := j.Runner.Config().Inference.ReadyTimeout
-	if j.teacher != nil {
-		// The teacher scores every ok rollout: a wrong model or key would
-		// fail them all after their generation and sandbox work.
-		if err := j.ready(rctx, "the distillation start check", func(ctx context.Context) error { return j.teacher.Ready(ctx, wait) }); err != nil {
-			return failStart(err)
-		}
+	if err := j.StartCheck(rctx); err != nil {
+		return failStart(err)
 	}
 	if hc, ok := j.Runner.Policy().(endpointChecker); ok {
-		if err := j.ready(rctx, "the inference start check", func(ctx context.Context) error { return hc.Ready(ctx, 0) }); err != nil {
-			return failStart(err)
-		}
 		wctx, wcancel := context.WithCancel(rctx)
 		var wg sync.WaitGroup
 		wg.Go(func() {
@@ -139,6 +131,27 @@ func (j *Job) Run(ctx context.Context) (runner.Summary, error) {
 		err = exitPolicy(j.Runner.Config(), sum)
 	}
 	return sum, err
+}
+
+// StartCheck is what Run checks before the first rollout, for callers
+// that drive the runner themselves (a collect stream): the distillation
+// teacher and hint judge, then the inference endpoints, each must answer
+// within inference.ready_timeout and serve its model. A model not served
+// or a key refused is a config error (runner.ErrConfig); endpoints that do
+// not answer wrap inference.ErrUnreachable.
+func (j *Job) StartCheck(ctx context.Context) error {
+	if j.teacher != nil {
+		// The teacher scores every ok rollout: a wrong model or key would
+		// fail them all after their generation and sandbox work.
+		wait := j.Runner.Config().Inference.ReadyTimeout
+		if err := j.ready(ctx, "the distillation start check", func(ctx context.Context) error { return j.teacher.Ready(ctx, wait) }); err != nil {
+			return err
+		}
+	}
+	if hc, ok := j.Runner.Policy().(endpointChecker); ok {
+		return j.ready(ctx, "the inference start check", func(ctx context.Context) error { return hc.Ready(ctx, 0) })
+	}
+	return nil
 }
 
 // ready runs a start check (what names it in the error of a job
