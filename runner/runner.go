@@ -113,6 +113,10 @@ type Runner struct {
 	preMu    sync.Mutex
 	preDone  bool
 	preItems []datasets.Item
+	// hintWarned: the first rollout whose hint judge wrote no verdict is
+	// logged as a warning, later ones at debug level (the metric counts
+	// them all).
+	hintWarned atomic.Bool
 }
 
 // GroupOptions adjust one group in trainer-driven collection.
@@ -1182,7 +1186,11 @@ func (r *Runner) distill(ctx context.Context, ro *Rollout, first int, kwargs map
 			return fmt.Errorf("distill hints: %w", err)
 		}
 		if st.Unreadable > 0 {
-			r.log.Warn("hint judge replies without a verdict (\\boxed{1} or \\boxed{-1}); those votes count for no hint",
+			level := slog.LevelDebug
+			if r.hintWarned.CompareAndSwap(false, true) {
+				level = slog.LevelWarn
+			}
+			r.log.Log(ctx, level, "hint judge replies without a verdict (\\boxed{1} or \\boxed{-1}) count for no hint; rollout_distill_hint_votes_total{verdict=\"unreadable\"} counts them",
 				"rollout", ro.ID, "unreadable", st.Unreadable, "turns_judged", st.Judged)
 		}
 		for _, h := range hinted {
