@@ -82,8 +82,8 @@ func agentConv(n, size int, word string) []trajectory.ShareGPTTurn {
 
 func TestCompress(t *testing.T) {
 	sum := &fakeSum{text: "the agent listed files and two tests failed"} // 8 words; +2 for the prefix
-	short := agentConv(2, 10, "ok")                                        // 20 + 40 = 60 words
-	long := agentConv(10, 20, "step")                                      // 20 + 400 = 420 words
+	short := agentConv(2, 10, "ok")                                      // 20 + 40 = 60 words
+	long := agentConv(10, 20, "step")                                    // 20 + 400 = 420 words
 	failing := agentConv(10, 20, "FAIL")
 	// Protected: the first system, human, gpt, tool turns (20 + 40) and
 	// the last 4 (80): 140 words, over a target of 100 with any summary.
