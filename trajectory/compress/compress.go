@@ -8,6 +8,7 @@ package compress
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -288,12 +289,12 @@ func compressLine(ctx context.Context, line []byte, tok Tokenizer, sum Summarize
 			}
 		}
 	}
-	raw, err := json.Marshal(out)
+	raw, err := marshal(out)
 	if err != nil {
 		return result{err: err}
 	}
 	obj["conversations"] = raw
-	if r.line, err = json.Marshal(obj); err != nil {
+	if r.line, err = marshal(obj); err != nil {
 		return result{err: err}
 	}
 	r.after, r.turns, r.outcome = after, cut-start, compressed
@@ -337,4 +338,17 @@ func summaryInput(turns []trajectory.ShareGPTTurn) string {
 		fmt.Fprintf(&b, "[%s]\n%s", t.From, v)
 	}
 	return b.String()
+}
+
+// marshal encodes v as one line without escaping <, > and &: the values
+// are full of <tool_call> and <think> tags, and the export writes them
+// as they are.
+func marshal(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
 }

@@ -83,7 +83,8 @@ func agentConv(n, size int, word string) []trajectory.ShareGPTTurn {
 func TestCompress(t *testing.T) {
 	sum := &fakeSum{text: "the agent listed files and two tests failed"} // 8 words; +2 for the prefix
 	short := agentConv(2, 10, "ok")                                      // 20 + 40 = 60 words
-	long := agentConv(10, 20, "step")                                    // 20 + 400 = 420 words
+	long := agentConv(10, 20, "step")
+	long[2].Value = "<tool_call> " + long[2].Value // 20 + 400 = 420 words
 	failing := agentConv(10, 20, "FAIL")
 	// Protected: the first system, human, gpt, tool turns (20 + 40) and
 	// the last 4 (80): 140 words, over a target of 100 with any summary.
@@ -129,6 +130,9 @@ func TestCompress(t *testing.T) {
 	if conv[4].From != "human" || conv[4].Value != "[CONTEXT SUMMARY]: "+sum.text {
 		t.Fatalf("summary turn %+v", conv[4])
 	}
+	if !strings.Contains(lines[1], "<tool_call>") {
+		t.Fatalf("tags escaped in the output: %.200s", lines[1])
+	}
 	for i, want := range long[13:] {
 		if conv[5+i] != want {
 			t.Fatalf("kept turn %d changed: %+v", 13+i, conv[5+i])
@@ -142,7 +146,7 @@ func TestCompress(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 	notice := int64(len(strings.Fields(SummaryNotice)))
-	if st.TokensBefore != 60+420+420 || st.TokensAfter != 60+(420-180+10+notice)+420 {
+	if st.TokensBefore != 60+421+420 || st.TokensAfter != 60+(421-180+10+notice)+420 {
 		t.Fatalf("tokens %d -> %d", st.TokensBefore, st.TokensAfter)
 	}
 
