@@ -84,7 +84,7 @@ func TestCompress(t *testing.T) {
 	sum := &fakeSum{text: "the agent listed files and two tests failed"} // 8 words; +2 for the prefix
 	short := agentConv(2, 10, "ok")                                      // 20 + 40 = 60 words
 	long := agentConv(10, 20, "step")
-	long[2].Value = "<tool_call> " + long[2].Value // 20 + 400 = 420 words
+	long[2].Value = "<tool_call> " + long[2].Value // 20 + 400 + 1 = 421 words
 	failing := agentConv(10, 20, "FAIL")
 	// Protected: the first system, human, gpt, tool turns (20 + 40) and
 	// the last 4 (80): 140 words, over a target of 100 with any summary.
