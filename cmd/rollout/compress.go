@@ -103,7 +103,7 @@ docs/trajectory-schema.md ("Compressing SFT data").`,
 	fl.StringVar(&keyEnv, "api-key-env", "", "environment variable holding the servers' API key")
 	fl.IntVar(&opts.TargetTokens, "target-tokens", 15250, "token budget of a whole conversation")
 	fl.IntVar(&opts.SummaryTokens, "summary-tokens", 750, "size the summary is written to")
-	fl.IntVar(&opts.ProtectLast, "protect-last", 4, "last turns that stay as they are")
+	fl.IntVar(&opts.ProtectLast, "protect-last", 4, "last turns that stay as they are (-1: none)")
 	fl.BoolVar(&noNotice, "no-notice", false, "do not tell the model in the system turn that some turns were summarized")
 	fl.IntVar(&opts.Concurrency, "concurrency", 8, "conversations worked on at once")
 	fl.StringVar(&metrics, "metrics", "", "write the counts as JSON to this file")

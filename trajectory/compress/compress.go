@@ -37,7 +37,8 @@ type Options struct {
 	TargetTokens int
 	// SummaryTokens is the size the summary is written to (default 750).
 	SummaryTokens int
-	// ProtectLast turns at the end stay as they are (default 4).
+	// ProtectLast turns at the end stay as they are (default 4; negative:
+	// none).
 	ProtectLast int
 	// Notice, when set, is appended to the system turn of a compressed
 	// conversation (default: SummaryNotice; "-" for none).
@@ -60,8 +61,11 @@ func (o *Options) defaults() error {
 	if o.SummaryTokens == 0 {
 		o.SummaryTokens = 750
 	}
-	if o.ProtectLast == 0 {
+	switch {
+	case o.ProtectLast == 0:
 		o.ProtectLast = 4
+	case o.ProtectLast < 0:
+		o.ProtectLast = 0
 	}
 	if o.Notice == "" {
 		o.Notice = SummaryNotice
@@ -69,8 +73,8 @@ func (o *Options) defaults() error {
 	if o.Concurrency == 0 {
 		o.Concurrency = 8
 	}
-	if o.TargetTokens < 1 || o.SummaryTokens < 1 || o.ProtectLast < 0 || o.Concurrency < 1 {
-		return errors.New("compress: target and summary tokens and concurrency must be positive, protect-last not negative")
+	if o.TargetTokens < 1 || o.SummaryTokens < 1 || o.Concurrency < 1 {
+		return errors.New("compress: target and summary tokens and concurrency must be positive")
 	}
 	if o.SummaryTokens >= o.TargetTokens {
 		return fmt.Errorf("compress: the summary (%d tokens) must be smaller than the target (%d)", o.SummaryTokens, o.TargetTokens)

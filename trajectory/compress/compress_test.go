@@ -159,6 +159,14 @@ func TestCompress(t *testing.T) {
 	if conv, _ := decode(t, strings.TrimSpace(out.String())); conv[0] != over[0] {
 		t.Fatal("the notice was added with Notice \"-\"")
 	}
+	// ProtectLast < 0 protects no last turn: the summary runs to the end.
+	out.Reset()
+	st, err = Run(context.Background(), strings.NewReader(line(t, over, nil)), &out, tok, sum, Options{TargetTokens: 100, SummaryTokens: 10, ProtectLast: -1, Notice: "-"})
+	// 17 turns of 20 words go (330 needed); with the last 4 protected at
+	// most the 14 between the opening and them could.
+	if err != nil || st.StillOver != 0 || st.TurnsSummarized != 17 {
+		t.Fatalf("nothing protected at the end: %+v, %v", st, err)
+	}
 	// Nothing between the protected turns: unchanged, counted.
 	out.Reset()
 	tiny := []trajectory.ShareGPTTurn{turn("system", 50, "s"), turn("human", 50, "h"), turn("gpt", 50, "g")}
@@ -207,7 +215,7 @@ func TestCompressBadInput(t *testing.T) {
 			t.Errorf("%q: %v, want %q", tc.in, err, tc.want)
 		}
 	}
-	for _, o := range []Options{{TargetTokens: 10, SummaryTokens: 10}, {TargetTokens: -1}, {ProtectLast: -1}} {
+	for _, o := range []Options{{TargetTokens: 10, SummaryTokens: 10}, {TargetTokens: -1}, {Concurrency: -1}} {
 		if _, err := Run(context.Background(), strings.NewReader(good), &bytes.Buffer{}, &words{}, &fakeSum{}, o); err == nil {
 			t.Errorf("options %+v accepted", o)
 		}
