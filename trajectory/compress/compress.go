@@ -51,6 +51,9 @@ type Options struct {
 // SummaryNotice tells the model that some of its context was summarised.
 const SummaryNotice = "Some of your previous tool responses may be summarized to preserve context."
 
+// turnCounts is how many turns of one conversation are counted at once.
+const turnCounts = 8
+
 // summaryPrefix opens the summary turn.
 const summaryPrefix = "[CONTEXT SUMMARY]: "
 
@@ -238,14 +241,26 @@ func compressLine(ctx context.Context, line []byte, tok Tokenizer, sum Summarize
 	} else if err := json.Unmarshal(raw, &conv); err != nil {
 		return result{err: fmt.Errorf(`"conversations": %w`, err)}
 	}
+	// One request per turn, a few at a time: a long conversation's turns
+	// would otherwise be counted one round trip after the other.
 	counts := make([]int, len(conv))
-	total := 0
+	cg, cctx := errgroup.WithContext(ctx)
+	cg.SetLimit(turnCounts)
 	for i, t := range conv {
-		n, err := tok.Count(ctx, t.Value)
-		if err != nil {
-			return result{err: fmt.Errorf("count the tokens of turn %d: %w", i, err)}
-		}
-		counts[i] = n
+		cg.Go(func() error {
+			n, err := tok.Count(cctx, t.Value)
+			if err != nil {
+				return fmt.Errorf("count the tokens of turn %d: %w", i, err)
+			}
+			counts[i] = n
+			return nil
+		})
+	}
+	if err := cg.Wait(); err != nil {
+		return result{err: err}
+	}
+	total := 0
+	for _, n := range counts {
 		total += n
 	}
 	r := result{line: line, outcome: within, before: total, after: total}
