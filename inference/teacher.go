@@ -191,9 +191,11 @@ type route struct {
 func (t *Teacher) post(ctx context.Context, r route, body []byte, out any) error {
 	op := r.op
 	var last error
+	var floor time.Duration // a 429's Retry-After
 	for attempt := 0; attempt <= t.cfg.Retries; attempt++ {
 		if attempt > 0 {
 			d := time.Duration(200<<attempt)*time.Millisecond + time.Duration(rand.Int64N(int64(100*time.Millisecond)))
+			d, floor = max(d, floor), 0
 			select {
 			case <-ctx.Done():
 				return &Error{Class: ErrInfra, Endpoint: r.endpoint, Op: op, Msg: "distill: cancelled", Err: ctx.Err()}
@@ -224,6 +226,12 @@ func (t *Teacher) post(ctx context.Context, r route, body []byte, out any) error
 			continue
 		case resp.StatusCode >= 500:
 			last = &Error{Class: ErrInfra, Endpoint: r.endpoint, Op: op, Status: resp.StatusCode, Msg: "distill: " + serverMessage(data)}
+			continue
+		case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusRequestTimeout:
+			// Overload (a hosted teacher's or judge's rate limit), not a
+			// bad request; scoring and judging are safe to send again.
+			last = &Error{Class: ErrInfra, Endpoint: r.endpoint, Op: op, Status: resp.StatusCode, Msg: "distill: " + serverMessage(data)}
+			floor = retryAfter(resp.Header)
 			continue
 		case resp.StatusCode != http.StatusOK:
 			return &Error{Class: ErrRequest, Endpoint: r.endpoint, Op: op, Status: resp.StatusCode, Msg: "distill: " + serverMessage(data)}
@@ -313,4 +321,17 @@ func (t *Teacher) probeModels(ctx context.Context, endpoint, model, apiKey strin
 		ids = append(ids, m.ID)
 	}
 	return fmt.Errorf("%s does not serve model %s: it serves %s: %w", endpoint, model, strings.Join(ids, ", "), ErrModelNotServed)
+}
+
+// maxRetryAfter caps the wait a server's Retry-After asks for.
+const maxRetryAfter = 30 * time.Second
+
+// retryAfter reads a Retry-After header given in seconds (the form rate
+// limiters send), capped at maxRetryAfter; 0 when absent or a date.
+func retryAfter(h http.Header) time.Duration {
+	secs, err := strconv.Atoi(strings.TrimSpace(h.Get("Retry-After")))
+	if err != nil || secs <= 0 {
+		return 0
+	}
+	return min(time.Duration(secs)*time.Second, maxRetryAfter)
 }

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -117,5 +119,53 @@ func TestTeacherKeepsConnections(t *testing.T) {
 	})
 	if n := srv.Conns(); n > callers {
 		t.Fatalf("%d rounds of %d concurrent scores used %d connections, want at most %d", rounds, callers, n, callers)
+	}
+}
+
+// A teacher (or hint judge) that answers 429 is rate-limiting, not
+// refusing: the request is sent again after at least its Retry-After, and
+// when the limit outlasts the retries the error is infra (the rollout may
+// be retried), not a request error.
+func TestTeacherRetriesRateLimits(t *testing.T) {
+	var calls, limited atomic.Int32
+	var first, second atomic.Int64 // UnixNano of the first two attempts
+	limited.Store(2)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := calls.Add(1)
+		switch n {
+		case 1:
+			first.Store(time.Now().UnixNano())
+		case 2:
+			second.Store(time.Now().UnixNano())
+		}
+		if n <= limited.Load() {
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, `{"error":{"message":"rate limit"}}`, http.StatusTooManyRequests)
+			return
+		}
+		// Three positions: null, then the prompt's own token at rank 1.
+		_, _ = w.Write([]byte(`{"choices":[{"prompt_logprobs":[null,{"5":{"logprob":-0.1,"rank":1}},{"6":{"logprob":-0.2,"rank":1}}]}]}`))
+	}))
+	defer srv.Close()
+	tc, err := inference.NewTeacher(inference.TeacherConfig{Endpoint: srv.URL, Model: "m", TopK: 1, Retries: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tc.Close()
+	ids, _, err := tc.Score(context.Background(), []int32{4, 5, 6}, func(p int) bool { return p > 0 })
+	if err != nil || calls.Load() != 3 || len(ids[2]) != 1 || ids[2][0] != 6 {
+		t.Fatalf("after two 429s: %v, %d calls, ids %v", err, calls.Load(), ids)
+	}
+	if gap := time.Duration(second.Load() - first.Load()); gap < time.Second {
+		t.Fatalf("the second attempt came %s after the first, before the Retry-After of 1 s", gap)
+	}
+	calls.Store(0)
+	limited.Store(100)
+	tc2, _ := inference.NewTeacher(inference.TeacherConfig{Endpoint: srv.URL, Model: "m", TopK: 1, Retries: 1})
+	defer tc2.Close()
+	_, _, err = tc2.Score(context.Background(), []int32{4, 5, 6}, func(p int) bool { return p > 0 })
+	var ie *inference.Error
+	if !errors.Is(err, inference.ErrInfra) || !errors.As(err, &ie) || ie.Status != http.StatusTooManyRequests || calls.Load() != 2 {
+		t.Fatalf("a limit outlasting the retries: %v after %d calls", err, calls.Load())
 	}
 }

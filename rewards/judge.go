@@ -31,7 +31,7 @@ Reply with only a JSON object {"score": S, "reason": "..."} where S is a number 
 
 // Judge asks an OpenAI-compatible chat endpoint to grade the final message.
 // The reply must contain a JSON object with a numeric "score" in [0, 1].
-// Connection errors, 5xx and unreadable verdicts are retried; a 4xx or
+// Connection errors, 5xx, 429 and 408 (rate limits) and unreadable verdicts are retried; another 4xx or
 // exhausted retries is an ErrReward (never a score of 0).
 type Judge struct {
 	BaseURL  string // e.g. http://127.0.0.1:8000 (with or without /v1)
@@ -156,7 +156,9 @@ func (j *Judge) once(ctx context.Context, url string, body []byte) (Score, error
 	if err != nil {
 		return Score{}, retryable{fmt.Errorf("read response: %w", err)}
 	}
-	if resp.StatusCode >= 500 {
+	if resp.StatusCode >= 500 || resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusRequestTimeout {
+		// A 429 or 408 is overload (a hosted judge's rate limit), not a
+		// bad request: a verdict is safe to ask for again.
 		return Score{}, retryable{fmt.Errorf("HTTP %d: %s", resp.StatusCode, truncate(data))}
 	}
 	if resp.StatusCode != http.StatusOK {

@@ -246,6 +246,7 @@ func TestJudge(t *testing.T) {
 		status int
 		body   string
 	}{
+		{429, "rate limited"}, // a hosted judge's limit: asked again, like a 5xx
 		{500, "overloaded"},
 		{200, `{"choices":[{"message":{"content":"thinking... no json"}}]}`},
 		{200, `{"choices":[{"message":{"content":"Verdict: {\"score\": 0.8, \"reason\": \"close {enough}\"}"}}]}`},
@@ -267,7 +268,7 @@ func TestJudge(t *testing.T) {
 		_, _ = w.Write([]byte(rep.body))
 	}))
 	defer srv.Close()
-	j, err := NewJudge(Judge{BaseURL: srv.URL, Model: "judge", Retries: 3})
+	j, err := NewJudge(Judge{BaseURL: srv.URL, Model: "judge", Retries: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,7 +276,7 @@ func TestJudge(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.Value != 0.8 || calls.Load() != 3 {
+	if s.Value != 0.8 || calls.Load() != 4 {
 		t.Errorf("score %v after %d calls", s.Value, calls.Load())
 	}
 	if !sawZeroTemp.Load() {
