@@ -31,8 +31,9 @@ Reply with only a JSON object {"score": S, "reason": "..."} where S is a number 
 
 // Judge asks an OpenAI-compatible chat endpoint to grade the final message.
 // The reply must contain a JSON object with a numeric "score" in [0, 1].
-// Connection errors, 5xx, 429 and 408 (rate limits) and unreadable verdicts are retried; another 4xx or
-// exhausted retries is an ErrReward (never a score of 0).
+// Connection errors, 5xx, rate limits (429, 408) and unreadable verdicts
+// are retried; another 4xx or exhausted retries is an ErrReward (never a
+// score of 0).
 type Judge struct {
 	BaseURL  string // e.g. http://127.0.0.1:8000 (with or without /v1)
 	Model    string
