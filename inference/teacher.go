@@ -244,83 +244,28 @@ func (t *Teacher) post(ctx context.Context, r route, body []byte, out any) error
 	return last
 }
 
-// Ready is the teacher's start check, like Client.Ready for the student:
-// the teacher (and the hint judge, when it is another server or model)
-// must answer GET /v1/models within wait (default DefaultReadyTimeout) and
-// list its model. A server without /v1/models passes once it answers. The
-// error wraps ErrModelNotServed, ErrEndpointRefused (401/403) or, when a
-// server did not answer in time, ErrUnreachable.
+// Ready is the teacher's start check: the student's (Client.Ready, on a
+// client of the teacher's endpoint and model) for the teacher and then,
+// when it is another server or model, the hint judge. The error names
+// which failed and wraps ErrModelNotServed, ErrEndpointRefused (401/403)
+// or ErrUnreachable (no answer within wait).
 func (t *Teacher) Ready(ctx context.Context, wait time.Duration) error {
-	if wait <= 0 {
-		wait = DefaultReadyTimeout
-	}
 	type check struct{ role, endpoint, model, apiKey string }
 	checks := []check{{"distill teacher", t.cfg.Endpoint, t.cfg.Model, t.apiKey}}
 	if h := t.hints; h != nil && (h.judge.endpoint != t.cfg.Endpoint || h.model != t.cfg.Model) {
 		checks = append(checks, check{"distill hint judge", h.judge.endpoint, h.model, h.judge.apiKey})
 	}
-	deadline := time.Now().Add(wait)
 	for _, c := range checks {
-		for {
-			err := t.probeModels(ctx, c.endpoint, c.model, c.apiKey)
-			if err == nil {
-				break
-			}
-			if errors.Is(err, ErrModelNotServed) || errors.Is(err, ErrEndpointRefused) || ctx.Err() != nil {
-				return fmt.Errorf("%s start check: %w", c.role, err)
-			}
-			if !time.Now().Before(deadline) {
-				return fmt.Errorf("%s start check: %w: not ready after %s: %w", c.role, ErrUnreachable, wait, err)
-			}
-			select {
-			case <-ctx.Done():
-				return fmt.Errorf("%s start check: %w", c.role, context.Cause(ctx))
-			case <-time.After(min(500*time.Millisecond, time.Until(deadline))):
-			}
+		cl, err := Open(Config{Backend: BackendChat, Endpoints: []string{c.endpoint}, Model: c.model, APIKey: c.apiKey, ReadyTimeout: wait})
+		if err == nil {
+			err = cl.Ready(ctx, 0)
+			_ = cl.Close()
+		}
+		if err != nil {
+			return fmt.Errorf("%s start check: %w", c.role, err)
 		}
 	}
 	return nil
-}
-
-// probeModels asks endpoint's /v1/models once whether it serves model.
-func (t *Teacher) probeModels(ctx context.Context, endpoint, model, apiKey string) error {
-	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(pctx, http.MethodGet, v1URL(endpoint)+"/models", nil)
-	if err != nil {
-		return fmt.Errorf("%s: %w: %w", endpoint, ErrEndpointRefused, err)
-	}
-	if apiKey != "" {
-		req.Header.Set("Authorization", "Bearer "+apiKey)
-	}
-	resp, err := t.http.Do(req)
-	if err != nil {
-		return fmt.Errorf("%s: %w", endpoint, err)
-	}
-	data, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
-	resp.Body.Close()
-	switch {
-	case err != nil:
-		return fmt.Errorf("%s: read /v1/models: %w", endpoint, err)
-	case resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden:
-		return fmt.Errorf("%s: HTTP %d (check api_key_env): %w", endpoint, resp.StatusCode, ErrEndpointRefused)
-	case resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusMethodNotAllowed:
-		return nil // no /v1/models: being up is all that can be checked
-	case resp.StatusCode != http.StatusOK:
-		return fmt.Errorf("%s: /v1/models: HTTP %d: %s", endpoint, resp.StatusCode, serverMessage(data))
-	}
-	var models ModelsResponse
-	if err := json.Unmarshal(data, &models); err != nil {
-		return fmt.Errorf("%s: malformed /v1/models answer %s: %w", endpoint, snippet(data), err)
-	}
-	var ids []string
-	for _, m := range models.Data {
-		if m.ID == model {
-			return nil
-		}
-		ids = append(ids, m.ID)
-	}
-	return fmt.Errorf("%s does not serve model %s: it serves %s: %w", endpoint, model, strings.Join(ids, ", "), ErrModelNotServed)
 }
 
 // maxRetryAfter caps the wait a server's Retry-After asks for.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	openai "github.com/sashabaranov/go-openai"
 
@@ -73,6 +74,17 @@ func TestHintJudgeOnLlamaServer(t *testing.T) {
 			Mask:       []int8{0, 0, 0, 0, 1, 1, 1, 0, 0, 1, 1},
 			TurnStarts: []int{4, 9},
 		},
+	}
+	// The start check reads llama-server's own /v1/models: a judge model it
+	// does not serve is refused by name.
+	wrong, err := inference.NewTeacher(inference.TeacherConfig{Endpoint: srv.URL, Model: "rollout-sim",
+		Hints: &inference.HintConfig{Endpoint: e.URL, Model: "no-such-judge"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wrong.Close()
+	if err := wrong.Ready(suiteCtx(t), 10*time.Second); !errors.Is(err, inference.ErrModelNotServed) || !strings.Contains(err.Error(), "distill hint judge start check") {
+		t.Fatalf("judge model not served by llama-server: %v", err)
 	}
 	hinted, st, err := tc.HintTurns(suiteCtx(t), in)
 	if err != nil {
