@@ -283,6 +283,7 @@ func hintTurns(in HintInput) ([]hintTurn, error) {
 			asst = append(asst, i)
 		}
 	}
+	firstUser := slices.IndexFunc(in.Messages, func(x openai.ChatCompletionMessage) bool { return x.Role == openai.ChatMessageRoleUser })
 	if len(asst) != len(seq.TurnStarts) {
 		return nil, fmt.Errorf("hints: %d generated assistant messages but %d generations in the token sequence; turns cannot be located", len(asst), len(seq.TurnStarts))
 	}
@@ -295,7 +296,7 @@ func hintTurns(in HintInput) ([]hintTurn, error) {
 		if m+1 == stop {
 			continue // nothing came back: the final answer
 		}
-		if !slices.ContainsFunc(in.Messages[:m], func(x openai.ChatCompletionMessage) bool { return x.Role == openai.ChatMessageRoleUser }) {
+		if firstUser < 0 || firstUser > m {
 			continue // no user message to carry a hint
 		}
 		start, bound := seq.TurnStarts[k], len(seq.Tokens)

@@ -100,6 +100,12 @@ func TestHintTurnsLocatesTurns(t *testing.T) {
 	if _, err := hintTurns(HintInput{Messages: msgs, First: 3, Sequence: bad}); err == nil {
 		t.Fatal("a generation outside the sequence was accepted")
 	}
+	// A turn with no user message before it has nothing to carry a hint:
+	// it is not judged.
+	noUser := []openai.ChatCompletionMessage{{Role: "system", Content: "s"}, msgs[3], msgs[4], msgs[5]}
+	if got, err := hintTurns(HintInput{Messages: noUser, First: 1, Sequence: seq}); err != nil || len(got) != 0 {
+		t.Fatalf("a turn without a user message before it: %+v, %v", got, err)
+	}
 	if s := nextStateText(turns[0].next, 20); !strings.HasPrefix(s, "[tool: terminal]\nxxx") || !strings.HasSuffix(s, "… [truncated]") {
 		t.Fatalf("next state %q", s)
 	}

@@ -142,8 +142,6 @@ func Run(ctx context.Context, in io.Reader, out io.Writer, tok Tokenizer, sum Su
 	if err := opts.defaults(); err != nil {
 		return st, err
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	type job struct {
 		n    int
 		line []byte
