@@ -79,7 +79,8 @@ type hintSetup struct {
 	tokenize route
 }
 
-func newHintSetup(tc TeacherConfig, teacherKey string) (*hintSetup, error) {
+// newHintSetup resolves tc.Hints; base is the teacher's normalised URL.
+func newHintSetup(tc TeacherConfig, base, teacherKey string) (*hintSetup, error) {
 	h := *tc.Hints
 	switch {
 	case h.Votes == 0:
@@ -107,9 +108,13 @@ func newHintSetup(tc TeacherConfig, teacherKey string) (*hintSetup, error) {
 		return nil, errors.New("distill: hints.max_tokens, max_next_state_chars and concurrency must be positive")
 	}
 	s := &hintSetup{cfg: h, model: h.Model}
-	endpoint, key := h.Endpoint, teacherKey
-	if endpoint == "" {
-		endpoint = tc.Endpoint
+	endpoint, judgeBase, key := tc.Endpoint, base, teacherKey
+	if h.Endpoint != "" {
+		var err error
+		if judgeBase, err = normalizeBase(h.Endpoint); err != nil {
+			return nil, fmt.Errorf("distill: hints: %w", err)
+		}
+		endpoint = h.Endpoint
 	}
 	if s.model == "" {
 		s.model = tc.Model
@@ -122,18 +127,9 @@ func newHintSetup(tc TeacherConfig, teacherKey string) (*hintSetup, error) {
 	} else if h.Endpoint != "" && h.Endpoint != tc.Endpoint {
 		key = "" // the teacher's key is not sent to another server
 	}
-	s.judge = route{endpoint: endpoint, url: v1URL(endpoint) + "/chat/completions", op: "POST /v1/chat/completions", apiKey: key}
-	s.tokenize = route{endpoint: tc.Endpoint, url: strings.TrimSuffix(v1URL(tc.Endpoint), "/v1") + "/tokenize", op: "POST /tokenize", apiKey: teacherKey}
+	s.judge = route{endpoint: endpoint, url: judgeBase + "/v1/chat/completions", op: "POST /v1/chat/completions", apiKey: key}
+	s.tokenize = route{endpoint: tc.Endpoint, url: base + "/tokenize", op: "POST /tokenize", apiKey: teacherKey}
 	return s, nil
-}
-
-// v1URL is endpoint without a trailing slash, ending in /v1.
-func v1URL(endpoint string) string {
-	u := strings.TrimSuffix(endpoint, "/")
-	if !strings.HasSuffix(u, "/v1") {
-		u += "/v1"
-	}
-	return u
 }
 
 // Hints reports whether the teacher rescored turns under hints.

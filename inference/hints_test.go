@@ -122,7 +122,7 @@ func TestHintTurnsOnSimulator(t *testing.T) {
 		}
 		return "Nothing to add. \\boxed{-1}"
 	})
-	tc := teacher(judge.URL, inference.HintConfig{})
+	tc := teacher(judge.URL+"/v1/", inference.HintConfig{}) // the /v1 and slash are dropped
 	hinted0, positive0 := metrictest.Find(t, "rollout_distill_hinted_turns_total", "", "").GetCounter().GetValue(), metrictest.Find(t, "rollout_distill_hint_votes_total", "verdict", "positive").GetCounter().GetValue()
 	hinted, st, err := tc.HintTurns(ctx, in)
 	if err != nil {
@@ -190,7 +190,7 @@ func TestHintTurnsOnSimulator(t *testing.T) {
 	if hs, _, err := plainTC.HintTurns(ctx, in); err != nil || hs != nil || plainTC.Hints() {
 		t.Fatalf("teacher without hints: %v %v", hs, err)
 	}
-	for _, h := range []inference.HintConfig{{Votes: -1}, {MaxTokens: -5}, {APIKeyEnv: "NOPE"}} {
+	for _, h := range []inference.HintConfig{{Votes: -1}, {MaxTokens: -5}, {APIKeyEnv: "NOPE"}, {Endpoint: "judge:8000"}} {
 		if _, err := inference.NewTeacher(inference.TeacherConfig{Endpoint: srv.URL, Model: "m", Hints: &h}); err == nil {
 			t.Errorf("hints %+v accepted", h)
 		}

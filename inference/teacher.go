@@ -87,9 +87,13 @@ func NewTeacher(cfg TeacherConfig) (*Teacher, error) {
 			return nil, fmt.Errorf("distill: api_key_env: %w", err)
 		}
 	}
-	t.url = v1URL(cfg.Endpoint) + "/completions"
+	base, err := normalizeBase(cfg.Endpoint)
+	if err != nil {
+		return nil, fmt.Errorf("distill: %w", err)
+	}
+	t.url = base + "/v1/completions"
 	if cfg.Hints != nil {
-		h, err := newHintSetup(cfg, t.apiKey)
+		h, err := newHintSetup(cfg, base, t.apiKey)
 		if err != nil {
 			return nil, err
 		}

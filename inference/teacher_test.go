@@ -78,7 +78,7 @@ func TestTeacherScoresAgainstSimulator(t *testing.T) {
 		t.Fatalf("dead teacher: %v", err)
 	}
 	dead.Close()
-	for _, c := range []inference.TeacherConfig{{Model: "m"}, {Endpoint: "http://x"}, {Endpoint: "http://x", Model: "m", TopK: -1}} {
+	for _, c := range []inference.TeacherConfig{{Model: "m"}, {Endpoint: "http://x"}, {Endpoint: "http://x", Model: "m", TopK: -1}, {Endpoint: "teacher:8000", Model: "m"}} {
 		if _, err := inference.NewTeacher(c); err == nil {
 			t.Errorf("%+v accepted", c)
 		}
