@@ -9,7 +9,9 @@ import (
 	"testing"
 
 	openai "github.com/sashabaranov/go-openai"
+	"go.yaml.in/yaml/v3"
 
+	"github.com/rollout-rl/rollout/envs"
 	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/inference/sim"
 	"github.com/rollout-rl/rollout/runner"
@@ -100,4 +102,45 @@ func TestManifestRecordsSampler(t *testing.T) {
 	if r.Server == nil || r.Server["top_p"] != 0.9 || r.Server["top_k"] != 0.0 || len(r.Mismatch) != 0 {
 		t.Fatalf("server view: %+v", r)
 	}
+}
+
+// teacherConfig: agentic-opd's hints: true puts default hints on whichever
+// teacher the run uses (the run config's distill block here), keeps a
+// hints block the teacher already has, and leaves the caller's config
+// unchanged.
+func TestTeacherConfigHints(t *testing.T) {
+	env, err := envs.New("agentic-opd", yamlNode(t, "hints: true\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	distill := &inference.TeacherConfig{Endpoint: "http://t:8000", Model: "t"}
+	got, err := teacherConfig(runner.Config{Distill: distill}, env)
+	if err != nil || got == nil || got.Hints == nil || got.Hints.Votes != 0 {
+		t.Fatalf("hints on the run config's teacher: %+v, %v", got, err)
+	}
+	if distill.Hints != nil {
+		t.Fatal("the run config's teacher was changed")
+	}
+	own := &inference.HintConfig{Votes: 5}
+	distill.Hints = own
+	if got, _ = teacherConfig(runner.Config{Distill: distill}, env); got.Hints != own {
+		t.Fatalf("the teacher's own hints block was replaced: %+v", got.Hints)
+	}
+	plain, err := envs.New("agentic-opd", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	distill.Hints = nil
+	if got, _ = teacherConfig(runner.Config{Distill: distill}, plain); got.Hints != nil {
+		t.Fatal("hints turned on without hints: true")
+	}
+}
+
+func yamlNode(t *testing.T, text string) *yaml.Node {
+	t.Helper()
+	var n yaml.Node
+	if err := yaml.Unmarshal([]byte(text), &n); err != nil {
+		t.Fatal(err)
+	}
+	return n.Content[0]
 }
