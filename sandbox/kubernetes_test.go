@@ -110,6 +110,21 @@ func TestKubernetesSandbox(t *testing.T) {
 	if err != nil || !r.TimedOut || r.ExitCode != 124 {
 		t.Fatalf("timeout: %+v %v", r, err)
 	}
+	// A cancelled call returns once the agent has killed and reaped its
+	// command (conn.awaitCancelled), over the exec stream as over Docker's
+	// socket: the next call finds no sleep left.
+	for i := range 5 {
+		cctx, ccancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		_, err := s.Exec(cctx, ExecRequest{Command: "for i in 1 2 3 4; do sleep 1000 & done; wait"})
+		ccancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("cancel %d: err = %v, want deadline exceeded", i, err)
+		}
+		r, err := s.Exec(ctx, ExecRequest{Command: "ps -o comm | grep -c sleep"})
+		if err != nil || strings.TrimSpace(string(r.Stdout)) != "0" {
+			t.Fatalf("after cancel %d: %q %v", i, r.Stdout, err)
+		}
+	}
 	// Binary file round trip.
 	data := patternBytes(3 << 20)
 	if err := s.WriteFile(ctx, "/workspace/d/blob", data, 0o640); err != nil {
