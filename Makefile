@@ -11,7 +11,7 @@ COMMIT  ?= $(shell git rev-parse --short HEAD 2>/dev/null || echo unknown)
 # protobuf than the generated code uses). The first run builds it (~2 min),
 # later runs come from the Go build cache.
 BUF     := $(GO) tool -modfile=buildtools/go.mod buf
-LDFLAGS := -X github.com/rollout-rl/rollout/internal/version.Version=$(VERSION) -X github.com/rollout-rl/rollout/internal/version.Commit=$(COMMIT)
+LDFLAGS := -X github.com/rollout-rl/rollout/internal/util/version.Version=$(VERSION) -X github.com/rollout-rl/rollout/internal/util/version.Commit=$(COMMIT)
 
 .PHONY: build test test-main lint proto proto-check image engine-image bench demo fuzz-smoke clean k8s-lab k8s-lab-down k8s-lab-test
 
@@ -132,5 +132,5 @@ k8s-lab-down:
 
 k8s-lab-test: build
 	eval "$$(scripts/k8s-lab/lab.sh env)" && \
-	$(GO) test -count=1 -run 'Kubernetes' ./sandbox/ ./internal/job/ ./server/ && \
+	$(GO) test -count=1 -run 'Kubernetes' ./sandbox/ ./assemble/ ./server/ && \
 	scripts/k8s-lab/e2e.sh

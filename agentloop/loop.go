@@ -18,7 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rollout-rl/rollout/inference"
-	"github.com/rollout-rl/rollout/internal/tracing"
+	"github.com/rollout-rl/rollout/internal/util/tracing"
 	"github.com/rollout-rl/rollout/parsers"
 	"github.com/rollout-rl/rollout/tools"
 )

@@ -11,7 +11,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/rollout-rl/rollout/internal/tracing/tracingtest"
+	"github.com/rollout-rl/rollout/internal/testkit/tracingtest"
 )
 
 func spanAttr(s sdktrace.ReadOnlySpan, key string) attribute.Value {

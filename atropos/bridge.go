@@ -12,7 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/rollout-rl/rollout/internal/job"
+	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/trajectory"
 )
@@ -288,7 +288,7 @@ func (b *Bridge) waitRoom(ctx context.Context) {
 func (b *Bridge) convert(run *runner.RunInfo, g *runner.Group) (*spoolEntry, string, error) {
 	recs := make([]trajectory.Record, 0, len(g.Rollouts))
 	for i := range g.Rollouts {
-		rec, err := job.Record(run, g, &g.Rollouts[i])
+		rec, err := assemble.Record(run, g, &g.Rollouts[i])
 		if err != nil {
 			return nil, "", fmt.Errorf("atropos: %w", err)
 		}

@@ -11,7 +11,7 @@
 // (runner.ErrIntakeStopped) once the trainer's step budget is reached.
 //
 // WriteGroup converts a group with the trajectory package's Atropos export
-// (trajectory.AtroposGroups over the Parquet records of internal/job), so
+// (trajectory.AtroposGroups over the Parquet records of assemble), so
 // the trainer receives exactly what the trajectory files hold: tokens,
 // masks (-100 on untrained positions), scores, inference_logprobs (1.0 on
 // untrained positions), messages. The group is appended to an fsynced

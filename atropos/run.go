@@ -11,7 +11,7 @@ import (
 	"sync"
 
 	"github.com/rollout-rl/rollout/inference"
-	"github.com/rollout-rl/rollout/internal/job"
+	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/trajectory"
 )
@@ -28,8 +28,8 @@ var ErrUndelivered = errors.New("groups not delivered to the Atropos API")
 
 // RunSetup says how OpenRun builds the bridge of one run.
 type RunSetup struct {
-	// Mode is the run's job mode (internal/job). Only job.ModeRun feeds a
-	// trainer; internal/job refuses an explicit atropos.url in the others.
+	// Mode is the run's job mode (assemble). Only assemble.ModeRun feeds a
+	// trainer; assemble refuses an explicit atropos.url in the others.
 	Mode string
 	// DefaultURL applies when the run config names no atropos.url (the
 	// server's --atropos-url).
@@ -40,7 +40,7 @@ type RunSetup struct {
 
 // RunBridge is the bridge of one run as `rollout run` and the server's
 // jobs use it: a runner.Sink and runner.Admitter to pass in
-// job.Options.Sinks, ended by Finish once the run returned.
+// assemble.Options.Sinks, ended by Finish once the run returned.
 type RunBridge struct {
 	b   *Bridge
 	url string
@@ -68,7 +68,7 @@ func OpenRun(ctx context.Context, cfg runner.Config, setup RunSetup) (*RunBridge
 	if url == "" {
 		url = setup.DefaultURL
 	}
-	if url == "" || a.Disabled || setup.Mode != job.ModeRun {
+	if url == "" || a.Disabled || setup.Mode != assemble.ModeRun {
 		return nil, nil
 	}
 	if err := cfg.Validate(); err != nil {
@@ -81,7 +81,7 @@ func OpenRun(ctx context.Context, cfg runner.Config, setup RunSetup) (*RunBridge
 	if cfg.Output.Dir == "" {
 		return nil, fmt.Errorf("%w: output.dir: required with the Atropos bridge (its spool is <output.dir>/%s)", runner.ErrConfig, SpoolSubdir)
 	}
-	env, err := job.OpenEnv(cfg)
+	env, err := assemble.OpenEnv(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w: env: %w", runner.ErrConfig, err)
 	}

@@ -11,8 +11,8 @@ import (
 
 	"github.com/rollout-rl/rollout/datasets"
 	"github.com/rollout-rl/rollout/inference"
-	"github.com/rollout-rl/rollout/internal/atropostest"
-	"github.com/rollout-rl/rollout/internal/job"
+	"github.com/rollout-rl/rollout/internal/testkit/atropostest"
+	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/trajectory"
 )
@@ -32,11 +32,11 @@ func TestOpenRunChoices(t *testing.T) {
 		cfg   runner.Atropos
 		setup RunSetup
 	}{
-		{"no url", runner.Atropos{}, RunSetup{Mode: job.ModeRun}},
-		{"disabled", runner.Atropos{URL: url, Disabled: true}, RunSetup{Mode: job.ModeRun}},
-		{"disabled default", runner.Atropos{Disabled: true}, RunSetup{Mode: job.ModeRun, DefaultURL: url}},
-		{"eval", runner.Atropos{URL: url}, RunSetup{Mode: job.ModeEval, DefaultURL: url}},
-		{"collect", runner.Atropos{}, RunSetup{Mode: job.ModeCollect, DefaultURL: url}},
+		{"no url", runner.Atropos{}, RunSetup{Mode: assemble.ModeRun}},
+		{"disabled", runner.Atropos{URL: url, Disabled: true}, RunSetup{Mode: assemble.ModeRun}},
+		{"disabled default", runner.Atropos{Disabled: true}, RunSetup{Mode: assemble.ModeRun, DefaultURL: url}},
+		{"eval", runner.Atropos{URL: url}, RunSetup{Mode: assemble.ModeEval, DefaultURL: url}},
+		{"collect", runner.Atropos{}, RunSetup{Mode: assemble.ModeCollect, DefaultURL: url}},
 	} {
 		b, err := OpenRun(ctx, runConfig(t, tc.cfg), tc.setup)
 		if b != nil || err != nil {
@@ -58,7 +58,7 @@ func TestOpenRunChoices(t *testing.T) {
 	for _, tc := range bad {
 		cfg := runConfig(t, runner.Atropos{URL: url})
 		tc.cfg(&cfg)
-		b, err := OpenRun(ctx, cfg, RunSetup{Mode: job.ModeRun})
+		b, err := OpenRun(ctx, cfg, RunSetup{Mode: assemble.ModeRun})
 		if b != nil || !errors.Is(err, runner.ErrConfig) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: bridge %v, error %v; want a run config error naming %q", tc.name, b, err, tc.want)
 		}
@@ -79,7 +79,7 @@ func TestRunBridgeStepBudget(t *testing.T) {
 	api.StartTrainer(t, 2*testG, 4096, 1000)
 	cfg := runConfig(t, runner.Atropos{TotalSteps: 1, Weight: 2, MaxTokenLength: 512})
 	cfg.GroupSize = testG
-	b, err := OpenRun(context.Background(), cfg, RunSetup{Mode: job.ModeRun, DefaultURL: api.URL(), Logger: testLogger()})
+	b, err := OpenRun(context.Background(), cfg, RunSetup{Mode: assemble.ModeRun, DefaultURL: api.URL(), Logger: testLogger()})
 	if err != nil || b == nil {
 		t.Fatalf("OpenRun: %v, %v", b, err)
 	}
@@ -123,7 +123,7 @@ func TestRunBridgeFinishErrors(t *testing.T) {
 	api.StartTrainer(t, 64, 4096, 1000)
 	cfg := runConfig(t, runner.Atropos{})
 	cfg.GroupSize = testG
-	b, err := OpenRun(context.Background(), cfg, RunSetup{Mode: job.ModeRun, DefaultURL: api.URL(), Logger: testLogger()})
+	b, err := OpenRun(context.Background(), cfg, RunSetup{Mode: assemble.ModeRun, DefaultURL: api.URL(), Logger: testLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,7 +137,7 @@ func TestRunBridgeFinishErrors(t *testing.T) {
 		t.Fatalf("Finish: %v; want the run's error and the refusal", err)
 	}
 	// An intake stop the bridge did not ask for stays an error.
-	b2, err := OpenRun(context.Background(), runConfig(t, runner.Atropos{URL: api.URL()}), RunSetup{Mode: job.ModeRun, Logger: testLogger()})
+	b2, err := OpenRun(context.Background(), runConfig(t, runner.Atropos{URL: api.URL()}), RunSetup{Mode: assemble.ModeRun, Logger: testLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +164,7 @@ func TestRunBridgeReconcilesRunDirectory(t *testing.T) {
 			g := testGroup(k)
 			recs := make([]trajectory.Record, len(g.Rollouts))
 			for i := range g.Rollouts {
-				if recs[i], err = job.Record(testRun, g, &g.Rollouts[i]); err != nil {
+				if recs[i], err = assemble.Record(testRun, g, &g.Rollouts[i]); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -179,7 +179,7 @@ func TestRunBridgeReconcilesRunDirectory(t *testing.T) {
 	// Group 0 was written before the bridge existed: never the bridge's.
 	writeRun(0)
 	open := func() *RunBridge {
-		b, err := OpenRun(ctx, cfg, RunSetup{Mode: job.ModeRun, DefaultURL: api.URL(), Logger: testLogger()})
+		b, err := OpenRun(ctx, cfg, RunSetup{Mode: assemble.ModeRun, DefaultURL: api.URL(), Logger: testLogger()})
 		if err != nil || b == nil {
 			t.Fatalf("OpenRun: %v, %v", b, err)
 		}

@@ -15,7 +15,7 @@ import (
 
 	"github.com/rollout-rl/rollout/datasets"
 	"github.com/rollout-rl/rollout/inference"
-	"github.com/rollout-rl/rollout/internal/secretenv"
+	"github.com/rollout-rl/rollout/internal/util/secretenv"
 )
 
 // Feedback is an env's answer to one assistant turn (docs/env-feedback.md).

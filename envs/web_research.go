@@ -13,7 +13,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/rollout-rl/rollout/datasets"
-	"github.com/rollout-rl/rollout/internal/secretenv"
+	"github.com/rollout-rl/rollout/internal/util/secretenv"
 	"github.com/rollout-rl/rollout/rewards"
 	"github.com/rollout-rl/rollout/tools"
 	"github.com/rollout-rl/rollout/tools/web"

@@ -16,7 +16,7 @@ import (
 
 	json "github.com/segmentio/encoding/json"
 
-	"github.com/rollout-rl/rollout/internal/tracing"
+	"github.com/rollout-rl/rollout/internal/util/tracing"
 )
 
 // maxResponseBytes bounds a response body; a full 128k-token completion

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rollout-rl/rollout/internal/conntest"
+	"github.com/rollout-rl/rollout/internal/testkit/conntest"
 )
 
 // directClient is what the pool builds, with its connection counts.

@@ -14,7 +14,7 @@ import (
 	openai "github.com/sashabaranov/go-openai"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/rollout-rl/rollout/internal/secretenv"
+	"github.com/rollout-rl/rollout/internal/util/secretenv"
 )
 
 // HintConfig turns on the hint-enhanced teacher context of Hermes'

@@ -16,7 +16,7 @@ import (
 
 	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/inference/sim"
-	"github.com/rollout-rl/rollout/internal/metrictest"
+	"github.com/rollout-rl/rollout/internal/testkit/metrictest"
 )
 
 // judgeServer answers every chat request with reply(prompt) and counts the

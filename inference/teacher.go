@@ -15,7 +15,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/rollout-rl/rollout/internal/secretenv"
+	"github.com/rollout-rl/rollout/internal/util/secretenv"
 )
 
 // TeacherConfig is the teacher endpoint of on-policy distillation

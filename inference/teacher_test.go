@@ -13,7 +13,7 @@ import (
 
 	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/inference/sim"
-	"github.com/rollout-rl/rollout/internal/conntest"
+	"github.com/rollout-rl/rollout/internal/testkit/conntest"
 )
 
 func TestTeacherScoresAgainstSimulator(t *testing.T) {

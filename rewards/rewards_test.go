@@ -14,7 +14,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/rollout-rl/rollout/internal/conntest"
+	"github.com/rollout-rl/rollout/internal/testkit/conntest"
 	"github.com/rollout-rl/rollout/sandbox"
 )
 

@@ -15,7 +15,7 @@ import (
 	"github.com/rollout-rl/rollout/envs"
 	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/inference/sim"
-	"github.com/rollout-rl/rollout/internal/tracing/tracingtest"
+	"github.com/rollout-rl/rollout/internal/testkit/tracingtest"
 	"github.com/rollout-rl/rollout/rewards"
 )
 

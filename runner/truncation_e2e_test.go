@@ -22,7 +22,7 @@ import (
 	"github.com/rollout-rl/rollout/envs"
 	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/inference/sim"
-	"github.com/rollout-rl/rollout/internal/job"
+	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/rewards"
 	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/trajectory"
@@ -145,7 +145,7 @@ func runE2E(t *testing.T, c e2eCase) ([]trajectory.Record, *recordingPolicy) {
 			if ro.Result.StopReason != c.wantStop {
 				t.Errorf("rollout %d: stop %s, want %s (events %+v)", ro.Index, ro.Result.StopReason, c.wantStop, ro.Result.Events)
 			}
-			r, err := job.Record(sink.run, g, ro)
+			r, err := assemble.Record(sink.run, g, ro)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -34,7 +34,7 @@ import (
 	"k8s.io/client-go/tools/remotecommand"
 	"k8s.io/klog/v2"
 
-	"github.com/rollout-rl/rollout/internal/imageref"
+	"github.com/rollout-rl/rollout/internal/util/imageref"
 	"github.com/rollout-rl/rollout/sandbox/agent"
 )
 

@@ -12,7 +12,7 @@ import (
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/client"
 
-	"github.com/rollout-rl/rollout/internal/dockerclient"
+	"github.com/rollout-rl/rollout/internal/util/dockerclient"
 )
 
 // ReapOptions select what Reap removes besides orphans of dead instances on

@@ -14,7 +14,7 @@ import (
 
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
 	"github.com/rollout-rl/rollout/inference/sim"
-	"github.com/rollout-rl/rollout/internal/demo"
+	"github.com/rollout-rl/rollout/internal/devtools/demo"
 )
 
 // TestAsyncPolicyUpdatesE2E collects G=8 groups of a sandboxed env (real

@@ -15,8 +15,8 @@ import (
 
 	"github.com/rollout-rl/rollout/atropos"
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
-	"github.com/rollout-rl/rollout/internal/atropostest"
-	"github.com/rollout-rl/rollout/internal/job"
+	"github.com/rollout-rl/rollout/internal/testkit/atropostest"
+	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/runner"
 )
 
@@ -167,7 +167,7 @@ func TestJobSinksHook(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	sp := specs["stops"]
-	if sp.Mode != job.ModeRun || sp.Logger == nil || sp.Config.Output.Dir != filepath.Join(h.svc.opts.DataDir, "runs/stop") {
+	if sp.Mode != assemble.ModeRun || sp.Logger == nil || sp.Config.Output.Dir != filepath.Join(h.svc.opts.DataDir, "runs/stop") {
 		t.Errorf("hook saw mode %q, output.dir %q, logger %v", sp.Mode, sp.Config.Output.Dir, sp.Logger)
 	}
 	for _, id := range []string{"stops", "end-fails"} {

@@ -14,7 +14,7 @@ const DefaultCancelGrace = 30 * time.Second
 // sandbox, a retry): past it, the job's in-flight rollouts are cancelled;
 // their groups are not written and a resumed job collects them again. A
 // job whose endpoints are all unreachable does not wait that long: its
-// watch cancels them after 3 s (internal/job).
+// watch cancels them after 3 s (assemble).
 func (s *Server) boundCancel(jr *jobRun) {
 	grace := s.opts.CancelGrace
 	if grace == 0 {

@@ -14,7 +14,7 @@ import (
 
 	"github.com/rollout-rl/rollout/datasets"
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
-	"github.com/rollout-rl/rollout/internal/job"
+	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/runner"
 )
 
@@ -27,7 +27,7 @@ type pending struct {
 // collector is the state of one CollectGroups stream.
 type collector struct {
 	s      *Server
-	j      *job.Job
+	j      *assemble.Job
 	env    string
 	stream rolloutv1.RolloutService_CollectGroupsServer
 	// ctx is the stream's, cancelled early when the stream fails or the
@@ -147,7 +147,7 @@ func (s *Server) CollectGroups(stream rolloutv1.RolloutService_CollectGroupsServ
 	defer cancel()
 	c := &collector{s: s, stream: stream, ctx: cctx, cancel: cancel, credits: int(start.InitialCredits), changed: make(chan struct{}, 1),
 		compact: compactLayout(start.TokenLayout)}
-	j, err := job.Open(ctx, cfg, job.Options{Mode: job.ModeCollect, Logger: s.log.With("stream", "collect"), Sandboxes: s.sandboxes, Images: s.images,
+	j, err := assemble.Open(ctx, cfg, assemble.Options{Mode: assemble.ModeCollect, Logger: s.log.With("stream", "collect"), Sandboxes: s.sandboxes, Images: s.images,
 		Progress: func(e runner.Event) {
 			if e.Rollout != nil {
 				observeRollout(c.env, e.Rollout)

@@ -12,13 +12,13 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
-	"github.com/rollout-rl/rollout/internal/job"
+	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/trajectory"
 )
 
 // groupProto converts a finished group. The token columns come from the
-// same conversion as the Parquet rows (job.Record), so a trainer reading the
+// same conversion as the Parquet rows (assemble.Record), so a trainer reading the
 // stream and one reading the files see identical data.
 func groupProto(run *runner.RunInfo, g *runner.Group) (*rolloutv1.Group, error) {
 	out := &rolloutv1.Group{
@@ -40,7 +40,7 @@ func groupProto(run *runner.RunInfo, g *runner.Group) (*rolloutv1.Group, error) 
 	}
 	for i := range g.Rollouts {
 		ro := &g.Rollouts[i]
-		rec, err := job.Record(run, g, ro)
+		rec, err := assemble.Record(run, g, ro)
 		if err != nil {
 			return nil, err
 		}

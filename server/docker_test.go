@@ -11,7 +11,7 @@ import (
 	"github.com/moby/moby/client"
 
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
-	"github.com/rollout-rl/rollout/internal/dockerclient"
+	"github.com/rollout-rl/rollout/internal/util/dockerclient"
 	"github.com/rollout-rl/rollout/sandbox"
 	"github.com/rollout-rl/rollout/sandbox/image"
 )

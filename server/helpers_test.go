@@ -22,9 +22,9 @@ import (
 
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
 	"github.com/rollout-rl/rollout/inference/sim"
-	"github.com/rollout-rl/rollout/internal/demo"
-	"github.com/rollout-rl/rollout/internal/job"
-	"github.com/rollout-rl/rollout/internal/metrictest"
+	"github.com/rollout-rl/rollout/internal/devtools/demo"
+	"github.com/rollout-rl/rollout/assemble"
+	"github.com/rollout-rl/rollout/internal/testkit/metrictest"
 	"github.com/rollout-rl/rollout/sandbox"
 	"github.com/rollout-rl/rollout/trajectory"
 )
@@ -372,12 +372,12 @@ func histogramCount(t *testing.T, name, label, value string) uint64 {
 // newShared returns the server's shared sandbox backends under a fresh
 // instance name (prefix + random suffix), and that name; they are closed
 // when the test ends.
-func newShared(t *testing.T, prefix string) (shared *job.Shared, instance string) {
+func newShared(t *testing.T, prefix string) (shared *assemble.Shared, instance string) {
 	t.Helper()
 	b := make([]byte, 4)
 	_, _ = crand.Read(b)
 	instance = prefix + "-" + hex.EncodeToString(b)
-	shared = job.NewShared(sandbox.Options{Instance: instance, Logger: quiet}, 16)
+	shared = assemble.NewShared(sandbox.Options{Instance: instance, Logger: quiet}, 16)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()

@@ -1,7 +1,7 @@
 // Package server implements the gRPC RolloutService: jobs (start, watch,
 // cancel, resume after a restart), trainer-driven collection with credit
 // flow control, the environment catalogue, auth, rate limits and errors
-// mapped to gRPC codes. It adapts internal/job and the runner; it does not
+// mapped to gRPC codes. It adapts assemble and the runner; it does not
 // re-implement them.
 package server
 
@@ -21,7 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
-	"github.com/rollout-rl/rollout/internal/job"
+	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/runner"
 )
 
@@ -50,7 +50,7 @@ type jobRun struct {
 	st       jobState
 	progress *rolloutv1.JobProgress
 	runner   *runner.Runner
-	updater  job.Updater        // BeginPolicyUpdate/EndPolicyUpdate (update.go)
+	updater  assemble.Updater        // BeginPolicyUpdate/EndPolicyUpdate (update.go)
 	cancel   context.CancelFunc // cancels in-flight rollouts
 	done     chan struct{}
 	watchers map[*watcher]bool
@@ -170,9 +170,9 @@ func (s *Server) startJob(ctx context.Context, st jobState) (*jobRun, error) {
 	if err != nil {
 		return nil, err
 	}
-	mode := job.ModeRun
+	mode := assemble.ModeRun
 	if st.Mode == rolloutv1.JobMode_JOB_MODE_EVAL {
-		mode = job.ModeEval
+		mode = assemble.ModeEval
 	}
 	if err := s.checkConfig(&cfg, "", true); err != nil {
 		return nil, err
@@ -193,7 +193,7 @@ func (s *Server) startJob(ctx context.Context, st jobState) (*jobRun, error) {
 	}()
 	// The output dir's writer lock comes first: the job sinks (the Atropos
 	// spool) write there too. Another process's writer is refused here.
-	lock, err := job.LockOutput(cfg.Output.Dir, "job "+st.ID)
+	lock, err := assemble.LockOutput(cfg.Output.Dir, "job "+st.ID)
 	if err != nil {
 		return nil, err
 	}
@@ -209,7 +209,7 @@ func (s *Server) startJob(ctx context.Context, st jobState) (*jobRun, error) {
 			return nil, err // the hook's errors name what failed
 		}
 	}
-	j, err := job.Open(runCtx, cfg, job.Options{
+	j, err := assemble.Open(runCtx, cfg, assemble.Options{
 		Mode: mode, Logger: log, Sandboxes: s.sandboxes, Images: s.images, RunID: "", Lock: lock,
 		Progress: func(e runner.Event) { s.onProgress(jr, e) },
 		Sinks:    append([]runner.Sink{&watchSink{jr: jr}}, extra.Sinks...),

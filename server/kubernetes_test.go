@@ -18,7 +18,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
-	"github.com/rollout-rl/rollout/internal/job"
+	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/sandbox"
 	"github.com/rollout-rl/rollout/trajectory"
 )
@@ -32,7 +32,7 @@ func poolHandOuts(t *testing.T) float64 {
 // A job's sandbox.kubernetes.kubeconfig is a host path holding credentials:
 // the server's path policy applies to it like to output.dir.
 func TestKubernetesJobKubeconfigPathPolicy(t *testing.T) {
-	shared := job.NewShared(sandbox.Options{Logger: quiet}, 0)
+	shared := assemble.NewShared(sandbox.Options{Logger: quiet}, 0)
 	t.Cleanup(func() { _ = shared.Close(context.Background()) })
 	h := startServer(t, Options{Sandboxes: shared, Images: shared}, RunOptions{})
 	cfg := `env: terminal-tasks

@@ -24,10 +24,10 @@ import (
 	"github.com/rollout-rl/rollout/envs"
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
 	"github.com/rollout-rl/rollout/inference"
-	"github.com/rollout-rl/rollout/internal/dockerclient"
-	"github.com/rollout-rl/rollout/internal/job"
-	"github.com/rollout-rl/rollout/internal/secretenv"
-	"github.com/rollout-rl/rollout/internal/version"
+	"github.com/rollout-rl/rollout/internal/util/dockerclient"
+	"github.com/rollout-rl/rollout/assemble"
+	"github.com/rollout-rl/rollout/internal/util/secretenv"
+	"github.com/rollout-rl/rollout/internal/util/version"
 	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/sandbox"
 )
@@ -66,7 +66,7 @@ type Options struct {
 // JobSpec is a job as Options.JobSinks sees it.
 type JobSpec struct {
 	ID   string
-	Mode string // job.ModeRun or job.ModeEval
+	Mode string // assemble.ModeRun or assemble.ModeEval
 	// Config is the job's run config with its paths resolved (output.dir
 	// is absolute).
 	Config runner.Config
@@ -654,7 +654,7 @@ func toStatus(err error) error {
 		return status.Error(codes.PermissionDenied, err.Error())
 	case errors.Is(err, runner.ErrConfig), errors.Is(err, envs.ErrConfig), errors.Is(err, datasets.ErrInvalid):
 		return status.Error(codes.InvalidArgument, err.Error())
-	case errors.Is(err, job.ErrOutputInUse):
+	case errors.Is(err, assemble.ErrOutputInUse):
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())

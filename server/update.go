@@ -12,11 +12,11 @@ import (
 
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
 	"github.com/rollout-rl/rollout/inference"
-	"github.com/rollout-rl/rollout/internal/job"
+	"github.com/rollout-rl/rollout/assemble"
 )
 
 // updater finds the update coordinator of a job or a CollectGroups stream.
-func (s *Server) updater(id string) (job.Updater, error) {
+func (s *Server) updater(id string) (assemble.Updater, error) {
 	if id == "" {
 		return nil, status.Error(codes.InvalidArgument, "job_id: empty (a StartJob job id, or a CollectGroups stream_id)")
 	}

@@ -15,7 +15,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/rollout-rl/rollout/internal/tracing"
+	"github.com/rollout-rl/rollout/internal/util/tracing"
 	"github.com/rollout-rl/rollout/sandbox"
 )
 

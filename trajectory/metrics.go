@@ -6,7 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
-	"github.com/rollout-rl/rollout/internal/version"
+	"github.com/rollout-rl/rollout/internal/util/version"
 )
 
 var (

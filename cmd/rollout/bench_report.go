@@ -5,7 +5,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/rollout-rl/rollout/internal/bench"
+	"github.com/rollout-rl/rollout/internal/devtools/bench"
 )
 
 func newBenchReportCmd() *cobra.Command {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/rollout-rl/rollout/internal/secretenv"
+	"github.com/rollout-rl/rollout/internal/util/secretenv"
 	"github.com/rollout-rl/rollout/trajectory/compress"
 )
 

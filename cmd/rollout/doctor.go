@@ -5,7 +5,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/rollout-rl/rollout/internal/doctor"
+	"github.com/rollout-rl/rollout/internal/devtools/doctor"
 )
 
 func init() { register(newDoctorCmd) }

@@ -4,7 +4,7 @@ import (
 	"errors"
 
 	"github.com/rollout-rl/rollout/inference"
-	"github.com/rollout-rl/rollout/internal/job"
+	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/runner"
 )
 
@@ -22,7 +22,7 @@ func exitStatus(err error) error {
 		return nil
 	case errors.Is(err, runner.ErrConfig):
 		return withExitCode(exitConfig, err)
-	case errors.Is(err, job.ErrRunFailed):
+	case errors.Is(err, assemble.ErrRunFailed):
 		return withExitCode(exitRunFailed, err)
 	case errors.Is(err, inference.ErrUnreachable):
 		return withExitCode(exitUnreachable, err)

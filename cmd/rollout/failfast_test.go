@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/rollout-rl/rollout/inference/sim"
-	"github.com/rollout-rl/rollout/internal/demo"
+	"github.com/rollout-rl/rollout/internal/devtools/demo"
 	"github.com/rollout-rl/rollout/trajectory"
 )
 

@@ -11,14 +11,14 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rollout-rl/rollout/atropos"
-	"github.com/rollout-rl/rollout/internal/job"
+	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/trajectory"
 )
 
 func init() {
-	register(func() *cobra.Command { return newCollectCmd(job.ModeRun) })
-	register(func() *cobra.Command { return newCollectCmd(job.ModeEval) })
+	register(func() *cobra.Command { return newCollectCmd(assemble.ModeRun) })
+	register(func() *cobra.Command { return newCollectCmd(assemble.ModeEval) })
 }
 
 // runFlags are the config overrides shared by run and eval.
@@ -56,7 +56,7 @@ func (f *runFlags) add(cmd *cobra.Command, mode string) {
 	fl.Uint64Var(&f.seed, "seed", 0, "seed (overrides seed when non-zero)")
 	fl.StringVar(&f.image, "image", "", "sandbox image for every rollout (overrides sandbox.image)")
 	f.tracing.add(fl)
-	if mode == job.ModeEval {
+	if mode == assemble.ModeEval {
 		fl.IntVar(&f.k, "k", 0, "k of pass@k (overrides eval.k; default group size)")
 	} else {
 		fl.BoolVar(&f.allowEvalOn, "allow-eval-only", false, "run an eval-only env for collection")
@@ -113,7 +113,7 @@ func (f *runFlags) apply(cmd *cobra.Command, cfg *runner.Config) {
 func newCollectCmd(mode string) *cobra.Command {
 	f := &runFlags{}
 	short := "Collect scored GRPO groups into a run directory (Parquet)"
-	if mode == job.ModeEval {
+	if mode == assemble.ModeEval {
 		short = "Evaluate a policy on an env's eval split: pass@k, per-category metrics, samples"
 	}
 	cmd := &cobra.Command{
@@ -150,7 +150,7 @@ func collect(cmd *cobra.Command, cfg runner.Config, mode string) error {
 	// bridge's spool): a second writer is refused naming the holder.
 	var lock *trajectory.DirLock
 	if cfg.Output.Dir != "" && cfg.Validate() == nil {
-		l, err := job.LockOutput(cfg.Output.Dir, "rollout "+mode)
+		l, err := assemble.LockOutput(cfg.Output.Dir, "rollout "+mode)
 		if err != nil {
 			return err
 		}
@@ -166,7 +166,7 @@ func collect(cmd *cobra.Command, cfg runner.Config, mode string) error {
 	if bridge != nil {
 		sinks = append(sinks, bridge)
 	}
-	j, err := job.Open(ctx, cfg, job.Options{Mode: mode, Logger: log, Progress: prog.event, Sinks: sinks, Lock: lock})
+	j, err := assemble.Open(ctx, cfg, assemble.Options{Mode: mode, Logger: log, Progress: prog.event, Sinks: sinks, Lock: lock})
 	if err != nil {
 		if bridge != nil {
 			done, cancel := context.WithCancel(ctx)
@@ -188,7 +188,7 @@ func collect(cmd *cobra.Command, cfg runner.Config, mode string) error {
 		fmt.Fprintf(cmd.OutOrStdout(), "atropos:     %d groups delivered, %d skipped (equal scores or no ok rollout), %d rejected, %d still spooled\n",
 			st.Delivered, st.Skipped, st.Rejected, st.Pending)
 	}
-	if mode == job.ModeEval && (err == nil || errors.Is(err, job.ErrRunFailed)) {
+	if mode == assemble.ModeEval && (err == nil || errors.Is(err, assemble.ErrRunFailed)) {
 		fmt.Fprintf(cmd.OutOrStdout(), "eval report: %s/eval/metrics.json\n", j.Dir)
 	}
 	return exitStatus(err)

@@ -8,8 +8,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/rollout-rl/rollout/internal/dockerclient"
-	"github.com/rollout-rl/rollout/internal/imageref"
+	"github.com/rollout-rl/rollout/internal/util/dockerclient"
+	"github.com/rollout-rl/rollout/internal/util/imageref"
 	"github.com/rollout-rl/rollout/sandbox/image"
 )
 

@@ -13,8 +13,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/rollout-rl/rollout/atropos"
-	"github.com/rollout-rl/rollout/internal/job"
-	"github.com/rollout-rl/rollout/internal/secretenv"
+	"github.com/rollout-rl/rollout/assemble"
+	"github.com/rollout-rl/rollout/internal/util/secretenv"
 	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/sandbox"
 	"github.com/rollout-rl/rollout/server"
@@ -180,7 +180,7 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 	// sandbox.backend kubernetes (docs/kubernetes.md), each started on its
 	// first sandbox; they are closed last, removing whatever sandboxes
 	// remain.
-	shared := job.NewShared(sandbox.Options{Logger: log, MaxContainers: f.maxSandboxes}, f.warmSandboxes)
+	shared := assemble.NewShared(sandbox.Options{Logger: log, MaxContainers: f.maxSandboxes}, f.warmSandboxes)
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 		defer cancel()

@@ -15,7 +15,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/rollout-rl/rollout/inference/sim"
-	"github.com/rollout-rl/rollout/internal/demo"
+	"github.com/rollout-rl/rollout/internal/devtools/demo"
 )
 
 // runRollout runs the CLI in-process and returns its output and exit code.

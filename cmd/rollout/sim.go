@@ -12,7 +12,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/rollout-rl/rollout/inference/sim"
-	"github.com/rollout-rl/rollout/internal/demo"
+	"github.com/rollout-rl/rollout/internal/devtools/demo"
 )
 
 func init() { register(newSimCmd) }

@@ -21,7 +21,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
-	"github.com/rollout-rl/rollout/internal/version"
+	"github.com/rollout-rl/rollout/internal/util/version"
 )
 
 // tracingFlags configure OpenTelemetry tracing (off unless an endpoint is

@@ -8,8 +8,8 @@ import (
 	"github.com/moby/moby/client"
 	"github.com/spf13/cobra"
 
-	"github.com/rollout-rl/rollout/internal/dockerclient"
-	"github.com/rollout-rl/rollout/internal/version"
+	"github.com/rollout-rl/rollout/internal/util/dockerclient"
+	"github.com/rollout-rl/rollout/internal/util/version"
 )
 
 func init() { register(newVersionCmd) }

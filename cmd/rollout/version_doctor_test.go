@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rollout-rl/rollout/internal/dockerclient"
+	"github.com/rollout-rl/rollout/internal/util/dockerclient"
 )
 
 // runRolloutCmd runs `rollout args...` in process and returns stdout,

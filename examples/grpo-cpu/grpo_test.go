@@ -36,7 +36,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/rollout-rl/rollout/inference"
-	"github.com/rollout-rl/rollout/internal/proctest"
+	"github.com/rollout-rl/rollout/internal/testkit/proctest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -9,7 +9,7 @@ import (
 	"github.com/moby/moby/client"
 	"go.uber.org/goleak"
 
-	"github.com/rollout-rl/rollout/internal/dockerclient"
+	"github.com/rollout-rl/rollout/internal/util/dockerclient"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -7,7 +7,7 @@ import (
 
 	"github.com/distribution/reference"
 	"github.com/moby/moby/client"
-	"github.com/rollout-rl/rollout/internal/imageref"
+	"github.com/rollout-rl/rollout/internal/util/imageref"
 )
 
 // Pusher is what Push needs of the Docker engine.

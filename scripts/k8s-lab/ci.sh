@@ -125,7 +125,7 @@ run() {
 	eval "$("$HERE/lab.sh" env)"
 	export ROLLOUT_K8S_LAB_KUBECONFIG ROLLOUT_K8S_LAB_REGISTRY
 	begin "go test -race -run Kubernetes (lab tests)"
-	(cd "$ROOT" && "$GO" test -race -count=1 -timeout 20m -run Kubernetes ./sandbox/ ./internal/job/ ./server/)
+	(cd "$ROOT" && "$GO" test -race -count=1 -timeout 20m -run Kubernetes ./sandbox/ ./assemble/ ./server/)
 	end
 	begin "e2e.sh (rollout run terminal-tasks 20x4)"
 	"$HERE/e2e.sh"

@@ -145,7 +145,7 @@ images() {
 	if ! docker image inspect "$PAUSE_IMAGE" >/dev/null 2>&1; then
 		local tmp
 		tmp=$(mktemp -d)
-		(cd "$ROOT" && CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o "$tmp/pause" ./internal/k8slab/pause)
+		(cd "$ROOT" && CGO_ENABLED=0 go build -trimpath -ldflags '-s -w' -o "$tmp/pause" ./internal/testkit/k8slab/pause)
 		tar -C "$tmp" -cf - pause | docker import --change 'ENTRYPOINT ["/pause"]' - "$PAUSE_IMAGE" >/dev/null
 		rm -rf "$tmp"
 	fi

@@ -10,7 +10,7 @@ import (
 
 	"go.uber.org/goleak"
 
-	"github.com/rollout-rl/rollout/internal/mcptest"
+	"github.com/rollout-rl/rollout/internal/testkit/mcptest"
 	"github.com/rollout-rl/rollout/sandbox"
 	"github.com/rollout-rl/rollout/tools"
 )

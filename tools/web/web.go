@@ -24,7 +24,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/rollout-rl/rollout/internal/secretenv"
+	"github.com/rollout-rl/rollout/internal/util/secretenv"
 	"github.com/rollout-rl/rollout/tools"
 )
 

@@ -1,0 +1,160 @@
+// Package llamacpptest starts a real llama.cpp server for tests: llama-server
+// from the image rollout-llamacpp:sid serving the project's tiny
+// random-weight Qwen3 GGUF (docs/real-engines.md), in a labelled container
+// whose port is published on 127.0.0.1, removed when the test ends.
+//
+// Without a Docker engine or without the image, Start skips the test with a
+// message saying what is missing, unless the environment variable CI is
+// "true": then it fails, so CI never passes by skipping the real-engine
+// suite. `make test` builds the image first (`rollout sandbox image build
+// --name llamacpp`).
+package llamacpptest
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/moby/moby/client"
+
+	"github.com/rollout-rl/rollout/internal/util/dockerclient"
+	"github.com/rollout-rl/rollout/internal/devtools/engine"
+)
+
+// Options tune Start; the zero value is the image's defaults: -c 32768,
+// -np 4 (8192 tokens per slot), -t 1.
+type Options struct {
+	// Ctx, Slots and Threads are llama-server's -c, -np and -t.
+	Ctx, Slots, Threads int
+	// ExtraArgs are appended to llama-server's command line.
+	ExtraArgs []string
+	// Image overrides rollout-llamacpp:sid.
+	Image string
+}
+
+// Engine is a running llama-server.
+type Engine struct {
+	// URL is the base URL, e.g. http://127.0.0.1:49160; the OpenAI routes
+	// are under URL + "/v1".
+	URL string
+	// ID is the container ID; Args llama-server's command line.
+	ID   string
+	Args []string
+
+	e *engine.Engine
+}
+
+// Call sends body as JSON to route (GET when body is nil) and decodes a
+// 200 answer into out (when non-nil). It returns the status and the raw
+// body; transport errors fail the test.
+func (e *Engine) Call(t testing.TB, route string, body, out any) (int, []byte) {
+	t.Helper()
+	hc := &http.Client{Timeout: 2 * time.Minute, Transport: &http.Transport{DisableKeepAlives: true}}
+	method, rd := http.MethodGet, io.Reader(nil)
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			t.Fatalf("llamacpptest: %s: encode: %v", route, err)
+		}
+		method, rd = http.MethodPost, bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, e.URL+route, rd)
+	if err != nil {
+		t.Fatalf("llamacpptest: %s: %v", route, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatalf("llamacpptest: %s: %v", route, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("llamacpptest: %s: read: %v", route, err)
+	}
+	if resp.StatusCode == http.StatusOK && out != nil {
+		if err := json.Unmarshal(raw, out); err != nil {
+			t.Fatalf("llamacpptest: %s: decode %s: %v", route, raw, err)
+		}
+	}
+	return resp.StatusCode, raw
+}
+
+// MustCall is Call that fails the test (with the server's log tail) unless
+// the answer is 200.
+func (e *Engine) MustCall(t testing.TB, route string, body, out any) {
+	t.Helper()
+	if code, raw := e.Call(t, route, body, out); code != http.StatusOK {
+		t.Fatalf("llamacpptest: %s: HTTP %d: %s\nserver log:\n%s", route, code, raw, e.LogTail(20))
+	}
+}
+
+// Tokenize returns the server's token ids for text, special tokens parsed
+// and no BOS added: what a rendered chat prompt is made of.
+func (e *Engine) Tokenize(t testing.TB, text string) []int {
+	t.Helper()
+	var r struct {
+		Tokens []int `json:"tokens"`
+	}
+	e.MustCall(t, "/tokenize", map[string]any{"content": text, "add_special": false, "parse_special": true}, &r)
+	return r.Tokens
+}
+
+// LogTail returns the last n lines of the server's log, for failure
+// messages.
+func (e *Engine) LogTail(n int) string { return e.e.LogTail(context.Background(), n) }
+
+// Start runs llama-server for the duration of the test (t.Cleanup removes
+// the container) and returns once /health answers ok.
+func Start(t testing.TB, opts Options) *Engine {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cli, err := dockerclient.New(ctx)
+	if err != nil {
+		skipOrFail(t, "no Docker engine for the llama.cpp engine: %v", err)
+		return nil
+	}
+	e, err := engine.StartLlamacpp(ctx, cli, engine.LlamacppOptions{
+		Image: opts.Image, Ctx: opts.Ctx, Slots: opts.Slots, Threads: opts.Threads,
+		ExtraArgs: opts.ExtraArgs, Owner: "test",
+		Labels: map[string]string{"io.rollout.engine.test": t.Name()},
+	})
+	if err != nil {
+		_ = cli.Close()
+		if errors.Is(err, engine.ErrImageMissing) {
+			skipOrFail(t, "%v", err)
+			return nil
+		}
+		t.Fatalf("llamacpptest: %v", err)
+		return nil
+	}
+	t.Cleanup(func() {
+		defer cli.Close()
+		if err := e.Stop(context.Background()); err != nil {
+			t.Errorf("llamacpptest: %v", err)
+		}
+	})
+	return &Engine{URL: e.URL, ID: e.ID, Args: e.Args, e: e}
+}
+
+// InCI reports whether the environment says this is CI (CI=true), where a
+// missing engine is a failure rather than a skip.
+func InCI() bool { return os.Getenv("CI") == "true" }
+
+func skipOrFail(t testing.TB, format string, args ...any) {
+	t.Helper()
+	if InCI() {
+		t.Fatalf("llamacpptest (CI=true, so not skipped): "+format, args...)
+	}
+	t.Skipf("llamacpptest: skipped: "+format, args...)
+}
+
+// compile-time check that the Docker client satisfies what engine needs.
+var _ engine.API = (*client.Client)(nil)
