@@ -14,10 +14,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/inference/sim"
 	"github.com/rollout-rl/rollout/internal/devtools/demo"
-	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/trajectory"
 )

@@ -15,10 +15,10 @@ import (
 
 	"github.com/moby/moby/client"
 
+	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/inference/sim"
 	"github.com/rollout-rl/rollout/internal/devtools/demo"
 	"github.com/rollout-rl/rollout/internal/util/dockerclient"
-	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/sandbox"
 	"github.com/rollout-rl/rollout/sandbox/image"

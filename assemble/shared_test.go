@@ -14,8 +14,8 @@ import (
 
 	"github.com/moby/moby/client"
 
-	"github.com/rollout-rl/rollout/internal/util/dockerclient"
 	"github.com/rollout-rl/rollout/assemble"
+	"github.com/rollout-rl/rollout/internal/util/dockerclient"
 	"github.com/rollout-rl/rollout/sandbox"
 )
 

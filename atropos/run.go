@@ -10,8 +10,8 @@ import (
 	"path/filepath"
 	"sync"
 
-	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/assemble"
+	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/trajectory"
 )

@@ -18,11 +18,11 @@ import (
 	openai "github.com/sashabaranov/go-openai"
 
 	"github.com/rollout-rl/rollout/agentloop"
+	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/datasets"
 	"github.com/rollout-rl/rollout/envs"
 	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/inference/sim"
-	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/rewards"
 	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/trajectory"

@@ -13,10 +13,10 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/atropos"
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
 	"github.com/rollout-rl/rollout/internal/testkit/atropostest"
-	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/runner"
 )
 

@@ -12,9 +12,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/datasets"
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
-	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/runner"
 )
 

@@ -20,10 +20,10 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/rollout-rl/rollout/assemble"
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
 	"github.com/rollout-rl/rollout/inference/sim"
 	"github.com/rollout-rl/rollout/internal/devtools/demo"
-	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/internal/testkit/metrictest"
 	"github.com/rollout-rl/rollout/sandbox"
 	"github.com/rollout-rl/rollout/trajectory"

@@ -20,8 +20,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
 	"github.com/rollout-rl/rollout/assemble"
+	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
 	"github.com/rollout-rl/rollout/runner"
 )
 
@@ -50,7 +50,7 @@ type jobRun struct {
 	st       jobState
 	progress *rolloutv1.JobProgress
 	runner   *runner.Runner
-	updater  assemble.Updater        // BeginPolicyUpdate/EndPolicyUpdate (update.go)
+	updater  assemble.Updater   // BeginPolicyUpdate/EndPolicyUpdate (update.go)
 	cancel   context.CancelFunc // cancels in-flight rollouts
 	done     chan struct{}
 	watchers map[*watcher]bool

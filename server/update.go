@@ -10,9 +10,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/rollout-rl/rollout/assemble"
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
 	"github.com/rollout-rl/rollout/inference"
-	"github.com/rollout-rl/rollout/assemble"
 )
 
 // updater finds the update coordinator of a job or a CollectGroups stream.

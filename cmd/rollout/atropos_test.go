@@ -15,8 +15,8 @@ import (
 
 	"github.com/rollout-rl/rollout/atropos"
 	"github.com/rollout-rl/rollout/inference/sim"
-	"github.com/rollout-rl/rollout/internal/testkit/atropostest"
 	"github.com/rollout-rl/rollout/internal/devtools/demo"
+	"github.com/rollout-rl/rollout/internal/testkit/atropostest"
 	"github.com/rollout-rl/rollout/trajectory"
 )
 

@@ -12,9 +12,9 @@ import (
 
 	"github.com/moby/moby/client"
 
-	"github.com/rollout-rl/rollout/internal/util/dockerclient"
 	"github.com/rollout-rl/rollout/internal/devtools/engine"
 	"github.com/rollout-rl/rollout/internal/testkit/proctest"
+	"github.com/rollout-rl/rollout/internal/util/dockerclient"
 	"github.com/rollout-rl/rollout/sandbox/image"
 )
 

@@ -3,8 +3,8 @@ package main
 import (
 	"errors"
 
-	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/assemble"
+	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/runner"
 )
 

@@ -10,8 +10,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/rollout-rl/rollout/atropos"
 	"github.com/rollout-rl/rollout/assemble"
+	"github.com/rollout-rl/rollout/atropos"
 	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/trajectory"
 )

@@ -12,8 +12,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/rollout-rl/rollout/atropos"
 	"github.com/rollout-rl/rollout/assemble"
+	"github.com/rollout-rl/rollout/atropos"
 	"github.com/rollout-rl/rollout/internal/util/secretenv"
 	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/sandbox"

@@ -22,8 +22,8 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/rollout-rl/rollout/inference/sim"
-	"github.com/rollout-rl/rollout/internal/util/dockerclient"
 	"github.com/rollout-rl/rollout/internal/testkit/metrictest"
+	"github.com/rollout-rl/rollout/internal/util/dockerclient"
 	"github.com/rollout-rl/rollout/sandbox"
 	"github.com/rollout-rl/rollout/sandbox/image"
 	"github.com/rollout-rl/rollout/trajectory"

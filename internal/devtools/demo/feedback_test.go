@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/inference/sim"
-	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/trajectory"
 )

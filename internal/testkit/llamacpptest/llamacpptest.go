@@ -23,8 +23,8 @@ import (
 
 	"github.com/moby/moby/client"
 
-	"github.com/rollout-rl/rollout/internal/util/dockerclient"
 	"github.com/rollout-rl/rollout/internal/devtools/engine"
+	"github.com/rollout-rl/rollout/internal/util/dockerclient"
 )
 
 // Options tune Start; the zero value is the image's defaults: -c 32768,
