@@ -15,7 +15,7 @@ import (
 
 	"github.com/rollout-rl/rollout/datasets"
 	"github.com/rollout-rl/rollout/inference"
-	"github.com/rollout-rl/rollout/internal/util/secretenv"
+	"github.com/rollout-rl/rollout/internal/util/secrets"
 )
 
 // Feedback is an env's answer to one assistant turn (docs/env-feedback.md).
@@ -272,7 +272,7 @@ func newUserSim(s UserSimSpec) (*userSim, error) {
 	cfg := inference.Config{Backend: inference.BackendChat, Endpoints: []string{s.BaseURL}, Model: s.Model, Timeout: s.Timeout}
 	if s.APIKeyEnv != "" {
 		var err error
-		if cfg.APIKey, err = secretenv.Lookup(s.APIKeyEnv); err != nil {
+		if cfg.APIKey, err = secrets.Lookup(s.APIKeyEnv); err != nil {
 			return nil, fmt.Errorf("%w: responder.user_simulator.api_key_env: %w", ErrConfig, err)
 		}
 	}

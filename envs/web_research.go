@@ -13,7 +13,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/rollout-rl/rollout/datasets"
-	"github.com/rollout-rl/rollout/internal/util/secretenv"
+	"github.com/rollout-rl/rollout/internal/util/secrets"
 	"github.com/rollout-rl/rollout/rewards"
 	"github.com/rollout-rl/rollout/tools"
 	"github.com/rollout-rl/rollout/tools/web"
@@ -85,7 +85,7 @@ func init() {
 			key := ""
 			if c.Judge.APIKeyEnv != "" {
 				var err error
-				if key, err = secretenv.Lookup(c.Judge.APIKeyEnv); err != nil {
+				if key, err = secrets.Lookup(c.Judge.APIKeyEnv); err != nil {
 					return nil, fmt.Errorf("%w: judge.api_key_env: %w", ErrConfig, err)
 				}
 			}

@@ -14,7 +14,7 @@ import (
 	openai "github.com/sashabaranov/go-openai"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/rollout-rl/rollout/internal/util/secretenv"
+	"github.com/rollout-rl/rollout/internal/util/secrets"
 )
 
 // HintConfig turns on the hint-enhanced teacher context of Hermes'
@@ -121,7 +121,7 @@ func newHintSetup(tc TeacherConfig, base, teacherKey string) (*hintSetup, error)
 	}
 	if h.APIKeyEnv != "" {
 		var err error
-		if key, err = secretenv.Lookup(h.APIKeyEnv); err != nil {
+		if key, err = secrets.Lookup(h.APIKeyEnv); err != nil {
 			return nil, fmt.Errorf("distill: hints.api_key_env: %w", err)
 		}
 	} else if h.Endpoint != "" && h.Endpoint != tc.Endpoint {

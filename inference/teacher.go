@@ -15,7 +15,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/rollout-rl/rollout/internal/util/secretenv"
+	"github.com/rollout-rl/rollout/internal/util/secrets"
 )
 
 // TeacherConfig is the teacher endpoint of on-policy distillation
@@ -53,7 +53,7 @@ type Teacher struct {
 	hints  *hintSetup // nil without hints
 }
 
-// NewTeacher validates cfg and reads its keys' variables (secretenv).
+// NewTeacher validates cfg and reads its keys' variables (internal/util/secrets).
 func NewTeacher(cfg TeacherConfig) (*Teacher, error) {
 	if cfg.Endpoint == "" || cfg.Model == "" {
 		return nil, errors.New("distill: teacher endpoint and model are required")
@@ -83,7 +83,7 @@ func NewTeacher(cfg TeacherConfig) (*Teacher, error) {
 	t := &Teacher{cfg: cfg, http: &http.Client{Timeout: cfg.Timeout, Transport: newTransport(teacherIdleConns, nil)}}
 	if cfg.APIKeyEnv != "" {
 		var err error
-		if t.apiKey, err = secretenv.Lookup(cfg.APIKeyEnv); err != nil {
+		if t.apiKey, err = secrets.Lookup(cfg.APIKeyEnv); err != nil {
 			return nil, fmt.Errorf("distill: api_key_env: %w", err)
 		}
 	}

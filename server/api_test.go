@@ -19,7 +19,7 @@ import (
 
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
 	"github.com/rollout-rl/rollout/inference/sim"
-	"github.com/rollout-rl/rollout/internal/util/secretenv"
+	"github.com/rollout-rl/rollout/internal/util/secrets"
 )
 
 // TestInvalidArgument: malformed requests fail with InvalidArgument (or
@@ -343,7 +343,7 @@ func TestMaxMsgSize(t *testing.T) {
 func TestSecretEnvConfined(t *testing.T) {
 	t.Setenv("ROLLOUT_TEST_SERVER_SECRET", "do-not-send")
 	t.Setenv("ROLLOUT_TEST_ALLOWED_KEY", "fine")
-	defer secretenv.Restrict([]string{"ROLLOUT_TEST_ALLOWED_*"})()
+	defer secrets.Restrict([]string{"ROLLOUT_TEST_ALLOWED_*"})()
 	data := t.TempDir()
 	h := startServer(t, Options{DataDir: data, StateDir: filepath.Join(data, "state")}, RunOptions{})
 	ctx := bg(t)

@@ -26,7 +26,7 @@ import (
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
 	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/internal/util/dockerclient"
-	"github.com/rollout-rl/rollout/internal/util/secretenv"
+	"github.com/rollout-rl/rollout/internal/util/secrets"
 	"github.com/rollout-rl/rollout/internal/util/version"
 	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/sandbox"
@@ -632,7 +632,7 @@ func fieldStatus(field string, err error) error {
 	if _, ok := status.FromError(err); ok {
 		return err
 	}
-	if errors.Is(err, secretenv.ErrNotAllowed) {
+	if errors.Is(err, secrets.ErrNotAllowed) {
 		return status.Error(codes.PermissionDenied, field+": "+err.Error())
 	}
 	if errors.Is(err, runner.ErrConfig) || errors.Is(err, envs.ErrConfig) || errors.Is(err, datasets.ErrInvalid) {
@@ -650,7 +650,7 @@ func toStatus(err error) error {
 		return err
 	}
 	switch {
-	case errors.Is(err, secretenv.ErrNotAllowed):
+	case errors.Is(err, secrets.ErrNotAllowed):
 		return status.Error(codes.PermissionDenied, err.Error())
 	case errors.Is(err, runner.ErrConfig), errors.Is(err, envs.ErrConfig), errors.Is(err, datasets.ErrInvalid):
 		return status.Error(codes.InvalidArgument, err.Error())

@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/rollout-rl/rollout/internal/util/secretenv"
+	"github.com/rollout-rl/rollout/internal/util/secrets"
 	"github.com/rollout-rl/rollout/trajectory/compress"
 )
 
@@ -46,7 +46,7 @@ docs/trajectory-schema.md ("Compressing SFT data").`,
 			key := ""
 			if keyEnv != "" {
 				var err error
-				if key, err = secretenv.Lookup(keyEnv); err != nil {
+				if key, err = secrets.Lookup(keyEnv); err != nil {
 					return usageError(cmd, fmt.Errorf("--api-key-env: %w", err))
 				}
 			}

@@ -14,7 +14,7 @@ import (
 
 	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/atropos"
-	"github.com/rollout-rl/rollout/internal/util/secretenv"
+	"github.com/rollout-rl/rollout/internal/util/secrets"
 	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/sandbox"
 	"github.com/rollout-rl/rollout/server"
@@ -137,7 +137,7 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 	t.MaxMsgSize, t.RateLimit, t.RateBurst = f.maxMsgSize, f.rateLimit, f.rateBurst
 	// Job configs come from clients: the variables they may name for a
 	// secret are the operator's choice, none by default.
-	defer secretenv.Restrict(f.allowEnv)()
+	defer secrets.Restrict(f.allowEnv)()
 
 	log := newLogger(os.Stderr)
 	// Deferred first, so it flushes last: after the drain and sandbox removal.

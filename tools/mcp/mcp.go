@@ -31,7 +31,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/rollout-rl/rollout/internal/util/secretenv"
+	"github.com/rollout-rl/rollout/internal/util/secrets"
 	"github.com/rollout-rl/rollout/internal/util/version"
 	"github.com/rollout-rl/rollout/sandbox"
 	"github.com/rollout-rl/rollout/tools"
@@ -82,10 +82,10 @@ func Validate(servers []Server) error {
 		if s.URL == "" && (s.BearerTokenEnv != "") {
 			return fmt.Errorf("mcp_servers[%d] (%s): bearer_token_env applies to url servers only", i, s.Name)
 		}
-		if s.BearerTokenEnv != "" && !secretenv.Allowed(s.BearerTokenEnv) {
+		if s.BearerTokenEnv != "" && !secrets.Allowed(s.BearerTokenEnv) {
 			// Checked here too, not only when a rollout connects: a
 			// server's client learns it at once.
-			return fmt.Errorf("mcp_servers[%d] (%s): bearer_token_env: environment variable %s: %w", i, s.Name, s.BearerTokenEnv, secretenv.ErrNotAllowed)
+			return fmt.Errorf("mcp_servers[%d] (%s): bearer_token_env: environment variable %s: %w", i, s.Name, s.BearerTokenEnv, secrets.ErrNotAllowed)
 		}
 		if s.URL != "" && (len(s.Env) > 0 || s.Cwd != "") {
 			return fmt.Errorf("mcp_servers[%d] (%s): env and cwd apply to command servers only", i, s.Name)
@@ -208,7 +208,7 @@ func open(ctx context.Context, cfg Server, sb sandbox.Sandbox) (*session, []tool
 	} else {
 		hc := &http.Client{}
 		if cfg.BearerTokenEnv != "" {
-			tok, err := secretenv.Lookup(cfg.BearerTokenEnv)
+			tok, err := secrets.Lookup(cfg.BearerTokenEnv)
 			if err != nil {
 				return nil, nil, fmt.Errorf("mcp server %s: bearer_token_env: %w", cfg.Name, err)
 			}

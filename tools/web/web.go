@@ -24,7 +24,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/rollout-rl/rollout/internal/util/secretenv"
+	"github.com/rollout-rl/rollout/internal/util/secrets"
 	"github.com/rollout-rl/rollout/tools"
 )
 
@@ -132,7 +132,7 @@ func New(c Config, docs []Doc) (Provider, error) {
 	key := ""
 	if c.APIKeyEnv != "" {
 		var err error
-		if key, err = secretenv.Lookup(c.APIKeyEnv); err != nil {
+		if key, err = secrets.Lookup(c.APIKeyEnv); err != nil {
 			return nil, fmt.Errorf("%w: api_key_env: %w", ErrConfig, err)
 		}
 	}

@@ -1,4 +1,4 @@
-package secretenv
+package secrets
 
 import (
 	"errors"

@@ -1,10 +1,10 @@
-// Package secretenv reads the environment variables a config names for its
+// Package secrets reads the environment variables a config names for its
 // secrets (api_key_env, bearer_token_env). Every such lookup goes through
 // Lookup, so that `rollout serve`, whose configs come from its clients, can
 // confine them: otherwise a client could name any variable of the server's
 // environment as a key and point the endpoint at a server of its own, and
 // the server would send the value there.
-package secretenv
+package secrets
 
 import (
 	"errors"
