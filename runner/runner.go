@@ -821,9 +821,7 @@ func (r *Runner) attempt(ctx context.Context, gr *groupRun, idx int) (ro Rollout
 	if task.MaxTurns > 0 {
 		lcfg.MaxTurns = task.MaxTurns
 	}
-	if resp := envs.ResponderOf(r.deps.Env); resp != nil {
-		lcfg.Responder = envResponder{resp: resp, item: gr.item}
-	}
+	lcfg.Responder = envs.ResponderOf(r.deps.Env, gr.item)
 	if v, ok := sampling.ChatTemplateKwargs["enable_thinking"].(bool); ok && !v {
 		lcfg.ReasoningOptions.ThinkingDisabled = true
 	}
@@ -1139,21 +1137,6 @@ func newID(prefix string) string {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
 	return prefix + "_" + strings.ToLower(hex.EncodeToString(b[:]))
-}
-
-// envResponder binds an env's Responder to the rollout's item for the
-// agent loop (which does not know envs).
-type envResponder struct {
-	resp envs.Responder
-	item datasets.Item
-}
-
-func (e envResponder) Respond(ctx context.Context, turn int, msgs []openai.ChatCompletionMessage) (agentloop.Feedback, error) {
-	fb, err := e.resp.Respond(ctx, e.item, turn, msgs)
-	if err != nil {
-		return agentloop.Feedback{}, err
-	}
-	return agentloop.Feedback{Messages: fb.Messages, Done: fb.Done, Reward: fb.Reward, Detail: fb.Detail}, nil
 }
 
 // distill asks the teacher for its top-K logprobs at every trained
