@@ -194,12 +194,12 @@ type Config struct {
 	Responder Responder
 }
 
-// Deps are the collaborators. Env is the rollout's tool environment
-// (bound to its sandbox); it may be nil when no tools are offered.
+// Deps are the collaborators. Runtime is what the rollout's tools run
+// with (bound to its sandbox); it may be nil when no tools are offered.
 type Deps struct {
-	Policy inference.Policy
-	Env    *tools.Env
-	Logger *slog.Logger
+	Policy  inference.Policy
+	Runtime *tools.Runtime
+	Logger  *slog.Logger
 }
 
 // ToolError is one failed or invalid call, as Hermes records it.
@@ -356,8 +356,8 @@ func newRunner(cfg Config, deps Deps) (*runner, error) {
 		return nil, fmt.Errorf("%w: max_calls_per_turn %d is negative", ErrConfig, cfg.MaxCallsPerTurn)
 	}
 	hasTools := cfg.Tools != nil && cfg.Tools.Len() > 0
-	if hasTools && deps.Env == nil {
-		return nil, fmt.Errorf("%w: tools offered without a tool environment (Deps.Env)", ErrConfig)
+	if hasTools && deps.Runtime == nil {
+		return nil, fmt.Errorf("%w: tools offered without a tool runtime (Deps.Runtime)", ErrConfig)
 	}
 	r := &runner{cfg: cfg, deps: deps, log: deps.Logger, budget: cfg.Budget}
 	if r.log == nil {
@@ -938,7 +938,7 @@ func (r *runner) execute(ctx context.Context, slots []*slot) (queue time.Duratio
 
 func (r *runner) runOne(ctx context.Context, s *slot) error {
 	t := time.Now()
-	out, err := r.cfg.Tools.Execute(ctx, r.deps.Env, s.call)
+	out, err := r.cfg.Tools.Execute(ctx, r.deps.Runtime, s.call)
 	if d := time.Since(t); d > 30*time.Second {
 		r.log.Info("slow tool call", "tool", s.name, "duration", d)
 	}
@@ -947,7 +947,7 @@ func (r *runner) runOne(ctx context.Context, s *slot) error {
 		return err
 	}
 	s.content, s.toolErr = out.Content, out.Err
-	s.content = r.budget.ApplyResult(ctx, r.deps.Env, s.call.Tool(), s.id, s.content)
+	s.content = r.budget.ApplyResult(ctx, r.deps.Runtime, s.call.Tool(), s.id, s.content)
 	outcome := "ok"
 	if s.toolErr != nil {
 		outcome = "error"
@@ -1013,8 +1013,8 @@ func (r *runner) applyBudgets(ctx context.Context, slots []*slot) {
 	for i, s := range slots {
 		ids[i], contents[i] = s.id, s.content
 	}
-	if r.deps.Env != nil {
-		r.budget.ApplyTurn(ctx, r.deps.Env, ids, contents)
+	if r.deps.Runtime != nil {
+		r.budget.ApplyTurn(ctx, r.deps.Runtime, ids, contents)
 	}
 	for i, s := range slots {
 		s.content = contents[i]

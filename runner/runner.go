@@ -633,7 +633,7 @@ func recordOnlyTool(t openai.Tool) (tools.Tool, error) {
 	return tools.Tool{
 		Name: t.Function.Name, Description: t.Function.Description, Parameters: params,
 		Toolset: callOnlyToolset, Class: tools.ReadOnly,
-		Handler: func(context.Context, *tools.Env, tools.Args) (string, error) {
+		Handler: func(context.Context, *tools.Runtime, tools.Args) (string, error) {
 			return `{"status":"recorded","note":"this call is evaluated, not executed"}`, nil
 		},
 	}, nil
@@ -828,14 +828,14 @@ func (r *Runner) attempt(ctx context.Context, gr *groupRun, idx int) (ro Rollout
 	deps := agentloop.Deps{Policy: r.deps.Policy, Logger: log}
 	switch {
 	case sb != nil:
-		deps.Env = tools.NewEnv(sb, ro.ID)
-		deps.Env.Logger = log
+		deps.Runtime = tools.NewRuntime(sb, ro.ID)
+		deps.Runtime.Logger = log
 	case set != nil:
 		// Call-only tools (recorded, never executed) and host-side tools
-		// (web_search, web_extract) need a tool environment but no
+		// (web_search, web_extract) need a tool runtime but no
 		// sandbox.
-		deps.Env = tools.NewEnv(nil, ro.ID)
-		deps.Env.Logger = log
+		deps.Runtime = tools.NewRuntime(nil, ro.ID)
+		deps.Runtime.Logger = log
 	}
 	res, err := agentloop.Run(ctx, lcfg, deps)
 	ro.Result = res
@@ -877,7 +877,7 @@ func (r *Runner) attempt(ctx context.Context, gr *groupRun, idx int) (ro Rollout
 	var box envs.Sandbox
 	if sb != nil {
 		box = sb
-		tc, err := toolcontext.New(deps.Env, set)
+		tc, err := toolcontext.New(deps.Runtime, set)
 		if err != nil {
 			ro.fail(FailReward, err)
 			return ro
