@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rollout-rl/rollout/internal/util/tartree"
 	"github.com/rollout-rl/rollout/sandbox"
 	"github.com/rollout-rl/rollout/tools"
 )
@@ -177,50 +178,9 @@ func (tc *ToolContext) UploadDir(ctx context.Context, localDir, remoteDir string
 	if err := tc.mkdir(ctx, abs); err != nil {
 		return err
 	}
+	// The host's owner ids mean nothing in the sandbox.
 	return tc.upload(ctx, abs, func(tw *tar.Writer) error {
-		return filepath.WalkDir(localDir, func(p string, d fs.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			rel, err := filepath.Rel(localDir, p)
-			if err != nil || rel == "." {
-				return err
-			}
-			info, err := d.Info()
-			if err != nil {
-				return err
-			}
-			link := ""
-			if info.Mode()&fs.ModeSymlink != 0 {
-				if link, err = os.Readlink(p); err != nil {
-					return err
-				}
-			} else if !info.Mode().IsRegular() && !info.IsDir() {
-				return nil // sockets, devices: nothing to copy
-			}
-			hdr, err := tar.FileInfoHeader(info, link)
-			if err != nil {
-				return err
-			}
-			hdr.Name = filepath.ToSlash(rel)
-			if info.IsDir() {
-				hdr.Name += "/"
-			}
-			hdr.Uname, hdr.Gname, hdr.Uid, hdr.Gid = "", "", 0, 0
-			if err := tw.WriteHeader(hdr); err != nil {
-				return err
-			}
-			if info.Mode().IsRegular() {
-				f, err := os.Open(p)
-				if err != nil {
-					return err
-				}
-				_, err = io.Copy(tw, f)
-				f.Close()
-				return err
-			}
-			return nil
-		})
+		return tartree.Write(ctx, tw, localDir, false)
 	})
 }
 
