@@ -220,34 +220,12 @@ func (r *Runner) Run(ctx context.Context) (Summary, error) {
 	if err != nil {
 		return r.sum, err
 	}
-	done := map[string]bool{}
-	for _, s := range r.deps.Sinks {
-		if res, ok := s.(Resumer); ok {
-			got, err := res.CompletedGroups(ctx)
-			if err != nil {
-				return r.sum, fmt.Errorf("resume: %w", err)
-			}
-			for k := range got {
-				done[k] = true
-			}
-		}
-	}
-	todo := make([]datasets.Item, 0, len(items))
-	for _, it := range items {
-		if done[it.Key()] {
-			r.sum.GroupsSkipped++
-			continue
-		}
-		todo = append(todo, it)
-	}
-	r.planned.Store(int64(len(todo)))
-	if r.sum.GroupsSkipped > 0 {
-		r.log.Info("resuming", "completed_groups", r.sum.GroupsSkipped, "remaining", len(todo))
+	todo, err := r.resumeTodo(ctx, items)
+	if err != nil {
+		return r.sum, err
 	}
 	groupSlots := semaphore.NewWeighted(int64(r.cfg.Limits.GroupsInFlight))
-	// Sink writes are serialised so records of one group stay together.
-	var sinkMu sync.Mutex
-	var sinkErr error
+	var sinks sinkState
 	intake, stopIntake := context.WithCancel(ctx)
 	defer stopIntake()
 	go func() {
@@ -276,11 +254,7 @@ func (r *Runner) Run(ctx context.Context) (Summary, error) {
 				r.log.Info("a sink stopped intake", "reason", err)
 				r.StopIntake()
 			case intake.Err() == nil:
-				sinkMu.Lock()
-				if sinkErr == nil {
-					sinkErr = fmt.Errorf("admit group %s: %w", it.Key(), err)
-				}
-				sinkMu.Unlock()
+				sinks.fail(fmt.Errorf("admit group %s: %w", it.Key(), err))
 			}
 			break
 		}
@@ -290,70 +264,7 @@ func (r *Runner) Run(ctx context.Context) (Summary, error) {
 			defer groupSlots.Release(1)
 			r.log.Debug("group started", "group", it.Key())
 			g := r.RunGroup(ctx, idx, it, GroupOptions{PolicyVersion: r.cfg.PolicyVersion, prepared: prepared})
-			failed := func() bool {
-				sinkMu.Lock()
-				defer sinkMu.Unlock()
-				return sinkErr != nil
-			}
-			if failed() {
-				return
-			}
-			if g.StaleDropped {
-				r.countStale(g)
-				r.log.Info("group outside async.max_staleness dropped", "group_id", g.ID, "lag", g.Versions.Lag, "regenerated", g.Regenerated)
-				return
-			}
-			// A group cut short by cancellation is incomplete: writing it
-			// would let a resumed run treat the item as done and leave a
-			// permanent gap. It is dropped here and collected again whole.
-			if ctx.Err() != nil && interrupted(g) {
-				sinkMu.Lock()
-				r.sum.GroupsInterrupted++
-				sinkMu.Unlock()
-				r.log.Info("group interrupted by cancellation; not written, a resumed run collects it again",
-					"group_id", g.ID, "item", it.Key())
-				return
-			}
-			// Groups that finished are written even when ctx was cancelled
-			// meanwhile, so that the work done is not lost.
-			wctx := context.WithoutCancel(ctx)
-			// Durable sinks first, outside the lock: groups finishing
-			// together share their fsyncs. Nothing below announces the
-			// group before they returned.
-			for _, s := range r.deps.Sinks {
-				if !isDurable(s) {
-					continue
-				}
-				if err := s.WriteGroup(wctx, &r.info, g); err != nil {
-					sinkMu.Lock()
-					if sinkErr == nil {
-						sinkErr = fmt.Errorf("write group %s: %w", g.ID, err)
-					}
-					sinkMu.Unlock()
-					stopIntake()
-					return
-				}
-			}
-			sinkMu.Lock()
-			defer sinkMu.Unlock()
-			if sinkErr != nil {
-				return
-			}
-			for _, s := range r.deps.Sinks {
-				if isDurable(s) {
-					continue
-				}
-				if err := s.WriteGroup(wctx, &r.info, g); err != nil {
-					sinkErr = fmt.Errorf("write group %s: %w", g.ID, err)
-					stopIntake()
-					return
-				}
-			}
-			r.count(g)
-			r.log.Debug("group done", "group", g.ID, "sequence", g.Sequence, "ok", g.OK, "mean", g.Mean)
-			if r.deps.Progress != nil {
-				r.deps.Progress(Event{Group: g, Total: len(todo)})
-			}
+			r.deliver(ctx, g, it, &sinks, stopIntake, len(todo))
 		}(i, it)
 	}
 	wg.Wait()
@@ -361,8 +272,8 @@ func (r *Runner) Run(ctx context.Context) (Summary, error) {
 	if r.sum.RolloutsOK > 0 {
 		r.sum.MeanReward = r.reward / float64(r.sum.RolloutsOK)
 	}
-	if sinkErr != nil {
-		return r.sum, sinkErr
+	if err := sinks.firstErr(); err != nil {
+		return r.sum, err
 	}
 	if err := ctx.Err(); err != nil {
 		return r.sum, fmt.Errorf("run cancelled: %w", err)
@@ -375,6 +286,120 @@ func (r *Runner) Run(ctx context.Context) (Summary, error) {
 	default:
 	}
 	return r.sum, nil
+}
+
+// resumeTodo is items without the groups the sinks already hold (a
+// resumed run), counted as skipped.
+func (r *Runner) resumeTodo(ctx context.Context, items []datasets.Item) ([]datasets.Item, error) {
+	done := map[string]bool{}
+	for _, s := range r.deps.Sinks {
+		if res, ok := s.(Resumer); ok {
+			got, err := res.CompletedGroups(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("resume: %w", err)
+			}
+			for k := range got {
+				done[k] = true
+			}
+		}
+	}
+	todo := make([]datasets.Item, 0, len(items))
+	for _, it := range items {
+		if done[it.Key()] {
+			r.sum.GroupsSkipped++
+			continue
+		}
+		todo = append(todo, it)
+	}
+	r.planned.Store(int64(len(todo)))
+	if r.sum.GroupsSkipped > 0 {
+		r.log.Info("resuming", "completed_groups", r.sum.GroupsSkipped, "remaining", len(todo))
+	}
+	return todo, nil
+}
+
+// sinkState is what a run's groups share about its sinks: the first error
+// (it stops intake), and the lock that serialises the non-durable writes
+// so that the records of one group stay together.
+type sinkState struct {
+	mu  sync.Mutex
+	err error
+}
+
+// fail records err unless an earlier error was recorded.
+func (s *sinkState) fail(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.err == nil {
+		s.err = err
+	}
+}
+
+func (s *sinkState) firstErr() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err
+}
+
+// deliver hands a finished group to the sinks and counts it, unless a sink
+// already failed, the group was dropped as stale, or cancellation cut it
+// short. total is the number of groups the run plans (for Progress).
+func (r *Runner) deliver(ctx context.Context, g *Group, it datasets.Item, sinks *sinkState, stopIntake func(), total int) {
+	if sinks.firstErr() != nil {
+		return
+	}
+	if g.StaleDropped {
+		r.countStale(g)
+		r.log.Info("group outside async.max_staleness dropped", "group_id", g.ID, "lag", g.Versions.Lag, "regenerated", g.Regenerated)
+		return
+	}
+	// A group cut short by cancellation is incomplete: writing it
+	// would let a resumed run treat the item as done and leave a
+	// permanent gap. It is dropped here and collected again whole.
+	if ctx.Err() != nil && interrupted(g) {
+		sinks.mu.Lock()
+		r.sum.GroupsInterrupted++
+		sinks.mu.Unlock()
+		r.log.Info("group interrupted by cancellation; not written, a resumed run collects it again",
+			"group_id", g.ID, "item", it.Key())
+		return
+	}
+	// Groups that finished are written even when ctx was cancelled
+	// meanwhile, so that the work done is not lost.
+	wctx := context.WithoutCancel(ctx)
+	// Durable sinks first, outside the lock: groups finishing
+	// together share their fsyncs. Nothing below announces the
+	// group before they returned.
+	for _, s := range r.deps.Sinks {
+		if !isDurable(s) {
+			continue
+		}
+		if err := s.WriteGroup(wctx, &r.info, g); err != nil {
+			sinks.fail(fmt.Errorf("write group %s: %w", g.ID, err))
+			stopIntake()
+			return
+		}
+	}
+	sinks.mu.Lock()
+	defer sinks.mu.Unlock()
+	if sinks.err != nil {
+		return
+	}
+	for _, s := range r.deps.Sinks {
+		if isDurable(s) {
+			continue
+		}
+		if err := s.WriteGroup(wctx, &r.info, g); err != nil {
+			sinks.err = fmt.Errorf("write group %s: %w", g.ID, err)
+			stopIntake()
+			return
+		}
+	}
+	r.count(g)
+	r.log.Debug("group done", "group", g.ID, "sequence", g.Sequence, "ok", g.OK, "mean", g.Mean)
+	if r.deps.Progress != nil {
+		r.deps.Progress(Event{Group: g, Total: total})
+	}
 }
 
 // isDurable reports whether s is a Durable sink.
