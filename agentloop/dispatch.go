@@ -10,7 +10,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"unicode/utf8"
 
 	openai "github.com/sashabaranov/go-openai"
 
@@ -263,24 +262,10 @@ func (r *runner) record(slots []*slot, turn int) {
 }
 
 func (r *runner) addToolError(te ToolError) {
-	te.Arguments = cut(te.Arguments, 200)
-	te.ToolResult = cut(te.ToolResult, 500)
+	te.Arguments = tools.HeadRunes(te.Arguments, 200)
+	te.ToolResult = tools.HeadRunes(te.ToolResult, 500)
 	r.res.ToolErrors = append(r.res.ToolErrors, te)
 	r.res.Counters.ToolErrors++
-}
-
-func cut(s string, n int) string {
-	if utf8.RuneCountInString(s) <= n {
-		return s
-	}
-	i := 0
-	for j := range s {
-		if i == n {
-			return s[:j]
-		}
-		i++
-	}
-	return s
 }
 
 // budgetWarning tells the model how many turns it has left, once at 70 %

@@ -147,7 +147,7 @@ func previewOf(s string, n int) string {
 	if utf8.RuneCountInString(s) <= n {
 		return s
 	}
-	p := headRunes(s, n)
+	p := HeadRunes(s, n)
 	if i := strings.LastIndexByte(p, '\n'); i > len(p)/2 {
 		p = p[:i]
 	}
@@ -177,7 +177,10 @@ func writeSandboxFile(ctx context.Context, rt *Runtime, file string, data []byte
 	return rt.Sandbox.WriteFile(ctx, file, data, 0o644)
 }
 
-func headRunes(s string, n int) string {
+// HeadRunes is the first n runes of s (s itself when it is shorter): the
+// one rune-safe cut of tool output, also used by the agent loop for what
+// it records of failed calls.
+func HeadRunes(s string, n int) string {
 	i := 0
 	for j := range s {
 		if i == n {

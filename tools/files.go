@@ -213,7 +213,7 @@ func runReadFile(ctx context.Context, rt *Runtime, a Args) (string, error) {
 	for i := offset - 1; i < end; i++ {
 		line := strings.TrimRight(lines[i], "\r\n")
 		if utf8.RuneCountInString(line) > readMaxLineChars {
-			line = headRunes(line, readMaxLineChars) + "... [truncated]"
+			line = HeadRunes(line, readMaxLineChars) + "... [truncated]"
 		}
 		fmt.Fprintf(&b, "%6d|%s\n", i+1, line)
 	}

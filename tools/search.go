@@ -253,7 +253,7 @@ func searchContent(ctx context.Context, rt *Runtime, rg bool, root, pattern, glo
 		}
 		m.Content = strings.TrimRight(strings.ToValidUTF8(m.Content, "\uFFFD"), "\r\n")
 		if len(m.Content) > readMaxLineChars {
-			m.Content = headRunes(m.Content, readMaxLineChars) + "... [truncated]"
+			m.Content = HeadRunes(m.Content, readMaxLineChars) + "... [truncated]"
 		}
 		ms = append(ms, m)
 	}

@@ -133,12 +133,12 @@ func TruncateHeadTail(s string, limit, extraDropped int) string {
 		// Upstream already cut the middle; say so at the cut we cannot see,
 		// i.e. keep the text and report the loss.
 		head := n * 4 / 10
-		return headRunes(s, head) + fmt.Sprintf("\n\n... [OUTPUT TRUNCATED - %d chars omitted out of %d total] ...\n\n", extraDropped, total) + tailRunes(s, n-head)
+		return HeadRunes(s, head) + fmt.Sprintf("\n\n... [OUTPUT TRUNCATED - %d chars omitted out of %d total] ...\n\n", extraDropped, total) + tailRunes(s, n-head)
 	}
 	head := limit * 4 / 10
 	tail := limit - head
 	omitted := total - head - tail
-	return headRunes(s, head) + fmt.Sprintf("\n\n... [OUTPUT TRUNCATED - %d chars omitted out of %d total] ...\n\n", omitted, total) + tailRunes(s, tail)
+	return HeadRunes(s, head) + fmt.Sprintf("\n\n... [OUTPUT TRUNCATED - %d chars omitted out of %d total] ...\n\n", omitted, total) + tailRunes(s, tail)
 }
 
 var ansiRE = regexp.MustCompile(`\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[PX^_][^\x1b]*\x1b\\|\x1b[@-Z\\-_]`)
