@@ -29,7 +29,8 @@ const (
 	EventTurnReward = "turn_reward"
 )
 
-// Feedback is an environment's answer to one assistant turn.
+// Feedback is an environment's answer to one assistant turn (the record's
+// loop_events, turn_rewards and messages hold what it did).
 type Feedback struct {
 	// Messages are appended to the conversation after the turn (and after
 	// its tool results). Role "user" (the default when empty) or
@@ -46,14 +47,26 @@ type Feedback struct {
 	Detail string
 }
 
-// Responder is the environment's side of a multi-turn episode. Respond is
-// called after every assistant turn that did not already end the episode
-// for another reason (cut by max_tokens, grace turn), with the whole
-// conversation so far (the turn's tool results included); turn is 1-based.
-// An error ends the rollout as a failure (StopEnvErr). Respond is called
-// from the episode's goroutine only.
+// Responder is the environment's side of a multi-turn episode (a user
+// simulator, a game, a tutor; docs/env-feedback.md). It is declared here,
+// where it is consumed, and only here: envs return one per rollout
+// (envs.ResponderOf), bound to the rollout's item. Respond is called after
+// every assistant turn that did not already end the episode for another
+// reason (cut by max_tokens, grace turn), with the whole conversation so
+// far (the turn's tool results included); turn is 1-based. An error ends
+// the rollout as a failure (StopEnvErr): it means "could not answer", never
+// "the model was wrong". Respond is called from the episode's goroutine
+// only.
 type Responder interface {
 	Respond(ctx context.Context, turn int, messages []openai.ChatCompletionMessage) (Feedback, error)
+}
+
+// ResponderFunc lets an ordinary function be a Responder.
+type ResponderFunc func(ctx context.Context, turn int, messages []openai.ChatCompletionMessage) (Feedback, error)
+
+// Respond implements Responder.
+func (f ResponderFunc) Respond(ctx context.Context, turn int, messages []openai.ChatCompletionMessage) (Feedback, error) {
+	return f(ctx, turn, messages)
 }
 
 // respond runs the responder after a turn. It returns whether the episode

@@ -47,7 +47,7 @@ func needDocker(t *testing.T) *sandbox.Docker {
 
 type episodeSetup struct {
 	sb     sandbox.Sandbox
-	env    *tools.Env
+	env    *tools.Runtime
 	set    *tools.Set
 	policy inference.Policy
 	srv    *sim.Server
@@ -84,7 +84,7 @@ func setupEpisode(t *testing.T, backend string, simCfg sim.Config) *episodeSetup
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &episodeSetup{sb: sb, env: tools.NewEnv(sb, t.Name()), set: set, policy: pol, srv: srv}
+	return &episodeSetup{sb: sb, env: tools.NewRuntime(sb, t.Name()), set: set, policy: pol, srv: srv}
 }
 
 func (e *episodeSetup) run(ctx context.Context, task string, mod func(*Config), policy inference.Policy) (Result, error) {
@@ -96,7 +96,7 @@ func (e *episodeSetup) run(ctx context.Context, task string, mod func(*Config), 
 	if policy == nil {
 		policy = e.policy
 	}
-	return Run(ctx, cfg, Deps{Policy: policy, Env: e.env})
+	return Run(ctx, cfg, Deps{Policy: policy, Runtime: e.env})
 }
 
 func simStep(calls ...sim.Call) sim.Step { return sim.Step{ToolCalls: calls} }

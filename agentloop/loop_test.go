@@ -172,7 +172,7 @@ func (tt *testTools) set(t *testing.T) *tools.Set {
 	}
 	must(r.Register(tools.Tool{Name: "look", Toolset: "t", Class: tools.ReadOnly, Parameters: []byte(obj),
 		Paths: func(a tools.Args) []string { return []string{a.String("path", "")} },
-		Handler: func(ctx context.Context, env *tools.Env, a tools.Args) (string, error) {
+		Handler: func(ctx context.Context, rt *tools.Runtime, a tools.Args) (string, error) {
 			if tt.barrier != nil {
 				tt.barrier.Done()
 				done := make(chan struct{})
@@ -188,24 +188,24 @@ func (tt *testTools) set(t *testing.T) *tools.Set {
 		}}))
 	must(r.Register(tools.Tool{Name: "put", Toolset: "t", Class: tools.PathScoped, Parameters: []byte(obj),
 		Paths: func(a tools.Args) []string { return []string{a.String("path", "")} },
-		Handler: func(ctx context.Context, env *tools.Env, a tools.Args) (string, error) {
+		Handler: func(ctx context.Context, rt *tools.Runtime, a tools.Args) (string, error) {
 			note("put " + a.String("path", ""))
 			return `{"ok":true}`, nil
 		}}))
 	must(r.Register(tools.Tool{Name: "big", Toolset: "t", Parameters: []byte(obj),
-		Handler: func(ctx context.Context, env *tools.Env, a tools.Args) (string, error) {
+		Handler: func(ctx context.Context, rt *tools.Runtime, a tools.Args) (string, error) {
 			return strings.Repeat("x", a.Int("n", 0)), nil
 		}}))
 	must(r.Register(tools.Tool{Name: "boom", Toolset: "t",
-		Handler: func(ctx context.Context, env *tools.Env, a tools.Args) (string, error) {
+		Handler: func(ctx context.Context, rt *tools.Runtime, a tools.Args) (string, error) {
 			return "", errors.New("disk on fire")
 		}}))
 	must(r.Register(tools.Tool{Name: "dead", Toolset: "t",
-		Handler: func(ctx context.Context, env *tools.Env, a tools.Args) (string, error) {
+		Handler: func(ctx context.Context, rt *tools.Runtime, a tools.Args) (string, error) {
 			return "", fmt.Errorf("exec: %w", sandbox.ErrUnavailable)
 		}}))
 	must(r.Register(tools.Tool{Name: "hang", Toolset: "t",
-		Handler: func(ctx context.Context, env *tools.Env, a tools.Args) (string, error) {
+		Handler: func(ctx context.Context, rt *tools.Runtime, a tools.Args) (string, error) {
 			close(tt.toolRun)
 			<-ctx.Done()
 			return "", ctx.Err()
@@ -227,7 +227,7 @@ func run(t *testing.T, ctx context.Context, cfg Config, tt *testTools, steps ...
 	}
 	cfg.Tools = tt.set(t)
 	cfg.ID = "r1"
-	res, err := Run(ctx, cfg, Deps{Policy: p, Env: tools.NewEnv(sb, "r1")})
+	res, err := Run(ctx, cfg, Deps{Policy: p, Runtime: tools.NewRuntime(sb, "r1")})
 	return res, err, p, sb
 }
 

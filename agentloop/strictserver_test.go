@@ -110,7 +110,7 @@ func TestStrictTemplateNeverRefusesTheHistory(t *testing.T) {
 			cfg.ID, cfg.Parser = "strict", "hermes"
 			cfg.Messages = []openai.ChatCompletionMessage{{Role: "user", Content: "task"}}
 			cfg.Tools = (&testTools{}).set(t)
-			res, err := Run(context.Background(), cfg, Deps{Policy: pol, Env: tools.NewEnv(&memSandbox{}, "strict")})
+			res, err := Run(context.Background(), cfg, Deps{Policy: pol, Runtime: tools.NewRuntime(&memSandbox{}, "strict")})
 			if err != nil {
 				t.Fatalf("stop %s: %v", res.StopReason, err)
 			}

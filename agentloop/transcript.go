@@ -8,6 +8,7 @@ import (
 	openai "github.com/sashabaranov/go-openai"
 
 	"github.com/rollout-rl/rollout/inference"
+	"github.com/rollout-rl/rollout/tools"
 )
 
 // Trajectory is the JSON form of one episode written by `rollout chat
@@ -113,7 +114,7 @@ func (r Result) Transcript(from, maxResult int) string {
 			fmt.Fprintf(&b, " [%s]", e.CallID)
 		}
 		if e.Original != "" {
-			fmt.Fprintf(&b, " (model wrote %q)", cut(e.Original, 200))
+			fmt.Fprintf(&b, " (model wrote %q)", tools.HeadRunes(e.Original, 200))
 		}
 		b.WriteString("\n")
 	}

@@ -109,7 +109,7 @@ func groupIndex(g atropostest.ScoredData) int { return g.Tokens[0][3] / 1000 }
 func newBridge(t *testing.T, api *atropostest.API, mod func(*Options)) *Bridge {
 	t.Helper()
 	opts := Options{
-		URL: api.URL(), SpoolDir: t.TempDir(), GroupSize: testG, Name: "rollout-test",
+		URL: api.URL(), SpoolDir: t.TempDir(), GroupSize: testG, AtroposKnobs: runner.AtroposKnobs{Name: "rollout-test"},
 		PollInterval: 10 * time.Millisecond, RegisterInterval: 10 * time.Millisecond,
 		RetryMin: 2 * time.Millisecond, RetryMax: 40 * time.Millisecond, RequestTimeout: 10 * time.Second,
 		Logger: testLogger(),

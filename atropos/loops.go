@@ -261,24 +261,10 @@ func (b *Bridge) sender() {
 		if list && forceSingle == 0 {
 			n = b.opts.ListBatch
 		}
-		refs := b.spool.peek(n, maxListBytes)
-		entries := make([]spoolEntry, 0, len(refs))
-		groups := make([]json.RawMessage, 0, len(refs))
-		for i, ref := range refs {
-			e, err := b.spool.read(ref)
-			if err != nil {
-				b.setFatal(fmt.Errorf("atropos: %w", err))
-				return
-			}
-			if reason := b.precheck(&e); reason != "" {
-				if i == 0 {
-					b.deadLetter(ref, &e, 0, reason, false)
-				}
-				refs = refs[:i]
-				break
-			}
-			entries = append(entries, e)
-			groups = append(groups, e.Group)
+		refs, entries, groups, err := b.nextBatch(n)
+		if err != nil {
+			b.setFatal(err)
+			return
 		}
 		if len(refs) == 0 {
 			continue
@@ -299,17 +285,8 @@ func (b *Bridge) sender() {
 		var ae *APIError
 		switch {
 		case err == nil:
-			// Ack and count under mu together: the throttle must never see
-			// a delivered group in neither pending nor delivered.
-			b.mu.Lock()
-			aerr := b.spool.ack(refs)
-			if aerr == nil {
-				b.st.delivered += int64(len(refs))
-				b.notify()
-			}
-			b.mu.Unlock()
-			if aerr != nil {
-				b.setFatal(fmt.Errorf("atropos: %w", aerr))
+			if err := b.delivered(refs); err != nil {
+				b.setFatal(err)
 				return
 			}
 			failures = 0
@@ -349,6 +326,45 @@ func (b *Bridge) sender() {
 			}
 		}
 	}
+}
+
+// nextBatch reads up to n spooled groups to send together, in order. A
+// group that fails the pre-send check ends the batch before it; when it is
+// the first, it goes to the dead letters and the batch is empty.
+func (b *Bridge) nextBatch(n int) ([]entryRef, []spoolEntry, []json.RawMessage, error) {
+	refs := b.spool.peek(n, maxListBytes)
+	entries := make([]spoolEntry, 0, len(refs))
+	groups := make([]json.RawMessage, 0, len(refs))
+	for i, ref := range refs {
+		e, err := b.spool.read(ref)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("atropos: %w", err)
+		}
+		if reason := b.precheck(&e); reason != "" {
+			if i == 0 {
+				b.deadLetter(ref, &e, 0, reason, false)
+			}
+			refs = refs[:i]
+			break
+		}
+		entries = append(entries, e)
+		groups = append(groups, e.Group)
+	}
+	return refs, entries, groups, nil
+}
+
+// delivered acks the groups the API accepted and counts them, under mu
+// together: the throttle must never see a delivered group in neither
+// pending nor delivered.
+func (b *Bridge) delivered(refs []entryRef) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err := b.spool.ack(refs); err != nil {
+		return fmt.Errorf("atropos: %w", err)
+	}
+	b.st.delivered += int64(len(refs))
+	b.notify()
+	return nil
 }
 
 // waitSendable blocks until there is something to send and a confirmed

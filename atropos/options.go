@@ -7,6 +7,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/rollout-rl/rollout/runner"
 )
 
 // Options configure a Bridge. Zero values take the defaults noted.
@@ -24,28 +26,11 @@ type Options struct {
 	// batch size.
 	GroupSize int
 
-	// Name is sent as desired_name; the API answers with wandb_name
-	// "<Name>_<k>" ("rollout").
-	Name string
-	// MaxTokenLength is sent as max_token_length; the API weights envs by
-	// it (2048, BaseEnvConfig's default).
-	MaxTokenLength int
-	// Weight is sent as weight (1.0).
-	Weight float64
-	// MinBatchAllocation is sent as min_batch_allocation (nil: null).
-	MinBatchAllocation *float64
-
-	// MaxBatchesOffPolicy is the throttle: intake pauses while the groups
-	// queued at the API plus this bridge's undelivered and admitted groups
-	// hold at least MaxBatchesOffPolicy trainer batches (3, as Atropos).
-	MaxBatchesOffPolicy int
-	// TotalSteps stops intake once current_step plus the queued batches
-	// exceed it. 0 takes num_steps from /register-env; negative: never.
-	TotalSteps int
-	// MaxPending bounds the groups spooled but not yet accepted by the API
-	// (e.g. during an outage) plus the admitted groups still running;
-	// intake pauses at the bound (256).
-	MaxPending int
+	// AtroposKnobs are the knobs a run config sets (its atropos keys):
+	// name, weight, min_batch_allocation, max_token_length, the throttle
+	// (max_batches_off_policy, max_pending, total_steps) and what is sent.
+	// Their defaults and validation are the struct's own.
+	runner.AtroposKnobs
 
 	// PollInterval is the /status-env period (500ms; Atropos envs use
 	// 100ms).
@@ -62,24 +47,10 @@ type Options struct {
 	// when several are waiting (8); 1 sends every group to /scored_data.
 	ListBatch int
 
-	// OmitMessages leaves the conversations (messages) out of the groups.
-	OmitMessages bool
-	// ZeroAdvantageOnTruncation sets overrides[i].set_advantage_to_zero on
-	// rollouts stopped by the length limit.
-	ZeroAdvantageOnTruncation bool
-	// SendEqualScores sends groups whose scores are all equal; by default
-	// they are skipped (counted), as Atropos' ensure_scores_are_not_same:
-	// their advantages are all zero.
-	SendEqualScores bool
 	// AllowMissingLogprobs sends groups without inference_logprobs; by
 	// default such a group is a configuration error, because the reference
 	// GRPO trainer raises on it.
 	AllowMissingLogprobs bool
-	// ContinueOnReject keeps the run going after the API refused a group
-	// (4xx); the group is in the dead letters either way. By default the
-	// refusal stops intake and fails the run with the API's answer.
-	ContinueOnReject bool
-
 	// HTTPClient sends the requests (default: a client with its own
 	// transport, whose idle connections Close releases).
 	HTTPClient *http.Client
@@ -91,21 +62,7 @@ type Options struct {
 }
 
 func (o *Options) defaults() {
-	if o.Name == "" {
-		o.Name = "rollout"
-	}
-	if o.MaxTokenLength == 0 {
-		o.MaxTokenLength = 2048
-	}
-	if o.Weight == 0 {
-		o.Weight = 1
-	}
-	if o.MaxBatchesOffPolicy == 0 {
-		o.MaxBatchesOffPolicy = 3
-	}
-	if o.MaxPending == 0 {
-		o.MaxPending = 256
-	}
+	o.AtroposKnobs = o.AtroposKnobs.WithDefaults()
 	if o.PollInterval == 0 {
 		o.PollInterval = 500 * time.Millisecond
 	}
@@ -148,18 +105,13 @@ func (o *Options) validate() error {
 		return bad("SpoolDir: required")
 	case o.GroupSize <= 0:
 		return bad("GroupSize: must be positive, got %d", o.GroupSize)
-	case o.MaxTokenLength < 0:
-		return bad("MaxTokenLength: must not be negative")
-	case o.MinBatchAllocation != nil && (*o.MinBatchAllocation < 0 || *o.MinBatchAllocation > 1):
-		return bad("MinBatchAllocation: must be within [0, 1], got %v", *o.MinBatchAllocation)
-	case o.MaxBatchesOffPolicy < 0:
-		return bad("MaxBatchesOffPolicy: must not be negative")
-	case o.MaxPending < 0:
-		return bad("MaxPending: must not be negative")
 	case o.PollInterval < 0, o.RegisterInterval < 0, o.RetryMin < 0, o.RetryMax < o.RetryMin, o.RequestTimeout < 0:
 		return bad("intervals must be positive and RetryMin <= RetryMax")
 	case o.ListBatch < 0:
 		return bad("ListBatch: must not be negative")
+	}
+	if err := o.AtroposKnobs.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	o.URL = strings.TrimRight(o.URL, "/")
 	return nil

@@ -89,18 +89,13 @@ func OpenRun(ctx context.Context, cfg runner.Config, setup RunSetup) (*RunBridge
 	if g == 0 { // as the runner resolves it
 		g = max(env.Defaults().GroupSize, 1)
 	}
-	name := a.Name
-	if name == "" {
-		name = env.Name()
+	knobs := a.AtroposKnobs
+	if knobs.Name == "" {
+		knobs.Name = env.Name()
 	}
 	spoolDir := filepath.Join(cfg.Output.Dir, SpoolSubdir)
 	b, err := New(context.WithoutCancel(ctx), Options{
-		URL: url, SpoolDir: spoolDir, GroupSize: g, Name: name,
-		MaxTokenLength: a.MaxTokenLength, Weight: a.Weight, MinBatchAllocation: a.MinBatchAllocation,
-		MaxBatchesOffPolicy: a.MaxBatchesOffPolicy, TotalSteps: a.TotalSteps, MaxPending: a.MaxPending,
-		OmitMessages: a.OmitMessages, ZeroAdvantageOnTruncation: a.ZeroAdvantageOnTruncation,
-		SendEqualScores: a.SendEqualScores, ContinueOnReject: a.ContinueOnReject,
-		Logger: setup.Logger,
+		URL: url, SpoolDir: spoolDir, GroupSize: g, AtroposKnobs: knobs, Logger: setup.Logger,
 	})
 	if errors.Is(err, ErrConfig) {
 		return nil, fmt.Errorf("%w: %w", runner.ErrConfig, err)

@@ -77,7 +77,7 @@ func TestOpenRunChoices(t *testing.T) {
 func TestRunBridgeStepBudget(t *testing.T) {
 	api := atropostest.New(t)
 	api.StartTrainer(t, 2*testG, 4096, 1000)
-	cfg := runConfig(t, runner.Atropos{TotalSteps: 1, Weight: 2, MaxTokenLength: 512})
+	cfg := runConfig(t, runner.Atropos{AtroposKnobs: runner.AtroposKnobs{TotalSteps: 1, Weight: 2, MaxTokenLength: 512}})
 	cfg.GroupSize = testG
 	b, err := OpenRun(context.Background(), cfg, RunSetup{Mode: assemble.ModeRun, DefaultURL: api.URL(), Logger: testLogger()})
 	if err != nil || b == nil {

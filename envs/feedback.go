@@ -13,34 +13,34 @@ import (
 
 	openai "github.com/sashabaranov/go-openai"
 
+	"github.com/rollout-rl/rollout/agentloop"
 	"github.com/rollout-rl/rollout/datasets"
 	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/internal/util/secrets"
 )
 
-// Feedback is an env's answer to one assistant turn (docs/env-feedback.md).
-type Feedback struct {
-	// Messages are appended after the turn (role "user" when empty, or
-	// "system"). They are never trained: in tokens mode they are rendered
-	// by the server's template and masked, like tool results.
-	Messages []openai.ChatCompletionMessage
-	// Done ends the episode (stop reason env_done).
-	Done bool
-	// Reward, when set, is the turn's intermediate reward (the record's
-	// turn_rewards, beside the final reward).
-	Reward *float64
-	// Detail is a short note for the record's loop_events.
-	Detail string
+// Responsive is implemented by envs that answer the model turn by turn: a
+// user simulator, a game, a tutor (docs/env-feedback.md). The answer's
+// contract (agentloop.Feedback, agentloop.Responder) belongs to the agent
+// loop, its consumer. Responder returns the responder of one rollout of
+// item, or nil when the env has none (a YAML env without a responder
+// block). Envs are shared by concurrent rollouts: what the returned
+// responder keeps between turns is its own.
+type Responsive interface {
+	Responder(item datasets.Item) agentloop.Responder
 }
 
-// Responder is implemented by envs that answer the model turn by turn: a
-// user simulator, a game, a tutor. The agent loop calls Respond after each
-// assistant turn (tool results included) with the whole conversation so
-// far; turn is 1-based. An error fails the rollout (stop reason
-// env_error): it means "could not answer", never "the model was wrong".
-// Implementations are safe for concurrent use.
-type Responder interface {
-	Respond(ctx context.Context, item datasets.Item, turn int, transcript []openai.ChatCompletionMessage) (Feedback, error)
+// itemResponder is an env's answer to a turn of any item; forItem binds it
+// to one rollout's item.
+type itemResponder interface {
+	respond(ctx context.Context, item datasets.Item, turn int, transcript []openai.ChatCompletionMessage) (agentloop.Feedback, error)
+}
+
+// forItem is r's responder for one rollout of it.
+func forItem(r itemResponder, it datasets.Item) agentloop.Responder {
+	return agentloop.ResponderFunc(func(ctx context.Context, turn int, transcript []openai.ChatCompletionMessage) (agentloop.Feedback, error) {
+		return r.respond(ctx, it, turn, transcript)
+	})
 }
 
 // lastAssistant is the content of the last assistant message.
@@ -53,15 +53,11 @@ func lastAssistant(msgs []openai.ChatCompletionMessage) string {
 	return ""
 }
 
-// ResponderOf returns e's responder, or nil when it has none: an env
-// that implements Responder, or one whose Responder method (a YAML env
-// with a responder block) returns one.
-func ResponderOf(e Env) Responder {
-	if h, ok := e.(interface{ Responder() Responder }); ok {
-		return h.Responder()
-	}
-	if r, ok := e.(Responder); ok {
-		return r
+// ResponderOf returns e's responder for one rollout of it, or nil when e
+// has none.
+func ResponderOf(e Env, it datasets.Item) agentloop.Responder {
+	if r, ok := e.(Responsive); ok {
+		return r.Responder(it)
 	}
 	return nil
 }
@@ -197,9 +193,9 @@ func (s *scripted) regexp(pattern string) (*regexp.Regexp, error) {
 	return re, nil
 }
 
-func (s *scripted) Respond(_ context.Context, it datasets.Item, turn int, transcript []openai.ChatCompletionMessage) (Feedback, error) {
+func (s *scripted) respond(_ context.Context, it datasets.Item, turn int, transcript []openai.ChatCompletionMessage) (agentloop.Feedback, error) {
 	if toolTurn(transcript) {
-		return Feedback{}, nil // rules answer replies, not tool calls
+		return agentloop.Feedback{}, nil // rules answer replies, not tool calls
 	}
 	text := lastAssistant(transcript)
 	data := map[string]any{}
@@ -210,11 +206,11 @@ func (s *scripted) Respond(_ context.Context, it datasets.Item, turn int, transc
 	for i, cr := range s.rules {
 		pattern, err := render(fmt.Sprintf("responder.scripted.rules[%d].match", i), cr.rule.Match, it)
 		if err != nil {
-			return Feedback{}, err
+			return agentloop.Feedback{}, err
 		}
 		re, err := s.regexp(pattern)
 		if err != nil {
-			return Feedback{}, fmt.Errorf("%w: %s row %d: responder.scripted.rules[%d].match %q: %v", datasets.ErrInvalid, it.Source, it.Row, i, pattern, err)
+			return agentloop.Feedback{}, fmt.Errorf("%w: %s row %d: responder.scripted.rules[%d].match %q: %v", datasets.ErrInvalid, it.Source, it.Row, i, pattern, err)
 		}
 		m := re.FindString(text)
 		if m == "" && !re.MatchString(text) {
@@ -223,18 +219,18 @@ func (s *scripted) Respond(_ context.Context, it datasets.Item, turn int, transc
 		data["match"] = m
 		var b strings.Builder
 		if err := cr.reply.Execute(&b, data); err != nil {
-			return Feedback{}, fmt.Errorf("%w: %s row %d: responder.scripted.rules[%d].reply: %v", datasets.ErrInvalid, it.Source, it.Row, i, err)
+			return agentloop.Feedback{}, fmt.Errorf("%w: %s row %d: responder.scripted.rules[%d].reply: %v", datasets.ErrInvalid, it.Source, it.Row, i, err)
 		}
-		fb := Feedback{Done: cr.rule.Done, Reward: cr.rule.Reward, Detail: fmt.Sprintf("rule %d", i)}
+		fb := agentloop.Feedback{Done: cr.rule.Done, Reward: cr.rule.Reward, Detail: fmt.Sprintf("rule %d", i)}
 		if b.Len() > 0 {
 			fb.Messages = []openai.ChatCompletionMessage{{Role: openai.ChatMessageRoleUser, Content: b.String()}}
 		}
 		return fb, nil
 	}
-	fb := Feedback{Reward: s.spec.OtherwiseReward, Detail: "otherwise"}
+	fb := agentloop.Feedback{Reward: s.spec.OtherwiseReward, Detail: "otherwise"}
 	var b strings.Builder
 	if err := s.other.Execute(&b, data); err != nil {
-		return Feedback{}, fmt.Errorf("%w: %s row %d: responder.scripted.otherwise: %v", datasets.ErrInvalid, it.Source, it.Row, err)
+		return agentloop.Feedback{}, fmt.Errorf("%w: %s row %d: responder.scripted.otherwise: %v", datasets.ErrInvalid, it.Source, it.Row, err)
 	}
 	if b.Len() > 0 {
 		fb.Messages = []openai.ChatCompletionMessage{{Role: openai.ChatMessageRoleUser, Content: b.String()}}
@@ -303,16 +299,16 @@ func swapRoles(system string, transcript []openai.ChatCompletionMessage) []opena
 	return out
 }
 
-func (u *userSim) Respond(ctx context.Context, it datasets.Item, turn int, transcript []openai.ChatCompletionMessage) (Feedback, error) {
+func (u *userSim) respond(ctx context.Context, it datasets.Item, turn int, transcript []openai.ChatCompletionMessage) (agentloop.Feedback, error) {
 	var sys strings.Builder
 	if err := u.system.Execute(&sys, it.Data); err != nil {
-		return Feedback{}, fmt.Errorf("%w: %s row %d: responder.user_simulator.system: %v", datasets.ErrInvalid, it.Source, it.Row, err)
+		return agentloop.Feedback{}, fmt.Errorf("%w: %s row %d: responder.user_simulator.system: %v", datasets.ErrInvalid, it.Source, it.Row, err)
 	}
 	msgs := swapRoles(sys.String(), transcript)
 	if toolTurn(transcript) || strings.TrimSpace(lastAssistant(transcript)) == "" || msgs[len(msgs)-1].Role != openai.ChatMessageRoleUser {
 		// The policy said nothing visible this turn (tool calls only):
 		// the user waits.
-		return Feedback{Detail: "user_simulator: nothing to answer"}, nil
+		return agentloop.Feedback{Detail: "user_simulator: nothing to answer"}, nil
 	}
 	// The whole answer is bounded: the client's endpoint pool waits for an
 	// endpoint that is down, and a user that never answers must fail the
@@ -325,17 +321,17 @@ func (u *userSim) Respond(ctx context.Context, it datasets.Item, turn int, trans
 	}
 	ep, err := u.policy.Start(ctx, inference.EpisodeSpec{ID: fmt.Sprintf("usersim-%s-%d", it.ID, turn), Model: u.spec.Model, Sampling: sampling})
 	if err != nil {
-		return Feedback{}, fmt.Errorf("%w: %w", ErrUserSim, err)
+		return agentloop.Feedback{}, fmt.Errorf("%w: %w", ErrUserSim, err)
 	}
 	gen, err := ep.Generate(ctx, msgs)
 	if err != nil {
-		return Feedback{}, fmt.Errorf("%w: %w", ErrUserSim, err)
+		return agentloop.Feedback{}, fmt.Errorf("%w: %w", ErrUserSim, err)
 	}
 	text := gen.Content
 	if !gen.Parsed {
 		text = gen.Text
 	}
-	fb := Feedback{Detail: "user_simulator"}
+	fb := agentloop.Feedback{Detail: "user_simulator"}
 	if u.spec.DoneMarker != "" && strings.Contains(text, u.spec.DoneMarker) {
 		fb.Done = true
 		text = strings.TrimSpace(strings.ReplaceAll(text, u.spec.DoneMarker, ""))
@@ -354,7 +350,7 @@ func (u *userSim) timeout() time.Duration {
 }
 
 // buildResponder validates a YAML env's responder block.
-func buildResponder(s *ResponderSpec) (Responder, error) {
+func buildResponder(s *ResponderSpec) (itemResponder, error) {
 	if s == nil {
 		return nil, nil
 	}

@@ -52,7 +52,7 @@ func TestGuessNumber(t *testing.T) {
 		done        bool
 	}{{"50", "Lower.", 0, false}, {"I think 20", "Higher.", 0, false}, {"no idea", "Please answer", -0.1, false}, {"500", "Please answer", -0.1, false}, {"37", "Correct!", 1, true}} {
 		conv = append(conv, asst(c.reply))
-		fb, err := g.Respond(ctx, it, 1, conv)
+		fb, err := g.Responder(it).Respond(ctx, 1, conv)
 		if err != nil || len(fb.Messages) != 1 || !strings.HasPrefix(fb.Messages[0].Content, c.want) || fb.Reward == nil || *fb.Reward != c.reward || fb.Done != c.done {
 			t.Fatalf("%q: %+v %v", c.reply, fb, err)
 		}
@@ -130,30 +130,30 @@ responder:
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := ResponderOf(e)
+	items, _ := e.Items(ctx, "")
+	it := items[0]
+	r := ResponderOf(e, it)
 	if r == nil {
 		t.Fatal("no responder")
 	}
-	items, _ := e.Items(ctx, "")
-	it := items[0]
-	fb, err := r.Respond(ctx, it, 1, []openai.ChatCompletionMessage{asst("Lyon?")})
+	fb, err := r.Respond(ctx, 1, []openai.ChatCompletionMessage{asst("Lyon?")})
 	if err != nil || fb.Done || fb.Messages[0].Content != "No. Think about France again." || fb.Reward == nil || *fb.Reward != 0 || fb.Detail != "otherwise" {
 		t.Fatalf("otherwise: %+v %v", fb, err)
 	}
-	fb, _ = r.Respond(ctx, it, 2, []openai.ChatCompletionMessage{asst("I don't know")})
+	fb, _ = r.Respond(ctx, 2, []openai.ChatCompletionMessage{asst("I don't know")})
 	if fb.Done || len(fb.Messages) != 0 || *fb.Reward != -0.5 || fb.Detail != "rule 1" {
 		t.Fatalf("rule 1: %+v", fb)
 	}
-	fb, _ = r.Respond(ctx, it, 3, []openai.ChatCompletionMessage{asst("It is PARIS.")})
+	fb, _ = r.Respond(ctx, 3, []openai.ChatCompletionMessage{asst("It is PARIS.")})
 	if !fb.Done || fb.Messages[0].Content != "Right, PARIS it is (turn 3)." || *fb.Reward != 1 {
 		t.Fatalf("rule 0: %+v", fb)
 	}
 	// A YAML env without a responder block has none.
 	plain, err := loadYAMLEnv(t, "name: x\nprompt: p\nitems: [{a: 1}]\nrewards: [{type: format}]\n")
-	if err != nil || ResponderOf(plain) != nil {
+	if err != nil || ResponderOf(plain, datasets.Item{}) != nil {
 		t.Fatalf("plain env: %v", err)
 	}
-	if ResponderOf(&ToolCallMatch{}) != nil {
+	if ResponderOf(&ToolCallMatch{}, datasets.Item{}) != nil {
 		t.Fatal("toolcall-match has a responder")
 	}
 	head := "name: x\nprompt: p\nitems: [{a: 1}]\nrewards: [{type: format}]\n"
@@ -177,7 +177,7 @@ responder:
 	// A per-item pattern that does not compile is the item's fault.
 	e, _ = loadYAMLEnv(t, head+"responder: {scripted: {rules: [{match: '{{.a}}(', done: true}]}}\n")
 	items, _ = e.Items(ctx, "")
-	if _, err := ResponderOf(e).Respond(ctx, items[0], 1, []openai.ChatCompletionMessage{asst("1")}); !errors.Is(err, datasets.ErrInvalid) {
+	if _, err := ResponderOf(e, items[0]).Respond(ctx, 1, []openai.ChatCompletionMessage{asst("1")}); !errors.Is(err, datasets.ErrInvalid) {
 		t.Fatalf("bad rendered pattern: %v", err)
 	}
 }
@@ -206,17 +206,17 @@ responder:
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := ResponderOf(e).(*userSim)
+	r := e.resp.(*userSim)
 	defer r.policy.(io.Closer).Close()
 	items, _ := e.Items(ctx, "")
 	conv := []openai.ChatCompletionMessage{{Role: "system", Content: "You are a travel agent."}, {Role: "user", Content: "Hi, I need a flight."},
 		asst("Which city do you want to fly to?")}
-	fb, err := r.Respond(ctx, items[0], 1, conv)
+	fb, err := r.respond(ctx, items[0], 1, conv)
 	if err != nil || fb.Done || len(fb.Messages) != 1 || fb.Messages[0].Content != "Paris, on Friday please." || fb.Messages[0].Role != "user" {
 		t.Fatalf("turn 1: %+v %v", fb, err)
 	}
 	conv = append(conv, fb.Messages[0], asst("Booked: Paris, Friday 9:00."))
-	fb, err = r.Respond(ctx, items[0], 2, conv)
+	fb, err = r.respond(ctx, items[0], 2, conv)
 	if err != nil || !fb.Done || fb.Messages[0].Content != "Thanks, that's all." {
 		t.Fatalf("turn 2: %+v %v", fb, err)
 	}
@@ -231,7 +231,7 @@ responder:
 		t.Fatalf("swapped %s %+v", strings.Join(rs, ","), got)
 	}
 	// A tool-only turn leaves nothing to answer.
-	fb, err = r.Respond(ctx, items[0], 3, append(conv, openai.ChatCompletionMessage{Role: "assistant", ToolCalls: []openai.ToolCall{{ID: "c", Type: "function"}}}))
+	fb, err = r.respond(ctx, items[0], 3, append(conv, openai.ChatCompletionMessage{Role: "assistant", ToolCalls: []openai.ToolCall{{ID: "c", Type: "function"}}}))
 	if err != nil || len(fb.Messages) != 0 || fb.Done {
 		t.Fatalf("tool turn: %+v %v", fb, err)
 	}
@@ -245,9 +245,9 @@ responder: {user_simulator: {base_url: "http://127.0.0.1:1", model: m, system: s
 	if err != nil {
 		t.Fatal(err)
 	}
-	du := ResponderOf(dead).(*userSim)
+	du := dead.resp.(*userSim)
 	defer du.policy.(io.Closer).Close()
-	if _, err := du.Respond(ctx, items[0], 1, conv); !errors.Is(err, ErrUserSim) {
+	if _, err := du.respond(ctx, items[0], 1, conv); !errors.Is(err, ErrUserSim) {
 		t.Fatalf("dead endpoint: %v", err)
 	}
 }
@@ -257,7 +257,7 @@ func TestAgenticOPDConfigAndScoring(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ResponderOf(e) != nil || e.(Distilled).Teacher() != nil {
+	if ResponderOf(e, datasets.Item{}) != nil || e.(Distilled).Teacher() != nil {
 		t.Fatal("agentic-opd without config has a responder or a teacher")
 	}
 	for _, c := range []struct {

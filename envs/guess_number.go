@@ -12,6 +12,7 @@ import (
 	openai "github.com/sashabaranov/go-openai"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/rollout-rl/rollout/agentloop"
 	"github.com/rollout-rl/rollout/datasets"
 	"github.com/rollout-rl/rollout/rewards"
 )
@@ -60,9 +61,9 @@ func init() {
 }
 
 var (
-	_ Env       = (*GuessNumber)(nil)
-	_ Solver    = (*GuessNumber)(nil)
-	_ Responder = (*GuessNumber)(nil)
+	_ Env        = (*GuessNumber)(nil)
+	_ Solver     = (*GuessNumber)(nil)
+	_ Responsive = (*GuessNumber)(nil)
 )
 
 // Name implements Env.
@@ -155,17 +156,19 @@ func guess(text string) (int, bool) {
 	return g, err == nil
 }
 
-// Respond implements Responder.
-func (e *GuessNumber) Respond(_ context.Context, it datasets.Item, _ int, transcript []openai.ChatCompletionMessage) (Feedback, error) {
+// Responder implements Responsive: the game answers every guess.
+func (e *GuessNumber) Responder(it datasets.Item) agentloop.Responder { return forItem(e, it) }
+
+func (e *GuessNumber) respond(_ context.Context, it datasets.Item, _ int, transcript []openai.ChatCompletionMessage) (agentloop.Feedback, error) {
 	t, err := e.target(it)
 	if err != nil {
-		return Feedback{}, err
+		return agentloop.Feedback{}, err
 	}
 	if toolTurn(transcript) {
-		return Feedback{}, nil
+		return agentloop.Feedback{}, nil
 	}
-	reply := func(text, detail string, r float64, done bool) Feedback {
-		return Feedback{Messages: []openai.ChatCompletionMessage{{Role: openai.ChatMessageRoleUser, Content: text}}, Reward: &r, Done: done, Detail: detail}
+	reply := func(text, detail string, r float64, done bool) agentloop.Feedback {
+		return agentloop.Feedback{Messages: []openai.ChatCompletionMessage{{Role: openai.ChatMessageRoleUser, Content: text}}, Reward: &r, Done: done, Detail: detail}
 	}
 	g, ok := guess(lastAssistant(transcript))
 	switch {

@@ -112,7 +112,7 @@ func PythonTool() tools.Tool {
 	}
 }
 
-func runPython(ctx context.Context, env *tools.Env, args tools.Args) (string, error) {
+func runPython(ctx context.Context, rt *tools.Runtime, args tools.Args) (string, error) {
 	code, _ := args["code"].(string)
 	timeout := 30 * time.Second
 	if n, ok := args["timeout"].(json.Number); ok {
@@ -121,10 +121,10 @@ func runPython(ctx context.Context, env *tools.Env, args tools.Args) (string, er
 		}
 	}
 	path := fmt.Sprintf("/tmp/rollout-python-%s.py", randomHex())
-	if err := env.Sandbox.WriteFile(ctx, path, []byte(code), 0o644); err != nil {
+	if err := rt.Sandbox.WriteFile(ctx, path, []byte(code), 0o644); err != nil {
 		return "", fmt.Errorf("write program: %w", err)
 	}
-	res, err := env.Sandbox.Exec(ctx, sandbox.ExecRequest{Argv: []string{"python3", path}, Cwd: "/workspace", Timeout: timeout, OutputCap: 64 << 10})
+	res, err := rt.Sandbox.Exec(ctx, sandbox.ExecRequest{Argv: []string{"python3", path}, Cwd: "/workspace", Timeout: timeout, OutputCap: 64 << 10})
 	if err != nil {
 		return "", fmt.Errorf("run python: %w", err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/rollout-rl/rollout/agentloop"
 	"github.com/rollout-rl/rollout/datasets"
 	"github.com/rollout-rl/rollout/rewards"
 	"github.com/rollout-rl/rollout/sandbox"
@@ -69,12 +70,13 @@ type YAMLEnv struct {
 	spec    YAMLSpec
 	baseDir string
 	prompt  *template.Template
-	resp    Responder
+	resp    itemResponder // nil without a responder block
 }
 
 var (
-	_ Env    = (*YAMLEnv)(nil)
-	_ Solver = (*YAMLEnv)(nil)
+	_ Env        = (*YAMLEnv)(nil)
+	_ Solver     = (*YAMLEnv)(nil)
+	_ Responsive = (*YAMLEnv)(nil)
 )
 
 // Solution implements Solver: an item's optional "solution" field (the
@@ -163,8 +165,13 @@ func NewYAMLEnv(spec YAMLSpec, baseDir string) (*YAMLEnv, error) {
 	return &YAMLEnv{spec: spec, baseDir: baseDir, prompt: t, resp: resp}, nil
 }
 
-// Responder returns the env's responder (nil without a responder block).
-func (e *YAMLEnv) Responder() Responder { return e.resp }
+// Responder implements Responsive: nil without a responder block.
+func (e *YAMLEnv) Responder(it datasets.Item) agentloop.Responder {
+	if e.resp == nil {
+		return nil
+	}
+	return forItem(e.resp, it)
+}
 
 func containsTemplate(r rewards.Spec) bool {
 	w, _ := r.Want.(string)

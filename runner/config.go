@@ -94,32 +94,6 @@ type Config struct {
 	MaxInfraFailedFraction *float64 `yaml:"max_infra_failed_fraction,omitempty" json:"max_infra_failed_fraction,omitempty"`
 }
 
-// Atropos configures the Atropos bridge of a collection run: the run acts
-// as one Atropos environment of the trajectory API at URL. Package atropos
-// maps it to its Options, where each knob is documented; zero values take
-// the bridge's defaults. Only `rollout run` and run jobs use it.
-type Atropos struct {
-	// URL of the Atropos API (run-api). Empty: no bridge, unless the
-	// server sets a default (`rollout serve --atropos-url`).
-	URL string `yaml:"url,omitempty" json:"url,omitempty"`
-	// Disabled sends nothing, even when the server sets a default URL.
-	Disabled bool `yaml:"disabled,omitempty" json:"disabled,omitempty"`
-	// Name is the registered desired_name (default: the env's name).
-	Name                string   `yaml:"name,omitempty" json:"name,omitempty"`
-	Weight              float64  `yaml:"weight,omitempty" json:"weight,omitempty"`
-	MinBatchAllocation  *float64 `yaml:"min_batch_allocation,omitempty" json:"min_batch_allocation,omitempty"`
-	MaxTokenLength      int      `yaml:"max_token_length,omitempty" json:"max_token_length,omitempty"`
-	MaxBatchesOffPolicy int      `yaml:"max_batches_off_policy,omitempty" json:"max_batches_off_policy,omitempty"`
-	TotalSteps          int      `yaml:"total_steps,omitempty" json:"total_steps,omitempty"`
-	MaxPending          int      `yaml:"max_pending,omitempty" json:"max_pending,omitempty"`
-	OmitMessages        bool     `yaml:"omit_messages,omitempty" json:"omit_messages,omitempty"`
-	// ZeroAdvantageOnTruncation, SendEqualScores, ContinueOnReject: see
-	// atropos.Options.
-	ZeroAdvantageOnTruncation bool `yaml:"zero_advantage_on_truncation,omitempty" json:"zero_advantage_on_truncation,omitempty"`
-	SendEqualScores           bool `yaml:"send_equal_scores,omitempty" json:"send_equal_scores,omitempty"`
-	ContinueOnReject          bool `yaml:"continue_on_reject,omitempty" json:"continue_on_reject,omitempty"`
-}
-
 // LoopConfig configures what the agent loop does when the model misbehaves,
 // and the Hermes loop behaviours that insert or repair text. The defaults
 // are RL-safe: nothing is inserted into or rewritten in the conversation the

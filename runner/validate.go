@@ -93,18 +93,8 @@ func (c Config) validateRanges(bad func(field, format string, args ...any) error
 	if err := validSampling("inference.sampling", c.Inference.Sampling, bad); err != nil {
 		return err
 	}
-	a := c.Atropos
-	switch {
-	case !finite(a.Weight) || a.Weight < 0:
-		return bad("atropos.weight", "%v; want a non-negative number", a.Weight)
-	case a.MinBatchAllocation != nil && (!finite(*a.MinBatchAllocation) || *a.MinBatchAllocation < 0 || *a.MinBatchAllocation > 1):
-		return bad("atropos.min_batch_allocation", "%v; want a fraction in [0, 1]", *a.MinBatchAllocation)
-	case a.MaxTokenLength < 0:
-		return bad("atropos.max_token_length", "must not be negative")
-	case a.MaxBatchesOffPolicy < 0:
-		return bad("atropos.max_batches_off_policy", "must not be negative")
-	case a.MaxPending < 0:
-		return bad("atropos.max_pending", "must not be negative")
+	if err := c.Atropos.AtroposKnobs.Validate(); err != nil {
+		return fmt.Errorf("%w: atropos.%w", ErrConfig, err)
 	}
 	return nil
 }

@@ -104,6 +104,35 @@ func (c *collector) bound(idx int, p pending, g *runner.Group) *runner.Group {
 	return g
 }
 
+// collectStart checks the start message that opens a CollectGroups stream
+// and returns it with its run config; errors are gRPC statuses naming the
+// field.
+func (s *Server) collectStart(first *rolloutv1.CollectGroupsRequest) (*rolloutv1.CollectStart, runner.Config, error) {
+	start := first.GetStart()
+	switch {
+	case start == nil:
+		return nil, runner.Config{}, status.Error(codes.InvalidArgument, "start: the first message of CollectGroups must be start")
+	case start.FromSequence != nil && *start.FromSequence < 0:
+		return nil, runner.Config{}, status.Error(codes.InvalidArgument, "start.from_sequence: must not be negative")
+	case start.InitialCredits < 0:
+		return nil, runner.Config{}, status.Error(codes.InvalidArgument, "start.initial_credits: must not be negative")
+	}
+	if err := checkLayout("start.token_layout", start.TokenLayout); err != nil {
+		return nil, runner.Config{}, err
+	}
+	if strings.TrimSpace(start.ConfigYaml) == "" {
+		return nil, runner.Config{}, status.Error(codes.InvalidArgument, "start.config_yaml: empty")
+	}
+	cfg, err := runner.ParseConfig([]byte(start.ConfigYaml))
+	if err != nil {
+		return nil, runner.Config{}, fieldStatus("start.config_yaml", err)
+	}
+	if err := s.checkConfig(&cfg, "start.config_yaml: ", false); err != nil {
+		return nil, runner.Config{}, fieldStatus("start.config_yaml", err)
+	}
+	return start, cfg, nil
+}
+
 // CollectGroups implements RolloutServiceServer.
 func (s *Server) CollectGroups(stream rolloutv1.RolloutService_CollectGroupsServer) error {
 	if !s.track() {
@@ -115,28 +144,9 @@ func (s *Server) CollectGroups(stream rolloutv1.RolloutService_CollectGroupsServ
 	if err != nil {
 		return err
 	}
-	start := first.GetStart()
-	if start == nil {
-		return status.Error(codes.InvalidArgument, "start: the first message of CollectGroups must be start")
-	}
-	if start.FromSequence != nil && *start.FromSequence < 0 {
-		return status.Error(codes.InvalidArgument, "start.from_sequence: must not be negative")
-	}
-	if start.InitialCredits < 0 {
-		return status.Error(codes.InvalidArgument, "start.initial_credits: must not be negative")
-	}
-	if err := checkLayout("start.token_layout", start.TokenLayout); err != nil {
-		return err
-	}
-	if strings.TrimSpace(start.ConfigYaml) == "" {
-		return status.Error(codes.InvalidArgument, "start.config_yaml: empty")
-	}
-	cfg, err := runner.ParseConfig([]byte(start.ConfigYaml))
+	start, cfg, err := s.collectStart(first)
 	if err != nil {
-		return fieldStatus("start.config_yaml", err)
-	}
-	if err := s.checkConfig(&cfg, "start.config_yaml: ", false); err != nil {
-		return fieldStatus("start.config_yaml", err)
+		return err
 	}
 	owner := fmt.Sprintf("collect stream %p", stream)
 	if err := s.claimOutput(cfg.Output.Dir, owner); err != nil {

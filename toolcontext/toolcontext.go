@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rollout-rl/rollout/internal/util/tartree"
 	"github.com/rollout-rl/rollout/sandbox"
 	"github.com/rollout-rl/rollout/tools"
 )
@@ -24,20 +25,20 @@ var ErrReward = errors.New("reward function failed")
 
 // ToolContext is the reward function's handle on a rollout's sandbox: the
 // same sandbox, the same shell session (cwd and exported variables) and the
-// same tool environment the agent used.
+// same tool runtime the agent used.
 //
 // The ToolContext does not own the sandbox's lifetime: whoever created the
 // sandbox closes it after the reward — use RunReward, which guarantees the
 // Close even when the reward returns an error or panics.
 type ToolContext struct {
-	env *tools.Env
+	rt  *tools.Runtime
 	set *tools.Set
 }
 
-// New binds a ToolContext to a rollout's tool environment. set is the tool
+// New binds a ToolContext to a rollout's tool runtime. set is the tool
 // set CallTool may use; nil means every built-in tool.
-func New(env *tools.Env, set *tools.Set) (*ToolContext, error) {
-	if env == nil || env.Sandbox == nil {
+func New(rt *tools.Runtime, set *tools.Set) (*ToolContext, error) {
+	if rt == nil || rt.Sandbox == nil {
 		return nil, errors.New("toolcontext: no sandbox")
 	}
 	if set == nil {
@@ -47,14 +48,14 @@ func New(env *tools.Env, set *tools.Set) (*ToolContext, error) {
 		}
 		set = s
 	}
-	return &ToolContext{env: env, set: set}, nil
+	return &ToolContext{rt: rt, set: set}, nil
 }
 
 // Sandbox returns the underlying sandbox.
-func (tc *ToolContext) Sandbox() sandbox.Sandbox { return tc.env.Sandbox }
+func (tc *ToolContext) Sandbox() sandbox.Sandbox { return tc.rt.Sandbox }
 
-// Env returns the rollout's tool environment (todo list, session facts).
-func (tc *ToolContext) Env() *tools.Env { return tc.env }
+// Runtime returns the rollout's tool runtime (todo list, session facts).
+func (tc *ToolContext) Runtime() *tools.Runtime { return tc.rt }
 
 // TerminalResult is the outcome of a Terminal command.
 type TerminalResult struct {
@@ -71,7 +72,7 @@ func (tc *ToolContext) Terminal(ctx context.Context, cmd string, timeout time.Du
 	if timeout <= 0 {
 		timeout = tools.DefaultTerminalTimeout
 	}
-	res, err := tc.env.Sandbox.Exec(ctx, sandbox.ExecRequest{Command: cmd, Shell: true, Timeout: timeout, MergeOutput: true, OutputCap: 16 << 20})
+	res, err := tc.rt.Sandbox.Exec(ctx, sandbox.ExecRequest{Command: cmd, Shell: true, Timeout: timeout, MergeOutput: true, OutputCap: 16 << 20})
 	if err != nil {
 		return TerminalResult{}, fmt.Errorf("toolcontext terminal: %w", err)
 	}
@@ -81,7 +82,7 @@ func (tc *ToolContext) Terminal(ctx context.Context, cmd string, timeout time.Du
 
 // Exec runs argv without a shell (nothing is interpolated).
 func (tc *ToolContext) Exec(ctx context.Context, argv []string, timeout time.Duration) (sandbox.ExecResult, error) {
-	res, err := tc.env.Sandbox.Exec(ctx, sandbox.ExecRequest{Argv: argv, Timeout: timeout})
+	res, err := tc.rt.Sandbox.Exec(ctx, sandbox.ExecRequest{Argv: argv, Timeout: timeout})
 	if err != nil {
 		return res, fmt.Errorf("toolcontext exec %q: %w", argv, err)
 	}
@@ -91,11 +92,11 @@ func (tc *ToolContext) Exec(ctx context.Context, argv []string, timeout time.Dur
 // ReadFile returns a file's bytes; relative paths are relative to the
 // agent's current directory.
 func (tc *ToolContext) ReadFile(ctx context.Context, p string) ([]byte, error) {
-	abs, err := tc.env.Resolve(ctx, p)
+	abs, err := tc.rt.Resolve(ctx, p)
 	if err != nil {
 		return nil, fmt.Errorf("toolcontext read %s: %w", p, err)
 	}
-	b, err := tc.env.Sandbox.ReadFile(ctx, abs)
+	b, err := tc.rt.Sandbox.ReadFile(ctx, abs)
 	if err != nil {
 		return nil, fmt.Errorf("toolcontext read %s: %w", abs, err)
 	}
@@ -104,21 +105,21 @@ func (tc *ToolContext) ReadFile(ctx context.Context, p string) ([]byte, error) {
 
 // WriteFile writes data (creating parent directories).
 func (tc *ToolContext) WriteFile(ctx context.Context, p string, data []byte) error {
-	abs, err := tc.env.Resolve(ctx, p)
+	abs, err := tc.rt.Resolve(ctx, p)
 	if err != nil {
 		return fmt.Errorf("toolcontext write %s: %w", p, err)
 	}
 	if err := tc.mkdir(ctx, path.Dir(abs)); err != nil {
 		return err
 	}
-	if err := tc.env.Sandbox.WriteFile(ctx, abs, data, 0o644); err != nil {
+	if err := tc.rt.Sandbox.WriteFile(ctx, abs, data, 0o644); err != nil {
 		return fmt.Errorf("toolcontext write %s: %w", abs, err)
 	}
 	return nil
 }
 
 func (tc *ToolContext) mkdir(ctx context.Context, dir string) error {
-	res, err := tc.env.Sandbox.Exec(ctx, sandbox.ExecRequest{Argv: []string{"mkdir", "-p", "--", dir}, Timeout: 30 * time.Second})
+	res, err := tc.rt.Sandbox.Exec(ctx, sandbox.ExecRequest{Argv: []string{"mkdir", "-p", "--", dir}, Timeout: 30 * time.Second})
 	if err != nil {
 		return fmt.Errorf("toolcontext mkdir %s: %w", dir, err)
 	}
@@ -131,7 +132,7 @@ func (tc *ToolContext) mkdir(ctx context.Context, dir string) error {
 // UploadFile copies a local file into the sandbox at remote, byte for
 // byte and keeping its mode, through the sandbox's tar channel.
 func (tc *ToolContext) UploadFile(ctx context.Context, local, remote string) error {
-	abs, err := tc.env.Resolve(ctx, remote)
+	abs, err := tc.rt.Resolve(ctx, remote)
 	if err != nil {
 		return fmt.Errorf("toolcontext upload %s: %w", remote, err)
 	}
@@ -163,7 +164,7 @@ func (tc *ToolContext) UploadFile(ctx context.Context, local, remote string) err
 // UploadDir copies a local directory tree into remoteDir (created if
 // needed): regular files, directories and symlinks, modes kept.
 func (tc *ToolContext) UploadDir(ctx context.Context, localDir, remoteDir string) error {
-	abs, err := tc.env.Resolve(ctx, remoteDir)
+	abs, err := tc.rt.Resolve(ctx, remoteDir)
 	if err != nil {
 		return fmt.Errorf("toolcontext upload %s: %w", remoteDir, err)
 	}
@@ -177,50 +178,9 @@ func (tc *ToolContext) UploadDir(ctx context.Context, localDir, remoteDir string
 	if err := tc.mkdir(ctx, abs); err != nil {
 		return err
 	}
+	// The host's owner ids mean nothing in the sandbox.
 	return tc.upload(ctx, abs, func(tw *tar.Writer) error {
-		return filepath.WalkDir(localDir, func(p string, d fs.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			rel, err := filepath.Rel(localDir, p)
-			if err != nil || rel == "." {
-				return err
-			}
-			info, err := d.Info()
-			if err != nil {
-				return err
-			}
-			link := ""
-			if info.Mode()&fs.ModeSymlink != 0 {
-				if link, err = os.Readlink(p); err != nil {
-					return err
-				}
-			} else if !info.Mode().IsRegular() && !info.IsDir() {
-				return nil // sockets, devices: nothing to copy
-			}
-			hdr, err := tar.FileInfoHeader(info, link)
-			if err != nil {
-				return err
-			}
-			hdr.Name = filepath.ToSlash(rel)
-			if info.IsDir() {
-				hdr.Name += "/"
-			}
-			hdr.Uname, hdr.Gname, hdr.Uid, hdr.Gid = "", "", 0, 0
-			if err := tw.WriteHeader(hdr); err != nil {
-				return err
-			}
-			if info.Mode().IsRegular() {
-				f, err := os.Open(p)
-				if err != nil {
-					return err
-				}
-				_, err = io.Copy(tw, f)
-				f.Close()
-				return err
-			}
-			return nil
-		})
+		return tartree.Write(ctx, tw, localDir, false)
 	})
 }
 
@@ -237,7 +197,7 @@ func (tc *ToolContext) upload(ctx context.Context, dir string, write func(*tar.W
 		}
 		pw.CloseWithError(err)
 	}()
-	err := tc.env.Sandbox.Upload(ctx, dir, pr)
+	err := tc.rt.Sandbox.Upload(ctx, dir, pr)
 	// Unblock the writer if Upload returned early, and wait for it.
 	pr.CloseWithError(errors.New("upload ended"))
 	<-done
@@ -266,7 +226,7 @@ func (tc *ToolContext) DownloadFile(ctx context.Context, remote, local string) e
 // DownloadDir copies a sandbox directory tree into localDir. Entries that
 // would land outside localDir are refused.
 func (tc *ToolContext) DownloadDir(ctx context.Context, remoteDir, localDir string) error {
-	abs, err := tc.env.Resolve(ctx, remoteDir)
+	abs, err := tc.rt.Resolve(ctx, remoteDir)
 	if err != nil {
 		return fmt.Errorf("toolcontext download %s: %w", remoteDir, err)
 	}
@@ -282,7 +242,7 @@ func (tc *ToolContext) DownloadDir(ctx context.Context, remoteDir, localDir stri
 		pr.CloseWithError(err)
 		done <- err
 	}()
-	derr := tc.env.Sandbox.Download(ctx, abs, pw)
+	derr := tc.rt.Sandbox.Download(ctx, abs, pw)
 	pw.CloseWithError(derr)
 	xerr := <-done
 	if derr != nil {
@@ -379,7 +339,7 @@ func (tc *ToolContext) CallTool(ctx context.Context, name, argsJSON string) (str
 		}
 		return "", fmt.Errorf("toolcontext call %s: %w", name, err)
 	}
-	out, err := tc.set.Execute(ctx, tc.env, call)
+	out, err := tc.set.Execute(ctx, tc.rt, call)
 	if err != nil {
 		return "", fmt.Errorf("toolcontext call %s: %w", name, err)
 	}
@@ -391,20 +351,20 @@ func (tc *ToolContext) CallTool(ctx context.Context, name, argsJSON string) (str
 // process the agent left, not only those the process tool tracks:
 // `nohup … &`, daemons and setsid'd children too.
 func (tc *ToolContext) KillProcesses(ctx context.Context) error {
-	if q, ok := tc.env.Sandbox.(sandbox.Quiescer); ok {
+	if q, ok := tc.rt.Sandbox.(sandbox.Quiescer); ok {
 		if _, err := q.KillAll(ctx); err != nil {
 			return fmt.Errorf("toolcontext kill processes: %w", err)
 		}
 		return nil
 	}
-	ps, err := tc.env.Sandbox.Processes(ctx)
+	ps, err := tc.rt.Sandbox.Processes(ctx)
 	if err != nil {
 		return fmt.Errorf("toolcontext list processes: %w", err)
 	}
 	var errs []error
 	for _, p := range ps {
 		if p.Running {
-			if err := tc.env.Sandbox.Kill(ctx, p.ID); err != nil && !errors.Is(err, sandbox.ErrNotFound) {
+			if err := tc.rt.Sandbox.Kill(ctx, p.ID); err != nil && !errors.Is(err, sandbox.ErrNotFound) {
 				errs = append(errs, fmt.Errorf("kill %s: %w", p.ID, err))
 			}
 		}
@@ -427,8 +387,8 @@ func RunReward[T any](ctx context.Context, tc *ToolContext, closeTimeout time.Du
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeTimeout)
 		defer cancel()
 		_ = tc.KillProcesses(cctx)
-		if cerr := tc.env.Sandbox.Close(cctx); cerr != nil {
-			err = errors.Join(err, fmt.Errorf("close sandbox %s: %w", tc.env.Sandbox.ID(), cerr))
+		if cerr := tc.rt.Sandbox.Close(cctx); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("close sandbox %s: %w", tc.rt.Sandbox.ID(), cerr))
 		}
 	}()
 	out, err = fn(ctx, tc)

@@ -60,7 +60,7 @@ func newTC(t *testing.T) *ToolContext {
 		t.Fatalf("create sandbox: %v", err)
 	}
 	t.Cleanup(func() { _ = sb.Close(context.Background()) })
-	tc, err := New(tools.NewEnv(sb, t.Name()), nil)
+	tc, err := New(tools.NewRuntime(sb, t.Name()), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -75,18 +75,18 @@ func (b Budget) Threshold(t Tool) int {
 }
 
 // ApplyResult enforces the per-result threshold on one result.
-func (b Budget) ApplyResult(ctx context.Context, env *Env, t Tool, callID, content string) string {
+func (b Budget) ApplyResult(ctx context.Context, rt *Runtime, t Tool, callID, content string) string {
 	th := b.Threshold(t)
 	if th < 0 || len(content) <= th || utf8.RuneCountInString(content) <= th {
 		return content
 	}
-	return b.persist(ctx, env, callID, content)
+	return b.persist(ctx, rt, callID, content)
 }
 
 // ApplyTurn enforces the per-turn budget: while the turn's results exceed
 // it, the largest not-yet-spilled result is spilled. contents are rewritten
 // in place; ids are the matching tool_call ids.
-func (b Budget) ApplyTurn(ctx context.Context, env *Env, ids []string, contents []string) {
+func (b Budget) ApplyTurn(ctx context.Context, rt *Runtime, ids []string, contents []string) {
 	b = b.withDefaults()
 	if b.TurnChars < 0 {
 		return
@@ -112,7 +112,7 @@ func (b Budget) ApplyTurn(ctx context.Context, env *Env, ids []string, contents 
 		if strings.Contains(contents[i], persistedTag) {
 			continue
 		}
-		contents[i] = b.persist(ctx, env, ids[i], contents[i])
+		contents[i] = b.persist(ctx, rt, ids[i], contents[i])
 		n := utf8.RuneCountInString(contents[i])
 		total += n - sizes[i]
 		sizes[i] = n
@@ -121,20 +121,20 @@ func (b Budget) ApplyTurn(ctx context.Context, env *Env, ids []string, contents 
 
 var unsafeName = regexp.MustCompile(`[^A-Za-z0-9_.-]`)
 
-func (b Budget) persist(ctx context.Context, env *Env, callID, content string) string {
+func (b Budget) persist(ctx context.Context, rt *Runtime, callID, content string) string {
 	b = b.withDefaults()
 	total := utf8.RuneCountInString(content)
 	preview := previewOf(content, b.PreviewChars)
 	name := unsafeName.ReplaceAllString(callID, "_")
 	if name == "" || name == "." || name == ".." {
-		env.mu.Lock()
-		env.resultsN++
-		name = fmt.Sprintf("result_%d", env.resultsN)
-		env.mu.Unlock()
+		rt.mu.Lock()
+		rt.resultsN++
+		name = fmt.Sprintf("result_%d", rt.resultsN)
+		rt.mu.Unlock()
 	}
 	file := path.Join(b.Dir, name+".txt")
-	if err := writeSandboxFile(ctx, env, file, []byte(content)); err != nil {
-		env.logger().Warn("could not persist large tool result", "rollout", env.RolloutID, "file", file, "err", err)
+	if err := writeSandboxFile(ctx, rt, file, []byte(content)); err != nil {
+		rt.logger().Warn("could not persist large tool result", "rollout", rt.RolloutID, "file", file, "err", err)
 		return fmt.Sprintf("%s\n\n[Truncated: tool response was %d chars. Full output could not be saved to sandbox.]", preview, total)
 	}
 	return fmt.Sprintf("%s\nThis tool result was too large (%d characters, %s).\nFull output saved to: %s\nUse the read_file tool with offset and limit to access specific sections of this output.\n\nPreview (first %d chars):\n%s\n</persisted-output>",
@@ -147,7 +147,7 @@ func previewOf(s string, n int) string {
 	if utf8.RuneCountInString(s) <= n {
 		return s
 	}
-	p := headRunes(s, n)
+	p := HeadRunes(s, n)
 	if i := strings.LastIndexByte(p, '\n'); i > len(p)/2 {
 		p = p[:i]
 	}
@@ -163,21 +163,24 @@ func humanSize(chars int) string {
 
 // writeSandboxFile creates the parent directory (argv, no shell) and writes
 // the file through the sandbox's file API.
-func writeSandboxFile(ctx context.Context, env *Env, file string, data []byte) error {
-	if env == nil || env.Sandbox == nil {
+func writeSandboxFile(ctx context.Context, rt *Runtime, file string, data []byte) error {
+	if rt == nil || rt.Sandbox == nil {
 		return errors.New("no sandbox to write to")
 	}
-	res, err := env.argv(ctx, 30*time.Second, "mkdir", "-p", "--", path.Dir(file))
+	res, err := rt.argv(ctx, 30*time.Second, "mkdir", "-p", "--", path.Dir(file))
 	if err != nil {
 		return err
 	}
 	if res.ExitCode != 0 {
 		return fmt.Errorf("mkdir %s: exit %d: %s", path.Dir(file), res.ExitCode, strings.TrimSpace(string(res.Stderr)))
 	}
-	return env.Sandbox.WriteFile(ctx, file, data, 0o644)
+	return rt.Sandbox.WriteFile(ctx, file, data, 0o644)
 }
 
-func headRunes(s string, n int) string {
+// HeadRunes is the first n runes of s (s itself when it is shorter): the
+// one rune-safe cut of tool output, also used by the agent loop for what
+// it records of failed calls.
+func HeadRunes(s string, n int) string {
 	i := 0
 	for j := range s {
 		if i == n {

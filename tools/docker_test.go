@@ -22,7 +22,7 @@ var (
 	dockerErr  error
 )
 
-func dockerSandbox(t *testing.T, image string) (*Set, *Env) {
+func dockerSandbox(t *testing.T, image string) (*Set, *Runtime) {
 	t.Helper()
 	dockerOnce.Do(func() {
 		testDocker, dockerErr = sandbox.NewDocker(context.Background(), sandbox.Options{Instance: "toolstest", ReapInterval: -1})
@@ -44,16 +44,16 @@ func dockerSandbox(t *testing.T, image string) (*Set, *Env) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return set, NewEnv(sb, t.Name())
+	return set, NewRuntime(sb, t.Name())
 }
 
 func TestBuiltinsInDocker(t *testing.T) {
 	for _, image := range []string{"rollout-sandbox:bookworm", "rollout-sandbox:busybox"} {
 		t.Run(image, func(t *testing.T) {
-			set, env := dockerSandbox(t, image)
+			set, rt := dockerSandbox(t, image)
 			do := func(name, args string) map[string]any {
 				t.Helper()
-				return call(t, set, env, name, args)
+				return call(t, set, rt, name, args)
 			}
 			r := do("terminal", `{"command":"mkdir -p proj/src && cd proj && export GREETING=hi"}`)
 			if r["exit_code"] != float64(0) {
@@ -125,15 +125,15 @@ func TestBuiltinsInDocker(t *testing.T) {
 }
 
 func TestSearchAlwaysValidJSONInDocker(t *testing.T) {
-	set, env := dockerSandbox(t, "rollout-sandbox:bookworm")
+	set, rt := dockerSandbox(t, "rollout-sandbox:bookworm")
 	var b strings.Builder
 	for i := 0; i < 300; i++ {
 		b.WriteString("needle line\n")
 	}
-	if _, err := set.Execute(context.Background(), env, mustPrep(t, set, "write_file", `{"path":"/workspace/n.txt","content":`+jsonString(b.String())+`}`)); err != nil {
+	if _, err := set.Execute(context.Background(), rt, mustPrep(t, set, "write_file", `{"path":"/workspace/n.txt","content":`+jsonString(b.String())+`}`)); err != nil {
 		t.Fatal(err)
 	}
-	out, err := set.Execute(context.Background(), env, mustPrep(t, set, "search_files", `{"pattern":"needle","path":"/workspace","limit":5}`))
+	out, err := set.Execute(context.Background(), rt, mustPrep(t, set, "search_files", `{"pattern":"needle","path":"/workspace","limit":5}`))
 	if err != nil {
 		t.Fatal(err)
 	}

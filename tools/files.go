@@ -83,8 +83,8 @@ func patchTool() Tool {
 }
 
 // stat returns size, mode and kind of p; exists=false when it is missing.
-func stat(ctx context.Context, env *Env, p string) (size int64, mode fs.FileMode, kind string, exists bool, err error) {
-	res, err := env.argv(ctx, 30*time.Second, "stat", "-L", "-c", "%s %a %F", "--", p)
+func stat(ctx context.Context, rt *Runtime, p string) (size int64, mode fs.FileMode, kind string, exists bool, err error) {
+	res, err := rt.argv(ctx, 30*time.Second, "stat", "-L", "-c", "%s %a %F", "--", p)
 	if err != nil {
 		return 0, 0, "", false, err
 	}
@@ -142,9 +142,9 @@ func readError(p, msg string, extra map[string]any) string {
 	return marshal(r)
 }
 
-func runReadFile(ctx context.Context, env *Env, a Args) (string, error) {
+func runReadFile(ctx context.Context, rt *Runtime, a Args) (string, error) {
 	raw := a.String("path", "")
-	p, err := env.Resolve(ctx, raw)
+	p, err := rt.Resolve(ctx, raw)
 	if err != nil {
 		if infraOr(ctx, err) {
 			return "", err
@@ -154,7 +154,7 @@ func runReadFile(ctx context.Context, env *Env, a Args) (string, error) {
 	if strings.HasPrefix(p, "/dev/") || p == "/dev" || strings.HasPrefix(p, "/proc/") && strings.Contains(p, "/fd/") {
 		return readError(p, "Refusing to read device path "+p, nil), nil
 	}
-	size, _, kind, exists, err := stat(ctx, env, p)
+	size, _, kind, exists, err := stat(ctx, rt, p)
 	if err != nil {
 		if infraOr(ctx, err) {
 			return "", err
@@ -163,7 +163,7 @@ func runReadFile(ctx context.Context, env *Env, a Args) (string, error) {
 		exists, kind = true, "regular file"
 	}
 	if !exists {
-		return readError(p, "File not found: "+p, map[string]any{"similar_files": similarFiles(ctx, env, p)}), nil
+		return readError(p, "File not found: "+p, map[string]any{"similar_files": similarFiles(ctx, rt, p)}), nil
 	}
 	if kind == "directory" {
 		return readError(p, p+" is a directory; use search_files with target=files to list it", nil), nil
@@ -178,13 +178,13 @@ func runReadFile(ctx context.Context, env *Env, a Args) (string, error) {
 	if size > maxReadFileBytes {
 		return readError(p, fmt.Sprintf("File is too large to read (%d bytes, limit %d); use terminal tools such as head, tail or sed -n to look at parts of it.", size, maxReadFileBytes), map[string]any{"file_size": size}), nil
 	}
-	data, err := env.Sandbox.ReadFile(ctx, p)
+	data, err := rt.Sandbox.ReadFile(ctx, p)
 	if err != nil {
 		if infraOr(ctx, err) {
 			return "", err
 		}
 		if errors.Is(err, sandbox.ErrNotFound) {
-			return readError(p, "File not found: "+p, map[string]any{"similar_files": similarFiles(ctx, env, p)}), nil
+			return readError(p, "File not found: "+p, map[string]any{"similar_files": similarFiles(ctx, rt, p)}), nil
 		}
 		return readError(p, "Could not read file: "+err.Error(), nil), nil
 	}
@@ -213,7 +213,7 @@ func runReadFile(ctx context.Context, env *Env, a Args) (string, error) {
 	for i := offset - 1; i < end; i++ {
 		line := strings.TrimRight(lines[i], "\r\n")
 		if utf8.RuneCountInString(line) > readMaxLineChars {
-			line = headRunes(line, readMaxLineChars) + "... [truncated]"
+			line = HeadRunes(line, readMaxLineChars) + "... [truncated]"
 		}
 		fmt.Fprintf(&b, "%6d|%s\n", i+1, line)
 	}
@@ -230,9 +230,9 @@ func runReadFile(ctx context.Context, env *Env, a Args) (string, error) {
 }
 
 // similarFiles suggests up to five siblings whose names resemble p's.
-func similarFiles(ctx context.Context, env *Env, p string) []string {
+func similarFiles(ctx context.Context, rt *Runtime, p string) []string {
 	dir, base := path.Split(p)
-	res, err := env.argv(ctx, 15*time.Second, "ls", "-1A", "--", dir)
+	res, err := rt.argv(ctx, 15*time.Second, "ls", "-1A", "--", dir)
 	if err != nil || res.ExitCode != 0 {
 		return []string{}
 	}
@@ -292,9 +292,9 @@ func protectedPath(p string) bool {
 
 // writeKeepingMode writes through the sandbox file API, creating parents
 // (argv mkdir, never a shell) and keeping an existing file's mode.
-func writeKeepingMode(ctx context.Context, env *Env, p string, data []byte) (dirsCreated bool, err error) {
+func writeKeepingMode(ctx context.Context, rt *Runtime, p string, data []byte) (dirsCreated bool, err error) {
 	mode := fs.FileMode(0o644)
-	_, m, kind, exists, err := stat(ctx, env, p)
+	_, m, kind, exists, err := stat(ctx, rt, p)
 	if err != nil {
 		return false, err
 	}
@@ -304,7 +304,7 @@ func writeKeepingMode(ctx context.Context, env *Env, p string, data []byte) (dir
 		}
 		mode = m.Perm()
 	} else {
-		_, _, pkind, pexists, err := stat(ctx, env, path.Dir(p))
+		_, _, pkind, pexists, err := stat(ctx, rt, path.Dir(p))
 		if err != nil {
 			return false, err
 		}
@@ -312,7 +312,7 @@ func writeKeepingMode(ctx context.Context, env *Env, p string, data []byte) (dir
 			return false, fmt.Errorf("parent %s is not a directory", path.Dir(p))
 		}
 		if !pexists {
-			res, err := env.argv(ctx, 30*time.Second, "mkdir", "-p", "--", path.Dir(p))
+			res, err := rt.argv(ctx, 30*time.Second, "mkdir", "-p", "--", path.Dir(p))
 			if err != nil {
 				return false, err
 			}
@@ -322,16 +322,16 @@ func writeKeepingMode(ctx context.Context, env *Env, p string, data []byte) (dir
 			dirsCreated = true
 		}
 	}
-	return dirsCreated, env.Sandbox.WriteFile(ctx, p, data, mode)
+	return dirsCreated, rt.Sandbox.WriteFile(ctx, p, data, mode)
 }
 
-func runWriteFile(ctx context.Context, env *Env, a Args) (string, error) {
+func runWriteFile(ctx context.Context, rt *Runtime, a Args) (string, error) {
 	raw := a.String("path", "")
 	content, ok := a["content"].(string)
 	if !ok {
 		return ErrorResult("write_file needs content as a string"), nil
 	}
-	p, err := env.Resolve(ctx, raw)
+	p, err := rt.Resolve(ctx, raw)
 	if err != nil {
 		if infraOr(ctx, err) {
 			return "", err
@@ -341,7 +341,7 @@ func runWriteFile(ctx context.Context, env *Env, a Args) (string, error) {
 	if protectedPath(p) {
 		return ErrorResult("Refusing to write to protected path " + p), nil
 	}
-	created, err := writeKeepingMode(ctx, env, p, []byte(content))
+	created, err := writeKeepingMode(ctx, rt, p, []byte(content))
 	if err != nil {
 		if infraOr(ctx, err) {
 			return "", err
@@ -379,9 +379,9 @@ func patchFail(msg string, hint string) string {
 	return marshal(r)
 }
 
-func runPatch(ctx context.Context, env *Env, a Args) (string, error) {
+func runPatch(ctx context.Context, rt *Runtime, a Args) (string, error) {
 	if a.String("mode", "replace") == "patch" {
-		return runV4APatch(ctx, env, a.String("patch", ""))
+		return runV4APatch(ctx, rt, a.String("patch", ""))
 	}
 	raw := a.String("path", "")
 	if raw == "" {
@@ -395,14 +395,14 @@ func runPatch(ctx context.Context, env *Env, a Args) (string, error) {
 	if oldS == "" {
 		return patchFail("old_string is empty; to create or overwrite a file use write_file", ""), nil
 	}
-	p, err := env.Resolve(ctx, raw)
+	p, err := rt.Resolve(ctx, raw)
 	if err != nil {
 		if infraOr(ctx, err) {
 			return "", err
 		}
 		return patchFail("Invalid path: "+err.Error(), ""), nil
 	}
-	data, err := env.Sandbox.ReadFile(ctx, p)
+	data, err := rt.Sandbox.ReadFile(ctx, p)
 	if err != nil {
 		if infraOr(ctx, err) {
 			return "", err
@@ -417,13 +417,13 @@ func runPatch(ctx context.Context, env *Env, a Args) (string, error) {
 	if failMsg != "" {
 		return patchFail(strings.ReplaceAll(failMsg, "{path}", p), hint), nil
 	}
-	if _, err := writeKeepingMode(ctx, env, p, []byte(after)); err != nil {
+	if _, err := writeKeepingMode(ctx, rt, p, []byte(after)); err != nil {
 		if infraOr(ctx, err) {
 			return "", err
 		}
 		return patchFail(fmt.Sprintf("Failed to write %s: %v", p, err), ""), nil
 	}
-	check, err := env.Sandbox.ReadFile(ctx, p)
+	check, err := rt.Sandbox.ReadFile(ctx, p)
 	if err != nil {
 		if infraOr(ctx, err) {
 			return "", err

@@ -56,7 +56,7 @@ func viewOf(p sandbox.ProcessInfo) procView {
 	return v
 }
 
-func runProcess(ctx context.Context, env *Env, a Args) (string, error) {
+func runProcess(ctx context.Context, rt *Runtime, a Args) (string, error) {
 	action := a.String("action", "")
 	id := a.String("session_id", "")
 	if action != "list" && id == "" {
@@ -74,7 +74,7 @@ func runProcess(ctx context.Context, env *Env, a Args) (string, error) {
 	}
 	switch action {
 	case "list":
-		ps, err := env.Sandbox.Processes(ctx)
+		ps, err := rt.Sandbox.Processes(ctx)
 		if err != nil {
 			return fail(err)
 		}
@@ -84,14 +84,14 @@ func runProcess(ctx context.Context, env *Env, a Args) (string, error) {
 		}
 		return marshal(map[string]any{"processes": views, "total": len(views)}), nil
 	case "poll":
-		p, err := env.Sandbox.Poll(ctx, id)
+		p, err := rt.Sandbox.Poll(ctx, id)
 		if err != nil {
 			return fail(err)
 		}
 		out := StripANSI(strings.ToValidUTF8(string(p.Output), "\uFFFD"))
 		return marshal(map[string]any{"process": viewOf(p), "output_preview": tailRunes(out, 2000)}), nil
 	case "log":
-		p, err := env.Sandbox.Poll(ctx, id)
+		p, err := rt.Sandbox.Poll(ctx, id)
 		if err != nil {
 			return fail(err)
 		}
@@ -114,7 +114,7 @@ func runProcess(ctx context.Context, env *Env, a Args) (string, error) {
 		if timeout > MaxForegroundTimeout {
 			timeout = MaxForegroundTimeout
 		}
-		p, err := env.Sandbox.Wait(ctx, id, timeout)
+		p, err := rt.Sandbox.Wait(ctx, id, timeout)
 		if err != nil {
 			return fail(err)
 		}
@@ -122,7 +122,7 @@ func runProcess(ctx context.Context, env *Env, a Args) (string, error) {
 		return marshal(map[string]any{"process": viewOf(p), "timed_out": p.Running,
 			"output": strings.TrimRight(TruncateHeadTail(out, DefaultTerminalOutputChars, 0), "\n")}), nil
 	case "kill":
-		if err := env.Sandbox.Kill(ctx, id); err != nil {
+		if err := rt.Sandbox.Kill(ctx, id); err != nil {
 			return fail(err)
 		}
 		return marshal(map[string]any{"success": true, "session_id": id, "status": "killed"}), nil
@@ -131,14 +131,14 @@ func runProcess(ctx context.Context, env *Env, a Args) (string, error) {
 		if action == "submit" {
 			data += "\n"
 		}
-		if err := env.Sandbox.WriteStdin(ctx, id, []byte(data)); err != nil {
+		if err := rt.Sandbox.WriteStdin(ctx, id, []byte(data)); err != nil {
 			return fail(err)
 		}
 		return marshal(map[string]any{"success": true, "session_id": id, "bytes_written": len(data)}), nil
 	case "close":
 		// Closing stdin is an optional sandbox capability (the Docker
 		// backend has it); the contract does not require it.
-		c, ok := env.Sandbox.(stdinCloser)
+		c, ok := rt.Sandbox.(stdinCloser)
 		if !ok {
 			return ErrorResult("action close is not supported by this sandbox; use kill to stop the process"), nil
 		}

@@ -50,7 +50,7 @@ type Args map[string]any
 // errors wrapping sandbox.ErrUnavailable/ErrClosed or a context error end
 // the episode; any other error is reported to the model as
 // "Tool execution failed: ...".
-type Handler func(ctx context.Context, env *Env, args Args) (string, error)
+type Handler func(ctx context.Context, rt *Runtime, args Args) (string, error)
 
 // Tool describes one tool.
 type Tool struct {

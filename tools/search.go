@@ -45,24 +45,24 @@ type match struct {
 }
 
 // hasRipgrep probes the sandbox once per rollout.
-func (e *Env) hasRipgrep(ctx context.Context) (bool, error) {
-	e.mu.Lock()
-	v := e.hasRG
-	e.mu.Unlock()
+func (rt *Runtime) hasRipgrep(ctx context.Context) (bool, error) {
+	rt.mu.Lock()
+	v := rt.hasRG
+	rt.mu.Unlock()
 	if v != 0 {
 		return v == 1, nil
 	}
-	res, err := e.argv(ctx, 15*time.Second, "rg", "--version")
+	res, err := rt.argv(ctx, 15*time.Second, "rg", "--version")
 	if err != nil && (IsInfra(err) || ctx.Err() != nil) {
 		return false, err
 	}
 	ok := err == nil && res.ExitCode == 0
-	e.mu.Lock()
-	e.hasRG = 2
+	rt.mu.Lock()
+	rt.hasRG = 2
 	if ok {
-		e.hasRG = 1
+		rt.hasRG = 1
 	}
-	e.mu.Unlock()
+	rt.mu.Unlock()
 	return ok, nil
 }
 
@@ -91,7 +91,7 @@ func globMatch(glob, p string) bool {
 	return ok
 }
 
-func runSearch(ctx context.Context, env *Env, a Args) (string, error) {
+func runSearch(ctx context.Context, rt *Runtime, a Args) (string, error) {
 	pattern := a.String("pattern", "")
 	target := a.String("target", "content")
 	switch target {
@@ -101,31 +101,31 @@ func runSearch(ctx context.Context, env *Env, a Args) (string, error) {
 		target = "files"
 	}
 	limit, offset := a.Int("limit", 50), a.Int("offset", 0)
-	root, err := env.Resolve(ctx, a.String("path", "."))
+	root, err := rt.Resolve(ctx, a.String("path", "."))
 	if err != nil {
 		if infraOr(ctx, err) {
 			return "", err
 		}
 		return ErrorResult("Invalid path: " + err.Error()), nil
 	}
-	_, _, _, exists, err := stat(ctx, env, root)
+	_, _, _, exists, err := stat(ctx, rt, root)
 	if err != nil && infraOr(ctx, err) {
 		return "", err
 	}
 	if err == nil && !exists {
-		return marshal(map[string]any{"total_count": 0, "error": "Path not found: " + root, "similar_paths": similarFiles(ctx, env, root)}), nil
+		return marshal(map[string]any{"total_count": 0, "error": "Path not found: " + root, "similar_paths": similarFiles(ctx, rt, root)}), nil
 	}
-	rg, err := env.hasRipgrep(ctx)
+	rg, err := rt.hasRipgrep(ctx)
 	if err != nil {
 		return "", err
 	}
 	if target == "files" {
-		return searchFiles(ctx, env, rg, root, pattern, limit, offset)
+		return searchFiles(ctx, rt, rg, root, pattern, limit, offset)
 	}
 	if _, rerr := regexp.Compile(pattern); rerr != nil && !rg {
 		return ErrorResult(fmt.Sprintf("Invalid regular expression %q: %v", pattern, rerr)), nil
 	}
-	ms, truncatedOut, errMsg, err := searchContent(ctx, env, rg, root, pattern, a.String("file_glob", ""), a.Int("context", 0))
+	ms, truncatedOut, errMsg, err := searchContent(ctx, rt, rg, root, pattern, a.String("file_glob", ""), a.Int("context", 0))
 	if err != nil {
 		return "", err
 	}
@@ -186,7 +186,7 @@ const searchOutputCap = 16 << 20
 
 var grepLineRE = regexp.MustCompile(`^(.*?)[:-](\d+)[:-](.*)$`)
 
-func searchContent(ctx context.Context, env *Env, rg bool, root, pattern, glob string, contextN int) (ms []match, truncated bool, errMsg string, err error) {
+func searchContent(ctx context.Context, rt *Runtime, rg bool, root, pattern, glob string, contextN int) (ms []match, truncated bool, errMsg string, err error) {
 	var argv []string
 	if rg {
 		argv = []string{"rg", "--json", "--no-config", "--color", "never"}
@@ -204,7 +204,7 @@ func searchContent(ctx context.Context, env *Env, rg bool, root, pattern, glob s
 		}
 		argv = append(argv, "-e", pattern, "--", root)
 	}
-	res, err := env.Sandbox.Exec(ctx, sandbox.ExecRequest{Argv: argv, Timeout: 120 * time.Second, OutputCap: searchOutputCap})
+	res, err := rt.Sandbox.Exec(ctx, sandbox.ExecRequest{Argv: argv, Timeout: 120 * time.Second, OutputCap: searchOutputCap})
 	if err != nil {
 		if infraOr(ctx, err) {
 			return nil, false, "", err
@@ -253,14 +253,14 @@ func searchContent(ctx context.Context, env *Env, rg bool, root, pattern, glob s
 		}
 		m.Content = strings.TrimRight(strings.ToValidUTF8(m.Content, "\uFFFD"), "\r\n")
 		if len(m.Content) > readMaxLineChars {
-			m.Content = headRunes(m.Content, readMaxLineChars) + "... [truncated]"
+			m.Content = HeadRunes(m.Content, readMaxLineChars) + "... [truncated]"
 		}
 		ms = append(ms, m)
 	}
 	return ms, res.StdoutTruncated, "", nil
 }
 
-func searchFiles(ctx context.Context, env *Env, rg bool, root, glob string, limit, offset int) (string, error) {
+func searchFiles(ctx context.Context, rt *Runtime, rg bool, root, glob string, limit, offset int) (string, error) {
 	var argv []string
 	if rg {
 		argv = []string{"rg", "--files", "--no-config", "--sortr=modified"}
@@ -271,7 +271,7 @@ func searchFiles(ctx context.Context, env *Env, rg bool, root, glob string, limi
 	} else {
 		argv = []string{"find", root, "-type", "f"}
 	}
-	res, err := env.Sandbox.Exec(ctx, sandbox.ExecRequest{Argv: argv, Timeout: 120 * time.Second, OutputCap: searchOutputCap})
+	res, err := rt.Sandbox.Exec(ctx, sandbox.ExecRequest{Argv: argv, Timeout: 120 * time.Second, OutputCap: searchOutputCap})
 	if err != nil {
 		if infraOr(ctx, err) {
 			return "", err

@@ -49,12 +49,12 @@ func terminalError(msg string) string {
 	return marshal(terminalResult{ExitCode: -1, Error: &msg, Status: "error"})
 }
 
-func runTerminal(ctx context.Context, env *Env, a Args) (string, error) {
+func runTerminal(ctx context.Context, rt *Runtime, a Args) (string, error) {
 	cmd := a.String("command", "")
 	if strings.TrimSpace(cmd) == "" {
 		return terminalError("Invalid command: expected a non-empty string"), nil
 	}
-	timeout := env.TerminalTimeout
+	timeout := rt.TerminalTimeout
 	if timeout <= 0 {
 		timeout = DefaultTerminalTimeout
 	}
@@ -64,7 +64,7 @@ func runTerminal(ctx context.Context, env *Env, a Args) (string, error) {
 	background := a.Bool("background", false)
 	cwd := ""
 	if wd := a.String("workdir", ""); wd != "" {
-		p, err := env.Resolve(ctx, wd)
+		p, err := rt.Resolve(ctx, wd)
 		if err != nil {
 			if IsInfra(err) || ctx.Err() != nil {
 				return "", err
@@ -74,7 +74,7 @@ func runTerminal(ctx context.Context, env *Env, a Args) (string, error) {
 		cwd = p
 	}
 	if background {
-		return startBackground(ctx, env, cmd, cwd)
+		return startBackground(ctx, rt, cmd, cwd)
 	}
 	if timeout > MaxForegroundTimeout {
 		return ErrorResult(fmt.Sprintf("Foreground timeout %ds exceeds the maximum of %ds. Use background=true for long-running commands and check on them with the process tool.",
@@ -83,9 +83,9 @@ func runTerminal(ctx context.Context, env *Env, a Args) (string, error) {
 	if msg := foregroundGuard(cmd); msg != "" {
 		return terminalError(msg), nil
 	}
-	res, err := env.Sandbox.Exec(ctx, sandbox.ExecRequest{Command: cmd, Shell: true, Cwd: cwd, Timeout: timeout,
+	res, err := rt.Sandbox.Exec(ctx, sandbox.ExecRequest{Command: cmd, Shell: true, Cwd: cwd, Timeout: timeout,
 		OutputCap: defaultExecOutputCap, MergeOutput: true})
-	env.invalidateCwd()
+	rt.invalidateCwd()
 	if err != nil {
 		if IsInfra(err) || ctx.Err() != nil {
 			return "", err
@@ -102,7 +102,7 @@ func runTerminal(ctx context.Context, env *Env, a Args) (string, error) {
 	if res.StdoutTruncated {
 		dropped = res.StdoutTotal - int64(len(res.Stdout))
 	}
-	limit := env.TerminalOutputChars
+	limit := rt.TerminalOutputChars
 	if limit <= 0 {
 		limit = DefaultTerminalOutputChars
 	}
@@ -133,12 +133,12 @@ func TruncateHeadTail(s string, limit, extraDropped int) string {
 		// Upstream already cut the middle; say so at the cut we cannot see,
 		// i.e. keep the text and report the loss.
 		head := n * 4 / 10
-		return headRunes(s, head) + fmt.Sprintf("\n\n... [OUTPUT TRUNCATED - %d chars omitted out of %d total] ...\n\n", extraDropped, total) + tailRunes(s, n-head)
+		return HeadRunes(s, head) + fmt.Sprintf("\n\n... [OUTPUT TRUNCATED - %d chars omitted out of %d total] ...\n\n", extraDropped, total) + tailRunes(s, n-head)
 	}
 	head := limit * 4 / 10
 	tail := limit - head
 	omitted := total - head - tail
-	return headRunes(s, head) + fmt.Sprintf("\n\n... [OUTPUT TRUNCATED - %d chars omitted out of %d total] ...\n\n", omitted, total) + tailRunes(s, tail)
+	return HeadRunes(s, head) + fmt.Sprintf("\n\n... [OUTPUT TRUNCATED - %d chars omitted out of %d total] ...\n\n", omitted, total) + tailRunes(s, tail)
 }
 
 var ansiRE = regexp.MustCompile(`\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[PX^_][^\x1b]*\x1b\\|\x1b[@-Z\\-_]`)
@@ -204,9 +204,9 @@ func exitCodeMeaning(cmd string, code int) string {
 	return ""
 }
 
-func startBackground(ctx context.Context, env *Env, cmd, cwd string) (string, error) {
+func startBackground(ctx context.Context, rt *Runtime, cmd, cwd string) (string, error) {
 	if cwd == "" {
-		c, _, err := env.sessionDirs(ctx)
+		c, _, err := rt.sessionDirs(ctx)
 		if err != nil {
 			if IsInfra(err) || ctx.Err() != nil {
 				return "", err
@@ -215,7 +215,7 @@ func startBackground(ctx context.Context, env *Env, cmd, cwd string) (string, er
 		}
 		cwd = c
 	}
-	info, err := env.Sandbox.Start(ctx, sandbox.ExecRequest{Command: cmd, Cwd: cwd, MergeOutput: true})
+	info, err := rt.Sandbox.Start(ctx, sandbox.ExecRequest{Command: cmd, Cwd: cwd, MergeOutput: true})
 	if err != nil {
 		if IsInfra(err) || ctx.Err() != nil {
 			return "", err

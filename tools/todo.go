@@ -71,9 +71,9 @@ func (s *TodoStore) update(items []TodoItem, merge bool) []TodoItem {
 	return append([]TodoItem{}, s.items...)
 }
 
-func runTodo(_ context.Context, env *Env, a Args) (string, error) {
-	if env.Todo == nil {
-		env.Todo = &TodoStore{}
+func runTodo(_ context.Context, rt *Runtime, a Args) (string, error) {
+	if rt.Todo == nil {
+		rt.Todo = &TodoStore{}
 	}
 	var list []TodoItem
 	if raw, ok := a["todos"].([]any); ok {
@@ -88,9 +88,9 @@ func runTodo(_ context.Context, env *Env, a Args) (string, error) {
 			it.Status, _ = m["status"].(string)
 			list = append(list, it)
 		}
-		list = env.Todo.update(list, a.Bool("merge", false))
+		list = rt.Todo.update(list, a.Bool("merge", false))
 	} else {
-		list = env.Todo.Items()
+		list = rt.Todo.Items()
 	}
 	summary := map[string]int{"total": len(list), "pending": 0, "in_progress": 0, "completed": 0, "cancelled": 0}
 	for _, it := range list {

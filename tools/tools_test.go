@@ -33,7 +33,7 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func setup(t *testing.T) (*Set, *Env, *hostSandbox, string) {
+func setup(t *testing.T) (*Set, *Runtime, *hostSandbox, string) {
 	t.Helper()
 	dir := t.TempDir()
 	// Resolve symlinks so that pwd -P and our paths agree.
@@ -44,17 +44,17 @@ func setup(t *testing.T) (*Set, *Env, *hostSandbox, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := NewEnv(sb, "r1")
-	return set, env, sb, dir
+	rt := NewRuntime(sb, "r1")
+	return set, rt, sb, dir
 }
 
-func call(t *testing.T, set *Set, env *Env, name, args string) map[string]any {
+func call(t *testing.T, set *Set, rt *Runtime, name, args string) map[string]any {
 	t.Helper()
 	c, err := set.Prepare("call_1", name, args)
 	if err != nil {
 		t.Fatalf("prepare %s %s: %v", name, args, err)
 	}
-	out, err := set.Execute(context.Background(), env, c)
+	out, err := set.Execute(context.Background(), rt, c)
 	if err != nil {
 		t.Fatalf("execute %s: %v", name, err)
 	}
@@ -107,7 +107,7 @@ func TestCoercion(t *testing.T) {
 		"arr":{"type":"array","items":{"type":"integer"}},"sarr":{"type":"array","items":{"type":"string"}},
 		"obj":{"type":"object","properties":{"k":{"type":"integer"}}},
 		"nul":{"type":["integer","null"]},"u":{"anyOf":[{"type":"integer"},{"type":"string"}]},"s":{"type":"string"}}}`
-	if err := r.Register(Tool{Name: "t", Toolset: "x", Parameters: []byte(schema), Handler: func(context.Context, *Env, Args) (string, error) { return "", nil }}); err != nil {
+	if err := r.Register(Tool{Name: "t", Toolset: "x", Parameters: []byte(schema), Handler: func(context.Context, *Runtime, Args) (string, error) { return "", nil }}); err != nil {
 		t.Fatal(err)
 	}
 	set, _ := r.Resolve(nil, nil)
@@ -229,83 +229,83 @@ func TestSampleToolsets(t *testing.T) {
 }
 
 func TestTerminal(t *testing.T) {
-	set, env, _, dir := setup(t)
-	r := call(t, set, env, "terminal", `{"command":"mkdir sub && cd sub && export FOO=bar && echo hi"}`)
+	set, rt, _, dir := setup(t)
+	r := call(t, set, rt, "terminal", `{"command":"mkdir sub && cd sub && export FOO=bar && echo hi"}`)
 	if r["output"] != "hi" || r["exit_code"] != float64(0) || r["error"] != nil {
 		t.Fatalf("got %v", r)
 	}
-	r = call(t, set, env, "terminal", `{"command":"pwd; echo $FOO"}`)
+	r = call(t, set, rt, "terminal", `{"command":"pwd; echo $FOO"}`)
 	if r["output"] != dir+"/sub\nbar" {
 		t.Fatalf("cwd/env did not persist: %q", r["output"])
 	}
-	r = call(t, set, env, "terminal", `{"command":"printf '\\033[31mred\\033[0m'"}`)
+	r = call(t, set, rt, "terminal", `{"command":"printf '\\033[31mred\\033[0m'"}`)
 	if r["output"] != "red" {
 		t.Fatalf("ANSI not stripped: %q", r["output"])
 	}
-	r = call(t, set, env, "terminal", `{"command":"sleep 5", "timeout": "1"}`)
+	r = call(t, set, rt, "terminal", `{"command":"sleep 5", "timeout": "1"}`)
 	if r["exit_code"] != float64(124) || !strings.Contains(r["output"].(string), "[Command timed out after 1s]") {
 		t.Fatalf("timeout: %v", r)
 	}
-	r = call(t, set, env, "terminal", `{"command":"grep nothing /dev/null"}`)
+	r = call(t, set, rt, "terminal", `{"command":"grep nothing /dev/null"}`)
 	if r["exit_code"] != float64(1) || r["exit_code_meaning"] == nil {
 		t.Fatalf("grep: %v", r)
 	}
-	r = call(t, set, env, "terminal", `{"command":"head -c 120000 /dev/zero | tr '\\0' a"}`)
+	r = call(t, set, rt, "terminal", `{"command":"head -c 120000 /dev/zero | tr '\\0' a"}`)
 	out := r["output"].(string)
 	if !strings.Contains(out, "[OUTPUT TRUNCATED - 70000 chars omitted out of 120000 total]") || len(out) > 50_200 {
 		t.Fatalf("truncation: len %d, %q", len(out), out[19990:20100])
 	}
-	r = call(t, set, env, "terminal", `{"command":"sleep 1", "timeout": 601}`)
+	r = call(t, set, rt, "terminal", `{"command":"sleep 1", "timeout": 601}`)
 	if !strings.Contains(r["error"].(string), "exceeds the maximum of 600s") {
 		t.Fatalf("cap: %v", r)
 	}
-	r = call(t, set, env, "terminal", `{"command":"nohup sleep 100 &"}`)
+	r = call(t, set, rt, "terminal", `{"command":"nohup sleep 100 &"}`)
 	if r["exit_code"] != float64(-1) || r["status"] != "error" {
 		t.Fatalf("guard: %v", r)
 	}
 	// The guard ignores quoted text.
-	r = call(t, set, env, "terminal", `{"command":"echo 'a & b'"}`)
+	r = call(t, set, rt, "terminal", `{"command":"echo 'a & b'"}`)
 	if r["output"] != "a & b" {
 		t.Fatalf("quoted &: %v", r)
 	}
 }
 
 func TestBackgroundProcess(t *testing.T) {
-	set, env, _, _ := setup(t)
-	r := call(t, set, env, "terminal", `{"command":"echo started; read x; echo got $x", "background": true}`)
+	set, rt, _, _ := setup(t)
+	r := call(t, set, rt, "terminal", `{"command":"echo started; read x; echo got $x", "background": true}`)
 	id, _ := r["session_id"].(string)
 	if id == "" || r["output"] != "Background process started" {
 		t.Fatalf("start: %v", r)
 	}
-	r = call(t, set, env, "process", `{"action":"list"}`)
+	r = call(t, set, rt, "process", `{"action":"list"}`)
 	if r["total"] != float64(1) {
 		t.Fatalf("list: %v", r)
 	}
-	r = call(t, set, env, "process", `{"action":"submit","session_id":"`+id+`","data":"hello"}`)
+	r = call(t, set, rt, "process", `{"action":"submit","session_id":"`+id+`","data":"hello"}`)
 	if r["success"] != true {
 		t.Fatalf("submit: %v", r)
 	}
-	r = call(t, set, env, "process", `{"action":"wait","session_id":"`+id+`","timeout":10}`)
+	r = call(t, set, rt, "process", `{"action":"wait","session_id":"`+id+`","timeout":10}`)
 	if r["timed_out"] != false || !strings.Contains(r["output"].(string), "got hello") {
 		t.Fatalf("wait: %v", r)
 	}
-	r = call(t, set, env, "process", `{"action":"log","session_id":"`+id+`","offset":1,"limit":1}`)
+	r = call(t, set, rt, "process", `{"action":"log","session_id":"`+id+`","offset":1,"limit":1}`)
 	if r["output"] != "got hello" || r["total_lines"] != float64(2) {
 		t.Fatalf("log: %v", r)
 	}
-	r = call(t, set, env, "process", `{"action":"poll","session_id":"nope"}`)
+	r = call(t, set, rt, "process", `{"action":"poll","session_id":"nope"}`)
 	if !strings.Contains(r["error"].(string), "Unknown session_id 'nope'") {
 		t.Fatalf("poll unknown: %v", r)
 	}
-	r = call(t, set, env, "terminal", `{"command":"sleep 100", "background": true}`)
-	r = call(t, set, env, "process", `{"action":"kill","session_id":"`+r["session_id"].(string)+`"}`)
+	r = call(t, set, rt, "terminal", `{"command":"sleep 100", "background": true}`)
+	r = call(t, set, rt, "process", `{"action":"kill","session_id":"`+r["session_id"].(string)+`"}`)
 	if r["status"] != "killed" {
 		t.Fatalf("kill: %v", r)
 	}
 }
 
 func TestReadFile(t *testing.T) {
-	set, env, _, dir := setup(t)
+	set, rt, _, dir := setup(t)
 	var b strings.Builder
 	for i := 1; i <= 1200; i++ {
 		b.WriteString("line ")
@@ -313,23 +313,23 @@ func TestReadFile(t *testing.T) {
 		b.WriteString("\n")
 	}
 	os.WriteFile(filepath.Join(dir, "big.txt"), []byte(b.String()), 0o644)
-	r := call(t, set, env, "read_file", `{"path":"big.txt"}`)
+	r := call(t, set, rt, "read_file", `{"path":"big.txt"}`)
 	if r["total_lines"] != float64(1200) || r["truncated"] != true || !strings.HasPrefix(r["content"].(string), "     1|line x\n     2|line xx\n") {
 		t.Fatalf("first page: %v", r["content"].(string)[:40])
 	}
 	if r["hint"] != "Use offset=501 to continue reading (showing 1-500 of 1200 lines)" {
 		t.Fatalf("hint %v", r["hint"])
 	}
-	r = call(t, set, env, "read_file", `{"path":"`+dir+`/big.txt","offset":1199,"limit":"5"}`)
+	r = call(t, set, rt, "read_file", `{"path":"`+dir+`/big.txt","offset":1199,"limit":"5"}`)
 	if r["content"] != "  1199|line xx\n  1200|line " || r["truncated"] != false {
 		t.Fatalf("last page: %q", r["content"])
 	}
 	os.WriteFile(filepath.Join(dir, "bin.dat"), []byte{0, 1, 2, 3, 'a'}, 0o644)
-	r = call(t, set, env, "read_file", `{"path":"bin.dat"}`)
+	r = call(t, set, rt, "read_file", `{"path":"bin.dat"}`)
 	if r["is_binary"] != true || r["error"] == nil {
 		t.Fatalf("binary: %v", r)
 	}
-	r = call(t, set, env, "read_file", `{"path":"bog.txt"}`)
+	r = call(t, set, rt, "read_file", `{"path":"bog.txt"}`)
 	if r["error"] != "File not found: "+dir+"/bog.txt" {
 		t.Fatalf("missing: %v", r)
 	}
@@ -338,22 +338,22 @@ func TestReadFile(t *testing.T) {
 	}
 	long := strings.Repeat("y", 3000) + "\n"
 	os.WriteFile(filepath.Join(dir, "long.txt"), []byte(strings.Repeat(long, 100)), 0o644)
-	r = call(t, set, env, "read_file", `{"path":"long.txt","limit":1}`)
+	r = call(t, set, rt, "read_file", `{"path":"long.txt","limit":1}`)
 	if !strings.HasSuffix(r["content"].(string), "... [truncated]") {
 		t.Fatalf("long line not cut")
 	}
 	os.WriteFile(filepath.Join(dir, "wide.txt"), []byte(strings.Repeat(strings.Repeat("z", 1500)+"\n", 200)), 0o644)
-	r = call(t, set, env, "read_file", `{"path":"wide.txt","limit":200}`)
+	r = call(t, set, rt, "read_file", `{"path":"wide.txt","limit":200}`)
 	if !strings.Contains(r["error"].(string), "exceeds the safety limit (100,000 chars)") {
 		t.Fatalf("safety limit: %v", r["error"])
 	}
 }
 
 func TestWriteAndPatch(t *testing.T) {
-	set, env, _, dir := setup(t)
+	set, rt, _, dir := setup(t)
 	big := strings.Repeat("0123456789", 300_000) // 3 MB, no shell involved
 	c, _ := set.Prepare("c", "write_file", `{"path":"a/b/c.txt","content":"`+big+`"}`)
-	out, err := set.Execute(context.Background(), env, c)
+	out, err := set.Execute(context.Background(), rt, c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -366,20 +366,20 @@ func TestWriteAndPatch(t *testing.T) {
 	if string(got) != big {
 		t.Fatal("content differs")
 	}
-	r := call(t, set, env, "write_file", `{"path":"x.json","content":"{\"a\": }"}`)
+	r := call(t, set, rt, "write_file", `{"path":"x.json","content":"{\"a\": }"}`)
 	if r["lint"].(map[string]any)["status"] != "error" {
 		t.Fatalf("lint: %v", r)
 	}
 	// A path with shell metacharacters is just a name.
-	r = call(t, set, env, "write_file", `{"path":"we ird;$(touch pwned).py","content":"x = 1\nx = 1\ny = 2\n"}`)
+	r = call(t, set, rt, "write_file", `{"path":"we ird;$(touch pwned).py","content":"x = 1\nx = 1\ny = 2\n"}`)
 	if _, err := os.Stat(filepath.Join(dir, "pwned")); err == nil {
 		t.Fatal("path was interpolated into a shell")
 	}
-	r = call(t, set, env, "patch", `{"mode":"replace","path":"we ird;$(touch pwned).py","old_string":"x = 1","new_string":"x = 2"}`)
+	r = call(t, set, rt, "patch", `{"mode":"replace","path":"we ird;$(touch pwned).py","old_string":"x = 1","new_string":"x = 2"}`)
 	if r["success"] != false || !strings.Contains(r["error"].(string), "matches 2 times") {
 		t.Fatalf("uniqueness: %v", r)
 	}
-	r = call(t, set, env, "patch", `{"mode":"replace","path":"we ird;$(touch pwned).py","old_string":"x = 1","new_string":"x = 2","replace_all":true}`)
+	r = call(t, set, rt, "patch", `{"mode":"replace","path":"we ird;$(touch pwned).py","old_string":"x = 1","new_string":"x = 2","replace_all":true}`)
 	if r["success"] != true {
 		t.Fatalf("replace_all: %v", r)
 	}
@@ -387,12 +387,12 @@ func TestWriteAndPatch(t *testing.T) {
 	if r["diff"] != wantDiff {
 		t.Fatalf("diff:\n%s\nwant\n%s", r["diff"], wantDiff)
 	}
-	r = call(t, set, env, "patch", `{"mode":"replace","path":"we ird;$(touch pwned).py","old_string":"nope","new_string":"x"}`)
+	r = call(t, set, rt, "patch", `{"mode":"replace","path":"we ird;$(touch pwned).py","old_string":"nope","new_string":"x"}`)
 	if r["success"] != false || r["_hint"] == nil {
 		t.Fatalf("miss: %v", r)
 	}
 	os.WriteFile(filepath.Join(dir, "m.py"), []byte("def f():\n    return 1\n\ndef g():\n    return 1\n"), 0o755)
-	r = call(t, set, env, "patch", `{"mode":"patch","patch":"*** Begin Patch\n*** Update File: m.py\n@@ def g\n def g():\n-    return 1\n+    return 2\n*** Add File: new/n.txt\n+hello\n*** End Patch"}`)
+	r = call(t, set, rt, "patch", `{"mode":"patch","patch":"*** Begin Patch\n*** Update File: m.py\n@@ def g\n def g():\n-    return 1\n+    return 2\n*** Add File: new/n.txt\n+hello\n*** End Patch"}`)
 	if r["success"] != true {
 		t.Fatalf("v4a: %v", r)
 	}
@@ -409,16 +409,16 @@ func TestWriteAndPatch(t *testing.T) {
 }
 
 func TestSearch(t *testing.T) {
-	set, env, _, dir := setup(t)
+	set, rt, _, dir := setup(t)
 	os.MkdirAll(filepath.Join(dir, "src/.git"), 0o755)
 	os.WriteFile(filepath.Join(dir, "src/a.py"), []byte("import os\nTODO one\n"), 0o644)
 	os.WriteFile(filepath.Join(dir, "src/b.go"), []byte("// TODO two\n// TODO three\n"), 0o644)
 	os.WriteFile(filepath.Join(dir, "src/.git/c"), []byte("TODO hidden\n"), 0o644)
-	r := call(t, set, env, "search_files", `{"pattern":"TODO","path":"src"}`)
+	r := call(t, set, rt, "search_files", `{"pattern":"TODO","path":"src"}`)
 	if r["total_count"] != float64(3) {
 		t.Fatalf("content: %v", r)
 	}
-	r = call(t, set, env, "search_files", `{"pattern":"TODO","path":"src","file_glob":"*.go","limit":1}`)
+	r = call(t, set, rt, "search_files", `{"pattern":"TODO","path":"src","file_glob":"*.go","limit":1}`)
 	if r["total_count"] != float64(2) || r["truncated"] != true || len(r["matches"].([]any)) != 1 {
 		t.Fatalf("glob/pagination: %v", r)
 	}
@@ -426,27 +426,27 @@ func TestSearch(t *testing.T) {
 	if m["path"] != dir+"/src/b.go" || m["line"] != float64(1) || m["content"] != "// TODO two" {
 		t.Fatalf("match: %v", m)
 	}
-	r = call(t, set, env, "search_files", `{"pattern":"TODO","path":"src","output_mode":"count"}`)
+	r = call(t, set, rt, "search_files", `{"pattern":"TODO","path":"src","output_mode":"count"}`)
 	if r["counts"].(map[string]any)[dir+"/src/b.go"] != float64(2) {
 		t.Fatalf("count: %v", r)
 	}
-	r = call(t, set, env, "search_files", `{"pattern":"*.py","target":"files","path":"."}`)
+	r = call(t, set, rt, "search_files", `{"pattern":"*.py","target":"files","path":"."}`)
 	if r["total_count"] != float64(1) || r["files"].([]any)[0] != dir+"/src/a.py" {
 		t.Fatalf("files: %v", r)
 	}
-	r = call(t, set, env, "search_files", `{"pattern":"x","path":"nowhere"}`)
+	r = call(t, set, rt, "search_files", `{"pattern":"x","path":"nowhere"}`)
 	if !strings.Contains(r["error"].(string), "Path not found") {
 		t.Fatalf("missing path: %v", r)
 	}
 }
 
 func TestTodo(t *testing.T) {
-	set, env, _, _ := setup(t)
-	r := call(t, set, env, "todo", `{"todos":[{"id":"1","content":"a","status":"pending"},{"id":"2","content":"b","status":"in_progress"}]}`)
+	set, rt, _, _ := setup(t)
+	r := call(t, set, rt, "todo", `{"todos":[{"id":"1","content":"a","status":"pending"},{"id":"2","content":"b","status":"in_progress"}]}`)
 	if r["summary"].(map[string]any)["total"] != float64(2) {
 		t.Fatalf("%v", r)
 	}
-	r = call(t, set, env, "todo", `{"todos":"[{\"id\":\"1\",\"content\":\"a\",\"status\":\"completed\"}]","merge":"true"}`)
+	r = call(t, set, rt, "todo", `{"todos":"[{\"id\":\"1\",\"content\":\"a\",\"status\":\"completed\"}]","merge":"true"}`)
 	s := r["summary"].(map[string]any)
 	if s["completed"] != float64(1) || s["in_progress"] != float64(1) || s["total"] != float64(2) {
 		t.Fatalf("merge: %v", r)
@@ -454,12 +454,12 @@ func TestTodo(t *testing.T) {
 }
 
 func TestBudget(t *testing.T) {
-	set, env, _, _ := setup(t)
+	set, rt, _, _ := setup(t)
 	b := DefaultBudget()
 	b.Dir = t.TempDir()
 	term, _ := set.Tool("terminal")
 	content := strings.Repeat("line of output\n", 10_000) // 150,000 chars
-	got := b.ApplyResult(context.Background(), env, term, "call_9", content)
+	got := b.ApplyResult(context.Background(), rt, term, "call_9", content)
 	if !strings.HasPrefix(got, "<persisted-output>\nThis tool result was too large (150000 characters, 146.5 KB).\nFull output saved to: "+b.Dir+"/call_9.txt\n") {
 		t.Fatalf("spill: %s", got[:200])
 	}
@@ -467,30 +467,30 @@ func TestBudget(t *testing.T) {
 		t.Fatal("spilled file differs")
 	}
 	rf, _ := set.Tool("read_file")
-	if b.ApplyResult(context.Background(), env, rf, "c", content) != content {
+	if b.ApplyResult(context.Background(), rt, rf, "c", content) != content {
 		t.Fatal("read_file must never spill")
 	}
 	b.Overrides = map[string]int{"terminal": 10}
-	if !strings.Contains(b.ApplyResult(context.Background(), env, term, "c2", "0123456789ab"), "<persisted-output>") {
+	if !strings.Contains(b.ApplyResult(context.Background(), rt, term, "c2", "0123456789ab"), "<persisted-output>") {
 		t.Fatal("override ignored")
 	}
 	// Turn budget: 3 × 80,000 = 240,000 > 200,000 → the largest spills.
 	ids := []string{"a", "b", "c"}
 	contents := []string{strings.Repeat("a", 80_000), strings.Repeat("b", 90_000), strings.Repeat("c", 70_000)}
-	b.ApplyTurn(context.Background(), env, ids, contents)
+	b.ApplyTurn(context.Background(), rt, ids, contents)
 	if !strings.Contains(contents[1], "<persisted-output>") || strings.Contains(contents[0], "<persisted") || strings.Contains(contents[2], "<persisted") {
 		t.Fatal("turn budget must spill exactly the largest result")
 	}
 	// A dead sandbox falls back to a truncated preview.
-	env.Sandbox.(*hostSandbox).dead = true
-	got = DefaultBudget().ApplyResult(context.Background(), env, term, "c3", content)
+	rt.Sandbox.(*hostSandbox).dead = true
+	got = DefaultBudget().ApplyResult(context.Background(), rt, term, "c3", content)
 	if !strings.Contains(got, "[Truncated: tool response was 150000 chars. Full output could not be saved to sandbox.]") {
 		t.Fatalf("fallback: %s", got[len(got)-200:])
 	}
 }
 
 func TestInfraErrors(t *testing.T) {
-	set, env, sb, _ := setup(t)
+	set, rt, sb, _ := setup(t)
 	sb.dead = true
 	for _, tc := range []struct{ tool, args string }{
 		{"terminal", `{"command":"ls"}`},
@@ -502,7 +502,7 @@ func TestInfraErrors(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = set.Execute(context.Background(), env, c)
+		_, err = set.Execute(context.Background(), rt, c)
 		if !errors.Is(err, sandbox.ErrUnavailable) || !IsInfra(err) {
 			t.Errorf("%s: want infra error, got %v", tc.tool, err)
 		}
@@ -529,7 +529,7 @@ func TestTruncateHeadTail(t *testing.T) {
 func TestBudgetWithoutSandbox(t *testing.T) {
 	set, _ := Default().Resolve(nil, nil)
 	term, _ := set.Tool("terminal")
-	got := DefaultBudget().ApplyResult(context.Background(), NewEnv(nil, "x"), term, "c", strings.Repeat("y", 200_000))
+	got := DefaultBudget().ApplyResult(context.Background(), NewRuntime(nil, "x"), term, "c", strings.Repeat("y", 200_000))
 	if !strings.Contains(got, "Full output could not be saved to sandbox.") {
 		t.Fatalf("%.100s", got)
 	}

@@ -199,7 +199,7 @@ func applyChunks(content string, chunks []v4aChunk) (string, error) {
 	return out, nil
 }
 
-func runV4APatch(ctx context.Context, env *Env, text string) (string, error) {
+func runV4APatch(ctx context.Context, rt *Runtime, text string) (string, error) {
 	ops, err := parseV4A(text)
 	if err != nil {
 		return patchFail("Invalid V4A patch: "+err.Error(), ""), nil
@@ -212,7 +212,7 @@ func runV4APatch(ctx context.Context, env *Env, text string) (string, error) {
 	var plan []planned
 	// Compute everything first so that a failing hunk changes no file.
 	for _, o := range ops {
-		abs, err := env.Resolve(ctx, o.path)
+		abs, err := rt.Resolve(ctx, o.path)
 		if err != nil {
 			if infraOr(ctx, err) {
 				return "", err
@@ -224,7 +224,7 @@ func runV4APatch(ctx context.Context, env *Env, text string) (string, error) {
 		}
 		pl := planned{op: o, abs: abs}
 		if o.kind != "add" {
-			data, err := env.Sandbox.ReadFile(ctx, abs)
+			data, err := rt.Sandbox.ReadFile(ctx, abs)
 			if err != nil {
 				if infraOr(ctx, err) {
 					return "", err
@@ -255,7 +255,7 @@ func runV4APatch(ctx context.Context, env *Env, text string) (string, error) {
 	for _, pl := range plan {
 		switch pl.op.kind {
 		case "delete":
-			res, err := env.argv(ctx, 0, "rm", "-f", "--", pl.abs)
+			res, err := rt.argv(ctx, 0, "rm", "-f", "--", pl.abs)
 			if err != nil {
 				if infraOr(ctx, err) {
 					return "", err
@@ -267,13 +267,13 @@ func runV4APatch(ctx context.Context, env *Env, text string) (string, error) {
 			}
 			deleted = append(deleted, pl.abs)
 		default:
-			if _, err := writeKeepingMode(ctx, env, pl.abs, []byte(pl.after)); err != nil {
+			if _, err := writeKeepingMode(ctx, rt, pl.abs, []byte(pl.after)); err != nil {
 				if infraOr(ctx, err) {
 					return "", err
 				}
 				return patchFail(fmt.Sprintf("Failed to write %s: %v", pl.abs, err), ""), nil
 			}
-			check, err := env.Sandbox.ReadFile(ctx, pl.abs)
+			check, err := rt.Sandbox.ReadFile(ctx, pl.abs)
 			if err != nil {
 				if infraOr(ctx, err) {
 					return "", err

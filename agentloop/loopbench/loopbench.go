@@ -83,7 +83,7 @@ func NoopTools() (*tools.Set, error) {
 	r := tools.NewRegistry()
 	err := r.Register(tools.Tool{Name: "noop", Toolset: "bench", Class: tools.ReadOnly,
 		Parameters: []byte(`{"type":"object","properties":{"path":{"type":"string"}},"required":["path"]}`),
-		Handler: func(context.Context, *tools.Env, tools.Args) (string, error) {
+		Handler: func(context.Context, *tools.Runtime, tools.Args) (string, error) {
 			return `{"ok":true}`, nil
 		}})
 	if err != nil {
@@ -120,7 +120,7 @@ func TurnOverhead(ctx context.Context, turns, turnsPerEpisode int) (OverheadRepo
 		p := &policy{turns: turnsPerEpisode, record: true, stamps: make([]time.Time, 0, turnsPerEpisode+1)}
 		cfg := agentloop.Config{ID: "bench", Messages: []openai.ChatCompletionMessage{{Role: "user", Content: "bench"}},
 			Tools: set, Parser: "hermes", MaxTurns: turnsPerEpisode + 1}
-		res, err := agentloop.Run(ctx, cfg, agentloop.Deps{Policy: p, Env: tools.NewEnv(nil, "bench")})
+		res, err := agentloop.Run(ctx, cfg, agentloop.Deps{Policy: p, Runtime: tools.NewRuntime(nil, "bench")})
 		if err != nil {
 			return OverheadReport{}, err
 		}
@@ -254,7 +254,7 @@ func concurrentLoops(ctx context.Context, loops, turnsPerLoop int, parser string
 			defer wg.Done()
 			cfg := agentloop.Config{ID: "bench-" + strconv.Itoa(i), Messages: []openai.ChatCompletionMessage{{Role: "user", Content: "bench"}},
 				Tools: set, Parser: parser, MaxTurns: turnsPerLoop + 1}
-			res, err := agentloop.Run(ctx, cfg, agentloop.Deps{Policy: newPolicy(), Env: tools.NewEnv(nil, cfg.ID)})
+			res, err := agentloop.Run(ctx, cfg, agentloop.Deps{Policy: newPolicy(), Runtime: tools.NewRuntime(nil, cfg.ID)})
 			switch {
 			case err != nil:
 			case res.StopReason != agentloop.StopFinished:
@@ -384,7 +384,7 @@ func TurnOverheadPolicy(ctx context.Context, pol inference.Policy, parser string
 		tp := &timedPolicy{inner: pol}
 		cfg := agentloop.Config{ID: "bench-sim", Messages: []openai.ChatCompletionMessage{{Role: "user", Content: "bench"}},
 			Tools: set, Parser: parser, MaxTurns: turnsPerEpisode + 1}
-		res, err := agentloop.Run(ctx, cfg, agentloop.Deps{Policy: tp, Env: tools.NewEnv(nil, "bench-sim")})
+		res, err := agentloop.Run(ctx, cfg, agentloop.Deps{Policy: tp, Runtime: tools.NewRuntime(nil, "bench-sim")})
 		if err != nil {
 			return OverheadReport{}, err
 		}

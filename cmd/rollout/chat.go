@@ -144,7 +144,7 @@ func runChat(cmd *cobra.Command, f chatFlags, task string) error {
 	temp := f.temperature
 	cfg := agentloop.Config{ID: id, Messages: msgs, Tools: set, Model: f.model, Parser: f.parser, ReasoningParser: f.reasoningParser,
 		MaxTurns: f.maxTurns, Timeout: f.timeout, Sampling: inference.Sampling{Temperature: &temp, MaxTokens: f.maxTokens, ExtraBody: extra}}
-	res, runErr := agentloop.Run(ctx, cfg, agentloop.Deps{Policy: policy, Env: tools.NewEnv(sb, id), Logger: log})
+	res, runErr := agentloop.Run(ctx, cfg, agentloop.Deps{Policy: policy, Runtime: tools.NewRuntime(sb, id), Logger: log})
 	if errors.Is(runErr, agentloop.ErrConfig) && res.TurnsUsed == 0 {
 		return usageError(cmd, runErr)
 	}

@@ -12,6 +12,8 @@ import (
 	"runtime"
 	"strings"
 	"syscall"
+
+	"github.com/rollout-rl/rollout/internal/util/tartree"
 )
 
 // asUser runs fn on a locked OS thread whose effective uid/gid (and so
@@ -295,55 +297,8 @@ func (s *server) download(ctx context.Context, pr *peer, id uint32, dir string) 
 			return invalidf("%s is not a directory", root)
 		}
 		tw := tar.NewWriter(w)
-		err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			if err := ctx.Err(); err != nil {
-				return err
-			}
-			if p == root {
-				return nil
-			}
-			rel, err := filepath.Rel(root, p)
-			if err != nil {
-				return err
-			}
-			info, err := d.Info()
-			if err != nil {
-				return err
-			}
-			link := ""
-			if info.Mode()&fs.ModeSymlink != 0 {
-				if link, err = os.Readlink(p); err != nil {
-					return err
-				}
-			} else if !info.Mode().IsRegular() && !info.IsDir() {
-				return nil
-			}
-			h, err := tar.FileInfoHeader(info, link)
-			if err != nil {
-				return err
-			}
-			h.Name = filepath.ToSlash(rel)
-			if info.IsDir() {
-				h.Name += "/"
-			}
-			h.Uname, h.Gname = "", ""
-			if err := tw.WriteHeader(h); err != nil {
-				return err
-			}
-			if info.Mode().IsRegular() {
-				f, err := os.Open(p)
-				if err != nil {
-					return err
-				}
-				_, err = io.Copy(tw, f)
-				_ = f.Close()
-				return err
-			}
-			return nil
-		})
+		// Owner ids are kept: they are the sandbox's own.
+		err = tartree.Write(ctx, tw, root, true)
 		if err != nil {
 			return err
 		}

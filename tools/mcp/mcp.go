@@ -307,7 +307,7 @@ func (s *session) tool(t *sdk.Tool) (tools.Tool, error) {
 		Parameters:  schema,
 		Toolset:     "mcp-" + s.cfg.Name,
 		Class:       tools.Exclusive,
-		Handler: func(ctx context.Context, _ *tools.Env, args tools.Args) (string, error) {
+		Handler: func(ctx context.Context, _ *tools.Runtime, args tools.Args) (string, error) {
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			cctx, cancel := context.WithTimeout(ctx, s.cfg.CallTimeout)

@@ -180,7 +180,7 @@ func Tools(p Provider, maxResults int) []tools.Tool {
 			`"max_results":{"type":"integer","description":"How many results (1-%d)."}},"required":["query"]}`, maxResults)),
 		Toolset: Toolset,
 		Class:   tools.ReadOnly,
-		Handler: func(ctx context.Context, _ *tools.Env, args tools.Args) (string, error) {
+		Handler: func(ctx context.Context, _ *tools.Runtime, args tools.Args) (string, error) {
 			q, _ := args["query"].(string)
 			q = strings.TrimSpace(q)
 			if q == "" {
@@ -210,7 +210,7 @@ func Tools(p Provider, maxResults int) []tools.Tool {
 			`"urls":{"type":"array","items":{"type":"string"},"minItems":1,"maxItems":%d,"description":"The pages to fetch."}},"required":["urls"]}`, maxExtractURLs)),
 		Toolset: Toolset,
 		Class:   tools.ReadOnly,
-		Handler: func(ctx context.Context, _ *tools.Env, args tools.Args) (string, error) {
+		Handler: func(ctx context.Context, _ *tools.Runtime, args tools.Args) (string, error) {
 			raw, _ := args["urls"].([]any)
 			type item struct {
 				Page

@@ -28,10 +28,11 @@ const (
 	maxReadFileBytes           int64 = 64 << 20
 )
 
-// Env is the per-rollout state the tools run against: the rollout's
-// sandbox, its todo list and a few cached facts about the sandbox. One Env
-// per rollout; it stays valid after the loop for the reward (toolcontext).
-type Env struct {
+// Runtime is the per-rollout state the tools run with: the rollout's
+// sandbox, its todo list, its limits and a few cached facts about the
+// sandbox. One Runtime per rollout; it stays valid after the loop for the
+// reward (toolcontext). (Not "env": that word names an RL environment.)
+type Runtime struct {
 	Sandbox   sandbox.Sandbox
 	RolloutID string
 	Todo      *TodoStore
@@ -49,45 +50,45 @@ type Env struct {
 	resultsN int
 }
 
-// NewEnv binds the tools to a rollout's sandbox.
-func NewEnv(sb sandbox.Sandbox, rolloutID string) *Env {
-	return &Env{Sandbox: sb, RolloutID: rolloutID, Todo: &TodoStore{}, Logger: slog.Default(),
+// NewRuntime binds the tools to a rollout's sandbox.
+func NewRuntime(sb sandbox.Sandbox, rolloutID string) *Runtime {
+	return &Runtime{Sandbox: sb, RolloutID: rolloutID, Todo: &TodoStore{}, Logger: slog.Default(),
 		TerminalTimeout: DefaultTerminalTimeout, TerminalOutputChars: DefaultTerminalOutputChars}
 }
 
-func (e *Env) logger() *slog.Logger {
-	if e.Logger == nil {
+func (rt *Runtime) logger() *slog.Logger {
+	if rt.Logger == nil {
 		return slog.Default()
 	}
-	return e.Logger
+	return rt.Logger
 }
 
 // invalidateCwd is called after every shell command: it may have run cd.
-func (e *Env) invalidateCwd() {
-	e.mu.Lock()
-	e.cwd = ""
-	e.mu.Unlock()
+func (rt *Runtime) invalidateCwd() {
+	rt.mu.Lock()
+	rt.cwd = ""
+	rt.mu.Unlock()
 }
 
 // sessionDirs returns the shell session's cwd and $HOME, so that relative
 // paths in file tools mean what they mean in the terminal (one cwd model
 // for every tool, unlike Hermes).
-func (e *Env) sessionDirs(ctx context.Context) (cwd, home string, err error) {
-	e.mu.Lock()
-	cwd, home = e.cwd, e.home
-	e.mu.Unlock()
+func (rt *Runtime) sessionDirs(ctx context.Context) (cwd, home string, err error) {
+	rt.mu.Lock()
+	cwd, home = rt.cwd, rt.home
+	rt.mu.Unlock()
 	if cwd != "" {
 		return cwd, home, nil
 	}
-	e.dirsMu.Lock()
-	defer e.dirsMu.Unlock()
-	e.mu.Lock()
-	cwd, home = e.cwd, e.home
-	e.mu.Unlock()
+	rt.dirsMu.Lock()
+	defer rt.dirsMu.Unlock()
+	rt.mu.Lock()
+	cwd, home = rt.cwd, rt.home
+	rt.mu.Unlock()
 	if cwd != "" {
 		return cwd, home, nil
 	}
-	res, err := e.Sandbox.Exec(ctx, sandbox.ExecRequest{Command: `printf '%s\n%s\n' "$PWD" "$HOME"`, Shell: true, Timeout: 30 * time.Second})
+	res, err := rt.Sandbox.Exec(ctx, sandbox.ExecRequest{Command: `printf '%s\n%s\n' "$PWD" "$HOME"`, Shell: true, Timeout: 30 * time.Second})
 	if err != nil {
 		return "", "", fmt.Errorf("read session cwd: %w", err)
 	}
@@ -100,15 +101,15 @@ func (e *Env) sessionDirs(ctx context.Context) (cwd, home string, err error) {
 	if len(lines) > 1 && strings.HasPrefix(lines[1], "/") {
 		home = lines[1]
 	}
-	e.mu.Lock()
-	e.cwd, e.home = cwd, home
-	e.mu.Unlock()
+	rt.mu.Lock()
+	rt.cwd, rt.home = cwd, home
+	rt.mu.Unlock()
 	return cwd, home, nil
 }
 
 // Resolve turns a model-supplied path into an absolute one: absolute paths
 // are cleaned, "~" is $HOME, anything else is relative to the session cwd.
-func (e *Env) Resolve(ctx context.Context, p string) (string, error) {
+func (rt *Runtime) Resolve(ctx context.Context, p string) (string, error) {
 	if p == "" {
 		return "", errors.New("empty path")
 	}
@@ -118,7 +119,7 @@ func (e *Env) Resolve(ctx context.Context, p string) (string, error) {
 	if strings.HasPrefix(p, "/") {
 		return path.Clean(p), nil
 	}
-	cwd, home, err := e.sessionDirs(ctx)
+	cwd, home, err := rt.sessionDirs(ctx)
 	if err != nil {
 		return "", err
 	}
@@ -132,8 +133,8 @@ func (e *Env) Resolve(ctx context.Context, p string) (string, error) {
 }
 
 // argv runs a command without a shell: arguments are never interpolated.
-func (e *Env) argv(ctx context.Context, timeout time.Duration, args ...string) (sandbox.ExecResult, error) {
-	return e.Sandbox.Exec(ctx, sandbox.ExecRequest{Argv: args, Timeout: timeout, OutputCap: defaultExecOutputCap})
+func (rt *Runtime) argv(ctx context.Context, timeout time.Duration, args ...string) (sandbox.ExecResult, error) {
+	return rt.Sandbox.Exec(ctx, sandbox.ExecRequest{Argv: args, Timeout: timeout, OutputCap: defaultExecOutputCap})
 }
 
 // IsInfra reports whether err means the sandbox (not the tool call) failed:
@@ -154,25 +155,25 @@ type Outcome struct {
 
 // Execute runs a prepared call. The error is non-nil only when the episode
 // cannot go on: the sandbox is gone (IsInfra) or ctx ended.
-func (s *Set) Execute(ctx context.Context, env *Env, call *Call) (out Outcome, err error) {
+func (s *Set) Execute(ctx context.Context, rt *Runtime, call *Call) (out Outcome, err error) {
 	ctx, span := tracer.Start(ctx, "tools.execute")
 	if span.IsRecording() {
 		span.SetAttributes(tracing.ToolName.String(call.Name), tracing.ToolCall.String(call.ID),
 			attrClass.String(call.tool.tool.Class.String()))
-		if env != nil {
-			span.SetAttributes(tracing.Rollout.String(env.RolloutID))
+		if rt != nil {
+			span.SetAttributes(tracing.Rollout.String(rt.RolloutID))
 		}
 	}
 	// Deferred first, so it runs after the recover below has set out.
 	defer func() { endExecSpan(span, out, err) }()
 	defer func() {
 		if r := recover(); r != nil {
-			env.logger().Error("tool panicked", "rollout", env.RolloutID, "tool", call.Name, "panic", r, "stack", string(debug.Stack()))
+			rt.logger().Error("tool panicked", "rollout", rt.RolloutID, "tool", call.Name, "panic", r, "stack", string(debug.Stack()))
 			msg := fmt.Sprintf("Tool execution failed: panic: %v", r)
 			out, err = Outcome{Content: ErrorResult(msg), Err: errors.New(msg)}, nil
 		}
 	}()
-	content, herr := call.tool.tool.Handler(ctx, env, call.Args)
+	content, herr := call.tool.tool.Handler(ctx, rt, call.Args)
 	if herr != nil {
 		if IsInfra(herr) {
 			return Outcome{}, fmt.Errorf("tool %s: %w", call.Name, herr)

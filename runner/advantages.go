@@ -1,0 +1,47 @@
+package runner
+
+import (
+	"math"
+)
+
+// assemble computes the group statistics and advantages over ok rollouts.
+func assemble(g *Group, a Advantage) {
+	var sum float64
+	for _, ro := range g.Rollouts {
+		if ro.Status == StatusOK {
+			g.OK++
+			sum += ro.Score.Value
+		}
+	}
+	if g.OK == 0 {
+		return
+	}
+	g.Mean = sum / float64(g.OK)
+	var ss float64
+	equal := true
+	for _, ro := range g.Rollouts {
+		if ro.Status == StatusOK {
+			d := ro.Score.Value - g.Mean
+			ss += d * d
+			if math.Abs(d) > 1e-12 {
+				equal = false
+			}
+		}
+	}
+	g.Std = math.Sqrt(ss / float64(g.OK))
+	g.Dropped = a.DropEqual && equal
+	if a.Mode == AdvantageNone {
+		return
+	}
+	for i := range g.Rollouts {
+		ro := &g.Rollouts[i]
+		if ro.Status != StatusOK {
+			continue
+		}
+		adv := ro.Score.Value - g.Mean
+		if a.Mode == AdvantageGRPO {
+			adv /= g.Std + 1e-6
+		}
+		ro.Advantage = &adv
+	}
+}
