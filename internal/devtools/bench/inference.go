@@ -11,9 +11,9 @@ import (
 
 	openai "github.com/sashabaranov/go-openai"
 
-	"github.com/rollout-rl/rollout/agentloop/loopbench"
 	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/inference/sim"
+	"github.com/rollout-rl/rollout/internal/devtools/bench/loopbench"
 )
 
 func runInference(ctx context.Context, r *runCtx) ([]Measure, error) {

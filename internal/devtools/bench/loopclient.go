@@ -11,8 +11,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/rollout-rl/rollout/agentloop/loopbench"
 	"github.com/rollout-rl/rollout/inference"
+	"github.com/rollout-rl/rollout/internal/devtools/bench/loopbench"
 )
 
 // clientLoopNames are the measures of runLoopClient.
