@@ -7,19 +7,10 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/rollout-rl/rollout/inference/sim"
+	"github.com/rollout-rl/rollout/internal/testkit/simtest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-func startSim(t testing.TB, cfg sim.Config) *sim.Server {
-	t.Helper()
-	srv, err := sim.Start(context.Background(), cfg)
-	if err != nil {
-		t.Fatalf("start simulator: %v", err)
-	}
-	t.Cleanup(func() { srv.Close() })
-	return srv
-}
 
 // The burst check is functional, not a timing assertion: after a warm-up
 // burst, a second burst of 4,096 concurrent calls must dial no new
@@ -29,7 +20,7 @@ func TestConcurrentBurstReusesConnections(t *testing.T) {
 	if testing.Short() || raceEnabled {
 		conc = 512
 	}
-	srv := startSim(t, sim.Config{Family: "hermes"})
+	srv := simtest.Start(t, sim.Config{Family: "hermes"})
 	res, err := MeasureOverhead(context.Background(), Config{URL: srv.URL, Calls: 50, PromptTokens: 64, MaxTokens: 4, Concurrency: conc})
 	if err != nil {
 		t.Fatal(err)
@@ -49,7 +40,7 @@ func TestConcurrentBurstReusesConnections(t *testing.T) {
 // BenchmarkGenerationOverhead reports the client path and the raw net/http
 // baseline measured in the same run; overhead-p50-ns is their difference.
 func BenchmarkGenerationOverhead(b *testing.B) {
-	srv := startSim(b, sim.Config{Family: "hermes"})
+	srv := simtest.Start(b, sim.Config{Family: "hermes"})
 	res, err := MeasureOverhead(context.Background(), Config{URL: srv.URL, Calls: max(b.N, 200), Concurrency: 4096})
 	if err != nil {
 		b.Fatal(err)

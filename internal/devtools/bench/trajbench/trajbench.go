@@ -169,8 +169,7 @@ func gzipAtropos(path string, recs []trajectory.Record) (raw, gz int64, err erro
 		return 0, 0, fmt.Errorf("create %s: %w", path, err)
 	}
 	zw := gzip.NewWriter(f)
-	cw := &countingWriter{w: zw}
-	err = WritePythonAtropos(cw, recs)
+	err = WritePythonAtropos(zw, recs)
 	if cerr := zw.Close(); err == nil {
 		err = cerr
 	}
@@ -184,20 +183,27 @@ func gzipAtropos(path string, recs []trajectory.Record) (raw, gz int64, err erro
 	if err != nil {
 		return 0, 0, err
 	}
-	return cw.n, st.Size(), nil
+	raw, err = gunzippedSize(path)
+	return raw, st.Size(), err
 }
 
-// countingWriter counts the bytes it passes on: the JSONL's size before
-// gzip, without holding it.
-type countingWriter struct {
-	w io.Writer
-	n int64
-}
-
-func (c *countingWriter) Write(p []byte) (int, error) {
-	n, err := c.w.Write(p)
-	c.n += int64(n)
-	return n, err
+// gunzippedSize is the size of the gzip file's content: read back rather
+// than counted on the way in, the file being on disk anyway.
+func gunzippedSize(path string) (int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		return 0, fmt.Errorf("read %s: %w", path, err)
+	}
+	n, err := io.Copy(io.Discard, zr)
+	if err != nil {
+		return 0, fmt.Errorf("read %s: %w", path, err)
+	}
+	return n, nil
 }
 
 // GroupWriteResult is one measured write of groups through WriteGroup.
