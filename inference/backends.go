@@ -87,17 +87,34 @@ type completionsGen struct{}
 
 func (completionsGen) name() string { return BackendVLLM }
 
-func (completionsGen) generate(ctx context.Context, p *Pool, in genInput) (sample, error) {
-	const op = "POST /v1/completions"
-	req := &CompletionRequest{
-		Model:                  in.model,
-		Prompt:                 in.prompt,
-		samplingFields:         samplingOf(in.s, in.maxTokens),
+// TokensCompletionRequest is the /v1/completions request a tokens-mode
+// turn sends to vLLM: prompt ids in, sampled ids and their logprobs out,
+// special tokens kept. It is exported so that a bare HTTP exchange can send
+// the very bytes the client sends (rollout bench inference).
+func TokensCompletionRequest(model string, prompt []int32, maxTokens int, s Sampling) *CompletionRequest {
+	return &CompletionRequest{
+		Model:                  model,
+		Prompt:                 prompt,
+		samplingFields:         samplingOf(s, maxTokens),
 		Logprobs:               zeroIntPt,
 		ReturnTokenIDs:         true,
 		ReturnTokensAsTokenIDs: true,
 		SkipSpecialTokens:      falsePtr,
 	}
+}
+
+// GenerateTokens is one tokens-mode generation through p on the vLLM path a
+// turn takes (request encoding, endpoint choice, metrics, HTTP, decoding,
+// the answer's shape checks) without rendering or an episode: the sampled
+// ids and their logprobs.
+func (p *Pool) GenerateTokens(ctx context.Context, model string, prompt []int32, maxTokens int, s Sampling) ([]int32, []float32, error) {
+	smp, err := completionsGen{}.generate(ctx, p, genInput{model: model, prompt: prompt, maxTokens: maxTokens, s: s})
+	return smp.ids, smp.logprobs, err
+}
+
+func (completionsGen) generate(ctx context.Context, p *Pool, in genInput) (sample, error) {
+	const op = "POST /v1/completions"
+	req := TokensCompletionRequest(in.model, in.prompt, in.maxTokens, in.s)
 	o := in.opts
 	o.Extra = in.s.ExtraBody
 	resp, ep, err := p.Completion(ctx, o, req)

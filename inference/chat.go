@@ -64,71 +64,17 @@ func (e *chatEpisode) generate(ctx context.Context, messages []openai.ChatComple
 	e.c.mu.Lock()
 	llama := e.c.llama
 	e.c.mu.Unlock()
-	req := &ChatRequest{
-		Model:              e.spec.Model,
-		Messages:           messages,
-		samplingFields:     samplingOf(s, s.MaxTokens),
-		ChatTemplateKwargs: s.ChatTemplateKwargs,
-	}
-	extra := s.ExtraBody
-	if e.c.cfg.SamplerFields == SamplerFieldsOpenAI {
-		// Only the fields the OpenAI API knows.
-		req.TopK, req.MinP, req.RepetitionPenalty = nil, nil, nil
-	} else if llama {
-		extra = llamaChatSampler(s)
-	}
-	req.ToolsJSON = e.tools // nil without tools: vLLM rejects "tools": []
-	if llama {
-		// An explicit seed per rollout and turn: the turn can be replayed
-		// exactly on /completion (llamaReplay).
-		seed := chatSeed(e.spec.ID, turnNo, s.Seed)
-		req.Seed = &seed
-	}
-	if e.c.cfg.ChatTokenIDs {
-		req.Logprobs = true
-		req.TopLogprobs = zeroIntPt
-		if llama {
-			// llama.cpp returns no logprobs at all with top_logprobs 0.
-			one := 1
-			req.TopLogprobs = &one
-		}
-		req.ReturnTokenIDs = true
-	}
+	req, extra := e.chatRequest(messages, s, turnNo, llama)
 	o := CallOptions{Affinity: &e.aff, RequestID: reqID, Extra: extra}
-	// Chat mode cannot continue a cut generation without re-rendering:
-	// a turn aborted by a policy update is generated again, whole, once
-	// admission reopens.
-	var resp *ChatResponse
-	var ep string
-	var version int64
-	for attempt := 0; ; attempt++ {
-		t, err := e.c.gate.enter(ctx)
-		if err != nil {
-			return Turn{}, fmt.Errorf("episode %s turn %d: chat: %w", e.spec.ID, turnNo, err)
-		}
-		gctx, sink := withVersionSink(ctx)
-		resp, ep, err = e.c.pool.ChatCompletion(gctx, o, req)
-		if err != nil {
-			e.c.gate.exit()
-			if llama && serverParseFailure(err) {
-				// The model's text did not parse as the template's
-				// tool-call format; the server kept it. Replay the same
-				// sampling and hand the raw text to the loop (its
-				// parser reads it).
-				return e.replayTurn(ctx, messages, req, turnNo, reqID, nil, fmt.Errorf("episode %s turn %d: chat: %w", e.spec.ID, turnNo, err))
-			}
-			return Turn{}, fmt.Errorf("episode %s turn %d: chat: %w", e.spec.ID, turnNo, err)
-		}
-		ev, evOK := sink.get()
-		version, _, _ = e.c.stamp(t, ev, evOK)
-		e.c.gate.exit()
-		if len(resp.Choices) != 1 || resp.Choices[0].FinishReason != "abort" {
-			break
-		}
-		if attempt >= maxStalledCuts {
-			return Turn{}, badAnswer(ep, "POST /v1/chat/completions", reqID, "%d consecutive chat generations aborted", attempt+1)
-		}
-		o.RequestID = reqID + "-a" + strconv.Itoa(attempt+1)
+	resp, ep, version, parseFailed, err := e.chat(ctx, o, req, turnNo, reqID, llama)
+	if parseFailed {
+		// The model's text did not parse as the template's tool-call
+		// format; the server kept it. Replay the same sampling and hand
+		// the raw text to the loop (its parser reads it).
+		return e.replayTurn(ctx, messages, req, turnNo, reqID, nil, err)
+	}
+	if err != nil {
+		return Turn{}, err
 	}
 	const op = "POST /v1/chat/completions"
 	if len(resp.Choices) != 1 {
@@ -175,6 +121,20 @@ func (e *chatEpisode) generate(ctx context.Context, messages []openai.ChatComple
 	if ch.FinishReason == "" {
 		return Turn{}, badAnswer(ep, op, reqID, "finish_reason missing")
 	}
+	t := chatTurn(resp, &ch, ids, lps, promptIDs, ep, version)
+	if em := e.c.pool.metricsFor(ep); em != nil {
+		em.tokensIn.Add(float64(t.PromptTokens))
+		em.tokensOut.Add(float64(t.CompletionTokens))
+	}
+	e.known = t.PromptTokens + t.CompletionTokens
+	e.splice(promptIDs, ids, lps, nil)
+	e.turns = turnNo
+	return t, nil
+}
+
+// chatTurn is the Turn of a chat answer: the message as the server parsed
+// it, and token counts from the ids where there are ids, else the usage.
+func chatTurn(resp *ChatResponse, ch *ChatChoice, ids []int32, lps []float32, promptIDs []int32, ep string, version int64) Turn {
 	content := ""
 	if ch.Message.Content != nil {
 		content = *ch.Message.Content
@@ -200,14 +160,75 @@ func (e *chatEpisode) generate(ctx context.Context, messages []openai.ChatComple
 	if ids != nil {
 		t.CompletionTokens = len(ids)
 	}
-	if em := e.c.pool.metricsFor(ep); em != nil {
-		em.tokensIn.Add(float64(t.PromptTokens))
-		em.tokensOut.Add(float64(t.CompletionTokens))
+	return t
+}
+
+// chatRequest is the turn's /v1/chat/completions request and the extra
+// body fields to send with it: the sampler in the fields the server
+// understands, a per-turn seed on llama.cpp (so the turn can be replayed),
+// ids and logprobs when the run asks for them.
+func (e *chatEpisode) chatRequest(messages []openai.ChatCompletionMessage, s Sampling, turnNo int, llama bool) (req *ChatRequest, extra map[string]any) {
+	req = &ChatRequest{
+		Model:              e.spec.Model,
+		Messages:           messages,
+		samplingFields:     samplingOf(s, s.MaxTokens),
+		ChatTemplateKwargs: s.ChatTemplateKwargs,
 	}
-	e.known = t.PromptTokens + t.CompletionTokens
-	e.splice(promptIDs, ids, lps, nil)
-	e.turns = turnNo
-	return t, nil
+	extra = s.ExtraBody
+	if e.c.cfg.SamplerFields == SamplerFieldsOpenAI {
+		// Only the fields the OpenAI API knows.
+		req.TopK, req.MinP, req.RepetitionPenalty = nil, nil, nil
+	} else if llama {
+		extra = llamaChatSampler(s)
+	}
+	req.ToolsJSON = e.tools // nil without tools: vLLM rejects "tools": []
+	if llama {
+		// An explicit seed per rollout and turn: the turn can be replayed
+		// exactly on /completion (llamaReplay).
+		seed := chatSeed(e.spec.ID, turnNo, s.Seed)
+		req.Seed = &seed
+	}
+	if e.c.cfg.ChatTokenIDs {
+		req.Logprobs = true
+		req.TopLogprobs = zeroIntPt
+		if llama {
+			// llama.cpp returns no logprobs at all with top_logprobs 0.
+			one := 1
+			req.TopLogprobs = &one
+		}
+		req.ReturnTokenIDs = true
+	}
+	return req, extra
+}
+
+// chat sends req and waits through policy updates: chat mode cannot
+// continue a cut generation without re-rendering, so a turn aborted by an
+// update is generated again, whole, once admission reopens. parseFailed
+// reports a llama.cpp server that could not parse the model's tool calls
+// (err says so): the caller replays the turn.
+func (e *chatEpisode) chat(ctx context.Context, o CallOptions, req *ChatRequest, turnNo int, reqID string, llama bool) (resp *ChatResponse, ep string, version int64, parseFailed bool, err error) {
+	for attempt := 0; ; attempt++ {
+		t, err := e.c.gate.enter(ctx)
+		if err != nil {
+			return nil, "", 0, false, fmt.Errorf("episode %s turn %d: chat: %w", e.spec.ID, turnNo, err)
+		}
+		gctx, sink := withVersionSink(ctx)
+		resp, ep, err = e.c.pool.ChatCompletion(gctx, o, req)
+		if err != nil {
+			e.c.gate.exit()
+			return nil, "", 0, llama && serverParseFailure(err), fmt.Errorf("episode %s turn %d: chat: %w", e.spec.ID, turnNo, err)
+		}
+		ev, evOK := sink.get()
+		version, _, _ = e.c.stamp(t, ev, evOK)
+		e.c.gate.exit()
+		if len(resp.Choices) != 1 || resp.Choices[0].FinishReason != "abort" {
+			return resp, ep, version, false, nil
+		}
+		if attempt >= maxStalledCuts {
+			return nil, "", 0, false, badAnswer(ep, "POST /v1/chat/completions", reqID, "%d consecutive chat generations aborted", attempt+1)
+		}
+		o.RequestID = reqID + "-a" + strconv.Itoa(attempt+1)
+	}
 }
 
 // splice appends a turn; unscored are positions in ids without a logprob

@@ -14,6 +14,7 @@ import (
 
 	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/inference/sim"
+	"github.com/rollout-rl/rollout/internal/testkit/simtest"
 	"github.com/rollout-rl/rollout/parsers"
 )
 
@@ -23,15 +24,7 @@ var terminalTool = openai.Tool{Type: openai.ToolTypeFunction, Function: &openai.
 	Parameters:  map[string]any{"type": "object", "properties": map[string]any{"command": map[string]any{"type": "string"}}},
 }}
 
-func startSim(t testing.TB, cfg sim.Config) *sim.Server {
-	t.Helper()
-	srv, err := sim.Start(context.Background(), cfg)
-	if err != nil {
-		t.Fatalf("start simulator: %v", err)
-	}
-	t.Cleanup(func() { srv.Close() })
-	return srv
-}
+var startSim = simtest.Start
 
 func openClient(t testing.TB, cfg inference.Config) *inference.Client {
 	t.Helper()

@@ -114,24 +114,11 @@ func (e *tokenEpisode) generate(ctx context.Context, messages []openai.ChatCompl
 	if len(messages) == 0 {
 		return Turn{}, e.usage("no messages")
 	}
-	// Snapshot: a failed turn leaves the episode as it was, so the caller
-	// may retry Generate with the same messages.
-	snapLen, snapTurns, snapConsumed, snapPending, snapUnscored := len(e.seq.Tokens), len(e.seq.TurnStarts), e.consumed, e.pending, e.seq.Unscored
-	snapCuts := len(e.seq.Cuts)
 	ok := false
+	restore := e.snapshot()
 	defer func() {
 		if !ok {
-			e.seq.Tokens = e.seq.Tokens[:snapLen]
-			e.seq.Mask = e.seq.Mask[:snapLen]
-			e.seq.Logprobs = e.seq.Logprobs[:snapLen]
-			e.seq.Versions = e.seq.Versions[:snapLen]
-			e.seq.Cuts = e.seq.Cuts[:snapCuts]
-			e.seq.TurnStarts = e.seq.TurnStarts[:snapTurns]
-			e.consumed, e.pending = snapConsumed, snapPending
-			e.seq.Unscored = snapUnscored
-			if snapLen == 0 {
-				e.seq.PromptLen = 0
-			}
+			restore()
 		}
 	}()
 
@@ -139,34 +126,8 @@ func (e *tokenEpisode) generate(ctx context.Context, messages []openai.ChatCompl
 	if i := e.rewritten(messages); i >= 0 {
 		return Turn{}, e.usage(fmt.Sprintf("turn %d: message %d changed since it was sent; tokens mode needs an append-only history (start a new episode after compaction)", turnNo, i))
 	}
-	if e.turns == 0 {
-		ids, err := e.renderPrompt(ctx, messages)
-		if err != nil {
-			return Turn{}, fmt.Errorf("episode %s: render prompt: %w", e.spec.ID, err)
-		}
-		e.appendMasked(ids)
-		e.seq.PromptLen = len(ids)
-	} else {
-		if len(messages) <= e.consumed || messages[e.consumed].Role != openai.ChatMessageRoleAssistant {
-			return Turn{}, e.usage(fmt.Sprintf("turn %d: messages[%d] must be the assistant message of turn %d (have %d messages)", turnNo, e.consumed, e.turns, len(messages)))
-		}
-		seg, err := e.segment(ctx, messages[e.consumed], messages[e.consumed+1:], turnNo)
-		if err != nil {
-			return Turn{}, fmt.Errorf("episode %s turn %d: new-message ids: %w", e.spec.ID, turnNo, err)
-		}
-		e.appendMasked(e.pending)
-		e.appendMasked(seg)
-		e.pending = nil
-	}
-	e.consumed = len(messages)
-	snapPrints := len(e.prints)
-	defer func() {
-		if !ok {
-			e.prints = e.prints[:snapPrints]
-		}
-	}()
-	for i := len(e.prints); i < len(messages); i++ {
-		e.prints = append(e.prints, fingerprint(messages[i]))
+	if err := e.appendInput(ctx, messages, turnNo); err != nil {
+		return Turn{}, err
 	}
 
 	maxTokens, err := e.budget(turnNo)
@@ -200,37 +161,7 @@ func (e *tokenEpisode) generate(ctx context.Context, messages []openai.ChatCompl
 		return Turn{}, fmt.Errorf("episode %s turn %d: decode: %w", e.spec.ID, turnNo, err)
 	}
 
-	start := len(e.seq.Tokens)
-	e.seq.TurnStarts = append(e.seq.TurnStarts, start)
-	e.seq.Tokens = append(e.seq.Tokens, s.ids...)
-	e.seq.Logprobs = append(e.seq.Logprobs, s.logprobs...)
-	e.seq.Versions = append(e.seq.Versions, vers...)
-	for range s.ids {
-		e.seq.Mask = append(e.seq.Mask, 1)
-	}
-	for _, c := range cuts {
-		if c.Position >= 0 {
-			c.Position += start
-		}
-		e.seq.Cuts = append(e.seq.Cuts, c)
-	}
-	for _, i := range s.unscored {
-		e.seq.Mask[start+i] = 0 // sampled, but no logprob to train with
-	}
-	e.seq.Unscored += len(s.unscored)
-	if s.stop == stopToken {
-		// The sampled stop token stands for the template's end-of-turn
-		// token; what the template writes after it was never sampled.
-		if i := slices.Index(closing, last); i >= 0 {
-			e.pending = slices.Clone(closing[i+1:])
-		} else {
-			e.pending = slices.Clone(closing[1:])
-		}
-	} else {
-		// Length cut or stop string: no end-of-turn token was sampled, so
-		// the template's whole closing goes in, masked.
-		e.pending = slices.Clone(closing)
-	}
+	e.appendSample(s, vers, cuts, closing)
 	e.turns = turnNo
 	ok = true
 	ep := s.endpoint
@@ -250,6 +181,97 @@ func (e *tokenEpisode) generate(ctx context.Context, messages []openai.ChatCompl
 		Version:          vers[len(vers)-1],
 		Cuts:             len(cuts),
 	}, nil
+}
+
+// snapshot returns what undoes a failed turn: the episode as it was, so
+// the caller may retry Generate with the same messages.
+func (e *tokenEpisode) snapshot() (restore func()) {
+	snapLen, snapTurns, snapConsumed, snapPending, snapUnscored := len(e.seq.Tokens), len(e.seq.TurnStarts), e.consumed, e.pending, e.seq.Unscored
+	snapCuts, snapPrints := len(e.seq.Cuts), len(e.prints)
+	return func() {
+		e.seq.Tokens = e.seq.Tokens[:snapLen]
+		e.seq.Mask = e.seq.Mask[:snapLen]
+		e.seq.Logprobs = e.seq.Logprobs[:snapLen]
+		e.seq.Versions = e.seq.Versions[:snapLen]
+		e.seq.Cuts = e.seq.Cuts[:snapCuts]
+		e.seq.TurnStarts = e.seq.TurnStarts[:snapTurns]
+		e.consumed, e.pending = snapConsumed, snapPending
+		e.seq.Unscored = snapUnscored
+		if snapLen == 0 {
+			e.seq.PromptLen = 0
+		}
+		e.prints = e.prints[:snapPrints]
+	}
+}
+
+// appendInput appends the ids of what the turn adds to the sequence,
+// masked: the rendered prompt on the first turn, later the previous
+// turn's pending closing and the new messages' segment. It fingerprints
+// the messages so that a rewritten history is caught next turn.
+func (e *tokenEpisode) appendInput(ctx context.Context, messages []openai.ChatCompletionMessage, turnNo int) error {
+	if e.turns == 0 {
+		ids, err := e.renderPrompt(ctx, messages)
+		if err != nil {
+			return fmt.Errorf("episode %s: render prompt: %w", e.spec.ID, err)
+		}
+		e.appendMasked(ids)
+		e.seq.PromptLen = len(ids)
+	} else {
+		if len(messages) <= e.consumed || messages[e.consumed].Role != openai.ChatMessageRoleAssistant {
+			return e.usage(fmt.Sprintf("turn %d: messages[%d] must be the assistant message of turn %d (have %d messages)", turnNo, e.consumed, e.turns, len(messages)))
+		}
+		seg, err := e.segment(ctx, messages[e.consumed], messages[e.consumed+1:], turnNo)
+		if err != nil {
+			return fmt.Errorf("episode %s turn %d: new-message ids: %w", e.spec.ID, turnNo, err)
+		}
+		e.appendMasked(e.pending)
+		e.appendMasked(seg)
+		e.pending = nil
+	}
+	e.consumed = len(messages)
+	for i := len(e.prints); i < len(messages); i++ {
+		e.prints = append(e.prints, fingerprint(messages[i]))
+	}
+	return nil
+}
+
+// appendSample appends the sampled ids, trained, with their logprobs,
+// versions and cuts, and keeps as pending what of the template's closing
+// the next turn must add: the sampled stop token stands for the
+// end-of-turn token, so only what follows it.
+func (e *tokenEpisode) appendSample(s sample, vers []int64, cuts []Cut, closing []int32) {
+	start := len(e.seq.Tokens)
+	e.seq.TurnStarts = append(e.seq.TurnStarts, start)
+	e.seq.Tokens = append(e.seq.Tokens, s.ids...)
+	e.seq.Logprobs = append(e.seq.Logprobs, s.logprobs...)
+	e.seq.Versions = append(e.seq.Versions, vers...)
+	for range s.ids {
+		e.seq.Mask = append(e.seq.Mask, 1)
+	}
+	for _, c := range cuts {
+		if c.Position >= 0 {
+			c.Position += start
+		}
+		e.seq.Cuts = append(e.seq.Cuts, c)
+	}
+	for _, i := range s.unscored {
+		e.seq.Mask[start+i] = 0 // sampled, but no logprob to train with
+	}
+	e.seq.Unscored += len(s.unscored)
+	last := s.ids[len(s.ids)-1]
+	if s.stop == stopToken {
+		// The sampled stop token stands for the template's end-of-turn
+		// token; what the template writes after it was never sampled.
+		if i := slices.Index(closing, last); i >= 0 {
+			e.pending = slices.Clone(closing[i+1:])
+		} else {
+			e.pending = slices.Clone(closing[1:])
+		}
+	} else {
+		// Length cut or stop string: no end-of-turn token was sampled, so
+		// the template's whole closing goes in, masked.
+		e.pending = slices.Clone(closing)
+	}
 }
 
 func (e *tokenEpisode) usage(msg string) error {

@@ -2,7 +2,9 @@ package trajectory
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -124,4 +126,33 @@ func writeFixtureRun(t *testing.T, recs []Record) string {
 		t.Fatal(err)
 	}
 	return dir
+}
+
+// sizedRecord is record index of a run drawn from seed, for tests that need
+// many or large valid records rather than every column: the fixture's first
+// record with n token positions of seeded random ids (they do not compress
+// away, so size-bound tests fill files), groupSize rollouts per group and
+// the first n/8 positions untrained. The same arguments give the same
+// record. (Realistic agent-like records for size figures are the bench's:
+// internal/devtools/bench/synth.)
+func sizedRecord(seed uint64, index, n, groupSize int) Record {
+	r := fixtureRecords()[0]
+	r.Advantage, r.PolicyVersion = nil, nil
+	rng := rand.New(rand.NewPCG(seed, uint64(index)))
+	g := index / groupSize
+	r.RunID = fmt.Sprintf("sized-%d", seed)
+	r.ItemID, r.GroupID, r.RolloutIndex = fmt.Sprintf("item-%d", g), fmt.Sprintf("group-%d", g), int32(index%groupSize)
+	r.CreatedAt = fixtureTime.Add(time.Duration(index) * time.Second)
+	r.Tokens, r.LossMask, r.Logprobs, r.Masks = make([]int32, n), make([]int8, n), make([]float32, n), nil
+	prompt := n / 8
+	for i := range n {
+		r.Tokens[i] = int32(rng.IntN(151936))
+		if i >= prompt {
+			r.LossMask[i] = 1
+			r.Logprobs[i] = -rng.Float32()
+		}
+	}
+	r.PromptTokens, r.CompletionTokens = int32(prompt), int32(n-prompt)
+	r.DeriveTrainingFields()
+	return r
 }

@@ -18,15 +18,15 @@ func TestWriteGroupIsNeverSplitByRotation(t *testing.T) {
 	for g := range groups {
 		recs := make([]Record, size)
 		for i := range recs {
-			recs[i] = Synthetic(1, g*size+i, SyntheticOptions{Tokens: 64, GroupSize: size})
+			recs[i] = sizedRecord(1, g*size+i, 64, size)
 		}
 		if err := w.WriteGroup(ctx, recs); err != nil {
 			t.Fatal(err)
 		}
 	}
-	bad := Synthetic(1, 99, SyntheticOptions{Tokens: 64, GroupSize: size})
+	bad := sizedRecord(1, 99, 64, size)
 	bad.Status = "weird"
-	good := Synthetic(1, 98, SyntheticOptions{Tokens: 64, GroupSize: size})
+	good := sizedRecord(1, 98, 64, size)
 	if err := w.WriteGroup(ctx, []Record{good, bad}); err == nil {
 		t.Fatal("a group with an invalid record was accepted")
 	}

@@ -340,7 +340,7 @@ func TestConcurrentGroupsShareFsyncs(t *testing.T) {
 		wg.Go(func() {
 			var grp []Record
 			for i := range 2 {
-				grp = append(grp, Synthetic(9, g*2+i, SyntheticOptions{Tokens: 64, GroupSize: 2, PromptTokens: 8}))
+				grp = append(grp, sizedRecord(9, g*2+i, 64, 2))
 			}
 			if err := w.WriteGroup(ctx, grp); err != nil {
 				t.Error(err)
@@ -390,7 +390,7 @@ func TestGroupSequenceNumbers(t *testing.T) {
 	write := func(w *Writer, g int) {
 		var grp []Record
 		for i := range 2 {
-			r := Synthetic(3, g*2+i, SyntheticOptions{Tokens: 16, GroupSize: 2, PromptTokens: 2})
+			r := sizedRecord(3, g*2+i, 16, 2)
 			grp = append(grp, r)
 		}
 		seq, err := w.WriteGroupSeq(ctx, grp)

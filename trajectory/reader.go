@@ -239,13 +239,24 @@ func Open(path string) (*Run, error) {
 // part files, then the journals. A journal compacted since Open is read
 // from its part file instead.
 func (r *Run) Each(ctx context.Context, fn func(rec *Record) error) error {
+	return r.walk(ctx, fn, func() error { return nil })
+}
+
+// walk is the one loop over a run's files behind Each and EachGroup: fn for
+// every record (the part files, then the journals; a journal compacted
+// since Open from its part file), and endFile after each file's last
+// record, because a group never spans two files.
+func (r *Run) walk(ctx context.Context, fn func(rec *Record) error, endFile func() error) error {
 	eachPart := func(p string) error {
 		f, err := OpenFile(p)
 		if err != nil {
 			return err
 		}
 		defer f.Close()
-		return f.Each(ctx, fn)
+		if err := f.Each(ctx, fn); err != nil {
+			return err
+		}
+		return endFile()
 	}
 	for _, p := range r.Files {
 		if err := eachPart(p); err != nil {
@@ -265,8 +276,9 @@ func (r *Run) Each(ctx context.Context, fn func(rec *Record) error) error {
 			return nil
 		})
 		if errors.Is(err, os.ErrNotExist) {
-			part := filepath.Join(filepath.Dir(jp), partOfJournal(filepath.Base(jp)))
-			err = eachPart(part)
+			err = eachPart(filepath.Join(filepath.Dir(jp), partOfJournal(filepath.Base(jp))))
+		} else if err == nil {
+			err = endFile()
 		}
 		if err != nil {
 			return err
@@ -310,42 +322,5 @@ func (r *Run) EachGroup(ctx context.Context, fn func(seq int64, recs []Record) e
 		cur = append(cur, *rec)
 		return nil
 	}
-	eachPart := func(p string) error {
-		f, err := OpenFile(p)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := f.Each(ctx, add); err != nil {
-			return err
-		}
-		return flush()
-	}
-	for _, p := range r.Files {
-		if err := eachPart(p); err != nil {
-			return err
-		}
-	}
-	for _, jp := range r.Journals {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		_, err := readJournal(jp, slog.Default(), func(recs []Record) error {
-			for i := range recs {
-				if err := add(&recs[i]); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		if errors.Is(err, os.ErrNotExist) {
-			err = eachPart(filepath.Join(filepath.Dir(jp), partOfJournal(filepath.Base(jp))))
-		} else if err == nil {
-			err = flush()
-		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+	return r.walk(ctx, add, flush)
 }

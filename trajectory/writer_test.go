@@ -149,7 +149,7 @@ func TestConcurrentWritersAndBackPressure(t *testing.T) {
 	for g := range 8 {
 		wg.Go(func() {
 			for i := range 25 {
-				r := Synthetic(1, g*25+i, SyntheticOptions{Tokens: 64})
+				r := sizedRecord(1, g*25+i, 64, 8)
 				if err := w.Write(ctx, r); err != nil {
 					t.Error(err)
 					return
@@ -198,7 +198,7 @@ func TestCheckpointMakesRecordsVisible(t *testing.T) {
 	}
 	defer w.Close(ctx)
 	for i := range 3 {
-		if err := w.Write(ctx, Synthetic(2, i, SyntheticOptions{Tokens: 32})); err != nil {
+		if err := w.Write(ctx, sizedRecord(2, i, 32, 8)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -254,7 +254,7 @@ func TestDiskFullStopsIntakeKeepsWrittenFiles(t *testing.T) {
 	var werr error
 	written := 0
 	for i := range 1000 {
-		if werr = w.Write(ctx, Synthetic(3, i, SyntheticOptions{Tokens: 256})); werr != nil {
+		if werr = w.Write(ctx, sizedRecord(3, i, 256, 8)); werr != nil {
 			break
 		}
 		written++
@@ -406,7 +406,7 @@ func crashChild() bool {
 		os.Exit(3)
 	}
 	for i := 0; ; i++ {
-		if err := w.Write(ctx, Synthetic(9, i, SyntheticOptions{Tokens: 2048})); err != nil {
+		if err := w.Write(ctx, sizedRecord(9, i, 2048, 8)); err != nil {
 			fmt.Println("error", err)
 			os.Exit(3)
 		}
@@ -471,7 +471,7 @@ func TestCrashDuringWrite(t *testing.T) {
 		if err := recs[i].Validate(); err != nil {
 			t.Errorf("record %d: %v", i, err)
 		}
-		if want := Synthetic(9, i, SyntheticOptions{Tokens: 2048}); !cmp.Equal(want.Tokens, recs[i].Tokens) {
+		if want := sizedRecord(9, i, 2048, 8); !cmp.Equal(want.Tokens, recs[i].Tokens) {
 			t.Errorf("record %d tokens differ from what was written", i)
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/rollout-rl/rollout/internal/devtools/bench/synth"
 	"github.com/rollout-rl/rollout/trajectory"
 )
 
@@ -23,7 +24,7 @@ func syntheticRun(t *testing.T) string {
 		t.Fatal(err)
 	}
 	for i := range 12 {
-		r := trajectory.Synthetic(5, i, trajectory.SyntheticOptions{Tokens: 64, GroupSize: 4})
+		r := synth.Trajectory(5, i, synth.Options{Tokens: 64, GroupSize: 4})
 		r.Reward = float64(i % 3)
 		if i == 7 {
 			r.Status = trajectory.StatusInfraFailed

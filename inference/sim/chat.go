@@ -77,12 +77,7 @@ type chatOutput struct {
 
 func (h *handler) chat(w http.ResponseWriter, r *http.Request) {
 	var req chatRequest
-	if e := decodeRequest(r, &req); e != nil {
-		writeError(w, e)
-		return
-	}
-	if e := h.checkModel(req.Model); e != nil {
-		writeError(w, e)
+	if !h.readModelRequest(w, r, &req, &req.Model) {
 		return
 	}
 	choice, e := req.toolChoice()

@@ -201,12 +201,7 @@ func usage(prompt, completion int) map[string]any {
 
 func (h *handler) completions(w http.ResponseWriter, r *http.Request) {
 	var req completionRequest
-	if e := decodeRequest(r, &req); e != nil {
-		writeError(w, e)
-		return
-	}
-	if e := h.checkModel(req.Model); e != nil {
-		writeError(w, e)
+	if !h.readModelRequest(w, r, &req, &req.Model) {
 		return
 	}
 	if req.StreamOptions != nil && !req.Stream {

@@ -156,12 +156,7 @@ type vllmGenerateRequest struct {
 // and logprobs out.
 func (h *handler) vllmGenerate(w http.ResponseWriter, r *http.Request) {
 	var req vllmGenerateRequest
-	if e := decodeRequest(r, &req); e != nil {
-		writeError(w, e)
-		return
-	}
-	if e := h.checkModel(req.Model); e != nil {
-		writeError(w, e)
+	if !h.readModelRequest(w, r, &req, &req.Model) {
 		return
 	}
 	sp := req.SamplingParams

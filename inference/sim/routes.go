@@ -51,6 +51,21 @@ const simVersion = "0.11.0-rollout-sim"
 // fingerprint is the system_fingerprint of every response.
 const fingerprint = "vllm-" + simVersion
 
+// readModelRequest decodes r's JSON body into req and checks the model it
+// names (model points into req): false when it has answered with the
+// error, as every generation route does before anything else.
+func (h *handler) readModelRequest(w http.ResponseWriter, r *http.Request, req any, model *string) bool {
+	if e := decodeRequest(r, req); e != nil {
+		writeError(w, e)
+		return false
+	}
+	if e := h.checkModel(*model); e != nil {
+		writeError(w, e)
+		return false
+	}
+	return true
+}
+
 // decodeRequest reads a JSON body into v. vLLM accepts only
 // application/json and ignores unknown fields.
 func decodeRequest(r *http.Request, v any) *apiError {
@@ -284,12 +299,7 @@ func renderSampling(n int, maxTokens *int, seed *int64, stop stopList, temperatu
 // tokenise only.
 func (h *handler) chatRender(w http.ResponseWriter, r *http.Request) {
 	var req chatRequest
-	if e := decodeRequest(r, &req); e != nil {
-		writeError(w, e)
-		return
-	}
-	if e := h.checkModel(req.Model); e != nil {
-		writeError(w, e)
+	if !h.readModelRequest(w, r, &req, &req.Model) {
 		return
 	}
 	_, ids, e := h.render(req.chatRender)
@@ -314,12 +324,7 @@ func (h *handler) chatRender(w http.ResponseWriter, r *http.Request) {
 // GenerateRequest per prompt.
 func (h *handler) completionsRender(w http.ResponseWriter, r *http.Request) {
 	var req completionRequest
-	if e := decodeRequest(r, &req); e != nil {
-		writeError(w, e)
-		return
-	}
-	if e := h.checkModel(req.Model); e != nil {
-		writeError(w, e)
+	if !h.readModelRequest(w, r, &req, &req.Model) {
 		return
 	}
 	pl, e := h.decodePrompt(req.Prompt, req.AddSpecialTokens == nil || *req.AddSpecialTokens)

@@ -1,7 +1,7 @@
 // Package bench is the benchmark harness behind `rollout bench` and `make
-// bench`. It runs the measurement functions the packages export
-// (sandbox.Measure*, inference.MeasureOverhead, agentloop/loopbench,
-// trajectory.MeasureWrite/CompareSize), the parsers and the end-to-end
+// bench`. It runs the measurement functions (sandbox.Measure*, and its own
+// sub-packages: inferencebench, loopbench, trajbench over synth's records),
+// the parsers and the end-to-end
 // runner, each next to a baseline measured in the same process, compares
 // every result with the target its capability issue names, and produces
 // the JSON report that docs/performance.md is generated from (Markdown).

@@ -11,9 +11,10 @@ import (
 
 	openai "github.com/sashabaranov/go-openai"
 
-	"github.com/rollout-rl/rollout/agentloop/loopbench"
 	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/inference/sim"
+	"github.com/rollout-rl/rollout/internal/devtools/bench/inferencebench"
+	"github.com/rollout-rl/rollout/internal/devtools/bench/loopbench"
 )
 
 func runInference(ctx context.Context, r *runCtx) ([]Measure, error) {
@@ -23,7 +24,7 @@ func runInference(ctx context.Context, r *runCtx) ([]Measure, error) {
 	}
 	defer srv.Close()
 	conc := 4096
-	res, err := inference.MeasureOverhead(ctx, inference.BenchConfig{URL: srv.URL, Calls: r.n(3000, 300), Concurrency: conc})
+	res, err := inferencebench.MeasureOverhead(ctx, inferencebench.Config{URL: srv.URL, Calls: r.n(3000, 300), Concurrency: conc})
 	if err != nil {
 		return nil, err
 	}

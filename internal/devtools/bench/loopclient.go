@@ -11,8 +11,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/rollout-rl/rollout/agentloop/loopbench"
 	"github.com/rollout-rl/rollout/inference"
+	"github.com/rollout-rl/rollout/internal/devtools/bench/inferencebench"
+	"github.com/rollout-rl/rollout/internal/devtools/bench/loopbench"
 )
 
 // clientLoopNames are the measures of runLoopClient.
@@ -122,7 +123,7 @@ func runLoopClient(ctx context.Context, r *runCtx, turns int, fake loopbench.Con
 // or answers other than 200 is an error.
 func httpFloor(ctx context.Context, cl *http.Client, url string, loops, turns int) (loopbench.ConcurrencyReport, error) {
 	body := []byte(`{"model":"rollout-sim","prompt":[1,2,3],"max_tokens":1}`)
-	post := func() error { return inference.RawPost(ctx, cl, url+"/v1/completions", body) }
+	post := func() error { return inferencebench.RawPost(ctx, cl, url+"/v1/completions", body) }
 	var (
 		wg   sync.WaitGroup
 		mu   sync.Mutex

@@ -19,6 +19,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
+	"github.com/rollout-rl/rollout/internal/devtools/bench/synth"
+	"github.com/rollout-rl/rollout/internal/devtools/bench/trajbench"
 	"github.com/rollout-rl/rollout/server"
 	"github.com/rollout-rl/rollout/trajectory"
 )
@@ -29,12 +31,12 @@ const (
 )
 
 // synthetic returns n records of benchTokens tokens in groups of
-// benchGroupSize: agent-like trajectories (trajectory.Synthetic), each
+// benchGroupSize: agent-like trajectories (synth.Trajectory), each
 // with a prompt of its own unless sharedPrompt.
 func synthetic(n int, sharedPrompt bool) []trajectory.Record {
 	recs := make([]trajectory.Record, n)
 	for i := range recs {
-		recs[i] = trajectory.Synthetic(11, i, trajectory.SyntheticOptions{Tokens: benchTokens, GroupSize: benchGroupSize, SharedPrompt: sharedPrompt})
+		recs[i] = synth.Trajectory(11, i, synth.Options{Tokens: benchTokens, GroupSize: benchGroupSize, SharedPrompt: sharedPrompt})
 	}
 	return recs
 }
@@ -50,7 +52,7 @@ func runOutput(ctx context.Context, r *runCtx) (out []Measure, err error) {
 	// per 1,000 trajectories.
 	nSize := r.n(1000, 96)
 	recs := synthetic(nSize, false)
-	c, err := trajectory.CompareSize(ctx, tmp, recs)
+	c, err := trajbench.CompareSize(ctx, tmp, recs)
 	if err != nil {
 		return nil, fmt.Errorf("size: %w", err)
 	}
@@ -68,7 +70,7 @@ func runOutput(ctx context.Context, r *runCtx) (out []Measure, err error) {
 	)
 	// The same records with each group's rollouts sharing their prompt,
 	// as a GRPO group's do.
-	g, err := trajectory.CompareSize(ctx, tmp, synthetic(nSize, true))
+	g, err := trajbench.CompareSize(ctx, tmp, synthetic(nSize, true))
 	if err != nil {
 		return out, fmt.Errorf("size, shared prompts: %w", err)
 	}
@@ -82,10 +84,10 @@ func runOutput(ctx context.Context, r *runCtx) (out []Measure, err error) {
 	var pqMB, jsMB []float64
 	var tokBytes int64
 	for i := range wrecs {
-		tokBytes += int64(len(wrecs[i].Tokens)) * trajectory.TokenBytesPerPosition
+		tokBytes += int64(len(wrecs[i].Tokens)) * trajbench.TokenBytesPerPosition
 	}
 	for range r.n(3, 1) {
-		w, err := trajectory.MeasureWrite(ctx, tmp, wrecs, trajectory.WriterOptions{Logger: r.logger})
+		w, err := trajbench.MeasureWrite(ctx, tmp, wrecs, trajectory.WriterOptions{Logger: r.logger})
 		if err != nil {
 			return out, fmt.Errorf("write: %w", err)
 		}
@@ -111,11 +113,11 @@ func runOutput(ctx context.Context, r *runCtx) (out []Measure, err error) {
 	var on, off []float64
 	var extra, parquetBytes int64
 	for range r.n(3, 1) {
-		d, err := trajectory.MeasureGroupWrite(ctx, tmp, dgroups, 8, trajectory.WriterOptions{Logger: r.logger})
+		d, err := trajbench.MeasureGroupWrite(ctx, tmp, dgroups, 8, trajectory.WriterOptions{Logger: r.logger})
 		if err != nil {
 			return out, fmt.Errorf("durable write: %w", err)
 		}
-		nd, err := trajectory.MeasureGroupWrite(ctx, tmp, dgroups, 8, trajectory.WriterOptions{Logger: r.logger, NoJournal: true})
+		nd, err := trajbench.MeasureGroupWrite(ctx, tmp, dgroups, 8, trajectory.WriterOptions{Logger: r.logger, NoJournal: true})
 		if err != nil {
 			return out, fmt.Errorf("write without journal: %w", err)
 		}
@@ -144,7 +146,7 @@ func runOutput(ctx context.Context, r *runCtx) (out []Measure, err error) {
 		fullBytes += int64(proto.Size(m))
 		pbBytes += int64(proto.Size(server.CompactGroup(m)))
 		var buf bytes.Buffer
-		if err := trajectory.WriteAtroposPythonJSON(&buf, g); err != nil {
+		if err := trajbench.WritePythonAtropos(&buf, g); err != nil {
 			return out, fmt.Errorf("atropos json: %w", err)
 		}
 		jsonBytes += int64(buf.Len())
@@ -166,7 +168,7 @@ func runOutput(ctx context.Context, r *runCtx) (out []Measure, err error) {
 
 // columnNote says where the Parquet bytes go: bytes per token position of
 // the largest columns, the rest together.
-func columnNote(c trajectory.SizeComparison) string {
+func columnNote(c trajbench.SizeComparison) string {
 	positions := float64(c.Rows) * c.TokensPerRow
 	if positions <= 0 || len(c.ColumnBytes) == 0 {
 		return ""

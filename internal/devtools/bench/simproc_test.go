@@ -16,8 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rollout-rl/rollout/agentloop/loopbench"
 	"github.com/rollout-rl/rollout/inference"
+	"github.com/rollout-rl/rollout/internal/devtools/bench/loopbench"
 )
 
 // buildRollout builds the rollout binary (whose sim command the *_client_*

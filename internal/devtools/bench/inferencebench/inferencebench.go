@@ -1,4 +1,8 @@
-package inference
+// Package inferencebench measures what the inference client adds to a
+// generation call, against a bare HTTP exchange of the same bytes, and
+// whether a burst of concurrent calls reuses its connections
+// (`rollout bench inference`).
+package inferencebench
 
 import (
 	"bytes"
@@ -11,12 +15,14 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/rollout-rl/rollout/inference"
 )
 
-// BenchConfig drives MeasureOverhead. URL should be a zero-latency server
+// Config drives MeasureOverhead. URL should be a zero-latency server
 // (the simulator with no latency model) so that what is measured is the
 // client, not generation.
-type BenchConfig struct {
+type Config struct {
 	URL          string
 	Model        string // empty: first of /v1/models
 	Calls        int    // sequential calls per side (default 2000)
@@ -47,11 +53,11 @@ func RawPost(ctx context.Context, c *http.Client, url string, body []byte) error
 	return err
 }
 
-// BenchResult is what `rollout bench inference` prints.
-type BenchResult struct {
+// Result is what `rollout bench inference` prints.
+type Result struct {
 	Calls int
 	// Raw is a bare POST of the same pre-encoded body through the
-	// client's own transport (direct.go), the response read and discarded:
+	// client's own transport (inference/direct.go), the response read and discarded:
 	// server time plus the irreducible transport cost. Client is the full
 	// vllm tokens-mode generation path (encode, pool routing, metrics,
 	// HTTP, decode, shape validation).
@@ -71,7 +77,7 @@ type BenchResult struct {
 	SecondBurst time.Duration
 }
 
-func (r BenchResult) String() string {
+func (r Result) String() string {
 	return fmt.Sprintf("calls=%d raw p50=%v p99=%v | client p50=%v p99=%v | overhead p50=%v | burst %d: errors=%d dials first=%d second=%d closed=%d (%v)",
 		r.Calls, r.RawP50, r.RawP99, r.ClientP50, r.ClientP99, r.OverheadP50, r.Concurrency, r.BurstErrors, r.NewConnsFirstBurst, r.NewConnsSecondBurst, r.ClosedConns, r.SecondBurst)
 }
@@ -80,7 +86,7 @@ func (r BenchResult) String() string {
 // against cfg.URL and checks that a burst of concurrent calls reuses
 // connections. Raw and client calls alternate so that server and machine
 // noise hit both sides alike.
-func MeasureOverhead(ctx context.Context, cfg BenchConfig) (BenchResult, error) {
+func MeasureOverhead(ctx context.Context, cfg Config) (Result, error) {
 	if cfg.Calls <= 0 {
 		cfg.Calls = 2000
 	}
@@ -93,19 +99,19 @@ func MeasureOverhead(ctx context.Context, cfg BenchConfig) (BenchResult, error) 
 	if cfg.Concurrency <= 0 {
 		cfg.Concurrency = 4096
 	}
-	pool, err := NewPool(PoolConfig{Endpoints: []string{cfg.URL}, Retries: -1, IdleConnsPerHost: 2 * cfg.Concurrency, Timeout: time.Minute})
+	pool, err := inference.NewPool(inference.PoolConfig{Endpoints: []string{cfg.URL}, Retries: -1, IdleConnsPerHost: 2 * cfg.Concurrency, Timeout: time.Minute})
 	if err != nil {
-		return BenchResult{}, err
+		return Result{}, err
 	}
 	defer pool.Close()
 	model := cfg.Model
 	if model == "" {
 		m, err := pool.Models(ctx)
 		if err != nil {
-			return BenchResult{}, err
+			return Result{}, err
 		}
 		if len(m.Data) == 0 {
-			return BenchResult{}, fmt.Errorf("bench: %s serves no models", cfg.URL)
+			return Result{}, fmt.Errorf("bench: %s serves no models", cfg.URL)
 		}
 		model = m.Data[0].ID
 	}
@@ -114,30 +120,29 @@ func MeasureOverhead(ctx context.Context, cfg BenchConfig) (BenchResult, error) 
 		prompt[i] = int32(32 + i%90) // printable bytes: valid in any vocabulary the simulator uses
 	}
 	temp := 1.0
-	s := Sampling{Temperature: &temp}
-	in := genInput{model: model, prompt: prompt, maxTokens: cfg.MaxTokens, s: s}
-	gen := completionsGen{}
-
-	// The raw side sends the exact bytes the client would.
-	rawBody, err := json.Marshal(&CompletionRequest{Model: model, Prompt: prompt, samplingFields: samplingOf(s, cfg.MaxTokens),
-		Logprobs: zeroIntPt, ReturnTokenIDs: true, ReturnTokensAsTokenIDs: true, SkipSpecialTokens: falsePtr})
-	if err != nil {
-		return BenchResult{}, err
-	}
-	rawClient := NewHTTPClient(64)
-	defer rawClient.CloseIdleConnections()
-	raw := func() error { return RawPost(ctx, rawClient, pool.eps[0].base+"/v1/completions", rawBody) }
-	client := func() error {
-		_, err := gen.generate(ctx, pool, in)
+	s := inference.Sampling{Temperature: &temp}
+	generate := func() error {
+		_, _, err := pool.GenerateTokens(ctx, model, prompt, cfg.MaxTokens, s)
 		return err
 	}
+
+	// The raw side sends the exact bytes the client would.
+	rawBody, err := json.Marshal(inference.TokensCompletionRequest(model, prompt, cfg.MaxTokens, s))
+	if err != nil {
+		return Result{}, err
+	}
+	rawClient := inference.NewHTTPClient(64)
+	defer rawClient.CloseIdleConnections()
+	rawURL := pool.Endpoints()[0] + "/v1/completions"
+	raw := func() error { return RawPost(ctx, rawClient, rawURL, rawBody) }
+	client := generate
 	// Warm both connection pools and code paths.
 	for range 50 {
 		if err := raw(); err != nil {
-			return BenchResult{}, err
+			return Result{}, err
 		}
 		if err := client(); err != nil {
-			return BenchResult{}, err
+			return Result{}, err
 		}
 	}
 	rawD := make([]time.Duration, 0, cfg.Calls)
@@ -145,20 +150,20 @@ func MeasureOverhead(ctx context.Context, cfg BenchConfig) (BenchResult, error) 
 	for range cfg.Calls {
 		t0 := time.Now()
 		if err := raw(); err != nil {
-			return BenchResult{}, err
+			return Result{}, err
 		}
 		t1 := time.Now()
 		if err := client(); err != nil {
-			return BenchResult{}, err
+			return Result{}, err
 		}
 		t2 := time.Now()
 		rawD = append(rawD, t1.Sub(t0))
 		cliD = append(cliD, t2.Sub(t1))
 		if ctx.Err() != nil {
-			return BenchResult{}, ctx.Err()
+			return Result{}, ctx.Err()
 		}
 	}
-	res := BenchResult{Calls: cfg.Calls, Concurrency: cfg.Concurrency}
+	res := Result{Calls: cfg.Calls, Concurrency: cfg.Concurrency}
 	res.RawP50, res.RawP99 = quantile(rawD, .5), quantile(rawD, .99)
 	res.ClientP50, res.ClientP99 = quantile(cliD, .5), quantile(cliD, .99)
 	res.OverheadP50 = res.ClientP50 - res.RawP50
@@ -172,7 +177,7 @@ func MeasureOverhead(ctx context.Context, cfg BenchConfig) (BenchResult, error) 
 			go func() {
 				defer wg.Done()
 				<-start
-				if _, err := gen.generate(ctx, pool, in); err != nil {
+				if err := generate(); err != nil {
 					errs.Add(1)
 				}
 			}()

@@ -1,16 +1,21 @@
-package trajectory
+// Package trajbench measures the trajectory writer for `rollout bench
+// output`: write throughput of records and of durable groups, and the size
+// of the Parquet files against the same records as Atropos saves them
+// (WritePythonAtropos).
+package trajbench
 
 import (
-	"bufio"
 	"compress/gzip"
 	"context"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"time"
+
+	"github.com/parquet-go/parquet-go"
+
+	"github.com/rollout-rl/rollout/trajectory"
 )
 
 // TokenBytesPerPosition is the raw size of the per-token columns of one
@@ -18,8 +23,8 @@ import (
 // the unit of the MB/s figure.
 const TokenBytesPerPosition = 13
 
-// WriteBenchResult is one measured write of a batch of records.
-type WriteBenchResult struct {
+// WriteResult is one measured write of a batch of records.
+type WriteResult struct {
 	Rows          int
 	TokenValues   int64
 	Elapsed       time.Duration
@@ -31,30 +36,21 @@ type WriteBenchResult struct {
 // MeasureWrite writes recs through a Writer into a fresh run directory under
 // dir (removed afterwards) and times it from the first Write to the end of
 // Close (files fsynced and renamed).
-func MeasureWrite(ctx context.Context, dir string, recs []Record, opts WriterOptions) (WriteBenchResult, error) {
+func MeasureWrite(ctx context.Context, dir string, recs []trajectory.Record, opts trajectory.WriterOptions) (WriteResult, error) {
 	runDir, err := os.MkdirTemp(dir, "bench-write-*")
 	if err != nil {
-		return WriteBenchResult{}, fmt.Errorf("bench dir: %w", err)
+		return WriteResult{}, fmt.Errorf("bench dir: %w", err)
 	}
 	defer os.RemoveAll(runDir)
-	var res WriteBenchResult
+	var res WriteResult
 	start := time.Now()
-	w, err := NewWriter(ctx, runDir, opts)
+	w, tokens, err := writeRun(ctx, runDir, recs, opts)
 	if err != nil {
-		return res, err
-	}
-	for i := range recs {
-		if err := w.Write(ctx, recs[i]); err != nil {
-			_ = w.Close(context.WithoutCancel(ctx))
-			return res, err
-		}
-		res.TokenValues += int64(len(recs[i].Tokens))
-	}
-	if err := w.Close(ctx); err != nil {
 		return res, err
 	}
 	res.Elapsed = time.Since(start)
 	res.Rows = len(recs)
+	res.TokenValues = tokens
 	for _, f := range w.Manifest().Files {
 		res.FileBytes += f.Bytes
 	}
@@ -63,6 +59,28 @@ func MeasureWrite(ctx context.Context, dir string, recs []Record, opts WriterOpt
 		res.TokenMBPerSec = float64(res.TokenValues*TokenBytesPerPosition) / 1e6 / s
 	}
 	return res, nil
+}
+
+// writeRun writes recs through a new Writer on runDir and closes it; it
+// returns the closed writer (for its manifest) and the token positions
+// written.
+func writeRun(ctx context.Context, runDir string, recs []trajectory.Record, opts trajectory.WriterOptions) (*trajectory.Writer, int64, error) {
+	w, err := trajectory.NewWriter(ctx, runDir, opts)
+	if err != nil {
+		return nil, 0, err
+	}
+	var tokens int64
+	for i := range recs {
+		if err := w.Write(ctx, recs[i]); err != nil {
+			_ = w.Close(context.WithoutCancel(ctx))
+			return nil, 0, err
+		}
+		tokens += int64(len(recs[i].Tokens))
+	}
+	if err := w.Close(ctx); err != nil {
+		return nil, 0, err
+	}
+	return w, tokens, nil
 }
 
 // SizeComparison compares the Parquet files of a set of records with the
@@ -83,17 +101,25 @@ type SizeComparison struct {
 
 // ColumnSizes adds the compressed size of every top-level column of the
 // Parquet file at path to sizes (nested and list columns count under
-// their top-level name).
+// their top-level name). Only the footer is read.
 func ColumnSizes(path string, sizes map[string]int64) error {
-	f, err := OpenFile(path)
+	f, err := os.Open(path)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	for _, rg := range f.pf.Metadata().RowGroups {
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	pf, err := parquet.OpenFile(f, st.Size(), parquet.SkipPageIndex(true), parquet.SkipBloomFilters(true))
+	if err != nil {
+		return fmt.Errorf("open %s: %w", path, err)
+	}
+	for _, rg := range pf.Metadata().RowGroups {
 		for _, c := range rg.Columns {
 			if len(c.MetaData.PathInSchema) == 0 {
-				return &FileError{Path: path, Err: fmt.Errorf("%w: column chunk without a path", ErrCorruptFile)}
+				return fmt.Errorf("%s: column chunk without a path", path)
 			}
 			sizes[c.MetaData.PathInSchema[0]] += c.MetaData.TotalCompressedSize
 		}
@@ -103,26 +129,15 @@ func ColumnSizes(path string, sizes map[string]int64) error {
 
 // CompareSize writes recs as Parquet (default writer settings) and as
 // Atropos JSONL (with messages) + gzip under dir and returns the sizes.
-func CompareSize(ctx context.Context, dir string, recs []Record) (SizeComparison, error) {
+func CompareSize(ctx context.Context, dir string, recs []trajectory.Record) (SizeComparison, error) {
 	var c SizeComparison
 	runDir, err := os.MkdirTemp(dir, "bench-size-*")
 	if err != nil {
 		return c, fmt.Errorf("bench dir: %w", err)
 	}
 	defer os.RemoveAll(runDir)
-	w, err := NewWriter(ctx, runDir, WriterOptions{})
+	w, tokens, err := writeRun(ctx, runDir, recs, trajectory.WriterOptions{})
 	if err != nil {
-		return c, err
-	}
-	var tokens int64
-	for i := range recs {
-		if err := w.Write(ctx, recs[i]); err != nil {
-			_ = w.Close(context.WithoutCancel(ctx))
-			return c, err
-		}
-		tokens += int64(len(recs[i].Tokens))
-	}
-	if err := w.Close(ctx); err != nil {
 		return c, err
 	}
 	c.ColumnBytes = map[string]int64{}
@@ -132,25 +147,7 @@ func CompareSize(ctx context.Context, dir string, recs []Record) (SizeComparison
 			return c, err
 		}
 	}
-	gzPath := filepath.Join(runDir, "atropos.jsonl.gz")
-	f, err := os.Create(gzPath)
-	if err != nil {
-		return c, fmt.Errorf("create %s: %w", gzPath, err)
-	}
-	raw := &countingWriter{w: nil}
-	zw := gzip.NewWriter(f)
-	raw.w = zw
-	err = writeAtroposPython(raw, recs)
-	if cerr := zw.Close(); err == nil {
-		err = cerr
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return c, fmt.Errorf("write atropos jsonl.gz: %w", err)
-	}
-	st, err := os.Stat(gzPath)
+	c.AtroposRawBytes, c.AtroposGzipBytes, err = gzipAtropos(filepath.Join(runDir, "atropos.jsonl.gz"), recs)
 	if err != nil {
 		return c, err
 	}
@@ -158,99 +155,56 @@ func CompareSize(ctx context.Context, dir string, recs []Record) (SizeComparison
 	if c.Rows > 0 {
 		c.TokensPerRow = float64(tokens) / float64(c.Rows)
 	}
-	c.AtroposGzipBytes = st.Size()
-	c.AtroposRawBytes = raw.n
 	if c.AtroposGzipBytes > 0 {
 		c.Ratio = float64(c.ParquetBytes) / float64(c.AtroposGzipBytes)
 	}
 	return c, nil
 }
 
-// WriteAtroposPythonJSON writes recs as the JSON lines Atropos itself
-// sends and saves (one ScoredDataGroup per group, Python's json.dumps
-// layout): the size baseline of `rollout bench output`.
-func WriteAtroposPythonJSON(out io.Writer, recs []Record) error { return writeAtroposPython(out, recs) }
-
-// writeAtroposPython writes recs as Atropos itself saves groups
-// (data_path_to_save_groups: json.dumps per group): Python separators, every
-// ScoredDataGroup key, and logprobs as the float64 repr of the float32 values
-// vLLM returns. It is the size baseline, not an export format.
-func writeAtroposPython(out io.Writer, recs []Record) error {
-	bw := bufio.NewWriterSize(out, 1<<20)
-	for _, g := range groupRecords(recs) {
-		bw.WriteString(`{"tokens": [`)
-		for i, r := range g {
-			if i > 0 {
-				bw.WriteString(", ")
-			}
-			writePyInts(bw, r.Tokens)
-		}
-		bw.WriteString(`], "masks": [`)
-		for i, r := range g {
-			if i > 0 {
-				bw.WriteString(", ")
-			}
-			writePyInts(bw, r.Masks)
-		}
-		bw.WriteString(`], "scores": [`)
-		for i, r := range g {
-			if i > 0 {
-				bw.WriteString(", ")
-			}
-			bw.WriteString(pyFloat(r.Reward))
-		}
-		bw.WriteString(`], "advantages": null, "ref_logprobs": null, "messages": [`)
-		for i, r := range g {
-			if i > 0 {
-				bw.WriteString(", ")
-			}
-			m, err := pyJSON([]byte(r.Messages))
-			if err != nil {
-				return fmt.Errorf("%s: messages: %w", recordRef(r), err)
-			}
-			bw.WriteString(m)
-		}
-		bw.WriteString(`], "generation_params": {"temperature": 1.0}, "inference_logprobs": [`)
-		for i, r := range g {
-			if i > 0 {
-				bw.WriteString(", ")
-			}
-			bw.WriteByte('[')
-			for j, lp := range r.Logprobs {
-				if j > 0 {
-					bw.WriteString(", ")
-				}
-				bw.WriteString(pyFloat(float64(lp)))
-			}
-			bw.WriteByte(']')
-		}
-		bw.WriteString(`], "group_overrides": null, "overrides": null, "images": null}` + "\n")
+// gzipAtropos writes recs to path as Python-layout Atropos JSONL through
+// gzip and returns the uncompressed and the file's size.
+func gzipAtropos(path string, recs []trajectory.Record) (raw, gz int64, err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return 0, 0, fmt.Errorf("create %s: %w", path, err)
 	}
-	return bw.Flush()
+	zw := gzip.NewWriter(f)
+	err = WritePythonAtropos(zw, recs)
+	if cerr := zw.Close(); err == nil {
+		err = cerr
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return 0, 0, fmt.Errorf("write atropos jsonl.gz: %w", err)
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return 0, 0, err
+	}
+	raw, err = gunzippedSize(path)
+	return raw, st.Size(), err
 }
 
-func writePyInts(w *bufio.Writer, xs []int32) {
-	w.WriteByte('[')
-	var buf [16]byte
-	for i, x := range xs {
-		if i > 0 {
-			w.WriteString(", ")
-		}
-		w.Write(strconv.AppendInt(buf[:0], int64(x), 10))
+// gunzippedSize is the size of the gzip file's content: read back rather
+// than counted on the way in, the file being on disk anyway.
+func gunzippedSize(path string) (int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return 0, err
 	}
-	w.WriteByte(']')
-}
-
-// pyFloat formats like Python's repr(float).
-func pyFloat(x float64) string {
-	s := strconv.FormatFloat(x, 'g', -1, 64)
-	if !strings.ContainsAny(s, ".eIN") {
-		s += ".0"
+	defer f.Close()
+	zr, err := gzip.NewReader(f)
+	if err != nil {
+		return 0, fmt.Errorf("read %s: %w", path, err)
 	}
-	return s
+	n, err := io.Copy(io.Discard, zr)
+	if err != nil {
+		return 0, fmt.Errorf("read %s: %w", path, err)
+	}
+	return n, nil
 }
-
-var _ io.Writer = (*countingWriter)(nil)
 
 // GroupWriteResult is one measured write of groups through WriteGroup.
 type GroupWriteResult struct {
@@ -265,7 +219,7 @@ type GroupWriteResult struct {
 // directory under dir (removed afterwards) from writers concurrent callers,
 // the way the runner hands finished groups to its durable sink, and times
 // it from the first WriteGroup to the end of Close.
-func MeasureGroupWrite(ctx context.Context, dir string, groups [][]Record, writers int, opts WriterOptions) (GroupWriteResult, error) {
+func MeasureGroupWrite(ctx context.Context, dir string, groups [][]trajectory.Record, writers int, opts trajectory.WriterOptions) (GroupWriteResult, error) {
 	runDir, err := os.MkdirTemp(dir, "bench-groups-*")
 	if err != nil {
 		return GroupWriteResult{}, fmt.Errorf("bench dir: %w", err)
@@ -273,11 +227,11 @@ func MeasureGroupWrite(ctx context.Context, dir string, groups [][]Record, write
 	defer os.RemoveAll(runDir)
 	var res GroupWriteResult
 	start := time.Now()
-	w, err := NewWriter(ctx, runDir, opts)
+	w, err := trajectory.NewWriter(ctx, runDir, opts)
 	if err != nil {
 		return res, err
 	}
-	next := make(chan []Record)
+	next := make(chan []trajectory.Record)
 	errc := make(chan error, writers)
 	for range max(writers, 1) {
 		go func() {

@@ -1,5 +1,5 @@
 //go:build !race
 
-package inference_test
+package inferencebench
 
 const raceEnabled = false
