@@ -90,47 +90,9 @@ func (e *chatEpisode) replayTurn(ctx context.Context, messages []openai.ChatComp
 	if maxTokens <= 0 {
 		maxTokens = -1 // llama.cpp: until the end of the context, as the chat route
 	}
-	var smp sample
-	var version int64
-	attempt, replaced := 1, false
-	for ; ; attempt++ {
-		tk, err := e.c.gate.enter(ctx)
-		if err != nil {
-			return Turn{}, fmt.Errorf("episode %s turn %d: %s: %w (after %w)", e.spec.ID, turnNo, op, err, orNamed(cause, named))
-		}
-		gctx, sink := withVersionSink(ctx)
-		smp, err = llamaGen{}.generate(gctx, e.c.pool, genInput{model: e.spec.Model, prompt: prompt, maxTokens: maxTokens, s: s, opts: o})
-		if err == nil {
-			ev, evOK := sink.get()
-			version, _, _ = e.c.stamp(tk, ev, evOK)
-		}
-		e.c.gate.exit()
-		if err != nil {
-			return Turn{}, fmt.Errorf("episode %s turn %d: %s: %w (after %w)", e.spec.ID, turnNo, op, err, orNamed(cause, named))
-		}
-		if named == nil {
-			break
-		}
-		msg := sameGeneration(named, smp)
-		if msg == "" {
-			break
-		}
-		// llama.cpp's logits depend slightly on how a position was
-		// batched with other requests, so a seeded draw close to a
-		// boundary can flip. Another replay of the same request is
-		// accepted only if it is the chat answer's generation: the turn
-		// itself is never resampled.
-		if attempt == replayAttempts {
-			// The chat answer's ids cannot be had. The replay is itself
-			// a sample of the policy at the same seed, taken whatever its
-			// text (never chosen for a property of it), with every id and
-			// its logprob: it becomes the turn, raw, as after a server
-			// parse failure.
-			e.c.log.Debug("inference: replays of a chat turn differ from the answer; the last replay is the turn", "request", reqID, "seed", *req.Seed, "diff", msg)
-			replaced = true
-			break
-		}
-		e.c.log.Debug("inference: replay of a chat turn differs from the answer; replaying again", "request", reqID, "seed", *req.Seed, "attempt", attempt, "diff", msg)
+	smp, version, attempt, replaced, err := e.replaySample(ctx, genInput{model: e.spec.Model, prompt: prompt, maxTokens: maxTokens, s: s, opts: o}, named, reqID, req.Seed)
+	if err != nil {
+		return Turn{}, fmt.Errorf("episode %s turn %d: %s: %w (after %w)", e.spec.ID, turnNo, op, err, orNamed(cause, named))
 	}
 	text, err := e.c.pool.Detokenize(ctx, o, e.spec.Model, smp.ids)
 	if err != nil {
@@ -179,6 +141,55 @@ func (e *chatEpisode) replayTurn(ctx context.Context, messages []openai.ChatComp
 	}
 	e.turns = turnNo
 	return t, nil
+}
+
+// replaySample samples the turn again on /completion at its seed, under
+// the update gate. With named (the chat answer whose ids are wanted) it
+// replays until the sample is that generation, up to replayAttempts; if
+// none is, the last replay replaces the answer (replaced). attempts counts
+// the replays.
+func (e *chatEpisode) replaySample(ctx context.Context, in genInput, named *namedTurn, reqID string, seed *int64) (smp sample, version int64, attempt int, replaced bool, err error) {
+	attempt = 1
+	for ; ; attempt++ {
+		tk, err := e.c.gate.enter(ctx)
+		if err != nil {
+			return smp, 0, attempt, false, err
+		}
+		gctx, sink := withVersionSink(ctx)
+		smp, err = llamaGen{}.generate(gctx, e.c.pool, in)
+		if err == nil {
+			ev, evOK := sink.get()
+			version, _, _ = e.c.stamp(tk, ev, evOK)
+		}
+		e.c.gate.exit()
+		if err != nil {
+			return smp, 0, attempt, false, err
+		}
+		if named == nil {
+			break
+		}
+		msg := sameGeneration(named, smp)
+		if msg == "" {
+			break
+		}
+		// llama.cpp's logits depend slightly on how a position was
+		// batched with other requests, so a seeded draw close to a
+		// boundary can flip. Another replay of the same request is
+		// accepted only if it is the chat answer's generation: the turn
+		// itself is never resampled.
+		if attempt == replayAttempts {
+			// The chat answer's ids cannot be had. The replay is itself
+			// a sample of the policy at the same seed, taken whatever its
+			// text (never chosen for a property of it), with every id and
+			// its logprob: it becomes the turn, raw, as after a server
+			// parse failure.
+			e.c.log.Debug("inference: replays of a chat turn differ from the answer; the last replay is the turn", "request", reqID, "seed", *seed, "diff", msg)
+			replaced = true
+			break
+		}
+		e.c.log.Debug("inference: replay of a chat turn differs from the answer; replaying again", "request", reqID, "seed", *seed, "attempt", attempt, "diff", msg)
+	}
+	return smp, version, attempt, replaced, nil
 }
 
 // The log line of a replayed chat turn; its reason is Turn.Replay.

@@ -287,18 +287,7 @@ func (g llamaGen) stopWordTokens(ctx context.Context, p *Pool, o CallOptions, wo
 // they are not trained). An entry that matches no id is an error.
 func alignProbs(ids []int32, probs []LlamaProb) ([]float32, []int, error) {
 	if len(probs) == len(ids) {
-		// One entry per id: positional, as the server wrote them.
-		lps := make([]float32, len(ids))
-		for i, pr := range probs {
-			if pr.ID != nil && *pr.ID != ids[i] {
-				return nil, nil, fmt.Errorf("completion_probabilities entry %d is for token %d but tokens[%d] = %d", i, *pr.ID, i, ids[i])
-			}
-			if pr.Logprob == nil || !validLogprob(*pr.Logprob) {
-				return nil, nil, fmt.Errorf("logprob %d missing or invalid (post_sampling_probs must be false)", i)
-			}
-			lps[i] = float32(*pr.Logprob)
-		}
-		return lps, nil, nil
+		return positionalProbs(ids, probs)
 	}
 	for j, pr := range probs {
 		if pr.ID == nil {
@@ -308,63 +297,8 @@ func alignProbs(ids []int32, probs []LlamaProb) ([]float32, []int, error) {
 			return nil, nil, fmt.Errorf("logprob %d missing or invalid (post_sampling_probs must be false)", j)
 		}
 	}
-	// Entry j sits at a position k with ids[k] == its id; the ids between
-	// the previous entry and k are the ones it covers, at most len(Bytes)
-	// of them (every token has at least one byte). fwd[j][k]: entries 0..j
-	// can be placed with j at k; bwd likewise for entries j..m-1. An entry
-	// is certain where exactly one position is possible both ways.
-	n, m := len(ids), len(probs)
-	span := func(j int) int {
-		if len(probs[j].Bytes) == 0 {
-			return n
-		}
-		return len(probs[j].Bytes)
-	}
-	fwd := make([][]bool, m)
-	for j := range m {
-		fwd[j] = make([]bool, n)
-		// prefix count of fwd[j-1] for the window test
-		var pre []int
-		if j > 0 {
-			pre = make([]int, n+1)
-			for k := range n {
-				pre[k+1] = pre[k]
-				if fwd[j-1][k] {
-					pre[k+1]++
-				}
-			}
-		}
-		for k := range n {
-			if ids[k] != *probs[j].ID {
-				continue
-			}
-			if j == 0 {
-				fwd[j][k] = k+1 <= span(0)
-				continue
-			}
-			lo := max(k-span(j), 0)
-			fwd[j][k] = pre[k]-pre[lo] > 0
-		}
-	}
-	bwd := make([][]bool, m)
-	for j := m - 1; j >= 0; j-- {
-		bwd[j] = make([]bool, n)
-		for k := range n {
-			if ids[k] != *probs[j].ID {
-				continue
-			}
-			if j == m-1 {
-				bwd[j][k] = true // ids after the last entry: a generation cut inside a character
-				continue
-			}
-			for k2 := k + 1; k2 <= min(k+span(j+1), n-1); k2++ {
-				if bwd[j+1][k2] {
-					bwd[j][k] = true
-					break
-				}
-			}
-		}
-	}
+	n := len(ids)
+	fwd, bwd := placements(ids, probs)
 	lps := make([]float32, n)
 	for k := range lps {
 		lps[k] = 1.0
@@ -391,6 +325,84 @@ func alignProbs(ids []int32, probs []LlamaProb) ([]float32, []int, error) {
 		}
 	}
 	return lps, missing, nil
+}
+
+// positionalProbs is alignProbs where the server wrote one entry per id.
+func positionalProbs(ids []int32, probs []LlamaProb) ([]float32, []int, error) {
+	// One entry per id: positional, as the server wrote them.
+	lps := make([]float32, len(ids))
+	for i, pr := range probs {
+		if pr.ID != nil && *pr.ID != ids[i] {
+			return nil, nil, fmt.Errorf("completion_probabilities entry %d is for token %d but tokens[%d] = %d", i, *pr.ID, i, ids[i])
+		}
+		if pr.Logprob == nil || !validLogprob(*pr.Logprob) {
+			return nil, nil, fmt.Errorf("logprob %d missing or invalid (post_sampling_probs must be false)", i)
+		}
+		lps[i] = float32(*pr.Logprob)
+	}
+	return lps, nil, nil
+}
+
+// placements says where each entry of probs may sit in ids.
+func placements(ids []int32, probs []LlamaProb) (fwd, bwd [][]bool) {
+	// Entry j sits at a position k with ids[k] == its id; the ids between
+	// the previous entry and k are the ones it covers, at most len(Bytes)
+	// of them (every token has at least one byte). fwd[j][k]: entries 0..j
+	// can be placed with j at k; bwd likewise for entries j..m-1. An entry
+	// is certain where exactly one position is possible both ways.
+	n, m := len(ids), len(probs)
+	span := func(j int) int {
+		if len(probs[j].Bytes) == 0 {
+			return n
+		}
+		return len(probs[j].Bytes)
+	}
+	fwd = make([][]bool, m)
+	for j := range m {
+		fwd[j] = make([]bool, n)
+		// prefix count of fwd[j-1] for the window test
+		var pre []int
+		if j > 0 {
+			pre = make([]int, n+1)
+			for k := range n {
+				pre[k+1] = pre[k]
+				if fwd[j-1][k] {
+					pre[k+1]++
+				}
+			}
+		}
+		for k := range n {
+			if ids[k] != *probs[j].ID {
+				continue
+			}
+			if j == 0 {
+				fwd[j][k] = k+1 <= span(0)
+				continue
+			}
+			lo := max(k-span(j), 0)
+			fwd[j][k] = pre[k]-pre[lo] > 0
+		}
+	}
+	bwd = make([][]bool, m)
+	for j := m - 1; j >= 0; j-- {
+		bwd[j] = make([]bool, n)
+		for k := range n {
+			if ids[k] != *probs[j].ID {
+				continue
+			}
+			if j == m-1 {
+				bwd[j][k] = true // ids after the last entry: a generation cut inside a character
+				continue
+			}
+			for k2 := k + 1; k2 <= min(k+span(j+1), n-1); k2++ {
+				if bwd[j+1][k2] {
+					bwd[j][k] = true
+					break
+				}
+			}
+		}
+	}
+	return fwd, bwd
 }
 
 func idOf(p LlamaProb) any {

@@ -48,10 +48,25 @@ func runOutput(ctx context.Context, r *runCtx) (out []Measure, err error) {
 	}
 	defer os.RemoveAll(tmp)
 
+	recs := synthetic(r.n(1000, 96), false)
+	sections := []func(context.Context, *runCtx, string, []trajectory.Record) ([]Measure, error){
+		sizeMeasures, writeMeasures, durableMeasures, serviceMeasures,
+	}
+	for _, section := range sections {
+		ms, err := section(ctx, r, tmp, recs)
+		out = append(out, ms...)
+		if err != nil {
+			return out, err
+		}
+	}
+	return out, nil
+}
+
+// sizeMeasures: the Parquet files against the same records as Atropos
+// JSONL gzip, with and without shared prompts.
+func sizeMeasures(ctx context.Context, r *runCtx, tmp string, recs []trajectory.Record) (out []Measure, err error) {
 	// Size: Parquet vs Atropos JSONL gzip for the same records, reported
 	// per 1,000 trajectories.
-	nSize := r.n(1000, 96)
-	recs := synthetic(nSize, false)
 	c, err := trajbench.CompareSize(ctx, tmp, recs)
 	if err != nil {
 		return nil, fmt.Errorf("size: %w", err)
@@ -70,13 +85,18 @@ func runOutput(ctx context.Context, r *runCtx) (out []Measure, err error) {
 	)
 	// The same records with each group's rollouts sharing their prompt,
 	// as a GRPO group's do.
-	g, err := trajbench.CompareSize(ctx, tmp, synthetic(nSize, true))
+	g, err := trajbench.CompareSize(ctx, tmp, synthetic(len(recs), true))
 	if err != nil {
 		return out, fmt.Errorf("size, shared prompts: %w", err)
 	}
 	out = append(out, Measure{Name: "output.size_vs_atropos_jsonl_gz_grpo", Value: ptr(sig(g.Ratio)),
 		Note: fmt.Sprintf("%d trajectories: Parquet %d B, Atropos JSONL %d B gzip", g.Rows, g.ParquetBytes, g.AtroposGzipBytes)})
+	return out, nil
+}
 
+// writeMeasures: write throughput against encoding the records as Atropos
+// JSONL.
+func writeMeasures(ctx context.Context, r *runCtx, tmp string, recs []trajectory.Record) (out []Measure, err error) {
 	// Write throughput, side by side with encoding the same records as
 	// Atropos JSONL (no compression, no disk): median of rounds.
 	wrecs := recs[:min(len(recs), r.n(256, 64))]
@@ -105,7 +125,12 @@ func runOutput(ctx context.Context, r *runCtx) (out []Measure, err error) {
 			Note: fmt.Sprintf("%d rows of %d tokens, default writer settings, until files are fsynced and renamed", len(wrecs), benchTokens)},
 		Measure{Name: "output.parquet_write_rows_per_s", Value: ptr(sig(median(pq))), Baseline: ptr(sig(median(js))), BaselineName: base},
 	)
+	return out, nil
+}
 
+// durableMeasures: durable group writes against the same writes without
+// the journal.
+func durableMeasures(ctx context.Context, r *runCtx, tmp string, recs []trajectory.Record) (out []Measure, err error) {
 	// Durability: groups/s with the journal (every WriteGroup waits for its
 	// fsync) against the same writes without it, alternating rounds in the
 	// same run, from 8 concurrent writers as the runner's group goroutines.
@@ -132,7 +157,12 @@ func runOutput(ctx context.Context, r *runCtx) (out []Measure, err error) {
 		Measure{Name: "output.durable_throughput_ratio", Value: ptr(sig(median(on) / median(off)))},
 		Measure{Name: "output.durable_extra_bytes_ratio", Value: ptr(sig(float64(extra) / float64(max(parquetBytes, 1))))},
 	)
+	return out, nil
+}
 
+// serviceMeasures: the service's Group message, its size against Atropos
+// JSON and its streaming rate.
+func serviceMeasures(ctx context.Context, r *runCtx, _ string, recs []trajectory.Record) (out []Measure, err error) {
 	// The service's Group message: size vs Atropos JSON, and streaming.
 	// The trainers in this repository ask for the compact token layout
 	// (docs/api.md, "Token layout"); the full layout's size is in the note.
