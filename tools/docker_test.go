@@ -14,18 +14,19 @@ import (
 	"time"
 
 	"github.com/rollout-rl/rollout/sandbox"
+	sbdocker "github.com/rollout-rl/rollout/sandbox/docker"
 )
 
 var (
 	dockerOnce sync.Once
-	testDocker *sandbox.Docker
+	testDocker *sbdocker.Docker
 	dockerErr  error
 )
 
 func dockerSandbox(t *testing.T, image string) (*Set, *Env) {
 	t.Helper()
 	dockerOnce.Do(func() {
-		testDocker, dockerErr = sandbox.NewDocker(context.Background(), sandbox.Options{Instance: "toolstest", ReapInterval: -1})
+		testDocker, dockerErr = sbdocker.New(context.Background(), sbdocker.Options{Instance: "toolstest", ReapInterval: -1})
 	})
 	if dockerErr != nil {
 		if os.Getenv("CI") == "true" {

@@ -16,7 +16,7 @@ import (
 	"github.com/rollout-rl/rollout/atropos"
 	"github.com/rollout-rl/rollout/internal/util/secretenv"
 	"github.com/rollout-rl/rollout/runner"
-	"github.com/rollout-rl/rollout/sandbox"
+	sbdocker "github.com/rollout-rl/rollout/sandbox/docker"
 	"github.com/rollout-rl/rollout/server"
 )
 
@@ -180,7 +180,7 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 	// sandbox.backend kubernetes (docs/kubernetes.md), each started on its
 	// first sandbox; they are closed last, removing whatever sandboxes
 	// remain.
-	shared := assemble.NewShared(sandbox.Options{Logger: log, MaxContainers: f.maxSandboxes}, f.warmSandboxes)
+	shared := assemble.NewShared(sbdocker.Options{Logger: log, MaxContainers: f.maxSandboxes}, f.warmSandboxes)
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 		defer cancel()

@@ -1,0 +1,37 @@
+package kubernetes
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/rollout-rl/rollout/sandbox/kubernetes/k8sconfig"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// RESTConfig resolves the client configuration: InCluster, else the
+// kubeconfig (explicit, $KUBECONFIG, ~/.kube/config), else in-cluster.
+func RESTConfig(c *k8sconfig.Config) (*rest.Config, error) {
+	var cfg *rest.Config
+	var err error
+	if c.InCluster {
+		cfg, err = rest.InClusterConfig()
+	} else {
+		rules := clientcmd.NewDefaultClientConfigLoadingRules()
+		if c.Kubeconfig != "" {
+			rules.ExplicitPath = c.Kubeconfig
+		}
+		overrides := &clientcmd.ConfigOverrides{CurrentContext: c.Context}
+		cfg, err = clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides).ClientConfig()
+		if err != nil && c.Kubeconfig == "" && os.Getenv("KUBERNETES_SERVICE_HOST") != "" {
+			cfg, err = rest.InClusterConfig()
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client config: %w", err)
+	}
+	// Every sandbox makes a few calls; client-go's default 5 QPS would
+	// serialise a group's creates.
+	cfg.QPS, cfg.Burst = 200, 400
+	return cfg, nil
+}
