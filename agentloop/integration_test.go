@@ -21,6 +21,7 @@ import (
 	"github.com/rollout-rl/rollout/inference/sim"
 	"github.com/rollout-rl/rollout/sandbox"
 	sbdocker "github.com/rollout-rl/rollout/sandbox/docker"
+	"github.com/rollout-rl/rollout/sandbox/host"
 	"github.com/rollout-rl/rollout/tools"
 )
 
@@ -35,7 +36,7 @@ var (
 func needDocker(t *testing.T) *sbdocker.Docker {
 	t.Helper()
 	dockerOnce.Do(func() {
-		itDocker, itErr = sbdocker.New(context.Background(), sbdocker.Options{Instance: "looptest", ReapInterval: -1})
+		itDocker, itErr = sbdocker.New(context.Background(), sbdocker.Options{Options: host.Options{Instance: "looptest", ReapInterval: -1}})
 	})
 	if itErr != nil {
 		if os.Getenv("CI") == "true" {

@@ -31,6 +31,7 @@ import (
 	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/sandbox"
 	sbdocker "github.com/rollout-rl/rollout/sandbox/docker"
+	"github.com/rollout-rl/rollout/sandbox/host"
 	"github.com/rollout-rl/rollout/sandbox/image"
 	sbkube "github.com/rollout-rl/rollout/sandbox/kubernetes"
 	"github.com/rollout-rl/rollout/sandbox/kubernetes/k8sconfig"
@@ -567,7 +568,7 @@ func (l *lazyDocker) start(ctx context.Context) error {
 			return nil
 		}
 		if l.runc {
-			r, err := sbrunc.New(context.WithoutCancel(ctx), sbrunc.Options{Logger: l.log, Instance: l.instance, MaxContainers: l.maxContainers})
+			r, err := sbrunc.New(context.WithoutCancel(ctx), sbrunc.Options{Options: host.Options{Logger: l.log, Instance: l.instance, MaxContainers: l.maxContainers}})
 			if err != nil {
 				return err
 			}
@@ -577,7 +578,7 @@ func (l *lazyDocker) start(ctx context.Context) error {
 			}
 			return nil
 		}
-		opts := sbdocker.Options{Logger: l.log, Instance: l.instance, MaxContainers: l.maxContainers}
+		opts := sbdocker.Options{Options: host.Options{Logger: l.log, Instance: l.instance, MaxContainers: l.maxContainers}}
 		if l.opts != nil {
 			opts = *l.opts
 		}

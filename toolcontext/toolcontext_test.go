@@ -18,6 +18,7 @@ import (
 
 	"github.com/rollout-rl/rollout/sandbox"
 	sbdocker "github.com/rollout-rl/rollout/sandbox/docker"
+	"github.com/rollout-rl/rollout/sandbox/host"
 	"github.com/rollout-rl/rollout/tools"
 )
 
@@ -31,7 +32,7 @@ var (
 func TestMain(m *testing.M) {
 	code := func() int {
 		ctx := context.Background()
-		docker, dockerErr = sbdocker.New(ctx, sbdocker.Options{Instance: "tctest", ReapInterval: -1})
+		docker, dockerErr = sbdocker.New(ctx, sbdocker.Options{Options: host.Options{Instance: "tctest", ReapInterval: -1}})
 		if dockerErr == nil {
 			defer docker.Close(ctx)
 		} else if os.Getenv("CI") == "true" {

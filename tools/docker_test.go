@@ -15,6 +15,7 @@ import (
 
 	"github.com/rollout-rl/rollout/sandbox"
 	sbdocker "github.com/rollout-rl/rollout/sandbox/docker"
+	"github.com/rollout-rl/rollout/sandbox/host"
 )
 
 var (
@@ -26,7 +27,7 @@ var (
 func dockerSandbox(t *testing.T, image string) (*Set, *Env) {
 	t.Helper()
 	dockerOnce.Do(func() {
-		testDocker, dockerErr = sbdocker.New(context.Background(), sbdocker.Options{Instance: "toolstest", ReapInterval: -1})
+		testDocker, dockerErr = sbdocker.New(context.Background(), sbdocker.Options{Options: host.Options{Instance: "toolstest", ReapInterval: -1}})
 	})
 	if dockerErr != nil {
 		if os.Getenv("CI") == "true" {

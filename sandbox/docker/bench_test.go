@@ -10,6 +10,7 @@ import (
 	"github.com/rollout-rl/rollout/internal/devtools/bench/sandboxbench"
 	"github.com/rollout-rl/rollout/internal/testkit/sandboxtest"
 	"github.com/rollout-rl/rollout/sandbox"
+	"github.com/rollout-rl/rollout/sandbox/host"
 )
 
 func reportStats(b *testing.B, prefix string, s sandboxbench.Stats) {
@@ -94,7 +95,7 @@ func BenchmarkPeakConcurrent(b *testing.B) {
 	ctx := context.Background()
 	target := benchN("ROLLOUT_BENCH_PEAK", 200)
 	for b.Loop() {
-		d, err := New(ctx, Options{Instance: "peak-" + sandbox.RandomID(4), ReapInterval: -1, MaxContainers: target + 8})
+		d, err := New(ctx, Options{Options: host.Options{Instance: "peak-" + sandbox.RandomID(4), ReapInterval: -1, MaxContainers: target + 8}})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -118,7 +119,7 @@ func BenchmarkAgentDelivery(b *testing.B) {
 	for b.Loop() {
 		stats := map[string]sandboxbench.Stats{}
 		for _, mode := range []string{DeliveryBind, DeliveryCopy} {
-			d, err := New(ctx, Options{Instance: "delivery-" + sandbox.RandomID(4), ReapInterval: -1, Delivery: mode})
+			d, err := New(ctx, Options{Options: host.Options{Instance: "delivery-" + sandbox.RandomID(4), ReapInterval: -1}, Delivery: mode})
 			if err != nil {
 				b.Fatal(err)
 			}

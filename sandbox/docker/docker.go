@@ -42,29 +42,18 @@ const (
 
 // Options configure a Docker backend. Zero values take defaults.
 type Options struct {
-	Instance           string               // service instance id (default: random)
-	MaxContainers      int                  // concurrent sandboxes, warm ones included (default 512)
-	MaxParallelCreates int                  // creates in flight at once (default 8), lowered while the daemon is slow
-	SlowCreate         time.Duration        // a create slower than this halves the parallelism (default 5s)
-	CreateRate         float64              // creates per second (default 50)
-	ReapInterval       time.Duration        // periodic reaper (default 30s; < 0 disables, start-up reap too)
-	LeakGrace          time.Duration        // own untracked containers younger than this are left alone (default 2m)
-	DiskCheckInterval  time.Duration        // disk watchdog period (default 1s; disk.go)
-	Agent              *sandbox.AgentBinary // default ResolveAgent()
+	// Host are the settings shared with the runc backend (instance,
+	// capacity, reaper, disk watchdog, agent, logger, host admission).
+	host.Options
+	MaxParallelCreates int           // creates in flight at once (default 8), lowered while the daemon is slow
+	SlowCreate         time.Duration // a create slower than this halves the parallelism (default 5s)
+	CreateRate         float64       // creates per second (default 50)
 	Delivery           string
 	// Channel: ChannelAuto (default) carries calls over a unix socket
 	// between host and agent when the engine is local (socket.go), with
 	// the attach stream as lifetime and fallback; ChannelAttach uses the
 	// attach stream only.
 	Channel string
-	Logger  *slog.Logger
-	// HostMemoryReserve is kept free on the host beyond a new sandbox's
-	// memory limit: a create waits until MemAvailable >= limit + reserve
-	// (default 512 MiB; negative disables host admission).
-	HostMemoryReserve int64
-	// HostDiskReserve is kept free on the engine's data root beyond a new
-	// sandbox's disk limit (default 2 GiB).
-	HostDiskReserve int64
 }
 
 // Docker creates sandboxes as local Docker containers. It is safe for
@@ -131,12 +120,7 @@ func New(ctx context.Context, opts Options) (*Docker, error) {
 }
 
 func newDocker(cli *client.Client, opts Options) (*Docker, error) {
-	if opts.Instance == "" {
-		opts.Instance = sandbox.RandomID(8)
-	}
-	if opts.MaxContainers <= 0 {
-		opts.MaxContainers = 512
-	}
+	opts.Defaults()
 	if opts.MaxParallelCreates <= 0 {
 		opts.MaxParallelCreates = 8
 	}
@@ -145,24 +129,6 @@ func newDocker(cli *client.Client, opts Options) (*Docker, error) {
 	}
 	if opts.CreateRate <= 0 {
 		opts.CreateRate = 50
-	}
-	if opts.ReapInterval == 0 {
-		opts.ReapInterval = 30 * time.Second
-	}
-	if opts.LeakGrace <= 0 {
-		opts.LeakGrace = 2 * time.Minute
-	}
-	if opts.DiskCheckInterval <= 0 {
-		opts.DiskCheckInterval = time.Second
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	if opts.HostMemoryReserve == 0 {
-		opts.HostMemoryReserve = 512 << 20
-	}
-	if opts.HostDiskReserve <= 0 {
-		opts.HostDiskReserve = 2 << 30
 	}
 	ab, err := sandbox.AgentOption(opts.Agent)
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/moby/moby/client"
 	"github.com/rollout-rl/rollout/internal/testkit/sandboxtest"
 	"github.com/rollout-rl/rollout/sandbox"
+	"github.com/rollout-rl/rollout/sandbox/host"
 )
 
 // TestFaults runs each hostile command in its own sandbox and checks that
@@ -175,7 +176,7 @@ func TestCyclesLeaveNothing(t *testing.T) {
 		n = 40
 	}
 	ctx := context.Background()
-	d, err := New(ctx, Options{Instance: "cycles-" + sandbox.RandomID(4), ReapInterval: -1})
+	d, err := New(ctx, Options{Options: host.Options{Instance: "cycles-" + sandbox.RandomID(4), ReapInterval: -1}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/moby/moby/client"
 	"github.com/rollout-rl/rollout/internal/testkit/sandboxtest"
 	"github.com/rollout-rl/rollout/sandbox"
+	"github.com/rollout-rl/rollout/sandbox/host"
 )
 
 // ownBackend is a Docker backend of its own (own instance label, own
@@ -59,7 +60,7 @@ func peakContainers(t *testing.T, d *Docker, stop <-chan struct{}) <-chan int {
 // more than 2 containers exist, the warm ones included, and every acquire
 // is served (waves).
 func TestPoolHoldsMaxContainers(t *testing.T) {
-	d := ownBackend(t, Options{MaxContainers: 2})
+	d := ownBackend(t, Options{Options: host.Options{MaxContainers: 2}})
 	p := sandbox.NewPool(d, sandbox.PoolOptions{MaxIdle: 48})
 	defer p.Close(context.Background())
 	spec := sandbox.Spec{Image: sandboxtest.Image}
@@ -108,7 +109,7 @@ func TestPoolHoldsMaxContainers(t *testing.T) {
 // Idle warm sandboxes of one spec never block an acquire of another when
 // every slot is taken: one is removed to make room.
 func TestPoolEvictsIdleForOtherSpec(t *testing.T) {
-	d := ownBackend(t, Options{MaxContainers: 2})
+	d := ownBackend(t, Options{Options: host.Options{MaxContainers: 2}})
 	p := sandbox.NewPool(d, sandbox.PoolOptions{})
 	defer p.Close(context.Background())
 	a := sandbox.Spec{Image: sandboxtest.Image, Env: map[string]string{"SPEC": "a"}}
@@ -151,7 +152,7 @@ func TestAppliedLimits(t *testing.T) {
 // Writing past the disk limit on the writable root: the watchdog removes
 // the sandbox and says why.
 func TestDiskLimitWritableRoot(t *testing.T) {
-	d := ownBackend(t, Options{DiskCheckInterval: 200 * time.Millisecond})
+	d := ownBackend(t, Options{Options: host.Options{DiskCheckInterval: 200 * time.Millisecond}})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	s, err := d.Create(ctx, sandbox.Spec{Image: sandboxtest.Image, Limits: sandbox.Limits{DiskBytes: 64 << 20}})

@@ -3,14 +3,15 @@ package docker
 import (
 	"context"
 	"errors"
-	"github.com/rollout-rl/rollout/sandbox"
-	"github.com/rollout-rl/rollout/sandbox/host"
 	"io"
 	"log/slog"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/rollout-rl/rollout/sandbox"
+	"github.com/rollout-rl/rollout/sandbox/host"
 )
 
 type fakeHost struct {
@@ -23,7 +24,7 @@ func (f *fakeHost) DiskFree(string) (int64, error) { return f.free.Load(), nil }
 
 func hostDocker(h host.HostProbe) *Docker {
 	d := &Docker{bind: true, probe: h, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		opts: Options{HostMemoryReserve: 512 << 20, HostDiskReserve: 2 << 30}}
+		opts: Options{Options: host.Options{HostMemoryReserve: 512 << 20, HostDiskReserve: 2 << 30}}}
 	d.host.Once.Do(func() {})
 	d.host.DataRoot = "/var/lib/docker"
 	return d

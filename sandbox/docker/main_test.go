@@ -7,6 +7,7 @@ import (
 
 	"github.com/rollout-rl/rollout/internal/testkit/sandboxtest"
 	"github.com/rollout-rl/rollout/sandbox"
+	"github.com/rollout-rl/rollout/sandbox/host"
 )
 
 var (
@@ -34,7 +35,7 @@ func setupDocker(ctx context.Context) error {
 	if err := sandboxtest.EnsureImage(ctx); err != nil {
 		return err
 	}
-	d, err := New(ctx, Options{Instance: "test-" + sandbox.RandomID(4), ReapInterval: -1})
+	d, err := New(ctx, Options{Options: host.Options{Instance: "test-" + sandbox.RandomID(4), ReapInterval: -1}})
 	if err != nil {
 		return err
 	}

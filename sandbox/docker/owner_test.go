@@ -27,7 +27,7 @@ const ownerChildEnv = "ROLLOUT_SANDBOX_OWNER_CHILD"
 func ownerChild() int {
 	ctx := context.Background()
 	img := os.Getenv(ownerChildEnv)
-	d, err := New(ctx, Options{Instance: os.Getenv("ROLLOUT_SANDBOX_OWNER_INSTANCE"), ReapInterval: -1})
+	d, err := New(ctx, Options{Options: host.Options{Instance: os.Getenv("ROLLOUT_SANDBOX_OWNER_INSTANCE"), ReapInterval: -1}})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "owner child:", err)
 		return 1

@@ -12,6 +12,7 @@ import (
 	"github.com/moby/moby/client"
 	"github.com/rollout-rl/rollout/internal/testkit/sandboxtest"
 	"github.com/rollout-rl/rollout/sandbox"
+	"github.com/rollout-rl/rollout/sandbox/host"
 )
 
 // eventually polls cond (no timing assertion: it only bounds a hang).
@@ -111,7 +112,7 @@ func TestReaper(t *testing.T) {
 	d := needDocker(t)
 	ctx := context.Background()
 	// A backend whose process "died": its pid label names no live process.
-	dead, err := newDocker(d.cli, Options{Instance: "dead-" + sandbox.RandomID(4), ReapInterval: -1})
+	dead, err := newDocker(d.cli, Options{Options: host.Options{Instance: "dead-" + sandbox.RandomID(4), ReapInterval: -1}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +132,7 @@ func TestReaper(t *testing.T) {
 
 	// A container of our own instance that we do not track (a create whose
 	// answer was lost).
-	own, err := newDocker(d.cli, Options{Instance: d.Instance(), ReapInterval: -1, LeakGrace: time.Nanosecond})
+	own, err := newDocker(d.cli, Options{Options: host.Options{Instance: d.Instance(), ReapInterval: -1, LeakGrace: time.Nanosecond}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,7 +182,7 @@ func TestReaper(t *testing.T) {
 func TestIdleAndLifetimeLimits(t *testing.T) {
 	needDocker(t)
 	ctx := context.Background()
-	d, err := New(ctx, Options{Instance: "limits-" + sandbox.RandomID(4), ReapInterval: 100 * time.Millisecond})
+	d, err := New(ctx, Options{Options: host.Options{Instance: "limits-" + sandbox.RandomID(4), ReapInterval: 100 * time.Millisecond}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,13 +3,15 @@ package docker
 import (
 	"context"
 	"errors"
-	"github.com/rollout-rl/rollout/internal/testkit/sandboxtest"
-	"github.com/rollout-rl/rollout/sandbox"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rollout-rl/rollout/internal/testkit/sandboxtest"
+	"github.com/rollout-rl/rollout/sandbox"
+	"github.com/rollout-rl/rollout/sandbox/host"
 )
 
 // TestSocketChannel: on a local engine run by root, calls go over the
@@ -63,7 +65,7 @@ func TestSocketChannel(t *testing.T) {
 func TestAttachChannel(t *testing.T) {
 	needDocker(t)
 	ctx := context.Background()
-	d, err := New(ctx, Options{Instance: "attach-" + sandbox.RandomID(4), ReapInterval: -1, Channel: ChannelAttach})
+	d, err := New(ctx, Options{Options: host.Options{Instance: "attach-" + sandbox.RandomID(4), ReapInterval: -1}, Channel: ChannelAttach})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/rollout-rl/rollout/sandbox"
+	"github.com/rollout-rl/rollout/sandbox/host"
 )
 
 func init() {
@@ -23,5 +24,5 @@ func init() {
 }
 
 func options(o sandbox.OpenOptions) Options {
-	return Options{Instance: o.Instance, MaxContainers: o.MaxContainers, ReapInterval: o.ReapInterval, Logger: o.Logger}
+	return Options{Options: host.Options{Instance: o.Instance, MaxContainers: o.MaxContainers, ReapInterval: o.ReapInterval, Logger: o.Logger}}
 }

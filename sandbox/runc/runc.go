@@ -48,8 +48,10 @@ import (
 
 // RuncOptions configure a Runc backend. Zero values take defaults.
 type Options struct {
-	Instance      string // service instance id (default: random)
-	MaxContainers int    // concurrent sandboxes, warm ones included (default 512)
+	// Host are the settings shared with the Docker backend (instance,
+	// capacity, reaper, disk watchdog, agent, logger, host admission:
+	// DataDir's disk must cover the sandbox's disk limit plus the reserve).
+	host.Options
 	// Runc is the runc executable (default: runc on PATH).
 	Runc string
 	// StateDir holds runc's state and the per-sandbox bundles (default
@@ -57,19 +59,7 @@ type Options struct {
 	StateDir string
 	// DataDir holds the unpacked images and the sandboxes' writable layers
 	// (default /var/lib/rollout/runc).
-	DataDir           string
-	Agent             *sandbox.AgentBinary // default ResolveAgent()
-	ReapInterval      time.Duration        // periodic reaper (default 30s; < 0 disables, start-up reap too)
-	LeakGrace         time.Duration        // own untracked containers younger than this are left alone (default 2m)
-	DiskCheckInterval time.Duration        // disk watchdog period (default 1s; disk.go)
-	Logger            *slog.Logger
-	// HostMemoryReserve and HostDiskReserve are the Docker backend's
-	// host admission (Options): a create waits until the host's memory
-	// covers the sandbox's limit plus the reserve (default 512 MiB;
-	// negative disables admission) and DataDir's disk its disk limit plus
-	// the reserve (default 2 GiB).
-	HostMemoryReserve int64
-	HostDiskReserve   int64
+	DataDir string
 }
 
 // Runc creates sandboxes as OCI containers run by runc. It is safe for
@@ -102,12 +92,7 @@ func New(ctx context.Context, opts Options) (*Runc, error) {
 	if os.Geteuid() != 0 {
 		return nil, fmt.Errorf("%w: the runc backend needs root (it mounts overlays and creates cgroups); use the docker backend", sandbox.ErrInvalid)
 	}
-	if opts.Instance == "" {
-		opts.Instance = sandbox.RandomID(8)
-	}
-	if opts.MaxContainers <= 0 {
-		opts.MaxContainers = 512
-	}
+	opts.Defaults()
 	if opts.Runc == "" {
 		opts.Runc = "runc"
 	}
@@ -121,24 +106,6 @@ func New(ctx context.Context, opts Options) (*Runc, error) {
 	}
 	if opts.DataDir == "" {
 		opts.DataDir = "/var/lib/rollout/runc"
-	}
-	if opts.ReapInterval == 0 {
-		opts.ReapInterval = 30 * time.Second
-	}
-	if opts.LeakGrace <= 0 {
-		opts.LeakGrace = 2 * time.Minute
-	}
-	if opts.DiskCheckInterval <= 0 {
-		opts.DiskCheckInterval = time.Second
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	if opts.HostMemoryReserve == 0 {
-		opts.HostMemoryReserve = 512 << 20
-	}
-	if opts.HostDiskReserve <= 0 {
-		opts.HostDiskReserve = 2 << 30
 	}
 	ab, err := sandbox.AgentOption(opts.Agent)
 	if err != nil {

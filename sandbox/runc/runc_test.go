@@ -14,6 +14,7 @@ import (
 
 	"github.com/rollout-rl/rollout/internal/testkit/sandboxtest"
 	"github.com/rollout-rl/rollout/sandbox"
+	"github.com/rollout-rl/rollout/sandbox/host"
 	"golang.org/x/sys/unix"
 )
 
@@ -36,8 +37,9 @@ func needRunc(t testing.TB) *Runc {
 			return
 		}
 		testRunc, runcErr = New(context.Background(), Options{
-			Instance: "test-" + sandbox.RandomID(4), ReapInterval: -1,
-			StateDir: filepath.Join("/run", "rollout-runc-test-"+sandbox.RandomID(4)), DataDir: dir,
+			Options:  host.Options{Instance: "test-" + sandbox.RandomID(4), ReapInterval: -1},
+			StateDir: filepath.Join("/run", "rollout-runc-test-"+sandbox.RandomID(4)),
+			DataDir:  dir,
 		})
 	})
 	if runcErr != nil {
@@ -280,8 +282,11 @@ const runcOwnerChildEnv = "ROLLOUT_RUNC_OWNER_CHILD"
 // childRunc is the runc backend a test's child process makes in the
 // parent's state and data directories (passed in the environment).
 func childRunc(ctx context.Context) (*Runc, error) {
-	return New(ctx, Options{Instance: "child-" + sandbox.RandomID(4), ReapInterval: -1,
-		StateDir: os.Getenv("ROLLOUT_RUNC_STATE"), DataDir: os.Getenv("ROLLOUT_RUNC_DATA")})
+	return New(ctx, Options{
+		Options:  host.Options{Instance: "child-" + sandbox.RandomID(4), ReapInterval: -1},
+		StateDir: os.Getenv("ROLLOUT_RUNC_STATE"),
+		DataDir:  os.Getenv("ROLLOUT_RUNC_DATA"),
+	})
 }
 
 // runcOwnerChild creates a sandbox in the package's runc state and exits

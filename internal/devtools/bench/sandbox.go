@@ -16,6 +16,7 @@ import (
 	"github.com/rollout-rl/rollout/internal/devtools/bench/sandboxbench"
 	"github.com/rollout-rl/rollout/sandbox"
 	sbdocker "github.com/rollout-rl/rollout/sandbox/docker"
+	"github.com/rollout-rl/rollout/sandbox/host"
 	"github.com/rollout-rl/rollout/sandbox/image"
 	sbkube "github.com/rollout-rl/rollout/sandbox/kubernetes"
 	"github.com/rollout-rl/rollout/sandbox/kubernetes/k8sconfig"
@@ -87,8 +88,9 @@ func runSandbox(ctx context.Context, r *runCtx) (out []Measure, err error) {
 	// ReapInterval < 0: no reaping, so other services' containers on a
 	// shared engine are never touched; every container here is removed by
 	// the measurement that made it.
-	d, err := sbdocker.New(ctx, sbdocker.Options{Instance: "bench-" + randomSuffix(), ReapInterval: -1,
-		MaxContainers: peak + 32, Logger: r.logger})
+	d, err := sbdocker.New(ctx, sbdocker.Options{
+		Options: host.Options{Instance: "bench-" + randomSuffix(), ReapInterval: -1, MaxContainers: peak + 32, Logger: r.logger},
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -298,7 +300,7 @@ func measureAttach(ctx context.Context, r *runCtx, s sandbox.Sandbox, spec sandb
 	if tr == nil || tr.Transport() != "socket" {
 		return missing("the default channel is the attach stream here (remote engine, or the agent could not connect)")
 	}
-	da, err := sbdocker.New(ctx, sbdocker.Options{Instance: "bench-" + randomSuffix(), ReapInterval: -1, Channel: sbdocker.ChannelAttach, Logger: r.logger})
+	da, err := sbdocker.New(ctx, sbdocker.Options{Options: host.Options{Instance: "bench-" + randomSuffix(), ReapInterval: -1, Logger: r.logger}, Channel: sbdocker.ChannelAttach})
 	if err != nil {
 		return missing("attach backend: " + firstLine(err.Error()))
 	}
@@ -379,7 +381,7 @@ func measureRuncBackend(ctx context.Context, r *runCtx, d *sbdocker.Docker, ref 
 		}
 		return out
 	}
-	rb, err := sbrunc.New(ctx, sbrunc.Options{Instance: "bench-" + randomSuffix(), ReapInterval: -1, MaxContainers: peak + 32, Logger: r.logger})
+	rb, err := sbrunc.New(ctx, sbrunc.Options{Options: host.Options{Instance: "bench-" + randomSuffix(), ReapInterval: -1, MaxContainers: peak + 32, Logger: r.logger}})
 	if err != nil {
 		return missing("runc backend: " + firstLine(err.Error()))
 	}
