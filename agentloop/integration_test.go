@@ -20,6 +20,8 @@ import (
 	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/inference/sim"
 	"github.com/rollout-rl/rollout/sandbox"
+	sbdocker "github.com/rollout-rl/rollout/sandbox/docker"
+	"github.com/rollout-rl/rollout/sandbox/host"
 	"github.com/rollout-rl/rollout/tools"
 )
 
@@ -27,14 +29,14 @@ const itImage = "rollout-sandbox:bookworm"
 
 var (
 	dockerOnce sync.Once
-	itDocker   *sandbox.Docker
+	itDocker   *sbdocker.Docker
 	itErr      error
 )
 
-func needDocker(t *testing.T) *sandbox.Docker {
+func needDocker(t *testing.T) *sbdocker.Docker {
 	t.Helper()
 	dockerOnce.Do(func() {
-		itDocker, itErr = sandbox.NewDocker(context.Background(), sandbox.Options{Instance: "looptest", ReapInterval: -1})
+		itDocker, itErr = sbdocker.New(context.Background(), sbdocker.Options{Options: host.Options{Instance: "looptest", ReapInterval: -1}})
 	})
 	if itErr != nil {
 		if os.Getenv("CI") == "true" {

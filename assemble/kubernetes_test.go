@@ -18,6 +18,7 @@ import (
 	"github.com/rollout-rl/rollout/internal/util/dockerclient"
 	"github.com/rollout-rl/rollout/sandbox"
 	"github.com/rollout-rl/rollout/sandbox/image"
+	"github.com/rollout-rl/rollout/sandbox/kubernetes/k8sconfig"
 )
 
 // With the Kubernetes backend a task image needs a registry to reach the
@@ -29,7 +30,7 @@ func TestKubernetesTaskImageNeedsRegistry(t *testing.T) {
 		{"", "image_registry, which is not set"},
 		{"http://reg.example:5000", "without a scheme"},
 	} {
-		l := &lazyDocker{kube: &sandbox.KubernetesConfig{ImageRegistry: tc.registry}}
+		l := &lazyDocker{kube: &k8sconfig.Config{ImageRegistry: tc.registry}}
 		ti := &taskImages{docker: l}
 		_, err := ti.BuildTask(ctx, envs.ImageBuild{Dir: t.TempDir()})
 		if !errors.Is(err, sandbox.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
@@ -56,7 +57,7 @@ func TestKubernetesTaskImagePushed(t *testing.T) {
 
 	// The agent image goes to the registry too (image_registry names
 	// every image the pods use).
-	agentRef, err := sandbox.AgentImageRef(sandbox.AgentBinary{Path: agent})
+	agentRef, err := k8sconfig.AgentImageRef(sandbox.AgentBinary{Path: agent})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +79,7 @@ func TestKubernetesTaskImagePushed(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte(df), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	l := &lazyDocker{log: slog.New(slog.DiscardHandler), instance: "jobtest-" + hex.EncodeToString(b[:3]), kube: &sandbox.KubernetesConfig{
+	l := &lazyDocker{log: slog.New(slog.DiscardHandler), instance: "jobtest-" + hex.EncodeToString(b[:3]), kube: &k8sconfig.Config{
 		Kubeconfig: kc, Namespace: "default", ImagePullPolicy: "IfNotPresent", ImageRegistry: reg}}
 	defer func() {
 		cctx, ccancel := context.WithTimeout(context.Background(), 2*time.Minute)

@@ -11,6 +11,8 @@ import (
 	"github.com/rollout-rl/rollout/envs"
 	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/sandbox"
+	sbdocker "github.com/rollout-rl/rollout/sandbox/docker"
+	"github.com/rollout-rl/rollout/sandbox/kubernetes/k8sconfig"
 )
 
 // BackendSelector is a shared sandbox backend that serves jobs of more than
@@ -32,7 +34,7 @@ type BackendSelector interface {
 // rollout run, and with sandbox.reuse (Docker) its sandboxes are reset in
 // place for its own next rollouts, never for another job's.
 type Shared struct {
-	opts   sandbox.Options
+	opts   sbdocker.Options
 	docker *lazyDocker
 	images *taskImages
 
@@ -56,7 +58,7 @@ var (
 // against MaxContainers, and a job needing a slot removes an idle one. 0
 // runs without the pool: every sandbox is created on demand and
 // sandbox.reuse is refused.
-func NewShared(opts sandbox.Options, warm int) *Shared {
+func NewShared(opts sbdocker.Options, warm int) *Shared {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
@@ -79,7 +81,7 @@ func (s *Shared) For(cfg runner.Config) (runner.Sandboxes, runner.ImageBuilder, 
 	if cfg.Sandbox.Backend != sandbox.BackendKubernetes {
 		return &sharedJob{s: s, l: s.docker, reuse: cfg.Sandbox.Reuse, expect: cfg.Sandbox.WarmPool >= 0, limit: sandboxLimit(cfg)}, s, nil
 	}
-	kc := sandbox.KubernetesConfig{}
+	kc := k8sconfig.Config{}
 	if cfg.Sandbox.Kubernetes != nil {
 		kc = *cfg.Sandbox.Kubernetes
 	}

@@ -17,6 +17,8 @@ import (
 	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/internal/util/dockerclient"
 	"github.com/rollout-rl/rollout/sandbox"
+	sbdocker "github.com/rollout-rl/rollout/sandbox/docker"
+	"github.com/rollout-rl/rollout/sandbox/host"
 )
 
 // proxyUnix forwards every connection on listener ln to the unix socket
@@ -78,7 +80,7 @@ func TestSharedBackendRetriesAFailedStart(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	s := assemble.NewShared(sandbox.Options{Logger: slog.New(slog.DiscardHandler), Instance: "startretry", ReapInterval: -1}, 0)
+	s := assemble.NewShared(sbdocker.Options{Options: host.Options{Logger: slog.New(slog.DiscardHandler), Instance: "startretry", ReapInterval: -1}}, 0)
 	defer func() {
 		if err := s.Close(context.Background()); err != nil {
 			t.Errorf("close: %v", err)

@@ -17,6 +17,7 @@ import (
 	"github.com/rollout-rl/rollout/datasets"
 	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/sandbox"
+	"github.com/rollout-rl/rollout/sandbox/kubernetes/k8sconfig"
 	"github.com/rollout-rl/rollout/tools/mcp"
 )
 
@@ -163,8 +164,8 @@ type SandboxConfig struct {
 	// on a cluster, configured by Kubernetes; docs/kubernetes.md) or "runc"
 	// (containers started by runc directly, no engine daemon in the path:
 	// ~4x faster starts; one host, as root, network none; sandbox/README.md).
-	Backend    string                    `yaml:"backend,omitempty" json:"backend,omitempty"`
-	Kubernetes *sandbox.KubernetesConfig `yaml:"kubernetes,omitempty" json:"kubernetes,omitempty"`
+	Backend    string            `yaml:"backend,omitempty" json:"backend,omitempty"`
+	Kubernetes *k8sconfig.Config `yaml:"kubernetes,omitempty" json:"kubernetes,omitempty"`
 }
 
 // Limits bound the run's concurrency. Zero values take defaults sized for
@@ -357,7 +358,7 @@ func (c Config) Validate() error {
 			return bad("sandbox.kubernetes", "set, but sandbox.backend is not %q", sandbox.BackendKubernetes)
 		}
 	case sandbox.BackendKubernetes:
-		k := sandbox.KubernetesConfig{}
+		k := k8sconfig.Config{}
 		if c.Sandbox.Kubernetes != nil {
 			k = *c.Sandbox.Kubernetes
 		}

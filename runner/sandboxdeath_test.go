@@ -13,6 +13,8 @@ import (
 	"github.com/rollout-rl/rollout/envs"
 	"github.com/rollout-rl/rollout/rewards"
 	"github.com/rollout-rl/rollout/sandbox"
+	sbdocker "github.com/rollout-rl/rollout/sandbox/docker"
+	"github.com/rollout-rl/rollout/sandbox/host"
 	"github.com/rollout-rl/rollout/sandbox/image"
 )
 
@@ -54,7 +56,7 @@ func TestSandboxDeathDuringRewardIsSandboxFailure(t *testing.T) {
 		}
 		t.Skipf("Docker not usable: %v", err)
 	}
-	d, err := sandbox.NewDocker(ctx, sandbox.Options{Instance: newID("runnertest"), ReapInterval: -1})
+	d, err := sbdocker.New(ctx, sbdocker.Options{Options: host.Options{Instance: newID("runnertest"), ReapInterval: -1}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,8 @@ import (
 	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/rewards"
 	"github.com/rollout-rl/rollout/sandbox"
+	sbdocker "github.com/rollout-rl/rollout/sandbox/docker"
+	"github.com/rollout-rl/rollout/sandbox/host"
 	"github.com/rollout-rl/rollout/sandbox/image"
 )
 
@@ -110,7 +112,7 @@ func TestRewardGetsTheAgentsToolContext(t *testing.T) {
 		}
 		t.Skipf("Docker not usable: %v", err)
 	}
-	d, err := sandbox.NewDocker(ctx, sandbox.Options{Instance: newID("runnertest"), ReapInterval: -1})
+	d, err := sbdocker.New(ctx, sbdocker.Options{Options: host.Options{Instance: newID("runnertest"), ReapInterval: -1}})
 	if err != nil {
 		t.Fatal(err)
 	}

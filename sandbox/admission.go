@@ -2,6 +2,7 @@ package sandbox
 
 import (
 	"context"
+	"math"
 	"sync"
 	"time"
 
@@ -19,7 +20,7 @@ func init() { prometheus.MustRegister(metricParallel) }
 // daemon copes (dockerd slows down sharply under parallel creates): a create
 // slower than slow halves the bound (at most once per slow interval, never
 // below 1); a fast one raises it by one, up to max.
-type createGate struct {
+type CreateGate struct {
 	mu       sync.Mutex
 	max      int
 	limit    int
@@ -29,13 +30,13 @@ type createGate struct {
 	waiters  []chan struct{}
 }
 
-func newCreateGate(max int, slow time.Duration) *createGate {
-	g := &createGate{max: max, limit: max, slow: slow}
+func NewCreateGate(max int, slow time.Duration) *CreateGate {
+	g := &CreateGate{max: max, limit: max, slow: slow}
 	metricParallel.Set(float64(max))
 	return g
 }
 
-func (g *createGate) acquire(ctx context.Context) error {
+func (g *CreateGate) Acquire(ctx context.Context) error {
 	g.mu.Lock()
 	if g.inflight < g.limit && len(g.waiters) == 0 {
 		g.inflight++
@@ -65,7 +66,7 @@ func (g *createGate) acquire(ctx context.Context) error {
 }
 
 // release ends a create that took d; failed creates do not steer the bound.
-func (g *createGate) release(d time.Duration, ok bool) {
+func (g *CreateGate) Release(d time.Duration, ok bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.inflight--
@@ -75,7 +76,7 @@ func (g *createGate) release(d time.Duration, ok bool) {
 	g.wakeLocked()
 }
 
-func (g *createGate) observeLocked(d time.Duration, now time.Time) {
+func (g *CreateGate) observeLocked(d time.Duration, now time.Time) {
 	switch {
 	case d > g.slow:
 		if now.Sub(g.lastCut) >= g.slow {
@@ -88,7 +89,7 @@ func (g *createGate) observeLocked(d time.Duration, now time.Time) {
 	metricParallel.Set(float64(g.limit))
 }
 
-func (g *createGate) wakeLocked() {
+func (g *CreateGate) wakeLocked() {
 	for g.inflight < g.limit && len(g.waiters) > 0 {
 		w := g.waiters[0]
 		g.waiters = g.waiters[1:]
@@ -98,7 +99,7 @@ func (g *createGate) wakeLocked() {
 }
 
 // Parallelism is the current bound on creates in flight.
-func (g *createGate) Parallelism() int {
+func (g *CreateGate) Parallelism() int {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.limit
@@ -108,20 +109,20 @@ func (g *createGate) Parallelism() int {
 // MaxContainers. It is a hard bound: a slot is taken before a container is
 // created and given back only once it is removed. Unlike a channel it lets
 // a waiter also watch other events (the pool's), through changed().
-type slotSem struct {
+type SlotSem struct {
 	mu      sync.Mutex
-	cap     int
+	Cap     int
 	used    int
 	changed chan struct{} // closed and replaced on every release
 }
 
-func newSlotSem(n int) *slotSem { return &slotSem{cap: n, changed: make(chan struct{})} }
+func NewSlotSem(n int) *SlotSem { return &SlotSem{Cap: n, changed: make(chan struct{})} }
 
 // tryAcquire takes a slot when one is free.
-func (s *slotSem) tryAcquire() bool {
+func (s *SlotSem) tryAcquire() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.used >= s.cap {
+	if s.used >= s.Cap {
 		return false
 	}
 	s.used++
@@ -129,10 +130,10 @@ func (s *slotSem) tryAcquire() bool {
 }
 
 // acquire waits for a slot as long as ctx allows.
-func (s *slotSem) acquire(ctx context.Context) error {
+func (s *SlotSem) Acquire(ctx context.Context) error {
 	for {
 		s.mu.Lock()
-		if s.used < s.cap {
+		if s.used < s.Cap {
 			s.used++
 			s.mu.Unlock()
 			return nil
@@ -148,7 +149,7 @@ func (s *slotSem) acquire(ctx context.Context) error {
 }
 
 // release gives a slot back and wakes every waiter.
-func (s *slotSem) release() {
+func (s *SlotSem) Release() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.used <= 0 {
@@ -160,15 +161,51 @@ func (s *slotSem) release() {
 }
 
 // wait returns a channel closed at the next release.
-func (s *slotSem) wait() <-chan struct{} {
+func (s *SlotSem) Wait() <-chan struct{} {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.changed
 }
 
-// inUse is the number of slots taken.
-func (s *slotSem) inUse() int {
+// InUse is the number of slots taken.
+func (s *SlotSem) InUse() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.used
+}
+
+// rateLimiter is a token bucket for container creates.
+type RateLimiter struct {
+	mu    sync.Mutex
+	rate  float64
+	burst float64
+	avail float64
+	last  time.Time
+}
+
+func NewRateLimiter(perSec float64, burst int) *RateLimiter {
+	return &RateLimiter{rate: perSec, burst: float64(burst), avail: float64(burst), last: time.Now()}
+}
+
+func (r *RateLimiter) Wait(ctx context.Context) error {
+	for {
+		r.mu.Lock()
+		now := time.Now()
+		r.avail = math.Min(r.burst, r.avail+now.Sub(r.last).Seconds()*r.rate)
+		r.last = now
+		if r.avail >= 1 {
+			r.avail--
+			r.mu.Unlock()
+			return nil
+		}
+		need := time.Duration((1 - r.avail) / r.rate * float64(time.Second))
+		r.mu.Unlock()
+		t := time.NewTimer(need)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		}
+	}
 }

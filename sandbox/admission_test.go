@@ -8,7 +8,7 @@ import (
 )
 
 func TestCreateGateAdapts(t *testing.T) {
-	g := newCreateGate(8, time.Second)
+	g := NewCreateGate(8, time.Second)
 	now := time.Unix(1000, 0)
 	steps := []struct {
 		d     time.Duration
@@ -37,18 +37,18 @@ func TestCreateGateAdapts(t *testing.T) {
 }
 
 func TestCreateGateWaitAndCancel(t *testing.T) {
-	g := newCreateGate(1, time.Hour)
+	g := NewCreateGate(1, time.Hour)
 	ctx := context.Background()
-	if err := g.acquire(ctx); err != nil {
+	if err := g.Acquire(ctx); err != nil {
 		t.Fatal(err)
 	}
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if err := g.acquire(cctx); !errors.Is(err, context.Canceled) {
+	if err := g.Acquire(cctx); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled acquire: %v", err)
 	}
 	got := make(chan error, 1)
-	go func() { got <- g.acquire(ctx) }()
+	go func() { got <- g.Acquire(ctx) }()
 	for {
 		g.mu.Lock()
 		n := len(g.waiters)
@@ -58,11 +58,11 @@ func TestCreateGateWaitAndCancel(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
-	g.release(time.Millisecond, true)
+	g.Release(time.Millisecond, true)
 	if err := <-got; err != nil {
 		t.Fatal(err)
 	}
-	g.release(time.Millisecond, true)
+	g.Release(time.Millisecond, true)
 	if g.inflight != 0 {
 		t.Fatalf("inflight %d", g.inflight)
 	}

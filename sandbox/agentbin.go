@@ -68,7 +68,7 @@ func resolveAgent() (AgentBinary, error) {
 
 // agentOption is a backend's agent: opt when given (checked), else
 // ResolveAgent's; the path made absolute.
-func agentOption(opt *AgentBinary) (AgentBinary, error) {
+func AgentOption(opt *AgentBinary) (AgentBinary, error) {
 	var ab AgentBinary
 	if opt != nil {
 		ab = *opt

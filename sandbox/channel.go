@@ -19,9 +19,15 @@ import (
 // embeds it (Docker: the container's attach stream; Kubernetes: the pod's
 // attach stream), so exec, files, tar, background processes and quiesce
 // behave identically everywhere.
-type channelOps struct {
-	conn  *conn
-	owner channelOwner
+// NewChannelOps binds the exec-channel calls to conn for owner, the sandbox
+// whose check/wrap/state rules classify each call.
+func NewChannelOps(conn *Conn, owner ChannelOwner) ChannelOps {
+	return ChannelOps{Conn: conn, owner: owner}
+}
+
+type ChannelOps struct {
+	Conn  *Conn
+	owner ChannelOwner
 	calls gate
 }
 
@@ -74,8 +80,8 @@ func (g *gate) close() (int, <-chan struct{}) {
 
 // begin admits one call: the owner is open and its gate not shut. The
 // returned func ends the call.
-func (o *channelOps) begin() (func(), error) {
-	if err := o.owner.check(); err != nil {
+func (o *ChannelOps) Begin() (func(), error) {
+	if err := o.owner.Check(); err != nil {
 		return nil, err
 	}
 	if !o.calls.enter() {
@@ -84,48 +90,48 @@ func (o *channelOps) begin() (func(), error) {
 	return o.calls.leave, nil
 }
 
-// channelOwner is the backend-specific part: whether the sandbox is still
+// ChannelOwner is the backend-specific part: whether the sandbox is still
 // open, and what an error means for it (e.g. what happened to the container
 // or pod when the channel broke).
 // handleState is the state every backend's sandbox handle keeps the same
 // way: when it was last used, whether it waits in a warm pool (exempt from
 // the idle limit), whether Close began, and why when the backend closed it
 // (idle or lifetime limit, disk limit, the pod lost).
-type handleState struct {
-	lastUsed atomic.Int64 // unix ns
-	pooled   atomic.Bool
-	closing  atomic.Bool
-	reason   atomic.Value // string
+type HandleState struct {
+	LastUsed atomic.Int64 // unix ns
+	Pooled   atomic.Bool
+	Closing  atomic.Bool
+	Reason   atomic.Value // string
 }
 
-func (c *handleState) touch()           { c.lastUsed.Store(time.Now().UnixNano()) }
-func (c *handleState) setPooled(v bool) { c.pooled.Store(v) }
+func (c *HandleState) Touch()           { c.LastUsed.Store(time.Now().UnixNano()) }
+func (c *HandleState) SetPooled(v bool) { c.Pooled.Store(v) }
 
 // open is the handle's check before a call: ErrClosed (named by what) once
 // Close began, else it marks the handle used.
-func (c *handleState) open(what string) error {
-	if c.closing.Load() {
-		return c.closedError(what)
+func (c *HandleState) Open(what string) error {
+	if c.Closing.Load() {
+		return c.ClosedError(what)
 	}
-	c.touch()
+	c.Touch()
 	return nil
 }
 
 // closedError is ErrClosed after prefix, with the backend's reason when it
 // gave one.
-func (c *handleState) closedError(prefix string) error {
-	if r, _ := c.reason.Load().(string); r != "" {
+func (c *HandleState) ClosedError(prefix string) error {
+	if r, _ := c.Reason.Load().(string); r != "" {
 		return fmt.Errorf("%s: %w (%s)", prefix, ErrClosed, r)
 	}
 	return fmt.Errorf("%s: %w", prefix, ErrClosed)
 }
 
-type channelOwner interface {
-	check() error
-	wrap(what string, err error) error
+type ChannelOwner interface {
+	Check() error
+	Wrap(what string, err error) error
 }
 
-func toSpec(req ExecRequest) (*agent.ExecSpec, error) {
+func ToSpec(req ExecRequest) (*agent.ExecSpec, error) {
 	if (req.Command == "") == (len(req.Argv) == 0) {
 		return nil, fmt.Errorf("%w: exactly one of Command and Argv must be set", ErrInvalid)
 	}
@@ -142,26 +148,26 @@ func toSpec(req ExecRequest) (*agent.ExecSpec, error) {
 		Stdin: req.Stdin, TimeoutNS: int64(req.Timeout), OutputCap: req.OutputCap, Merge: req.MergeOutput}, nil
 }
 
-func (o *channelOps) Exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
-	end, err := o.begin()
+func (o *ChannelOps) Exec(ctx context.Context, req ExecRequest) (ExecResult, error) {
+	end, err := o.Begin()
 	if err != nil {
 		return ExecResult{}, err
 	}
 	defer end()
-	spec, err := toSpec(req)
+	spec, err := ToSpec(req)
 	if err != nil {
 		return ExecResult{}, err
 	}
 	start := time.Now()
-	resp, err := o.conn.roundTrip(ctx, agent.Request{Op: agent.OpExec, Exec: spec}, nil, nil)
+	resp, err := o.Conn.roundTrip(ctx, agent.Request{Op: agent.OpExec, Exec: spec}, nil, nil)
 	if err != nil {
-		return ExecResult{}, o.owner.wrap("exec", err)
+		return ExecResult{}, o.owner.Wrap("exec", err)
 	}
 	if err := responseError("exec", resp); err != nil {
-		return ExecResult{}, o.owner.wrap("exec", err)
+		return ExecResult{}, o.owner.Wrap("exec", err)
 	}
 	if resp.Exec == nil {
-		return ExecResult{}, o.owner.wrap("exec", fmt.Errorf("%w: agent sent no result", ErrUnavailable))
+		return ExecResult{}, o.owner.Wrap("exec", fmt.Errorf("%w: agent sent no result", ErrUnavailable))
 	}
 	metricExec.Observe(time.Since(start).Seconds())
 	r := resp.Exec
@@ -169,8 +175,8 @@ func (o *channelOps) Exec(ctx context.Context, req ExecRequest) (ExecResult, err
 		StdoutTruncated: r.StdoutTruncated, StderrTruncated: r.StderrTruncated, TimedOut: r.TimedOut, Duration: time.Duration(r.DurationNS)}, nil
 }
 
-func (o *channelOps) WriteFile(ctx context.Context, p string, data []byte, mode os.FileMode) error {
-	end, err := o.begin()
+func (o *ChannelOps) WriteFile(ctx context.Context, p string, data []byte, mode os.FileMode) error {
+	end, err := o.Begin()
 	if err != nil {
 		return err
 	}
@@ -178,15 +184,15 @@ func (o *channelOps) WriteFile(ctx context.Context, p string, data []byte, mode 
 	if !path.IsAbs(p) {
 		return fmt.Errorf("write file: %w: path %q is not absolute", ErrInvalid, p)
 	}
-	resp, err := o.conn.roundTrip(ctx, agent.Request{Op: agent.OpWrite, Path: p, Mode: uint32(mode.Perm())}, bytes.NewReader(data), nil)
+	resp, err := o.Conn.roundTrip(ctx, agent.Request{Op: agent.OpWrite, Path: p, Mode: uint32(mode.Perm())}, bytes.NewReader(data), nil)
 	if err == nil {
 		err = responseError("write "+p, resp)
 	}
-	return o.owner.wrap("write file", err)
+	return o.owner.Wrap("write file", err)
 }
 
-func (o *channelOps) ReadFile(ctx context.Context, p string) ([]byte, error) {
-	end, err := o.begin()
+func (o *ChannelOps) ReadFile(ctx context.Context, p string) ([]byte, error) {
+	end, err := o.Begin()
 	if err != nil {
 		return nil, err
 	}
@@ -195,18 +201,18 @@ func (o *channelOps) ReadFile(ctx context.Context, p string) ([]byte, error) {
 		return nil, fmt.Errorf("read file: %w: path %q is not absolute", ErrInvalid, p)
 	}
 	var buf bytes.Buffer
-	resp, err := o.conn.roundTrip(ctx, agent.Request{Op: agent.OpRead, Path: p}, nil, &buf)
+	resp, err := o.Conn.roundTrip(ctx, agent.Request{Op: agent.OpRead, Path: p}, nil, &buf)
 	if err == nil {
 		err = responseError("read "+p, resp)
 	}
 	if err != nil {
-		return nil, o.owner.wrap("read file", err)
+		return nil, o.owner.Wrap("read file", err)
 	}
 	return buf.Bytes(), nil
 }
 
-func (o *channelOps) Upload(ctx context.Context, dir string, tarStream io.Reader) error {
-	end, err := o.begin()
+func (o *ChannelOps) Upload(ctx context.Context, dir string, tarStream io.Reader) error {
+	end, err := o.Begin()
 	if err != nil {
 		return err
 	}
@@ -214,15 +220,15 @@ func (o *channelOps) Upload(ctx context.Context, dir string, tarStream io.Reader
 	if !path.IsAbs(dir) {
 		return fmt.Errorf("upload: %w: dir %q is not absolute", ErrInvalid, dir)
 	}
-	resp, err := o.conn.roundTrip(ctx, agent.Request{Op: agent.OpUpload, Path: dir}, tarStream, nil)
+	resp, err := o.Conn.roundTrip(ctx, agent.Request{Op: agent.OpUpload, Path: dir}, tarStream, nil)
 	if err == nil {
 		err = responseError("upload to "+dir, resp)
 	}
-	return o.owner.wrap("upload", err)
+	return o.owner.Wrap("upload", err)
 }
 
-func (o *channelOps) Download(ctx context.Context, dir string, w io.Writer) error {
-	end, err := o.begin()
+func (o *ChannelOps) Download(ctx context.Context, dir string, w io.Writer) error {
+	end, err := o.Begin()
 	if err != nil {
 		return err
 	}
@@ -230,11 +236,11 @@ func (o *channelOps) Download(ctx context.Context, dir string, w io.Writer) erro
 	if !path.IsAbs(dir) {
 		return fmt.Errorf("download: %w: dir %q is not absolute", ErrInvalid, dir)
 	}
-	resp, err := o.conn.roundTrip(ctx, agent.Request{Op: agent.OpDownload, Path: dir}, nil, w)
+	resp, err := o.Conn.roundTrip(ctx, agent.Request{Op: agent.OpDownload, Path: dir}, nil, w)
 	if err == nil {
 		err = responseError("download "+dir, resp)
 	}
-	return o.owner.wrap("download", err)
+	return o.owner.Wrap("download", err)
 }
 
 func procInfo(p *agent.ProcInfo) ProcessInfo {
@@ -242,21 +248,21 @@ func procInfo(p *agent.ProcInfo) ProcessInfo {
 		StartedAt: time.Unix(0, p.StartedNS), Output: p.Output, OutputTotal: p.OutputTotal}
 }
 
-func (o *channelOps) procCall(ctx context.Context, what string, req agent.Request) (agent.Response, error) {
-	end, err := o.begin()
+func (o *ChannelOps) procCall(ctx context.Context, what string, req agent.Request) (agent.Response, error) {
+	end, err := o.Begin()
 	if err != nil {
 		return agent.Response{}, err
 	}
 	defer end()
-	resp, err := o.conn.roundTrip(ctx, req, nil, nil)
+	resp, err := o.Conn.roundTrip(ctx, req, nil, nil)
 	if err == nil {
 		err = responseError(what, resp)
 	}
-	return resp, o.owner.wrap(what, err)
+	return resp, o.owner.Wrap(what, err)
 }
 
-func (o *channelOps) Start(ctx context.Context, req ExecRequest) (ProcessInfo, error) {
-	spec, err := toSpec(req)
+func (o *ChannelOps) Start(ctx context.Context, req ExecRequest) (ProcessInfo, error) {
+	spec, err := ToSpec(req)
 	if err != nil {
 		return ProcessInfo{}, err
 	}
@@ -270,7 +276,7 @@ func (o *channelOps) Start(ctx context.Context, req ExecRequest) (ProcessInfo, e
 	return procInfo(resp.Proc), nil
 }
 
-func (o *channelOps) Poll(ctx context.Context, id string) (ProcessInfo, error) {
+func (o *ChannelOps) Poll(ctx context.Context, id string) (ProcessInfo, error) {
 	resp, err := o.procCall(ctx, "poll", agent.Request{Op: agent.OpPoll, Proc: id})
 	if err != nil {
 		return ProcessInfo{}, err
@@ -278,7 +284,7 @@ func (o *channelOps) Poll(ctx context.Context, id string) (ProcessInfo, error) {
 	return procInfo(resp.Proc), nil
 }
 
-func (o *channelOps) Wait(ctx context.Context, id string, timeout time.Duration) (ProcessInfo, error) {
+func (o *ChannelOps) Wait(ctx context.Context, id string, timeout time.Duration) (ProcessInfo, error) {
 	if timeout < 0 {
 		return ProcessInfo{}, fmt.Errorf("wait: %w: negative timeout", ErrInvalid)
 	}
@@ -289,30 +295,30 @@ func (o *channelOps) Wait(ctx context.Context, id string, timeout time.Duration)
 	return procInfo(resp.Proc), nil
 }
 
-func (o *channelOps) Kill(ctx context.Context, id string) error {
+func (o *ChannelOps) Kill(ctx context.Context, id string) error {
 	_, err := o.procCall(ctx, "kill", agent.Request{Op: agent.OpKill, Proc: id})
 	return err
 }
 
 // KillAll stops every process in the container but its init and agent
 // (Quiescer).
-func (o *channelOps) KillAll(ctx context.Context) (int, error) {
+func (o *ChannelOps) KillAll(ctx context.Context) (int, error) {
 	resp, err := o.procCall(ctx, "kill all processes", agent.Request{Op: agent.OpKillAll})
 	return resp.Killed, err
 }
 
-func (o *channelOps) WriteStdin(ctx context.Context, id string, data []byte) error {
+func (o *ChannelOps) WriteStdin(ctx context.Context, id string, data []byte) error {
 	_, err := o.procCall(ctx, "write stdin", agent.Request{Op: agent.OpStdin, Proc: id, Data: data})
 	return err
 }
 
 // CloseStdin closes a background process's stdin (EOF for the process).
-func (o *channelOps) CloseStdin(ctx context.Context, id string) error {
+func (o *ChannelOps) CloseStdin(ctx context.Context, id string) error {
 	_, err := o.procCall(ctx, "close stdin", agent.Request{Op: agent.OpStdin, Proc: id, Close: true})
 	return err
 }
 
-func (o *channelOps) Processes(ctx context.Context) ([]ProcessInfo, error) {
+func (o *ChannelOps) Processes(ctx context.Context) ([]ProcessInfo, error) {
 	resp, err := o.procCall(ctx, "list processes", agent.Request{Op: agent.OpList})
 	if err != nil {
 		return nil, err

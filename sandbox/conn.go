@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"sync"
 	"time"
 
@@ -14,7 +15,7 @@ import (
 
 // conn is the host end of the agent channel: one attached stdio stream,
 // many concurrent requests told apart by id.
-type conn struct {
+type Conn struct {
 	wmu sync.Mutex
 	w   io.Writer
 
@@ -23,7 +24,7 @@ type conn struct {
 	nextID uint32
 	err    error // why the channel ended; set before done is closed
 
-	hello chan agent.Hello
+	Hello chan agent.Hello
 	done  chan struct{}
 }
 
@@ -34,13 +35,13 @@ type call struct {
 	gone    chan struct{} // closed when the caller stopped listening
 }
 
-func newConn(r io.Reader, w io.Writer) *conn {
-	c := &conn{w: w, calls: map[uint32]*call{}, hello: make(chan agent.Hello, 1), done: make(chan struct{})}
+func NewConn(r io.Reader, w io.Writer) *Conn {
+	c := &Conn{w: w, calls: map[uint32]*call{}, Hello: make(chan agent.Hello, 1), done: make(chan struct{})}
 	go c.readLoop(r)
 	return c
 }
 
-func (c *conn) readLoop(r io.Reader) {
+func (c *Conn) readLoop(r io.Reader) {
 	err := c.read(r)
 	if err == nil || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
 		err = errors.New("exec channel closed (the sandbox's agent or container exited)")
@@ -51,7 +52,7 @@ func (c *conn) readLoop(r io.Reader) {
 	close(c.done)
 }
 
-func (c *conn) read(r io.Reader) error {
+func (c *Conn) read(r io.Reader) error {
 	for {
 		f, err := agent.ReadFrame(r)
 		if err != nil {
@@ -64,7 +65,7 @@ func (c *conn) read(r io.Reader) error {
 				return fmt.Errorf("bad hello from agent: %w", err)
 			}
 			select {
-			case c.hello <- h:
+			case c.Hello <- h:
 			default:
 			}
 		case agent.FrameResponse, agent.FrameData, agent.FrameEnd:
@@ -102,7 +103,7 @@ func (c *conn) read(r io.Reader) error {
 }
 
 // broken returns the channel's end reason, or nil while it is healthy.
-func (c *conn) broken() error {
+func (c *Conn) Broken() error {
 	select {
 	case <-c.done:
 		c.mu.Lock()
@@ -113,7 +114,7 @@ func (c *conn) broken() error {
 	}
 }
 
-func (c *conn) send(typ byte, id uint32, payload []byte) error {
+func (c *Conn) send(typ byte, id uint32, payload []byte) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	return agent.WriteFrame(c.w, typ, id, payload)
@@ -122,8 +123,8 @@ func (c *conn) send(typ byte, id uint32, payload []byte) error {
 // roundTrip sends req, streams upload (if any) as Data frames, copies the
 // response's Data frames into download (if any) and returns the Response.
 // Channel failures are ErrUnavailable; ctx errors are returned as such.
-func (c *conn) roundTrip(ctx context.Context, req agent.Request, upload io.Reader, download io.Writer) (agent.Response, error) {
-	if err := c.broken(); err != nil {
+func (c *Conn) roundTrip(ctx context.Context, req agent.Request, upload io.Reader, download io.Writer) (agent.Response, error) {
+	if err := c.Broken(); err != nil {
 		return agent.Response{}, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	payload, err := json.Marshal(req)
@@ -146,7 +147,7 @@ func (c *conn) roundTrip(ctx context.Context, req agent.Request, upload io.Reade
 		c.mu.Unlock()
 	}()
 	fail := func(err error) (agent.Response, error) {
-		if b := c.broken(); b != nil {
+		if b := c.Broken(); b != nil {
 			return agent.Response{}, fmt.Errorf("%w: %v", ErrUnavailable, b)
 		}
 		return agent.Response{}, err
@@ -225,7 +226,7 @@ const cancelGrace = 2 * time.Second
 // after a cancelled one never finds that command still running or still
 // writing. The rest of its output is dropped. An agent that does not
 // answer within cancelGrace is not waited for further.
-func (c *conn) awaitCancelled(cl *call, data <-chan []byte) {
+func (c *Conn) awaitCancelled(cl *call, data <-chan []byte) {
 	t := time.NewTimer(cancelGrace)
 	defer t.Stop()
 	for {
@@ -246,7 +247,7 @@ func (c *conn) awaitCancelled(cl *call, data <-chan []byte) {
 
 // stream sends r as Data frames and an End frame. It stops early when the
 // agent already answered (it refused the transfer) and returns that answer.
-func (c *conn) stream(ctx context.Context, id uint32, r io.Reader, resp <-chan agent.Response) (*agent.Response, error) {
+func (c *Conn) stream(ctx context.Context, id uint32, r io.Reader, resp <-chan agent.Response) (*agent.Response, error) {
 	buf := make([]byte, agent.ChunkSize)
 	for {
 		select {
@@ -291,3 +292,57 @@ func responseError(what string, resp agent.Response) error {
 	}
 	return fmt.Errorf("%s: %w: %s", what, class, resp.Err)
 }
+
+// tailBuffer keeps the last bytes of the agent's stderr for error messages.
+// NewTailBuffer keeps the last max bytes written to it (an agent's stderr,
+// quoted when its start fails).
+func NewTailBuffer(max int) *TailBuffer { return &TailBuffer{max: max} }
+
+type TailBuffer struct {
+	mu  sync.Mutex
+	max int
+	b   []byte
+}
+
+func (t *TailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.b = append(t.b, p...)
+	if len(t.b) > t.max {
+		t.b = append([]byte(nil), t.b[len(t.b)-t.max:]...)
+	}
+	return len(p), nil
+}
+
+func (t *TailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return strings.TrimSpace(string(t.b))
+}
+
+// awaitHello waits for the agent's hello on c and checks its protocol
+// version; stderr is the agent's, quoted when it exits or stays silent.
+func AwaitHello(ctx context.Context, c *Conn, stderr *TailBuffer) (agent.Hello, error) {
+	t := time.NewTimer(30 * time.Second)
+	defer t.Stop()
+	select {
+	case h := <-c.Hello:
+		if h.Err != "" {
+			return h, fmt.Errorf("%w: agent start-up: %s", ErrInvalid, h.Err)
+		}
+		if h.Version != agent.ProtocolVersion {
+			return h, fmt.Errorf("%w: agent protocol %d, want %d (stale rollout-agent binary?)", ErrInvalid, h.Version, agent.ProtocolVersion)
+		}
+		return h, nil
+	case <-c.done:
+		return agent.Hello{}, fmt.Errorf("%w: agent exited before its hello: %s", ErrUnavailable, stderr.String())
+	case <-t.C:
+		return agent.Hello{}, fmt.Errorf("%w: no hello from the agent within 30s: %s", ErrUnavailable, stderr.String())
+	case <-ctx.Done():
+		return agent.Hello{}, ctx.Err()
+	}
+}
+
+// Done is closed when the connection is broken or closed: a backend
+// watches it to learn that its sandbox's channel is gone.
+func (c *Conn) Done() <-chan struct{} { return c.done }

@@ -15,7 +15,7 @@ import (
 // host gives it up (a Cancel frame, or an End frame with a payload: an
 // aborted upload), after killTime, as the agent answers once the command
 // is killed and reaped. answered gets the time just before the answer.
-func abortAgent(t *testing.T, killTime time.Duration) (c *conn, answered <-chan time.Time) {
+func abortAgent(t *testing.T, killTime time.Duration) (c *Conn, answered <-chan time.Time) {
 	t.Helper()
 	hostR, agentW := io.Pipe()
 	agentR, hostW := io.Pipe()
@@ -35,7 +35,7 @@ func abortAgent(t *testing.T, killTime time.Duration) (c *conn, answered <-chan 
 			}
 		}
 	}()
-	return newConn(hostR, hostW), at
+	return NewConn(hostR, hostW), at
 }
 
 func checkAnsweredFirst(t *testing.T, returned time.Time, answered <-chan time.Time) {

@@ -4,7 +4,7 @@ import "github.com/prometheus/client_golang/prometheus"
 
 // Metrics are registered with prometheus.DefaultRegisterer at init.
 var (
-	metricLive = prometheus.NewGauge(prometheus.GaugeOpts{
+	MetricLive = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "rollout_sandbox_containers",
 		Help: "Sandbox containers currently owned by this process (in use or warm).",
 	})
@@ -12,25 +12,25 @@ var (
 		Name: "rollout_sandbox_pool_idle",
 		Help: "Started, never-used sandboxes waiting in the warm pool, by image.",
 	}, []string{"image"})
-	metricAcquire = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+	MetricAcquire = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "rollout_sandbox_acquire_seconds",
 		Help:    "Time to hand out a sandbox, by source (pool or create).",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 	}, []string{"source"})
-	metricDaemon = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+	MetricDaemon = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "rollout_sandbox_daemon_seconds",
 		Help:    "Latency of Docker Engine API calls and runc commands, by operation.",
 		Buckets: prometheus.ExponentialBuckets(0.001, 2, 15),
 	}, []string{"op"})
-	metricCreates = prometheus.NewCounter(prometheus.CounterOpts{
+	MetricCreates = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "rollout_sandbox_creates_total",
 		Help: "Sandboxes created and started.",
 	})
-	metricFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+	MetricFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "rollout_sandbox_failures_total",
 		Help: "Sandbox failures by stage (create, start, handshake, remove, channel).",
 	}, []string{"stage"})
-	metricReaped = prometheus.NewCounterVec(prometheus.CounterOpts{
+	MetricReaped = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "rollout_sandbox_reaped_total",
 		Help: "Containers removed by the reaper, by reason (orphan, leaked, idle, lifetime).",
 	}, []string{"reason"})
@@ -46,5 +46,5 @@ var (
 )
 
 func init() {
-	prometheus.MustRegister(metricLive, metricPoolIdle, metricAcquire, metricDaemon, metricCreates, metricFailures, metricReaped, metricResets, metricExec)
+	prometheus.MustRegister(MetricLive, metricPoolIdle, MetricAcquire, MetricDaemon, MetricCreates, MetricFailures, MetricReaped, metricResets, metricExec)
 }

@@ -29,48 +29,25 @@ type Pipe interface {
 	Err() error
 }
 
-// Pipe implements Piper. ctx bounds only the start; the command lives
-// until Close, its exit or the sandbox's end.
-func (s *dockerSandbox) Pipe(ctx context.Context, req ExecRequest) (Pipe, error) {
-	// The gate is held until the start request is sent: a reset in place
-	// cancels a pipe already open.
-	end, err := s.begin()
-	if err != nil {
-		return nil, err
-	}
-	defer end()
-	if req.Shell || req.Timeout != 0 || req.Stdin != nil || req.MergeOutput {
-		return nil, fmt.Errorf("%w: a pipe takes Argv or Command only", ErrInvalid)
-	}
-	spec, err := toSpec(req)
-	if err != nil {
-		return nil, err
-	}
-	p, err := s.conn.pipe(ctx, agent.Request{Op: agent.OpPipe, Exec: spec})
-	if err != nil {
-		return nil, s.wrap("pipe", err)
-	}
-	p.wrap = s.wrap
-	return p, nil
-}
-
 type pipeConn struct {
-	c    *conn
+	c    *Conn
 	id   uint32
 	cl   *call
 	pr   *io.PipeReader
 	pw   *io.PipeWriter
 	done chan struct{}
-	wrap func(string, error) error
+	Wrap func(string, error) error
 
-	once   sync.Once
+	Once   sync.Once
 	mu     sync.Mutex
 	err    error
 	closed bool
 }
 
-func (c *conn) pipe(ctx context.Context, req agent.Request) (*pipeConn, error) {
-	if err := c.broken(); err != nil {
+// pipe opens a byte stream to a process started by req; wrap classifies
+// the stream's final error the way the owning sandbox classifies its own.
+func (c *Conn) Pipe(ctx context.Context, req agent.Request, wrap func(string, error) error) (*pipeConn, error) {
+	if err := c.Broken(); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrUnavailable, err)
 	}
 	if err := ctx.Err(); err != nil {
@@ -87,7 +64,7 @@ func (c *conn) pipe(ctx context.Context, req agent.Request) (*pipeConn, error) {
 	c.calls[id] = cl
 	c.mu.Unlock()
 	pr, pw := io.Pipe()
-	p := &pipeConn{c: c, id: id, cl: cl, pr: pr, pw: pw, done: make(chan struct{})}
+	p := &pipeConn{c: c, id: id, cl: cl, pr: pr, pw: pw, done: make(chan struct{}), Wrap: wrap}
 	if err := c.send(agent.FrameRequest, id, payload); err != nil {
 		p.finish(fmt.Errorf("%w: send request: %v", ErrUnavailable, err))
 		return nil, p.err
@@ -133,7 +110,7 @@ func (p *pipeConn) pump() {
 			p.finish(err)
 			return
 		case <-p.c.done:
-			p.finish(fmt.Errorf("%w: %v", ErrUnavailable, p.c.broken()))
+			p.finish(fmt.Errorf("%w: %v", ErrUnavailable, p.c.Broken()))
 			return
 		}
 	}
@@ -147,7 +124,7 @@ func tail(b []byte, n int) string {
 }
 
 func (p *pipeConn) finish(err error) {
-	p.once.Do(func() {
+	p.Once.Do(func() {
 		p.mu.Lock()
 		p.err = err
 		p.mu.Unlock()
@@ -213,8 +190,8 @@ func (p *pipeConn) Done() <-chan struct{} { return p.done }
 func (p *pipeConn) Err() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.err != nil && p.wrap != nil {
-		return p.wrap("pipe", p.err)
+	if p.err != nil && p.Wrap != nil {
+		return p.Wrap("pipe", p.err)
 	}
 	return p.err
 }

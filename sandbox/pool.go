@@ -34,7 +34,7 @@ type PoolOptions struct {
 // (everything but Labels); a sandbox is never returned to the pool after
 // use, unless PoolOptions.Reuse resets it in place. Pool implements Backend.
 type Pool struct {
-	d    poolSource
+	d    PoolSource
 	opts PoolOptions
 
 	ctx    context.Context
@@ -46,11 +46,11 @@ type Pool struct {
 	root *PoolScope
 
 	mu   sync.Mutex
-	sets map[string]*warmSet
+	sets map[string]*WarmSet
 	// spares are used sandboxes reset in place (PoolOptions.Reuse), by
 	// scope and reuseKey: any spec of the same scope that differs only in
 	// Files and Labels takes one, its own files placed at hand-out.
-	spares map[spareKey][]warmable
+	spares map[spareKey][]Warmable
 	// returning counts, by the same key, the sandboxes a reusing scope
 	// holds that will come back as spares when closed (uses left), and
 	// those being reset: they serve its announced demand, so refill starts
@@ -68,20 +68,20 @@ type Pool struct {
 // failed (those containers were removed instead).
 func (p *Pool) Resets() (ok, failed int64) { return p.resetsOK.Load(), p.resetsFailed.Load() }
 
-type warmSet struct {
+type WarmSet struct {
 	key      string
 	reuseKey string // the spares it can take (reuse.go)
 	spec     Spec
 	base     int // Warm: kept ready at all times
 	// demand is Expect's announced acquires not yet made, by scope.
 	demand  map[*PoolScope]int
-	ready   []warmable
+	ready   []Warmable
 	filling int
 	// discard counts the sandboxes being started that a closed scope
 	// wanted and no one else does: they are removed once up (removing
 	// counts those removals under way).
 	discard, removing int
-	waiters           []chan warmable
+	waiters           []chan Warmable
 }
 
 var _ Backend = (*Pool)(nil)
@@ -90,29 +90,29 @@ var _ Backend = (*Pool)(nil)
 var errAcquireClosed = fmt.Errorf("acquire sandbox: %w: pool closed", ErrClosed)
 
 // warmable is a sandbox a Pool can hold before handing it out.
-type warmable interface {
+type Warmable interface {
 	Sandbox
-	broken() error
-	setPooled(bool)
-	setLabels(map[string]string)
-	touch()
+	Broken() error
+	SetPooled(bool)
+	SetLabels(map[string]string)
+	Touch()
 }
 
 // poolSource is a backend a Pool fills from (*Docker, *Kubernetes).
-type poolSource interface {
-	validate(spec *Spec) error
+type PoolSource interface {
+	Validate(spec *Spec) error
 	// createWarm creates a sandbox; extraLabels go on the container or pod.
 	// slot says whether the caller already holds its slot of slotSem();
 	// block=false fails at once instead of waiting for the backend's own
 	// admission (a warm fill never waits).
-	createWarm(ctx context.Context, spec Spec, extraLabels map[string]string, slot slotMode, block bool) (warmable, error)
+	CreateWarm(ctx context.Context, spec Spec, extraLabels map[string]string, slot SlotMode, block bool) (Warmable, error)
 	// slotSem bounds the sandboxes the backend holds, warm ones included.
-	slotSem() *slotSem
-	logger() *slog.Logger
+	SlotSem() *SlotSem
+	Logger() *slog.Logger
 }
 
 // NewPool returns a pool creating through d. Close the pool before d.
-func NewPool(d poolSource, opts PoolOptions) *Pool {
+func NewPool(d PoolSource, opts PoolOptions) *Pool {
 	if opts.MaxIdle <= 0 {
 		opts.MaxIdle = 64
 	}
@@ -120,8 +120,8 @@ func NewPool(d poolSource, opts PoolOptions) *Pool {
 		opts.MaxUses = 100
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &Pool{d: d, opts: opts, ctx: ctx, cancel: cancel, sets: map[string]*warmSet{},
-		spares: map[spareKey][]warmable{}, returning: map[spareKey]int{}, changed: make(chan struct{})}
+	p := &Pool{d: d, opts: opts, ctx: ctx, cancel: cancel, sets: map[string]*WarmSet{},
+		spares: map[spareKey][]Warmable{}, returning: map[spareKey]int{}, changed: make(chan struct{})}
 	p.root = &PoolScope{p: p, opts: ScopeOptions{Reuse: true}}
 	return p
 }
@@ -129,7 +129,7 @@ func NewPool(d poolSource, opts PoolOptions) *Pool {
 // Fingerprint identifies the container a spec produces (labels excluded):
 // sandboxes of equal fingerprints are interchangeable before first use.
 func (p *Pool) Fingerprint(spec Spec) (string, error) {
-	if err := p.d.validate(&spec); err != nil {
+	if err := p.d.Validate(&spec); err != nil {
 		return "", fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
 	return fingerprint(spec)
@@ -146,7 +146,7 @@ func fingerprint(spec Spec) (string, error) {
 	return hex.EncodeToString(sum[:8]), nil
 }
 
-func (p *Pool) set(spec Spec) (*warmSet, error) {
+func (p *Pool) set(spec Spec) (*WarmSet, error) {
 	key, err := p.Fingerprint(spec)
 	if err != nil {
 		return nil, err
@@ -156,7 +156,7 @@ func (p *Pool) set(spec Spec) (*warmSet, error) {
 		clean := spec
 		clean.Labels = nil
 		clean.Env = maps.Clone(spec.Env)
-		ws = &warmSet{key: key, spec: clean, demand: map[*PoolScope]int{}}
+		ws = &WarmSet{key: key, spec: clean, demand: map[*PoolScope]int{}}
 		ws.reuseKey = reuseKey(ws)
 		p.sets[key] = ws
 	}
@@ -210,7 +210,7 @@ func (p *Pool) expect(sc *PoolScope, spec Spec, n int) error {
 	}
 	ws.demand[sc] += n
 	if sc.expected == nil {
-		sc.expected = map[*warmSet]struct{}{}
+		sc.expected = map[*WarmSet]struct{}{}
 	}
 	sc.expected[ws] = struct{}{}
 	sc.demandChangedLocked(ws)
@@ -247,10 +247,10 @@ func (p *Pool) Create(ctx context.Context, spec Spec) (Sandbox, error) { return 
 // sandbox of another spec is removed to make room, else Acquire waits for
 // a slot (a hard bound, never exceeded).
 func (p *Pool) Acquire(ctx context.Context, spec Spec) (Sandbox, error) {
-	return p.acquire(ctx, p.root, spec)
+	return p.acquireIn(ctx, p.root, spec)
 }
 
-func (p *Pool) acquire(ctx context.Context, sc *PoolScope, spec Spec) (Sandbox, error) {
+func (p *Pool) acquireIn(ctx context.Context, sc *PoolScope, spec Spec) (Sandbox, error) {
 	start := time.Now()
 	p.mu.Lock()
 	if p.closed || sc.closed {
@@ -273,8 +273,8 @@ func (p *Pool) acquire(ctx context.Context, sc *PoolScope, spec Spec) (Sandbox, 
 		// never-used sandbox can serve any scope, a spare only this one.
 		if got := p.popSpareLocked(ws, sc); got != nil {
 			p.mu.Unlock()
-			if err := placeFiles(ctx, got, spec.Files); err != nil {
-				p.d.logger().Warn("warm pool: a reset sandbox refused the spec's files, removing it", "err", err)
+			if err := PlaceFiles(ctx, got, spec.Files); err != nil {
+				p.d.Logger().Warn("warm pool: a reset sandbox refused the spec's files, removing it", "err", err)
 				_ = got.Close(context.WithoutCancel(ctx))
 				p.mu.Lock()
 				if p.closed || sc.closed {
@@ -308,14 +308,14 @@ func (p *Pool) acquire(ctx context.Context, sc *PoolScope, spec Spec) (Sandbox, 
 			}
 			continue
 		}
-		if p.d.slotSem().tryAcquire() {
+		if p.d.SlotSem().tryAcquire() {
 			p.refillLocked(ws)
 			p.mu.Unlock()
-			sb, err := p.d.createWarm(ctx, spec, nil, slotHeld, true)
+			sb, err := p.d.CreateWarm(ctx, spec, nil, SlotHeld, true)
 			if err != nil {
 				return nil, fmt.Errorf("acquire sandbox: %w", err)
 			}
-			metricAcquire.WithLabelValues("create").Observe(time.Since(start).Seconds())
+			MetricAcquire.WithLabelValues("create").Observe(time.Since(start).Seconds())
 			p.hook(sb, ws, sc)
 			return sb, nil
 		}
@@ -327,13 +327,13 @@ func (p *Pool) acquire(ctx context.Context, sc *PoolScope, spec Spec) (Sandbox, 
 			p.mu.Lock()
 			continue
 		}
-		slotFreed, poolChanged := p.d.slotSem().wait(), p.changed
+		slotFreed, poolChanged := p.d.SlotSem().Wait(), p.changed
 		p.mu.Unlock()
 		select {
 		case <-slotFreed:
 		case <-poolChanged:
 		case <-ctx.Done():
-			return nil, fmt.Errorf("acquire sandbox: waiting for a free slot (%d in use): %w", p.d.slotSem().cap, ctx.Err())
+			return nil, fmt.Errorf("acquire sandbox: waiting for a free slot (%d in use): %w", p.d.SlotSem().Cap, ctx.Err())
 		}
 		p.mu.Lock()
 		if p.closed || sc.closed {
@@ -344,19 +344,19 @@ func (p *Pool) acquire(ctx context.Context, sc *PoolScope, spec Spec) (Sandbox, 
 }
 
 // popReadyLocked takes a healthy ready sandbox of ws, discarding broken ones.
-func (p *Pool) popReadyLocked(ws *warmSet) warmable {
+func (p *Pool) popReadyLocked(ws *WarmSet) Warmable {
 	defer metricPoolIdle.WithLabelValues(ws.spec.Image).Set(float64(len(ws.ready)))
 	return p.popHealthyLocked(&ws.ready)
 }
 
 // popHealthyLocked takes the first healthy sandbox of q (ready or spare),
 // removing the broken ones before it.
-func (p *Pool) popHealthyLocked(q *[]warmable) warmable {
+func (p *Pool) popHealthyLocked(q *[]Warmable) Warmable {
 	for len(*q) > 0 {
 		sb := (*q)[0]
 		*q = (*q)[1:]
 		p.idle--
-		if sb.broken() != nil {
+		if sb.Broken() != nil {
 			p.wg.Go(func() { _ = sb.Close(p.ctx) })
 			continue
 		}
@@ -367,7 +367,7 @@ func (p *Pool) popHealthyLocked(q *[]warmable) warmable {
 
 // evictLocked takes a reset spare or the oldest ready sandbox of any set,
 // or nil.
-func (p *Pool) evictLocked() warmable {
+func (p *Pool) evictLocked() Warmable {
 	for k, sp := range p.spares {
 		if len(sp) > 0 {
 			if len(sp) == 1 {
@@ -379,18 +379,18 @@ func (p *Pool) evictLocked() warmable {
 			return sp[0]
 		}
 	}
-	return p.takeReadyLocked(func(ws *warmSet) bool { return len(ws.ready) > 0 })
+	return p.takeReadyLocked(func(ws *WarmSet) bool { return len(ws.ready) > 0 })
 }
 
 // surplusReadyLocked takes the oldest ready sandbox of a set that has more
 // than its base and no announced demand, or nil.
-func (p *Pool) surplusReadyLocked() warmable {
-	return p.takeReadyLocked(func(ws *warmSet) bool { return len(ws.ready) > ws.base && len(ws.demand) == 0 })
+func (p *Pool) surplusReadyLocked() Warmable {
+	return p.takeReadyLocked(func(ws *WarmSet) bool { return len(ws.ready) > ws.base && len(ws.demand) == 0 })
 }
 
 // takeReadyLocked takes the oldest ready sandbox of the first set that ok
 // accepts (ok implies a ready one), or nil.
-func (p *Pool) takeReadyLocked(ok func(*warmSet) bool) warmable {
+func (p *Pool) takeReadyLocked(ok func(*WarmSet) bool) Warmable {
 	for _, ws := range p.sets {
 		if !ok(ws) {
 			continue
@@ -406,8 +406,8 @@ func (p *Pool) takeReadyLocked(ok func(*warmSet) bool) warmable {
 
 // waitFill waits (p.mu held on entry, released on return) for a sandbox
 // being started for ws; nil when that start failed.
-func (p *Pool) waitFill(ctx context.Context, ws *warmSet) (warmable, error) {
-	wait := make(chan warmable, 1)
+func (p *Pool) waitFill(ctx context.Context, ws *WarmSet) (Warmable, error) {
+	wait := make(chan Warmable, 1)
 	ws.waiters = append(ws.waiters, wait)
 	p.mu.Unlock()
 	select {
@@ -434,19 +434,19 @@ func (p *Pool) waitFill(ctx context.Context, ws *warmSet) (warmable, error) {
 	}
 }
 
-func (p *Pool) handOut(got warmable, ws *warmSet, sc *PoolScope, spec Spec, start time.Time) Sandbox {
-	got.setPooled(false)
+func (p *Pool) handOut(got Warmable, ws *WarmSet, sc *PoolScope, spec Spec, start time.Time) Sandbox {
+	got.SetPooled(false)
 	p.hook(got, ws, sc)
-	got.setLabels(maps.Clone(spec.Labels))
-	got.touch()
-	metricAcquire.WithLabelValues("pool").Observe(time.Since(start).Seconds())
+	got.SetLabels(maps.Clone(spec.Labels))
+	got.Touch()
+	MetricAcquire.WithLabelValues("pool").Observe(time.Since(start).Seconds())
 	return got
 }
 
 // refillLocked starts fillers up to base + demand warm sandboxes, within
 // MaxIdle and the backend's free slots (a filler holds its slot from the
 // start, so the warm pool can never exceed MaxContainers).
-func (p *Pool) refillLocked(ws *warmSet) {
+func (p *Pool) refillLocked(ws *WarmSet) {
 	missing := ws.base - len(ws.ready) - (ws.filling - ws.discard)
 	for sc, n := range ws.demand {
 		if p.reusable(ws.spec, sc) {
@@ -457,7 +457,7 @@ func (p *Pool) refillLocked(ws *warmSet) {
 		}
 		missing += max(n, 0)
 	}
-	for ; missing > 0 && p.idle < p.opts.MaxIdle && p.d.slotSem().tryAcquire(); missing-- {
+	for ; missing > 0 && p.idle < p.opts.MaxIdle && p.d.SlotSem().tryAcquire(); missing-- {
 		ws.filling++
 		p.idle++
 		spec := ws.spec
@@ -471,8 +471,8 @@ func (p *Pool) changedLocked() {
 	p.changed = make(chan struct{})
 }
 
-func (p *Pool) fill(ws *warmSet, spec Spec) {
-	sb, err := p.d.createWarm(p.ctx, spec, map[string]string{LabelPool: ws.key}, slotHeld, false)
+func (p *Pool) fill(ws *WarmSet, spec Spec) {
+	sb, err := p.d.CreateWarm(p.ctx, spec, map[string]string{LabelPool: ws.key}, SlotHeld, false)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	defer p.changedLocked()
@@ -486,7 +486,7 @@ func (p *Pool) fill(ws *warmSet, spec Spec) {
 			ws.discard--
 		}
 		if p.ctx.Err() == nil {
-			p.d.logger().Warn("warm pool: create failed", "image", spec.Image, "err", err)
+			p.d.Logger().Warn("warm pool: create failed", "image", spec.Image, "err", err)
 		}
 		// A waiter counted on this start: let it create its own.
 		if len(ws.waiters) > 0 && ws.filling < len(ws.waiters) {
@@ -501,7 +501,7 @@ func (p *Pool) fill(ws *warmSet, spec Spec) {
 		p.wg.Go(func() { _ = sb.Close(context.Background()) })
 		return
 	}
-	sb.setPooled(true)
+	sb.SetPooled(true)
 	if len(ws.waiters) > 0 {
 		w := ws.waiters[0]
 		ws.waiters = ws.waiters[1:]
@@ -543,7 +543,7 @@ func (p *Pool) Close(ctx context.Context) error {
 	p.mu.Unlock()
 	p.wg.Wait()
 	p.mu.Lock()
-	var ready []warmable
+	var ready []Warmable
 	for _, ws := range p.sets {
 		ready = append(ready, ws.ready...)
 		ws.ready = nil
@@ -559,5 +559,37 @@ func (p *Pool) Close(ctx context.Context) error {
 	}
 	p.idle = 0
 	p.mu.Unlock()
-	return errors.Join(closeAll(ctx, ready, closeParallel)...)
+	return errors.Join(CloseAll(ctx, ready, CloseParallel)...)
+}
+
+// PoolStats is a snapshot of a pool's bookkeeping: what a test or an
+// operator needs to see that warm sandboxes, resets and announced demand
+// are accounted as intended, without reaching into the pool's locks.
+type PoolStats struct {
+	Ready     int // warm sandboxes of the spec ready to be served
+	Filling   int // warm sandboxes of the spec being created
+	Returning int // sandboxes being reset before they serve again (every spec)
+	Demanding int // warm sets the pool's own scope announced demand on
+}
+
+// Stats reports the pool's state for spec (a spec the backend refuses is
+// ErrInvalid).
+func (p *Pool) Stats(spec Spec) (PoolStats, error) {
+	key, err := p.Fingerprint(spec)
+	if err != nil {
+		return PoolStats{}, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var st PoolStats
+	if ws := p.sets[key]; ws != nil {
+		st.Ready, st.Filling = len(ws.ready), ws.filling
+	}
+	for _, n := range p.returning {
+		st.Returning += n
+	}
+	for _, sets := range p.root.demanding {
+		st.Demanding += len(sets)
+	}
+	return st, nil
 }

@@ -27,66 +27,26 @@ import (
 const resetTimeout = 15 * time.Second
 
 // resetter is a warmable the pool can reset in place for its next holder.
-type resetter interface {
-	warmable
+type Resetter interface {
+	Warmable
 	// onClose installs fn, which Close runs first: when fn returns true
 	// the container belongs to a new holder and Close removes nothing.
-	onClose(fn func(ctx context.Context) bool)
+	OnClose(fn func(ctx context.Context) bool)
 	// resetInPlace returns the container to the state of a fresh sandbox
 	// of spec and returns the new holder's handle; spec's files are not
 	// placed (the pool places the next holder's at hand-out). The receiver
 	// is closed (its Close is under way) and stays closed.
-	resetInPlace(ctx context.Context, spec Spec) (warmable, error)
+	ResetInPlace(ctx context.Context, spec Spec) (Warmable, error)
 	// resets is how many times the container was reset so far.
-	resets() int
-}
-
-var _ resetter = (*dockerSandbox)(nil)
-
-func (s *dockerSandbox) onClose(fn func(ctx context.Context) bool) { s.recycle = fn }
-
-func (s *dockerSandbox) resets() int { return s.resetCount }
-
-// writableMounts are the places a read-only-root container's user can
-// write to: the backend's tmpfs mounts and the engine's /dev/shm and
-// /dev/mqueue.
-func (s *dockerSandbox) writableMounts() []string {
-	return []string{"/tmp", s.hello.Workdir, "/dev/shm", "/dev/mqueue"}
-}
-
-func (s *dockerSandbox) resetInPlace(ctx context.Context, spec Spec) (warmable, error) {
-	if !s.spec.Limits.ReadOnlyRoot || (s.spec.Runtime != "" && s.spec.Runtime != RuntimeRunc) {
-		return nil, fmt.Errorf("reset sandbox %s: %w: only a read-only root under runc can be reset in place", s.short(), ErrInvalid)
-	}
-	res, err := resetAgent(ctx, &s.channelOps, s.short(), s.writableMounts())
-	if err != nil {
-		return nil, err
-	}
-	ns := &dockerSandbox{d: s.d, id: s.id, name: s.name, spec: spec, imageID: s.imageID, hj: s.hj, demux: s.demux,
-		attach: s.attach, sock: s.sock, stderr: s.stderr, hello: s.hello, created: time.Now(), log: s.log,
-		applied: s.applied, upperDir: s.upperDir, resetCount: s.resetCount + 1}
-	ns.channelOps = channelOps{conn: s.conn, owner: ns}
-	ns.touch()
-	s.d.mu.Lock()
-	if s.d.closed {
-		s.d.mu.Unlock()
-		return nil, fmt.Errorf("reset sandbox %s: %w: backend closed", s.short(), ErrClosed)
-	}
-	// From here the new handle owns the container and its slot: on failure
-	// its Close removes both, and the previous handle's Close finds nothing
-	// left to release.
-	s.d.live[s.id] = ns
-	s.d.mu.Unlock()
-	logReset(s.log, ns.resetCount, res)
-	return ns, nil
+	Resets() int
 }
 
 // resetAgent is the agent's side of a reset in place, the same for every
 // backend: the previous holder's gate is shut (its calls under way are
 // stopped by killing every process, then waited for), and the agent
 // empties paths, kills what is left and clears IPC.
-func resetAgent(ctx context.Context, o *channelOps, short string, paths []string) (*agent.ResetResult, error) {
-	if err := o.conn.broken(); err != nil {
+func ResetAgent(ctx context.Context, o *ChannelOps, short string, paths []string) (*agent.ResetResult, error) {
+	if err := o.Conn.Broken(); err != nil {
 		return nil, fmt.Errorf("reset sandbox %s: %w: %v", short, ErrUnavailable, err)
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), resetTimeout)
@@ -94,7 +54,7 @@ func resetAgent(ctx context.Context, o *channelOps, short string, paths []string
 	if pending, idle := o.calls.close(); pending > 0 {
 		// The previous holder still has calls under way (a command, a
 		// wait): stop every process so that they return.
-		if _, err := o.conn.roundTrip(ctx, agent.Request{Op: agent.OpKillAll}, nil, nil); err != nil {
+		if _, err := o.Conn.roundTrip(ctx, agent.Request{Op: agent.OpKillAll}, nil, nil); err != nil {
 			return nil, fmt.Errorf("reset sandbox %s: stop the previous holder's processes: %w", short, err)
 		}
 		select {
@@ -103,7 +63,7 @@ func resetAgent(ctx context.Context, o *channelOps, short string, paths []string
 			return nil, fmt.Errorf("reset sandbox %s: %d calls of the previous holder did not return: %w", short, pending, ctx.Err())
 		}
 	}
-	resp, err := o.conn.roundTrip(ctx, agent.Request{Op: agent.OpReset, Paths: paths, TimeoutNS: int64(resetTimeout * 2 / 3)}, nil, nil)
+	resp, err := o.Conn.roundTrip(ctx, agent.Request{Op: agent.OpReset, Paths: paths, TimeoutNS: int64(resetTimeout * 2 / 3)}, nil, nil)
 	if err == nil {
 		err = responseError("reset", resp)
 	}
@@ -116,7 +76,7 @@ func resetAgent(ctx context.Context, o *channelOps, short string, paths []string
 	return resp.Reset, nil
 }
 
-func logReset(log *slog.Logger, count int, res *agent.ResetResult) {
+func LogReset(log *slog.Logger, count int, res *agent.ResetResult) {
 	log.Debug("sandbox reset in place", "resets", count, "killed", res.Killed,
 		"removed", res.Removed, "ipc", res.IPC, "agent_ms", float64(res.DurationNS)/1e6)
 }
@@ -138,26 +98,26 @@ func (p *Pool) reusable(spec Spec, sc *PoolScope) bool {
 // after a reset in place, when sc reuses sandboxes of ws's spec. Until
 // then it counts as returning (unless it has no use left), so that demand
 // announced meanwhile does not start containers it will serve.
-func (p *Pool) hook(sb warmable, ws *warmSet, sc *PoolScope) {
+func (p *Pool) hook(sb Warmable, ws *WarmSet, sc *PoolScope) {
 	if !p.reusable(ws.spec, sc) {
 		return
 	}
-	r, ok := sb.(resetter)
+	r, ok := sb.(Resetter)
 	if !ok {
 		return
 	}
-	counted := r.resets() < p.opts.MaxUses
+	counted := r.Resets() < p.opts.MaxUses
 	if counted {
 		p.mu.Lock()
 		p.returning[spareKey{sc, ws.reuseKey}]++
 		p.mu.Unlock()
 	}
-	r.onClose(func(ctx context.Context) bool { return p.recycle(ctx, ws, sc, r, counted) })
+	r.OnClose(func(ctx context.Context) bool { return p.recycle(ctx, ws, sc, r, counted) })
 }
 
 // reuseKey identifies the specs a reset sandbox can serve: everything but
 // Files (placed at hand-out) and Labels. ws.spec is validated.
-func reuseKey(ws *warmSet) string {
+func reuseKey(ws *WarmSet) string {
 	spec := ws.spec
 	spec.Files = nil
 	k, err := fingerprint(spec)
@@ -171,7 +131,7 @@ func reuseKey(ws *warmSet) string {
 // held sandboxes of ws's reuseKey serve (refillLocked). Every set of sc
 // with that key (specs that differ only in files or labels) draws on the
 // same sandboxes, in key order, so that none stands for two sets' demand.
-func (p *Pool) coverLocked(ws *warmSet, sc *PoolScope) int {
+func (p *Pool) coverLocked(ws *WarmSet, sc *PoolScope) int {
 	k := spareKey{sc, ws.reuseKey}
 	left := len(p.spares[k]) + p.returning[k]
 	for o := range sc.demanding[ws.reuseKey] {
@@ -184,7 +144,7 @@ func (p *Pool) coverLocked(ws *warmSet, sc *PoolScope) int {
 
 // popSpareLocked takes a healthy reset sandbox of sc that can serve ws's
 // spec.
-func (p *Pool) popSpareLocked(ws *warmSet, sc *PoolScope) warmable {
+func (p *Pool) popSpareLocked(ws *WarmSet, sc *PoolScope) Warmable {
 	if !p.reusable(ws.spec, sc) {
 		return nil
 	}
@@ -200,7 +160,7 @@ func (p *Pool) popSpareLocked(ws *warmSet, sc *PoolScope) warmable {
 }
 
 // placeFiles writes a spec's files into a sandbox before hand-out.
-func placeFiles(ctx context.Context, sb Sandbox, files []File) error {
+func PlaceFiles(ctx context.Context, sb Sandbox, files []File) error {
 	for _, f := range files {
 		if err := sb.WriteFile(ctx, f.Path, f.Data, f.Mode); err != nil {
 			return fmt.Errorf("place %s: %w", f.Path, err)
@@ -216,7 +176,7 @@ func placeFiles(ctx context.Context, sb Sandbox, files []File) error {
 // that hook counted r as returning: recycle settles that count, with the
 // spare when there is one, and otherwise starts what the scope's demand
 // (of any spec r could have served) now lacks.
-func (p *Pool) recycle(ctx context.Context, ws *warmSet, sc *PoolScope, r resetter, counted bool) bool {
+func (p *Pool) recycle(ctx context.Context, ws *WarmSet, sc *PoolScope, r Resetter, counted bool) bool {
 	k := spareKey{sc, ws.reuseKey}
 	settled := !counted
 	settleLocked := func(kept bool) {
@@ -244,7 +204,7 @@ func (p *Pool) recycle(ctx context.Context, ws *warmSet, sc *PoolScope, r resett
 			p.mu.Unlock()
 		}
 	}()
-	if r.resets() >= p.opts.MaxUses || r.broken() != nil {
+	if r.Resets() >= p.opts.MaxUses || r.Broken() != nil {
 		return false
 	}
 	p.mu.Lock()
@@ -255,12 +215,12 @@ func (p *Pool) recycle(ctx context.Context, ws *warmSet, sc *PoolScope, r resett
 	}
 	bare := ws.spec
 	bare.Files = nil // the next holder's go in at hand-out
-	fresh, err := r.resetInPlace(ctx, bare)
+	fresh, err := r.ResetInPlace(ctx, bare)
 	if err != nil {
 		metricResets.WithLabelValues("failed").Inc()
 		p.resetsFailed.Add(1)
 		if !errors.Is(err, ErrClosed) {
-			p.d.logger().Warn("warm pool: reset in place failed, removing the sandbox", "image", ws.spec.Image, "err", err)
+			p.d.Logger().Warn("warm pool: reset in place failed, removing the sandbox", "image", ws.spec.Image, "err", err)
 		}
 		return false
 	}
@@ -284,7 +244,7 @@ func (p *Pool) recycle(ctx context.Context, ws *warmSet, sc *PoolScope, r resett
 	defer p.mu.Unlock()
 	defer p.changedLocked()
 	settleLocked(true)
-	fresh.setPooled(true)
+	fresh.SetPooled(true)
 	p.spares[k] = append(p.spares[k], fresh)
 	p.idle++
 	return true

@@ -1,6 +1,11 @@
-// Package sandbox owns per-rollout execution environments: the Sandbox
-// interface, the Docker backend, the in-container exec agent
-// (sandbox/agent), warm pools, the orphan reaper and image building.
+// Package sandbox is the contract every sandbox backend shares: the
+// Sandbox interface, Spec and Limits, the error classes, the Backend
+// interface and the registry of backends, the exec-channel client that
+// talks to the in-sandbox agent (sandbox/agent), warm pools with reuse
+// and scopes, and create admission. The backends live in their own
+// packages (sandbox/docker, sandbox/runc, sandbox/kubernetes; the ones
+// linked into rollout are listed in sandbox/builtin), so this package links
+// neither the Docker client nor client-go.
 //
 // It knows nothing about rollouts, rewards or models: callers pass labels
 // and specs; the package guarantees isolation and cleanup.
@@ -173,4 +178,39 @@ type Sandbox interface {
 	Processes(ctx context.Context) ([]ProcessInfo, error)
 
 	Close(ctx context.Context) error
+}
+
+// StdinCloser is implemented by sandboxes that can close a background
+// process's stdin (the process tool's "submit"/EOF).
+type StdinCloser interface {
+	CloseStdin(ctx context.Context, id string) error
+}
+
+// Labeler exposes the caller labels a sandbox was acquired with.
+type Labeler interface {
+	Labels() map[string]string
+}
+
+// Applied are the limits a sandbox's container was actually created with,
+// read back from the engine (ContainerInspect), for manifests.
+type Applied struct {
+	MemoryBytes int64
+	CPUs        float64
+	PIDs        int64
+	// DiskBytes is the writable-layer and tmpfs bound; the project enforces
+	// it (tmpfs size, disk watchdog), not the engine.
+	DiskBytes    int64
+	ReadOnlyRoot bool
+	Network      string // the policy: none, bridge (egress only) or open
+	Runtime      string // OCI runtime: runc, runsc
+	// Backend is the backend that made the sandbox: BackendDocker,
+	// BackendRunc or BackendKubernetes (the first two both run runc).
+	Backend string
+}
+
+// LimitsReporter is implemented by sandboxes that know the limits their
+// container was created with (the Docker, runc and Kubernetes backends'
+// do).
+type LimitsReporter interface {
+	Applied() Applied
 }

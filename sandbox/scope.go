@@ -24,19 +24,19 @@ type PoolScope struct {
 	// key, those of them whose demand is not yet acquired (a few groups'
 	// worth, where expected grows with every task of a long run).
 	closed    bool
-	expected  map[*warmSet]struct{}
-	demanding map[string]map[*warmSet]struct{}
+	expected  map[*WarmSet]struct{}
+	demanding map[string]map[*WarmSet]struct{}
 }
 
 // demandChangedLocked files ws under sc.demanding by whether the scope
 // still has demand on it.
-func (sc *PoolScope) demandChangedLocked(ws *warmSet) {
+func (sc *PoolScope) demandChangedLocked(ws *WarmSet) {
 	if ws.demand[sc] > 0 {
 		if sc.demanding == nil {
-			sc.demanding = map[string]map[*warmSet]struct{}{}
+			sc.demanding = map[string]map[*WarmSet]struct{}{}
 		}
 		if sc.demanding[ws.reuseKey] == nil {
-			sc.demanding[ws.reuseKey] = map[*warmSet]struct{}{}
+			sc.demanding[ws.reuseKey] = map[*WarmSet]struct{}{}
 		}
 		sc.demanding[ws.reuseKey][ws] = struct{}{}
 		return
@@ -69,7 +69,7 @@ func (p *Pool) Scope(opts ScopeOptions) *PoolScope {
 // Create is Acquire through the scope (runner.Sandboxes): one of the
 // scope's reset spares, a ready warm sandbox of spec, or a new one.
 func (sc *PoolScope) Create(ctx context.Context, spec Spec) (Sandbox, error) {
-	return sc.p.acquire(ctx, sc, spec)
+	return sc.p.acquireIn(ctx, sc, spec)
 }
 
 // Expect announces n upcoming Creates of spec by this scope
@@ -89,7 +89,7 @@ func (sc *PoolScope) Close(ctx context.Context) error {
 		return nil
 	}
 	sc.closed = true
-	var drop []warmable
+	var drop []Warmable
 	for ws := range sc.expected {
 		delete(ws.demand, sc)
 		want := ws.base
@@ -125,7 +125,7 @@ func (sc *PoolScope) Close(ctx context.Context) error {
 
 // waitDiscarded waits until the sandboxes being started for sets that are
 // to be discarded are gone.
-func (p *Pool) waitDiscarded(ctx context.Context, sets map[*warmSet]struct{}) error {
+func (p *Pool) waitDiscarded(ctx context.Context, sets map[*WarmSet]struct{}) error {
 	for {
 		p.mu.Lock()
 		left := 0

@@ -20,6 +20,10 @@ import (
 	"github.com/rollout-rl/rollout/assemble"
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
 	"github.com/rollout-rl/rollout/sandbox"
+	sbdocker "github.com/rollout-rl/rollout/sandbox/docker"
+	"github.com/rollout-rl/rollout/sandbox/host"
+	sbkube "github.com/rollout-rl/rollout/sandbox/kubernetes"
+	"github.com/rollout-rl/rollout/sandbox/kubernetes/k8sconfig"
 	"github.com/rollout-rl/rollout/trajectory"
 )
 
@@ -32,7 +36,7 @@ func poolHandOuts(t *testing.T) float64 {
 // A job's sandbox.kubernetes.kubeconfig is a host path holding credentials:
 // the server's path policy applies to it like to output.dir.
 func TestKubernetesJobKubeconfigPathPolicy(t *testing.T) {
-	shared := assemble.NewShared(sandbox.Options{Logger: quiet}, 0)
+	shared := assemble.NewShared(sbdocker.Options{Options: host.Options{Logger: quiet}}, 0)
 	t.Cleanup(func() { _ = shared.Close(context.Background()) })
 	h := startServer(t, Options{Sandboxes: shared, Images: shared}, RunOptions{})
 	cfg := `env: terminal-tasks
@@ -64,8 +68,8 @@ func TestKubernetesJob(t *testing.T) {
 	t.Setenv("ROLLOUT_AGENT", filepath.Join(filepath.Dir(kc), "rollout-agent"))
 	shared, instance := newShared(t, "servertest")
 
-	kcfg := sandbox.KubernetesConfig{Kubeconfig: kc}
-	rc, err := kcfg.RESTConfig()
+	kcfg := k8sconfig.Config{Kubeconfig: kc}
+	rc, err := sbkube.RESTConfig(&kcfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,20 +17,22 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/rollout-rl/rollout/sandbox"
+	sbdocker "github.com/rollout-rl/rollout/sandbox/docker"
+	"github.com/rollout-rl/rollout/sandbox/host"
 	"github.com/rollout-rl/rollout/tools"
 )
 
 const image = "rollout-sandbox:bookworm"
 
 var (
-	docker    *sandbox.Docker
+	docker    *sbdocker.Docker
 	dockerErr error
 )
 
 func TestMain(m *testing.M) {
 	code := func() int {
 		ctx := context.Background()
-		docker, dockerErr = sandbox.NewDocker(ctx, sandbox.Options{Instance: "tctest", ReapInterval: -1})
+		docker, dockerErr = sbdocker.New(ctx, sbdocker.Options{Options: host.Options{Instance: "tctest", ReapInterval: -1}})
 		if dockerErr == nil {
 			defer docker.Close(ctx)
 		} else if os.Getenv("CI") == "true" {

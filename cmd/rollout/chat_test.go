@@ -11,8 +11,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/rollout-rl/rollout/sandbox/host"
+
 	"github.com/rollout-rl/rollout/inference/sim"
-	"github.com/rollout-rl/rollout/sandbox"
+	sbdocker "github.com/rollout-rl/rollout/sandbox/docker"
 )
 
 func runChatCmd(t *testing.T, args ...string) (string, int) {
@@ -55,7 +57,7 @@ func TestChatUsage(t *testing.T) {
 // TestChatEpisode runs `rollout chat` against the simulator with a real
 // Docker sandbox and checks the transcript and the --out trajectory.
 func TestChatEpisode(t *testing.T) {
-	d, err := sandbox.NewDocker(context.Background(), sandbox.Options{ReapInterval: -1})
+	d, err := sbdocker.New(context.Background(), sbdocker.Options{Options: host.Options{ReapInterval: -1}})
 	if err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("CI=true and Docker is not usable: %v", err)

@@ -4,9 +4,12 @@ import (
 	"errors"
 	"fmt"
 
+	_ "github.com/rollout-rl/rollout/sandbox/builtin"
+
 	"github.com/spf13/cobra"
 
 	"github.com/rollout-rl/rollout/sandbox"
+	"github.com/rollout-rl/rollout/sandbox/kubernetes/k8sconfig"
 )
 
 func init() { registerSandbox(newSandboxGCCmd) }
@@ -14,7 +17,7 @@ func init() { registerSandbox(newSandboxGCCmd) }
 func newSandboxGCCmd() *cobra.Command {
 	var opts sandbox.ReapOptions
 	var kube, runc bool
-	var kc sandbox.KubernetesConfig
+	var kc k8sconfig.Config
 	cmd := &cobra.Command{
 		Use:   "gc",
 		Short: "Remove orphaned sandbox containers (or pods) of this service",
@@ -30,19 +33,18 @@ func newSandboxGCCmd() *cobra.Command {
 			if kube && runc {
 				return usageError(cmd, errors.New("--kubernetes and --runc: choose one backend to collect"))
 			}
-			var removed []sandbox.Reaped
-			var err error
-			what := "container(s)"
+			name, what := sandbox.BackendDocker, "container(s)"
 			switch {
 			case kube:
-				removed, err = sandbox.GCKubernetes(cmd.Context(), kc, opts)
-				what = "object(s)"
+				name, what = sandbox.BackendKubernetes, "object(s)"
 			case runc:
-				removed, err = sandbox.GCRunc(cmd.Context(), sandbox.RuncOptions{}, opts)
-				what = "container(s) and unpacked image(s)"
-			default:
-				removed, err = sandbox.GC(cmd.Context(), opts)
+				name, what = sandbox.BackendRunc, "container(s) and unpacked image(s)"
 			}
+			reg, err := sandbox.Lookup(name)
+			if err != nil {
+				return err
+			}
+			removed, err := reg.GC(cmd.Context(), sandbox.OpenOptions{Config: kc}, opts)
 			out := cmd.OutOrStdout()
 			for _, r := range removed {
 				switch {

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	_ "github.com/rollout-rl/rollout/sandbox/builtin"
+
 	"github.com/docker/go-units"
 	"github.com/spf13/cobra"
 
@@ -102,12 +104,17 @@ func openLocalBackend(ctx context.Context, name string, log *slog.Logger, noReap
 		reap = -1
 	}
 	switch name {
-	case sandbox.BackendDocker, "":
-		return sandbox.NewDocker(ctx, sandbox.Options{ReapInterval: reap, Logger: log})
-	case sandbox.BackendRunc:
-		return sandbox.NewRunc(ctx, sandbox.RuncOptions{ReapInterval: reap, Logger: log})
+	case "":
+		name = sandbox.BackendDocker
+	case sandbox.BackendDocker, sandbox.BackendRunc:
+	default:
+		return nil, fmt.Errorf("%w: sandbox backend %q: want docker or runc", sandbox.ErrInvalid, name)
 	}
-	return nil, fmt.Errorf("%w: sandbox backend %q: want docker or runc", sandbox.ErrInvalid, name)
+	reg, err := sandbox.Lookup(name)
+	if err != nil {
+		return nil, err
+	}
+	return reg.Open(ctx, sandbox.OpenOptions{ReapInterval: reap, Logger: log})
 }
 
 func runInSandbox(cmd *cobra.Command, backend string, spec sandbox.Spec, req sandbox.ExecRequest) error {

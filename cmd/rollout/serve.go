@@ -10,13 +10,15 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/rollout-rl/rollout/sandbox/host"
+
 	"github.com/spf13/cobra"
 
 	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/atropos"
 	"github.com/rollout-rl/rollout/internal/util/secrets"
 	"github.com/rollout-rl/rollout/runner"
-	"github.com/rollout-rl/rollout/sandbox"
+	sbdocker "github.com/rollout-rl/rollout/sandbox/docker"
 	"github.com/rollout-rl/rollout/server"
 )
 
@@ -180,7 +182,7 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 	// sandbox.backend kubernetes (docs/kubernetes.md), each started on its
 	// first sandbox; they are closed last, removing whatever sandboxes
 	// remain.
-	shared := assemble.NewShared(sandbox.Options{Logger: log, MaxContainers: f.maxSandboxes}, f.warmSandboxes)
+	shared := assemble.NewShared(sbdocker.Options{Options: host.Options{Logger: log, MaxContainers: f.maxSandboxes}}, f.warmSandboxes)
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 		defer cancel()

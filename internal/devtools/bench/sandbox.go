@@ -13,8 +13,14 @@ import (
 
 	"github.com/moby/moby/client"
 
+	"github.com/rollout-rl/rollout/internal/devtools/bench/sandboxbench"
 	"github.com/rollout-rl/rollout/sandbox"
+	sbdocker "github.com/rollout-rl/rollout/sandbox/docker"
+	"github.com/rollout-rl/rollout/sandbox/host"
 	"github.com/rollout-rl/rollout/sandbox/image"
+	sbkube "github.com/rollout-rl/rollout/sandbox/kubernetes"
+	"github.com/rollout-rl/rollout/sandbox/kubernetes/k8sconfig"
+	sbrunc "github.com/rollout-rl/rollout/sandbox/runc"
 )
 
 // measureFn takes n samples.
@@ -47,7 +53,7 @@ func sideBySide(rounds int, a measureFn, na int, b measureFn, nb int) (sa, sb []
 // adds the agent's own time of every call to *inAgent.
 func splitExec(ctx context.Context, s sandbox.Sandbox, inAgent *[]time.Duration) measureFn {
 	return func(n int) ([]time.Duration, error) {
-		rt, in, err := sandbox.MeasureExecSplit(ctx, s, n)
+		rt, in, err := sandboxbench.MeasureExecSplit(ctx, s, n)
 		*inAgent = append(*inAgent, in...)
 		return rt, err
 	}
@@ -82,8 +88,9 @@ func runSandbox(ctx context.Context, r *runCtx) (out []Measure, err error) {
 	// ReapInterval < 0: no reaping, so other services' containers on a
 	// shared engine are never touched; every container here is removed by
 	// the measurement that made it.
-	d, err := sandbox.NewDocker(ctx, sandbox.Options{Instance: "bench-" + randomSuffix(), ReapInterval: -1,
-		MaxContainers: peak + 32, Logger: r.logger})
+	d, err := sbdocker.New(ctx, sbdocker.Options{
+		Options: host.Options{Instance: "bench-" + randomSuffix(), ReapInterval: -1, MaxContainers: peak + 32, Logger: r.logger},
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -107,22 +114,22 @@ func runSandbox(ctx context.Context, r *runCtx) (out []Measure, err error) {
 	var inAgent []time.Duration
 	ch, cli, err := sideBySide(rounds,
 		splitExec(ctx, s, &inAgent), r.n(1000, 100),
-		func(n int) ([]time.Duration, error) { return sandbox.MeasureDockerExecCLI(ctx, s.ID(), n) }, r.n(60, 10))
+		func(n int) ([]time.Duration, error) { return sandboxbench.MeasureDockerExecCLI(ctx, s.ID(), n) }, r.n(60, 10))
 	if err != nil {
 		return out, fmt.Errorf("exec: %w", err)
 	}
-	cs, bs := sandbox.Summarize(ch), sandbox.Summarize(cli)
+	cs, bs := sandboxbench.Summarize(ch), sandboxbench.Summarize(cli)
 	dockerExecP50 = bs.P50
 	base := "`docker exec CID true` via the CLI, same container, same run"
 	out = append(out,
 		Measure{Name: "sandbox.exec_p50_ms", Value: ptr(toMS(cs.P50)), Baseline: ptr(toMS(bs.P50)), BaselineName: base, Note: fmt.Sprintf("n=%d (CLI n=%d)", cs.N, bs.N)},
-		Measure{Name: "sandbox.exec_agent_p50_ms", Value: ptr(toMS(sandbox.Summarize(inAgent).P50)),
+		Measure{Name: "sandbox.exec_agent_p50_ms", Value: ptr(toMS(sandboxbench.Summarize(inAgent).P50)),
 			Note: fmt.Sprintf("of sandbox.exec_p50_ms's round trips; the rest is the channel; the spawn reads `true` from the root the engine's storage driver (%s) made", storageDriver(ctx, d))},
 		Measure{Name: "sandbox.exec_p90_ms", Value: ptr(toMS(cs.P90)), Baseline: ptr(toMS(bs.P90)), BaselineName: base},
 		Measure{Name: "sandbox.exec_p99_ms", Value: ptr(toMS(cs.P99)), Baseline: ptr(toMS(bs.P99)), BaselineName: base},
 		Measure{Name: "sandbox.exec_vs_docker_cli_ratio", Value: ptr(sig(float64(cs.P50) / float64(bs.P50))),
 			Note: fmt.Sprintf("channel is %.0f× faster at p50", float64(bs.P50)/float64(cs.P50))},
-		Measure{Name: "sandbox.exec_channel_p50_ms", Value: ptr(toMS(sandbox.Summarize(sandbox.ChannelShare(ch, inAgent)).P50)),
+		Measure{Name: "sandbox.exec_channel_p50_ms", Value: ptr(toMS(sandboxbench.Summarize(sandboxbench.ChannelShare(ch, inAgent)).P50)),
 			Note: "per call of sandbox.exec_p50_ms's round trips"},
 	)
 	out = append(out, measureSpawnFloor(ctx, r, s, rounds))
@@ -135,12 +142,12 @@ func runSandbox(ctx context.Context, r *runCtx) (out []Measure, err error) {
 	// 1 MiB of output.
 	mb := []string{"head", "-c", "1048576", "/dev/zero"}
 	ch, cli, err = sideBySide(rounds,
-		func(n int) ([]time.Duration, error) { return sandbox.MeasureExec(ctx, s, n, mb...) }, r.n(200, 20),
-		func(n int) ([]time.Duration, error) { return sandbox.MeasureDockerExecCLI(ctx, s.ID(), n, mb...) }, r.n(40, 5))
+		func(n int) ([]time.Duration, error) { return sandboxbench.MeasureExec(ctx, s, n, mb...) }, r.n(200, 20),
+		func(n int) ([]time.Duration, error) { return sandboxbench.MeasureDockerExecCLI(ctx, s.ID(), n, mb...) }, r.n(40, 5))
 	if err != nil {
 		return out, fmt.Errorf("exec 1 MiB: %w", err)
 	}
-	cs, bs = sandbox.Summarize(ch), sandbox.Summarize(cli)
+	cs, bs = sandboxbench.Summarize(ch), sandboxbench.Summarize(cli)
 	base = "`docker exec CID head -c 1048576 /dev/zero` via the CLI, same run"
 	out = append(out,
 		Measure{Name: "sandbox.exec_1mb_p50_ms", Value: ptr(toMS(cs.P50)), Baseline: ptr(toMS(bs.P50)), BaselineName: base, Note: fmt.Sprintf("n=%d (CLI n=%d)", cs.N, bs.N)},
@@ -151,14 +158,14 @@ func runSandbox(ctx context.Context, r *runCtx) (out []Measure, err error) {
 
 	// Cold create + start + handshake vs `docker run -d`.
 	cr, run, err := sideBySide(rounds,
-		func(n int) ([]time.Duration, error) { return sandbox.MeasureCreate(ctx, d, spec, n) }, r.n(20, 3),
+		func(n int) ([]time.Duration, error) { return sandboxbench.MeasureCreate(ctx, d, spec, n) }, r.n(20, 3),
 		func(n int) ([]time.Duration, error) {
-			return sandbox.MeasureDockerRun(ctx, d.Client(), ref, d.BaseLabels(), n)
+			return sandboxbench.MeasureDockerRun(ctx, d.Client(), ref, d.BaseLabels(), n)
 		}, r.n(20, 3))
 	if err != nil {
 		return out, fmt.Errorf("cold start: %w", err)
 	}
-	cold, rs := sandbox.Summarize(cr), sandbox.Summarize(run)
+	cold, rs := sandboxbench.Summarize(cr), sandboxbench.Summarize(run)
 	base = "`docker run -d --network none IMAGE sleep 3600` via the CLI, same run"
 	out = append(out,
 		Measure{Name: "sandbox.cold_start_p50_ms", Value: ptr(toMS(cold.P50)), Baseline: ptr(toMS(rs.P50)), BaselineName: base, Note: fmt.Sprintf("n=%d", cold.N)},
@@ -169,14 +176,14 @@ func runSandbox(ctx context.Context, r *runCtx) (out []Measure, err error) {
 
 	// Warm pool acquire; the baseline is the cold start above.
 	p := sandbox.NewPool(d, sandbox.PoolOptions{})
-	acq, err := sandbox.MeasurePoolAcquire(ctx, p, spec, r.n(30, 5))
+	acq, err := sandboxbench.MeasurePoolAcquire(ctx, p, spec, r.n(30, 5))
 	if cerr := p.Close(context.WithoutCancel(ctx)); err == nil {
 		err = cerr
 	}
 	if err != nil {
 		return out, fmt.Errorf("pool acquire: %w", err)
 	}
-	as := sandbox.Summarize(acq)
+	as := sandboxbench.Summarize(acq)
 	base = "cold start (create + start + handshake), same run"
 	out = append(out,
 		Measure{Name: "sandbox.pool_acquire_p50_ms", Value: ptr(toMS(as.P50)), Baseline: ptr(toMS(cold.P50)), BaselineName: base, Note: fmt.Sprintf("n=%d", as.N)},
@@ -197,21 +204,21 @@ func runSandbox(ctx context.Context, r *runCtx) (out []Measure, err error) {
 		levels = []int{4}
 	}
 	churnN := r.n(16, 4)
-	var best, bestBase, bestReset sandbox.ChurnResult
+	var best, bestBase, bestReset sandboxbench.ChurnResult
 	var curve []string
 	for _, c := range levels {
-		ours, err := sandbox.MeasureChurn(ctx, d, spec, max(churnN, c), c)
+		ours, err := sandboxbench.MeasureChurn(ctx, d, spec, max(churnN, c), c)
 		if err != nil {
 			return out, fmt.Errorf("churn at %d: %w", c, err)
 		}
-		reset, err := sandbox.MeasureResetChurn(ctx, d, spec, 4*max(churnN, c), c)
+		reset, err := sandboxbench.MeasureResetChurn(ctx, d, spec, 4*max(churnN, c), c)
 		if err != nil {
 			return out, fmt.Errorf("churn with reset in place at %d: %w", c, err)
 		}
 		if reset.PerSecond() > bestReset.PerSecond() {
 			bestReset = reset
 		}
-		theirs, err := sandbox.MeasureDockerRunChurn(ctx, ref, d.BaseLabels(), max(churnN, c), c)
+		theirs, err := sandboxbench.MeasureDockerRunChurn(ctx, ref, d.BaseLabels(), max(churnN, c), c)
 		if err != nil {
 			return out, fmt.Errorf("churn baseline at %d: %w", c, err)
 		}
@@ -243,7 +250,7 @@ func runSandbox(ctx context.Context, r *runCtx) (out []Measure, err error) {
 
 	// Peak: peak sandboxes at once, each answering an exec while all are
 	// alive. The harness tries exactly `peak`; it does not search beyond.
-	res := sandbox.MeasurePeak(ctx, d, sandbox.Spec{Image: ref, Limits: sandbox.Limits{MemoryBytes: 256 << 20, CPUs: 0.5, PIDs: 64}}, peak, 8)
+	res := sandboxbench.MeasurePeak(ctx, d, sandbox.Spec{Image: ref, Limits: sandbox.Limits{MemoryBytes: 256 << 20, CPUs: 0.5, PIDs: 64}}, peak, 8)
 	note := fmt.Sprintf("tried %d; all created in %s", res.Target, res.Elapsed.Round(time.Millisecond))
 	if res.Err != nil {
 		note = joinNote(note, firstLine(res.Err.Error()))
@@ -293,7 +300,7 @@ func measureAttach(ctx context.Context, r *runCtx, s sandbox.Sandbox, spec sandb
 	if tr == nil || tr.Transport() != "socket" {
 		return missing("the default channel is the attach stream here (remote engine, or the agent could not connect)")
 	}
-	da, err := sandbox.NewDocker(ctx, sandbox.Options{Instance: "bench-" + randomSuffix(), ReapInterval: -1, Channel: sandbox.ChannelAttach, Logger: r.logger})
+	da, err := sbdocker.New(ctx, sbdocker.Options{Options: host.Options{Instance: "bench-" + randomSuffix(), ReapInterval: -1, Logger: r.logger}, Channel: sbdocker.ChannelAttach})
 	if err != nil {
 		return missing("attach backend: " + firstLine(err.Error()))
 	}
@@ -304,12 +311,12 @@ func measureAttach(ctx context.Context, r *runCtx, s sandbox.Sandbox, spec sandb
 	}
 	defer as.Close(context.WithoutCancel(ctx))
 	sock, att, err := sideBySide(rounds,
-		func(n int) ([]time.Duration, error) { return sandbox.MeasureExec(ctx, s, n) }, r.n(500, 50),
-		func(n int) ([]time.Duration, error) { return sandbox.MeasureExec(ctx, as, n) }, r.n(500, 50))
+		func(n int) ([]time.Duration, error) { return sandboxbench.MeasureExec(ctx, s, n) }, r.n(500, 50),
+		func(n int) ([]time.Duration, error) { return sandboxbench.MeasureExec(ctx, as, n) }, r.n(500, 50))
 	if err != nil {
 		return missing("exec: " + firstLine(err.Error()))
 	}
-	ss, sa := sandbox.Summarize(sock), sandbox.Summarize(att)
+	ss, sa := sandboxbench.Summarize(sock), sandboxbench.Summarize(att)
 	return []Measure{
 		{Name: names[0], Value: ptr(toMS(sa.P50)), Baseline: ptr(toMS(ss.P50)), BaselineName: "the socket channel, another sandbox of the same spec, same run",
 			Note: fmt.Sprintf("n=%d each", sa.N)},
@@ -330,32 +337,32 @@ func measureSpawnFloor(ctx context.Context, r *runCtx, s sandbox.Sandbox, rounds
 	}
 	var inAgent []time.Duration
 	host, ch, err := sideBySide(rounds,
-		func(n int) ([]time.Duration, error) { return sandbox.MeasureHostSpawn(ctx, n, bb, "true") }, r.n(500, 50),
+		func(n int) ([]time.Duration, error) { return sandboxbench.MeasureHostSpawn(ctx, n, bb, "true") }, r.n(500, 50),
 		splitExec(ctx, s, &inAgent), r.n(500, 50))
 	if err != nil {
 		return NotMeasured(name, firstLine(err.Error()))
 	}
-	hs, cs, as := sandbox.Summarize(host), sandbox.Summarize(ch), sandbox.Summarize(inAgent)
+	hs, cs, as := sandboxbench.Summarize(host), sandboxbench.Summarize(ch), sandboxbench.Summarize(inAgent)
 	return Measure{Name: name, Value: ptr(toMS(hs.P50)), Baseline: ptr(toMS(cs.P50)),
 		BaselineName: "exec round trip of `true` through the Docker backend's channel, alternating, same run",
 		Note:         fmt.Sprintf("%s spawned as `true` by this process on the host, n=%d; the agent's own time in the paired round trips %.3f ms p50", bb, hs.N, toMS(as.P50))}
 }
 
 // storageDriver is the engine's storage driver, or "unknown".
-func storageDriver(ctx context.Context, d *sandbox.Docker) string {
+func storageDriver(ctx context.Context, d *sbdocker.Docker) string {
 	if info, err := d.Client().Info(ctx, client.InfoOptions{}); err == nil && info.Info.Driver != "" {
 		return info.Info.Driver
 	}
 	return "unknown"
 }
 
-// measureRuncBackend measures the runc backend (sandbox.Runc) on this host
+// measureRuncBackend measures the runc backend (sbrunc.Runc) on this host
 // against the same run's Docker baselines: cold start against `docker run
 // -d` and against the Docker backend's own, alternating; exec; churn over
 // 1–16 at a time (runc has no daemon to deadlock) against the `docker run
 // && docker rm` loop's best (loop); and the density run. Without root or
 // runc every measure says why.
-func measureRuncBackend(ctx context.Context, r *runCtx, d *sandbox.Docker, ref string, rounds, peak int, loop sandbox.ChurnResult, dockerExec time.Duration) []Measure {
+func measureRuncBackend(ctx context.Context, r *runCtx, d *sbdocker.Docker, ref string, rounds, peak int, loop sandboxbench.ChurnResult, dockerExec time.Duration) []Measure {
 	names := []string{"sandbox.runc.cold_start_p50_ms", "sandbox.runc.cold_start_p99_ms", "sandbox.runc.cold_start_vs_docker_run_ratio",
 		"sandbox.runc.cold_start_vs_docker_backend_ratio", "sandbox.runc.exec_p50_ms", "sandbox.runc.exec_p99_ms",
 		"sandbox.runc.churn_per_s", "sandbox.runc.churn_vs_docker_run_ratio", "sandbox.runc.max_concurrent",
@@ -374,7 +381,7 @@ func measureRuncBackend(ctx context.Context, r *runCtx, d *sandbox.Docker, ref s
 		}
 		return out
 	}
-	rb, err := sandbox.NewRunc(ctx, sandbox.RuncOptions{Instance: "bench-" + randomSuffix(), ReapInterval: -1, MaxContainers: peak + 32, Logger: r.logger})
+	rb, err := sbrunc.New(ctx, sbrunc.Options{Options: host.Options{Instance: "bench-" + randomSuffix(), ReapInterval: -1, MaxContainers: peak + 32, Logger: r.logger}})
 	if err != nil {
 		return missing("runc backend: " + firstLine(err.Error()))
 	}
@@ -387,20 +394,20 @@ func measureRuncBackend(ctx context.Context, r *runCtx, d *sandbox.Docker, ref s
 	}
 	_ = first.Close(ctx)
 	cr, run, err := sideBySide(rounds,
-		func(n int) ([]time.Duration, error) { return sandbox.MeasureCreate(ctx, rb, spec, n) }, r.n(20, 3),
+		func(n int) ([]time.Duration, error) { return sandboxbench.MeasureCreate(ctx, rb, spec, n) }, r.n(20, 3),
 		func(n int) ([]time.Duration, error) {
-			return sandbox.MeasureDockerRun(ctx, d.Client(), ref, d.BaseLabels(), n)
+			return sandboxbench.MeasureDockerRun(ctx, d.Client(), ref, d.BaseLabels(), n)
 		}, r.n(20, 3))
 	if err != nil {
 		return missing("cold start: " + firstLine(err.Error()))
 	}
 	cr2, dk, err := sideBySide(rounds,
-		func(n int) ([]time.Duration, error) { return sandbox.MeasureCreate(ctx, rb, spec, n) }, r.n(20, 3),
-		func(n int) ([]time.Duration, error) { return sandbox.MeasureCreate(ctx, d, spec, n) }, r.n(20, 3))
+		func(n int) ([]time.Duration, error) { return sandboxbench.MeasureCreate(ctx, rb, spec, n) }, r.n(20, 3),
+		func(n int) ([]time.Duration, error) { return sandboxbench.MeasureCreate(ctx, d, spec, n) }, r.n(20, 3))
 	if err != nil {
 		return missing("cold start: " + firstLine(err.Error()))
 	}
-	cold, rs, cold2, dks := sandbox.Summarize(cr), sandbox.Summarize(run), sandbox.Summarize(cr2), sandbox.Summarize(dk)
+	cold, rs, cold2, dks := sandboxbench.Summarize(cr), sandboxbench.Summarize(run), sandboxbench.Summarize(cr2), sandboxbench.Summarize(dk)
 	base := "`docker run -d --network none IMAGE sleep 3600` via the CLI, alternating, same run"
 	out = append(out,
 		Measure{Name: names[0], Value: ptr(toMS(cold.P50)), Baseline: ptr(toMS(rs.P50)), BaselineName: base,
@@ -422,20 +429,20 @@ func measureRuncBackend(ctx context.Context, r *runCtx, d *sandbox.Docker, ref s
 	var inAgent []time.Duration
 	er, ed, err := sideBySide(rounds,
 		splitExec(ctx, s, &inAgent), r.n(500, 50),
-		func(n int) ([]time.Duration, error) { return sandbox.MeasureExec(ctx, ds, n) }, r.n(500, 50))
+		func(n int) ([]time.Duration, error) { return sandboxbench.MeasureExec(ctx, ds, n) }, r.n(500, 50))
 	_ = s.Close(ctx)
 	_ = ds.Close(ctx)
 	if err != nil {
 		return missing("exec: " + firstLine(err.Error()))
 	}
-	ers, eds := sandbox.Summarize(er), sandbox.Summarize(ed)
+	ers, eds := sandboxbench.Summarize(er), sandboxbench.Summarize(ed)
 	base = "the Docker backend's channel, alternating, same run"
 	out = append(out,
 		Measure{Name: names[4], Value: ptr(toMS(ers.P50)), Baseline: ptr(toMS(eds.P50)), BaselineName: base, Note: fmt.Sprintf("n=%d each; the agent's pipes held by this process", ers.N)},
 		Measure{Name: names[5], Value: ptr(toMS(ers.P99)), Baseline: ptr(toMS(eds.P99)), BaselineName: base},
-		Measure{Name: names[11], Value: ptr(toMS(sandbox.Summarize(inAgent).P50)),
+		Measure{Name: names[11], Value: ptr(toMS(sandboxbench.Summarize(inAgent).P50)),
 			Note: "of sandbox.runc.exec_p50_ms's round trips; the spawn reads `true` from the backend's own overlay (kernel overlayfs)"},
-		Measure{Name: names[13], Value: ptr(toMS(sandbox.Summarize(sandbox.ChannelShare(er, inAgent)).P50)),
+		Measure{Name: names[13], Value: ptr(toMS(sandboxbench.Summarize(sandboxbench.ChannelShare(er, inAgent)).P50)),
 			Note: "per call of sandbox.runc.exec_p50_ms's round trips"},
 	)
 	if dockerExec > 0 {
@@ -447,10 +454,10 @@ func measureRuncBackend(ctx context.Context, r *runCtx, d *sandbox.Docker, ref s
 		levels = []int{4}
 	}
 	churnN := r.n(32, 4)
-	var best sandbox.ChurnResult
+	var best sandboxbench.ChurnResult
 	var curve []string
 	for _, c := range levels {
-		res, err := sandbox.MeasureChurn(ctx, rb, spec, max(churnN, c), c)
+		res, err := sandboxbench.MeasureChurn(ctx, rb, spec, max(churnN, c), c)
 		if err != nil {
 			return missing(fmt.Sprintf("churn at %d: %s", c, firstLine(err.Error())))
 		}
@@ -468,7 +475,7 @@ func measureRuncBackend(ctx context.Context, r *runCtx, d *sandbox.Docker, ref s
 			Measure{Name: names[7], Value: ptr(sig(best.PerSecond() / loop.PerSecond()))},
 		)
 	}
-	res := sandbox.MeasurePeak(ctx, rb, sandbox.Spec{Image: ref, Limits: sandbox.Limits{MemoryBytes: 256 << 20, CPUs: 0.5, PIDs: 64}}, peak, 8)
+	res := sandboxbench.MeasurePeak(ctx, rb, sandbox.Spec{Image: ref, Limits: sandbox.Limits{MemoryBytes: 256 << 20, CPUs: 0.5, PIDs: 64}}, peak, 8)
 	note := fmt.Sprintf("tried %d; all created in %s", res.Target, res.Elapsed.Round(time.Millisecond))
 	if res.Err != nil {
 		note = joinNote(note, firstLine(res.Err.Error()))
@@ -488,7 +495,7 @@ func measureRuncBackend(ctx context.Context, r *runCtx, d *sandbox.Docker, ref s
 
 // measureRunsc compares sandboxes under gVisor (runsc) with runc in the
 // same run; without the runtime registered the measures say so.
-func measureRunsc(ctx context.Context, r *runCtx, d *sandbox.Docker, spec sandbox.Spec, rounds int) []Measure {
+func measureRunsc(ctx context.Context, r *runCtx, d *sbdocker.Docker, spec sandbox.Spec, rounds int) []Measure {
 	names := []string{"sandbox.runsc_cold_start_p50_ms", "sandbox.runsc_exec_p50_ms", "sandbox.runsc_exec_p99_ms"}
 	missing := func(why string) []Measure {
 		out := make([]Measure, 0, len(names))
@@ -507,8 +514,8 @@ func measureRunsc(ctx context.Context, r *runCtx, d *sandbox.Docker, spec sandbo
 	gspec := spec
 	gspec.Runtime = sandbox.RuntimeRunsc
 	cg, cr, err := sideBySide(rounds,
-		func(n int) ([]time.Duration, error) { return sandbox.MeasureCreate(ctx, d, gspec, n) }, r.n(20, 3),
-		func(n int) ([]time.Duration, error) { return sandbox.MeasureCreate(ctx, d, spec, n) }, r.n(20, 3))
+		func(n int) ([]time.Duration, error) { return sandboxbench.MeasureCreate(ctx, d, gspec, n) }, r.n(20, 3),
+		func(n int) ([]time.Duration, error) { return sandboxbench.MeasureCreate(ctx, d, spec, n) }, r.n(20, 3))
 	if err != nil {
 		return missing("cold start: " + firstLine(err.Error()))
 	}
@@ -523,12 +530,12 @@ func measureRunsc(ctx context.Context, r *runCtx, d *sandbox.Docker, spec sandbo
 	}
 	defer rs.Close(context.WithoutCancel(ctx))
 	eg, er, err := sideBySide(rounds,
-		func(n int) ([]time.Duration, error) { return sandbox.MeasureExec(ctx, gs, n) }, r.n(500, 50),
-		func(n int) ([]time.Duration, error) { return sandbox.MeasureExec(ctx, rs, n) }, r.n(500, 50))
+		func(n int) ([]time.Duration, error) { return sandboxbench.MeasureExec(ctx, gs, n) }, r.n(500, 50),
+		func(n int) ([]time.Duration, error) { return sandboxbench.MeasureExec(ctx, rs, n) }, r.n(500, 50))
 	if err != nil {
 		return missing("exec: " + firstLine(err.Error()))
 	}
-	cgs, crs, egs, ers := sandbox.Summarize(cg), sandbox.Summarize(cr), sandbox.Summarize(eg), sandbox.Summarize(er)
+	cgs, crs, egs, ers := sandboxbench.Summarize(cg), sandboxbench.Summarize(cr), sandboxbench.Summarize(eg), sandboxbench.Summarize(er)
 	return []Measure{
 		{Name: names[0], Value: ptr(toMS(cgs.P50)), Baseline: ptr(toMS(crs.P50)), BaselineName: "runc cold start, same run",
 			Note: fmt.Sprintf("n=%d; %.1f× runc", cgs.N, float64(cgs.P50)/float64(crs.P50))},
@@ -544,14 +551,14 @@ func measureRunsc(ctx context.Context, r *runCtx, d *sandbox.Docker, spec sandbo
 // With the lab's kubeconfig the agent the lab loaded (next to it) is used
 // and images are never pulled.
 func runKubeSandbox(ctx context.Context, r *runCtx, peak int) (out []Measure, err error) {
-	cfg := sandbox.KubernetesConfig{Kubeconfig: r.opts.Kubeconfig, MaxPods: peak + 32}
-	kopts := sandbox.KubernetesOptions{Instance: "bench-" + randomSuffix(), ReapInterval: -1, Logger: r.logger}
+	cfg := k8sconfig.Config{Kubeconfig: r.opts.Kubeconfig, MaxPods: peak + 32}
+	kopts := sbkube.Options{Instance: "bench-" + randomSuffix(), ReapInterval: -1, Logger: r.logger}
 	if p := filepath.Join(filepath.Dir(r.opts.Kubeconfig), "rollout-agent"); fileExists(p) {
 		kopts.Agent = &sandbox.AgentBinary{Path: p}
 		cfg.ImagePullPolicy = "Never"
 	}
 	kopts.Config = cfg
-	k, err := sandbox.NewKubernetes(ctx, kopts)
+	k, err := sbkube.New(ctx, kopts)
 	if err != nil {
 		return nil, err
 	}
@@ -569,12 +576,12 @@ func runKubeSandbox(ctx context.Context, r *runCtx, peak int) (out []Measure, er
 	}
 	defer s.Close(context.WithoutCancel(ctx))
 	ch, sp, err := sideBySide(5,
-		func(n int) ([]time.Duration, error) { return sandbox.MeasureExec(ctx, s, n) }, r.n(1000, 100),
-		func(n int) ([]time.Duration, error) { return sandbox.MeasureKubeExecSpawn(ctx, k, s, n) }, r.n(60, 10))
+		func(n int) ([]time.Duration, error) { return sandboxbench.MeasureExec(ctx, s, n) }, r.n(1000, 100),
+		func(n int) ([]time.Duration, error) { return sandboxbench.MeasureKubeExecSpawn(ctx, k, s, n) }, r.n(60, 10))
 	if err != nil {
 		return out, fmt.Errorf("exec: %w", err)
 	}
-	cs, bs := sandbox.Summarize(ch), sandbox.Summarize(sp)
+	cs, bs := sandboxbench.Summarize(ch), sandboxbench.Summarize(sp)
 	base := "a new exec stream through the API server per call (client-go, `true`), same pod, same run"
 	out = append(out,
 		Measure{Name: "sandbox.k8s.exec_p50_ms", Value: ptr(toMS(cs.P50)), Baseline: ptr(toMS(bs.P50)), BaselineName: base, Note: fmt.Sprintf("n=%d (per-call n=%d)", cs.N, bs.N)},
@@ -584,25 +591,25 @@ func runKubeSandbox(ctx context.Context, r *runCtx, peak int) (out []Measure, er
 	)
 	_ = s.Close(ctx)
 
-	cr, err := sandbox.MeasureCreate(ctx, k, spec, r.n(20, 3))
+	cr, err := sandboxbench.MeasureCreate(ctx, k, spec, r.n(20, 3))
 	if err != nil {
 		return out, fmt.Errorf("cold start: %w", err)
 	}
-	cold := sandbox.Summarize(cr)
+	cold := sandboxbench.Summarize(cr)
 	out = append(out,
 		Measure{Name: "sandbox.k8s.cold_start_p50_ms", Value: ptr(toMS(cold.P50)), Note: fmt.Sprintf("n=%d; create pod → init container installs the agent → running → agent exec'd and handshaken", cold.N)},
 		Measure{Name: "sandbox.k8s.cold_start_p99_ms", Value: ptr(toMS(cold.P99))},
 	)
 
 	p := sandbox.NewPool(k, sandbox.PoolOptions{})
-	acq, err := sandbox.MeasurePoolAcquire(ctx, p, spec, r.n(30, 5))
+	acq, err := sandboxbench.MeasurePoolAcquire(ctx, p, spec, r.n(30, 5))
 	if cerr := p.Close(context.WithoutCancel(ctx)); err == nil {
 		err = cerr
 	}
 	if err != nil {
 		return out, fmt.Errorf("pool claim: %w", err)
 	}
-	as := sandbox.Summarize(acq)
+	as := sandboxbench.Summarize(acq)
 	base = "cold pod start (create → agent handshake), same run"
 	out = append(out,
 		Measure{Name: "sandbox.k8s.pool_claim_p50_ms", Value: ptr(toMS(as.P50)), Baseline: ptr(toMS(cold.P50)), BaselineName: base, Note: fmt.Sprintf("n=%d", as.N)},
@@ -619,7 +626,7 @@ func runKubeSandbox(ctx context.Context, r *runCtx, peak int) (out []Measure, er
 		peak = nodes
 	}
 	pctx, cancel := context.WithTimeout(ctx, 15*time.Minute)
-	res := sandbox.MeasurePeak(pctx, k, sandbox.Spec{Image: spec.Image, Limits: sandbox.Limits{MemoryBytes: 256 << 20, CPUs: 0.5, PIDs: 64}}, peak, 16)
+	res := sandboxbench.MeasurePeak(pctx, k, sandbox.Spec{Image: spec.Image, Limits: sandbox.Limits{MemoryBytes: 256 << 20, CPUs: 0.5, PIDs: 64}}, peak, 16)
 	cancel()
 	note := fmt.Sprintf("tried %d (the lab's admission capacity %d pods, the Docker target %d); all created in %s", res.Target, nodes, r.n(1000, 8), res.Elapsed.Round(time.Millisecond))
 	if res.Err != nil {
