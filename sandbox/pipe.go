@@ -38,7 +38,7 @@ type pipeConn struct {
 	done chan struct{}
 	Wrap func(string, error) error
 
-	Once   sync.Once
+	once   sync.Once
 	mu     sync.Mutex
 	err    error
 	closed bool
@@ -124,7 +124,7 @@ func tail(b []byte, n int) string {
 }
 
 func (p *pipeConn) finish(err error) {
-	p.Once.Do(func() {
+	p.once.Do(func() {
 		p.mu.Lock()
 		p.err = err
 		p.mu.Unlock()

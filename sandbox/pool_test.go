@@ -19,7 +19,7 @@ type gatedWarm struct {
 
 type closeGate struct {
 	total, inFlight, peak atomic.Int32
-	Once                  sync.Once
+	once                  sync.Once
 	all                   chan struct{}
 }
 
@@ -32,7 +32,7 @@ func (g *gatedWarm) Close(ctx context.Context) error {
 		}
 	}
 	if n == g.gate.total.Load() {
-		g.gate.Once.Do(func() { close(g.gate.all) })
+		g.gate.once.Do(func() { close(g.gate.all) })
 	}
 	defer g.gate.inFlight.Add(-1)
 	select {

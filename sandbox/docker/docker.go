@@ -687,7 +687,7 @@ type dockerSandbox struct {
 	log     *slog.Logger
 
 	sandbox.HandleState
-	Once     sync.Once
+	once     sync.Once
 	closeErr error
 	applied  sandbox.Applied // limits read back from the created container
 	upperDir string          // host path of the writable layer ("" unknown)
@@ -796,7 +796,7 @@ func (s *dockerSandbox) state() string {
 // place for its next holder (PoolOptions.Reuse). It is idempotent and works
 // with a cancelled ctx (removal runs detached, bounded by its own timeout).
 func (s *dockerSandbox) Close(ctx context.Context) error {
-	s.Once.Do(func() {
+	s.once.Do(func() {
 		s.Closing.Store(true)
 		if s.recycle != nil && s.recycle(ctx) {
 			return

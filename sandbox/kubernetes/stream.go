@@ -44,7 +44,7 @@ type k8sSandbox struct {
 	stdin      *io.PipeReader
 
 	sandbox.HandleState
-	Once      sync.Once
+	once      sync.Once
 	closeErr  error
 	lost      atomic.Value // string: why the pod can no longer serve
 	seenReady atomic.Bool
@@ -223,7 +223,7 @@ func (s *k8sSandbox) state() string {
 
 // Close deletes the pod. It is idempotent and works with a cancelled ctx.
 func (s *k8sSandbox) Close(ctx context.Context) error {
-	s.Once.Do(func() {
+	s.once.Do(func() {
 		s.Closing.Store(true)
 		s.stopStream()
 		s.closeErr = s.k.remove(ctx, s.name, s.claim)

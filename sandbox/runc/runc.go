@@ -735,7 +735,7 @@ type runcSandbox struct {
 
 	sandbox.HandleState
 	diskUsed atomic.Int64
-	Once     sync.Once
+	once     sync.Once
 	closeErr error
 	// recycle, when set (a pool that reuses sandboxes), runs first in
 	// Close; true means the container was reset for a new holder.
@@ -829,7 +829,7 @@ func (s *runcSandbox) stopChannel() {
 // Close removes the container, its cgroups, its writable layer and its
 // state. It is idempotent and works with a cancelled ctx.
 func (s *runcSandbox) Close(ctx context.Context) error {
-	s.Once.Do(func() {
+	s.once.Do(func() {
 		s.Closing.Store(true)
 		if s.recycle != nil && s.recycle(ctx) {
 			return
