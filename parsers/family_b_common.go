@@ -134,31 +134,37 @@ func vlSkipNumber(s string, i int) (int, vlScan) {
 		return i, vlBad
 	}
 	if i < len(s) && s[i] == '.' {
-		i++
-		if i >= len(s) {
-			return i, vlTrunc
-		}
-		if !vlDigit(s[i]) {
-			return i, vlBad
-		}
-		for i < len(s) && vlDigit(s[i]) {
-			i++
+		var st vlScan
+		if i, st = vlSkipDigits(s, i+1); st != vlOK {
+			return i, st
 		}
 	}
+	return vlSkipExponent(s, i)
+}
+
+// vlSkipExponent skips an optional exponent ("e", sign, digits) at s[i].
+func vlSkipExponent(s string, i int) (int, vlScan) {
 	if i < len(s) && (s[i] == 'e' || s[i] == 'E') {
 		i++
 		if i < len(s) && (s[i] == '+' || s[i] == '-') {
 			i++
 		}
-		if i >= len(s) {
-			return i, vlTrunc
-		}
-		if !vlDigit(s[i]) {
-			return i, vlBad
-		}
-		for i < len(s) && vlDigit(s[i]) {
-			i++
-		}
+		return vlSkipDigits(s, i)
+	}
+	return i, vlOK
+}
+
+// vlSkipDigits skips the run of digits a fraction or exponent must have:
+// at least one, so running out of input first is a truncation.
+func vlSkipDigits(s string, i int) (int, vlScan) {
+	if i >= len(s) {
+		return i, vlTrunc
+	}
+	if !vlDigit(s[i]) {
+		return i, vlBad
+	}
+	for i < len(s) && vlDigit(s[i]) {
+		i++
 	}
 	return i, vlOK
 }
@@ -176,76 +182,28 @@ value:
 	if i >= len(s) {
 		return i, vlTrunc
 	}
-	switch c := s[i]; {
-	case c == '{':
-		i = vlSkipWS(s, i+1)
-		if i >= len(s) {
-			return i, vlTrunc
+	if c := s[i]; c == '{' || c == '[' {
+		var empty bool
+		if i, empty, st = vlOpen(s, i); st != vlOK {
+			return i, st
 		}
-		if s[i] == '}' {
-			i++
+		if empty {
 			goto after
 		}
-		stack = append(stack, '{')
-		goto key
-	case c == '[':
-		i = vlSkipWS(s, i+1)
-		if i >= len(s) {
-			return i, vlTrunc
+		stack = append(stack, c)
+		if c == '{' {
+			goto key
 		}
-		if s[i] == ']' {
-			i++
-			goto after
-		}
-		stack = append(stack, '[')
 		goto value
-	case c == '"':
-		if i, st = vlSkipString(s, i, lenient); st != vlOK {
-			return i, st
-		}
-		goto after
-	case c == '-' || vlDigit(c):
-		if i, st = vlSkipNumber(s, i); st != vlOK {
-			return i, st
-		}
-		goto after
-	case c == 't':
-		if i, st = vlSkipLiteral(s, i, "true"); st != vlOK {
-			return i, st
-		}
-		goto after
-	case c == 'f':
-		if i, st = vlSkipLiteral(s, i, "false"); st != vlOK {
-			return i, st
-		}
-		goto after
-	case c == 'n':
-		if i, st = vlSkipLiteral(s, i, "null"); st != vlOK {
-			return i, st
-		}
-		goto after
-	default:
-		return i, vlBad
 	}
-key:
-	i = vlSkipWS(s, i)
-	if i >= len(s) {
-		return i, vlTrunc
-	}
-	if s[i] != '"' {
-		return i, vlBad
-	}
-	if i, st = vlSkipString(s, i, lenient); st != vlOK {
+	if i, st = vlSkipScalar(s, i, lenient); st != vlOK {
 		return i, st
 	}
-	i = vlSkipWS(s, i)
-	if i >= len(s) {
-		return i, vlTrunc
+	goto after
+key:
+	if i, st = vlSkipKey(s, i, lenient); st != vlOK {
+		return i, st
 	}
-	if s[i] != ':' {
-		return i, vlBad
-	}
-	i++
 	goto value
 after:
 	if len(stack) == 0 {
@@ -268,6 +226,66 @@ after:
 		goto after
 	}
 	return i, vlBad
+}
+
+// vlOpen steps into the object or array opening at s[i]. An empty one
+// ("{}", "[]") is skipped whole and reported as empty, so the caller only
+// pushes containers that still have members to scan.
+func vlOpen(s string, i int) (next int, empty bool, st vlScan) {
+	closer := byte('}')
+	if s[i] == '[' {
+		closer = ']'
+	}
+	i = vlSkipWS(s, i+1)
+	if i >= len(s) {
+		return i, false, vlTrunc
+	}
+	if s[i] == closer {
+		return i + 1, true, vlOK
+	}
+	return i, false, vlOK
+}
+
+// vlSkipScalar skips the string, number or literal starting at s[i]
+// (i < len(s)); anything else cannot start a JSON value.
+func vlSkipScalar(s string, i int, lenient bool) (int, vlScan) {
+	switch c := s[i]; {
+	case c == '"':
+		return vlSkipString(s, i, lenient)
+	case c == '-' || vlDigit(c):
+		return vlSkipNumber(s, i)
+	case c == 't':
+		return vlSkipLiteral(s, i, "true")
+	case c == 'f':
+		return vlSkipLiteral(s, i, "false")
+	case c == 'n':
+		return vlSkipLiteral(s, i, "null")
+	}
+	return i, vlBad
+}
+
+// vlSkipKey skips an object member's key and its colon, leaving i where
+// the member's value may start.
+func vlSkipKey(s string, i int, lenient bool) (int, vlScan) {
+	i = vlSkipWS(s, i)
+	if i >= len(s) {
+		return i, vlTrunc
+	}
+	if s[i] != '"' {
+		return i, vlBad
+	}
+	i, st := vlSkipString(s, i, lenient)
+	if st != vlOK {
+		return i, st
+	}
+	i = vlSkipWS(s, i)
+	if i >= len(s) {
+		return i, vlTrunc
+	}
+	if s[i] != ':' {
+		return i, vlBad
+	}
+	return i + 1, vlOK
 }
 
 func vlSkipLiteral(s string, i int, lit string) (int, vlScan) {

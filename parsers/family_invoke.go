@@ -138,36 +138,17 @@ func parseAttrs(text string, i int) ([]invAttr, int) {
 // the call; stop bounds the search (the end of the enclosing block). It
 // returns where the element ends.
 func (ts *tagScan) invoke(text string, k, stop int, sp *invSpec, tools []ToolSchema, post func(fn string, ab *argsBuilder, raw string) string) int {
-	t := text[:stop]
-	attrs, i := parseAttrs(t, k+len(sp.invOpen))
-	if i == -1 {
-		ts.c.fail("", "truncated: the output ends inside the call tag", text[k:stop])
-		return stop
+	c := &invCall{ts: ts, sp: sp, text: text, t: text[:stop], k: k, stop: stop}
+	i, done := c.head()
+	if done {
+		return i
 	}
-	name, _ := attrVal(attrs, "name")
-	name = strings.TrimSpace(name)
-	if i == -2 || !vlValidName(name) {
-		end := invBlockEnd(t, k+1, sp)
-		reason := "call tag has no valid name attribute"
-		if i == -2 {
-			reason = "malformed call tag"
-		}
-		ts.c.fail(name, reason, text[k:end])
-		return end
-	}
+	t := c.t
 	ab := newArgs()
 	for {
 		i = vlSkipSpaceAny(t, i)
 		if strings.HasPrefix(t[i:], sp.invClose) {
-			end := i + len(sp.invClose)
-			if post != nil {
-				if reason := post(name, &ab, text[k:end]); reason != "" {
-					ts.c.fail(name, reason, text[k:end])
-					return end
-				}
-			}
-			ts.c.add(name, ab.String(), text[k:end])
-			return end
+			return c.finish(&ab, i+len(sp.invClose), post)
 		}
 		if i >= len(t) {
 			// The end tag is missing. When the enclosing block closed, or
@@ -175,95 +156,145 @@ func (ts *tagScan) invoke(text string, k, stop int, sp *invSpec, tools []ToolSch
 			// sequence may have eaten the tag), the call is complete; a
 			// bare opening tag at the very end is a truncation.
 			if stop == len(text) && ab.len() == 0 {
-				ts.c.fail(name, "truncated: the output ends before "+sp.invClose, text[k:stop])
-				return stop
+				return c.fail("truncated: the output ends before "+sp.invClose, stop)
 			}
-			if post != nil {
-				if reason := post(name, &ab, text[k:stop]); reason != "" {
-					ts.c.fail(name, reason, text[k:stop])
-					return stop
-				}
-			}
-			ts.c.add(name, ab.String(), text[k:stop])
-			return stop
+			return c.finish(&ab, stop, post)
 		}
 		if !sp.tagAt(t, i, sp.paramOpen) {
-			// Stray text: skip to the next parameter or the end tag.
-			p := strings.Index(t[i:], sp.paramOpen)
-			c := strings.Index(t[i:], sp.invClose)
-			n := strings.Index(t[i:], sp.invOpen)
-			next := -1
-			for _, x := range []int{p, c} {
-				if x >= 0 && (next < 0 || x < next) {
-					next = x
-				}
+			if i, done = c.skipStray(i); done {
+				return i
 			}
-			if next < 0 {
-				if n >= 0 {
-					ts.c.fail(name, "call is not closed by "+sp.invClose, text[k:i+n])
-					return i + n
-				}
-				ts.c.fail(name, "truncated: the output ends before "+sp.invClose, text[k:stop])
-				return stop
-			}
-			if n >= 0 && n < next {
-				ts.c.fail(name, "call is not closed by "+sp.invClose, text[k:i+n])
-				return i + n
-			}
-			if next == 0 {
-				// "<parameterX": not our tag, step over it.
-				next = len(sp.paramOpen)
-			}
-			i += next
 			continue
 		}
-		pattrs, v0 := parseAttrs(t, i+len(sp.paramOpen))
-		if v0 == -1 {
-			ts.c.fail(name, "truncated: the output ends inside a parameter tag", text[k:stop])
-			return stop
+		if i, done = c.param(i, tools, &ab); done {
+			return i
 		}
-		pname, ok := attrVal(pattrs, "name")
-		if v0 == -2 || !ok || strings.TrimSpace(pname) == "" {
-			end := invBlockEnd(t, i, sp)
-			ts.c.fail(name, "parameter without a name", text[k:end])
-			return end
-		}
-		pname = strings.TrimSpace(pname)
-		// Value: CDATA, then up to the parameter close tag.
-		vs, ve := v0, -1
-		search := v0
-		if sp.cdata {
-			if w := vlSkipSpaceAny(t, v0); strings.HasPrefix(t[w:], "<![CDATA[") {
-				if e := strings.Index(t[w+9:], "]]>"); e >= 0 {
-					vs, ve = w+9, w+9+e
-					search = ve + 3
-				}
-			}
-		}
-		pc := strings.Index(t[search:], sp.paramClose)
-		if pc < 0 {
-			ts.c.fail(name, "truncated: the output ends inside parameter "+pname, text[k:stop])
-			return stop
-		}
-		// A parameter that runs into the next one or the end tag lost its
-		// close tag: the call is malformed, not silently merged.
-		if x := qxFirst(t, search, search+pc, sp.invClose, func(p int) bool { return sp.closeAt(t, p) }); x >= 0 {
-			ts.c.fail(name, "parameter "+pname+" is not closed by "+sp.paramClose, text[k:x+len(sp.invClose)])
-			return x + len(sp.invClose)
-		}
-		if ve < 0 {
-			ve = search + pc
-		}
-		for _, seen := range ab.keys {
-			if seen == pname {
-				end := invBlockEnd(t, i, sp)
-				ts.c.fail(name, "parameter "+pname+" given twice", text[k:end])
-				return end
-			}
-		}
-		ab.add(pname, sp.value(tools, name, pname, t[vs:ve], pattrs))
-		i = search + pc + len(sp.paramClose)
 	}
+}
+
+// invCall is one call element being parsed. Every failure reports the
+// element's text from k, so its steps share these bounds and the name.
+type invCall struct {
+	ts   *tagScan
+	sp   *invSpec
+	text string // the whole output
+	t    string // text[:stop]: the search never leaves the enclosing block
+	k    int    // where the element starts
+	stop int
+	name string
+}
+
+// fail records the call as failed with the element's text up to end, and
+// returns end so that a step can hand it straight back as "done".
+func (c *invCall) fail(reason string, end int) int {
+	c.ts.c.fail(c.name, reason, c.text[c.k:end])
+	return end
+}
+
+// finish records the call that ends at end, unless post rejects it.
+func (c *invCall) finish(ab *argsBuilder, end int, post func(fn string, ab *argsBuilder, raw string) string) int {
+	raw := c.text[c.k:end]
+	if post != nil {
+		if reason := post(c.name, ab, raw); reason != "" {
+			return c.fail(reason, end)
+		}
+	}
+	c.ts.c.add(c.name, ab.String(), raw)
+	return end
+}
+
+// head parses the opening tag and its name. It returns where the body
+// starts, or, when done, where the failed element ends.
+func (c *invCall) head() (int, bool) {
+	attrs, i := parseAttrs(c.t, c.k+len(c.sp.invOpen))
+	if i == -1 {
+		return c.fail("truncated: the output ends inside the call tag", c.stop), true
+	}
+	name, _ := attrVal(attrs, "name")
+	c.name = strings.TrimSpace(name)
+	if i == -2 || !vlValidName(c.name) {
+		reason := "call tag has no valid name attribute"
+		if i == -2 {
+			reason = "malformed call tag"
+		}
+		return c.fail(reason, invBlockEnd(c.t, c.k+1, c.sp)), true
+	}
+	return i, false
+}
+
+// skipStray steps over text at i that is not a parameter tag, to the next
+// parameter or the end tag. A new call or the end of the output first
+// means this call was never closed: then it is done.
+func (c *invCall) skipStray(i int) (int, bool) {
+	t, sp := c.t, c.sp
+	p := strings.Index(t[i:], sp.paramOpen)
+	cl := strings.Index(t[i:], sp.invClose)
+	n := strings.Index(t[i:], sp.invOpen)
+	next := -1
+	for _, x := range []int{p, cl} {
+		if x >= 0 && (next < 0 || x < next) {
+			next = x
+		}
+	}
+	if next < 0 {
+		if n >= 0 {
+			return c.fail("call is not closed by "+sp.invClose, i+n), true
+		}
+		return c.fail("truncated: the output ends before "+sp.invClose, c.stop), true
+	}
+	if n >= 0 && n < next {
+		return c.fail("call is not closed by "+sp.invClose, i+n), true
+	}
+	if next == 0 {
+		// "<parameterX": not our tag, step over it.
+		next = len(sp.paramOpen)
+	}
+	return i + next, false
+}
+
+// param parses the parameter element at i into ab and returns where it
+// ends, or, when done, where the failed call ends.
+func (c *invCall) param(i int, tools []ToolSchema, ab *argsBuilder) (int, bool) {
+	t, sp := c.t, c.sp
+	pattrs, v0 := parseAttrs(t, i+len(sp.paramOpen))
+	if v0 == -1 {
+		return c.fail("truncated: the output ends inside a parameter tag", c.stop), true
+	}
+	pname, ok := attrVal(pattrs, "name")
+	if v0 == -2 || !ok || strings.TrimSpace(pname) == "" {
+		return c.fail("parameter without a name", invBlockEnd(t, i, sp)), true
+	}
+	pname = strings.TrimSpace(pname)
+	// Value: CDATA, then up to the parameter close tag.
+	vs, ve := v0, -1
+	search := v0
+	if sp.cdata {
+		if w := vlSkipSpaceAny(t, v0); strings.HasPrefix(t[w:], "<![CDATA[") {
+			if e := strings.Index(t[w+9:], "]]>"); e >= 0 {
+				vs, ve = w+9, w+9+e
+				search = ve + 3
+			}
+		}
+	}
+	pc := strings.Index(t[search:], sp.paramClose)
+	if pc < 0 {
+		return c.fail("truncated: the output ends inside parameter "+pname, c.stop), true
+	}
+	// A parameter that runs into the next one or the end tag lost its
+	// close tag: the call is malformed, not silently merged.
+	if x := qxFirst(t, search, search+pc, sp.invClose, func(p int) bool { return sp.closeAt(t, p) }); x >= 0 {
+		return c.fail("parameter "+pname+" is not closed by "+sp.paramClose, x+len(sp.invClose)), true
+	}
+	if ve < 0 {
+		ve = search + pc
+	}
+	for _, seen := range ab.keys {
+		if seen == pname {
+			return c.fail("parameter "+pname+" given twice", invBlockEnd(t, i, sp)), true
+		}
+	}
+	ab.add(pname, sp.value(tools, c.name, pname, t[vs:ve], pattrs))
+	return search + pc + len(sp.paramClose), false
 }
 
 // invBlockEnd is where a broken element ends: after its close tag, else at

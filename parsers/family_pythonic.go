@@ -750,6 +750,12 @@ type pythonicParser struct{}
 // Parse accepts only an output that is entirely a call list: a sentence
 // quoting `[f(x=1)]` is prose, as upstream.
 func (pythonicParser) Parse(text string, _ []ToolSchema) Result {
+	return pyWholeOutput(text)
+}
+
+// pyWholeOutput takes the calls of an output that is entirely a call
+// list; any other output is all content.
+func pyWholeOutput(text string) Result {
 	var c vlCollector
 	if !pyWholeList(&c, text) {
 		return Result{Content: textPtr(text)}
@@ -768,13 +774,10 @@ type llama4PythonicParser struct{}
 // around a block is content) or, without markers, the whole output. A block
 // that is not a call list (the model running code) stays content.
 func (llama4PythonicParser) Parse(text string, _ []ToolSchema) Result {
-	var c vlCollector
 	if !strings.Contains(text, llama4PyStart) {
-		if !pyWholeList(&c, text) {
-			return Result{Content: textPtr(text)}
-		}
-		return c.result(nil)
+		return pyWholeOutput(text)
 	}
+	var c vlCollector
 	var parts []string
 	rest := text
 	for {

@@ -47,96 +47,18 @@ func (xlamParser) Parse(text string, tools []ToolSchema) Result {
 }
 
 func xlamOnce(text string, _ []ToolSchema) Result {
+	// The payload forms are tried in order; the first that yields a call
+	// decides. A form that yields none leaves the collector empty, so the
+	// forms can share it.
 	var c vlCollector
-	// 1. ``` fences whose body is a call list.
-	if k := strings.Index(text, "```"); k >= 0 {
-		from := 0
-		var parts []string
-		last := 0
-		for {
-			f := strings.Index(text[from:], "```")
-			if f < 0 {
-				break
-			}
-			f += from
-			bs := f + 3
-			if strings.HasPrefix(text[bs:], "json") {
-				bs += 4
-			}
-			e := strings.Index(text[bs:], "```")
-			body, end := text[bs:], len(text)
-			if e >= 0 {
-				body, end = text[bs:bs+e], bs+e+3
-			}
-			if !xlamLooksLikeCalls(body) {
-				if e < 0 {
-					break
-				}
-				from = end
-				continue
-			}
-			parts = append(parts, text[last:f])
-			xlamPayload(&c, body)
-			last, from = end, end
-		}
-		if c.next() > 0 {
-			parts = append(parts, text[last:])
-			return c.result(vlJoin(parts))
-		}
+	if r, ok := xlamFenced(&c, text); ok {
+		return r
 	}
-	// 2. [TOOL_CALLS] up to the end of the line.
-	if k := strings.Index(text, "[TOOL_CALLS]"); k >= 0 {
-		body := text[k+len("[TOOL_CALLS]"):]
-		rest := ""
-		if nl := strings.IndexByte(body, '\n'); nl >= 0 {
-			// A multi-line JSON payload continues past the newline.
-			if end, st := vlSkipJSON(body, vlSkipWS(body, 0), false); st == vlOK {
-				body, rest = body[:end], body[end:]
-			} else {
-				body, rest = body[:nl], body[nl:]
-			}
-		}
-		if xlamLooksLikeCalls(body) {
-			xlamPayload(&c, body)
-			return c.result(vlJoin([]string{text[:k], rest}))
-		}
+	if r, ok := xlamToolCallsLine(&c, text); ok {
+		return r
 	}
-	// 3. <tool_call> blocks.
-	if strings.Contains(text, "<tool_call>") {
-		ts := tagScan{first: -1}
-		last, from := 0, 0
-		for {
-			k := strings.Index(text[from:], "<tool_call>")
-			if k < 0 {
-				break
-			}
-			k += from
-			bs := k + len("<tool_call>")
-			e := strings.Index(text[bs:], "</tool_call>")
-			body, end := text[bs:], len(text)
-			if e >= 0 {
-				body, end = text[bs:bs+e], bs+e+len("</tool_call>")
-			}
-			// A complete JSON payload decides where the block ends, so a
-			// string mentioning </tool_call> does not cut it.
-			if je, st := vlSkipJSON(text, vlSkipWS(text, bs), false); st == vlOK {
-				a := vlSkipWS(text, je)
-				if strings.HasPrefix(text[a:], "</tool_call>") {
-					body, end = text[bs:je], a+len("</tool_call>")
-				}
-			}
-			if !xlamLooksLikeCalls(body) {
-				from = bs
-				continue
-			}
-			ts.parts = append(ts.parts, text[last:k])
-			xlamPayload(&ts.c, body)
-			last, from = end, end
-		}
-		if ts.c.next() > 0 {
-			ts.parts = append(ts.parts, text[last:])
-			return ts.c.result(vlJoin(ts.parts))
-		}
+	if r, ok := xlamTagged(text); ok {
+		return r
 	}
 	// 4. The text after </think>, else 5. the whole output.
 	body, content := text, ""
@@ -150,4 +72,111 @@ func xlamOnce(text string, _ []ToolSchema) Result {
 		}
 	}
 	return Result{Content: textPtr(text)}
+}
+
+// xlamFenced takes the calls of ``` fences whose body is a call list.
+func xlamFenced(c *vlCollector, text string) (Result, bool) {
+	if !strings.Contains(text, "```") {
+		return Result{}, false
+	}
+	from := 0
+	var parts []string
+	last := 0
+	for {
+		f := strings.Index(text[from:], "```")
+		if f < 0 {
+			break
+		}
+		f += from
+		bs := f + 3
+		if strings.HasPrefix(text[bs:], "json") {
+			bs += 4
+		}
+		e := strings.Index(text[bs:], "```")
+		body, end := text[bs:], len(text)
+		if e >= 0 {
+			body, end = text[bs:bs+e], bs+e+3
+		}
+		if !xlamLooksLikeCalls(body) {
+			if e < 0 {
+				break
+			}
+			from = end
+			continue
+		}
+		parts = append(parts, text[last:f])
+		xlamPayload(c, body)
+		last, from = end, end
+	}
+	if c.next() > 0 {
+		parts = append(parts, text[last:])
+		return c.result(vlJoin(parts)), true
+	}
+	return Result{}, false
+}
+
+// xlamToolCallsLine takes the call list after [TOOL_CALLS], up to the end
+// of the line.
+func xlamToolCallsLine(c *vlCollector, text string) (Result, bool) {
+	k := strings.Index(text, "[TOOL_CALLS]")
+	if k < 0 {
+		return Result{}, false
+	}
+	body := text[k+len("[TOOL_CALLS]"):]
+	rest := ""
+	if nl := strings.IndexByte(body, '\n'); nl >= 0 {
+		// A multi-line JSON payload continues past the newline.
+		if end, st := vlSkipJSON(body, vlSkipWS(body, 0), false); st == vlOK {
+			body, rest = body[:end], body[end:]
+		} else {
+			body, rest = body[:nl], body[nl:]
+		}
+	}
+	if xlamLooksLikeCalls(body) {
+		xlamPayload(c, body)
+		return c.result(vlJoin([]string{text[:k], rest})), true
+	}
+	return Result{}, false
+}
+
+// xlamTagged takes the calls of <tool_call> blocks.
+func xlamTagged(text string) (Result, bool) {
+	if !strings.Contains(text, "<tool_call>") {
+		return Result{}, false
+	}
+	ts := tagScan{first: -1}
+	last, from := 0, 0
+	for {
+		k := strings.Index(text[from:], "<tool_call>")
+		if k < 0 {
+			break
+		}
+		k += from
+		bs := k + len("<tool_call>")
+		e := strings.Index(text[bs:], "</tool_call>")
+		body, end := text[bs:], len(text)
+		if e >= 0 {
+			body, end = text[bs:bs+e], bs+e+len("</tool_call>")
+		}
+		// A complete JSON payload decides where the block ends, so a
+		// string mentioning </tool_call> does not cut it.
+		if je, st := vlSkipJSON(text, vlSkipWS(text, bs), false); st == vlOK {
+			a := vlSkipWS(text, je)
+			if strings.HasPrefix(text[a:], "</tool_call>") {
+				body, end = text[bs:je], a+len("</tool_call>")
+			}
+		}
+		if !xlamLooksLikeCalls(body) {
+			from = bs
+			continue
+		}
+		ts.parts = append(ts.parts, text[last:k])
+		xlamPayload(&ts.c, body)
+		last, from = end, end
+	}
+	if ts.c.next() > 0 {
+		ts.parts = append(ts.parts, text[last:])
+		return ts.c.result(vlJoin(ts.parts)), true
+	}
+	return Result{}, false
 }

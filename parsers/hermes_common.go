@@ -124,6 +124,23 @@ func (cp *compactor) keepBig(s string, to int) {
 	cp.big.WriteString(s[cp.kept:to])
 }
 
+// scanAfter reads what follows an object member or array element: a
+// comma (more follows; next is past it and the blanks after it) or closer
+// (done; next is past it). bad is the error for anything else.
+func scanAfter(s string, i int, closer byte, bad string, cp *compactor) (next int, done bool, err error) {
+	i = cp.skip(s, i)
+	if i >= len(s) {
+		return i, false, errJSONEOF
+	}
+	switch s[i] {
+	case ',':
+		return cp.skip(s, i+1), false, nil
+	case closer:
+		return i + 1, true, nil
+	}
+	return i, false, &jsonError{i, bad}
+}
+
 func scanValueDepth(s string, i, depth int, cp *compactor) (int, error) {
 	if i >= len(s) {
 		return i, errJSONEOF
@@ -159,17 +176,9 @@ func scanValueDepth(s string, i, depth int, cp *compactor) (int, error) {
 			if i, err = scanValueDepth(s, i, depth+1, cp); err != nil {
 				return i, err
 			}
-			i = cp.skip(s, i)
-			if i >= len(s) {
-				return i, errJSONEOF
-			}
-			switch s[i] {
-			case ',':
-				i = cp.skip(s, i+1)
-			case '}':
-				return i + 1, nil
-			default:
-				return i, &jsonError{i, "expected ',' or '}' in object"}
+			var done bool
+			if i, done, err = scanAfter(s, i, '}', "expected ',' or '}' in object", cp); err != nil || done {
+				return i, err
 			}
 		}
 	case c == '[':
@@ -185,17 +194,9 @@ func scanValueDepth(s string, i, depth int, cp *compactor) (int, error) {
 			if i, err = scanValueDepth(s, i, depth+1, cp); err != nil {
 				return i, err
 			}
-			i = cp.skip(s, i)
-			if i >= len(s) {
-				return i, errJSONEOF
-			}
-			switch s[i] {
-			case ',':
-				i = cp.skip(s, i+1)
-			case ']':
-				return i + 1, nil
-			default:
-				return i, &jsonError{i, "expected ',' or ']' in array"}
+			var done bool
+			if i, done, err = scanAfter(s, i, ']', "expected ',' or ']' in array", cp); err != nil || done {
+				return i, err
 			}
 		}
 	case c == '"':

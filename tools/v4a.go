@@ -204,90 +204,28 @@ func runV4APatch(ctx context.Context, rt *Runtime, text string) (string, error) 
 	if err != nil {
 		return patchFail("Invalid V4A patch: "+err.Error(), ""), nil
 	}
-	type planned struct {
-		op            v4aOp
-		abs           string
-		before, after string
-	}
-	var plan []planned
 	// Compute everything first so that a failing hunk changes no file.
+	var plan []v4aPlanned
 	for _, o := range ops {
-		abs, err := rt.Resolve(ctx, o.path)
-		if err != nil {
-			if infraOr(ctx, err) {
-				return "", err
-			}
-			return patchFail("Invalid path "+o.path+": "+err.Error(), ""), nil
-		}
-		if protectedPath(abs) {
-			return patchFail("Refusing to modify protected path "+abs, ""), nil
-		}
-		pl := planned{op: o, abs: abs}
-		if o.kind != "add" {
-			data, err := rt.Sandbox.ReadFile(ctx, abs)
-			if err != nil {
-				if infraOr(ctx, err) {
-					return "", err
-				}
-				if errors.Is(err, sandbox.ErrNotFound) {
-					return patchFail("File not found: "+abs, ""), nil
-				}
-				return patchFail(fmt.Sprintf("Could not read %s: %v", abs, err), ""), nil
-			}
-			pl.before = string(data)
-		}
-		switch o.kind {
-		case "add":
-			pl.after = strings.Join(o.added, "\n")
-			if len(o.added) > 0 {
-				pl.after += "\n"
-			}
-		case "update":
-			pl.after, err = applyChunks(pl.before, o.chunks)
-			if err != nil {
-				return patchFail(fmt.Sprintf("%s: %v", abs, err), "Use read_file to see the exact current text and retry."), nil
-			}
+		pl, fail, err := planV4AOp(ctx, rt, o)
+		if fail != "" || err != nil {
+			return fail, err
 		}
 		plan = append(plan, pl)
 	}
 	var diffs []string
 	modified, created, deleted := []string{}, []string{}, []string{}
 	for _, pl := range plan {
+		if fail, err := applyV4AOp(ctx, rt, pl); fail != "" || err != nil {
+			return fail, err
+		}
 		switch pl.op.kind {
 		case "delete":
-			res, err := rt.argv(ctx, 0, "rm", "-f", "--", pl.abs)
-			if err != nil {
-				if infraOr(ctx, err) {
-					return "", err
-				}
-				return patchFail(fmt.Sprintf("Failed to delete %s: %v", pl.abs, err), ""), nil
-			}
-			if res.ExitCode != 0 {
-				return patchFail(fmt.Sprintf("Failed to delete %s: %s", pl.abs, strings.TrimSpace(string(res.Stderr))), ""), nil
-			}
 			deleted = append(deleted, pl.abs)
+		case "add":
+			created = append(created, pl.abs)
 		default:
-			if _, err := writeKeepingMode(ctx, rt, pl.abs, []byte(pl.after)); err != nil {
-				if infraOr(ctx, err) {
-					return "", err
-				}
-				return patchFail(fmt.Sprintf("Failed to write %s: %v", pl.abs, err), ""), nil
-			}
-			check, err := rt.Sandbox.ReadFile(ctx, pl.abs)
-			if err != nil {
-				if infraOr(ctx, err) {
-					return "", err
-				}
-				return patchFail(fmt.Sprintf("Could not verify %s after writing: %v", pl.abs, err), ""), nil
-			}
-			if string(check) != pl.after {
-				return patchFail("Verification failed: "+pl.abs+" does not contain the intended content after writing", ""), nil
-			}
-			if pl.op.kind == "add" {
-				created = append(created, pl.abs)
-			} else {
-				modified = append(modified, pl.abs)
-			}
+			modified = append(modified, pl.abs)
 		}
 		diffs = append(diffs, UnifiedDiff(pl.abs, pl.before, pl.after))
 	}
@@ -299,4 +237,87 @@ func runV4APatch(ctx context.Context, rt *Runtime, text string) (string, error) 
 		r["files_deleted"] = deleted
 	}
 	return marshal(r), nil
+}
+
+// v4aPlanned is one operation of a patch with the file's text before and
+// after it.
+type v4aPlanned struct {
+	op            v4aOp
+	abs           string
+	before, after string
+}
+
+// v4aFail is the answer for a step that failed with err: an
+// infrastructure error goes up as the error, anything else is the model's
+// to fix and becomes a failed patch saying msg.
+func v4aFail(ctx context.Context, err error, msg string) (string, error) {
+	if infraOr(ctx, err) {
+		return "", err
+	}
+	return patchFail(msg, ""), nil
+}
+
+// planV4AOp resolves o's path and computes the file's new text without
+// writing anything. A non-empty fail is the tool's answer.
+func planV4AOp(ctx context.Context, rt *Runtime, o v4aOp) (pl v4aPlanned, fail string, err error) {
+	abs, err := rt.Resolve(ctx, o.path)
+	if err != nil {
+		fail, err = v4aFail(ctx, err, "Invalid path "+o.path+": "+err.Error())
+		return pl, fail, err
+	}
+	if protectedPath(abs) {
+		return pl, patchFail("Refusing to modify protected path "+abs, ""), nil
+	}
+	pl = v4aPlanned{op: o, abs: abs}
+	if o.kind != "add" {
+		data, err := rt.Sandbox.ReadFile(ctx, abs)
+		if err != nil {
+			if !infraOr(ctx, err) && errors.Is(err, sandbox.ErrNotFound) {
+				return pl, patchFail("File not found: "+abs, ""), nil
+			}
+			fail, err = v4aFail(ctx, err, fmt.Sprintf("Could not read %s: %v", abs, err))
+			return pl, fail, err
+		}
+		pl.before = string(data)
+	}
+	switch o.kind {
+	case "add":
+		pl.after = strings.Join(o.added, "\n")
+		if len(o.added) > 0 {
+			pl.after += "\n"
+		}
+	case "update":
+		pl.after, err = applyChunks(pl.before, o.chunks)
+		if err != nil {
+			return pl, patchFail(fmt.Sprintf("%s: %v", abs, err), "Use read_file to see the exact current text and retry."), nil
+		}
+	}
+	return pl, "", nil
+}
+
+// applyV4AOp carries out one planned operation: it deletes the file, or
+// writes the new text and reads it back to verify it. A non-empty fail is
+// the tool's answer.
+func applyV4AOp(ctx context.Context, rt *Runtime, pl v4aPlanned) (fail string, err error) {
+	if pl.op.kind == "delete" {
+		res, err := rt.argv(ctx, 0, "rm", "-f", "--", pl.abs)
+		if err != nil {
+			return v4aFail(ctx, err, fmt.Sprintf("Failed to delete %s: %v", pl.abs, err))
+		}
+		if res.ExitCode != 0 {
+			return patchFail(fmt.Sprintf("Failed to delete %s: %s", pl.abs, strings.TrimSpace(string(res.Stderr))), ""), nil
+		}
+		return "", nil
+	}
+	if _, err := writeKeepingMode(ctx, rt, pl.abs, []byte(pl.after)); err != nil {
+		return v4aFail(ctx, err, fmt.Sprintf("Failed to write %s: %v", pl.abs, err))
+	}
+	check, err := rt.Sandbox.ReadFile(ctx, pl.abs)
+	if err != nil {
+		return v4aFail(ctx, err, fmt.Sprintf("Could not verify %s after writing: %v", pl.abs, err))
+	}
+	if string(check) != pl.after {
+		return patchFail("Verification failed: "+pl.abs+" does not contain the intended content after writing", ""), nil
+	}
+	return "", nil
 }

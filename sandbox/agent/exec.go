@@ -186,24 +186,47 @@ func lookPath(name string, env []string) (string, error) {
 // launch starts spec with stdout/stderr going to the given writers. When
 // save is set (foreground Shell), the session snapshot comes back on fd 3.
 func (s *server) launch(spec *ExecSpec, stdout, stderr io.Writer, save bool) (_ *running, err error) {
+	cmd, err := s.command(spec, save)
+	if err != nil {
+		return nil, err
+	}
+	r := &running{cmd: cmd}
+	ps := pipeSet{r: r}
+	defer func() {
+		for _, f := range ps.child {
+			_ = f.Close()
+		}
+		if err != nil {
+			r.closeAll()
+		}
+	}()
+	sinks, envW, err := s.wire(&ps, spec, stdout, stderr)
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		if errors.Is(err, syscall.EAGAIN) {
+			return nil, fmt.Errorf("start %s: out of processes (pids limit): %w", cmd.Args[0], err)
+		}
+		return nil, fmt.Errorf("start %s: %w", cmd.Args[0], err)
+	}
+	s.startCopiers(r, spec, sinks, envW)
+	return r, nil
+}
+
+// command checks spec and builds the command it runs: environment, argv
+// (shell session, sh -c or plain argv), working directory and the sandbox
+// user's credentials.
+func (s *server) command(spec *ExecSpec, save bool) (*exec.Cmd, error) {
 	if (len(spec.Argv) == 0) == (spec.Command == "") {
 		return nil, invalidf("exactly one of command and argv must be set")
 	}
 	if spec.Shell && spec.Command == "" {
 		return nil, invalidf("shell mode needs a command, not argv")
 	}
-	env := append([]string(nil), s.baseEnv...)
-	for k, v := range spec.Env {
-		if spec.Shell {
-			if !envName.MatchString(k) {
-				return nil, invalidf("env name %q is not a shell identifier", k)
-			}
-			continue
-		}
-		if k == "" || strings.ContainsAny(k, "=\x00") || strings.Contains(v, "\x00") {
-			return nil, invalidf("bad env entry %q", k)
-		}
-		env = append(env, k+"="+v)
+	env, err := s.commandEnv(spec)
+	if err != nil {
+		return nil, err
 	}
 	cwd := spec.Cwd
 	if cwd != "" && !filepath.IsAbs(cwd) {
@@ -237,80 +260,129 @@ func (s *server) launch(spec *ExecSpec, stdout, stderr io.Writer, save bool) (_ 
 	if s.uid != 0 || s.gid != 0 {
 		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(s.uid), Gid: uint32(s.gid), Groups: []uint32{}}
 	}
-	r := &running{cmd: cmd}
-	var childEnds []*os.File
-	defer func() {
-		for _, f := range childEnds {
-			_ = f.Close()
+	return cmd, nil
+}
+
+// commandEnv is the agent's base environment plus spec.Env. A shell
+// session applies spec.Env in its script instead, so there the names
+// only have to be shell identifiers.
+func (s *server) commandEnv(spec *ExecSpec) ([]string, error) {
+	env := append([]string(nil), s.baseEnv...)
+	for k, v := range spec.Env {
+		if spec.Shell {
+			if !envName.MatchString(k) {
+				return nil, invalidf("env name %q is not a shell identifier", k)
+			}
+			continue
 		}
-		if err != nil {
-			r.closeAll()
+		if k == "" || strings.ContainsAny(k, "=\x00") || strings.Contains(v, "\x00") {
+			return nil, invalidf("bad env entry %q", k)
 		}
-	}()
-	pipe := func() (*os.File, *os.File, error) {
-		pr, pw, err := os.Pipe()
-		if err != nil {
-			return nil, nil, fmt.Errorf("pipe: %w", err)
-		}
-		return pr, pw, nil
+		env = append(env, k+"="+v)
 	}
-	outR, outW, err := pipe()
+	return env, nil
+}
+
+// pipeSet holds the pipes of one launch. The parent ends live in r; child
+// lists the ends the child inherits, which launch closes in the agent once
+// the child has started (or the launch failed): the readers see EOF only
+// when no copy of a write end is left open.
+type pipeSet struct {
+	r     *running
+	child []*os.File
+}
+
+// newPipe is os.Pipe with the error said to be the pipe's.
+func newPipe() (*os.File, *os.File, error) {
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return nil, nil, fmt.Errorf("pipe: %w", err)
+	}
+	return pr, pw, nil
+}
+
+// output opens a pipe the child writes and the agent reads (stdout or
+// stderr), and returns the child's end.
+func (ps *pipeSet) output() (*os.File, error) {
+	pr, pw, err := newPipe()
 	if err != nil {
 		return nil, err
 	}
-	r.readers = append(r.readers, outR)
-	childEnds = append(childEnds, outW)
+	ps.r.readers = append(ps.r.readers, pr)
+	ps.child = append(ps.child, pw)
+	return pw, nil
+}
+
+// wire gives the command its pipes: stdout and stderr (one pipe when they
+// go to the same writer), stdin when the spec feeds or keeps it, and a
+// shell session's fds 3/4. It returns the writers the output pipes copy
+// into, in the order of r.readers, and the agent's end of fd 4.
+func (s *server) wire(ps *pipeSet, spec *ExecSpec, stdout, stderr io.Writer) ([]io.Writer, *os.File, error) {
+	cmd := ps.r.cmd
+	outW, err := ps.output()
+	if err != nil {
+		return nil, nil, err
+	}
 	cmd.Stdout = outW
 	sinks := []io.Writer{stdout}
 	if stderr == stdout {
 		cmd.Stderr = outW
 	} else {
-		errR, errW, err := pipe()
+		errW, err := ps.output()
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		r.readers = append(r.readers, errR)
-		childEnds = append(childEnds, errW)
 		cmd.Stderr = errW
 		sinks = append(sinks, stderr)
 	}
 	if spec.Stdin != nil || spec.KeepStdin {
-		inR, inW, err := pipe()
+		inR, inW, err := newPipe()
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		childEnds = append(childEnds, inR)
+		ps.child = append(ps.child, inR)
 		cmd.Stdin = inR
-		r.stdin = inW
+		ps.r.stdin = inW
 	}
-	var envW *os.File
-	if spec.Shell {
-		snapR, snapW, err := pipe()
-		if err != nil {
-			return nil, err
-		}
-		envR, ew, err := pipe()
-		if err != nil {
-			_ = snapR.Close()
-			_ = snapW.Close()
-			return nil, err
-		}
-		envW = ew
-		// The shell reopens the pipe through /dev/fd/4, which checks the
-		// pipe's owner: hand it to the sandbox user.
-		if s.uid != 0 || s.gid != 0 {
-			_ = envR.Chown(s.uid, s.gid)
-		}
-		r.extra = append(r.extra, snapR, envW)
-		childEnds = append(childEnds, snapW, envR)
-		cmd.ExtraFiles = []*os.File{snapW, envR}
+	if !spec.Shell {
+		return sinks, nil, nil
 	}
-	if err := cmd.Start(); err != nil {
-		if errors.Is(err, syscall.EAGAIN) {
-			return nil, fmt.Errorf("start %s: out of processes (pids limit): %w", argv[0], err)
-		}
-		return nil, fmt.Errorf("start %s: %w", argv[0], err)
+	envW, err := s.wireShell(ps)
+	if err != nil {
+		return nil, nil, err
 	}
+	return sinks, envW, nil
+}
+
+// wireShell opens a shell session's pipes: the snapshot comes back on fd
+// 3, the saved state goes in on fd 4. It returns the agent's end of fd 4.
+func (s *server) wireShell(ps *pipeSet) (*os.File, error) {
+	snapR, snapW, err := newPipe()
+	if err != nil {
+		return nil, err
+	}
+	envR, envW, err := newPipe()
+	if err != nil {
+		_ = snapR.Close()
+		_ = snapW.Close()
+		return nil, err
+	}
+	// The shell reopens the pipe through /dev/fd/4, which checks the
+	// pipe's owner: hand it to the sandbox user.
+	if s.uid != 0 || s.gid != 0 {
+		_ = envR.Chown(s.uid, s.gid)
+	}
+	ps.r.extra = append(ps.r.extra, snapR, envW)
+	ps.child = append(ps.child, snapW, envR)
+	ps.r.cmd.ExtraFiles = []*os.File{snapW, envR}
+	return envW, nil
+}
+
+// startCopiers starts, for a started command, the goroutines that copy
+// its output pipes into sinks (and the snapshot into r.snap) and that feed
+// the session state and stdin. Each ends with its pipe; the last output
+// copier closes r.drained.
+func (s *server) startCopiers(r *running, spec *ExecSpec, sinks []io.Writer, envW *os.File) {
 	copiers := len(r.readers)
 	if spec.Shell {
 		copiers++
@@ -347,7 +419,6 @@ func (s *server) launch(spec *ExecSpec, stdout, stderr io.Writer, save bool) (_ 
 			}
 		}()
 	}
-	return r, nil
 }
 
 // wait waits for the command to exit and reaps it. It first parks in the

@@ -357,136 +357,196 @@ func errnoErr(e syscall.Errno) error {
 // filesystem (a mount point below root) are an error. root is left owned
 // by root, mode 0700; restoreRoot puts back its start-up state.
 func wipeDir(ctx context.Context, root string) (removed int, err error) {
-	var st unix.Stat_t
-	if err := unix.Lstat(root, &st); err != nil {
+	w, err := openWipe(root)
+	if err != nil {
 		return 0, err
 	}
-	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
-		return 0, fmt.Errorf("%s is not a directory", root)
-	}
-	dev := st.Dev
-	if err := unix.Lchown(root, 0, 0); err != nil {
-		return 0, fmt.Errorf("chown %s: %w", root, err)
-	}
-	if err := unix.Chmod(root, 0o700); err != nil {
-		return 0, fmt.Errorf("chmod %s: %w", root, err)
-	}
-	const openDir = unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
-	fd, err := unix.Open(root, openDir, 0)
-	if err != nil {
-		return 0, fmt.Errorf("open %s: %w", root, err)
-	}
-	defer func() { _ = unix.Close(fd) }()
-	if err := sameInode(fd, dev, st.Ino); err != nil {
-		return 0, fmt.Errorf("%s: %w", root, err)
-	}
-	type frame struct {
-		name    string // in the parent
-		ino     uint64
-		pending []string // names read from the directory, not yet handled
-	}
-	stack := []frame{{ino: st.Ino}}
-	where := func(name string) string {
-		parts := []string{root}
-		for _, f := range stack[1:] {
-			parts = append(parts, f.name)
-		}
-		if name != "" {
-			parts = append(parts, name)
-		}
-		p := path.Join(parts...)
-		if len(p) > 300 {
-			p = p[:120] + "…" + p[len(p)-120:]
-		}
-		return p
-	}
-	buf := make([]byte, 32<<10)
+	// w.fd moves with the walk: close whichever directory it ends in.
+	defer func() { _ = unix.Close(w.fd) }()
 	for ops := 1; ; ops++ {
 		if ops%256 == 0 {
 			if err := ctx.Err(); err != nil {
-				return removed, fmt.Errorf("stopped after removing %d entries: %w", removed, err)
+				return w.removed, fmt.Errorf("stopped after removing %d entries: %w", w.removed, err)
 			}
 		}
-		top := &stack[len(stack)-1]
+		top := &w.stack[len(w.stack)-1]
 		if len(top.pending) == 0 {
-			names, err := readNames(fd, buf)
+			names, err := w.list()
 			if err != nil {
-				return removed, fmt.Errorf("list %s: %w", where(""), err)
-			}
-			if len(names) == 0 {
-				// End of the directory from the current offset: every entry
-				// before it was removed. Read once more from the start.
-				if _, err := unix.Seek(fd, 0, 0); err != nil {
-					return removed, fmt.Errorf("rewind %s: %w", where(""), err)
-				}
-				if names, err = readNames(fd, buf); err != nil {
-					return removed, fmt.Errorf("list %s: %w", where(""), err)
-				}
+				return w.removed, err
 			}
 			if len(names) > 0 {
 				top.pending = names
 				continue
 			}
-			if len(stack) == 1 {
-				return removed, nil
+			if len(w.stack) == 1 {
+				return w.removed, nil
 			}
-			name := top.name
-			parent, err := unix.Openat(fd, "..", openDir, 0)
-			if err != nil {
-				return removed, fmt.Errorf("open parent of %s: %w", where(""), err)
+			if err := w.up(); err != nil {
+				return w.removed, err
 			}
-			_ = unix.Close(fd)
-			fd = parent
-			stack = stack[:len(stack)-1]
-			if err := sameInode(fd, dev, stack[len(stack)-1].ino); err != nil {
-				return removed, fmt.Errorf("back up to %s: %w", where(""), err)
-			}
-			if err := unix.Unlinkat(fd, name, unix.AT_REMOVEDIR); err != nil {
-				return removed, fmt.Errorf("remove directory %s: %w", where(name), err)
-			}
-			removed++
 			continue
 		}
 		name := top.pending[0]
 		top.pending = top.pending[1:]
-		var est unix.Stat_t
-		if err := unix.Fstatat(fd, name, &est, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			if errors.Is(err, unix.ENOENT) {
-				continue
-			}
-			return removed, fmt.Errorf("stat %s: %w", where(name), err)
+		if err := w.entry(name); err != nil {
+			return w.removed, err
 		}
-		if est.Dev != dev {
-			return removed, fmt.Errorf("%s is on another filesystem (a mount point)", where(name))
-		}
-		if est.Mode&unix.S_IFMT != unix.S_IFDIR {
-			if err := unix.Unlinkat(fd, name, 0); err != nil {
-				return removed, fmt.Errorf("remove %s: %w", where(name), err)
-			}
-			removed++
-			continue
-		}
-		// Nothing else runs in the container (every process is gone), so
-		// the entry stays the directory just seen; the inode is checked
-		// once open all the same.
-		if err := unix.Fchownat(fd, name, 0, 0, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-			return removed, fmt.Errorf("chown %s: %w", where(name), err)
-		}
-		if err := unix.Fchmodat(fd, name, 0o700, 0); err != nil {
-			return removed, fmt.Errorf("chmod %s: %w", where(name), err)
-		}
-		child, err := unix.Openat(fd, name, openDir, 0)
-		if err != nil {
-			return removed, fmt.Errorf("open %s: %w", where(name), err)
-		}
-		if err := sameInode(child, dev, est.Ino); err != nil {
-			_ = unix.Close(child)
-			return removed, fmt.Errorf("%s: %w", where(name), err)
-		}
-		_ = unix.Close(fd)
-		fd = child
-		stack = append(stack, frame{name: name, ino: est.Ino})
 	}
+}
+
+// openDir opens a directory of the walk, never through a symlink.
+const openDir = unix.O_RDONLY | unix.O_DIRECTORY | unix.O_NOFOLLOW | unix.O_CLOEXEC
+
+// wiper is the state of one wipeDir walk: fd is the directory it is in,
+// stack the path from root down to it.
+type wiper struct {
+	root    string
+	dev     uint64 // root's filesystem: the walk never leaves it
+	fd      int
+	stack   []wipeFrame
+	buf     []byte
+	removed int
+}
+
+type wipeFrame struct {
+	name    string // in the parent
+	ino     uint64
+	pending []string // names read from the directory, not yet handled
+}
+
+// openWipe takes root over (owner root, mode 0700) and opens it to start
+// the walk there.
+func openWipe(root string) (*wiper, error) {
+	var st unix.Stat_t
+	if err := unix.Lstat(root, &st); err != nil {
+		return nil, err
+	}
+	if st.Mode&unix.S_IFMT != unix.S_IFDIR {
+		return nil, fmt.Errorf("%s is not a directory", root)
+	}
+	if err := unix.Lchown(root, 0, 0); err != nil {
+		return nil, fmt.Errorf("chown %s: %w", root, err)
+	}
+	if err := unix.Chmod(root, 0o700); err != nil {
+		return nil, fmt.Errorf("chmod %s: %w", root, err)
+	}
+	fd, err := unix.Open(root, openDir, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", root, err)
+	}
+	if err := sameInode(fd, st.Dev, st.Ino); err != nil {
+		_ = unix.Close(fd)
+		return nil, fmt.Errorf("%s: %w", root, err)
+	}
+	return &wiper{
+		root:  root,
+		dev:   st.Dev,
+		fd:    fd,
+		stack: []wipeFrame{{ino: st.Ino}},
+		buf:   make([]byte, 32<<10),
+	}, nil
+}
+
+// where names the entry name of the current directory for an error,
+// shortened in the middle when the tree is deep.
+func (w *wiper) where(name string) string {
+	parts := []string{w.root}
+	for _, f := range w.stack[1:] {
+		parts = append(parts, f.name)
+	}
+	if name != "" {
+		parts = append(parts, name)
+	}
+	p := path.Join(parts...)
+	if len(p) > 300 {
+		p = p[:120] + "…" + p[len(p)-120:]
+	}
+	return p
+}
+
+// list reads the next names of the current directory; none means it is
+// empty.
+func (w *wiper) list() ([]string, error) {
+	names, err := readNames(w.fd, w.buf)
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", w.where(""), err)
+	}
+	if len(names) == 0 {
+		// End of the directory from the current offset: every entry
+		// before it was removed. Read once more from the start.
+		if _, err := unix.Seek(w.fd, 0, 0); err != nil {
+			return nil, fmt.Errorf("rewind %s: %w", w.where(""), err)
+		}
+		if names, err = readNames(w.fd, w.buf); err != nil {
+			return nil, fmt.Errorf("list %s: %w", w.where(""), err)
+		}
+	}
+	return names, nil
+}
+
+// up leaves the current, now empty directory for its parent and removes
+// it there.
+func (w *wiper) up() error {
+	name := w.stack[len(w.stack)-1].name
+	parent, err := unix.Openat(w.fd, "..", openDir, 0)
+	if err != nil {
+		return fmt.Errorf("open parent of %s: %w", w.where(""), err)
+	}
+	_ = unix.Close(w.fd)
+	w.fd = parent
+	w.stack = w.stack[:len(w.stack)-1]
+	if err := sameInode(w.fd, w.dev, w.stack[len(w.stack)-1].ino); err != nil {
+		return fmt.Errorf("back up to %s: %w", w.where(""), err)
+	}
+	if err := unix.Unlinkat(w.fd, name, unix.AT_REMOVEDIR); err != nil {
+		return fmt.Errorf("remove directory %s: %w", w.where(name), err)
+	}
+	w.removed++
+	return nil
+}
+
+// entry removes the entry name of the current directory if it is not a
+// directory, else takes the directory over and goes down into it.
+func (w *wiper) entry(name string) error {
+	var est unix.Stat_t
+	if err := unix.Fstatat(w.fd, name, &est, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		return fmt.Errorf("stat %s: %w", w.where(name), err)
+	}
+	if est.Dev != w.dev {
+		return fmt.Errorf("%s is on another filesystem (a mount point)", w.where(name))
+	}
+	if est.Mode&unix.S_IFMT != unix.S_IFDIR {
+		if err := unix.Unlinkat(w.fd, name, 0); err != nil {
+			return fmt.Errorf("remove %s: %w", w.where(name), err)
+		}
+		w.removed++
+		return nil
+	}
+	// Nothing else runs in the container (every process is gone), so
+	// the entry stays the directory just seen; the inode is checked
+	// once open all the same.
+	if err := unix.Fchownat(w.fd, name, 0, 0, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Errorf("chown %s: %w", w.where(name), err)
+	}
+	if err := unix.Fchmodat(w.fd, name, 0o700, 0); err != nil {
+		return fmt.Errorf("chmod %s: %w", w.where(name), err)
+	}
+	child, err := unix.Openat(w.fd, name, openDir, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", w.where(name), err)
+	}
+	if err := sameInode(child, w.dev, est.Ino); err != nil {
+		_ = unix.Close(child)
+		return fmt.Errorf("%s: %w", w.where(name), err)
+	}
+	_ = unix.Close(w.fd)
+	w.fd = child
+	w.stack = append(w.stack, wipeFrame{name: name, ino: est.Ino})
+	return nil
 }
 
 // sameInode checks that fd is the expected directory.
