@@ -8,23 +8,22 @@ import (
 	"os"
 	"path"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/rollout-rl/rollout/sandbox/agent"
 )
 
-// channelOps are the Sandbox operations carried over an agent channel
-// (conn). Every backend whose sandboxes run the agent as their main process
-// embeds it (Docker: the container's attach stream; Kubernetes: the pod's
-// attach stream), so exec, files, tar, background processes and quiesce
-// behave identically everywhere.
 // NewChannelOps binds the exec-channel calls to conn for owner, the sandbox
 // whose check/wrap/state rules classify each call.
 func NewChannelOps(conn *Conn, owner ChannelOwner) ChannelOps {
 	return ChannelOps{Conn: conn, owner: owner}
 }
 
+// ChannelOps are the Sandbox operations carried over an agent channel
+// (conn). Every backend whose sandboxes run the agent as their main process
+// embeds it (Docker: the container's attach stream or socket; runc: the
+// agent's pipes; Kubernetes: the pod's exec stream), so exec, files, tar,
+// background processes and quiesce behave identically everywhere.
 type ChannelOps struct {
 	Conn  *Conn
 	owner ChannelOwner
@@ -78,7 +77,7 @@ func (g *gate) close() (int, <-chan struct{}) {
 	return g.n, idle
 }
 
-// begin admits one call: the owner is open and its gate not shut. The
+// Begin admits one call: the owner is open and its gate not shut. The
 // returned func ends the call.
 func (o *ChannelOps) Begin() (func(), error) {
 	if err := o.owner.Check(); err != nil {
@@ -92,40 +91,7 @@ func (o *ChannelOps) Begin() (func(), error) {
 
 // ChannelOwner is the backend-specific part: whether the sandbox is still
 // open, and what an error means for it (e.g. what happened to the container
-// or pod when the channel broke).
-// handleState is the state every backend's sandbox handle keeps the same
-// way: when it was last used, whether it waits in a warm pool (exempt from
-// the idle limit), whether Close began, and why when the backend closed it
-// (idle or lifetime limit, disk limit, the pod lost).
-type HandleState struct {
-	LastUsed atomic.Int64 // unix ns
-	Pooled   atomic.Bool
-	Closing  atomic.Bool
-	Reason   atomic.Value // string
-}
-
-func (c *HandleState) Touch()           { c.LastUsed.Store(time.Now().UnixNano()) }
-func (c *HandleState) SetPooled(v bool) { c.Pooled.Store(v) }
-
-// open is the handle's check before a call: ErrClosed (named by what) once
-// Close began, else it marks the handle used.
-func (c *HandleState) Open(what string) error {
-	if c.Closing.Load() {
-		return c.ClosedError(what)
-	}
-	c.Touch()
-	return nil
-}
-
-// closedError is ErrClosed after prefix, with the backend's reason when it
-// gave one.
-func (c *HandleState) ClosedError(prefix string) error {
-	if r, _ := c.Reason.Load().(string); r != "" {
-		return fmt.Errorf("%s: %w (%s)", prefix, ErrClosed, r)
-	}
-	return fmt.Errorf("%s: %w", prefix, ErrClosed)
-}
-
+// or pod when the channel broke). Handle implements it for every backend.
 type ChannelOwner interface {
 	Check() error
 	Wrap(what string, err error) error

@@ -85,7 +85,6 @@ func (s *dockerSandbox) Expiry(now time.Time) string {
 }
 
 func (s *dockerSandbox) DiskTarget() (string, int64) { return s.upperDir, s.spec.Limits.DiskBytes }
-func (s *dockerSandbox) IsClosing() bool             { return s.Closing.Load() }
 func (s *dockerSandbox) SetDiskUsed(n int64)         { s.diskUsed.Store(n) }
 func (s *dockerSandbox) Evict(ctx context.Context, why string) error {
 	s.Reason.Store(why)

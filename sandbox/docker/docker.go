@@ -439,6 +439,7 @@ func (d *Docker) create(ctx context.Context, spec sandbox.Spec, extraLabels map[
 	}
 	s := &dockerSandbox{d: d, id: id, name: name, spec: spec, imageID: img.id, hj: hj, created: time.Now(), log: log, stderr: sandbox.NewTailBuffer(8 << 10),
 		applied: applied, upperDir: upperDir}
+	s.Bind(s.Short(), s.broken)
 	s.Touch()
 	// The attach stream is demultiplexed in the channel's read loop; demux
 	// is closed when that loop ended.
@@ -686,9 +687,7 @@ type dockerSandbox struct {
 	created time.Time
 	log     *slog.Logger
 
-	sandbox.HandleState
-	once     sync.Once
-	closeErr error
+	sandbox.Handle
 	applied  sandbox.Applied // limits read back from the created container
 	upperDir string          // host path of the writable layer ("" unknown)
 	diskUsed atomic.Int64    // last measured by the disk watchdog
@@ -748,26 +747,13 @@ var _ sandbox.ImageIdentifier = (*dockerSandbox)(nil)
 // exist only here, not on the container).
 func (s *dockerSandbox) Labels() map[string]string { return maps.Clone(s.spec.Labels) }
 
-func (s *dockerSandbox) Check() error {
-	return s.Open("sandbox " + s.Short())
-}
-
 func (s *dockerSandbox) Short() string { return s.id[:12] }
 
-// wrap turns conn failures into a typed error that says what happened to
-// the container.
-func (s *dockerSandbox) Wrap(what string, err error) error {
-	if err == nil {
-		return nil
-	}
-	if s.Closing.Load() && errors.Is(err, sandbox.ErrUnavailable) {
-		return s.ClosedError(what + " in sandbox " + s.Short())
-	}
-	if errors.Is(err, sandbox.ErrUnavailable) {
-		sandbox.MetricFailures.WithLabelValues("channel").Inc()
-		return fmt.Errorf("%s in sandbox %s: %w (%s)", what, s.Short(), err, s.state())
-	}
-	return fmt.Errorf("%s in sandbox %s: %w", what, s.Short(), err)
+// broken is the Handle's hook for a broken channel: it is counted, and the
+// error says what happened to the container.
+func (s *dockerSandbox) broken(err error) error {
+	sandbox.MetricFailures.WithLabelValues("channel").Inc()
+	return fmt.Errorf("%w (%s)", err, s.state())
 }
 
 // state describes the container after the channel broke.
@@ -796,20 +782,16 @@ func (s *dockerSandbox) state() string {
 // place for its next holder (PoolOptions.Reuse). It is idempotent and works
 // with a cancelled ctx (removal runs detached, bounded by its own timeout).
 func (s *dockerSandbox) Close(ctx context.Context) error {
-	s.once.Do(func() {
-		s.Closing.Store(true)
+	return s.CloseOnce(func() error {
 		if s.recycle != nil && s.recycle(ctx) {
-			return
+			return nil
 		}
 		s.hj.Close()
 		s.closeSocket()
-		s.closeErr = s.d.removeContainer(ctx, s.id)
+		err := s.d.removeContainer(ctx, s.id)
 		<-s.demux
 		<-s.Conn.Done()
 		sandbox.Forget(&s.d.mu, s.d.live, s.id, s.d.slots)
-		if s.closeErr != nil {
-			s.closeErr = fmt.Errorf("close sandbox %s: %w", s.Short(), s.closeErr)
-		}
+		return err
 	})
-	return s.closeErr
 }

@@ -31,6 +31,7 @@ func (s *dockerSandbox) ResetInPlace(ctx context.Context, spec sandbox.Spec) (sa
 	ns := &dockerSandbox{d: s.d, id: s.id, name: s.name, spec: spec, imageID: s.imageID, hj: s.hj, demux: s.demux,
 		attach: s.attach, sock: s.sock, stderr: s.stderr, Hello: s.Hello, created: time.Now(), log: s.log,
 		applied: s.applied, upperDir: s.upperDir, resetCount: s.resetCount + 1}
+	ns.Bind(ns.Short(), ns.broken)
 	ns.ChannelOps = sandbox.NewChannelOps(s.Conn, ns)
 	ns.Touch()
 	s.d.mu.Lock()

@@ -321,6 +321,7 @@ func (k *Kubernetes) create(ctx context.Context, spec sandbox.Spec, extra map[st
 		s.claim, s.spec, s.node, s.created, s.log = ref, spec, running.Spec.NodeName, time.Now(), log
 	} else {
 		s = &k8sSandbox{k: k, name: name, claim: ref, spec: spec, node: running.Spec.NodeName, created: time.Now(), log: log, stderr: sandbox.NewTailBuffer(8 << 10)}
+		s.Bind(name, s.broken)
 	}
 	for _, cs := range running.Status.ContainerStatuses {
 		if cs.Name == ContainerName {

@@ -805,6 +805,7 @@ func (a *agentSandbox) podChanged(name string, pod *corev1.Pod) {
 // open execs the agent into a warm pod.
 func (a *agentSandbox) Open(c *warmChan, name, node string, spec sandbox.Spec) {
 	s := &k8sSandbox{k: a.k, name: name, node: node, spec: spec, log: a.k.log.With("pod", name), stderr: sandbox.NewTailBuffer(8 << 10)}
+	s.Bind(name, s.broken)
 	err := s.connect(a.ctx)
 	a.mu.Lock()
 	stop := false

@@ -9,7 +9,6 @@ import (
 	"maps"
 	"net/url"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -43,9 +42,7 @@ type k8sSandbox struct {
 	streamDone chan struct{}
 	stdin      *io.PipeReader
 
-	sandbox.HandleState
-	once      sync.Once
-	closeErr  error
+	sandbox.Handle
 	lost      atomic.Value // string: why the pod can no longer serve
 	seenReady atomic.Bool
 }
@@ -177,24 +174,14 @@ func (s *k8sSandbox) Applied() sandbox.Applied {
 // Labels returns the caller labels of the spec.
 func (s *k8sSandbox) Labels() map[string]string { return maps.Clone(s.spec.Labels) }
 
-func (s *k8sSandbox) Check() error {
-	return s.Open("sandbox " + s.name)
-}
-
-func (s *k8sSandbox) Wrap(what string, err error) error {
-	if err == nil {
-		return nil
+// broken is the Handle's hook for a broken channel: the error says what
+// happened to the pod, unless fail broke it (err then carries the reason,
+// and fail counted it).
+func (s *k8sSandbox) broken(err error) error {
+	if why, _ := s.lost.Load().(string); why != "" {
+		return err
 	}
-	if s.Closing.Load() && errors.Is(err, sandbox.ErrUnavailable) {
-		return fmt.Errorf("%s in sandbox %s: %w", what, s.name, sandbox.ErrClosed)
-	}
-	if errors.Is(err, sandbox.ErrUnavailable) {
-		if why, _ := s.lost.Load().(string); why != "" {
-			return fmt.Errorf("%s in sandbox %s: %w", what, s.name, err) // err carries the reason
-		}
-		return fmt.Errorf("%s in sandbox %s: %w (%s)", what, s.name, err, s.state())
-	}
-	return fmt.Errorf("%s in sandbox %s: %w", what, s.name, err)
+	return fmt.Errorf("%w (%s)", err, s.state())
 }
 
 // state describes the pod after the channel broke.
@@ -223,10 +210,9 @@ func (s *k8sSandbox) state() string {
 
 // Close deletes the pod. It is idempotent and works with a cancelled ctx.
 func (s *k8sSandbox) Close(ctx context.Context) error {
-	s.once.Do(func() {
-		s.Closing.Store(true)
+	return s.CloseOnce(func() error {
 		s.stopStream()
-		s.closeErr = s.k.remove(ctx, s.name, s.claim)
+		err := s.k.remove(ctx, s.name, s.claim)
 		k := s.k
 		k.mu.Lock()
 		if _, ok := k.live[s.name]; ok {
@@ -235,9 +221,6 @@ func (s *k8sSandbox) Close(ctx context.Context) error {
 		}
 		sandbox.MetricLive.Set(float64(len(k.live)))
 		k.mu.Unlock()
-		if s.closeErr != nil {
-			s.closeErr = fmt.Errorf("close sandbox %s: %w", s.name, s.closeErr)
-		}
+		return err
 	})
-	return s.closeErr
 }

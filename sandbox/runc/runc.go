@@ -399,6 +399,7 @@ func (r *Runc) start(ctx context.Context, id string, p runcPaths, spec sandbox.S
 		defer close(s.stderrDone)
 		_, _ = io.Copy(s.stderr, errR)
 	}()
+	s.Bind(s.id, s.broken)
 	s.Touch()
 	s.ChannelOps = sandbox.NewChannelOps(sandbox.NewConn(bufio.NewReaderSize(outR, 64<<10), inW), s)
 	if pb, err := os.ReadFile(pidFile); err == nil {
@@ -733,10 +734,8 @@ type runcSandbox struct {
 	log        *slog.Logger
 	applied    sandbox.Applied
 
-	sandbox.HandleState
+	sandbox.Handle
 	diskUsed atomic.Int64
-	once     sync.Once
-	closeErr error
 	// recycle, when set (a pool that reuses sandboxes), runs first in
 	// Close; true means the container was reset for a new holder.
 	recycle    func(ctx context.Context) bool
@@ -761,22 +760,11 @@ func (s *runcSandbox) Broken() error                 { return s.Conn.Broken() }
 func (s *runcSandbox) SetLabels(l map[string]string) { s.spec.Labels = l }
 func (s *runcSandbox) Short() string                 { return s.id[len(s.id)-6:] }
 
-func (s *runcSandbox) Check() error {
-	return s.Open("sandbox " + s.id)
-}
-
-func (s *runcSandbox) Wrap(what string, err error) error {
-	if err == nil {
-		return nil
-	}
-	if s.Closing.Load() && errors.Is(err, sandbox.ErrUnavailable) {
-		return s.ClosedError(what + " in sandbox " + s.id)
-	}
-	if errors.Is(err, sandbox.ErrUnavailable) {
-		sandbox.MetricFailures.WithLabelValues("channel").Inc()
-		return fmt.Errorf("%s in sandbox %s: %w (%s)", what, s.id, err, s.state())
-	}
-	return fmt.Errorf("%s in sandbox %s: %w", what, s.id, err)
+// broken is the Handle's hook for a broken channel: it is counted, and the
+// error says what happened to the container.
+func (s *runcSandbox) broken(err error) error {
+	sandbox.MetricFailures.WithLabelValues("channel").Inc()
+	return fmt.Errorf("%w (%s)", err, s.state())
 }
 
 // state describes the container after the channel broke.
@@ -829,10 +817,9 @@ func (s *runcSandbox) stopChannel() {
 // Close removes the container, its cgroups, its writable layer and its
 // state. It is idempotent and works with a cancelled ctx.
 func (s *runcSandbox) Close(ctx context.Context) error {
-	s.once.Do(func() {
-		s.Closing.Store(true)
+	return s.CloseOnce(func() error {
 		if s.recycle != nil && s.recycle(ctx) {
-			return
+			return nil
 		}
 		if s.pidfd != nil {
 			// The namespace's init first: the kernel then kills every
@@ -844,7 +831,7 @@ func (s *runcSandbox) Close(ctx context.Context) error {
 		// running and poll for it in 100 ms steps.
 		waitExit(s.pidfd, 5*time.Second)
 		s.stopChannel()
-		s.closeErr = s.r.destroy(s.id)
+		err := s.r.destroy(s.id)
 		// The init was orphaned when runc exited: where this process is
 		// the pid namespace's init (rollout in a container) or a
 		// subreaper, it is this process's child now and its zombie ours
@@ -856,15 +843,11 @@ func (s *runcSandbox) Close(ctx context.Context) error {
 			_ = s.pidfd.Close()
 		}
 		sandbox.Forget(&s.r.mu, s.r.live, s.id, s.r.slots)
-		if s.closeErr != nil {
-			s.closeErr = fmt.Errorf("close sandbox %s: %w", s.id, s.closeErr)
-		}
+		return err
 	})
-	return s.closeErr
 }
 
 func (s *runcSandbox) DiskTarget() (string, int64) { return s.paths.upper(), s.spec.Limits.DiskBytes }
-func (s *runcSandbox) IsClosing() bool             { return s.Closing.Load() }
 func (s *runcSandbox) Expiry(now time.Time) string {
 	return host.Expiry(s.spec.Limits, now, s.created, s.LastUsed.Load(), s.Pooled.Load())
 }
@@ -915,6 +898,7 @@ func (s *runcSandbox) ResetInPlace(ctx context.Context, spec sandbox.Spec) (sand
 	ns := &runcSandbox{r: s.r, id: s.id, paths: s.paths, spec: spec, imageID: s.imageID, pid: s.pid, pidfd: s.pidfd,
 		stdin: s.stdin, stdout: s.stdout, stderrPipe: s.stderrPipe, stderrDone: s.stderrDone, stderr: s.stderr,
 		Hello: s.Hello, created: time.Now(), log: s.log, applied: s.applied, resetCount: s.resetCount + 1}
+	ns.Bind(ns.id, ns.broken)
 	ns.ChannelOps = sandbox.NewChannelOps(s.Conn, ns)
 	ns.Touch()
 	s.r.mu.Lock()
