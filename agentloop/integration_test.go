@@ -20,7 +20,7 @@ import (
 	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/inference/sim"
 	"github.com/rollout-rl/rollout/sandbox"
-	sbdocker "github.com/rollout-rl/rollout/sandbox/docker"
+	"github.com/rollout-rl/rollout/sandbox/docker"
 	"github.com/rollout-rl/rollout/sandbox/host"
 	"github.com/rollout-rl/rollout/tools"
 )
@@ -29,14 +29,14 @@ const itImage = "rollout-sandbox:bookworm"
 
 var (
 	dockerOnce sync.Once
-	itDocker   *sbdocker.Docker
+	itDocker   *docker.Docker
 	itErr      error
 )
 
-func needDocker(t *testing.T) *sbdocker.Docker {
+func needDocker(t *testing.T) *docker.Docker {
 	t.Helper()
 	dockerOnce.Do(func() {
-		itDocker, itErr = sbdocker.New(context.Background(), sbdocker.Options{Options: host.Options{Instance: "looptest", ReapInterval: -1}})
+		itDocker, itErr = docker.New(context.Background(), docker.Options{Options: host.Options{Instance: "looptest", ReapInterval: -1}})
 	})
 	if itErr != nil {
 		if os.Getenv("CI") == "true" {

@@ -30,12 +30,12 @@ import (
 	"github.com/rollout-rl/rollout/internal/util/version"
 	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/sandbox"
-	sbdocker "github.com/rollout-rl/rollout/sandbox/docker"
+	"github.com/rollout-rl/rollout/sandbox/docker"
 	"github.com/rollout-rl/rollout/sandbox/host"
 	"github.com/rollout-rl/rollout/sandbox/image"
-	sbkube "github.com/rollout-rl/rollout/sandbox/kubernetes"
+	"github.com/rollout-rl/rollout/sandbox/kubernetes"
 	"github.com/rollout-rl/rollout/sandbox/kubernetes/k8sconfig"
-	sbrunc "github.com/rollout-rl/rollout/sandbox/runc"
+	"github.com/rollout-rl/rollout/sandbox/runc"
 	"github.com/rollout-rl/rollout/trajectory"
 )
 
@@ -470,12 +470,12 @@ type releaser interface {
 // without sandboxes need no engine or cluster.
 type lazyDocker struct {
 	kube     *k8sconfig.Config
-	k        *sbkube.Kubernetes
+	k        *kubernetes.Kubernetes
 	runc     bool // the runc backend instead of Docker (sandbox.backend runc)
-	r        *sbrunc.Runc
+	r        *runc.Runc
 	log      *slog.Logger
 	instance string
-	opts     *sbdocker.Options // full backend options (Shared); nil: log and instance only
+	opts     *docker.Options // full backend options (Shared); nil: log and instance only
 	// warm caps the started-but-unused sandboxes of the warm pool that
 	// starts a group's G sandboxes as soon as the runner announces them
 	// (runner.Expecter); warm <= 0 creates every sandbox on demand.
@@ -489,7 +489,7 @@ type lazyDocker struct {
 	// started gates the backend's start; d, k and pool are set once it
 	// succeeds (a failed start is tried again: startGate).
 	started startGate
-	d       *sbdocker.Docker
+	d       *docker.Docker
 	pool    *sandbox.Pool
 
 	// engine is the local Docker engine that builds and pushes task images
@@ -557,7 +557,7 @@ func (l *lazyDocker) imageEngine(ctx context.Context) (*client.Client, string, e
 func (l *lazyDocker) start(ctx context.Context) error {
 	return l.started.do(func() error {
 		if l.kube != nil {
-			k, err := sbkube.New(context.WithoutCancel(ctx), sbkube.Options{Config: *l.kube, Logger: l.log, Instance: l.instance})
+			k, err := kubernetes.New(context.WithoutCancel(ctx), kubernetes.Options{Config: *l.kube, Logger: l.log, Instance: l.instance})
 			if err != nil {
 				return err
 			}
@@ -568,7 +568,7 @@ func (l *lazyDocker) start(ctx context.Context) error {
 			return nil
 		}
 		if l.runc {
-			r, err := sbrunc.New(context.WithoutCancel(ctx), sbrunc.Options{Options: host.Options{Logger: l.log, Instance: l.instance, MaxContainers: l.maxContainers}})
+			r, err := runc.New(context.WithoutCancel(ctx), runc.Options{Options: host.Options{Logger: l.log, Instance: l.instance, MaxContainers: l.maxContainers}})
 			if err != nil {
 				return err
 			}
@@ -578,11 +578,11 @@ func (l *lazyDocker) start(ctx context.Context) error {
 			}
 			return nil
 		}
-		opts := sbdocker.Options{Options: host.Options{Logger: l.log, Instance: l.instance, MaxContainers: l.maxContainers}}
+		opts := docker.Options{Options: host.Options{Logger: l.log, Instance: l.instance, MaxContainers: l.maxContainers}}
 		if l.opts != nil {
 			opts = *l.opts
 		}
-		d, err := sbdocker.New(context.WithoutCancel(ctx), opts)
+		d, err := docker.New(context.WithoutCancel(ctx), opts)
 		if err != nil {
 			return err
 		}

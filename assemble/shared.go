@@ -11,7 +11,7 @@ import (
 	"github.com/rollout-rl/rollout/envs"
 	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/sandbox"
-	sbdocker "github.com/rollout-rl/rollout/sandbox/docker"
+	"github.com/rollout-rl/rollout/sandbox/docker"
 	"github.com/rollout-rl/rollout/sandbox/kubernetes/k8sconfig"
 )
 
@@ -34,7 +34,7 @@ type BackendSelector interface {
 // rollout run, and with sandbox.reuse (Docker) its sandboxes are reset in
 // place for its own next rollouts, never for another job's.
 type Shared struct {
-	opts   sbdocker.Options
+	opts   docker.Options
 	docker *lazyDocker
 	images *taskImages
 
@@ -58,7 +58,7 @@ var (
 // against MaxContainers, and a job needing a slot removes an idle one. 0
 // runs without the pool: every sandbox is created on demand and
 // sandbox.reuse is refused.
-func NewShared(opts sbdocker.Options, warm int) *Shared {
+func NewShared(opts docker.Options, warm int) *Shared {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}

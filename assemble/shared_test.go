@@ -17,7 +17,7 @@ import (
 	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/internal/util/dockerclient"
 	"github.com/rollout-rl/rollout/sandbox"
-	sbdocker "github.com/rollout-rl/rollout/sandbox/docker"
+	"github.com/rollout-rl/rollout/sandbox/docker"
 	"github.com/rollout-rl/rollout/sandbox/host"
 )
 
@@ -80,7 +80,7 @@ func TestSharedBackendRetriesAFailedStart(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	s := assemble.NewShared(sbdocker.Options{Options: host.Options{Logger: slog.New(slog.DiscardHandler), Instance: "startretry", ReapInterval: -1}}, 0)
+	s := assemble.NewShared(docker.Options{Options: host.Options{Logger: slog.New(slog.DiscardHandler), Instance: "startretry", ReapInterval: -1}}, 0)
 	defer func() {
 		if err := s.Close(context.Background()); err != nil {
 			t.Errorf("close: %v", err)

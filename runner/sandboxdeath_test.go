@@ -13,7 +13,7 @@ import (
 	"github.com/rollout-rl/rollout/envs"
 	"github.com/rollout-rl/rollout/rewards"
 	"github.com/rollout-rl/rollout/sandbox"
-	sbdocker "github.com/rollout-rl/rollout/sandbox/docker"
+	"github.com/rollout-rl/rollout/sandbox/docker"
 	"github.com/rollout-rl/rollout/sandbox/host"
 	"github.com/rollout-rl/rollout/sandbox/image"
 )
@@ -56,7 +56,7 @@ func TestSandboxDeathDuringRewardIsSandboxFailure(t *testing.T) {
 		}
 		t.Skipf("Docker not usable: %v", err)
 	}
-	d, err := sbdocker.New(ctx, sbdocker.Options{Options: host.Options{Instance: newID("runnertest"), ReapInterval: -1}})
+	d, err := docker.New(ctx, docker.Options{Options: host.Options{Instance: newID("runnertest"), ReapInterval: -1}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,7 +27,7 @@ import (
 	"github.com/rollout-rl/rollout/inference/sim"
 	"github.com/rollout-rl/rollout/internal/devtools/demo"
 	"github.com/rollout-rl/rollout/internal/testkit/metrictest"
-	sbdocker "github.com/rollout-rl/rollout/sandbox/docker"
+	"github.com/rollout-rl/rollout/sandbox/docker"
 	"github.com/rollout-rl/rollout/trajectory"
 )
 
@@ -379,7 +379,7 @@ func newShared(t *testing.T, prefix string) (shared *assemble.Shared, instance s
 	b := make([]byte, 4)
 	_, _ = crand.Read(b)
 	instance = prefix + "-" + hex.EncodeToString(b)
-	shared = assemble.NewShared(sbdocker.Options{Options: host.Options{Instance: instance, Logger: quiet}}, 16)
+	shared = assemble.NewShared(docker.Options{Options: host.Options{Instance: instance, Logger: quiet}}, 16)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()

@@ -20,7 +20,7 @@ import (
 	"github.com/rollout-rl/rollout/assemble"
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
 	"github.com/rollout-rl/rollout/sandbox"
-	sbdocker "github.com/rollout-rl/rollout/sandbox/docker"
+	"github.com/rollout-rl/rollout/sandbox/docker"
 	"github.com/rollout-rl/rollout/sandbox/host"
 	sbkube "github.com/rollout-rl/rollout/sandbox/kubernetes"
 	"github.com/rollout-rl/rollout/sandbox/kubernetes/k8sconfig"
@@ -36,7 +36,7 @@ func poolHandOuts(t *testing.T) float64 {
 // A job's sandbox.kubernetes.kubeconfig is a host path holding credentials:
 // the server's path policy applies to it like to output.dir.
 func TestKubernetesJobKubeconfigPathPolicy(t *testing.T) {
-	shared := assemble.NewShared(sbdocker.Options{Options: host.Options{Logger: quiet}}, 0)
+	shared := assemble.NewShared(docker.Options{Options: host.Options{Logger: quiet}}, 0)
 	t.Cleanup(func() { _ = shared.Close(context.Background()) })
 	h := startServer(t, Options{Sandboxes: shared, Images: shared}, RunOptions{})
 	cfg := `env: terminal-tasks

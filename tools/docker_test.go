@@ -14,20 +14,20 @@ import (
 	"time"
 
 	"github.com/rollout-rl/rollout/sandbox"
-	sbdocker "github.com/rollout-rl/rollout/sandbox/docker"
+	"github.com/rollout-rl/rollout/sandbox/docker"
 	"github.com/rollout-rl/rollout/sandbox/host"
 )
 
 var (
 	dockerOnce sync.Once
-	testDocker *sbdocker.Docker
+	testDocker *docker.Docker
 	dockerErr  error
 )
 
 func dockerSandbox(t *testing.T, image string) (*Set, *Runtime) {
 	t.Helper()
 	dockerOnce.Do(func() {
-		testDocker, dockerErr = sbdocker.New(context.Background(), sbdocker.Options{Options: host.Options{Instance: "toolstest", ReapInterval: -1}})
+		testDocker, dockerErr = docker.New(context.Background(), docker.Options{Options: host.Options{Instance: "toolstest", ReapInterval: -1}})
 	})
 	if dockerErr != nil {
 		if os.Getenv("CI") == "true" {

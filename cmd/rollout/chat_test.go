@@ -14,7 +14,7 @@ import (
 	"github.com/rollout-rl/rollout/sandbox/host"
 
 	"github.com/rollout-rl/rollout/inference/sim"
-	sbdocker "github.com/rollout-rl/rollout/sandbox/docker"
+	"github.com/rollout-rl/rollout/sandbox/docker"
 )
 
 func runChatCmd(t *testing.T, args ...string) (string, int) {
@@ -57,7 +57,7 @@ func TestChatUsage(t *testing.T) {
 // TestChatEpisode runs `rollout chat` against the simulator with a real
 // Docker sandbox and checks the transcript and the --out trajectory.
 func TestChatEpisode(t *testing.T) {
-	d, err := sbdocker.New(context.Background(), sbdocker.Options{Options: host.Options{ReapInterval: -1}})
+	d, err := docker.New(context.Background(), docker.Options{Options: host.Options{ReapInterval: -1}})
 	if err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("CI=true and Docker is not usable: %v", err)

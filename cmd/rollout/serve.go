@@ -18,7 +18,7 @@ import (
 	"github.com/rollout-rl/rollout/atropos"
 	"github.com/rollout-rl/rollout/internal/util/secrets"
 	"github.com/rollout-rl/rollout/runner"
-	sbdocker "github.com/rollout-rl/rollout/sandbox/docker"
+	"github.com/rollout-rl/rollout/sandbox/docker"
 	"github.com/rollout-rl/rollout/server"
 )
 
@@ -182,7 +182,7 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 	// sandbox.backend kubernetes (docs/kubernetes.md), each started on its
 	// first sandbox; they are closed last, removing whatever sandboxes
 	// remain.
-	shared := assemble.NewShared(sbdocker.Options{Options: host.Options{Logger: log, MaxContainers: f.maxSandboxes}}, f.warmSandboxes)
+	shared := assemble.NewShared(docker.Options{Options: host.Options{Logger: log, MaxContainers: f.maxSandboxes}}, f.warmSandboxes)
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 		defer cancel()

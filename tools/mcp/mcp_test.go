@@ -12,7 +12,7 @@ import (
 
 	"github.com/rollout-rl/rollout/internal/testkit/mcptest"
 	"github.com/rollout-rl/rollout/sandbox"
-	sbdocker "github.com/rollout-rl/rollout/sandbox/docker"
+	"github.com/rollout-rl/rollout/sandbox/docker"
 	"github.com/rollout-rl/rollout/sandbox/host"
 	"github.com/rollout-rl/rollout/tools"
 )
@@ -43,7 +43,7 @@ func run(t *testing.T, tl tools.Tool, args tools.Args) (string, error) {
 // death is an infrastructure failure (sandbox.ErrUnavailable).
 func TestStdioServerInSandbox(t *testing.T) {
 	bin := mcptest.Binary(t)
-	d, err := sbdocker.New(context.Background(), sbdocker.Options{Options: host.Options{Instance: "mcptest", ReapInterval: -1}})
+	d, err := docker.New(context.Background(), docker.Options{Options: host.Options{Instance: "mcptest", ReapInterval: -1}})
 	if err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatal(err)

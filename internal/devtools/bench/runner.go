@@ -13,7 +13,7 @@ import (
 	"github.com/rollout-rl/rollout/internal/devtools/demo"
 	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/sandbox"
-	sbdocker "github.com/rollout-rl/rollout/sandbox/docker"
+	"github.com/rollout-rl/rollout/sandbox/docker"
 	"github.com/rollout-rl/rollout/sandbox/host"
 	"github.com/rollout-rl/rollout/sandbox/image"
 	"github.com/rollout-rl/rollout/trajectory"
@@ -126,7 +126,7 @@ func runTerminalTasks(ctx context.Context, r *runCtx, ref string, o ttRun) (runn
 		Seed: 1, Latency: o.lat, Logger: r.logger, Progress: ph.event, SandboxInstance: "bench-runner-" + randomSuffix(),
 		NoJournal: o.noJournal, Reuse: o.reuse, SandboxBackend: o.backend}
 	if o.serveWarm > -1 {
-		do.Shared = assemble.NewShared(sbdocker.Options{Options: host.Options{Logger: r.logger, Instance: do.SandboxInstance}}, o.serveWarm)
+		do.Shared = assemble.NewShared(docker.Options{Options: host.Options{Logger: r.logger, Instance: do.SandboxInstance}}, o.serveWarm)
 		defer do.Shared.Close(context.WithoutCancel(ctx))
 	}
 	cpu0 := processCPU()

@@ -15,12 +15,12 @@ import (
 
 	"github.com/rollout-rl/rollout/internal/devtools/bench/sandboxbench"
 	"github.com/rollout-rl/rollout/sandbox"
-	sbdocker "github.com/rollout-rl/rollout/sandbox/docker"
+	"github.com/rollout-rl/rollout/sandbox/docker"
 	"github.com/rollout-rl/rollout/sandbox/host"
 	"github.com/rollout-rl/rollout/sandbox/image"
-	sbkube "github.com/rollout-rl/rollout/sandbox/kubernetes"
+	"github.com/rollout-rl/rollout/sandbox/kubernetes"
 	"github.com/rollout-rl/rollout/sandbox/kubernetes/k8sconfig"
-	sbrunc "github.com/rollout-rl/rollout/sandbox/runc"
+	"github.com/rollout-rl/rollout/sandbox/runc"
 )
 
 // measureFn takes n samples.
@@ -88,7 +88,7 @@ func runSandbox(ctx context.Context, r *runCtx) (out []Measure, err error) {
 	// ReapInterval < 0: no reaping, so other services' containers on a
 	// shared engine are never touched; every container here is removed by
 	// the measurement that made it.
-	d, err := sbdocker.New(ctx, sbdocker.Options{
+	d, err := docker.New(ctx, docker.Options{
 		Options: host.Options{Instance: "bench-" + randomSuffix(), ReapInterval: -1, MaxContainers: peak + 32, Logger: r.logger},
 	})
 	if err != nil {
@@ -300,7 +300,7 @@ func measureAttach(ctx context.Context, r *runCtx, s sandbox.Sandbox, spec sandb
 	if tr == nil || tr.Transport() != "socket" {
 		return missing("the default channel is the attach stream here (remote engine, or the agent could not connect)")
 	}
-	da, err := sbdocker.New(ctx, sbdocker.Options{Options: host.Options{Instance: "bench-" + randomSuffix(), ReapInterval: -1, Logger: r.logger}, Channel: sbdocker.ChannelAttach})
+	da, err := docker.New(ctx, docker.Options{Options: host.Options{Instance: "bench-" + randomSuffix(), ReapInterval: -1, Logger: r.logger}, Channel: docker.ChannelAttach})
 	if err != nil {
 		return missing("attach backend: " + firstLine(err.Error()))
 	}
@@ -349,20 +349,20 @@ func measureSpawnFloor(ctx context.Context, r *runCtx, s sandbox.Sandbox, rounds
 }
 
 // storageDriver is the engine's storage driver, or "unknown".
-func storageDriver(ctx context.Context, d *sbdocker.Docker) string {
+func storageDriver(ctx context.Context, d *docker.Docker) string {
 	if info, err := d.Client().Info(ctx, client.InfoOptions{}); err == nil && info.Info.Driver != "" {
 		return info.Info.Driver
 	}
 	return "unknown"
 }
 
-// measureRuncBackend measures the runc backend (sbrunc.Runc) on this host
+// measureRuncBackend measures the runc backend (runc.Runc) on this host
 // against the same run's Docker baselines: cold start against `docker run
 // -d` and against the Docker backend's own, alternating; exec; churn over
 // 1–16 at a time (runc has no daemon to deadlock) against the `docker run
 // && docker rm` loop's best (loop); and the density run. Without root or
 // runc every measure says why.
-func measureRuncBackend(ctx context.Context, r *runCtx, d *sbdocker.Docker, ref string, rounds, peak int, loop sandboxbench.ChurnResult, dockerExec time.Duration) []Measure {
+func measureRuncBackend(ctx context.Context, r *runCtx, d *docker.Docker, ref string, rounds, peak int, loop sandboxbench.ChurnResult, dockerExec time.Duration) []Measure {
 	names := []string{"sandbox.runc.cold_start_p50_ms", "sandbox.runc.cold_start_p99_ms", "sandbox.runc.cold_start_vs_docker_run_ratio",
 		"sandbox.runc.cold_start_vs_docker_backend_ratio", "sandbox.runc.exec_p50_ms", "sandbox.runc.exec_p99_ms",
 		"sandbox.runc.churn_per_s", "sandbox.runc.churn_vs_docker_run_ratio", "sandbox.runc.max_concurrent",
@@ -381,7 +381,7 @@ func measureRuncBackend(ctx context.Context, r *runCtx, d *sbdocker.Docker, ref 
 		}
 		return out
 	}
-	rb, err := sbrunc.New(ctx, sbrunc.Options{Options: host.Options{Instance: "bench-" + randomSuffix(), ReapInterval: -1, MaxContainers: peak + 32, Logger: r.logger}})
+	rb, err := runc.New(ctx, runc.Options{Options: host.Options{Instance: "bench-" + randomSuffix(), ReapInterval: -1, MaxContainers: peak + 32, Logger: r.logger}})
 	if err != nil {
 		return missing("runc backend: " + firstLine(err.Error()))
 	}
@@ -495,7 +495,7 @@ func measureRuncBackend(ctx context.Context, r *runCtx, d *sbdocker.Docker, ref 
 
 // measureRunsc compares sandboxes under gVisor (runsc) with runc in the
 // same run; without the runtime registered the measures say so.
-func measureRunsc(ctx context.Context, r *runCtx, d *sbdocker.Docker, spec sandbox.Spec, rounds int) []Measure {
+func measureRunsc(ctx context.Context, r *runCtx, d *docker.Docker, spec sandbox.Spec, rounds int) []Measure {
 	names := []string{"sandbox.runsc_cold_start_p50_ms", "sandbox.runsc_exec_p50_ms", "sandbox.runsc_exec_p99_ms"}
 	missing := func(why string) []Measure {
 		out := make([]Measure, 0, len(names))
@@ -552,13 +552,13 @@ func measureRunsc(ctx context.Context, r *runCtx, d *sbdocker.Docker, spec sandb
 // and images are never pulled.
 func runKubeSandbox(ctx context.Context, r *runCtx, peak int) (out []Measure, err error) {
 	cfg := k8sconfig.Config{Kubeconfig: r.opts.Kubeconfig, MaxPods: peak + 32}
-	kopts := sbkube.Options{Instance: "bench-" + randomSuffix(), ReapInterval: -1, Logger: r.logger}
+	kopts := kubernetes.Options{Instance: "bench-" + randomSuffix(), ReapInterval: -1, Logger: r.logger}
 	if p := filepath.Join(filepath.Dir(r.opts.Kubeconfig), "rollout-agent"); fileExists(p) {
 		kopts.Agent = &sandbox.AgentBinary{Path: p}
 		cfg.ImagePullPolicy = "Never"
 	}
 	kopts.Config = cfg
-	k, err := sbkube.New(ctx, kopts)
+	k, err := kubernetes.New(ctx, kopts)
 	if err != nil {
 		return nil, err
 	}

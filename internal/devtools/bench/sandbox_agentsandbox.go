@@ -8,7 +8,7 @@ import (
 
 	"github.com/rollout-rl/rollout/internal/devtools/bench/sandboxbench"
 	"github.com/rollout-rl/rollout/sandbox"
-	sbkube "github.com/rollout-rl/rollout/sandbox/kubernetes"
+	"github.com/rollout-rl/rollout/sandbox/kubernetes"
 	"github.com/rollout-rl/rollout/sandbox/kubernetes/k8sconfig"
 )
 
@@ -16,11 +16,11 @@ import (
 // the cluster has the kubernetes-sigs/agent-sandbox CRDs (and a note
 // saying why not otherwise). Baseline: the cold pod start of mode pods
 // measured in the same run.
-func measureAgentSandbox(ctx context.Context, r *runCtx, kopts sbkube.Options, pods *sbkube.Kubernetes, cold sandboxbench.Stats) []Measure {
+func measureAgentSandbox(ctx context.Context, r *runCtx, kopts kubernetes.Options, pods *kubernetes.Kubernetes, cold sandboxbench.Stats) []Measure {
 	const name = "sandbox.k8s.agentsandbox_claim_p50_ms"
-	if err := sbkube.CheckAgentSandboxCRDs(pods.RESTConfig()); err != nil {
+	if err := kubernetes.CheckAgentSandboxCRDs(pods.RESTConfig()); err != nil {
 		why := firstLine(err.Error())
-		if errors.Is(err, sbkube.ErrNoAgentSandboxCRDs) {
+		if errors.Is(err, kubernetes.ErrNoAgentSandboxCRDs) {
 			why = "agent-sandbox CRDs not installed on the cluster (docs/kubernetes.md)"
 		}
 		return []Measure{{Name: name, Note: why}}
@@ -29,7 +29,7 @@ func measureAgentSandbox(ctx context.Context, r *runCtx, kopts sbkube.Options, p
 	kopts.Config.Mode = k8sconfig.ModeAgentSandbox
 	kopts.Config.AgentSandbox.WarmPool = 2
 	kopts.Config.MaxPods = 64
-	k, err := sbkube.New(ctx, kopts)
+	k, err := kubernetes.New(ctx, kopts)
 	if err != nil {
 		return []Measure{{Name: name, Note: firstLine(err.Error())}}
 	}

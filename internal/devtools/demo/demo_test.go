@@ -25,7 +25,7 @@ import (
 	"github.com/rollout-rl/rollout/internal/testkit/metrictest"
 	"github.com/rollout-rl/rollout/internal/util/dockerclient"
 	"github.com/rollout-rl/rollout/sandbox"
-	sbdocker "github.com/rollout-rl/rollout/sandbox/docker"
+	"github.com/rollout-rl/rollout/sandbox/docker"
 	"github.com/rollout-rl/rollout/sandbox/image"
 	"github.com/rollout-rl/rollout/trajectory"
 )
@@ -221,7 +221,7 @@ func TestKillAndResume(t *testing.T) {
 	checkRecords(t, readRun(t, dir), 8, 3)
 	// The killed process's containers are orphans; the next backend reaps
 	// them (its start-up reap), and GC removes any left now.
-	if _, err := sbdocker.GC(context.Background(), sandbox.ReapOptions{}); err != nil {
+	if _, err := docker.GC(context.Background(), sandbox.ReapOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	assertNoContainers(t)
