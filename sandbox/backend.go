@@ -117,6 +117,6 @@ const (
 	BackendDocker     = "docker"
 	BackendKubernetes = "kubernetes"
 	// BackendRunc runs each sandbox with runc directly, no engine daemon
-	// in the path (runc.go); one host, as root.
+	// in the path (sandbox/runc); one host, as root.
 	BackendRunc = "runc"
 )

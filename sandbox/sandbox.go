@@ -44,7 +44,7 @@ const (
 	NetworkNone = "none" // default: no network at all
 	// NetworkBridge is egress only: public addresses, never the host, the
 	// engine's bridge gateways, private ranges or other sandboxes (a
-	// project-managed network plus host firewall rules; network.go).
+	// project-managed network plus host firewall rules; sandbox/docker/network.go).
 	NetworkBridge = "bridge"
 	// NetworkOpen is the engine's default bridge with no restriction: the
 	// host's services and other containers are reachable. Explicit only.

@@ -83,7 +83,7 @@ type Docker struct {
 
 	stop     context.CancelFunc
 	reaper   sync.WaitGroup
-	watchdog *watchdog // owner.go
+	watchdog *watchdog // docker_watchdog.go
 }
 
 type imageInfo struct{ user, id string }
@@ -531,7 +531,7 @@ func (d *Docker) containerConfig(spec sandbox.Spec, img imageInfo, extraLabels m
 	if sock != nil {
 		cmd = append(cmd, "-socket", sockInCtr+"/"+sockName)
 	}
-	// StdinOnce + AutoRemove bind the container to its owner (owner.go).
+	// StdinOnce + AutoRemove bind the container to its owner (sandbox/host/owner.go).
 	cfg := &container.Config{
 		Image:        spec.Image,
 		User:         "0:0",
@@ -694,7 +694,7 @@ type dockerSandbox struct {
 	// recycle, when set (a pool that reuses sandboxes), runs first in
 	// Close; true means the container was reset for a new holder.
 	recycle    func(ctx context.Context) bool
-	resetCount int // resets in place before this handle (reuse.go)
+	resetCount int // resets in place before this handle (docker_reuse.go)
 }
 
 func (s *dockerSandbox) Broken() error                 { return s.Conn.Broken() }

@@ -127,7 +127,7 @@ func TestReaper(t *testing.T) {
 	}
 	// The attach connections stay open until after the reap: closed, they
 	// would let the engine remove the containers by itself (owner binding,
-	// owner.go), and the reaper is the second line for what it could not
+	// sandbox/host/owner.go), and the reaper is the second line for what it could not
 	// remove (an engine down while the owner died, a create never started).
 
 	// A container of our own instance that we do not track (a create whose

@@ -22,7 +22,7 @@ import (
 // in the container) connects to it at start-up and serves the same framed
 // protocol there. Calls then go host → agent directly instead of host →
 // dockerd → containerd-shim → agent stdin. The attach stream stays open: it
-// is the sandbox's lifetime (owner binding, owner.go) and the fallback when
+// is the sandbox's lifetime (owner binding, sandbox/host/owner.go) and the fallback when
 // the agent cannot connect (remote engine, a host user the container's root
 // cannot act for). See docs/security.md ("The socket channel").
 

@@ -24,7 +24,7 @@ import (
 //     when the agent has exited. Together: within about a second of the
 //     owner's death its containers are gone, with no other process involved.
 //     Warm-pool containers are attached like any other and go the same way.
-//   - The reaper (reaper.go) remains the second line for what the engine
+//   - The reaper (sandbox/docker/reaper.go) remains the second line for what the engine
 //     could not do by itself: containers created but never started (a crash
 //     between ContainerCreate and ContainerStart), and an engine that was
 //     down or restarted while the owner died. It removes a container only

@@ -884,7 +884,7 @@ func (s *runcSandbox) OnClose(fn func(ctx context.Context) bool) { s.recycle = f
 
 func (s *runcSandbox) Resets() int { return s.resetCount }
 
-// resetInPlace is the Docker sandbox's (reuse.go) for a runc container: the
+// ResetInPlace is the Docker sandbox's (sandbox/docker/docker_reuse.go) for a runc container: the
 // agent empties the writable mounts of a read-only root, and the new handle
 // takes over the container, its pipes and its slot.
 func (s *runcSandbox) ResetInPlace(ctx context.Context, spec sandbox.Spec) (sandbox.Warmable, error) {

@@ -20,7 +20,7 @@ const (
 	ModePods = "pods"
 	// ModeAgentSandbox asks the kubernetes-sigs/agent-sandbox controller
 	// for pods: a SandboxTemplate and a SandboxWarmPool per sandbox spec, a
-	// SandboxClaim per sandbox (kubernetes_agentsandbox.go,
+	// SandboxClaim per sandbox (sandbox/kubernetes/kubernetes_agentsandbox.go,
 	// docs/kubernetes.md "Modes").
 	ModeAgentSandbox = "agent-sandbox"
 )
