@@ -286,6 +286,7 @@ func (k *Kubernetes) create(ctx context.Context, spec sandbox.Spec, extra map[st
 	}(name)
 	log := k.log.With("pod", name)
 	var ref *claimRef // mode agent-sandbox
+	var running *corev1.Pod
 	// From here every failure deletes the pod (also when the create's
 	// answer was lost: deleting a missing pod is fine).
 	defer func() {
@@ -293,28 +294,69 @@ func (k *Kubernetes) create(ctx context.Context, spec sandbox.Spec, extra map[st
 			_ = k.remove(context.WithoutCancel(ctx), name, ref)
 		}
 	}()
-	var running *corev1.Pod
-	if k.crd != nil {
-		var r claimRef
-		running, r, err = k.crd.start(ctx, pod, spec, extra, wake)
-		ref = &r
-		if err != nil {
-			return nil, fmt.Errorf("create sandbox from %s: %w", spec.Image, err)
-		}
+	running, ref, err = k.runPod(ctx, pod, spec, extra, wake)
+	if err != nil {
+		return nil, err
+	}
+	if ref != nil {
 		name = running.Name
-		log = k.log.With("pod", name, "claim", r.claim)
-	} else {
-		if err := k.createPod(ctx, pod); err != nil {
-			sandbox.MetricFailures.WithLabelValues("create").Inc()
-			return nil, fmt.Errorf("create sandbox from %s: %w", spec.Image, err)
-		}
-		if running, err = k.waitRunning(ctx, name, wake); err != nil {
-			sandbox.MetricFailures.WithLabelValues("start").Inc()
-			return nil, fmt.Errorf("create sandbox %s from %s: %w", name, spec.Image, err)
+		log = k.log.With("pod", name, "claim", ref.claim)
+	}
+	s, err := k.handleFor(ctx, running, ref, spec, log)
+	if err != nil {
+		return nil, err
+	}
+	if err := k.register(s); err != nil {
+		s.stopStream()
+		return nil, err
+	}
+	admitted = false // register counted it live
+	sandbox.MetricCreates.Inc()
+	// The pod may have been lost while the channel was being opened.
+	if obj, ok, _ := k.informer.GetStore().GetByKey(k.cfg.Namespace + "/" + name); ok {
+		if why := s.podLost(obj.(*corev1.Pod)); why != "" {
+			s.fail(why)
 		}
 	}
+	if ferr := sandbox.PlaceFiles(ctx, s, spec.Files); ferr != nil {
+		_ = s.Close(ctx)
+		return nil, fmt.Errorf("create sandbox %s: %w", name, ferr)
+	}
+	log.Debug("sandbox started", "image", spec.Image, "node", s.node, "user", s.Hello.User, "uid", s.Hello.UID)
+	return s, nil
+}
+
+// runPod makes the pod run: in mode agent-sandbox a claim on the
+// controller's pods (ref is set, also when that fails, so the caller's
+// cleanup deletes the claim), else pod created here and awaited until it
+// runs.
+func (k *Kubernetes) runPod(ctx context.Context, pod *corev1.Pod, spec sandbox.Spec, extra map[string]string, wake chan struct{}) (*corev1.Pod, *claimRef, error) {
+	if k.crd != nil {
+		running, r, err := k.crd.start(ctx, pod, spec, extra, wake)
+		if err != nil {
+			return nil, &r, fmt.Errorf("create sandbox from %s: %w", spec.Image, err)
+		}
+		return running, &r, nil
+	}
+	if err := k.createPod(ctx, pod); err != nil {
+		sandbox.MetricFailures.WithLabelValues("create").Inc()
+		return nil, nil, fmt.Errorf("create sandbox from %s: %w", spec.Image, err)
+	}
+	running, err := k.waitRunning(ctx, pod.Name, wake)
+	if err != nil {
+		sandbox.MetricFailures.WithLabelValues("start").Inc()
+		return nil, nil, fmt.Errorf("create sandbox %s from %s: %w", pod.Name, spec.Image, err)
+	}
+	return running, nil, nil
+}
+
+// handleFor is the sandbox handle of the running pod, with its agent
+// channel open: the one already opened into an adopted warm pod (mode
+// agent-sandbox), else one opened now.
+func (k *Kubernetes) handleFor(ctx context.Context, running *corev1.Pod, ref *claimRef, spec sandbox.Spec, log *slog.Logger) (*k8sSandbox, error) {
+	name := running.Name
 	var s *k8sSandbox
-	if k.crd != nil { // a channel already open into the adopted warm pod
+	if k.crd != nil {
 		s = k.crd.takeChannel(ctx, name)
 	}
 	if s != nil {
@@ -335,30 +377,21 @@ func (k *Kubernetes) create(ctx context.Context, spec sandbox.Spec, extra map[st
 			return nil, fmt.Errorf("create sandbox %s: %w", name, err)
 		}
 	}
-	k.mu.Lock()
-	if k.closed {
-		k.mu.Unlock()
-		s.stopStream()
-		return nil, fmt.Errorf("create sandbox: %w: backend closed", sandbox.ErrClosed)
-	}
-	k.live[name] = s
-	k.pending--
-	admitted = false
-	sandbox.MetricLive.Set(float64(len(k.live)))
-	k.mu.Unlock()
-	sandbox.MetricCreates.Inc()
-	// The pod may have been lost while the channel was being opened.
-	if obj, ok, _ := k.informer.GetStore().GetByKey(k.cfg.Namespace + "/" + name); ok {
-		if why := s.podLost(obj.(*corev1.Pod)); why != "" {
-			s.fail(why)
-		}
-	}
-	if ferr := sandbox.PlaceFiles(ctx, s, spec.Files); ferr != nil {
-		_ = s.Close(ctx)
-		return nil, fmt.Errorf("create sandbox %s: %w", name, ferr)
-	}
-	log.Debug("sandbox started", "image", spec.Image, "node", s.node, "user", s.Hello.User, "uid", s.Hello.UID)
 	return s, nil
+}
+
+// register makes s one of the backend's live sandboxes, moving it from
+// the pending count, unless the backend closed meanwhile.
+func (k *Kubernetes) register(s *k8sSandbox) error {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.closed {
+		return fmt.Errorf("create sandbox: %w: backend closed", sandbox.ErrClosed)
+	}
+	k.live[s.name] = s
+	k.pending--
+	sandbox.MetricLive.Set(float64(len(k.live)))
+	return nil
 }
 
 // Close deletes every pod this backend still owns, stops the watch and the

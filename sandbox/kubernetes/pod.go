@@ -152,52 +152,13 @@ func describeWaiting(pod *corev1.Pod) string {
 
 // podFor builds the pod of a sandbox (docs/kubernetes.md, "Isolation").
 func (k *Kubernetes) podFor(spec sandbox.Spec, extra map[string]string) *corev1.Pod {
-	labels := maps.Clone(k.labels)
-	annotations := map[string]string{}
-	for key, v := range spec.Labels {
-		annotations[key] = v
-		if len(validation.IsQualifiedName(key)) == 0 && len(validation.IsValidLabelValue(v)) == 0 {
-			labels[key] = v
-		}
-	}
-	maps.Copy(labels, extra)
-	labels[LabelNetwork] = spec.Network
+	labels, annotations := k.podLabels(spec, extra)
 	agentPath := k8sAgentDir + "/agent"
 	args := append([]string(nil), k.agent.Args...)
-	env := make([]corev1.EnvVar, 0, len(spec.Env))
-	for key, v := range spec.Env {
-		env = append(env, corev1.EnvVar{Name: key, Value: v})
-	}
-	sort.Slice(env, func(i, j int) bool { return env[i].Name < env[j].Name })
-	cpu := resource.NewMilliQuantity(int64(math.Ceil(spec.Limits.CPUs*1000)), resource.DecimalSI)
-	mem := resource.NewQuantity(spec.Limits.MemoryBytes, resource.BinarySI)
-	disk := resource.NewQuantity(spec.Limits.DiskBytes+64<<20, resource.BinarySI)
-	cpuReq := resource.NewMilliQuantity(int64(math.Ceil(min(k.cfg.CPURequest, spec.Limits.CPUs)*1000)), resource.DecimalSI)
-	memReq := resource.NewQuantity(min(k.cfg.MemoryRequestMB<<20, spec.Limits.MemoryBytes), resource.BinarySI)
-	f, t := false, true
-	var root int64
+	installRes, sandboxRes := k.podResources(spec)
+	f := false
 	grace := int64(0)
-	rootCtx := &corev1.SecurityContext{
-		// Only the root agent holds these four: it switches to the sandbox
-		// user (SETUID/SETGID), prepares the workdir (CHOWN) and kills that
-		// user's process groups (KILL). Commands run with none.
-		RunAsUser:                &root,
-		RunAsNonRoot:             &f,
-		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: []corev1.Capability{"CHOWN", "SETUID", "SETGID", "KILL"}},
-		AllowPrivilegeEscalation: &f,
-		ReadOnlyRootFilesystem:   &spec.Limits.ReadOnlyRoot,
-		SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-	}
-	nobody := int64(65534)
-	agentMount := corev1.VolumeMount{Name: "rollout-agent", MountPath: k8sAgentDir}
-	volumes := []corev1.Volume{{Name: "rollout-agent", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: resource.NewQuantity(128<<20, resource.BinarySI)}}}}
-	mounts := []corev1.VolumeMount{{Name: "rollout-agent", MountPath: k8sAgentDir, ReadOnly: true}}
-	if spec.Limits.ReadOnlyRoot {
-		volumes = append(volumes,
-			corev1.Volume{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: resource.NewQuantity(min(spec.Limits.DiskBytes, 512<<20), resource.BinarySI)}}},
-			corev1.Volume{Name: "workdir", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: resource.NewQuantity(spec.Limits.DiskBytes, resource.BinarySI)}}})
-		mounts = append(mounts, corev1.VolumeMount{Name: "tmp", MountPath: "/tmp"}, corev1.VolumeMount{Name: "workdir", MountPath: spec.Workdir})
-	}
+	volumes, mounts := podVolumes(spec)
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name:        "rollout-" + k.opts.Instance + "-" + sandbox.RandomID(6),
@@ -219,16 +180,9 @@ func (k *Kubernetes) podFor(spec sandbox.Spec, extra map[string]string) *corev1.
 				Image:           k.agentI,
 				ImagePullPolicy: corev1.PullPolicy(k.cfg.ImagePullPolicy),
 				Command:         append(append([]string{"/rollout-agent"}, args...), "-install", agentPath),
-				VolumeMounts:    []corev1.VolumeMount{agentMount},
-				SecurityContext: &corev1.SecurityContext{
-					RunAsUser: &nobody, RunAsNonRoot: &t, AllowPrivilegeEscalation: &f, ReadOnlyRootFilesystem: &t,
-					Capabilities:   &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
-					SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-				},
-				Resources: corev1.ResourceRequirements{
-					Limits:   corev1.ResourceList{corev1.ResourceCPU: *cpu, corev1.ResourceMemory: *mem},
-					Requests: corev1.ResourceList{corev1.ResourceCPU: *cpuReq, corev1.ResourceMemory: *memReq},
-				},
+				VolumeMounts:    []corev1.VolumeMount{{Name: "rollout-agent", MountPath: k8sAgentDir}},
+				SecurityContext: installerSecurity(),
+				Resources:       installRes,
 			}},
 			Containers: []corev1.Container{{
 				Name:            ContainerName,
@@ -238,17 +192,118 @@ func (k *Kubernetes) podFor(spec sandbox.Spec, extra map[string]string) *corev1.
 				// serves the channel is exec'd (Kubernetes.connect).
 				Command:         append(append([]string{agentPath}, args...), "-init"),
 				WorkingDir:      "/",
-				Env:             env,
+				Env:             podEnv(spec),
 				VolumeMounts:    mounts,
-				SecurityContext: rootCtx,
-				Resources: corev1.ResourceRequirements{
-					Limits: corev1.ResourceList{corev1.ResourceCPU: *cpu, corev1.ResourceMemory: *mem,
-						corev1.ResourceEphemeralStorage: *disk},
-					Requests: corev1.ResourceList{corev1.ResourceCPU: *cpuReq, corev1.ResourceMemory: *memReq},
-				},
+				SecurityContext: sandboxSecurity(spec),
+				Resources:       sandboxRes,
 			}},
 		},
 	}
+	k.placePod(pod, spec)
+	return pod
+}
+
+// podLabels are the pod's labels and annotations: every caller label is
+// an annotation, and a label too when Kubernetes accepts it as one; the
+// backend's own labels, extra and the network policy (which the network
+// policies select on) are labels.
+func (k *Kubernetes) podLabels(spec sandbox.Spec, extra map[string]string) (labels, annotations map[string]string) {
+	labels = maps.Clone(k.labels)
+	annotations = map[string]string{}
+	for key, v := range spec.Labels {
+		annotations[key] = v
+		if len(validation.IsQualifiedName(key)) == 0 && len(validation.IsValidLabelValue(v)) == 0 {
+			labels[key] = v
+		}
+	}
+	maps.Copy(labels, extra)
+	labels[LabelNetwork] = spec.Network
+	return labels, annotations
+}
+
+// podEnv is spec's environment, sorted so equal specs give equal pods.
+func podEnv(spec sandbox.Spec) []corev1.EnvVar {
+	env := make([]corev1.EnvVar, 0, len(spec.Env))
+	for key, v := range spec.Env {
+		env = append(env, corev1.EnvVar{Name: key, Value: v})
+	}
+	sort.Slice(env, func(i, j int) bool { return env[i].Name < env[j].Name })
+	return env
+}
+
+// podResources are the installer's and the sandbox container's limits and
+// requests. Both are limited to the sandbox's CPU and memory; the sandbox
+// container's ephemeral storage is its disk bound plus 64 MiB for the
+// agent's own files, and the requests are the configured ones capped by
+// the limits.
+func (k *Kubernetes) podResources(spec sandbox.Spec) (install, sandboxRes corev1.ResourceRequirements) {
+	cpu := resource.NewMilliQuantity(int64(math.Ceil(spec.Limits.CPUs*1000)), resource.DecimalSI)
+	mem := resource.NewQuantity(spec.Limits.MemoryBytes, resource.BinarySI)
+	disk := resource.NewQuantity(spec.Limits.DiskBytes+64<<20, resource.BinarySI)
+	cpuReq := resource.NewMilliQuantity(int64(math.Ceil(min(k.cfg.CPURequest, spec.Limits.CPUs)*1000)), resource.DecimalSI)
+	memReq := resource.NewQuantity(min(k.cfg.MemoryRequestMB<<20, spec.Limits.MemoryBytes), resource.BinarySI)
+	install = corev1.ResourceRequirements{
+		Limits:   corev1.ResourceList{corev1.ResourceCPU: *cpu, corev1.ResourceMemory: *mem},
+		Requests: corev1.ResourceList{corev1.ResourceCPU: *cpuReq, corev1.ResourceMemory: *memReq},
+	}
+	sandboxRes = corev1.ResourceRequirements{
+		Limits: corev1.ResourceList{corev1.ResourceCPU: *cpu, corev1.ResourceMemory: *mem,
+			corev1.ResourceEphemeralStorage: *disk},
+		Requests: corev1.ResourceList{corev1.ResourceCPU: *cpuReq, corev1.ResourceMemory: *memReq},
+	}
+	return install, sandboxRes
+}
+
+// podVolumes are the pod's volumes and the sandbox container's mounts: the
+// agent's directory (written by the installer, read-only here) and, with a
+// read-only root, a bounded /tmp and workdir.
+func podVolumes(spec sandbox.Spec) ([]corev1.Volume, []corev1.VolumeMount) {
+	volumes := []corev1.Volume{{Name: "rollout-agent", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: resource.NewQuantity(128<<20, resource.BinarySI)}}}}
+	mounts := []corev1.VolumeMount{{Name: "rollout-agent", MountPath: k8sAgentDir, ReadOnly: true}}
+	if spec.Limits.ReadOnlyRoot {
+		volumes = append(volumes,
+			corev1.Volume{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: resource.NewQuantity(min(spec.Limits.DiskBytes, 512<<20), resource.BinarySI)}}},
+			corev1.Volume{Name: "workdir", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{SizeLimit: resource.NewQuantity(spec.Limits.DiskBytes, resource.BinarySI)}}})
+		mounts = append(mounts, corev1.VolumeMount{Name: "tmp", MountPath: "/tmp"}, corev1.VolumeMount{Name: "workdir", MountPath: spec.Workdir})
+	}
+	return volumes, mounts
+}
+
+// installerSecurity runs the agent installer as nobody with nothing it
+// does not need: it only copies the agent into its volume.
+func installerSecurity() *corev1.SecurityContext {
+	f, t := false, true
+	nobody := int64(65534)
+	return &corev1.SecurityContext{
+		RunAsUser: &nobody, RunAsNonRoot: &t, AllowPrivilegeEscalation: &f, ReadOnlyRootFilesystem: &t,
+		Capabilities:   &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+}
+
+// sandboxSecurity is the sandbox container's: a root agent with four
+// capabilities, no escalation, the runtime's default seccomp profile.
+func sandboxSecurity(spec sandbox.Spec) *corev1.SecurityContext {
+	f := false
+	var root int64
+	readOnly := spec.Limits.ReadOnlyRoot
+	return &corev1.SecurityContext{
+		// Only the root agent holds these four: it switches to the sandbox
+		// user (SETUID/SETGID), prepares the workdir (CHOWN) and kills that
+		// user's process groups (KILL). Commands run with none.
+		RunAsUser:                &root,
+		RunAsNonRoot:             &f,
+		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}, Add: []corev1.Capability{"CHOWN", "SETUID", "SETGID", "KILL"}},
+		AllowPrivilegeEscalation: &f,
+		ReadOnlyRootFilesystem:   &readOnly,
+		SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+}
+
+// placePod sets where and how long the pod may run: the runtime class,
+// the tolerations, a deadline past the sandbox's lifetime, and the
+// backend's lease as owner (the pod goes when the lease does).
+func (k *Kubernetes) placePod(pod *corev1.Pod, spec sandbox.Spec) {
 	if k.cfg.RuntimeClassName != "" {
 		rc := k.cfg.RuntimeClassName
 		pod.Spec.RuntimeClassName = &rc
@@ -267,7 +322,6 @@ func (k *Kubernetes) podFor(spec sandbox.Spec, extra map[string]string) *corev1.
 		pod.OwnerReferences = []metav1.OwnerReference{{APIVersion: "coordination.k8s.io/v1", Kind: "Lease", Name: k.lease.Name, UID: k.lease.UID}}
 	}
 	k.mu.Unlock()
-	return pod
 }
 
 // agentArgs are the exec'd agent's arguments for spec.
