@@ -300,40 +300,15 @@ func (d *Docker) create(ctx context.Context, spec sandbox.Spec, extraLabels map[
 			d.slots.Release()
 		}
 	}()
-	spec.Labels = maps.Clone(spec.Labels)
-	spec.Env = maps.Clone(spec.Env)
-	if err := d.Validate(&spec); err != nil {
-		return nil, fmt.Errorf("create sandbox: %w: %v", sandbox.ErrInvalid, err)
+	if err := d.prepare(&spec); err != nil {
+		return nil, err
 	}
-	if spec.Limits.ReadOnlyRoot && !d.bind {
-		// The engine refuses CopyToContainer into a read-only root.
-		return nil, fmt.Errorf("create sandbox: %w: a read-only root needs the bind-mounted agent (local engine); not implemented yet for copy delivery", sandbox.ErrInvalid)
+	if err := d.takeSlot(ctx, slot); err != nil {
+		return nil, err
 	}
-	d.mu.Lock()
-	closed := d.closed
-	d.mu.Unlock()
-	if closed {
-		return nil, fmt.Errorf("create sandbox: %w: backend closed", sandbox.ErrClosed)
-	}
-	// Admission: a slot under MaxContainers, held until Close.
-	switch slot {
-	case sandbox.SlotWait:
-		if err := d.slots.Acquire(ctx); err != nil {
-			return nil, fmt.Errorf("create sandbox: waiting for a free slot (%d in use): %w", d.slots.Cap, err)
-		}
-		holding = true
-	case sandbox.SlotHeld:
-	default:
-		return nil, fmt.Errorf("create sandbox: %w: unknown slot mode %d", sandbox.ErrInvalid, slot)
-	}
-	if err := d.admitHost(ctx, spec, slot == sandbox.SlotWait); err != nil {
-		return nil, fmt.Errorf("create sandbox: %w", err)
-	}
-	if err := d.rate.Wait(ctx); err != nil {
-		return nil, fmt.Errorf("create sandbox: waiting for the create rate limit: %w", err)
-	}
-	if err := d.gate.Acquire(ctx); err != nil {
-		return nil, fmt.Errorf("create sandbox: waiting for a create turn: %w", err)
+	holding = true
+	if err := d.admit(ctx, spec, slot == sandbox.SlotWait); err != nil {
+		return nil, err
 	}
 	gateStart := time.Now()
 	defer func() { d.gate.Release(time.Since(gateStart), err == nil) }()
@@ -350,44 +325,12 @@ func (d *Docker) create(ctx context.Context, spec sandbox.Spec, extraLabels map[
 		}
 	}
 	name := "rollout-" + d.opts.Instance + "-" + sandbox.RandomID(6)
-	var sock *sockListener
-	// gVisor refuses a connect to a host socket on a bind mount (EPERM):
-	// runsc sandboxes stay on the attach stream.
-	if d.sockRoot != "" && spec.Runtime == sandbox.RuntimeRunc {
-		if sock, err = d.listen(name); err != nil {
-			d.sockWarn.Do(func() { d.log.Warn("socket channel: cannot listen, using the attach stream", "err", err) })
-			sock, err = nil, nil
-		}
-		defer sock.close()
-	}
+	sock := d.socketFor(name, spec)
+	defer sock.close()
 	cfg, hc := d.containerConfig(spec, img, extraLabels, sock)
-	var id string
-	err = d.daemon(ctx, "container_create", 60*time.Second, func(cctx context.Context) error {
-		res, err := d.cli.ContainerCreate(cctx, client.ContainerCreateOptions{Config: cfg, HostConfig: hc, Name: name})
-		if cerrdefs.IsConflict(err) && id == "" {
-			// An earlier attempt reached the daemon although its answer was lost.
-			ins, ierr := d.cli.ContainerInspect(cctx, name, client.ContainerInspectOptions{})
-			if ierr == nil {
-				id = ins.Container.ID
-				return nil
-			}
-		}
-		if err == nil {
-			id = res.ID
-		}
-		return err
-	})
+	id, err := d.createContainer(ctx, spec, name, cfg, hc)
 	if err != nil {
-		sandbox.MetricFailures.WithLabelValues("create").Inc()
-		// The create may still have happened on the daemon; remove by name.
-		d.removeContainer(ctx, name)
-		if spec.Runtime != sandbox.RuntimeRunc && strings.Contains(strings.ToLower(err.Error()), "runtime") {
-			return nil, fmt.Errorf("create sandbox from %s: %w: runtime %s: %v (register it with the engine: scripts/ensure-runsc.sh)", spec.Image, sandbox.ErrInvalid, spec.Runtime, err)
-		}
-		if cerrdefs.IsInvalidArgument(err) {
-			return nil, fmt.Errorf("create sandbox from %s: %w: %v", spec.Image, sandbox.ErrInvalid, err)
-		}
-		return nil, fmt.Errorf("create sandbox from %s: %w: %v", spec.Image, sandbox.ErrUnavailable, err)
+		return nil, err
 	}
 	log := d.log.With("container", id[:12])
 	// Guard: from here every failure removes the container.
@@ -409,31 +352,14 @@ func (d *Docker) create(ctx context.Context, spec sandbox.Spec, extraLabels map[
 		return nil, fmt.Errorf("create sandbox %s: %w", id[:12], err)
 	}
 	if !d.bind {
-		tarball, terr := agentTar(d.agent.Path)
-		if terr != nil {
-			return nil, fmt.Errorf("create sandbox: %w: %v", sandbox.ErrInvalid, terr)
-		}
-		err = d.daemon(ctx, "copy_to_container", 60*time.Second, func(cctx context.Context) error {
-			_, err := d.cli.CopyToContainer(cctx, id, client.CopyToContainerOptions{DestinationPath: "/", Content: bytes.NewReader(tarball)})
-			return err
-		})
-		if err != nil {
-			sandbox.MetricFailures.WithLabelValues("create").Inc()
-			return nil, fmt.Errorf("create sandbox %s: copy agent: %w: %v", id[:12], sandbox.ErrUnavailable, err)
+		if err := d.copyAgent(ctx, id); err != nil {
+			return nil, err
 		}
 	}
-	// Attach before start so no byte of the agent's output is missed.
-	err = d.daemon(ctx, "container_attach", 30*time.Second, func(cctx context.Context) error {
-		res, err := d.cli.ContainerAttach(cctx, id, client.ContainerAttachOptions{Stream: true, Stdin: true, Stdout: true, Stderr: true})
-		if err == nil {
-			hj, hjOpen = res.HijackedResponse, true
-		}
-		return err
-	})
-	if err != nil {
-		sandbox.MetricFailures.WithLabelValues("start").Inc()
-		return nil, fmt.Errorf("create sandbox %s: attach: %w: %v", id[:12], sandbox.ErrUnavailable, err)
+	if hj, err = d.attach(ctx, id); err != nil {
+		return nil, err
 	}
+	hjOpen = true
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("create sandbox: %w", err)
 	}
@@ -445,61 +371,10 @@ func (d *Docker) create(ctx context.Context, spec sandbox.Spec, extraLabels map[
 	// is closed when that loop ended.
 	s.ChannelOps = sandbox.NewChannelOps(sandbox.NewConn(&demuxReader{r: hj.Reader, stderr: s.stderr}, hj.Conn), s)
 	s.demux = s.Conn.Done()
-	err = d.daemon(ctx, "container_start", 60*time.Second, func(cctx context.Context) error {
-		_, err := d.cli.ContainerStart(cctx, id, client.ContainerStartOptions{})
-		return err
-	})
-	if err != nil {
-		sandbox.MetricFailures.WithLabelValues("start").Inc()
-		hj.Close()
-		<-s.demux
-		hjOpen = false
-		return nil, fmt.Errorf("create sandbox %s: start: %w: %v", id[:12], sandbox.ErrUnavailable, err)
+	if err := d.start(ctx, s, sock); err != nil {
+		hjOpen = false // start closed it
+		return nil, err
 	}
-	hello, err := s.handshake(ctx)
-	if err != nil {
-		sandbox.MetricFailures.WithLabelValues("handshake").Inc()
-		hj.Close()
-		<-s.demux
-		hjOpen = false
-		return nil, fmt.Errorf("create sandbox %s: %w", id[:12], err)
-	}
-	s.Hello = hello
-	if sock != nil {
-		if hello.Socket {
-			sc, raw, serr := sock.accept(ctx, hello)
-			switch {
-			case serr == nil:
-				s.attach, s.sock = s.Conn, raw
-				s.ChannelOps.Conn = sc
-			case ctx.Err() != nil:
-				hj.Close()
-				<-s.demux
-				hjOpen = false
-				return nil, fmt.Errorf("create sandbox: %w", ctx.Err())
-			default:
-				d.sockWarn.Do(func() {
-					d.log.Warn("socket channel: no connection from the agent, using the attach stream", "err", serr)
-				})
-			}
-		} else {
-			d.sockWarn.Do(func() {
-				d.log.Warn("socket channel: the agent could not connect, using the attach stream", "err", hello.SocketErr)
-			})
-		}
-	}
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
-		hj.Close()
-		s.closeSocket()
-		<-s.demux
-		hjOpen = false
-		return nil, fmt.Errorf("create sandbox: %w: backend closed", sandbox.ErrClosed)
-	}
-	d.live[id] = s
-	sandbox.MetricLive.Set(float64(len(d.live)))
-	d.mu.Unlock()
 	holding = false
 	sandbox.MetricCreates.Inc()
 	if ferr := sandbox.PlaceFiles(ctx, s, spec.Files); ferr != nil {
@@ -507,8 +382,221 @@ func (d *Docker) create(ctx context.Context, spec sandbox.Spec, extraLabels map[
 		err = ferr
 		return nil, fmt.Errorf("create sandbox %s: %w", id[:12], ferr)
 	}
-	log.Debug("sandbox started", "image", spec.Image, "user", hello.User, "uid", hello.UID)
+	log.Debug("sandbox started", "image", spec.Image, "user", s.Hello.User, "uid", s.Hello.UID)
 	return s, nil
+}
+
+// start starts the created container, awaits the agent's hello, moves the
+// calls to the socket channel when there is one, and registers the
+// sandbox. On failure it has closed the channel and waited for its read
+// loop, so the caller only removes the container.
+func (d *Docker) start(ctx context.Context, s *dockerSandbox, sock *sockListener) (err error) {
+	defer func() {
+		if err != nil {
+			s.hj.Close()
+			s.closeSocket()
+			<-s.demux
+		}
+	}()
+	err = d.daemon(ctx, "container_start", 60*time.Second, func(cctx context.Context) error {
+		_, err := d.cli.ContainerStart(cctx, s.id, client.ContainerStartOptions{})
+		return err
+	})
+	if err != nil {
+		sandbox.MetricFailures.WithLabelValues("start").Inc()
+		return fmt.Errorf("create sandbox %s: start: %w: %v", s.Short(), sandbox.ErrUnavailable, err)
+	}
+	hello, err := s.handshake(ctx)
+	if err != nil {
+		sandbox.MetricFailures.WithLabelValues("handshake").Inc()
+		return fmt.Errorf("create sandbox %s: %w", s.Short(), err)
+	}
+	s.Hello = hello
+	if sock != nil {
+		if err := s.takeSocket(ctx, sock); err != nil {
+			return err
+		}
+	}
+	return d.register(s)
+}
+
+// socketFor is the socket channel's listener for container name, nil when
+// the sandbox stays on the attach stream: no local socket directory, a
+// runtime other than runc (gVisor refuses a connect to a host socket on a
+// bind mount, EPERM), or a listen that failed (warned once).
+func (d *Docker) socketFor(name string, spec sandbox.Spec) *sockListener {
+	if d.sockRoot == "" || spec.Runtime != sandbox.RuntimeRunc {
+		return nil
+	}
+	sock, err := d.listen(name)
+	if err != nil {
+		d.sockWarn.Do(func() { d.log.Warn("socket channel: cannot listen, using the attach stream", "err", err) })
+		return nil
+	}
+	return sock
+}
+
+// prepare copies the spec's maps (the caller keeps its own), validates it
+// and refuses a create on a closed backend.
+func (d *Docker) prepare(spec *sandbox.Spec) error {
+	spec.Labels = maps.Clone(spec.Labels)
+	spec.Env = maps.Clone(spec.Env)
+	if err := d.Validate(spec); err != nil {
+		return fmt.Errorf("create sandbox: %w: %v", sandbox.ErrInvalid, err)
+	}
+	if spec.Limits.ReadOnlyRoot && !d.bind {
+		// The engine refuses CopyToContainer into a read-only root.
+		return fmt.Errorf("create sandbox: %w: a read-only root needs the bind-mounted agent (local engine); not implemented yet for copy delivery", sandbox.ErrInvalid)
+	}
+	d.mu.Lock()
+	closed := d.closed
+	d.mu.Unlock()
+	if closed {
+		return fmt.Errorf("create sandbox: %w: backend closed", sandbox.ErrClosed)
+	}
+	return nil
+}
+
+// takeSlot is admission under MaxContainers: a slot held until Close,
+// waited for (SlotWait) or already held by the caller (SlotHeld).
+func (d *Docker) takeSlot(ctx context.Context, slot sandbox.SlotMode) error {
+	switch slot {
+	case sandbox.SlotWait:
+		if err := d.slots.Acquire(ctx); err != nil {
+			return fmt.Errorf("create sandbox: waiting for a free slot (%d in use): %w", d.slots.Cap, err)
+		}
+	case sandbox.SlotHeld:
+	default:
+		return fmt.Errorf("create sandbox: %w: unknown slot mode %d", sandbox.ErrInvalid, slot)
+	}
+	return nil
+}
+
+// admit waits for the host's room, the create rate and a create turn; on
+// success the caller holds the create gate and must release it.
+func (d *Docker) admit(ctx context.Context, spec sandbox.Spec, wait bool) error {
+	if err := d.admitHost(ctx, spec, wait); err != nil {
+		return fmt.Errorf("create sandbox: %w", err)
+	}
+	if err := d.rate.Wait(ctx); err != nil {
+		return fmt.Errorf("create sandbox: waiting for the create rate limit: %w", err)
+	}
+	if err := d.gate.Acquire(ctx); err != nil {
+		return fmt.Errorf("create sandbox: waiting for a create turn: %w", err)
+	}
+	return nil
+}
+
+// createContainer creates the container name and returns its id. A failed
+// create is classed (an unknown runtime or a bad argument is ErrInvalid,
+// anything else ErrUnavailable) and whatever the daemon may have made is
+// removed.
+func (d *Docker) createContainer(ctx context.Context, spec sandbox.Spec, name string, cfg *container.Config, hc *container.HostConfig) (string, error) {
+	var id string
+	err := d.daemon(ctx, "container_create", 60*time.Second, func(cctx context.Context) error {
+		res, err := d.cli.ContainerCreate(cctx, client.ContainerCreateOptions{Config: cfg, HostConfig: hc, Name: name})
+		if cerrdefs.IsConflict(err) && id == "" {
+			// An earlier attempt reached the daemon although its answer was lost.
+			ins, ierr := d.cli.ContainerInspect(cctx, name, client.ContainerInspectOptions{})
+			if ierr == nil {
+				id = ins.Container.ID
+				return nil
+			}
+		}
+		if err == nil {
+			id = res.ID
+		}
+		return err
+	})
+	if err == nil {
+		return id, nil
+	}
+	sandbox.MetricFailures.WithLabelValues("create").Inc()
+	// The create may still have happened on the daemon; remove by name.
+	d.removeContainer(ctx, name)
+	if spec.Runtime != sandbox.RuntimeRunc && strings.Contains(strings.ToLower(err.Error()), "runtime") {
+		return "", fmt.Errorf("create sandbox from %s: %w: runtime %s: %v (register it with the engine: scripts/ensure-runsc.sh)", spec.Image, sandbox.ErrInvalid, spec.Runtime, err)
+	}
+	if cerrdefs.IsInvalidArgument(err) {
+		return "", fmt.Errorf("create sandbox from %s: %w: %v", spec.Image, sandbox.ErrInvalid, err)
+	}
+	return "", fmt.Errorf("create sandbox from %s: %w: %v", spec.Image, sandbox.ErrUnavailable, err)
+}
+
+// copyAgent puts the agent binary into the created container when it
+// cannot be bind-mounted (a remote engine).
+func (d *Docker) copyAgent(ctx context.Context, id string) error {
+	tarball, err := agentTar(d.agent.Path)
+	if err != nil {
+		return fmt.Errorf("create sandbox: %w: %v", sandbox.ErrInvalid, err)
+	}
+	err = d.daemon(ctx, "copy_to_container", 60*time.Second, func(cctx context.Context) error {
+		_, err := d.cli.CopyToContainer(cctx, id, client.CopyToContainerOptions{DestinationPath: "/", Content: bytes.NewReader(tarball)})
+		return err
+	})
+	if err != nil {
+		sandbox.MetricFailures.WithLabelValues("create").Inc()
+		return fmt.Errorf("create sandbox %s: copy agent: %w: %v", id[:12], sandbox.ErrUnavailable, err)
+	}
+	return nil
+}
+
+// attach opens the container's attach stream. It runs before the start so
+// no byte of the agent's output is missed.
+func (d *Docker) attach(ctx context.Context, id string) (client.HijackedResponse, error) {
+	var hj client.HijackedResponse
+	err := d.daemon(ctx, "container_attach", 30*time.Second, func(cctx context.Context) error {
+		res, err := d.cli.ContainerAttach(cctx, id, client.ContainerAttachOptions{Stream: true, Stdin: true, Stdout: true, Stderr: true})
+		if err == nil {
+			hj = res.HijackedResponse
+		}
+		return err
+	})
+	if err != nil {
+		sandbox.MetricFailures.WithLabelValues("start").Inc()
+		return client.HijackedResponse{}, fmt.Errorf("create sandbox %s: attach: %w: %v", id[:12], sandbox.ErrUnavailable, err)
+	}
+	return hj, nil
+}
+
+// takeSocket moves the sandbox's calls to the socket channel when the
+// agent connected to it; the attach stream stays as lifetime and fallback.
+// The agent not connecting is no error (the attach stream serves), only
+// ctx ending while it is awaited.
+func (s *dockerSandbox) takeSocket(ctx context.Context, sock *sockListener) error {
+	d, hello := s.d, s.Hello
+	if !hello.Socket {
+		d.sockWarn.Do(func() {
+			d.log.Warn("socket channel: the agent could not connect, using the attach stream", "err", hello.SocketErr)
+		})
+		return nil
+	}
+	sc, raw, err := sock.accept(ctx, hello)
+	switch {
+	case err == nil:
+		s.attach, s.sock = s.Conn, raw
+		s.ChannelOps.Conn = sc
+	case ctx.Err() != nil:
+		return fmt.Errorf("create sandbox: %w", ctx.Err())
+	default:
+		d.sockWarn.Do(func() {
+			d.log.Warn("socket channel: no connection from the agent, using the attach stream", "err", err)
+		})
+	}
+	return nil
+}
+
+// register makes s one of the backend's live sandboxes, unless the backend
+// closed meanwhile.
+func (d *Docker) register(s *dockerSandbox) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return fmt.Errorf("create sandbox: %w: backend closed", sandbox.ErrClosed)
+	}
+	d.live[s.id] = s
+	sandbox.MetricLive.Set(float64(len(d.live)))
+	return nil
 }
 
 func (d *Docker) containerConfig(spec sandbox.Spec, img imageInfo, extraLabels map[string]string, sock *sockListener) (*container.Config, *container.HostConfig) {
