@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -103,12 +104,55 @@ func runSandbox(ctx context.Context, r *runCtx) (out []Measure, err error) {
 	}()
 	spec := sandbox.Spec{Image: ref}
 	rounds := 5
-	var dockerExecP50 time.Duration // `docker exec` p50: the runc backend's exec is put against it too
 
+	execOut, dockerExecP50, err := measureSandboxExec(ctx, r, d, spec, rounds)
+	out = append(out, execOut...)
+	if err != nil {
+		return out, err
+	}
+	coldOut, err := measureColdStart(ctx, r, d, spec, rounds)
+	out = append(out, coldOut...)
+	if err != nil {
+		return out, err
+	}
+	churnOut, bestBase, err := measureSandboxChurn(ctx, r, d, spec)
+	out = append(out, churnOut...)
+	if err != nil {
+		return out, err
+	}
+
+	// gVisor beside runc: cold start and exec round trip, alternating.
+	out = append(out, measureRunsc(ctx, r, d, spec, rounds)...)
+
+	// The runc backend: the same sandboxes without the engine daemon.
+	out = append(out, measureRuncBackend(ctx, r, d, ref, rounds, peak, bestBase, dockerExecP50)...)
+
+	out = append(out, measurePeak(ctx, r, d, ref, peak)...)
+	if r.opts.Kubeconfig == "" {
+		for _, c := range catalog {
+			if strings.HasPrefix(c.name, "sandbox.k8s.") {
+				out = append(out, NotMeasured(c.name, "no cluster: pass --kubeconfig, or bring the lab up (scripts/k8s-lab/lab.sh up) and export ROLLOUT_K8S_LAB_KUBECONFIG"))
+			}
+		}
+		return out, ctx.Err()
+	}
+	k, err := runKubeSandbox(ctx, r, peak)
+	out = append(out, k...)
+	if err != nil {
+		return out, fmt.Errorf("kubernetes: %w", err)
+	}
+	return out, ctx.Err()
+}
+
+// measureSandboxExec times exec round trips in one sandbox of d: `true`
+// over the channel against `docker exec` in the same container (its p50
+// is returned for the runc backend's comparison), the spawn floor, the
+// attach stream alone, and 1 MiB of output.
+func measureSandboxExec(ctx context.Context, r *runCtx, d *docker.Docker, spec sandbox.Spec, rounds int) (out []Measure, dockerExecP50 time.Duration, err error) {
 	// Exec round trip: the channel vs `docker exec` in the same container.
 	s, err := d.Create(ctx, spec)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer s.Close(context.WithoutCancel(ctx))
 	var inAgent []time.Duration
@@ -116,7 +160,7 @@ func runSandbox(ctx context.Context, r *runCtx) (out []Measure, err error) {
 		splitExec(ctx, s, &inAgent), r.n(1000, 100),
 		func(n int) ([]time.Duration, error) { return sandboxbench.MeasureDockerExecCLI(ctx, s.ID(), n) }, r.n(60, 10))
 	if err != nil {
-		return out, fmt.Errorf("exec: %w", err)
+		return out, 0, fmt.Errorf("exec: %w", err)
 	}
 	cs, bs := sandboxbench.Summarize(ch), sandboxbench.Summarize(cli)
 	dockerExecP50 = bs.P50
@@ -145,7 +189,7 @@ func runSandbox(ctx context.Context, r *runCtx) (out []Measure, err error) {
 		func(n int) ([]time.Duration, error) { return sandboxbench.MeasureExec(ctx, s, n, mb...) }, r.n(200, 20),
 		func(n int) ([]time.Duration, error) { return sandboxbench.MeasureDockerExecCLI(ctx, s.ID(), n, mb...) }, r.n(40, 5))
 	if err != nil {
-		return out, fmt.Errorf("exec 1 MiB: %w", err)
+		return out, 0, fmt.Errorf("exec 1 MiB: %w", err)
 	}
 	cs, bs = sandboxbench.Summarize(ch), sandboxbench.Summarize(cli)
 	base = "`docker exec CID head -c 1048576 /dev/zero` via the CLI, same run"
@@ -155,18 +199,23 @@ func runSandbox(ctx context.Context, r *runCtx) (out []Measure, err error) {
 		Measure{Name: "sandbox.exec_1mb_vs_docker_cli_ratio", Value: ptr(sig(float64(cs.P50) / float64(bs.P50)))},
 	)
 	_ = s.Close(ctx)
+	return out, dockerExecP50, nil
+}
 
+// measureColdStart times create + start + handshake against `docker run
+// -d`, then a warm pool's acquire against that cold start.
+func measureColdStart(ctx context.Context, r *runCtx, d *docker.Docker, spec sandbox.Spec, rounds int) (out []Measure, err error) {
 	// Cold create + start + handshake vs `docker run -d`.
 	cr, run, err := sideBySide(rounds,
 		func(n int) ([]time.Duration, error) { return sandboxbench.MeasureCreate(ctx, d, spec, n) }, r.n(20, 3),
 		func(n int) ([]time.Duration, error) {
-			return sandboxbench.MeasureDockerRun(ctx, d.Client(), ref, d.BaseLabels(), n)
+			return sandboxbench.MeasureDockerRun(ctx, d.Client(), spec.Image, d.BaseLabels(), n)
 		}, r.n(20, 3))
 	if err != nil {
 		return out, fmt.Errorf("cold start: %w", err)
 	}
 	cold, rs := sandboxbench.Summarize(cr), sandboxbench.Summarize(run)
-	base = "`docker run -d --network none IMAGE sleep 3600` via the CLI, same run"
+	base := "`docker run -d --network none IMAGE sleep 3600` via the CLI, same run"
 	out = append(out,
 		Measure{Name: "sandbox.cold_start_p50_ms", Value: ptr(toMS(cold.P50)), Baseline: ptr(toMS(rs.P50)), BaselineName: base, Note: fmt.Sprintf("n=%d", cold.N)},
 		Measure{Name: "sandbox.cold_start_p99_ms", Value: ptr(toMS(cold.P99)), Baseline: ptr(toMS(rs.P99)), BaselineName: base},
@@ -189,7 +238,13 @@ func runSandbox(ctx context.Context, r *runCtx) (out []Measure, err error) {
 		Measure{Name: "sandbox.pool_acquire_p50_ms", Value: ptr(toMS(as.P50)), Baseline: ptr(toMS(cold.P50)), BaselineName: base, Note: fmt.Sprintf("n=%d", as.N)},
 		Measure{Name: "sandbox.pool_acquire_p99_ms", Value: ptr(toMS(as.P99)), Baseline: ptr(toMS(cold.P99)), BaselineName: base},
 	)
+	return out, nil
+}
 
+// measureSandboxChurn measures lifecycles per second over a concurrency
+// curve; the baseline's best is returned for the runc backend's
+// comparison.
+func measureSandboxChurn(ctx context.Context, r *runCtx, d *docker.Docker, spec sandbox.Spec) (out []Measure, bestBase sandboxbench.ChurnResult, err error) {
 	// Churn: sandboxes created, used for one `true` and removed per second,
 	// against a `docker run -d && docker rm -f` loop, over a concurrency
 	// curve; each side is taken at its own best concurrency (issue 20: "at
@@ -204,23 +259,23 @@ func runSandbox(ctx context.Context, r *runCtx) (out []Measure, err error) {
 		levels = []int{4}
 	}
 	churnN := r.n(16, 4)
-	var best, bestBase, bestReset sandboxbench.ChurnResult
+	var best, bestReset sandboxbench.ChurnResult
 	var curve []string
 	for _, c := range levels {
 		ours, err := sandboxbench.MeasureChurn(ctx, d, spec, max(churnN, c), c)
 		if err != nil {
-			return out, fmt.Errorf("churn at %d: %w", c, err)
+			return out, bestBase, fmt.Errorf("churn at %d: %w", c, err)
 		}
 		reset, err := sandboxbench.MeasureResetChurn(ctx, d, spec, 4*max(churnN, c), c)
 		if err != nil {
-			return out, fmt.Errorf("churn with reset in place at %d: %w", c, err)
+			return out, bestBase, fmt.Errorf("churn with reset in place at %d: %w", c, err)
 		}
 		if reset.PerSecond() > bestReset.PerSecond() {
 			bestReset = reset
 		}
-		theirs, err := sandboxbench.MeasureDockerRunChurn(ctx, ref, d.BaseLabels(), max(churnN, c), c)
+		theirs, err := sandboxbench.MeasureDockerRunChurn(ctx, spec.Image, d.BaseLabels(), max(churnN, c), c)
 		if err != nil {
-			return out, fmt.Errorf("churn baseline at %d: %w", c, err)
+			return out, bestBase, fmt.Errorf("churn baseline at %d: %w", c, err)
 		}
 		if ours.PerSecond() > best.PerSecond() {
 			best = ours
@@ -230,7 +285,7 @@ func runSandbox(ctx context.Context, r *runCtx) (out []Measure, err error) {
 		}
 		curve = append(curve, fmt.Sprintf("%d: %.2f (reset %.1f) vs %.2f/s", c, ours.PerSecond(), reset.PerSecond(), theirs.PerSecond()))
 	}
-	base = "`docker run -d --network none --log-driver none IMAGE sleep 3600 && docker rm -f` via the CLI at its best concurrency, same run"
+	base := "`docker run -d --network none --log-driver none IMAGE sleep 3600 && docker rm -f` via the CLI at its best concurrency, same run"
 	out = append(out,
 		Measure{Name: "sandbox.churn_per_s", Value: ptr(sig(best.PerSecond())), Baseline: ptr(sig(bestBase.PerSecond())), BaselineName: base,
 			Note: fmt.Sprintf("best at %d at a time (baseline best at %d); %d lifecycles per level and side (create, start, handshake, exec `true`, remove); curve (ours vs baseline): %s",
@@ -241,15 +296,13 @@ func runSandbox(ctx context.Context, r *runCtx) (out []Measure, err error) {
 				bestReset.Concurrency, 4*max(churnN, 1))},
 		Measure{Name: "sandbox.churn_reset_vs_docker_run_ratio", Value: ptr(sig(bestReset.PerSecond() / bestBase.PerSecond()))},
 	)
+	return out, bestBase, nil
+}
 
-	// gVisor beside runc: cold start and exec round trip, alternating.
-	out = append(out, measureRunsc(ctx, r, d, spec, rounds)...)
-
-	// The runc backend: the same sandboxes without the engine daemon.
-	out = append(out, measureRuncBackend(ctx, r, d, ref, rounds, peak, bestBase, dockerExecP50)...)
-
-	// Peak: peak sandboxes at once, each answering an exec while all are
-	// alive. The harness tries exactly `peak`; it does not search beyond.
+// measurePeak holds peak sandboxes at once, each answering an exec while
+// all are alive, and what memory each costs. The harness tries exactly
+// peak; it does not search beyond.
+func measurePeak(ctx context.Context, r *runCtx, d *docker.Docker, ref string, peak int) (out []Measure) {
 	res := sandboxbench.MeasurePeak(ctx, d, sandbox.Spec{Image: ref, Limits: sandbox.Limits{MemoryBytes: 256 << 20, CPUs: 0.5, PIDs: 64}}, peak, 8)
 	note := fmt.Sprintf("tried %d; all created in %s", res.Target, res.Elapsed.Round(time.Millisecond))
 	if res.Err != nil {
@@ -272,20 +325,7 @@ func runSandbox(ctx context.Context, r *runCtx) (out []Measure, err error) {
 		why := "no sandbox processes visible in /proc (remote engine?)"
 		out = append(out, NotMeasured("sandbox.mem_per_sandbox_mib", why), NotMeasured("sandbox.pss_per_sandbox_mib", why))
 	}
-	if r.opts.Kubeconfig == "" {
-		for _, c := range catalog {
-			if strings.HasPrefix(c.name, "sandbox.k8s.") {
-				out = append(out, NotMeasured(c.name, "no cluster: pass --kubeconfig, or bring the lab up (scripts/k8s-lab/lab.sh up) and export ROLLOUT_K8S_LAB_KUBECONFIG"))
-			}
-		}
-		return out, ctx.Err()
-	}
-	k, err := runKubeSandbox(ctx, r, peak)
-	out = append(out, k...)
-	if err != nil {
-		return out, fmt.Errorf("kubernetes: %w", err)
-	}
-	return out, ctx.Err()
+	return out
 }
 
 // measureAttach times exec `true` over the attach stream only (a second
@@ -356,6 +396,20 @@ func storageDriver(ctx context.Context, d *docker.Docker) string {
 	return "unknown"
 }
 
+// runcNames are the runc backend's measures; the ones a run could not take
+// are reported as not measured.
+var runcNames = []string{"sandbox.runc.cold_start_p50_ms", "sandbox.runc.cold_start_p99_ms", "sandbox.runc.cold_start_vs_docker_run_ratio",
+	"sandbox.runc.cold_start_vs_docker_backend_ratio", "sandbox.runc.exec_p50_ms", "sandbox.runc.exec_p99_ms",
+	"sandbox.runc.churn_per_s", "sandbox.runc.churn_vs_docker_run_ratio", "sandbox.runc.max_concurrent",
+	"sandbox.runc.mem_per_sandbox_mib", "sandbox.runc.pss_per_sandbox_mib", "sandbox.runc.exec_agent_p50_ms",
+	"sandbox.runc.exec_vs_docker_cli_ratio", "sandbox.runc.exec_channel_p50_ms"}
+
+// whyNot is why a runc measure was not taken: the step and the first line
+// of its error.
+func whyNot(step string, err error) error {
+	return errors.New(step + ": " + firstLine(err.Error()))
+}
+
 // measureRuncBackend measures the runc backend (runc.Runc) on this host
 // against the same run's Docker baselines: cold start against `docker run
 // -d` and against the Docker backend's own, alternating; exec; churn over
@@ -363,18 +417,13 @@ func storageDriver(ctx context.Context, d *docker.Docker) string {
 // && docker rm` loop's best (loop); and the density run. Without root or
 // runc every measure says why.
 func measureRuncBackend(ctx context.Context, r *runCtx, d *docker.Docker, ref string, rounds, peak int, loop sandboxbench.ChurnResult, dockerExec time.Duration) []Measure {
-	names := []string{"sandbox.runc.cold_start_p50_ms", "sandbox.runc.cold_start_p99_ms", "sandbox.runc.cold_start_vs_docker_run_ratio",
-		"sandbox.runc.cold_start_vs_docker_backend_ratio", "sandbox.runc.exec_p50_ms", "sandbox.runc.exec_p99_ms",
-		"sandbox.runc.churn_per_s", "sandbox.runc.churn_vs_docker_run_ratio", "sandbox.runc.max_concurrent",
-		"sandbox.runc.mem_per_sandbox_mib", "sandbox.runc.pss_per_sandbox_mib", "sandbox.runc.exec_agent_p50_ms",
-		"sandbox.runc.exec_vs_docker_cli_ratio", "sandbox.runc.exec_channel_p50_ms"}
 	var out []Measure
 	missing := func(why string) []Measure {
 		have := map[string]bool{}
 		for _, m := range out {
 			have[m.Name] = true
 		}
-		for _, n := range names {
+		for _, n := range runcNames {
 			if !have[n] {
 				out = append(out, NotMeasured(n, why))
 			}
@@ -393,38 +442,64 @@ func measureRuncBackend(ctx context.Context, r *runCtx, d *docker.Docker, ref st
 		return missing("create: " + firstLine(err.Error()))
 	}
 	_ = first.Close(ctx)
+	steps := []func() ([]Measure, error){
+		func() ([]Measure, error) { return measureRuncColdStart(ctx, r, d, rb, spec, rounds) },
+		func() ([]Measure, error) { return measureRuncExec(ctx, r, d, rb, spec, rounds, dockerExec) },
+		func() ([]Measure, error) { return measureRuncChurn(ctx, r, rb, spec, loop) },
+	}
+	for _, step := range steps {
+		ms, err := step()
+		out = append(out, ms...)
+		if err != nil {
+			return missing(err.Error())
+		}
+	}
+	out = append(out, measureRuncPeak(ctx, rb, ref, peak)...)
+	return missing("no sandbox processes visible in /proc")
+}
+
+// measureRuncColdStart puts the runc backend's create + start + handshake
+// against `docker run -d` and against the Docker backend's, alternating.
+func measureRuncColdStart(ctx context.Context, r *runCtx, d *docker.Docker, rb *runc.Runc, spec sandbox.Spec, rounds int) ([]Measure, error) {
+	names := runcNames
 	cr, run, err := sideBySide(rounds,
 		func(n int) ([]time.Duration, error) { return sandboxbench.MeasureCreate(ctx, rb, spec, n) }, r.n(20, 3),
 		func(n int) ([]time.Duration, error) {
-			return sandboxbench.MeasureDockerRun(ctx, d.Client(), ref, d.BaseLabels(), n)
+			return sandboxbench.MeasureDockerRun(ctx, d.Client(), spec.Image, d.BaseLabels(), n)
 		}, r.n(20, 3))
 	if err != nil {
-		return missing("cold start: " + firstLine(err.Error()))
+		return nil, whyNot("cold start", err)
 	}
 	cr2, dk, err := sideBySide(rounds,
 		func(n int) ([]time.Duration, error) { return sandboxbench.MeasureCreate(ctx, rb, spec, n) }, r.n(20, 3),
 		func(n int) ([]time.Duration, error) { return sandboxbench.MeasureCreate(ctx, d, spec, n) }, r.n(20, 3))
 	if err != nil {
-		return missing("cold start: " + firstLine(err.Error()))
+		return nil, whyNot("cold start", err)
 	}
 	cold, rs, cold2, dks := sandboxbench.Summarize(cr), sandboxbench.Summarize(run), sandboxbench.Summarize(cr2), sandboxbench.Summarize(dk)
 	base := "`docker run -d --network none IMAGE sleep 3600` via the CLI, alternating, same run"
-	out = append(out,
+	return []Measure{
 		Measure{Name: names[0], Value: ptr(toMS(cold.P50)), Baseline: ptr(toMS(rs.P50)), BaselineName: base,
 			Note: fmt.Sprintf("n=%d; overlay mount, OCI config, `runc run`, agent handshake", cold.N)},
 		Measure{Name: names[1], Value: ptr(toMS(cold.P99)), Baseline: ptr(toMS(rs.P99)), BaselineName: base},
 		Measure{Name: names[2], Value: ptr(sig(float64(cold.P50) / float64(rs.P50)))},
 		Measure{Name: names[3], Value: ptr(sig(float64(cold2.P50) / float64(dks.P50))),
 			Note: fmt.Sprintf("runc backend %.1f ms vs Docker backend %.1f ms p50, alternating, n=%d each", toMS(cold2.P50), toMS(dks.P50), cold2.N)},
-	)
+	}, nil
+}
+
+// measureRuncExec puts the runc backend's exec round trip against the
+// Docker backend's channel (alternating) and against `docker exec`.
+func measureRuncExec(ctx context.Context, r *runCtx, d *docker.Docker, rb *runc.Runc, spec sandbox.Spec, rounds int, dockerExec time.Duration) (out []Measure, err error) {
+	names := runcNames
 	s, err := rb.Create(ctx, spec)
 	if err != nil {
-		return missing("create: " + firstLine(err.Error()))
+		return out, whyNot("create", err)
 	}
 	ds, err := d.Create(ctx, spec)
 	if err != nil {
 		_ = s.Close(ctx)
-		return missing("create: " + firstLine(err.Error()))
+		return out, whyNot("create", err)
 	}
 	var inAgent []time.Duration
 	er, ed, err := sideBySide(rounds,
@@ -433,10 +508,10 @@ func measureRuncBackend(ctx context.Context, r *runCtx, d *docker.Docker, ref st
 	_ = s.Close(ctx)
 	_ = ds.Close(ctx)
 	if err != nil {
-		return missing("exec: " + firstLine(err.Error()))
+		return out, whyNot("exec", err)
 	}
 	ers, eds := sandboxbench.Summarize(er), sandboxbench.Summarize(ed)
-	base = "the Docker backend's channel, alternating, same run"
+	base := "the Docker backend's channel, alternating, same run"
 	out = append(out,
 		Measure{Name: names[4], Value: ptr(toMS(ers.P50)), Baseline: ptr(toMS(eds.P50)), BaselineName: base, Note: fmt.Sprintf("n=%d each; the agent's pipes held by this process", ers.N)},
 		Measure{Name: names[5], Value: ptr(toMS(ers.P99)), Baseline: ptr(toMS(eds.P99)), BaselineName: base},
@@ -449,6 +524,13 @@ func measureRuncBackend(ctx context.Context, r *runCtx, d *docker.Docker, ref st
 		out = append(out, Measure{Name: names[12], Value: ptr(sig(float64(ers.P50) / float64(dockerExec))),
 			Note: fmt.Sprintf("runc backend %.3f ms against `docker exec` %.1f ms p50 (sandbox.exec_p50_ms's baseline, same run): %.0f× faster", toMS(ers.P50), toMS(dockerExec), float64(dockerExec)/float64(ers.P50))})
 	}
+	return out, nil
+}
+
+// measureRuncChurn measures the runc backend's single-use lifecycles per
+// second over a concurrency curve, against the `docker run` loop's best.
+func measureRuncChurn(ctx context.Context, r *runCtx, rb *runc.Runc, spec sandbox.Spec, loop sandboxbench.ChurnResult) (out []Measure, err error) {
+	names := runcNames
 	levels := []int{1, 2, 4, 8, 16}
 	if r.quick() {
 		levels = []int{4}
@@ -459,7 +541,7 @@ func measureRuncBackend(ctx context.Context, r *runCtx, d *docker.Docker, ref st
 	for _, c := range levels {
 		res, err := sandboxbench.MeasureChurn(ctx, rb, spec, max(churnN, c), c)
 		if err != nil {
-			return missing(fmt.Sprintf("churn at %d: %s", c, firstLine(err.Error())))
+			return nil, whyNot(fmt.Sprintf("churn at %d", c), err)
 		}
 		if res.PerSecond() > best.PerSecond() {
 			best = res
@@ -475,6 +557,13 @@ func measureRuncBackend(ctx context.Context, r *runCtx, d *docker.Docker, ref st
 			Measure{Name: names[7], Value: ptr(sig(best.PerSecond() / loop.PerSecond()))},
 		)
 	}
+	return out, nil
+}
+
+// measureRuncPeak holds peak runc sandboxes at once and what memory each
+// costs.
+func measureRuncPeak(ctx context.Context, rb *runc.Runc, ref string, peak int) (out []Measure) {
+	names := runcNames
 	res := sandboxbench.MeasurePeak(ctx, rb, sandbox.Spec{Image: ref, Limits: sandbox.Limits{MemoryBytes: 256 << 20, CPUs: 0.5, PIDs: 64}}, peak, 8)
 	note := fmt.Sprintf("tried %d; all created in %s", res.Target, res.Elapsed.Round(time.Millisecond))
 	if res.Err != nil {
@@ -490,7 +579,7 @@ func measureRuncBackend(ctx context.Context, r *runCtx, d *docker.Docker, ref st
 				Note: "the sandbox's own processes (the agent and its supervisor); no shim"},
 		)
 	}
-	return missing("no sandbox processes visible in /proc")
+	return out
 }
 
 // measureRunsc compares sandboxes under gVisor (runsc) with runc in the
