@@ -75,12 +75,12 @@ type Options struct {
 
 // Job is an assembled run.
 type Job struct {
-	cfg    runner.Config
-	opts   Options
-	Env    envs.Env
-	Runner *runner.Runner
-	writer *trajectory.Writer
-	docker *lazyDocker // the job's own sandbox backend; nil with a shared one
+	cfg     runner.Config
+	opts    Options
+	Env     envs.Env
+	Runner  *runner.Runner
+	writer  *trajectory.Writer
+	backend *lazyBackend // the job's own sandbox backend; nil with a shared one
 	// release gives back the job's sandboxes when it ends: its own
 	// backend's Close, or a shared backend's Release (its scope).
 	release func(context.Context) error
@@ -156,24 +156,8 @@ func open(ctx context.Context, cfg runner.Config, opts Options) (*Job, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: env: %w", runner.ErrConfig, err)
 	}
-	if opts.Mode == ModeRun && env.Defaults().EvalOnly && !cfg.AllowEvalOnly {
-		return nil, fmt.Errorf("%w: env %s is eval-only: use `rollout eval`, or set allow_eval_only: true", runner.ErrConfig, env.Name())
-	}
-	// The bridge itself is the caller's sink (package atropos); a config
-	// asking for it where no trainer should see the groups is refused, not
-	// ignored.
-	if cfg.Atropos.URL != "" && !cfg.Atropos.Disabled && opts.Mode != ModeRun {
-		why := "evaluation groups must not reach a trainer"
-		if opts.Mode == ModeCollect {
-			why = "trainer-driven collection returns its groups on the stream"
-		}
-		return nil, fmt.Errorf("%w: atropos.url: only collection runs (rollout run, run jobs) feed an Atropos trainer; %s", runner.ErrConfig, why)
-	}
-	if opts.Mode == ModeEval && cfg.Split == "" && cfg.Dataset.Path == "" {
-		cfg.Split = "eval"
-	}
-	if cfg.Output.Dir == "" && opts.Mode != ModeCollect {
-		return nil, fmt.Errorf("%w: output.dir: required (the run directory; re-running with it resumes)", runner.ErrConfig)
+	if err := checkMode(&cfg, env, opts.Mode); err != nil {
+		return nil, err
 	}
 	icfg := cfg.Inference
 	icfg.Logger = opts.Logger
@@ -182,48 +166,10 @@ func open(ctx context.Context, cfg runner.Config, opts Options) (*Job, error) {
 		return nil, fmt.Errorf("%w: inference: %w", runner.ErrConfig, err)
 	}
 	j := &Job{cfg: cfg, opts: opts, Env: env, Dir: cfg.Output.Dir}
-	if sr, ok := policy.(samplerReporter); ok {
-		j.sampler = sr
-	}
-	if u, ok := policy.(Updater); ok {
-		j.updater = u
-		if cfg.PolicyVersion != nil {
-			u.SetVersion(*cfg.PolicyVersion)
-		}
-	}
-	sbs, imgs := opts.Sandboxes, opts.Images
-	if sel, ok := sbs.(BackendSelector); ok {
-		// A shared backend per sandbox.backend (the server's): the
-		// job's config picks Docker or a Kubernetes cluster.
-		if sbs, imgs, err = sel.For(cfg); err != nil {
-			return nil, fmt.Errorf("%w: sandbox: %w", runner.ErrConfig, err)
-		}
-		if r, ok := sbs.(releaser); ok {
-			j.release = r.Release
-		}
-	}
-	if sbs == nil {
-		// The job's own backend holds at most limits.sandboxes containers,
-		// warm ones included: the run's bound holds at every moment.
-		limit := sandboxLimit(cfg)
-		j.docker = &lazyDocker{log: opts.Logger, instance: opts.SandboxInstance, warm: min(warmPoolSize(cfg), limit), maxContainers: limit,
-			reuse: cfg.Sandbox.Reuse}
-		j.docker.runc = cfg.Sandbox.Backend == sandbox.BackendRunc
-		if cfg.Sandbox.Backend == sandbox.BackendKubernetes {
-			kc := k8sconfig.Config{}
-			if cfg.Sandbox.Kubernetes != nil {
-				kc = *cfg.Sandbox.Kubernetes
-			}
-			if limit > 0 && (kc.MaxPods <= 0 || kc.MaxPods > limit) {
-				kc.MaxPods = limit // limits.sandboxes bounds the pods too
-			}
-			j.docker.kube = &kc
-		}
-		sbs = j.docker
-		j.release = j.docker.Close
-	}
-	if imgs == nil {
-		imgs = &taskImages{docker: j.docker}
+	j.bindPolicy(policy)
+	sbs, imgs, err := j.openSandboxes()
+	if err != nil {
+		return nil, err
 	}
 	sinks := opts.Sinks
 	runID := opts.RunID
@@ -242,38 +188,127 @@ func open(ctx context.Context, cfg runner.Config, opts Options) (*Job, error) {
 		Env: env, Policy: policy, Sandboxes: sbs, Images: imgs, Sinks: sinks,
 		Items: opts.Items, Progress: opts.Progress, Logger: opts.Logger, RunID: runID,
 	}
-	teacher, err := teacherConfig(cfg, env)
-	if err != nil {
-		if j.writer != nil {
-			_ = j.writer.Close(context.WithoutCancel(ctx))
-		}
+	if err := j.openTeacher(&deps); err != nil {
+		j.closeWriter(ctx)
 		return nil, fmt.Errorf("%w: %w", runner.ErrConfig, err)
-	}
-	if teacher != nil {
-		t, err := inference.NewTeacher(*teacher)
-		if err == nil && cfg.Distill == nil && cfg.Inference.Backend == inference.BackendChat && !cfg.Inference.ChatTokenIDs {
-			err = fmt.Errorf("env %s: its teacher scores the student's token ids: use a tokens-mode backend, or chat with inference.chat_token_ids", env.Name())
-		}
-		if err != nil {
-			if j.writer != nil {
-				_ = j.writer.Close(context.WithoutCancel(ctx))
-			}
-			return nil, fmt.Errorf("%w: %w", runner.ErrConfig, err)
-		}
-		deps.Distiller, j.teacher = t, t
-		if t.Hints() {
-			deps.Hinter = t
-		}
 	}
 	r, err := runner.New(cfg, deps)
 	if err != nil {
-		if j.writer != nil {
-			_ = j.writer.Close(context.WithoutCancel(ctx))
-		}
+		j.closeWriter(ctx)
 		return nil, err
 	}
 	j.Runner = r
 	return j, nil
+}
+
+// checkMode refuses a config its mode cannot run, and gives an eval run
+// the eval split when it names no split or dataset.
+func checkMode(cfg *runner.Config, env envs.Env, mode string) error {
+	if mode == ModeRun && env.Defaults().EvalOnly && !cfg.AllowEvalOnly {
+		return fmt.Errorf("%w: env %s is eval-only: use `rollout eval`, or set allow_eval_only: true", runner.ErrConfig, env.Name())
+	}
+	// The bridge itself is the caller's sink (package atropos); a config
+	// asking for it where no trainer should see the groups is refused, not
+	// ignored.
+	if cfg.Atropos.URL != "" && !cfg.Atropos.Disabled && mode != ModeRun {
+		why := "evaluation groups must not reach a trainer"
+		if mode == ModeCollect {
+			why = "trainer-driven collection returns its groups on the stream"
+		}
+		return fmt.Errorf("%w: atropos.url: only collection runs (rollout run, run jobs) feed an Atropos trainer; %s", runner.ErrConfig, why)
+	}
+	if mode == ModeEval && cfg.Split == "" && cfg.Dataset.Path == "" {
+		cfg.Split = "eval"
+	}
+	if cfg.Output.Dir == "" && mode != ModeCollect {
+		return fmt.Errorf("%w: output.dir: required (the run directory; re-running with it resumes)", runner.ErrConfig)
+	}
+	return nil
+}
+
+// bindPolicy keeps what the job exposes of its policy: the sampler report
+// and the update gate (set to the config's starting version).
+func (j *Job) bindPolicy(policy inference.Policy) {
+	if sr, ok := policy.(samplerReporter); ok {
+		j.sampler = sr
+	}
+	if u, ok := policy.(Updater); ok {
+		j.updater = u
+		if j.cfg.PolicyVersion != nil {
+			u.SetVersion(*j.cfg.PolicyVersion)
+		}
+	}
+}
+
+// openSandboxes is where the job's sandboxes and task images come from:
+// the caller's (a server's shared backends, chosen by the config's
+// sandbox.backend), or the job's own lazily started backend.
+func (j *Job) openSandboxes() (runner.Sandboxes, runner.ImageBuilder, error) {
+	cfg, opts := j.cfg, j.opts
+	sbs, imgs := opts.Sandboxes, opts.Images
+	if sel, ok := sbs.(BackendSelector); ok {
+		var err error
+		if sbs, imgs, err = sel.For(cfg); err != nil {
+			return nil, nil, fmt.Errorf("%w: sandbox: %w", runner.ErrConfig, err)
+		}
+		if r, ok := sbs.(releaser); ok {
+			j.release = r.Release
+		}
+	}
+	if sbs == nil {
+		// The job's own backend holds at most limits.sandboxes containers,
+		// warm ones included: the run's bound holds at every moment.
+		limit := sandboxLimit(cfg)
+		j.backend = &lazyBackend{log: opts.Logger, instance: opts.SandboxInstance, warm: min(warmPoolSize(cfg), limit), maxContainers: limit,
+			reuse: cfg.Sandbox.Reuse}
+		j.backend.runc = cfg.Sandbox.Backend == sandbox.BackendRunc
+		if cfg.Sandbox.Backend == sandbox.BackendKubernetes {
+			kc := k8sconfig.Config{}
+			if cfg.Sandbox.Kubernetes != nil {
+				kc = *cfg.Sandbox.Kubernetes
+			}
+			if limit > 0 && (kc.MaxPods <= 0 || kc.MaxPods > limit) {
+				kc.MaxPods = limit // limits.sandboxes bounds the pods too
+			}
+			j.backend.kube = &kc
+		}
+		sbs = j.backend
+		j.release = j.backend.Close
+	}
+	if imgs == nil {
+		imgs = &taskImages{backend: j.backend}
+	}
+	return sbs, imgs, nil
+}
+
+// openTeacher adds the distillation teacher (and its hint judge) to deps
+// when the config or the env asks for one.
+func (j *Job) openTeacher(deps *runner.Deps) error {
+	cfg, env := j.cfg, j.Env
+	teacher, err := teacherConfig(cfg, env)
+	if err != nil || teacher == nil {
+		return err
+	}
+	t, err := inference.NewTeacher(*teacher)
+	if err != nil {
+		return err
+	}
+	if cfg.Distill == nil && cfg.Inference.Backend == inference.BackendChat && !cfg.Inference.ChatTokenIDs {
+		return fmt.Errorf("env %s: its teacher scores the student's token ids: use a tokens-mode backend, or chat with inference.chat_token_ids", env.Name())
+	}
+	deps.Distiller, j.teacher = t, t
+	if t.Hints() {
+		deps.Hinter = t
+	}
+	return nil
+}
+
+// closeWriter closes the run directory's writer of a job that failed to
+// open.
+func (j *Job) closeWriter(ctx context.Context) {
+	if j.writer != nil {
+		_ = j.writer.Close(context.WithoutCancel(ctx))
+	}
 }
 
 // teacherConfig is the distillation teacher: the run config's distill
@@ -465,10 +500,10 @@ type releaser interface {
 	Release(ctx context.Context) error
 }
 
-// lazyDocker starts the sandbox backend (Docker; runc when runc is set;
+// lazyBackend starts the sandbox backend (Docker; runc when runc is set;
 // Kubernetes when kube is set) on the first sandbox request, so runs
-// without sandboxes need no engine or cluster.
-type lazyDocker struct {
+// without sandboxes need no Docker daemon or cluster.
+type lazyBackend struct {
 	kube     *k8sconfig.Config
 	k        *kubernetes.Kubernetes
 	runc     bool // the runc backend instead of Docker (sandbox.backend runc)
@@ -499,8 +534,8 @@ type lazyDocker struct {
 }
 
 var (
-	_ runner.Sandboxes = (*lazyDocker)(nil)
-	_ runner.Expecter  = (*lazyDocker)(nil)
+	_ runner.Sandboxes = (*lazyBackend)(nil)
+	_ runner.Expecter  = (*lazyBackend)(nil)
 )
 
 // sandboxLimit is limits.sandboxes with its default.
@@ -525,7 +560,7 @@ func warmPoolSize(cfg runner.Config) int {
 // engine when sandbox.kubernetes.image_registry is set (the nodes pull the
 // pushed image from there); without a registry the nodes could not get the
 // image, which is a clear error.
-func (l *lazyDocker) imageEngine(ctx context.Context) (*client.Client, string, error) {
+func (l *lazyBackend) imageEngine(ctx context.Context) (*client.Client, string, error) {
 	if l.kube == nil {
 		if err := l.start(ctx); err != nil {
 			return nil, "", err
@@ -554,7 +589,7 @@ func (l *lazyDocker) imageEngine(ctx context.Context) (*client.Client, string, e
 	return l.engine, l.kube.ImageRegistry, nil
 }
 
-func (l *lazyDocker) start(ctx context.Context) error {
+func (l *lazyBackend) start(ctx context.Context) error {
 	return l.started.do(func() error {
 		if l.kube != nil {
 			k, err := kubernetes.New(context.WithoutCancel(ctx), kubernetes.Options{Config: *l.kube, Logger: l.log, Instance: l.instance})
@@ -596,14 +631,14 @@ func (l *lazyDocker) start(ctx context.Context) error {
 
 // poolIfStarted is the warm pool, nil before the backend has started or
 // without one.
-func (l *lazyDocker) poolIfStarted() *sandbox.Pool {
+func (l *lazyBackend) poolIfStarted() *sandbox.Pool {
 	release := l.started.hold()
 	defer release()
 	return l.pool
 }
 
 // Create implements runner.Sandboxes.
-func (l *lazyDocker) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
+func (l *lazyBackend) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox, error) {
 	if err := l.start(ctx); err != nil {
 		return nil, err
 	}
@@ -620,7 +655,7 @@ func (l *lazyDocker) Create(ctx context.Context, spec sandbox.Spec) (sandbox.San
 }
 
 // Expect implements runner.Expecter.
-func (l *lazyDocker) Expect(spec sandbox.Spec, n int) error {
+func (l *lazyBackend) Expect(spec sandbox.Spec, n int) error {
 	if err := l.start(context.Background()); err != nil {
 		return err
 	}
@@ -632,7 +667,7 @@ func (l *lazyDocker) Expect(spec sandbox.Spec, n int) error {
 
 // Close stops the backend if it was started, removing its containers
 // (the pool's unused ones first).
-func (l *lazyDocker) Close(ctx context.Context) error {
+func (l *lazyBackend) Close(ctx context.Context) error {
 	defer l.engineGate.hold()()
 	defer l.started.hold()()
 	if l.engine != nil {
@@ -660,7 +695,7 @@ func (l *lazyDocker) Close(ctx context.Context) error {
 // given as bytes are written to a content-addressed file first. With a
 // registry (Kubernetes), each image is pushed there once after its build.
 type taskImages struct {
-	docker   *lazyDocker
+	backend  *lazyBackend
 	ready    startGate // builder, engine and registry are set once it succeeds
 	builder  *image.TaskBuilder
 	engine   *client.Client
@@ -672,10 +707,10 @@ type taskImages struct {
 // BuildTask implements runner.ImageBuilder.
 func (t *taskImages) BuildTask(ctx context.Context, b envs.ImageBuild) (string, error) {
 	err := t.ready.do(func() error {
-		if t.docker == nil {
+		if t.backend == nil {
 			return errors.New("no Docker engine for task images")
 		}
-		engine, registry, err := t.docker.imageEngine(ctx)
+		engine, registry, err := t.backend.imageEngine(ctx)
 		if err != nil {
 			return err
 		}

@@ -30,8 +30,8 @@ func TestKubernetesTaskImageNeedsRegistry(t *testing.T) {
 		{"", "image_registry, which is not set"},
 		{"http://reg.example:5000", "without a scheme"},
 	} {
-		l := &lazyDocker{kube: &k8sconfig.Config{ImageRegistry: tc.registry}}
-		ti := &taskImages{docker: l}
+		l := &lazyBackend{kube: &k8sconfig.Config{ImageRegistry: tc.registry}}
+		ti := &taskImages{backend: l}
 		_, err := ti.BuildTask(ctx, envs.ImageBuild{Dir: t.TempDir()})
 		if !errors.Is(err, sandbox.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("registry %q: %v, want ErrInvalid containing %q", tc.registry, err, tc.want)
@@ -79,7 +79,7 @@ func TestKubernetesTaskImagePushed(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "Dockerfile"), []byte(df), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	l := &lazyDocker{log: slog.New(slog.DiscardHandler), instance: "jobtest-" + hex.EncodeToString(b[:3]), kube: &k8sconfig.Config{
+	l := &lazyBackend{log: slog.New(slog.DiscardHandler), instance: "jobtest-" + hex.EncodeToString(b[:3]), kube: &k8sconfig.Config{
 		Kubeconfig: kc, Namespace: "default", ImagePullPolicy: "IfNotPresent", ImageRegistry: reg}}
 	defer func() {
 		cctx, ccancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -88,7 +88,7 @@ func TestKubernetesTaskImagePushed(t *testing.T) {
 			t.Errorf("close: %v", err)
 		}
 	}()
-	ti := &taskImages{docker: l}
+	ti := &taskImages{backend: l}
 	ref, err := ti.BuildTask(ctx, envs.ImageBuild{Dir: dir})
 	if err != nil {
 		t.Fatalf("build and push the task image: %v", err)

@@ -35,7 +35,7 @@ type BackendSelector interface {
 // place for its own next rollouts, never for another job's.
 type Shared struct {
 	opts   docker.Options
-	docker *lazyDocker
+	docker *lazyBackend
 	images *taskImages
 
 	mu     sync.RWMutex // Create/BuildTask hold R while starting a backend; For and Close hold W
@@ -62,8 +62,8 @@ func NewShared(opts docker.Options, warm int) *Shared {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	d := &lazyDocker{log: opts.Logger, instance: opts.Instance, opts: &opts, warm: max(warm, 0), reuse: true}
-	return &Shared{opts: opts, docker: d, images: &taskImages{docker: d}, kube: map[string]*sharedBackend{}}
+	d := &lazyBackend{log: opts.Logger, instance: opts.Instance, opts: &opts, warm: max(warm, 0), reuse: true}
+	return &Shared{opts: opts, docker: d, images: &taskImages{backend: d}, kube: map[string]*sharedBackend{}}
 }
 
 // For implements BackendSelector: the job's scope of the shared Docker
@@ -108,8 +108,8 @@ func (s *Shared) For(cfg runner.Config) (runner.Sandboxes, runner.ImageBuilder, 
 		if instance != "" {
 			instance = fmt.Sprintf("%s-k%d", instance, len(s.kube)+1)
 		}
-		l := &lazyDocker{log: s.opts.Logger, instance: instance, kube: &kc, warm: s.docker.warm}
-		k = &sharedBackend{s: s, l: l, images: &taskImages{docker: l}}
+		l := &lazyBackend{log: s.opts.Logger, instance: instance, kube: &kc, warm: s.docker.warm}
+		k = &sharedBackend{s: s, l: l, images: &taskImages{backend: l}}
 		s.kube[string(key)] = k
 	}
 	return &sharedJob{s: s, l: k.l, expect: cfg.Sandbox.WarmPool >= 0, limit: sandboxLimit(cfg)}, k, nil
@@ -133,7 +133,7 @@ func (s *Shared) Create(ctx context.Context, spec sandbox.Spec) (sandbox.Sandbox
 func (s *Shared) Resets() (ok, failed int64) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	ls := []*lazyDocker{s.docker}
+	ls := []*lazyBackend{s.docker}
 	if s.runc != nil {
 		ls = append(ls, s.runc.l)
 	}
@@ -152,10 +152,10 @@ func (s *Shared) Resets() (ok, failed int64) {
 // and closed by Release when the job ends.
 type sharedJob struct {
 	s      *Shared
-	l      *lazyDocker // the backend
-	reuse  bool        // sandbox.reuse (Docker and runc: the config refuses it with Kubernetes)
-	expect bool        // sandbox.warm_pool >= 0: the groups it announces are started ahead
-	limit  int         // limits.sandboxes: at most this many started ahead for the job at once
+	l      *lazyBackend // the backend
+	reuse  bool         // sandbox.reuse (Docker and runc: the config refuses it with Kubernetes)
+	expect bool         // sandbox.warm_pool >= 0: the groups it announces are started ahead
+	limit  int          // limits.sandboxes: at most this many started ahead for the job at once
 
 	mu       sync.Mutex
 	scope    *sandbox.PoolScope
@@ -270,8 +270,8 @@ func (s *Shared) forRunc(cfg runner.Config) (runner.Sandboxes, runner.ImageBuild
 		if instance != "" {
 			instance += "-r"
 		}
-		l := &lazyDocker{log: s.opts.Logger, instance: instance, runc: true, warm: s.docker.warm, maxContainers: s.opts.MaxContainers, reuse: true}
-		s.runc = &sharedBackend{s: s, l: l, images: &taskImages{docker: l}}
+		l := &lazyBackend{log: s.opts.Logger, instance: instance, runc: true, warm: s.docker.warm, maxContainers: s.opts.MaxContainers, reuse: true}
+		s.runc = &sharedBackend{s: s, l: l, images: &taskImages{backend: l}}
 	}
 	return &sharedJob{s: s, l: s.runc.l, reuse: cfg.Sandbox.Reuse, expect: cfg.Sandbox.WarmPool >= 0, limit: sandboxLimit(cfg)}, s.runc, nil
 }
@@ -281,7 +281,7 @@ func (s *Shared) forRunc(cfg runner.Config) (runner.Sandboxes, runner.ImageBuild
 // its task-image builder.
 type sharedBackend struct {
 	s      *Shared
-	l      *lazyDocker
+	l      *lazyBackend
 	images *taskImages
 }
 
@@ -298,7 +298,7 @@ func (k *sharedBackend) BuildTask(ctx context.Context, b envs.ImageBuild) (strin
 	return k.images.BuildTask(ctx, b)
 }
 
-func (s *Shared) started(ctx context.Context, l *lazyDocker) error {
+func (s *Shared) started(ctx context.Context, l *lazyBackend) error {
 	if s.closed {
 		return fmt.Errorf("%w: the sandbox backend is shutting down", sandbox.ErrUnavailable)
 	}
