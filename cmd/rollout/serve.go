@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"time"
 
@@ -100,43 +101,17 @@ Off loopback the server requires --auth-token-file (clients send
 }
 
 func serve(cmd *cobra.Command, f *serveFlags) error {
-	if (f.tlsCert == "") != (f.tlsKey == "") {
-		return usageError(cmd, errors.New("--tls-cert and --tls-key go together"))
-	}
-	if f.maxMsgSize <= 0 || f.rateLimit < 0 || f.rateBurst < 0 || f.maxSandboxes < 0 || f.warmSandboxes < 0 || f.drainTimeout < 0 {
-		return usageError(cmd, errors.New("--max-msg-size must be positive; --rate-limit, --rate-burst, --max-sandboxes, --warm-sandboxes and --drain-timeout must not be negative"))
-	}
-	if f.cancelGrace < 0 {
-		return usageError(cmd, errors.New("--cancel-grace must not be negative (0: wait for in-flight rollouts)"))
+	if err := f.check(cmd); err != nil {
+		return err
 	}
 	cancelGrace := f.cancelGrace
 	if cancelGrace == 0 {
 		cancelGrace = -1 // server.Options: negative = no bound
 	}
-	if f.atroposURL != "" {
-		if err := atropos.CheckURL(f.atroposURL); err != nil {
-			return usageError(cmd, fmt.Errorf("--atropos-url: %w", err))
-		}
-	}
-	var t server.Transport
-	if f.tokenFile != "" {
-		tok, err := server.ReadTokenFile(f.tokenFile)
-		if err != nil {
-			return withExitCode(2, err)
-		}
-		t.Token = tok
-	}
-	if err := server.CheckListen(f.listen, t.Token != ""); err != nil {
+	t, err := f.transport()
+	if err != nil {
 		return withExitCode(2, err)
 	}
-	if f.tlsCert != "" {
-		cfg, err := server.LoadTLS(f.tlsCert, f.tlsKey)
-		if err != nil {
-			return withExitCode(2, err)
-		}
-		t.TLS = cfg
-	}
-	t.MaxMsgSize, t.RateLimit, t.RateBurst = f.maxMsgSize, f.rateLimit, f.rateBurst
 	// Job configs come from clients: the variables they may name for a
 	// secret are the operator's choice, none by default.
 	defer secrets.Restrict(f.allowEnv)()
@@ -200,40 +175,98 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 		return err
 	}
 
-	// The first SIGINT/SIGTERM ends ctx (root command); a second one
-	// during the drain cancels in-flight rollouts.
-	force := make(chan struct{})
+	force, served, stopWatch := watchSecondSignal(ctx)
+	defer stopWatch()
+	o.Force = force
+	err = server.Run(ctx, svc, o)
+	served()
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	return nil
+}
+
+// check refuses flag values serve cannot start with.
+func (f *serveFlags) check(cmd *cobra.Command) error {
+	if (f.tlsCert == "") != (f.tlsKey == "") {
+		return usageError(cmd, errors.New("--tls-cert and --tls-key go together"))
+	}
+	if f.maxMsgSize <= 0 || f.rateLimit < 0 || f.rateBurst < 0 || f.maxSandboxes < 0 || f.warmSandboxes < 0 || f.drainTimeout < 0 {
+		return usageError(cmd, errors.New("--max-msg-size must be positive; --rate-limit, --rate-burst, --max-sandboxes, --warm-sandboxes and --drain-timeout must not be negative"))
+	}
+	if f.cancelGrace < 0 {
+		return usageError(cmd, errors.New("--cancel-grace must not be negative (0: wait for in-flight rollouts)"))
+	}
+	if f.atroposURL != "" {
+		if err := atropos.CheckURL(f.atroposURL); err != nil {
+			return usageError(cmd, fmt.Errorf("--atropos-url: %w", err))
+		}
+	}
+	return nil
+}
+
+// transport is the gRPC transport the flags ask for: bearer token, TLS,
+// message size and rate limits, on a listen address that allows them.
+func (f *serveFlags) transport() (server.Transport, error) {
+	var t server.Transport
+	if f.tokenFile != "" {
+		tok, err := server.ReadTokenFile(f.tokenFile)
+		if err != nil {
+			return t, err
+		}
+		t.Token = tok
+	}
+	if err := server.CheckListen(f.listen, t.Token != ""); err != nil {
+		return t, err
+	}
+	if f.tlsCert != "" {
+		cfg, err := server.LoadTLS(f.tlsCert, f.tlsKey)
+		if err != nil {
+			return t, err
+		}
+		t.TLS = cfg
+	}
+	t.MaxMsgSize, t.RateLimit, t.RateBurst = f.maxMsgSize, f.rateLimit, f.rateBurst
+	t.MaxMsgSize, t.RateLimit, t.RateBurst = f.maxMsgSize, f.rateLimit, f.rateBurst
+	return t, nil
+}
+
+// watchSecondSignal gives the channel closed by a second SIGINT/SIGTERM (the
+// first ends ctx, through the root command), which cancels the rollouts
+// still in flight during the drain. served tells the watcher the server is
+// done; stop waits for it to end.
+func watchSecondSignal(ctx context.Context) (force chan struct{}, served func(), stop func()) {
+	force = make(chan struct{})
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
-	defer signal.Stop(sigs)
-	served := make(chan struct{})
+	done := make(chan struct{})
 	watched := make(chan struct{})
 	go func() {
 		defer close(watched)
 		select {
 		case <-ctx.Done():
-		case <-served:
+		case <-done:
 			return
 		}
 		select {
 		case <-sigs: // may be the first signal, still queued
-		case <-served:
+		case <-done:
 			return
 		}
 		select {
 		case <-sigs:
 			close(force)
-		case <-served:
+		case <-done:
 		}
 	}()
-	o.Force = force
-	err = server.Run(ctx, svc, o)
-	close(served)
-	<-watched
-	if err != nil {
-		return fmt.Errorf("serve: %w", err)
+	var once sync.Once
+	served = func() { once.Do(func() { close(done) }) }
+	stop = func() {
+		served()
+		<-watched
+		signal.Stop(sigs)
 	}
-	return nil
+	return force, served, stop
 }
 
 // atroposJobSinks gives each run job whose config or --atropos-url names an
