@@ -61,7 +61,7 @@ func (k *Kubernetes) Reap(ctx context.Context, opts sandbox.ReapOptions) ([]sand
 	return out, err
 }
 
-// GCKubernetes is `rollout sandbox gc` for a cluster: a fresh client, the
+// GC is `rollout sandbox gc` for a cluster: a fresh client, the
 // same rules as Reap, no process of its own.
 func GC(ctx context.Context, cfg k8sconfig.Config, opts sandbox.ReapOptions) ([]sandbox.Reaped, error) {
 	if err := cfg.Validate(); err != nil {

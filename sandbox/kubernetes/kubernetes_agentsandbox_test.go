@@ -251,7 +251,7 @@ func median(d []time.Duration) time.Duration {
 }
 
 // A dead process's claims, templates, pools, Sandboxes and pods are
-// collected once its lease is reaped (here by GCKubernetes, what `rollout
+// collected once its lease is reaped (here by kubernetes.GC, what `rollout
 // sandbox gc --kubernetes` runs): Kubernetes' garbage collector follows
 // the owner references.
 func TestKubernetesAgentSandboxDeadOwner(t *testing.T) {

@@ -378,7 +378,7 @@ func TestKubernetesNodeLoss(t *testing.T) {
 }
 
 // The pods of a process that stopped renewing its owner lease are deleted by
-// Kubernetes' garbage collector once any reaper (here GCKubernetes, what
+// Kubernetes' garbage collector once any reaper (here kubernetes.GC, what
 // `rollout sandbox gc --kubernetes` runs) deletes the stale lease.
 func TestKubernetesOrphanLease(t *testing.T) {
 	k := needKube(t) // the lab is up

@@ -695,7 +695,7 @@ func (r *Runc) Reap(ctx context.Context, opts sandbox.ReapOptions) ([]sandbox.Re
 	return reaped, errors.Join(errs...)
 }
 
-// GCRunc is Reap of the runc backend's default directories (or those of
+// GC is Reap of the runc backend's default directories (or those of
 // opts) for `rollout sandbox gc --runc`, then the removal of unpacked
 // images the engine no longer has (rootfsCache.prune), reported with reason
 // "image".
