@@ -527,10 +527,10 @@ type lazyBackend struct {
 	d       *docker.Docker
 	pool    *sandbox.Pool
 
-	// engine is the local Docker engine that builds and pushes task images
+	// daemon is the local Docker daemon that builds and pushes task images
 	// for the Kubernetes backend (image_registry set); opened on first use.
-	engineGate startGate
-	engine     *client.Client
+	daemonGate startGate
+	daemon     *client.Client
 }
 
 var (
@@ -554,13 +554,13 @@ func warmPoolSize(cfg runner.Config) int {
 	return 4 * max(cfg.GroupSize, 1)
 }
 
-// imageEngine returns the Docker engine that builds task images and the
+// imageDaemon returns the Docker daemon that builds task images and the
 // registry they are pushed to afterwards ("" for none). With Docker
-// sandboxes it is the backend's own engine. With Kubernetes it is the local
-// engine when sandbox.kubernetes.image_registry is set (the nodes pull the
+// sandboxes it is the backend's own daemon. With Kubernetes it is the local
+// daemon when sandbox.kubernetes.image_registry is set (the nodes pull the
 // pushed image from there); without a registry the nodes could not get the
 // image, which is a clear error.
-func (l *lazyBackend) imageEngine(ctx context.Context) (*client.Client, string, error) {
+func (l *lazyBackend) imageDaemon(ctx context.Context) (*client.Client, string, error) {
 	if l.kube == nil {
 		if err := l.start(ctx); err != nil {
 			return nil, "", err
@@ -576,17 +576,17 @@ func (l *lazyBackend) imageEngine(ctx context.Context) (*client.Client, string, 
 	if err := imageref.CheckRegistry(l.kube.ImageRegistry); err != nil {
 		return nil, "", fmt.Errorf("%w: sandbox.kubernetes.image_registry: %w", sandbox.ErrInvalid, err)
 	}
-	err := l.engineGate.do(func() error {
+	err := l.daemonGate.do(func() error {
 		c, err := dockerclient.New(ctx)
 		if err == nil {
-			l.engine = c
+			l.daemon = c
 		}
 		return err
 	})
 	if err != nil {
 		return nil, "", fmt.Errorf("task images for kubernetes are built by the local Docker engine: %w", err)
 	}
-	return l.engine, l.kube.ImageRegistry, nil
+	return l.daemon, l.kube.ImageRegistry, nil
 }
 
 func (l *lazyBackend) start(ctx context.Context) error {
@@ -668,10 +668,10 @@ func (l *lazyBackend) Expect(spec sandbox.Spec, n int) error {
 // Close stops the backend if it was started, removing its containers
 // (the pool's unused ones first).
 func (l *lazyBackend) Close(ctx context.Context) error {
-	defer l.engineGate.hold()()
+	defer l.daemonGate.hold()()
 	defer l.started.hold()()
-	if l.engine != nil {
-		_ = l.engine.Close()
+	if l.daemon != nil {
+		_ = l.daemon.Close()
 	}
 	if l.d == nil && l.k == nil && l.r == nil {
 		return nil
@@ -698,7 +698,7 @@ type taskImages struct {
 	backend  *lazyBackend
 	ready    startGate // builder, engine and registry are set once it succeeds
 	builder  *image.TaskBuilder
-	engine   *client.Client
+	daemon   *client.Client
 	registry string
 	pushMu   sync.Mutex
 	pushed   map[string]bool
@@ -710,11 +710,11 @@ func (t *taskImages) BuildTask(ctx context.Context, b envs.ImageBuild) (string, 
 		if t.backend == nil {
 			return errors.New("no Docker engine for task images")
 		}
-		engine, registry, err := t.backend.imageEngine(ctx)
+		daemon, registry, err := t.backend.imageDaemon(ctx)
 		if err != nil {
 			return err
 		}
-		t.engine, t.registry, t.builder = engine, registry, image.NewTaskBuilder(engine)
+		t.daemon, t.registry, t.builder = daemon, registry, image.NewTaskBuilder(daemon)
 		return nil
 	})
 	if err != nil {
@@ -756,7 +756,7 @@ func (t *taskImages) push(ctx context.Context, ref string) error {
 	if t.pushed[ref] {
 		return nil
 	}
-	if _, err := image.Push(ctx, t.engine, t.registry, ref); err != nil {
+	if _, err := image.Push(ctx, t.daemon, t.registry, ref); err != nil {
 		return err
 	}
 	if t.pushed == nil {

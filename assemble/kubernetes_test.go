@@ -36,7 +36,7 @@ func TestKubernetesTaskImageNeedsRegistry(t *testing.T) {
 		if !errors.Is(err, sandbox.ErrInvalid) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("registry %q: %v, want ErrInvalid containing %q", tc.registry, err, tc.want)
 		}
-		if l.k != nil || l.engine != nil {
+		if l.k != nil || l.daemon != nil {
 			t.Errorf("registry %q: a backend or engine was started", tc.registry)
 		}
 	}
