@@ -132,5 +132,5 @@ k8s-lab-down:
 
 k8s-lab-test: build
 	eval "$$(scripts/k8s-lab/lab.sh env)" && \
-	$(GO) test -count=1 -run 'Kubernetes' ./sandbox/ ./assemble/ ./server/ && \
+	$(GO) test -count=1 -run 'Kubernetes' ./sandbox/kubernetes/... ./assemble/ ./server/ && \
 	scripts/k8s-lab/e2e.sh

@@ -125,13 +125,24 @@ run() {
 	eval "$("$HERE/lab.sh" env)"
 	export ROLLOUT_K8S_LAB_KUBECONFIG ROLLOUT_K8S_LAB_REGISTRY
 	begin "go test -race -run Kubernetes (lab tests)"
-	(cd "$ROOT" && "$GO" test -race -count=1 -timeout 20m -run Kubernetes ./sandbox/ ./assemble/ ./server/)
+	# The packages holding Kubernetes tests; a package that lists none is a
+	# failure (a moved test must not turn this step into a silent no-op).
+	local pkgs="./sandbox/kubernetes/... ./assemble/ ./server/"
+	(cd "$ROOT" && for p in $pkgs; do
+		if ! "$GO" test -list Kubernetes "$p" | grep -q '^Test'; then
+			log "FAIL: $p lists no Kubernetes test"
+			exit 1
+		fi
+	done)
+	(cd "$ROOT" && "$GO" test -race -count=1 -timeout 20m -run Kubernetes $pkgs)
 	end
 	begin "e2e.sh (rollout run terminal-tasks 20x4)"
 	"$HERE/e2e.sh"
 	end
 	begin "node loss (TestKubernetesNodeLoss, destructive)"
-	(cd "$ROOT" && ROLLOUT_K8S_LAB_DESTRUCTIVE=1 "$GO" test -race -count=1 -timeout 10m -run 'KubernetesNodeLoss$' ./sandbox/)
+	(cd "$ROOT" && "$GO" test -list 'KubernetesNodeLoss$' ./sandbox/kubernetes/ | grep -q '^TestKubernetesNodeLoss$') ||
+		{ log "FAIL: ./sandbox/kubernetes/ has no TestKubernetesNodeLoss"; exit 1; }
+	(cd "$ROOT" && ROLLOUT_K8S_LAB_DESTRUCTIVE=1 "$GO" test -race -count=1 -timeout 10m -run 'KubernetesNodeLoss$' ./sandbox/kubernetes/)
 	# The frozen node was unpaused: both nodes Ready again before the last check.
 	local n=${K8S_LAB_NODES:-2} waited=0
 	until [ "$(kubectl --kubeconfig "$ROLLOUT_K8S_LAB_KUBECONFIG" get nodes --no-headers 2>/dev/null | grep -c ' Ready')" -ge "$n" ]; do
