@@ -129,7 +129,10 @@ run() {
 	# failure (a moved test must not turn this step into a silent no-op).
 	local pkgs="./sandbox/kubernetes/... ./assemble/ ./server/"
 	(cd "$ROOT" && for p in $pkgs; do
-		if ! "$GO" test -list Kubernetes "$p" | grep -q '^Test'; then
+		# The list is read whole first: grep -q closing the pipe early would
+		# fail the pipeline under pipefail.
+		list=$("$GO" test -list Kubernetes "$p") || exit 1
+		if ! grep -q '^Test' <<<"$list"; then
 			log "FAIL: $p lists no Kubernetes test"
 			exit 1
 		fi
@@ -140,8 +143,9 @@ run() {
 	"$HERE/e2e.sh"
 	end
 	begin "node loss (TestKubernetesNodeLoss, destructive)"
-	(cd "$ROOT" && "$GO" test -list 'KubernetesNodeLoss$' ./sandbox/kubernetes/ | grep -q '^TestKubernetesNodeLoss$') ||
-		{ log "FAIL: ./sandbox/kubernetes/ has no TestKubernetesNodeLoss"; exit 1; }
+	local list
+	list=$(cd "$ROOT" && "$GO" test -list 'KubernetesNodeLoss$' ./sandbox/kubernetes/)
+	grep -qx TestKubernetesNodeLoss <<<"$list" || { log "FAIL: ./sandbox/kubernetes/ has no TestKubernetesNodeLoss"; exit 1; }
 	(cd "$ROOT" && ROLLOUT_K8S_LAB_DESTRUCTIVE=1 "$GO" test -race -count=1 -timeout 10m -run 'KubernetesNodeLoss$' ./sandbox/kubernetes/)
 	# The frozen node was unpaused: both nodes Ready again before the last check.
 	local n=${K8S_LAB_NODES:-2} waited=0
