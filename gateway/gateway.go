@@ -1,0 +1,213 @@
+// Package gateway is the contract of rollout's token-capturing gateway: the
+// model API an outside agent harness calls as if it were an ordinary
+// OpenAI or Anthropic endpoint, while rollout generates from token ids,
+// parses with its own parsers and records the exact sampled tokens.
+//
+// The contract has two sides:
+//
+//   - a FrontDoor serves one API shape (OpenAI Chat Completions, OpenAI
+//     Responses, Anthropic Messages): it decodes the harness's request into
+//     a canonical Call, asks a Completer, and encodes the Reply (or the
+//     error) in its API's own shape, streamed or not;
+//   - a Completer (gateway/capture) owns sessions: it renders the call's
+//     messages through the engine, generates, parses, anchors the harness's
+//     echoed history to the calls that produced it and records each
+//     session's branches as trainable token sequences.
+//
+// Front doors never see tokens; the Completer never sees an API's wire
+// shape. The canonical form is OpenAI Chat's message model (go-openai's
+// types), the one rollout's agent loop and inference layer already speak.
+package gateway
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+
+	openai "github.com/sashabaranov/go-openai"
+)
+
+// Message is one canonical message of a call's history.
+type Message struct {
+	openai.ChatCompletionMessage
+	// Ref is what the front door found in the harness's copy of an
+	// assistant turn that identifies the gateway's reply: a Responses
+	// output or reasoning item id, an Anthropic thinking signature ("" when
+	// the API carries none). The Completer anchors echoed assistant turns
+	// by Ref first, then by the tool-call ids it issued, then by position
+	// and normalised content.
+	Ref string
+}
+
+// ToolChoice is the harness's tool_choice, canonical: Mode is "auto",
+// "none" or "required" (Anthropic "any"), or "function" with Name.
+type ToolChoice struct {
+	Mode string
+	Name string
+}
+
+// Call is one model call of a harness, decoded by a front door.
+type Call struct {
+	// API names the front door that decoded the call (FrontDoor.Name).
+	API   string
+	Model string
+	// Messages is the whole history the harness sent, system prompt
+	// first (Anthropic's top-level system and Responses' instructions
+	// become a leading system message).
+	Messages []Message
+	Tools    []openai.Tool
+	// ToolChoice is nil when the harness sent none (auto).
+	ToolChoice *ToolChoice
+	// ParallelToolCalls is nil when the harness did not say.
+	ParallelToolCalls *bool
+	// MaxTokens is what the harness asked for (0: not said); the
+	// Completer caps it at the run's limit.
+	MaxTokens int
+	Stream    bool
+	// Requested holds the sampling fields the harness sent (temperature,
+	// top_p, penalties, seed, stop, …) as decoded JSON: recorded, never
+	// applied — the run's sampler governs generation.
+	Requested map[string]any
+	// Previous is a Responses previous_response_id: the Completer prepends
+	// the history that reply continued ("" when not used).
+	Previous string
+}
+
+// Finish reasons of a Reply, canonical (front doors map them: Anthropic
+// end_turn / max_tokens / tool_use, Responses status incomplete).
+const (
+	FinishStop      = "stop"
+	FinishLength    = "length"
+	FinishToolCalls = "tool_calls"
+)
+
+// Reply is the Completer's answer to one call.
+type Reply struct {
+	// ID is unique within the gateway's lifetime; front doors derive their
+	// response, message and item ids from it, so that an echoed turn can
+	// be anchored back to it: a front door that can carry an opaque value
+	// through the harness's history (an item id, a thinking signature)
+	// embeds ID there and returns it, recovered, as Message.Ref.
+	ID        string
+	Model     string
+	Content   string
+	Reasoning string
+	// ToolCalls carry ids the gateway issued (unique per session).
+	ToolCalls    []openai.ToolCall
+	FinishReason string
+	// Usage, in the engine's tokens.
+	PromptTokens     int
+	CompletionTokens int
+}
+
+// Model is what /v1/models (and similar probes) report.
+type Model struct {
+	ID string
+	// ContextLength is the engine's context window in tokens (0 when
+	// unknown). Harnesses refuse to run below their minimum, so it is the
+	// engine's real value, never invented.
+	ContextLength int
+	OwnedBy       string
+}
+
+// Completer answers calls for sessions. Implementations are safe for
+// concurrent use: a harness may call the model in parallel.
+type Completer interface {
+	// Complete generates the reply to call within session.
+	Complete(ctx context.Context, session string, call Call) (Reply, error)
+	// Models lists the models the session may name.
+	Models(ctx context.Context, session string) ([]Model, error)
+}
+
+// FrontDoor serves one API shape.
+type FrontDoor interface {
+	// Name is the API's name in records and logs: "openai-chat",
+	// "openai-responses", "anthropic-messages".
+	Name() string
+	// Mount adds the door's routes to mux under prefix, a ServeMux
+	// pattern fragment holding the {session} wildcard (e.g. "/s/{session}");
+	// handlers read the session with r.PathValue("session") and answer
+	// through c. Routes are relative to the base URL a harness is given
+	// ("/v1/chat/completions" under prefix).
+	Mount(mux *http.ServeMux, prefix string, c Completer)
+}
+
+// Error kinds. Every error a Completer returns wraps one of them
+// (errors.Is); front doors map each to their API's status and error type.
+var (
+	// ErrBadRequest: the call is malformed (an unknown role, a tool
+	// result without its call, a history the template cannot render).
+	// OpenAI 400 invalid_request_error; Anthropic 400 invalid_request_error.
+	ErrBadRequest = errors.New("bad request")
+	// ErrUnknownModel: the call names a model the session does not serve.
+	// OpenAI 404 model_not_found; Anthropic 404 not_found_error.
+	ErrUnknownModel = errors.New("unknown model")
+	// ErrContextLength: the prompt plus the reply cannot fit the context.
+	// OpenAI 400 code context_length_exceeded; Anthropic 400
+	// invalid_request_error "prompt is too long".
+	ErrContextLength = errors.New("context length exceeded")
+	// ErrSession: the session is unknown or closed. 404 (OpenAI
+	// not_found_error-like; Anthropic not_found_error).
+	ErrSession = errors.New("unknown or closed session")
+	// ErrOverloaded: the engine pool refused or is saturated; the harness
+	// may retry. OpenAI 503; Anthropic 529 overloaded_error.
+	ErrOverloaded = errors.New("overloaded")
+	// ErrUpstream: the engine failed (unreachable, 5xx, a malformed
+	// answer). OpenAI 500 server_error; Anthropic 500 api_error.
+	ErrUpstream = errors.New("upstream engine failure")
+)
+
+// Error is a classified gateway error.
+type Error struct {
+	Kind  error  // one of the Err* kinds
+	Param string // the offending request field, when known ("messages[3].content")
+	Msg   string
+	Err   error // cause, if any
+}
+
+func (e *Error) Error() string {
+	s := e.Kind.Error()
+	if e.Msg != "" {
+		s += ": " + e.Msg
+	}
+	if e.Param != "" {
+		s += " (" + e.Param + ")"
+	}
+	if e.Err != nil {
+		s += ": " + e.Err.Error()
+	}
+	return s
+}
+
+func (e *Error) Unwrap() []error {
+	if e.Err == nil {
+		return []error{e.Kind}
+	}
+	return []error{e.Kind, e.Err}
+}
+
+// Errorf returns an *Error of kind with a formatted message.
+func Errorf(kind error, param, format string, args ...any) *Error {
+	return &Error{Kind: kind, Param: param, Msg: fmt.Sprintf(format, args...)}
+}
+
+// KindOf returns the kind err wraps (ErrUpstream when it wraps none: an
+// unclassified failure is the gateway's, never the harness's).
+func KindOf(err error) error {
+	for _, k := range []error{ErrBadRequest, ErrUnknownModel, ErrContextLength, ErrSession, ErrOverloaded, ErrUpstream} {
+		if errors.Is(err, k) {
+			return k
+		}
+	}
+	return ErrUpstream
+}
+
+// Param returns the offending field of err when it is an *Error.
+func Param(err error) string {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Param
+	}
+	return ""
+}
