@@ -24,8 +24,11 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"time"
 
 	openai "github.com/sashabaranov/go-openai"
+
+	"github.com/rollout-rl/rollout/inference"
 )
 
 // Message is one canonical message of a call's history.
@@ -210,4 +213,72 @@ func Param(err error) string {
 		return e.Param
 	}
 	return ""
+}
+
+// Call statuses in a session's record.
+const (
+	CallOK = "ok" // answered, its reply is in a branch
+	// CallResent: the harness sent the identical request again (after a
+	// 5xx, a cut stream or a reply it could not use); the call answered
+	// again is recorded, this one kept out of training.
+	CallResent = "resent"
+	// CallDiscarded: answered, but no later call of the session echoed
+	// the reply (the harness dropped it); kept out of training.
+	CallDiscarded = "discarded"
+	CallError     = "error" // answered with an error (Reason says which)
+)
+
+// CallRecord is one call as the gateway saw it.
+type CallRecord struct {
+	Index  int    // order of arrival in the session, from 0
+	API    string // the front door's name
+	Branch int    // the branch holding its reply (-1: none)
+	Status string
+	Reason string // why, for statuses other than ok
+	// Requested: the sampling fields the harness sent (never applied);
+	// MaxTokens: what it asked for, Granted: what the run allowed.
+	Requested        map[string]any
+	MaxTokens        int
+	Granted          int
+	Stream           bool
+	ReplyID          string
+	PromptTokens     int
+	CompletionTokens int
+	Started          time.Time
+	Duration         time.Duration
+}
+
+// Branch is one maximal sequence of a session's calls each of which
+// extends the previous one's tokens: a trainable record. A harness that
+// rewrites its history (compaction, edits) or calls the model in
+// parallel (sub-agents) starts a new branch; which branch a call extends
+// is decided by token prefixes, not by text.
+type Branch struct {
+	Index int
+	// Parent is the branch this one shares the longest token prefix with
+	// (-1 for the first branch); SplitCall is the call that started this
+	// branch and Shared the number of leading tokens it has in common
+	// with its parent.
+	Parent    int
+	SplitCall int
+	Shared    int
+	Calls     []int // indices of the calls whose replies it holds, in order
+	// Messages is the branch's conversation, canonical, with the sampled
+	// replies as the gateway returned them.
+	Messages []openai.ChatCompletionMessage
+	Sequence inference.Sequence
+}
+
+// SessionRecord is what a closed session leaves.
+type SessionRecord struct {
+	ID       string
+	Branches []Branch
+	Calls    []CallRecord
+	// Rewritten counts echoed assistant turns whose text differed from
+	// what was sampled (the harness normalised them) and were anchored
+	// back to the sampled ids; Unanchored counts echoed assistant turns
+	// the gateway could not match to any call it answered (rendered from
+	// the harness's text, masked, never trained).
+	Rewritten  int
+	Unanchored int
 }
