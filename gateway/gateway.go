@@ -237,10 +237,14 @@ type CallRecord struct {
 	Reason string // why, for statuses other than ok
 	// Requested: the sampling fields the harness sent (never applied);
 	// MaxTokens: what it asked for, Granted: what the run allowed.
-	Requested        map[string]any
-	MaxTokens        int
-	Granted          int
-	Stream           bool
+	Requested map[string]any
+	MaxTokens int
+	Granted   int
+	Stream    bool
+	// ToolChoice is the harness's tool_choice ("auto", "none",
+	// "required", "function:<name>"; "" when it sent none): recorded;
+	// "none" also stops the reply's text being parsed for calls.
+	ToolChoice       string
 	ReplyID          string
 	PromptTokens     int
 	CompletionTokens int

@@ -100,12 +100,12 @@ func (e *tokenEpisode) renderPrompt(ctx context.Context, msgs []openai.ChatCompl
 
 func (e *tokenEpisode) Generate(ctx context.Context, messages []openai.ChatCompletionMessage) (Turn, error) {
 	ctx, span := startGeneration(ctx, &e.spec, e.c.gen.name())
-	t, err := e.generate(ctx, messages)
+	t, err := e.generate(ctx, messages, TurnOptions{})
 	endGeneration(span, t, err)
 	return t, err
 }
 
-func (e *tokenEpisode) generate(ctx context.Context, messages []openai.ChatCompletionMessage) (Turn, error) {
+func (e *tokenEpisode) generate(ctx context.Context, messages []openai.ChatCompletionMessage, o TurnOptions) (Turn, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.finished {
@@ -130,7 +130,7 @@ func (e *tokenEpisode) generate(ctx context.Context, messages []openai.ChatCompl
 		return Turn{}, err
 	}
 
-	maxTokens, err := e.budget(turnNo)
+	maxTokens, err := e.budget(turnNo, o)
 	if err != nil {
 		return Turn{}, err
 	}
@@ -289,8 +289,11 @@ func (e *tokenEpisode) appendMasked(ids []int32) {
 }
 
 // budget is the context-length guard: max_tokens must fit after the prompt.
-func (e *tokenEpisode) budget(turnNo int) (int, error) {
+func (e *tokenEpisode) budget(turnNo int, o TurnOptions) (int, error) {
 	want := e.spec.Sampling.MaxTokens
+	if o.MaxTokens > 0 && (want == 0 || o.MaxTokens < want) {
+		want = o.MaxTokens
+	}
 	if e.maxLen <= 0 {
 		if want == 0 {
 			// vLLM's /v1/completions would default to 16 tokens.
@@ -299,7 +302,7 @@ func (e *tokenEpisode) budget(turnNo int) (int, error) {
 		return want, nil
 	}
 	room := e.maxLen - len(e.seq.Tokens)
-	if want == 0 {
+	if want == 0 || (o.FitContext && room > 0 && want > room) {
 		want = room
 	}
 	if room <= 0 || want > room {

@@ -1,0 +1,281 @@
+// Package capture is the gateway's Completer: it owns sessions, renders
+// each call's messages through a tokens-mode inference episode, generates,
+// parses with rollout's parsers, anchors the harness's echoed history to
+// the replies that produced it, and records every session as a graph of
+// token-exact branches (gateway.SessionRecord). Handler serves the front
+// doors and the probes harnesses make under one base URL per session.
+package capture
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base32"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	openai "github.com/sashabaranov/go-openai"
+
+	"github.com/rollout-rl/rollout/gateway"
+	"github.com/rollout-rl/rollout/inference"
+	"github.com/rollout-rl/rollout/parsers"
+)
+
+// Options configure a Gateway. Zero limits take the defaults below.
+type Options struct {
+	// Parser and ReasoningParser name rollout's tool-call and reasoning
+	// parsers (parsers.Get, parsers.GetReasoning; "" for no reasoning
+	// parser). Parser is required.
+	Parser          string
+	ReasoningParser string
+	// Models are the model names a harness may call (the first is what
+	// /v1/models lists first); empty serves the engine's own model name.
+	Models []string
+	// Sampling is the run's sampler: it governs every generation, whatever
+	// a harness asks (what it asked is only recorded). Sampling.MaxTokens is
+	// the run's per-call cap (0: none but the context).
+	Sampling inference.Sampling
+	// ContextLength overrides the context window the engine reports
+	// (0: learn it from the engine; it is never invented).
+	ContextLength int
+	// MaxSessions bounds the open sessions (default 10000);
+	// MaxCallsPerSession a session's calls (default 1000); MaxBodyBytes a
+	// request body (default 32 MiB).
+	MaxSessions        int
+	MaxCallsPerSession int
+	MaxBodyBytes       int64
+	// Doors are the front doors ServeSession mounts (gateway/builtin's
+	// FrontDoors in production).
+	Doors  []gateway.FrontDoor
+	Logger *slog.Logger
+}
+
+// Defaults of Options' limits.
+const (
+	DefaultMaxSessions        = 10000
+	DefaultMaxCallsPerSession = 1000
+	DefaultMaxBodyBytes       = 32 << 20
+)
+
+// turnGenerator is the tokens-mode episode the gateway needs: one
+// generation with a per-call max_tokens fitted to the context.
+type turnGenerator interface {
+	inference.Episode
+	GenerateWith(ctx context.Context, messages []openai.ChatCompletionMessage, o inference.TurnOptions) (inference.Turn, error)
+}
+
+// contextReporter is a policy that knows its served model and context
+// window (inference.Client).
+type contextReporter interface {
+	Context(ctx context.Context, model string) (string, int, error)
+}
+
+// Gateway is the capturing Completer. It is safe for concurrent use; it
+// holds no goroutine per session.
+type Gateway struct {
+	policy inference.Policy
+	opts   Options
+	tp     parsers.Parser
+	rp     parsers.ReasoningParser
+	log    *slog.Logger
+	prefix string // reply id prefix, random per gateway
+	seq    atomic.Uint64
+
+	mu       sync.Mutex
+	sessions map[string]*Session
+	engine   string // the engine's model name, once learned
+	ctxLen   int    // its context window, once learned (0: unknown)
+	learned  bool
+}
+
+var _ gateway.Completer = (*Gateway)(nil)
+
+// New returns a gateway generating through policy. Policy must be a
+// tokens-mode inference client; New fails on an unknown parser name.
+func New(policy inference.Policy, opts Options) (*Gateway, error) {
+	if policy == nil {
+		return nil, errors.New("capture: no policy")
+	}
+	if m, ok := policy.(interface{ TokensMode() bool }); ok && !m.TokensMode() {
+		return nil, errors.New("capture: the gateway needs a tokens-mode inference backend (vllm, vllm-generate, sglang, llamacpp, atropos), not chat")
+	}
+	if opts.Parser == "" {
+		return nil, errors.New("capture: no tool-call parser named (Options.Parser)")
+	}
+	tp, err := parsers.Get(opts.Parser)
+	if err != nil {
+		return nil, fmt.Errorf("capture: %w", err)
+	}
+	var rp parsers.ReasoningParser
+	if opts.ReasoningParser != "" {
+		if rp, err = parsers.GetReasoning(opts.ReasoningParser); err != nil {
+			return nil, fmt.Errorf("capture: %w", err)
+		}
+	}
+	if opts.MaxSessions <= 0 {
+		opts.MaxSessions = DefaultMaxSessions
+	}
+	if opts.MaxCallsPerSession <= 0 {
+		opts.MaxCallsPerSession = DefaultMaxCallsPerSession
+	}
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if opts.Sampling.MaxTokens < 0 || opts.ContextLength < 0 {
+		return nil, errors.New("capture: negative max_tokens or context length")
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return &Gateway{policy: policy, opts: opts, tp: tp, rp: rp, log: log, prefix: hex.EncodeToString(b[:]), sessions: map[string]*Session{}}, nil
+}
+
+// modelInfo returns the engine's model name and context window, learned
+// once from the engine (a failure is not cached).
+func (g *Gateway) modelInfo(ctx context.Context) (string, int, error) {
+	g.mu.Lock()
+	if g.learned {
+		defer g.mu.Unlock()
+		return g.engine, g.ctxLen, nil
+	}
+	g.mu.Unlock()
+	name, n := "", 0
+	if cr, ok := g.policy.(contextReporter); ok {
+		var err error
+		name, n, err = cr.Context(ctx, "")
+		if err != nil {
+			return "", 0, classify(fmt.Errorf("learn the engine's model and context: %w", err))
+		}
+	}
+	if g.opts.ContextLength > 0 {
+		n = g.opts.ContextLength
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.engine, g.ctxLen, g.learned = name, n, true
+	return name, n, nil
+}
+
+// served returns the model names a harness may call.
+func (g *Gateway) served(ctx context.Context) ([]string, int, error) {
+	name, n, err := g.modelInfo(ctx)
+	if err != nil {
+		return nil, 0, err
+	}
+	if len(g.opts.Models) > 0 {
+		return g.opts.Models, n, nil
+	}
+	if name == "" {
+		return nil, 0, gateway.Errorf(gateway.ErrUpstream, "", "the engine reports no model name and Options.Models is empty")
+	}
+	return []string{name}, n, nil
+}
+
+// Open starts a session. spec.ID names the rollout in engine request ids
+// and logs (never the secret session id); spec.Group shares engine
+// affinity across a group; spec.Model is the engine model ("" its first);
+// spec.Tools and spec.Sampling are ignored (a harness's calls bring their
+// tools; the gateway's Options.Sampling governs).
+func (g *Gateway) Open(ctx context.Context, spec inference.EpisodeSpec) (*Session, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	id, err := newSessionID()
+	if err != nil {
+		return nil, fmt.Errorf("capture: session id: %w", err)
+	}
+	if spec.ID == "" {
+		spec.ID = "gw" + strconv.FormatUint(g.seq.Add(1), 10)
+	}
+	spec.Tools, spec.Sampling = nil, g.opts.Sampling
+	s := &Session{g: g, id: id, spec: spec, replies: map[string]*reply{}, toolIDs: map[string]*reply{}, unanchored: map[uint64]bool{}}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if len(g.sessions) >= g.opts.MaxSessions {
+		return nil, gateway.Errorf(gateway.ErrOverloaded, "", "%d sessions open (the gateway's limit)", len(g.sessions))
+	}
+	g.sessions[id] = s
+	return s, nil
+}
+
+// newSessionID is 160 random bits, base32: unguessable, URL-safe.
+func newSessionID() (string, error) {
+	var b [20]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	return "s" + base32.HexEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:]), nil
+}
+
+func (g *Gateway) session(id string) (*Session, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	s, ok := g.sessions[id]
+	if !ok {
+		return nil, gateway.Errorf(gateway.ErrSession, "", "no open session with this id")
+	}
+	return s, nil
+}
+
+// Sessions is the number of open sessions.
+func (g *Gateway) Sessions() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.sessions)
+}
+
+// Complete answers one call of a session (gateway.Completer).
+func (g *Gateway) Complete(ctx context.Context, session string, call gateway.Call) (gateway.Reply, error) {
+	s, err := g.session(session)
+	if err != nil {
+		return gateway.Reply{}, err
+	}
+	return s.complete(ctx, call)
+}
+
+// Models lists the served models with the engine's context window.
+func (g *Gateway) Models(ctx context.Context, session string) ([]gateway.Model, error) {
+	if _, err := g.session(session); err != nil {
+		return nil, err
+	}
+	names, n, err := g.served(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]gateway.Model, len(names))
+	for i, name := range names {
+		out[i] = gateway.Model{ID: name, ContextLength: n, OwnedBy: "rollout"}
+	}
+	return out, nil
+}
+
+// classify maps an inference error to the gateway's kinds, keeping the
+// engine's message.
+func classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ge *gateway.Error
+	if errors.As(err, &ge) {
+		return err
+	}
+	kind := gateway.ErrUpstream
+	var ie *inference.Error
+	switch {
+	case errors.Is(err, inference.ErrContextLength):
+		kind = gateway.ErrContextLength
+	case errors.Is(err, inference.ErrRequest):
+		kind = gateway.ErrBadRequest
+	case errors.As(err, &ie) && (ie.Status == http.StatusTooManyRequests || ie.Status == http.StatusServiceUnavailable):
+		kind = gateway.ErrOverloaded
+	}
+	return &gateway.Error{Kind: kind, Err: err}
+}
