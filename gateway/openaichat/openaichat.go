@@ -400,17 +400,22 @@ func writeStream(w http.ResponseWriter, rep gateway.Reply, created int64, includ
 		FinishReason *string `json:"finish_reason"`
 	}
 	type chunk struct {
-		ID      string     `json:"id"`
-		Object  string     `json:"object"`
-		Created int64      `json:"created"`
-		Model   string     `json:"model"`
-		Choices []choice   `json:"choices"`
-		Usage   *usageJSON `json:"usage,omitempty"`
+		ID      string   `json:"id"`
+		Object  string   `json:"object"`
+		Created int64    `json:"created"`
+		Model   string   `json:"model"`
+		Choices []choice `json:"choices"`
+		// Usage: null on every chunk but the last when include_usage
+		// is set (as OpenAI sends them), absent otherwise.
+		Usage any `json:"usage,omitempty"`
 	}
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
-	emit := func(choices []choice, u *usageJSON) {
+	emit := func(choices []choice, u any) {
+		if u == nil && includeUsage {
+			u = json.RawMessage("null")
+		}
 		buf.WriteString("data: ")
 		_ = enc.Encode(chunk{ID: "chatcmpl-" + rep.ID, Object: "chat.completion.chunk", Created: created, Model: rep.Model, Choices: choices, Usage: u})
 		buf.Truncate(buf.Len() - 1) // the encoder's newline
