@@ -1,0 +1,189 @@
+package capture_test
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+	"net/http/httptest"
+	"strconv"
+	"testing"
+
+	"github.com/rollout-rl/rollout/gateway"
+	"github.com/rollout-rl/rollout/gateway/builtin"
+	"github.com/rollout-rl/rollout/gateway/capture"
+	"github.com/rollout-rl/rollout/inference"
+	"github.com/rollout-rl/rollout/internal/testkit/llamacpptest"
+)
+
+// callTemplate is the Hermes/Qwen3 call the biased model is pushed
+// towards (the real-engine suite's bias): calls are frequent, often cut at
+// max_tokens or mangled, sometimes well-formed.
+const callTemplate = "<tool_call>\n{\"name\": \"terminal\", \"arguments\": {\"command\": \"ls\"}}\n</tool_call>"
+
+func toolCallBias(t *testing.T, e *llamacpptest.Engine) map[string]float64 {
+	t.Helper()
+	var r struct {
+		Tokens []struct {
+			ID    int    `json:"id"`
+			Piece string `json:"piece"`
+		} `json:"tokens"`
+	}
+	e.MustCall(t, "/tokenize", map[string]any{"content": callTemplate + "<|im_end|>", "parse_special": true, "with_pieces": true}, &r)
+	bias := map[string]float64{}
+	for _, tok := range r.Tokens {
+		switch tok.Piece {
+		case "<|im_end|>":
+			bias[strconv.Itoa(tok.ID)] = 2
+		case "l", "s":
+		default:
+			bias[strconv.Itoa(tok.ID)] = 8
+		}
+	}
+	return bias
+}
+
+// rescore is the log-probability llama-server gives id after prefix (the
+// real-engine suite's check: one forced token over the whole vocabulary).
+func rescore(t *testing.T, e *llamacpptest.Engine, nVocab int, prefix []int32, id int32) float64 {
+	t.Helper()
+	var resp struct {
+		Probs []struct {
+			Top []struct {
+				ID      int32   `json:"id"`
+				Logprob float64 `json:"logprob"`
+			} `json:"top_logprobs"`
+		} `json:"completion_probabilities"`
+	}
+	e.MustCall(t, "/completion", map[string]any{"prompt": prefix, "n_predict": 1, "n_probs": nVocab, "cache_prompt": true,
+		"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "logit_bias": [][]float64{{10, 100}}}, &resp)
+	if len(resp.Probs) != 1 {
+		t.Fatalf("rescore: %d entries", len(resp.Probs))
+	}
+	for _, c := range resp.Probs[0].Top {
+		if c.ID == id {
+			return c.Logprob
+		}
+	}
+	t.Fatalf("rescore: id %d not among the candidates", id)
+	return math.NaN()
+}
+
+// TestRealEngineSession drives a normalising tool-using harness through
+// the OpenAI door against llama.cpp's llama-server serving the tiny
+// random Qwen3 model biased to tool calls, then compacts its history:
+// two branches whose trained ids re-score against the server. The random
+// model's calls are nearly always malformed (cut or mangled JSON): they
+// come back as content, the model's misbehaviour, never an error; the
+// simulator's tests cover well-formed calls and their anchoring.
+func TestRealEngineSession(t *testing.T) {
+	e := llamacpptest.Start(t, llamacpptest.Options{Slots: 1, Ctx: 8192, Threads: 1})
+	var models struct {
+		Data []struct {
+			ID   string `json:"id"`
+			Meta struct {
+				NVocab int `json:"n_vocab"`
+			} `json:"meta"`
+		} `json:"data"`
+	}
+	e.MustCall(t, "/v1/models", nil, &models)
+	model, vocab := models.Data[0].ID, models.Data[0].Meta.NVocab
+	pol, err := inference.New(inference.Config{Backend: inference.BackendLlamaCpp, Endpoints: []string{e.URL}, Retries: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pol.(interface{ Close() error }).Close()
+	one := 1.0
+	gw, err := capture.New(pol, capture.Options{Parser: "hermes", ReasoningParser: "qwen3",
+		Sampling: inference.Sampling{Temperature: &one, MaxTokens: 48, ExtraBody: map[string]any{"logit_bias": toolCallBias(t, e)}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(capture.Handler(gw, builtin.FrontDoors()))
+	defer hs.Close()
+	s, err := gw.Open(context.Background(), inference.EpisodeSpec{ID: "real"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, err := gw.Models(context.Background(), s.ID())
+	if err != nil || ms[0].ContextLength != 8192 {
+		t.Fatalf("models %+v, %v (want llama-server's n_ctx 8192)", ms, err)
+	}
+	base := hs.URL + "/s/" + s.ID() + "/v1"
+	h := newHarness(base, "List the files in the working directory.")
+	h.normalise = true
+	h.extra = map[string]any{"model": model, "temperature": 0.1}
+	calls := 0
+	for i := 0; i < 3; i++ {
+		if f := h.step(t); f != "tool_calls" {
+			h.msgs = append(h.msgs, map[string]any{"role": "user", "content": "Continue."})
+		}
+		calls++
+	}
+	// The harness compacts: a summary replaces the history.
+	h.msgs = []map[string]any{h.msgs[0], {"role": "user", "content": "List the files. Summary so far: nothing found yet."}}
+	h.step(t)
+	rec, err := s.Close(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.Calls) != 4 {
+		t.Fatalf("%d calls", len(rec.Calls))
+	}
+	for _, c := range rec.Calls {
+		if c.Status != gateway.CallOK || c.Requested["temperature"] != 0.1 {
+			t.Fatalf("call %+v", c)
+		}
+	}
+	if n := len(rec.Branches); n != 2 {
+		t.Fatalf("%d branches, want 2 (one conversation, one compaction): %+v", n, rec.Calls)
+	}
+	b0, b1 := rec.Branches[0], rec.Branches[1]
+	if len(b0.Calls) != 3 || b1.Parent != 0 || b1.SplitCall != 3 || b1.Shared == 0 || b1.Shared >= b1.Sequence.PromptLen {
+		t.Fatalf("graph: b0 calls %v; b1 parent %d split %d shared %d prompt %d", b0.Calls, b1.Parent, b1.SplitCall, b1.Shared, b1.Sequence.PromptLen)
+	}
+	checked, unscored := 0, 0
+	for _, b := range rec.Branches {
+		seq := b.Sequence
+		trained := 0
+		for k, ci := range b.Calls {
+			st := seq.TurnStarts[k]
+			n := rec.Calls[ci].CompletionTokens
+			for j := st; j < st+n; j++ {
+				if seq.Mask[j] == 0 {
+					unscored++ // sampled without a logprob (docs/real-engines.md)
+					continue
+				}
+				trained++
+				if j%3 != 0 {
+					continue // every third trained id is re-scored: enough, and quick
+				}
+				want := rescore(t, e, vocab, seq.Tokens[:j], seq.Tokens[j])
+				checked++
+				if got := float64(seq.Logprobs[j]); math.Abs(got-want) > 0.15 {
+					t.Fatalf("branch %d position %d: recorded logprob %.4f, the server's %.4f", b.Index, j, got, want)
+				}
+			}
+		}
+		sum := 0
+		for _, m := range seq.Mask {
+			sum += int(m)
+		}
+		if sum != trained {
+			t.Fatalf("branch %d: %d trained positions, %d inside its turns", b.Index, sum, trained)
+		}
+	}
+	if checked == 0 {
+		t.Fatal("nothing re-scored")
+	}
+	// The run's sampler governs: the harness asked 0.1.
+	var slots []struct {
+		Params map[string]any `json:"params"`
+	}
+	e.MustCall(t, "/slots", nil, &slots)
+	if temp := slots[0].Params["temperature"]; temp != 1.0 {
+		t.Errorf("the server sampled at temperature %v, want the run's 1", temp)
+	}
+	raw, _ := json.Marshal(rec.Calls)
+	t.Logf("calls: %s\nrewritten %d, unanchored %d, re-scored %d ids, %d sampled without a logprob", raw, rec.Rewritten, rec.Unanchored, checked, unscored)
+}
+
