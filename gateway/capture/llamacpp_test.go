@@ -186,4 +186,3 @@ func TestRealEngineSession(t *testing.T) {
 	raw, _ := json.Marshal(rec.Calls)
 	t.Logf("calls: %s\nrewritten %d, unanchored %d, re-scored %d ids, %d sampled without a logprob", raw, rec.Rewritten, rec.Unanchored, checked, unscored)
 }
-
