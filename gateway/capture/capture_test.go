@@ -83,9 +83,11 @@ func newRigOn(t testing.TB, srv *sim.Server, url string, opts capture.Options) *
 	return &rig{srv: srv, pol: pol, gw: gw, http: hs}
 }
 
+func (r *rig) spec() inference.EpisodeSpec { return inference.EpisodeSpec{ID: "r1"} }
+
 func (r *rig) open(t testing.TB) *capture.Session {
 	t.Helper()
-	s, err := r.gw.Open(context.Background(), inference.EpisodeSpec{ID: "r1"})
+	s, err := r.gw.Open(context.Background(), r.spec())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,65 @@
+package capture_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"testing"
+
+	"github.com/rollout-rl/rollout/gateway/capture"
+	"github.com/rollout-rl/rollout/inference/sim"
+)
+
+// BenchmarkGatewayOverhead compares one call through the gateway (a new
+// session's first call: render, generate from ids, decode, parse,
+// record) with the same call through a plain httputil.ReverseProxy to
+// the same simulator's chat route (the engine renders and parses
+// itself). The difference is the gateway's per-call overhead, its extra
+// engine round trips included (tokens mode renders and decodes through
+// the engine: /tokenize, /v1/completions, /detokenize).
+func BenchmarkGatewayOverhead(b *testing.B) {
+	srv := newRig(b, sim.Config{}, capture.Options{MaxSessions: 1 << 20})
+	msgs := []map[string]any{{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "Say hello."}}
+	body, _ := json.Marshal(map[string]any{"model": "rollout-sim", "messages": msgs})
+	call := func(b *testing.B, url string) {
+		resp, err := http.Post(url, "application/json", bytes.NewReader(body))
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			b.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	b.Run("reverse-proxy", func(b *testing.B) {
+		u, _ := url.Parse(srv.srv.URL)
+		ps := httptest.NewServer(httputil.NewSingleHostReverseProxy(u))
+		defer ps.Close()
+		for b.Loop() {
+			call(b, ps.URL+"/v1/chat/completions")
+		}
+	})
+	b.Run("gateway", func(b *testing.B) {
+		var open []*capture.Session
+		for b.Loop() {
+			s, err := srv.gw.Open(context.Background(), srv.spec())
+			if err != nil {
+				b.Fatal(err)
+			}
+			open = append(open, s)
+			call(b, srv.base(s)+"/chat/completions")
+		}
+		b.StopTimer()
+		for _, s := range open {
+			if _, err := s.Close(context.Background()); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
