@@ -70,8 +70,11 @@ func newRigOn(t testing.TB, srv *sim.Server, url string, opts capture.Options) *
 	if opts.Sampling.Temperature == nil {
 		opts.Sampling.Temperature = runTemp()
 	}
-	if opts.Sampling.MaxTokens == 0 {
+	switch opts.Sampling.MaxTokens {
+	case 0:
 		opts.Sampling.MaxTokens = 512
+	case -1:
+		opts.Sampling.MaxTokens = 0 // no run cap
 	}
 	opts.Doors = builtin.FrontDoors()
 	gw, err := capture.New(pol, opts)
@@ -136,7 +139,8 @@ type completion struct {
 		FinishReason string  `json:"finish_reason"`
 	} `json:"choices"`
 	Usage struct {
-		PromptTokens, CompletionTokens int
+		PromptTokens     int `json:"prompt_tokens"`
+		CompletionTokens int `json:"completion_tokens"`
 	} `json:"usage"`
 }
 
@@ -755,5 +759,44 @@ func TestSessionLimits(t *testing.T) {
 	closeSession(t, s)
 	if _, err := s.Close(context.Background()); !errors.Is(err, gateway.ErrSession) {
 		t.Fatalf("second Close: %v", err)
+	}
+}
+
+func TestMaxTokensHonoured(t *testing.T) {
+	// ExactLength: every generation is exactly its max_tokens long.
+	r := newRig(t, sim.Config{ExactLength: true, MaxModelLen: 2048}, capture.Options{Sampling: inference.Sampling{MaxTokens: 20}})
+	s := r.open(t)
+	for _, tc := range []struct {
+		asked any
+		want  int
+	}{{7, 7}, {nil, 20}, {500, 20}} {
+		body := map[string]any{"model": "rollout-sim", "messages": []map[string]any{{"role": "user", "content": fmt.Sprintf("hello %v", tc.asked)}}}
+		if tc.asked != nil {
+			body["max_completion_tokens"] = tc.asked
+		}
+		st, raw := post(t, r.base(s), body)
+		var c completion
+		if err := json.Unmarshal(raw, &c); err != nil || st != 200 {
+			t.Fatalf("status %d: %s", st, raw)
+		}
+		if c.Usage.CompletionTokens != tc.want || c.Choices[0].FinishReason != "length" {
+			t.Errorf("asked %v: %d tokens (%s), want %d cut at length", tc.asked, c.Usage.CompletionTokens, c.Choices[0].FinishReason, tc.want)
+		}
+	}
+	closeSession(t, s)
+	// No run cap: the room left in the context bounds the reply.
+	r = newRig(t, sim.Config{ExactLength: true, MaxModelLen: 600}, capture.Options{Sampling: inference.Sampling{MaxTokens: -1}})
+	s = r.open(t)
+	st, raw := post(t, r.base(s), map[string]any{"model": "rollout-sim", "max_tokens": 100000, "messages": []map[string]any{{"role": "user", "content": "hello"}}})
+	var c completion
+	if err := json.Unmarshal(raw, &c); err != nil || st != 200 {
+		t.Fatalf("status %d: %s", st, raw)
+	}
+	if got := c.Usage.PromptTokens + c.Usage.CompletionTokens; got != 600 {
+		t.Errorf("prompt %d + reply %d = %d, want the whole context 600", c.Usage.PromptTokens, c.Usage.CompletionTokens, got)
+	}
+	rec := closeSession(t, s)
+	if g := rec.Calls[0].Granted; g != 600-c.Usage.PromptTokens || rec.Calls[0].MaxTokens != 100000 {
+		t.Errorf("recorded asked %d granted %d", rec.Calls[0].MaxTokens, g)
 	}
 }

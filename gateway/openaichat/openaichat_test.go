@@ -1,0 +1,105 @@
+package openaichat
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/rollout-rl/rollout/gateway"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func decodeBody(body string) (gateway.Call, bool, *apiError) {
+	return decode(httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body)))
+}
+
+func TestDecode(t *testing.T) {
+	call, usage, e := decodeBody(`{"model":"m","stream":true,"stream_options":{"include_usage":true},"temperature":0.2,"seed":7,"max_tokens":9,
+		"tool_choice":{"type":"function","function":{"name":"terminal"}},"parallel_tool_calls":false,
+		"tools":[{"type":"function","function":{"name":"terminal","parameters":{"type":"object"}}}],
+		"messages":[{"role":"developer","content":"be brief"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},
+		{"role":"assistant","content":null,"reasoning":"hm","tool_calls":[{"id":"call_1","type":"function","function":{"name":"terminal","arguments":"{}"}}]},
+		{"role":"tool","tool_call_id":"call_1","content":"out"}]}`)
+	if e != nil {
+		t.Fatal(e.msg)
+	}
+	if !usage || !call.Stream || call.MaxTokens != 9 || call.ToolChoice.Mode != "function" || call.ToolChoice.Name != "terminal" ||
+		*call.ParallelToolCalls || call.Requested["temperature"] != 0.2 || call.Requested["seed"] != float64(7) || len(call.Tools) != 1 {
+		t.Fatalf("call %+v", call)
+	}
+	m := call.Messages
+	if m[0].Role != "system" || m[1].Content != "ab" || m[2].ReasoningContent != "hm" || m[2].ToolCalls[0].ID != "call_1" || m[3].ToolCallID != "call_1" {
+		t.Fatalf("messages %+v", m)
+	}
+}
+
+func TestDecodeErrors(t *testing.T) {
+	for _, tc := range []struct{ body, param, msg string }{
+		{`[1]`, "", "not a JSON object"},
+		{`{"messages":[{"role":"user","content":"x"}]}`, "model", "model"},
+		{`{"model":"m","messages":[{"role":"user","content":"x"}],"n":2}`, "n", "n=2"},
+		{`{"model":"m","messages":[{"role":"user","content":"x"}],"tool_choice":"sometimes"}`, "tool_choice", "sometimes"},
+		{`{"model":"m","messages":[{"content":"x"}]}`, "messages[0].role", "needs a role"},
+		{`{"model":"m","messages":[{"role":"user","content":5}]}`, "messages[0].content", "string or an array"},
+		{`{"model":"m","messages":[{"role":"user","content":"x","tool_calls":[{"function":{"name":"f"}}]}]}`, "messages[0].tool_calls", "only assistant"},
+		{`{"model":"m","messages":[{"role":"assistant","tool_calls":[{"function":{"arguments":"{}"}}]}]}`, "messages[0].tool_calls[0].function.name", "function name"},
+		{`{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"retrieval"}]}`, "tools[0]", "type"},
+		{`{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":-1}`, "max_tokens", "at least 1"},
+	} {
+		_, _, e := decodeBody(tc.body)
+		if e == nil || e.status != 400 || e.param != tc.param || !strings.Contains(e.msg, tc.msg) {
+			t.Errorf("%s: %+v, want param %q and %q", tc.body, e, tc.param, tc.msg)
+		}
+	}
+}
+
+// completer answers every call with a fixed reply or error.
+type completer struct {
+	rep gateway.Reply
+	err error
+}
+
+func (c completer) Complete(context.Context, string, gateway.Call) (gateway.Reply, error) {
+	return c.rep, c.err
+}
+func (c completer) Models(context.Context, string) ([]gateway.Model, error) { return nil, nil }
+
+func TestErrorMapping(t *testing.T) {
+	for _, tc := range []struct {
+		err    error
+		status int
+		want   string
+	}{
+		{gateway.Errorf(gateway.ErrOverloaded, "", "busy"), 503, `{"error":{"code":null,"message":"overloaded: busy","param":null,"type":"server_error"}}`},
+		{gateway.Errorf(gateway.ErrContextLength, "", "too long"), 400, `{"error":{"code":"context_length_exceeded","message":"context length exceeded: too long","param":"messages","type":"invalid_request_error"}}`},
+		{context.Canceled, 500, `{"error":{"code":null,"message":"context canceled","param":null,"type":"server_error"}}`},
+	} {
+		mux := http.NewServeMux()
+		Door{}.Mount(mux, "/s/{session}", completer{err: tc.err})
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, httptest.NewRequest(http.MethodPost, "/s/x/v1/chat/completions", strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"x"}]}`)))
+		if w.Code != tc.status || strings.TrimSpace(w.Body.String()) != tc.want {
+			t.Errorf("%v: %d %s, want %d %s", tc.err, w.Code, w.Body, tc.status, tc.want)
+		}
+	}
+}
+
+func FuzzDecode(f *testing.F) {
+	f.Add(`{"model":"m","messages":[{"role":"user","content":"x"}]}`)
+	f.Add(`{"model":"m","messages":[{"role":"assistant","content":[{"type":"text","text":"x"}],"tool_calls":[{"id":"a","function":{"name":"f","arguments":"{"}}]}],"tool_choice":"none"}`)
+	f.Add(`{"model":"m","messages":[{"role":"tool"}],"tools":[{"type":"function"}]}`)
+	f.Fuzz(func(t *testing.T, body string) {
+		call, _, e := decodeBody(body)
+		if e == nil && (call.Model == "" || len(call.Messages) == 0) {
+			t.Fatalf("accepted a call without model or messages: %q", body)
+		}
+		if e != nil && (e.status < 400 || e.msg == "") {
+			t.Fatalf("error without status or message: %+v", e)
+		}
+	})
+}
