@@ -510,8 +510,16 @@ func TestErrors(t *testing.T) {
 		})
 	}
 	rec := closeSession(t, s)
-	if n := len(rec.Calls); n != 1 || rec.Calls[0].Status != gateway.CallError || rec.Calls[0].Branch != -1 {
-		t.Fatalf("calls %+v (only the overflow reached the engine)", rec.Calls)
+	// Calls the door refused never reach the session; those the session
+	// refused (unknown model) or the engine did (overflow) are recorded as
+	// errors.
+	if n := len(rec.Calls); n != 2 || len(rec.Branches) != 0 {
+		t.Fatalf("%d calls, %d branches: %+v", n, len(rec.Branches), rec.Calls)
+	}
+	for _, c := range rec.Calls {
+		if c.Status != gateway.CallError || c.Branch != -1 || c.Reason == "" {
+			t.Fatalf("call %+v", c)
+		}
 	}
 	// A closed session: 404.
 	st, raw := post(t, r.base(s), map[string]any{"model": "rollout-sim", "messages": user("hi")})

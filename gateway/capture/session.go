@@ -78,25 +78,9 @@ func (s *Session) ID() string { return s.id }
 
 func (s *Session) complete(ctx context.Context, call gateway.Call) (gateway.Reply, error) {
 	start := time.Now()
-	names, ctxLen, err := s.g.served(ctx)
+	model, ctxLen, schemas, toolsKey, err := s.check(ctx, call)
 	if err != nil {
-		return gateway.Reply{}, err
-	}
-	model := call.Model
-	if model == "" {
-		model = names[0]
-	}
-	if !slices.Contains(names, model) {
-		return gateway.Reply{}, gateway.Errorf(gateway.ErrUnknownModel, "model", "the model %q does not exist (served: %s)", call.Model, strings.Join(names, ", "))
-	}
-	if err := validate(call); err != nil {
-		return gateway.Reply{}, err
-	}
-	if call.Previous != "" {
-		return gateway.Reply{}, gateway.Errorf(gateway.ErrBadRequest, "previous_response_id", "previous_response_id is not implemented by the capture core yet; send the whole history")
-	}
-	toolsKey, schemas, err := toolKeys(call.Tools)
-	if err != nil {
+		s.rejected(call, start, err)
 		return gateway.Reply{}, err
 	}
 
@@ -172,6 +156,43 @@ func (s *Session) complete(ctx context.Context, call gateway.Call) (gateway.Repl
 	cs.rec.PromptTokens, cs.rec.CompletionTokens = turn.PromptTokens, turn.CompletionTokens
 	cs.rec.Granted = granted(call.MaxTokens, s.g.opts.Sampling.MaxTokens, ctxLen, turn.PromptTokens)
 	return out, nil
+}
+
+// check validates a call before it reaches the engine: the model, the
+// messages, the tools.
+func (s *Session) check(ctx context.Context, call gateway.Call) (model string, ctxLen int, schemas []parsers.ToolSchema, toolsKey string, err error) {
+	names, ctxLen, err := s.g.served(ctx)
+	if err != nil {
+		return "", 0, nil, "", err
+	}
+	model = call.Model
+	if model == "" {
+		model = names[0]
+	}
+	if !slices.Contains(names, model) {
+		return "", 0, nil, "", gateway.Errorf(gateway.ErrUnknownModel, "model", "the model %q does not exist (served: %s)", call.Model, strings.Join(names, ", "))
+	}
+	if err := validate(call); err != nil {
+		return "", 0, nil, "", err
+	}
+	if call.Previous != "" {
+		return "", 0, nil, "", gateway.Errorf(gateway.ErrBadRequest, "previous_response_id", "previous_response_id is not implemented by the capture core yet; send the whole history")
+	}
+	toolsKey, schemas, err = toolKeys(call.Tools)
+	return model, ctxLen, schemas, toolsKey, err
+}
+
+// rejected records a call refused before generation (within the
+// session's call limit: a harness looping on a bad request is data too).
+func (s *Session) rejected(call gateway.Call, start time.Time, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || len(s.calls) >= s.g.opts.MaxCallsPerSession {
+		return
+	}
+	s.calls = append(s.calls, &callState{rec: gateway.CallRecord{Index: len(s.calls), API: call.API, Branch: -1,
+		Status: gateway.CallError, Reason: err.Error(), Requested: call.Requested, MaxTokens: call.MaxTokens,
+		Stream: call.Stream, Started: start, Duration: time.Since(start), ToolChoice: toolChoiceString(call.ToolChoice)}})
 }
 
 // generate starts the branch's episode when it is new and generates.
