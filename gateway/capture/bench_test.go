@@ -9,7 +9,9 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/rollout-rl/rollout/gateway/capture"
 	"github.com/rollout-rl/rollout/inference/sim"
@@ -26,7 +28,10 @@ func BenchmarkGatewayOverhead(b *testing.B) {
 	srv := newRig(b, sim.Config{}, capture.Options{MaxSessions: 1 << 20})
 	msgs := []map[string]any{{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "Say hello."}}
 	body, _ := json.Marshal(map[string]any{"model": "rollout-sim", "messages": msgs})
+	var lat []time.Duration
 	call := func(b *testing.B, url string) {
+		t0 := time.Now()
+		defer func() { lat = append(lat, time.Since(t0)) }()
 		resp, err := http.Post(url, "application/json", bytes.NewReader(body))
 		if err != nil {
 			b.Fatal(err)
@@ -41,12 +46,15 @@ func BenchmarkGatewayOverhead(b *testing.B) {
 		u, _ := url.Parse(srv.srv.URL)
 		ps := httptest.NewServer(httputil.NewSingleHostReverseProxy(u))
 		defer ps.Close()
+		lat = lat[:0]
 		for b.Loop() {
 			call(b, ps.URL+"/v1/chat/completions")
 		}
+		reportP50(b, lat)
 	})
 	b.Run("gateway", func(b *testing.B) {
 		var open []*capture.Session
+		lat = lat[:0]
 		for b.Loop() {
 			s, err := srv.gw.Open(context.Background(), srv.spec())
 			if err != nil {
@@ -56,10 +64,22 @@ func BenchmarkGatewayOverhead(b *testing.B) {
 			call(b, srv.base(s)+"/chat/completions")
 		}
 		b.StopTimer()
+		reportP50(b, lat)
 		for _, s := range open {
 			if _, err := s.Close(context.Background()); err != nil {
 				b.Fatal(err)
 			}
 		}
 	})
+}
+
+// reportP50 adds the median call latency (the target is stated
+// as a p50).
+func reportP50(b *testing.B, lat []time.Duration) {
+	if len(lat) == 0 {
+		return
+	}
+	s := slices.Clone(lat)
+	slices.Sort(s)
+	b.ReportMetric(float64(s[len(s)/2].Microseconds()), "p50-µs")
 }

@@ -808,3 +808,21 @@ func TestMaxTokensHonoured(t *testing.T) {
 		t.Errorf("recorded asked %d granted %d", rec.Calls[0].MaxTokens, g)
 	}
 }
+
+func TestEngineFaults(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		faults sim.Faults
+	}{{"http 500", sim.Faults{ErrorRate: 1}}, {"malformed answer", sim.Faults{MalformedRate: 1}}, {"dropped connection", sim.Faults{DropRate: 1}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t, sim.Config{Faults: tc.faults}, capture.Options{})
+			s := r.open(t)
+			st, raw := post(t, r.base(s), map[string]any{"model": "rollout-sim", "stream": true, "messages": []map[string]any{{"role": "user", "content": "hi"}}})
+			checkError(t, st, raw, 500, "server_error", nil, nil, "upstream engine failure")
+			rec := closeSession(t, s)
+			if len(rec.Calls) != 1 || rec.Calls[0].Status != gateway.CallError || len(rec.Branches) != 0 {
+				t.Fatalf("record %+v", rec)
+			}
+		})
+	}
+}
