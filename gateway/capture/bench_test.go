@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -82,4 +83,40 @@ func reportP50(b *testing.B, lat []time.Duration) {
 	s := slices.Clone(lat)
 	slices.Sort(s)
 	b.ReportMetric(float64(s[len(s)/2].Microseconds()), "p50-µs")
+}
+
+// BenchmarkSessionMemory holds b.N sessions, each after one tool-using
+// call (one branch, its episode and record), and reports the live heap
+// per session: what an idle session costs the gateway.
+func BenchmarkSessionMemory(b *testing.B) {
+	r := newRig(b, sim.Config{Scripts: []sim.Script{fixScript}}, capture.Options{MaxSessions: 1 << 20})
+	body, _ := json.Marshal(map[string]any{"model": "rollout-sim", "tools": terminalTool, "messages": []map[string]any{
+		{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": "Please fix the bug in a.txt"}}})
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	sessions := make([]*capture.Session, 0, b.N)
+	for b.Loop() {
+		s, err := r.gw.Open(context.Background(), r.spec())
+		if err != nil {
+			b.Fatal(err)
+		}
+		sessions = append(sessions, s)
+		resp, err := http.Post(r.base(s)+"/chat/completions", "application/json", bytes.NewReader(body))
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	b.StopTimer()
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(len(sessions)), "heap-B/session")
+	b.ReportMetric(float64(runtime.NumGoroutine()), "goroutines")
+	for _, s := range sessions {
+		if _, err := s.Close(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
 }
