@@ -40,8 +40,10 @@ type Options struct {
 	// a harness asks (what it asked is only recorded). Sampling.MaxTokens is
 	// the run's per-call cap (0: none but the context).
 	Sampling inference.Sampling
-	// ContextLength overrides the context window the engine reports
-	// (0: learn it from the engine; it is never invented).
+	// ContextLength is the context window /v1/models and /props report
+	// when the engine does not say (the engine's own value always wins;
+	// 0: unknown). It is reported, not enforced: the engine enforces its
+	// own.
 	ContextLength int
 	// MaxSessions bounds the open sessions (default 10000);
 	// MaxCallsPerSession a session's calls (default 1000); MaxBodyBytes a
@@ -155,7 +157,7 @@ func (g *Gateway) modelInfo(ctx context.Context) (string, int, error) {
 			return "", 0, classify(fmt.Errorf("learn the engine's model and context: %w", err))
 		}
 	}
-	if g.opts.ContextLength > 0 {
+	if n == 0 {
 		n = g.opts.ContextLength
 	}
 	g.mu.Lock()
