@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	openai "github.com/sashabaranov/go-openai"
 	"go.uber.org/goleak"
 
 	"github.com/rollout-rl/rollout/gateway"
@@ -825,4 +826,58 @@ func TestEngineFaults(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestAnchorByRef drives the Completer directly, as a door that carries
+// the reply id through the history (Responses item ids, Anthropic
+// signatures) does: an echo with other text and no call ids is anchored
+// by its Ref alone.
+func TestAnchorByRef(t *testing.T) {
+	r := newRig(t, sim.Config{Scripts: []sim.Script{fixScript}}, capture.Options{})
+	s := r.open(t)
+	var tools []openai.Tool
+	if err := json.Unmarshal(terminalTool, &tools); err != nil {
+		t.Fatal(err)
+	}
+	msg := func(role, content string) gateway.Message {
+		return gateway.Message{ChatCompletionMessage: openai.ChatCompletionMessage{Role: role, Content: content}}
+	}
+	hist := []gateway.Message{msg("system", "You are a coding agent."), msg("user", "Please fix the bug")}
+	rep, err := r.gw.Complete(context.Background(), s.ID(), gateway.Call{API: "test", Model: "rollout-sim", Messages: hist, Tools: tools})
+	if err != nil || len(rep.ToolCalls) != 1 {
+		t.Fatalf("reply %+v, %v", rep, err)
+	}
+	// The echo: rewritten text, the call under an id of the door's own.
+	echo := msg("assistant", "(the harness's own rendering)")
+	echo.Ref = rep.ID
+	echo.ToolCalls = []openai.ToolCall{{ID: "fc_door_own_id", Type: "function", Function: openai.FunctionCall{Name: "terminal", Arguments: `{"command":"ls"}`}}}
+	res := msg("tool", "a.txt")
+	res.ToolCallID = rep.ToolCalls[0].ID
+	hist = append(hist, echo, res)
+	if _, err := r.gw.Complete(context.Background(), s.ID(), gateway.Call{API: "test", Model: "rollout-sim", Messages: hist, Tools: tools}); err != nil {
+		t.Fatal(err)
+	}
+	rec := closeSession(t, s)
+	if len(rec.Branches) != 1 || rec.Rewritten != 1 || rec.Unanchored != 0 {
+		t.Fatalf("%d branches, rewritten %d, unanchored %d", len(rec.Branches), rec.Rewritten, rec.Unanchored)
+	}
+	if got := rec.Branches[0].Messages[2]; got.Content != rep.Content || got.ToolCalls[0].ID != rep.ToolCalls[0].ID {
+		t.Fatalf("the branch holds %+v, not the gateway's reply", got)
+	}
+	exact(t, rec, r.srv.Generations())
+}
+
+// TestUnanchoredTurn: an assistant turn the harness invented is history,
+// not a reply: rendered (a new branch), counted, never trained.
+func TestUnanchoredTurn(t *testing.T) {
+	r := newRig(t, sim.Config{Scripts: []sim.Script{fixScript}}, capture.Options{})
+	s := r.open(t)
+	h := newHarness(r.base(s), "Please fix the bug")
+	h.msgs = append(h.msgs, map[string]any{"role": "assistant", "content": "I will look at the files."}, map[string]any{"role": "user", "content": "Go on."})
+	h.step(t)
+	rec := closeSession(t, s)
+	if rec.Unanchored != 1 || len(rec.Branches) != 1 {
+		t.Fatalf("unanchored %d, branches %d", rec.Unanchored, len(rec.Branches))
+	}
+	exact(t, rec, r.srv.Generations()) // only the one reply is trained
 }
