@@ -330,8 +330,8 @@ func TestMultiTurnToolConversation(t *testing.T) {
 			if rec.Unanchored != 0 {
 				t.Errorf("%d unanchored turns", rec.Unanchored)
 			}
-			if tc.reasoning && !strings.Contains(rec.Branches[0].Messages[2].ReasoningContent, "") {
-				t.Errorf("reply lost its reasoning")
+			if got := rec.Branches[0].Messages[2]; got.Role != "assistant" || (got.ReasoningContent != "") != tc.reasoning {
+				t.Errorf("the branch's first reply %+v: reasoning kept %v, want %v", got, got.ReasoningContent != "", tc.reasoning)
 			}
 		})
 	}
