@@ -16,11 +16,14 @@ type Summary struct {
 	Envs             map[string]int
 	Groups, Items    int
 	Tokens, Trained  int64
-	Reward           Distribution
-	RewardHistogram  []HistogramBin
-	StopReasons      map[string]int
-	FailureKinds     map[string]FailureCount
-	ToolErrorKinds   map[string]int
+	// Sampled counts the ids the ok rows sampled; Unscored those of them
+	// without a logprob (untrained; inference.max_unscored_share).
+	Sampled, Unscored int64
+	Reward            Distribution
+	RewardHistogram   []HistogramBin
+	StopReasons       map[string]int
+	FailureKinds      map[string]FailureCount
+	ToolErrorKinds    map[string]int
 	// LoopEvents counts the agent loop's interventions by kind.
 	LoopEvents map[string]int
 	Phases     []PhaseStat
@@ -78,6 +81,9 @@ func Summarize(run *Run, recs []Record) Summary {
 		items[r.Env+"\x00"+r.ItemID] = true
 		s.Tokens += int64(len(r.Tokens))
 		s.Trained += int64(r.Trained())
+		sampled, unscored := sampledTokens(r)
+		s.Sampled += sampled
+		s.Unscored += unscored
 		if r.StopReason != "" {
 			s.StopReasons[r.StopReason]++
 		}
@@ -203,6 +209,9 @@ func WriteSummary(w io.Writer, dir string, s Summary) error {
 	p("envs\t%s\n", countsLine(s.Envs))
 	if s.Tokens > 0 {
 		p("tokens\t%d (%.1f%% trained, %.0f per rollout)\n", s.Tokens, 100*float64(s.Trained)/float64(s.Tokens), float64(s.Tokens)/float64(max(s.Rows, 1)))
+	}
+	if s.Sampled > 0 {
+		p("unscored tokens\t%d of %d sampled (%.2f%%; no logprob, not trained)\n", s.Unscored, s.Sampled, 100*float64(s.Unscored)/float64(s.Sampled))
 	}
 	p("stop reasons\t%s\n", countsLine(s.StopReasons))
 	if len(s.LoopEvents) > 0 {
