@@ -211,7 +211,7 @@ func WriteSummary(w io.Writer, dir string, s Summary) error {
 		p("tokens\t%d (%.1f%% trained, %.0f per rollout)\n", s.Tokens, 100*float64(s.Trained)/float64(s.Tokens), float64(s.Tokens)/float64(max(s.Rows, 1)))
 	}
 	if s.Sampled > 0 {
-		p("unscored tokens\t%d of %d sampled (%.2f%%; no logprob, not trained)\n", s.Unscored, s.Sampled, 100*float64(s.Unscored)/float64(s.Sampled))
+		p("unscored\t%d of %d sampled tokens (%.2f%%; no logprob, not trained)\n", s.Unscored, s.Sampled, 100*float64(s.Unscored)/float64(s.Sampled))
 	}
 	p("stop reasons\t%s\n", countsLine(s.StopReasons))
 	if len(s.LoopEvents) > 0 {
