@@ -3,7 +3,9 @@ package trajectory
 import (
 	"fmt"
 	"io"
+	"maps"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -26,8 +28,11 @@ type Summary struct {
 	ToolErrorKinds    map[string]int
 	// LoopEvents counts the agent loop's interventions by kind.
 	LoopEvents map[string]int
-	Phases     []PhaseStat
-	Slowest    []SlowRollout
+	// CallParse counts tool calls by parser (the run's parser family,
+	// manifest.parser; "(server)" in chat mode) and parse status.
+	CallParse map[string]map[string]int
+	Phases    []PhaseStat
+	Slowest   []SlowRollout
 }
 
 // Distribution summarises a set of values.
@@ -92,6 +97,21 @@ func Summarize(run *Run, recs []Record) Summary {
 		}
 		for _, e := range r.LoopEvents {
 			s.LoopEvents[e.Kind]++
+		}
+		if len(r.CallStatuses) > 0 {
+			parser := r.Manifest.Parser
+			if parser == "" {
+				parser = "(server)"
+			}
+			if s.CallParse == nil {
+				s.CallParse = map[string]map[string]int{}
+			}
+			if s.CallParse[parser] == nil {
+				s.CallParse[parser] = map[string]int{}
+			}
+			for _, c := range r.CallStatuses {
+				s.CallParse[parser][c.Status]++
+			}
 		}
 		if r.Status == StatusOK {
 			s.OK++
@@ -216,6 +236,16 @@ func WriteSummary(w io.Writer, dir string, s Summary) error {
 	p("stop reasons\t%s\n", countsLine(s.StopReasons))
 	if len(s.LoopEvents) > 0 {
 		p("loop events\t%s\n", countsLine(s.LoopEvents))
+	}
+	for _, parser := range slices.Sorted(maps.Keys(s.CallParse)) {
+		c := s.CallParse[parser]
+		n := 0
+		for _, v := range c {
+			n += v
+		}
+		share := func(k string) float64 { return 100 * float64(c[k]) / float64(n) }
+		p("call parsing\t%s: %d calls, malformed %d (%.1f%%), repaired %d (%.1f%%), ok %d\n",
+			parser, n, c[CallMalformed], share(CallMalformed), c[CallRepaired], share(CallRepaired), c[CallOK])
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -27,6 +27,9 @@ func TestSummaryGolden(t *testing.T) {
 	if s.Sampled != 21 || s.Unscored != 1 {
 		t.Errorf("sampled %d, unscored %d: want 21 (20 trained + 1), 1", s.Sampled, s.Unscored)
 	}
+	if c := s.CallParse["hermes"]; c[CallMalformed] != 1 || c[CallRepaired] != 1 || c[CallOK] != 1 {
+		t.Errorf("call parsing %v", s.CallParse)
+	}
 	// run.json counts the same.
 	m, err := ReadManifest(dir)
 	if err != nil {
