@@ -32,6 +32,18 @@ type ToolError struct {
 	Kind string `json:"kind"`
 }
 
+// CallStatus is one tool call's parse outcome: "ok", "repaired" (the
+// parser fixed something to read it; Reason says what) or "malformed"
+// (the parser's reason). In tokens mode the loop's parser decides; in chat
+// mode the server parsed, and its calls are ok unless they lack a name.
+type CallStatus struct {
+	Turn   int    `json:"turn"`  // 1-based
+	Index  int    `json:"index"` // position among the turn's calls
+	Name   string `json:"name,omitempty"`
+	Status string `json:"status"`
+	Reason string `json:"reason,omitempty"`
+}
+
 // TurnStats are the timings of one turn.
 type TurnStats struct {
 	Turn       int           `json:"turn"`
@@ -84,6 +96,8 @@ type Result struct {
 	ToolErrors       []ToolError `json:"tool_errors"`
 	// Events are the loop's interventions in the conversation, in order.
 	Events []Event `json:"loop_events"`
+	// CallStatuses are every tool call's parse outcome, turn by turn.
+	CallStatuses []CallStatus `json:"call_statuses,omitempty"`
 	// TurnRewards are the environment responder's intermediate rewards,
 	// one per turn used (0 for a turn without one); nil when it gave none.
 	TurnRewards []float64     `json:"turn_rewards,omitempty"`

@@ -28,8 +28,11 @@ type slot struct {
 	call      *tools.Call
 	invalid   *tools.InvalidCallError
 	parse     *parsers.CallError
-	content   string
-	toolErr   error
+	// repairs are what the parser fixed to read the call (its parse
+	// status is then "repaired").
+	repairs []string
+	content string
+	toolErr error
 }
 
 // finishLength is the finish_reason of a generation cut by max_tokens.
@@ -70,6 +73,7 @@ func (r *runner) turn(ctx, parent context.Context, ep inference.Episode, turn in
 		return true
 	}
 	r.res.ReasoningPerTurn = append(r.res.ReasoningPerTurn, reasoning)
+	r.recordCallStatus(turn, slots)
 	r.repairNames(slots)
 	msgIdx := len(r.res.Messages)
 	r.res.Messages = append(r.res.Messages, r.assistantMessage(turn, msgIdx, reasoning, content, slots))
@@ -178,6 +182,21 @@ func (r *runner) annotateTurn(span trace.Span, turn int, done bool, invalidBefor
 	}
 }
 
+// recordCallStatus records each call's parse outcome as the parser left
+// it (before the loop's own name repair, which is a loop event).
+func (r *runner) recordCallStatus(turn int, slots []*slot) {
+	for i, s := range slots {
+		st := CallStatus{Turn: turn + 1, Index: i, Name: s.name, Status: parsers.StatusOK}
+		switch {
+		case s.parse != nil:
+			st.Status, st.Reason = parsers.StatusMalformed, s.parse.Reason
+		case len(s.repairs) > 0:
+			st.Status, st.Reason = parsers.StatusRepaired, strings.Join(s.repairs, "; ")
+		}
+		r.res.CallStatuses = append(r.res.CallStatuses, st)
+	}
+}
+
 // interpret separates reasoning, content and calls of a generation.
 func (r *runner) interpret(gen inference.Turn) (reasoning *string, content string, slots []*slot, err error) {
 	if gen.Parsed {
@@ -261,7 +280,7 @@ func (r *runner) slotsFromParse(pr parsers.Result) []*slot {
 		}
 		tc := pr.ToolCalls[k]
 		k++
-		out[i] = &slot{id: tc.ID, name: tc.Name, rawArgs: tc.Arguments}
+		out[i] = &slot{id: tc.ID, name: tc.Name, rawArgs: tc.Arguments, repairs: tc.Repairs}
 	}
 	for _, s := range out {
 		if s.parse != nil {

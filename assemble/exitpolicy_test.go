@@ -31,3 +31,31 @@ func TestExitPolicy(t *testing.T) {
 		}
 	}
 }
+
+// A run whose ok rollouts left more than inference.max_unscored_share of
+// their sampled ids without a logprob fails, after writing its rows.
+func TestExitPolicyUnscored(t *testing.T) {
+	f := func(v float64) *float64 { return &v }
+	for _, tc := range []struct {
+		name     string
+		max      *float64
+		sampled  int
+		unscored int
+		fail     bool
+		wantText string
+	}{
+		{"none unscored", nil, 1000, 0, false, ""},
+		{"at the default", nil, 1000, 10, false, ""},
+		{"above the default", nil, 1000, 94, true, "94 of 1000 sampled tokens have no logprob and were not trained (9.40%, above inference.max_unscored_share 0.01)"},
+		{"allowed", f(0.7), 1010, 653, false, ""},
+		{"strict", f(0), 1000, 1, true, "1 of 1000"},
+	} {
+		cfg := runner.Config{}
+		cfg.Inference.MaxUnscoredShare = tc.max
+		sum := runner.Summary{Rollouts: 4, RolloutsOK: 4, SampledTokens: tc.sampled, UnscoredTokens: tc.unscored}
+		err := exitPolicy(cfg, sum)
+		if tc.fail != (err != nil) || (err != nil && (!errors.Is(err, ErrRunFailed) || !strings.Contains(err.Error(), tc.wantText))) {
+			t.Errorf("%s: %v", tc.name, err)
+		}
+	}
+}

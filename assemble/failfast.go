@@ -23,8 +23,10 @@ var (
 	// job, in this process or another) holds the output dir.
 	ErrOutputInUse = trajectory.ErrLocked
 	// ErrRunFailed is wrapped when a run ended without error but fails the
-	// exit policy: no ok rollout, or more infra_failed rollouts than
-	// max_infra_failed_fraction allows. Its rows are written.
+	// exit policy: no ok rollout, more infra_failed rollouts than
+	// max_infra_failed_fraction allows, or more sampled ids without a
+	// logprob than inference.max_unscored_share allows. Its rows are
+	// written.
 	ErrRunFailed = errors.New("run failed")
 )
 
@@ -179,8 +181,10 @@ func (j *Job) ready(ctx context.Context, what string, check func(context.Context
 	return err
 }
 
-// exitPolicy fails a run that produced no ok rollout, or whose
-// infra_failed share of its rollouts exceeds max_infra_failed_fraction. A
+// exitPolicy fails a run that produced no ok rollout, whose infra_failed
+// share of its rollouts exceeds max_infra_failed_fraction, or whose ok
+// rollouts left more than inference.max_unscored_share of their sampled
+// ids without a logprob. A
 // run that ran no rollout (everything resumed, or no items) passes.
 func exitPolicy(cfg runner.Config, sum runner.Summary) error {
 	if sum.Rollouts == 0 {
@@ -198,6 +202,14 @@ func exitPolicy(cfg runner.Config, sum runner.Summary) error {
 	if frac := float64(sum.InfraFailed) / float64(sum.Rollouts); frac > limit {
 		return fmt.Errorf("%w: %d of %d rollouts infra_failed (%.0f%%, above max_infra_failed_fraction %g): %s; the rows are written",
 			ErrRunFailed, sum.InfraFailed, sum.Rollouts, 100*frac, limit, strings.Join(kinds, ", "))
+	}
+	if sum.SampledTokens > 0 {
+		limit := cfg.Inference.UnscoredLimit()
+		if frac := float64(sum.UnscoredTokens) / float64(sum.SampledTokens); frac > limit {
+			return fmt.Errorf("%w: %d of %d sampled tokens have no logprob and were not trained (%.2f%%, above inference.max_unscored_share %g); "+
+				"the engine withheld them and its scoring pass did not recover them (docs/real-engines.md, llama.cpp); the rows are written, see `rollout inspect`",
+				ErrRunFailed, sum.UnscoredTokens, sum.SampledTokens, 100*frac, limit)
+		}
 	}
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/singleflight"
@@ -73,6 +74,12 @@ type Config struct {
 	// frequency penalty only, for APIs that reject unknown fields). Token
 	// backends always send the full sampler.
 	SamplerFields string `yaml:"sampler_fields,omitempty" json:"sampler_fields,omitempty"`
+	// MaxUnscoredShare fails a run (after writing its rows) whose ok
+	// rollouts sampled more than this share of their ids without a
+	// logprob (Sequence.Unscored: untrained; llama.cpp gives every id one
+	// through its scoring pass, so only a server that refuses it leaves
+	// any). Default DefaultMaxUnscoredShare; 1 never fails.
+	MaxUnscoredShare *float64 `yaml:"max_unscored_share,omitempty" json:"max_unscored_share,omitempty"`
 	// Sampling holds defaults; an EpisodeSpec's fields override them one by one.
 	Sampling Sampling     `yaml:"sampling,omitempty" json:"sampling,omitempty"`
 	Logger   *slog.Logger `yaml:"-" json:"-"`
@@ -92,6 +99,18 @@ func (c Config) poolConfig(endpoints []string) PoolConfig {
 		HealthTimeout:            c.HealthTimeout,
 		Logger:                   c.Logger,
 	}
+}
+
+// DefaultMaxUnscoredShare is inference.max_unscored_share's default: 1 %
+// of a run's sampled ids may go untrained before the run fails.
+const DefaultMaxUnscoredShare = 0.01
+
+// UnscoredLimit is max_unscored_share with its default applied.
+func (c Config) UnscoredLimit() float64 {
+	if c.MaxUnscoredShare == nil {
+		return DefaultMaxUnscoredShare
+	}
+	return *c.MaxUnscoredShare
 }
 
 // Client is the Policy built from a Config. It also exposes its pools for
@@ -116,9 +135,13 @@ type Client struct {
 	learnOnce singleflight.Group
 	// llama is true when the server is llama.cpp (the backend says so, or
 	// /v1/models carries llama.cpp's "meta" block).
-	llama   bool
-	sampler samplerState
-	gate    *gate // policy versions and in-flight weight updates (async.go)
+	llama bool
+	// llamaForced and llamaScoreRefused serve llama.cpp's scoring pass
+	// (llamacpp_score.go).
+	llamaForced       llamaForced
+	llamaScoreRefused atomic.Bool
+	sampler           samplerState
+	gate              *gate // policy versions and in-flight weight updates (async.go)
 }
 
 var _ Policy = (*Client)(nil)

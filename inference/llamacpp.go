@@ -238,6 +238,9 @@ func (g llamaGen) generate(ctx context.Context, p *Pool, in genInput) (sample, e
 	if err != nil {
 		return sample{}, badAnswer(ep, op, reqID, "%v", err)
 	}
+	if missing, err = g.scoreMissing(ctx, p, in.opts, in.prompt, ids, lps, missing); err != nil {
+		return sample{}, err
+	}
 	s := sample{ids: ids, logprobs: lps, unscored: missing, endpoint: ep}
 	switch resp.StopType {
 	case "eos":

@@ -498,8 +498,10 @@ func TestLlamaCppIncompleteUTF8(t *testing.T) {
 	if !strings.Contains(ct.Content, "Zählung: drei — fertig ✓") || ct.Replay != inference.ReplayIDs {
 		t.Fatalf("chat turn: content %q, replay %q", ct.Content, ct.Replay)
 	}
-	if n := srv.Stats().ByRoute["POST /completion"] - before; n != 1 {
-		t.Fatalf("%d replays on /completion, want 1", n)
+	// The replay, and the scoring pass of its withheld ids, which the
+	// simulator refuses (HTTP 400: it serves one prompt per request).
+	if n := srv.Stats().ByRoute["POST /completion"] - before; n != 2 {
+		t.Fatalf("%d requests on /completion, want 2 (replay, refused scoring pass)", n)
 	}
 	if !slices.Equal(ct.CompletionIDs, tr.CompletionIDs) || len(ct.Logprobs) != len(ct.CompletionIDs) {
 		t.Fatalf("chat ids %v (%d logprobs), tokens-mode ids %v", ct.CompletionIDs, len(ct.Logprobs), tr.CompletionIDs)

@@ -351,6 +351,7 @@ type callObject struct {
 	hasArgs bool   // an "arguments" or "parameters" key was present
 	args    string // normalised JSON object text
 	argsErr error
+	repairs []string // what was fixed to read it (ToolCall.Repairs)
 }
 
 // scanCallObject validates the JSON object at s[i] and reads its "name" and
@@ -426,6 +427,9 @@ func scanCallObject(s string, i int) (end int, co callObject, err error) {
 	}
 	co.hasArgs = span != ""
 	co.args, co.argsErr = argsFromJSONValue(span)
+	if co.argsErr == nil && span != "" && span[0] == '"' {
+		co.repairs = append(co.repairs, RepairArgsString)
+	}
 	return end, co, nil
 }
 
@@ -484,9 +488,15 @@ func (c *collector) freshID() string {
 
 func (c *collector) next() int { return len(c.r.ToolCalls) + len(c.r.Errors) }
 
-func (c *collector) ok(name, args, raw string) {
-	c.add(ToolCall{ID: c.freshID(), Name: name, Arguments: args, Raw: raw})
+func (c *collector) ok(name, args, raw string, repairs ...string) {
+	c.add(ToolCall{ID: c.freshID(), Name: name, Arguments: args, Raw: raw, Repairs: repairs})
 }
+
+// Repairs the parsers report (ToolCall.Repairs).
+const (
+	RepairArgsString   = "arguments given as a JSON string, decoded"
+	RepairCloseMissing = "close marker missing"
+)
 
 func (c *collector) add(tc ToolCall) {
 	if c.r.ToolCalls == nil {

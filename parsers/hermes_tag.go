@@ -112,7 +112,11 @@ func parseTaggedJSON(c *collector, text string, start, j int, open, close string
 			case !co.hasName || co.name == "":
 				c.fail("", `call object has no "name"`, raw)
 			default:
-				c.ok(co.name, co.args, raw)
+				repairs := co.repairs
+				if !closed {
+					repairs = append(repairs, RepairCloseMissing)
+				}
+				c.ok(co.name, co.args, raw, repairs...)
 			}
 			return callEnd
 		}

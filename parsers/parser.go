@@ -33,6 +33,61 @@ type ToolCall struct {
 	// Raw is the exact substring of the model output the call was parsed
 	// from, kept so that traces can be replayed byte for byte.
 	Raw string `json:"-"`
+	// Repairs names what the parser fixed to accept the call (nil when
+	// it was well-formed as written): e.g. arguments given as a JSON
+	// string and decoded, or a close marker the output lacked. The call's
+	// parse status is "repaired" when any is set (Status).
+	Repairs []string `json:"-"`
+}
+
+// Parse statuses of one call (Status).
+const (
+	StatusOK        = "ok"
+	StatusRepaired  = "repaired"
+	StatusMalformed = "malformed"
+)
+
+// CallStatus is one call's parse outcome, in output order.
+type CallStatus struct {
+	Index  int    `json:"index"`
+	Name   string `json:"name,omitempty"`
+	Status string `json:"status"` // StatusOK, StatusRepaired or StatusMalformed
+	// Reason is the repairs ("; "-joined) or the CallError's reason.
+	Reason string `json:"reason,omitempty"`
+}
+
+// Statuses lists the parse outcome of every call of r, in the order the
+// calls appear in the output (calls and errors share one index sequence).
+func Statuses(r Result) []CallStatus {
+	n := len(r.ToolCalls) + len(r.Errors)
+	if n == 0 {
+		return nil
+	}
+	out := make([]CallStatus, 0, n)
+	ci, ei := 0, 0
+	for i := range n {
+		if ei < len(r.Errors) && r.Errors[ei].Index == i {
+			e := r.Errors[ei]
+			out = append(out, CallStatus{Index: i, Name: e.Name, Status: StatusMalformed, Reason: e.Reason})
+			ei++
+			continue
+		}
+		if ci >= len(r.ToolCalls) {
+			// Error indices out of order: list the rest as they come.
+			e := r.Errors[ei]
+			out = append(out, CallStatus{Index: e.Index, Name: e.Name, Status: StatusMalformed, Reason: e.Reason})
+			ei++
+			continue
+		}
+		tc := r.ToolCalls[ci]
+		ci++
+		st := CallStatus{Index: i, Name: tc.Name, Status: StatusOK}
+		if len(tc.Repairs) > 0 {
+			st.Status, st.Reason = StatusRepaired, strings.Join(tc.Repairs, "; ")
+		}
+		out = append(out, st)
+	}
+	return out
 }
 
 // CallError describes a call that was recognised but could not be turned

@@ -466,6 +466,14 @@ func (r *Runner) count(g *Group) {
 			r.sum.RolloutsOK++
 			r.sum.StopReasons[string(ro.Result.StopReason)]++
 			r.reward += ro.Score.Value
+			seq := ro.Result.Sequence
+			r.sum.UnscoredTokens += seq.Unscored
+			r.sum.SampledTokens += seq.Unscored
+			for _, m := range seq.Mask {
+				if m == 1 {
+					r.sum.SampledTokens++
+				}
+			}
 		} else {
 			r.sum.InfraFailed++
 			r.sum.FailuresByKind[ro.Failure.Kind]++

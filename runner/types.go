@@ -194,6 +194,12 @@ type Summary struct {
 	// StopReasons counts the ok rollouts by the agent loop's stop reason
 	// (finished, length, max_turns, …).
 	StopReasons map[string]int
-	MeanReward  float64
-	Elapsed     time.Duration
+	// SampledTokens counts the ids the ok rollouts sampled (trained and
+	// unscored); UnscoredTokens those of them without a logprob
+	// (inference.Sequence.Unscored), which inference.max_unscored_share
+	// bounds.
+	SampledTokens  int
+	UnscoredTokens int
+	MeanReward     float64
+	Elapsed        time.Duration
 }

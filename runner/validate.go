@@ -84,6 +84,9 @@ func (c Config) validateRanges(bad func(field, format string, args ...any) error
 			return bad("reasoning_parser", "%v", err)
 		}
 	}
+	if f := c.Inference.MaxUnscoredShare; f != nil && (!finite(*f) || *f < 0 || *f > 1) {
+		return bad("inference.max_unscored_share", "%v: want a share between 0 and 1", *f)
+	}
 	if f := c.MaxInfraFailedFraction; f != nil && (!finite(*f) || *f < 0 || *f > 1) {
 		return bad("max_infra_failed_fraction", "%v; want a fraction in [0, 1]", *f)
 	}

@@ -71,6 +71,9 @@ func RolloutProto(rec *trajectory.Record, rolloutID string, attempts int) *rollo
 		pr.LossMask[k] = int32(m)
 	}
 	pr.TurnRewards = rec.TurnRewards
+	for _, c := range rec.CallStatuses {
+		pr.CallStatuses = append(pr.CallStatuses, &rolloutv1.CallStatus{Turn: c.Turn, Index: c.Index, Name: c.Name, Status: c.Status, Reason: c.Reason})
+	}
 	if len(rec.DistillTokenIDs) > 0 {
 		pr.Distill = make([]*rolloutv1.TeacherTopK, len(rec.DistillTokenIDs))
 		for k, ids := range rec.DistillTokenIDs {

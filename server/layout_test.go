@@ -172,3 +172,21 @@ func TestRolloutProtoCarriesTurnRewardsAndDistill(t *testing.T) {
 		t.Fatalf("a record without them: %v %v", none.TurnRewards, none.Distill)
 	}
 }
+
+// Each tool call's parse status reaches the stream as Parquet holds it.
+func TestRolloutProtoCarriesCallStatuses(t *testing.T) {
+	rec := trajectory.Record{Status: trajectory.StatusOK, CallStatuses: []trajectory.CallStatus{
+		{Turn: 1, Index: 0, Name: "terminal", Status: trajectory.CallMalformed, Reason: "call is truncated"},
+		{Turn: 2, Index: 0, Name: "terminal", Status: trajectory.CallRepaired, Reason: "close marker missing"},
+	}}
+	pr := RolloutProto(&rec, "g#0", 1)
+	if len(pr.CallStatuses) != 2 {
+		t.Fatalf("call_statuses %v", pr.CallStatuses)
+	}
+	for i, c := range rec.CallStatuses {
+		got := pr.CallStatuses[i]
+		if got.Turn != c.Turn || got.Index != c.Index || got.Name != c.Name || got.Status != c.Status || got.Reason != c.Reason {
+			t.Errorf("call_statuses[%d] = %v, want %+v", i, got, c)
+		}
+	}
+}

@@ -132,6 +132,10 @@ func expectedArrowRow(r Record) map[string]any {
 	for _, e := range r.LoopEvents {
 		loopEvents = append(loopEvents, map[string]any{"turn": e.Turn, "kind": e.Kind, "message": e.Message, "call_id": e.CallID, "original": e.Original, "detail": e.Detail})
 	}
+	statuses := []any{}
+	for _, c := range r.CallStatuses {
+		statuses = append(statuses, map[string]any{"turn": c.Turn, "index": c.Index, "name": c.Name, "status": c.Status, "reason": c.Reason})
+	}
 	m := r.Manifest
 	cuts := []any{}
 	for _, c := range r.VersionCuts {
@@ -153,7 +157,7 @@ func expectedArrowRow(r Record) map[string]any {
 		"prompt_tokens": r.PromptTokens, "completion_tokens": r.CompletionTokens,
 		"reward": r.Reward, "reward_components": comps, "advantage": adv,
 		"turns": r.Turns, "finished_naturally": r.FinishedNaturally, "stop_reason": r.StopReason,
-		"status": r.Status, "failure": failure, "tool_errors": toolErrs, "loop_events": loopEvents, "turn_rewards": listOf(r.TurnRewards),
+		"status": r.Status, "failure": failure, "tool_errors": toolErrs, "loop_events": loopEvents, "call_statuses": statuses, "turn_rewards": listOf(r.TurnRewards),
 		"distill_token_ids": nestedOf(r.DistillTokenIDs), "distill_logprobs": nestedOf(r.DistillLogprobs),
 		"timings": map[string]any{"generation_ms": r.Timings.GenerationMS, "tools_ms": r.Timings.ToolsMS,
 			"sandbox_start_ms": r.Timings.SandboxStartMS, "reward_ms": r.Timings.RewardMS, "total_ms": r.Timings.TotalMS},

@@ -129,3 +129,13 @@ func TestReadsFilesWithoutManifestBackend(t *testing.T) {
 		t.Fatalf("record (-want +got):\n%s", d)
 	}
 }
+
+// A part file written before call_statuses existed reads it as empty.
+func TestReadsFilesWithoutCallStatuses(t *testing.T) {
+	want := fixtureRecords()[1]
+	want.CallStatuses = nil
+	got := readAsOlderFile(t, fixtureRecords()[1], map[string]bool{"CallStatuses": true})
+	if d := cmp.Diff(want, got, cmpopts.EquateEmpty()); d != "" {
+		t.Fatalf("record (-want +got):\n%s", d)
+	}
+}

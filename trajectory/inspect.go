@@ -3,7 +3,9 @@ package trajectory
 import (
 	"fmt"
 	"io"
+	"maps"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -16,15 +18,21 @@ type Summary struct {
 	Envs             map[string]int
 	Groups, Items    int
 	Tokens, Trained  int64
-	Reward           Distribution
-	RewardHistogram  []HistogramBin
-	StopReasons      map[string]int
-	FailureKinds     map[string]FailureCount
-	ToolErrorKinds   map[string]int
+	// Sampled counts the ids the ok rows sampled; Unscored those of them
+	// without a logprob (untrained; inference.max_unscored_share).
+	Sampled, Unscored int64
+	Reward            Distribution
+	RewardHistogram   []HistogramBin
+	StopReasons       map[string]int
+	FailureKinds      map[string]FailureCount
+	ToolErrorKinds    map[string]int
 	// LoopEvents counts the agent loop's interventions by kind.
 	LoopEvents map[string]int
-	Phases     []PhaseStat
-	Slowest    []SlowRollout
+	// CallParse counts tool calls by parser (the run's parser family,
+	// manifest.parser; "(server)" in chat mode) and parse status.
+	CallParse map[string]map[string]int
+	Phases    []PhaseStat
+	Slowest   []SlowRollout
 }
 
 // Distribution summarises a set of values.
@@ -78,6 +86,9 @@ func Summarize(run *Run, recs []Record) Summary {
 		items[r.Env+"\x00"+r.ItemID] = true
 		s.Tokens += int64(len(r.Tokens))
 		s.Trained += int64(r.Trained())
+		sampled, unscored := sampledTokens(r)
+		s.Sampled += sampled
+		s.Unscored += unscored
 		if r.StopReason != "" {
 			s.StopReasons[r.StopReason]++
 		}
@@ -86,6 +97,21 @@ func Summarize(run *Run, recs []Record) Summary {
 		}
 		for _, e := range r.LoopEvents {
 			s.LoopEvents[e.Kind]++
+		}
+		if len(r.CallStatuses) > 0 {
+			parser := r.Manifest.Parser
+			if parser == "" {
+				parser = "(server)"
+			}
+			if s.CallParse == nil {
+				s.CallParse = map[string]map[string]int{}
+			}
+			if s.CallParse[parser] == nil {
+				s.CallParse[parser] = map[string]int{}
+			}
+			for _, c := range r.CallStatuses {
+				s.CallParse[parser][c.Status]++
+			}
 		}
 		if r.Status == StatusOK {
 			s.OK++
@@ -204,9 +230,22 @@ func WriteSummary(w io.Writer, dir string, s Summary) error {
 	if s.Tokens > 0 {
 		p("tokens\t%d (%.1f%% trained, %.0f per rollout)\n", s.Tokens, 100*float64(s.Trained)/float64(s.Tokens), float64(s.Tokens)/float64(max(s.Rows, 1)))
 	}
+	if s.Sampled > 0 {
+		p("unscored\t%d of %d sampled tokens (%.2f%%; no logprob, not trained)\n", s.Unscored, s.Sampled, 100*float64(s.Unscored)/float64(s.Sampled))
+	}
 	p("stop reasons\t%s\n", countsLine(s.StopReasons))
 	if len(s.LoopEvents) > 0 {
 		p("loop events\t%s\n", countsLine(s.LoopEvents))
+	}
+	for _, parser := range slices.Sorted(maps.Keys(s.CallParse)) {
+		c := s.CallParse[parser]
+		n := 0
+		for _, v := range c {
+			n += v
+		}
+		share := func(k string) float64 { return 100 * float64(c[k]) / float64(n) }
+		p("call parsing\t%s: %d calls, malformed %d (%.1f%%), repaired %d (%.1f%%), ok %d\n",
+			parser, n, c[CallMalformed], share(CallMalformed), c[CallRepaired], share(CallRepaired), c[CallOK])
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -24,6 +24,20 @@ func TestSummaryGolden(t *testing.T) {
 	if s.Rows != 6 || s.OK != 5 || s.Failed != 1 || s.Groups != 2 || s.FailureKinds["sandbox_start"].Count != 1 {
 		t.Errorf("summary = %+v", s)
 	}
+	if s.Sampled != 21 || s.Unscored != 1 {
+		t.Errorf("sampled %d, unscored %d: want 21 (20 trained + 1), 1", s.Sampled, s.Unscored)
+	}
+	if c := s.CallParse["hermes"]; c[CallMalformed] != 1 || c[CallRepaired] != 1 || c[CallOK] != 1 {
+		t.Errorf("call parsing %v", s.CallParse)
+	}
+	// run.json counts the same.
+	m, err := ReadManifest(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Counts.SampledTokens != 21 || m.Counts.UnscoredTokens != 1 || m.Counts.UnscoredShare() != 1.0/21 {
+		t.Errorf("run.json counts %+v", m.Counts)
+	}
 	if s.Phases[0].Name != "sandbox_start" {
 		t.Errorf("slowest phase = %s, want sandbox_start", s.Phases[0].Name)
 	}

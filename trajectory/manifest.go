@@ -45,9 +45,37 @@ type RunCounts struct {
 	Rows        int64 `json:"rows"`
 	OK          int64 `json:"ok"`
 	InfraFailed int64 `json:"infra_failed"`
+	// SampledTokens counts the ids the ok rows sampled (trained, loss_mask
+	// 1, plus unscored); UnscoredTokens those of them without a logprob
+	// (unscored_tokens), untrained. Files written before these counts
+	// existed leave both 0 until rows of them are counted again.
+	SampledTokens  int64 `json:"sampled_tokens"`
+	UnscoredTokens int64 `json:"unscored_tokens"`
 	// Lost counts records accepted by Write that never reached a finished
 	// file because of a write error.
 	Lost int64 `json:"lost,omitempty"`
+}
+
+// UnscoredShare is UnscoredTokens / SampledTokens (0 without samples).
+func (c RunCounts) UnscoredShare() float64 {
+	if c.SampledTokens == 0 {
+		return 0
+	}
+	return float64(c.UnscoredTokens) / float64(c.SampledTokens)
+}
+
+// sampledTokens returns the ids an ok record sampled and how many of
+// them have no logprob.
+func sampledTokens(rec *Record) (sampled, unscored int64) {
+	if rec.Status != StatusOK {
+		return 0, 0
+	}
+	for _, m := range rec.LossMask {
+		if m == 1 {
+			sampled++
+		}
+	}
+	return sampled + int64(rec.UnscoredTokens), int64(rec.UnscoredTokens)
 }
 
 // FileEntry describes one finished part file.

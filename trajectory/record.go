@@ -78,6 +78,11 @@ type Record struct {
 	// trainer can tell the policy's own text from the loop's. Files written
 	// before the column existed read as empty.
 	LoopEvents []LoopEvent `parquet:"loop_events,list"`
+	// CallStatuses are every tool call's parse outcome, turn by turn
+	// (agentloop.CallStatus): ok, repaired (Reason: what the parser
+	// fixed) or malformed (Reason: the parser's). Files written before the
+	// column existed read as empty.
+	CallStatuses []CallStatus `parquet:"call_statuses,list"`
 	// TurnRewards are the env responder's intermediate rewards, one per
 	// turn (0 where it gave none), beside the final Reward; empty for envs
 	// without turn feedback and in files written before the column existed.
@@ -161,6 +166,23 @@ type LoopEvent struct {
 	Original string `parquet:"original"`
 	Detail   string `parquet:"detail"`
 }
+
+// CallStatus is one tool call's parse outcome (agentloop.CallStatus).
+// Index is the call's position among its turn's calls.
+type CallStatus struct {
+	Turn   int32  `parquet:"turn"`
+	Index  int32  `parquet:"index"`
+	Name   string `parquet:"name,dict"`
+	Status string `parquet:"status,dict"`
+	Reason string `parquet:"reason"`
+}
+
+// Parse statuses of CallStatus.Status.
+const (
+	CallOK        = "ok"
+	CallRepaired  = "repaired"
+	CallMalformed = "malformed"
+)
 
 // Stop reasons the exports and summaries treat specially (the agent loop's
 // values; the column holds any of docs/agentloop.md's).

@@ -246,6 +246,9 @@ func (w *Writer) appendRow(rec *Record) error {
 	} else {
 		p.infra++
 	}
+	sampled, unscored := sampledTokens(rec)
+	p.sampled += sampled
+	p.unscored += unscored
 	p.groupBytes += estimateBytes(rec)
 	if p.rowsInGroup >= w.opts.RowGroupRows || p.groupBytes >= w.opts.RowGroupBytes {
 		if err := p.pw.Flush(); err != nil {

@@ -26,6 +26,8 @@ type partFile struct {
 	pw               *parquet.GenericWriter[Record]
 	opened           time.Time
 	rows, ok, infra  int64
+	sampled          int64 // sampled ids of ok rows (RunCounts.SampledTokens)
+	unscored         int64
 	rowsInGroup      int64
 	groupBytes       int64
 	tokens           int64
@@ -166,6 +168,8 @@ func (w *Writer) finishPart() error {
 	w.manifest.Counts.Rows += p.rows
 	w.manifest.Counts.OK += p.ok
 	w.manifest.Counts.InfraFailed += p.infra
+	w.manifest.Counts.SampledTokens += p.sampled
+	w.manifest.Counts.UnscoredTokens += p.unscored
 	w.manifest.UpdatedAt = time.Now().UTC()
 	metricRows.Add(float64(p.rows))
 	metricFiles.Inc()

@@ -116,7 +116,7 @@ func (w *Writer) adoptUnlisted() error {
 			return fmt.Errorf("resume run dir: %w", err)
 		}
 		fe := FileEntry{Name: name, FinishedAt: time.Now().UTC()}
-		var ok, infra int64
+		var ok, infra, sampled, unscored int64
 		last := ""
 		err = f.Each(context.Background(), func(rec *Record) error {
 			if fe.Rows == 0 || rec.GroupID != last {
@@ -130,6 +130,9 @@ func (w *Writer) adoptUnlisted() error {
 			} else {
 				infra++
 			}
+			sm, un := sampledTokens(rec)
+			sampled += sm
+			unscored += un
 			return nil
 		})
 		f.Close()
@@ -143,6 +146,8 @@ func (w *Writer) adoptUnlisted() error {
 		w.manifest.Counts.Rows += fe.Rows
 		w.manifest.Counts.OK += ok
 		w.manifest.Counts.InfraFailed += infra
+		w.manifest.Counts.SampledTokens += sampled
+		w.manifest.Counts.UnscoredTokens += unscored
 		w.log.Warn("adopted part file missing from run.json", "file", name, "rows", fe.Rows)
 	}
 	return nil

@@ -360,6 +360,7 @@ def run(args):
         raise CheckFailed(EXIT_AGREEMENT, "the engine does not serve the trainer's weights before training: probe |delta| %.3g" % d0)
 
     metrics, deltas = [], []
+    unscored_total = 0
     with tempfile.TemporaryDirectory(prefix="grpo-stubs-") as stubs:
         pb, rpc = generate_stubs(args.proto_root, stubs)
         channel = grpc.insecure_channel(args.addr, options=[("grpc.max_receive_message_length", 64 << 20)])
@@ -375,6 +376,9 @@ def run(args):
                     tc = time.time() - ts
                     rewards = [r.reward for g in groups for r in g.rollouts if r.status == "ok"]
                     failed = sum(1 for g in groups for r in g.rollouts if r.status != "ok")
+                    # Sampled ids the engine gave no logprob (untrained):
+                    # rollout's llama.cpp scoring pass leaves none.
+                    unscored_total += sum(r.unscored_tokens for g in groups for r in g.rollouts if r.status == "ok")
                     if not rewards:
                         bad = [r for g in groups for r in g.rollouts]
                         raise RuntimeError("step %d: no rollout succeeded (%d failed; first: %s: %s)"
@@ -427,6 +431,7 @@ def run(args):
     print("AGREEMENT tokens=%d p50=%.2e p99=%.2e max=%.2e frac_gt_1e-3=%.4f"
           % (agreement["tokens"], agreement["p50"], agreement["p99"], agreement["max"], agreement["frac_gt_1e-3"]), flush=True)
     print("REWARD first=%.3f last=%.3f (mean of %d steps each)" % (first, last, k), flush=True)
+    print("UNSCORED %d" % unscored_total, flush=True)
     print("WALL %.1fs" % wall, flush=True)
     if last - first < args.min_rise:
         raise CheckFailed(EXIT_NO_RISE, "mean reward did not rise: first %.3f, last %.3f, want a rise of at least %.3f"

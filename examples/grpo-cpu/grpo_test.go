@@ -232,6 +232,7 @@ func TestGRPOLoop(t *testing.T) {
 var (
 	agreementLine = regexp.MustCompile(`(?m)^AGREEMENT tokens=(\d+) p50=(\S+) p99=(\S+) max=(\S+) frac_gt_1e-3=(\S+)$`)
 	rewardLine    = regexp.MustCompile(`(?m)^REWARD first=(\S+) last=(\S+) `)
+	unscoredLine  = regexp.MustCompile(`(?m)^UNSCORED (\d+)$`)
 	stepLine      = regexp.MustCompile(`(?m)^step (\d+) policy_version=(\d+) mean_reward=(\S+) `)
 )
 
@@ -249,6 +250,11 @@ func checkReport(t *testing.T, out, dir string) {
 	}
 	if p99, err := strconv.ParseFloat(a[3], 64); err != nil || p99 > 1e-3 {
 		t.Errorf("p99 |engine - trainer| = %s, want <= 1e-3", a[3])
+	}
+	// Every sampled id trained (issue 37): llama.cpp's withheld
+	// probability entries are recovered by the backend's scoring pass.
+	if u := unscoredLine.FindStringSubmatch(out); u == nil || u[1] != "0" {
+		t.Errorf("sampled ids without a logprob: %v, want UNSCORED 0", u)
 	}
 	first, err1 := strconv.ParseFloat(r[1], 64)
 	last, err2 := strconv.ParseFloat(r[2], 64)

@@ -1502,8 +1502,13 @@ type Rollout struct {
 	// for (llama.cpp, a token ending inside a UTF-8 character): in tokens
 	// with loss_mask 0, not trained. As the Parquet column unscored_tokens.
 	UnscoredTokens int32 `protobuf:"varint,26,opt,name=unscored_tokens,json=unscoredTokens,proto3" json:"unscored_tokens,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// call_statuses are every tool call's parse outcome, turn by turn: ok,
+	// repaired (reason: what the parser fixed) or malformed (reason: the
+	// parser's). As the Parquet column call_statuses. (Field 40: numbers
+	// 27-39 are left to the fields issue 37's other parts add.)
+	CallStatuses  []*CallStatus `protobuf:"bytes,40,rep,name=call_statuses,json=callStatuses,proto3" json:"call_statuses,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Rollout) Reset() {
@@ -1718,6 +1723,92 @@ func (x *Rollout) GetUnscoredTokens() int32 {
 	return 0
 }
 
+func (x *Rollout) GetCallStatuses() []*CallStatus {
+	if x != nil {
+		return x.CallStatuses
+	}
+	return nil
+}
+
+// CallStatus is one tool call's parse outcome (Rollout.call_statuses).
+type CallStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// turn is 1-based; index is the call's position among the turn's calls.
+	Turn  int32  `protobuf:"varint,1,opt,name=turn,proto3" json:"turn,omitempty"`
+	Index int32  `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	Name  string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	// status is "ok", "repaired" or "malformed".
+	Status        string `protobuf:"bytes,4,opt,name=status,proto3" json:"status,omitempty"`
+	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CallStatus) Reset() {
+	*x = CallStatus{}
+	mi := &file_rollout_v1_rollout_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CallStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CallStatus) ProtoMessage() {}
+
+func (x *CallStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_rollout_v1_rollout_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CallStatus.ProtoReflect.Descriptor instead.
+func (*CallStatus) Descriptor() ([]byte, []int) {
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *CallStatus) GetTurn() int32 {
+	if x != nil {
+		return x.Turn
+	}
+	return 0
+}
+
+func (x *CallStatus) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *CallStatus) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CallStatus) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+func (x *CallStatus) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 // TeacherTopK is one position's teacher top-K (Rollout.distill).
 type TeacherTopK struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1729,7 +1820,7 @@ type TeacherTopK struct {
 
 func (x *TeacherTopK) Reset() {
 	*x = TeacherTopK{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[17]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1741,7 +1832,7 @@ func (x *TeacherTopK) String() string {
 func (*TeacherTopK) ProtoMessage() {}
 
 func (x *TeacherTopK) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[17]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1754,7 +1845,7 @@ func (x *TeacherTopK) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TeacherTopK.ProtoReflect.Descriptor instead.
 func (*TeacherTopK) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{17}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *TeacherTopK) GetTokenIds() []int32 {
@@ -1789,7 +1880,7 @@ type CollectGroupsRequest struct {
 
 func (x *CollectGroupsRequest) Reset() {
 	*x = CollectGroupsRequest{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[18]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1801,7 +1892,7 @@ func (x *CollectGroupsRequest) String() string {
 func (*CollectGroupsRequest) ProtoMessage() {}
 
 func (x *CollectGroupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[18]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1814,7 +1905,7 @@ func (x *CollectGroupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectGroupsRequest.ProtoReflect.Descriptor instead.
 func (*CollectGroupsRequest) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{18}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CollectGroupsRequest) GetMsg() isCollectGroupsRequest_Msg {
@@ -1917,7 +2008,7 @@ type CollectStart struct {
 
 func (x *CollectStart) Reset() {
 	*x = CollectStart{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[19]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1929,7 +2020,7 @@ func (x *CollectStart) String() string {
 func (*CollectStart) ProtoMessage() {}
 
 func (x *CollectStart) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[19]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1942,7 +2033,7 @@ func (x *CollectStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectStart.ProtoReflect.Descriptor instead.
 func (*CollectStart) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{19}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CollectStart) GetConfigYaml() string {
@@ -1997,7 +2088,7 @@ type CollectCredit struct {
 
 func (x *CollectCredit) Reset() {
 	*x = CollectCredit{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[20]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2009,7 +2100,7 @@ func (x *CollectCredit) String() string {
 func (*CollectCredit) ProtoMessage() {}
 
 func (x *CollectCredit) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[20]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2022,7 +2113,7 @@ func (x *CollectCredit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectCredit.ProtoReflect.Descriptor instead.
 func (*CollectCredit) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{20}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CollectCredit) GetGroups() int32 {
@@ -2056,7 +2147,7 @@ type CollectItems struct {
 
 func (x *CollectItems) Reset() {
 	*x = CollectItems{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[21]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2068,7 +2159,7 @@ func (x *CollectItems) String() string {
 func (*CollectItems) ProtoMessage() {}
 
 func (x *CollectItems) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[21]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2081,7 +2172,7 @@ func (x *CollectItems) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectItems.ProtoReflect.Descriptor instead.
 func (*CollectItems) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{21}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CollectItems) GetRequestId() string {
@@ -2129,7 +2220,7 @@ type CollectNext struct {
 
 func (x *CollectNext) Reset() {
 	*x = CollectNext{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[22]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2141,7 +2232,7 @@ func (x *CollectNext) String() string {
 func (*CollectNext) ProtoMessage() {}
 
 func (x *CollectNext) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[22]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2154,7 +2245,7 @@ func (x *CollectNext) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectNext.ProtoReflect.Descriptor instead.
 func (*CollectNext) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{22}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CollectNext) GetRequestId() string {
@@ -2201,7 +2292,7 @@ type CollectGroupsResponse struct {
 
 func (x *CollectGroupsResponse) Reset() {
 	*x = CollectGroupsResponse{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[23]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2213,7 +2304,7 @@ func (x *CollectGroupsResponse) String() string {
 func (*CollectGroupsResponse) ProtoMessage() {}
 
 func (x *CollectGroupsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[23]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2226,7 +2317,7 @@ func (x *CollectGroupsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectGroupsResponse.ProtoReflect.Descriptor instead.
 func (*CollectGroupsResponse) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{23}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *CollectGroupsResponse) GetMsg() isCollectGroupsResponse_Msg {
@@ -2298,7 +2389,7 @@ type CollectStatus struct {
 
 func (x *CollectStatus) Reset() {
 	*x = CollectStatus{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[24]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2310,7 +2401,7 @@ func (x *CollectStatus) String() string {
 func (*CollectStatus) ProtoMessage() {}
 
 func (x *CollectStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[24]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2323,7 +2414,7 @@ func (x *CollectStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectStatus.ProtoReflect.Descriptor instead.
 func (*CollectStatus) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{24}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CollectStatus) GetCredits() int32 {
@@ -2406,7 +2497,7 @@ type BeginPolicyUpdateRequest struct {
 
 func (x *BeginPolicyUpdateRequest) Reset() {
 	*x = BeginPolicyUpdateRequest{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[25]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2418,7 +2509,7 @@ func (x *BeginPolicyUpdateRequest) String() string {
 func (*BeginPolicyUpdateRequest) ProtoMessage() {}
 
 func (x *BeginPolicyUpdateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[25]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2431,7 +2522,7 @@ func (x *BeginPolicyUpdateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginPolicyUpdateRequest.ProtoReflect.Descriptor instead.
 func (*BeginPolicyUpdateRequest) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{25}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *BeginPolicyUpdateRequest) GetJobId() string {
@@ -2473,7 +2564,7 @@ type BeginPolicyUpdateResponse struct {
 
 func (x *BeginPolicyUpdateResponse) Reset() {
 	*x = BeginPolicyUpdateResponse{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[26]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2485,7 +2576,7 @@ func (x *BeginPolicyUpdateResponse) String() string {
 func (*BeginPolicyUpdateResponse) ProtoMessage() {}
 
 func (x *BeginPolicyUpdateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[26]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2498,7 +2589,7 @@ func (x *BeginPolicyUpdateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginPolicyUpdateResponse.ProtoReflect.Descriptor instead.
 func (*BeginPolicyUpdateResponse) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{26}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *BeginPolicyUpdateResponse) GetFallback() bool {
@@ -2542,7 +2633,7 @@ type EndPolicyUpdateRequest struct {
 
 func (x *EndPolicyUpdateRequest) Reset() {
 	*x = EndPolicyUpdateRequest{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[27]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2554,7 +2645,7 @@ func (x *EndPolicyUpdateRequest) String() string {
 func (*EndPolicyUpdateRequest) ProtoMessage() {}
 
 func (x *EndPolicyUpdateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[27]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2567,7 +2658,7 @@ func (x *EndPolicyUpdateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndPolicyUpdateRequest.ProtoReflect.Descriptor instead.
 func (*EndPolicyUpdateRequest) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{27}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *EndPolicyUpdateRequest) GetJobId() string {
@@ -2597,7 +2688,7 @@ type EndPolicyUpdateResponse struct {
 
 func (x *EndPolicyUpdateResponse) Reset() {
 	*x = EndPolicyUpdateResponse{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[28]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2609,7 +2700,7 @@ func (x *EndPolicyUpdateResponse) String() string {
 func (*EndPolicyUpdateResponse) ProtoMessage() {}
 
 func (x *EndPolicyUpdateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[28]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2622,7 +2713,7 @@ func (x *EndPolicyUpdateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndPolicyUpdateResponse.ProtoReflect.Descriptor instead.
 func (*EndPolicyUpdateResponse) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{28}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *EndPolicyUpdateResponse) GetVersion() int64 {
@@ -2648,7 +2739,7 @@ type ListEnvironmentsRequest struct {
 
 func (x *ListEnvironmentsRequest) Reset() {
 	*x = ListEnvironmentsRequest{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[29]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2660,7 +2751,7 @@ func (x *ListEnvironmentsRequest) String() string {
 func (*ListEnvironmentsRequest) ProtoMessage() {}
 
 func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[29]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2673,7 +2764,7 @@ func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsRequest.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsRequest) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{29}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{30}
 }
 
 // ListEnvironmentsResponse lists environments.
@@ -2687,7 +2778,7 @@ type ListEnvironmentsResponse struct {
 
 func (x *ListEnvironmentsResponse) Reset() {
 	*x = ListEnvironmentsResponse{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[30]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2699,7 +2790,7 @@ func (x *ListEnvironmentsResponse) String() string {
 func (*ListEnvironmentsResponse) ProtoMessage() {}
 
 func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[30]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2712,7 +2803,7 @@ func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsResponse.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsResponse) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{30}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListEnvironmentsResponse) GetEnvironments() []*Environment {
@@ -2733,7 +2824,7 @@ type DescribeEnvironmentRequest struct {
 
 func (x *DescribeEnvironmentRequest) Reset() {
 	*x = DescribeEnvironmentRequest{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[31]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2745,7 +2836,7 @@ func (x *DescribeEnvironmentRequest) String() string {
 func (*DescribeEnvironmentRequest) ProtoMessage() {}
 
 func (x *DescribeEnvironmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[31]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2758,7 +2849,7 @@ func (x *DescribeEnvironmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeEnvironmentRequest.ProtoReflect.Descriptor instead.
 func (*DescribeEnvironmentRequest) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{31}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *DescribeEnvironmentRequest) GetName() string {
@@ -2783,7 +2874,7 @@ type DescribeEnvironmentResponse struct {
 
 func (x *DescribeEnvironmentResponse) Reset() {
 	*x = DescribeEnvironmentResponse{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[32]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2795,7 +2886,7 @@ func (x *DescribeEnvironmentResponse) String() string {
 func (*DescribeEnvironmentResponse) ProtoMessage() {}
 
 func (x *DescribeEnvironmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[32]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2808,7 +2899,7 @@ func (x *DescribeEnvironmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeEnvironmentResponse.ProtoReflect.Descriptor instead.
 func (*DescribeEnvironmentResponse) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{32}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DescribeEnvironmentResponse) GetEnvironment() *Environment {
@@ -2857,7 +2948,7 @@ type Environment struct {
 
 func (x *Environment) Reset() {
 	*x = Environment{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[33]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2869,7 +2960,7 @@ func (x *Environment) String() string {
 func (*Environment) ProtoMessage() {}
 
 func (x *Environment) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[33]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2882,7 +2973,7 @@ func (x *Environment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Environment.ProtoReflect.Descriptor instead.
 func (*Environment) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{33}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *Environment) GetName() string {
@@ -3047,7 +3138,7 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"\bposition\x18\x02 \x01(\x05R\bposition\x12\x12\n" +
 	"\x04kind\x18\x03 \x01(\tR\x04kind\x12\x12\n" +
 	"\x04from\x18\x04 \x01(\x03R\x04from\x12\x0e\n" +
-	"\x02to\x18\x05 \x01(\x03R\x02to\"\xa7\b\n" +
+	"\x02to\x18\x05 \x01(\x03R\x02to\"\xe4\b\n" +
 	"\aRollout\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x1d\n" +
 	"\n" +
@@ -3077,12 +3168,20 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"\x10trained_logprobs\x18\x17 \x03(\x02R\x0ftrainedLogprobs\x12!\n" +
 	"\fturn_rewards\x18\x18 \x03(\x01R\vturnRewards\x121\n" +
 	"\adistill\x18\x19 \x03(\v2\x17.rollout.v1.TeacherTopKR\adistill\x12'\n" +
-	"\x0funscored_tokens\x18\x1a \x01(\x05R\x0eunscoredTokens\x1aC\n" +
+	"\x0funscored_tokens\x18\x1a \x01(\x05R\x0eunscoredTokens\x12;\n" +
+	"\rcall_statuses\x18( \x03(\v2\x16.rollout.v1.CallStatusR\fcallStatuses\x1aC\n" +
 	"\x15RewardComponentsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01B\f\n" +
 	"\n" +
-	"_advantage\"F\n" +
+	"_advantage\"z\n" +
+	"\n" +
+	"CallStatus\x12\x12\n" +
+	"\x04turn\x18\x01 \x01(\x05R\x04turn\x12\x14\n" +
+	"\x05index\x18\x02 \x01(\x05R\x05index\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12\x16\n" +
+	"\x06status\x18\x04 \x01(\tR\x06status\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\"F\n" +
 	"\vTeacherTopK\x12\x1b\n" +
 	"\ttoken_ids\x18\x01 \x03(\x05R\btokenIds\x12\x1a\n" +
 	"\blogprobs\x18\x02 \x03(\x02R\blogprobs\"\xe5\x01\n" +
@@ -3208,7 +3307,7 @@ func file_rollout_v1_rollout_proto_rawDescGZIP() []byte {
 }
 
 var file_rollout_v1_rollout_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_rollout_v1_rollout_proto_msgTypes = make([]protoimpl.MessageInfo, 35)
+var file_rollout_v1_rollout_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_rollout_v1_rollout_proto_goTypes = []any{
 	(JobMode)(0),                        // 0: rollout.v1.JobMode
 	(JobState)(0),                       // 1: rollout.v1.JobState
@@ -3230,25 +3329,26 @@ var file_rollout_v1_rollout_proto_goTypes = []any{
 	(*Group)(nil),                       // 17: rollout.v1.Group
 	(*VersionCut)(nil),                  // 18: rollout.v1.VersionCut
 	(*Rollout)(nil),                     // 19: rollout.v1.Rollout
-	(*TeacherTopK)(nil),                 // 20: rollout.v1.TeacherTopK
-	(*CollectGroupsRequest)(nil),        // 21: rollout.v1.CollectGroupsRequest
-	(*CollectStart)(nil),                // 22: rollout.v1.CollectStart
-	(*CollectCredit)(nil),               // 23: rollout.v1.CollectCredit
-	(*CollectItems)(nil),                // 24: rollout.v1.CollectItems
-	(*CollectNext)(nil),                 // 25: rollout.v1.CollectNext
-	(*CollectGroupsResponse)(nil),       // 26: rollout.v1.CollectGroupsResponse
-	(*CollectStatus)(nil),               // 27: rollout.v1.CollectStatus
-	(*BeginPolicyUpdateRequest)(nil),    // 28: rollout.v1.BeginPolicyUpdateRequest
-	(*BeginPolicyUpdateResponse)(nil),   // 29: rollout.v1.BeginPolicyUpdateResponse
-	(*EndPolicyUpdateRequest)(nil),      // 30: rollout.v1.EndPolicyUpdateRequest
-	(*EndPolicyUpdateResponse)(nil),     // 31: rollout.v1.EndPolicyUpdateResponse
-	(*ListEnvironmentsRequest)(nil),     // 32: rollout.v1.ListEnvironmentsRequest
-	(*ListEnvironmentsResponse)(nil),    // 33: rollout.v1.ListEnvironmentsResponse
-	(*DescribeEnvironmentRequest)(nil),  // 34: rollout.v1.DescribeEnvironmentRequest
-	(*DescribeEnvironmentResponse)(nil), // 35: rollout.v1.DescribeEnvironmentResponse
-	(*Environment)(nil),                 // 36: rollout.v1.Environment
-	nil,                                 // 37: rollout.v1.Rollout.RewardComponentsEntry
-	(*timestamppb.Timestamp)(nil),       // 38: google.protobuf.Timestamp
+	(*CallStatus)(nil),                  // 20: rollout.v1.CallStatus
+	(*TeacherTopK)(nil),                 // 21: rollout.v1.TeacherTopK
+	(*CollectGroupsRequest)(nil),        // 22: rollout.v1.CollectGroupsRequest
+	(*CollectStart)(nil),                // 23: rollout.v1.CollectStart
+	(*CollectCredit)(nil),               // 24: rollout.v1.CollectCredit
+	(*CollectItems)(nil),                // 25: rollout.v1.CollectItems
+	(*CollectNext)(nil),                 // 26: rollout.v1.CollectNext
+	(*CollectGroupsResponse)(nil),       // 27: rollout.v1.CollectGroupsResponse
+	(*CollectStatus)(nil),               // 28: rollout.v1.CollectStatus
+	(*BeginPolicyUpdateRequest)(nil),    // 29: rollout.v1.BeginPolicyUpdateRequest
+	(*BeginPolicyUpdateResponse)(nil),   // 30: rollout.v1.BeginPolicyUpdateResponse
+	(*EndPolicyUpdateRequest)(nil),      // 31: rollout.v1.EndPolicyUpdateRequest
+	(*EndPolicyUpdateResponse)(nil),     // 32: rollout.v1.EndPolicyUpdateResponse
+	(*ListEnvironmentsRequest)(nil),     // 33: rollout.v1.ListEnvironmentsRequest
+	(*ListEnvironmentsResponse)(nil),    // 34: rollout.v1.ListEnvironmentsResponse
+	(*DescribeEnvironmentRequest)(nil),  // 35: rollout.v1.DescribeEnvironmentRequest
+	(*DescribeEnvironmentResponse)(nil), // 36: rollout.v1.DescribeEnvironmentResponse
+	(*Environment)(nil),                 // 37: rollout.v1.Environment
+	nil,                                 // 38: rollout.v1.Rollout.RewardComponentsEntry
+	(*timestamppb.Timestamp)(nil),       // 39: google.protobuf.Timestamp
 }
 var file_rollout_v1_rollout_proto_depIdxs = []int32{
 	0,  // 0: rollout.v1.StartJobRequest.mode:type_name -> rollout.v1.JobMode
@@ -3263,48 +3363,49 @@ var file_rollout_v1_rollout_proto_depIdxs = []int32{
 	0,  // 9: rollout.v1.Job.mode:type_name -> rollout.v1.JobMode
 	1,  // 10: rollout.v1.Job.state:type_name -> rollout.v1.JobState
 	16, // 11: rollout.v1.Job.progress:type_name -> rollout.v1.JobProgress
-	38, // 12: rollout.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	38, // 13: rollout.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
+	39, // 12: rollout.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	39, // 13: rollout.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
 	19, // 14: rollout.v1.Group.rollouts:type_name -> rollout.v1.Rollout
-	37, // 15: rollout.v1.Rollout.reward_components:type_name -> rollout.v1.Rollout.RewardComponentsEntry
+	38, // 15: rollout.v1.Rollout.reward_components:type_name -> rollout.v1.Rollout.RewardComponentsEntry
 	18, // 16: rollout.v1.Rollout.version_cuts:type_name -> rollout.v1.VersionCut
-	20, // 17: rollout.v1.Rollout.distill:type_name -> rollout.v1.TeacherTopK
-	22, // 18: rollout.v1.CollectGroupsRequest.start:type_name -> rollout.v1.CollectStart
-	23, // 19: rollout.v1.CollectGroupsRequest.credit:type_name -> rollout.v1.CollectCredit
-	24, // 20: rollout.v1.CollectGroupsRequest.items:type_name -> rollout.v1.CollectItems
-	25, // 21: rollout.v1.CollectGroupsRequest.next:type_name -> rollout.v1.CollectNext
-	2,  // 22: rollout.v1.CollectStart.token_layout:type_name -> rollout.v1.TokenLayout
-	17, // 23: rollout.v1.CollectGroupsResponse.group:type_name -> rollout.v1.Group
-	27, // 24: rollout.v1.CollectGroupsResponse.status:type_name -> rollout.v1.CollectStatus
-	36, // 25: rollout.v1.ListEnvironmentsResponse.environments:type_name -> rollout.v1.Environment
-	36, // 26: rollout.v1.DescribeEnvironmentResponse.environment:type_name -> rollout.v1.Environment
-	3,  // 27: rollout.v1.RolloutService.GetVersion:input_type -> rollout.v1.GetVersionRequest
-	5,  // 28: rollout.v1.RolloutService.StartJob:input_type -> rollout.v1.StartJobRequest
-	7,  // 29: rollout.v1.RolloutService.GetJob:input_type -> rollout.v1.GetJobRequest
-	9,  // 30: rollout.v1.RolloutService.ListJobs:input_type -> rollout.v1.ListJobsRequest
-	11, // 31: rollout.v1.RolloutService.CancelJob:input_type -> rollout.v1.CancelJobRequest
-	13, // 32: rollout.v1.RolloutService.WatchJob:input_type -> rollout.v1.WatchJobRequest
-	21, // 33: rollout.v1.RolloutService.CollectGroups:input_type -> rollout.v1.CollectGroupsRequest
-	28, // 34: rollout.v1.RolloutService.BeginPolicyUpdate:input_type -> rollout.v1.BeginPolicyUpdateRequest
-	30, // 35: rollout.v1.RolloutService.EndPolicyUpdate:input_type -> rollout.v1.EndPolicyUpdateRequest
-	32, // 36: rollout.v1.RolloutService.ListEnvironments:input_type -> rollout.v1.ListEnvironmentsRequest
-	34, // 37: rollout.v1.RolloutService.DescribeEnvironment:input_type -> rollout.v1.DescribeEnvironmentRequest
-	4,  // 38: rollout.v1.RolloutService.GetVersion:output_type -> rollout.v1.GetVersionResponse
-	6,  // 39: rollout.v1.RolloutService.StartJob:output_type -> rollout.v1.StartJobResponse
-	8,  // 40: rollout.v1.RolloutService.GetJob:output_type -> rollout.v1.GetJobResponse
-	10, // 41: rollout.v1.RolloutService.ListJobs:output_type -> rollout.v1.ListJobsResponse
-	12, // 42: rollout.v1.RolloutService.CancelJob:output_type -> rollout.v1.CancelJobResponse
-	14, // 43: rollout.v1.RolloutService.WatchJob:output_type -> rollout.v1.WatchJobResponse
-	26, // 44: rollout.v1.RolloutService.CollectGroups:output_type -> rollout.v1.CollectGroupsResponse
-	29, // 45: rollout.v1.RolloutService.BeginPolicyUpdate:output_type -> rollout.v1.BeginPolicyUpdateResponse
-	31, // 46: rollout.v1.RolloutService.EndPolicyUpdate:output_type -> rollout.v1.EndPolicyUpdateResponse
-	33, // 47: rollout.v1.RolloutService.ListEnvironments:output_type -> rollout.v1.ListEnvironmentsResponse
-	35, // 48: rollout.v1.RolloutService.DescribeEnvironment:output_type -> rollout.v1.DescribeEnvironmentResponse
-	38, // [38:49] is the sub-list for method output_type
-	27, // [27:38] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	21, // 17: rollout.v1.Rollout.distill:type_name -> rollout.v1.TeacherTopK
+	20, // 18: rollout.v1.Rollout.call_statuses:type_name -> rollout.v1.CallStatus
+	23, // 19: rollout.v1.CollectGroupsRequest.start:type_name -> rollout.v1.CollectStart
+	24, // 20: rollout.v1.CollectGroupsRequest.credit:type_name -> rollout.v1.CollectCredit
+	25, // 21: rollout.v1.CollectGroupsRequest.items:type_name -> rollout.v1.CollectItems
+	26, // 22: rollout.v1.CollectGroupsRequest.next:type_name -> rollout.v1.CollectNext
+	2,  // 23: rollout.v1.CollectStart.token_layout:type_name -> rollout.v1.TokenLayout
+	17, // 24: rollout.v1.CollectGroupsResponse.group:type_name -> rollout.v1.Group
+	28, // 25: rollout.v1.CollectGroupsResponse.status:type_name -> rollout.v1.CollectStatus
+	37, // 26: rollout.v1.ListEnvironmentsResponse.environments:type_name -> rollout.v1.Environment
+	37, // 27: rollout.v1.DescribeEnvironmentResponse.environment:type_name -> rollout.v1.Environment
+	3,  // 28: rollout.v1.RolloutService.GetVersion:input_type -> rollout.v1.GetVersionRequest
+	5,  // 29: rollout.v1.RolloutService.StartJob:input_type -> rollout.v1.StartJobRequest
+	7,  // 30: rollout.v1.RolloutService.GetJob:input_type -> rollout.v1.GetJobRequest
+	9,  // 31: rollout.v1.RolloutService.ListJobs:input_type -> rollout.v1.ListJobsRequest
+	11, // 32: rollout.v1.RolloutService.CancelJob:input_type -> rollout.v1.CancelJobRequest
+	13, // 33: rollout.v1.RolloutService.WatchJob:input_type -> rollout.v1.WatchJobRequest
+	22, // 34: rollout.v1.RolloutService.CollectGroups:input_type -> rollout.v1.CollectGroupsRequest
+	29, // 35: rollout.v1.RolloutService.BeginPolicyUpdate:input_type -> rollout.v1.BeginPolicyUpdateRequest
+	31, // 36: rollout.v1.RolloutService.EndPolicyUpdate:input_type -> rollout.v1.EndPolicyUpdateRequest
+	33, // 37: rollout.v1.RolloutService.ListEnvironments:input_type -> rollout.v1.ListEnvironmentsRequest
+	35, // 38: rollout.v1.RolloutService.DescribeEnvironment:input_type -> rollout.v1.DescribeEnvironmentRequest
+	4,  // 39: rollout.v1.RolloutService.GetVersion:output_type -> rollout.v1.GetVersionResponse
+	6,  // 40: rollout.v1.RolloutService.StartJob:output_type -> rollout.v1.StartJobResponse
+	8,  // 41: rollout.v1.RolloutService.GetJob:output_type -> rollout.v1.GetJobResponse
+	10, // 42: rollout.v1.RolloutService.ListJobs:output_type -> rollout.v1.ListJobsResponse
+	12, // 43: rollout.v1.RolloutService.CancelJob:output_type -> rollout.v1.CancelJobResponse
+	14, // 44: rollout.v1.RolloutService.WatchJob:output_type -> rollout.v1.WatchJobResponse
+	27, // 45: rollout.v1.RolloutService.CollectGroups:output_type -> rollout.v1.CollectGroupsResponse
+	30, // 46: rollout.v1.RolloutService.BeginPolicyUpdate:output_type -> rollout.v1.BeginPolicyUpdateResponse
+	32, // 47: rollout.v1.RolloutService.EndPolicyUpdate:output_type -> rollout.v1.EndPolicyUpdateResponse
+	34, // 48: rollout.v1.RolloutService.ListEnvironments:output_type -> rollout.v1.ListEnvironmentsResponse
+	36, // 49: rollout.v1.RolloutService.DescribeEnvironment:output_type -> rollout.v1.DescribeEnvironmentResponse
+	39, // [39:50] is the sub-list for method output_type
+	28, // [28:39] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_rollout_v1_rollout_proto_init() }
@@ -3324,17 +3425,17 @@ func file_rollout_v1_rollout_proto_init() {
 	}
 	file_rollout_v1_rollout_proto_msgTypes[14].OneofWrappers = []any{}
 	file_rollout_v1_rollout_proto_msgTypes[16].OneofWrappers = []any{}
-	file_rollout_v1_rollout_proto_msgTypes[18].OneofWrappers = []any{
+	file_rollout_v1_rollout_proto_msgTypes[19].OneofWrappers = []any{
 		(*CollectGroupsRequest_Start)(nil),
 		(*CollectGroupsRequest_Credit)(nil),
 		(*CollectGroupsRequest_Items)(nil),
 		(*CollectGroupsRequest_Next)(nil),
 	}
-	file_rollout_v1_rollout_proto_msgTypes[19].OneofWrappers = []any{}
 	file_rollout_v1_rollout_proto_msgTypes[20].OneofWrappers = []any{}
 	file_rollout_v1_rollout_proto_msgTypes[21].OneofWrappers = []any{}
 	file_rollout_v1_rollout_proto_msgTypes[22].OneofWrappers = []any{}
-	file_rollout_v1_rollout_proto_msgTypes[23].OneofWrappers = []any{
+	file_rollout_v1_rollout_proto_msgTypes[23].OneofWrappers = []any{}
+	file_rollout_v1_rollout_proto_msgTypes[24].OneofWrappers = []any{
 		(*CollectGroupsResponse_Group)(nil),
 		(*CollectGroupsResponse_Status)(nil),
 	}
@@ -3344,7 +3445,7 @@ func file_rollout_v1_rollout_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rollout_v1_rollout_proto_rawDesc), len(file_rollout_v1_rollout_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   35,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

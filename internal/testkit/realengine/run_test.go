@@ -174,6 +174,7 @@ type stats struct {
 	rollouts, ok, infra     int
 	byStop, byFailure       map[string]int
 	toolErrors, loopEvents  map[string]int
+	callStatus              map[string]int // call_statuses by status
 	turns, turnsWithCalls   int
 	calls, trained, checked int
 	unscored                int // sampled tokens without a logprob (unscored_tokens)
@@ -188,8 +189,8 @@ func (s stats) String() string {
 		}
 		return strings.Join(parts, ", ")
 	}
-	return fmt.Sprintf("rollouts %d (ok %d, failed %d)\n  stop reasons: %s\n  failure kinds: %s\n  turns %d, with calls %d, calls %d\n  tool errors: %s\n  loop events: %s\n  trained tokens %d (and %d sampled without a logprob, untrained), re-scored against the server %d",
-		s.rollouts, s.ok, s.infra, f(s.byStop), f(s.byFailure), s.turns, s.turnsWithCalls, s.calls, f(s.toolErrors), f(s.loopEvents), s.trained, s.unscored, s.checked)
+	return fmt.Sprintf("rollouts %d (ok %d, failed %d)\n  stop reasons: %s\n  failure kinds: %s\n  turns %d, with calls %d, calls %d\n  call parsing: %s\n  tool errors: %s\n  loop events: %s\n  trained tokens %d (and %d sampled without a logprob, untrained), re-scored against the server %d",
+		s.rollouts, s.ok, s.infra, f(s.byStop), f(s.byFailure), s.turns, s.turnsWithCalls, s.calls, f(s.callStatus), f(s.toolErrors), f(s.loopEvents), s.trained, s.unscored, s.checked)
 }
 
 type message struct {
@@ -227,7 +228,7 @@ func check(t *testing.T, e *llamacpptest.Engine, dir string, wantIDs bool, resco
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := stats{byStop: map[string]int{}, byFailure: map[string]int{}, toolErrors: map[string]int{}, loopEvents: map[string]int{}}
+	s := stats{byStop: map[string]int{}, byFailure: map[string]int{}, toolErrors: map[string]int{}, loopEvents: map[string]int{}, callStatus: map[string]int{}}
 	vocab := nVocab(t, e)
 	rng := rand.New(rand.NewPCG(14, 14))
 	for i := range recs {
@@ -256,6 +257,24 @@ func check(t *testing.T, e *llamacpptest.Engine, dir string, wantIDs bool, resco
 		var msgs []message
 		if err := json.Unmarshal([]byte(r.Messages), &msgs); err != nil {
 			t.Fatalf("%s: messages: %v", name, err)
+		}
+		// Every call in the history was read by the parser (ok or
+		// repaired); the malformed ones are left out of it.
+		inHistory := 0
+		for _, m := range msgs {
+			if m.Role == "assistant" {
+				inHistory += len(m.ToolCalls)
+			}
+		}
+		read := 0
+		for _, cs := range r.CallStatuses {
+			s.callStatus[cs.Status]++
+			if cs.Status != trajectory.CallMalformed {
+				read++
+			}
+		}
+		if read != inHistory {
+			t.Errorf("%s: %d calls parsed ok or repaired (call_statuses), %d in the history", name, read, inHistory)
 		}
 		for _, m := range msgs {
 			if m.Role == "assistant" && len(m.ToolCalls) > 0 {

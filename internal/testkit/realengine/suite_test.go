@@ -182,6 +182,10 @@ func TestCollectTokens(t *testing.T) {
 	s := check(t, e, dir, true, 8)
 	errs := serverErrors(e)
 	t.Logf("tokens mode: %s\n  server errors: %v\n  rollouts retried as infrastructure failures: %v", s, errs, retried)
+	// llama.cpp's scoring pass gives every sampled id its logprob (issue 37).
+	if s.unscored != 0 {
+		t.Errorf("tokens mode: %d sampled ids without a logprob, want 0", s.unscored)
+	}
 	// In tokens mode nothing the model writes reaches the server's parser:
 	// no rollout may be retried as an infrastructure failure.
 	if len(retried) != 0 {
