@@ -190,8 +190,9 @@ func (e *tokenEpisode) generate(ctx context.Context, messages []openai.ChatCompl
 // the caller may retry Generate with the same messages.
 func (e *tokenEpisode) snapshot() (restore func()) {
 	snapLen, snapTurns, snapConsumed, snapPending, snapUnscored := len(e.seq.Tokens), len(e.seq.TurnStarts), e.consumed, e.pending, e.seq.Unscored
-	snapCuts, snapPrints := len(e.seq.Cuts), len(e.prints)
+	snapCuts, snapPrints, snapRouting := len(e.seq.Cuts), len(e.prints), e.seq.Routing
 	return func() {
+		e.seq.Routing = snapRouting
 		e.seq.Tokens = e.seq.Tokens[:snapLen]
 		e.seq.Mask = e.seq.Mask[:snapLen]
 		e.seq.Logprobs = e.seq.Logprobs[:snapLen]
@@ -261,6 +262,11 @@ func (e *tokenEpisode) appendSample(s sample, vers []int64, cuts []Cut, closing 
 		e.seq.Mask[start+i] = 0 // sampled, but no logprob to train with
 	}
 	e.seq.Unscored += len(s.unscored)
+	if s.routing != nil {
+		// The request's prompt was the whole sequence so far: its routing
+		// covers every token before this turn's last sampled id.
+		e.seq.Routing = s.routing
+	}
 	last := s.ids[len(s.ids)-1]
 	if s.stop == stopToken {
 		// The sampled stop token stands for the template's end-of-turn
@@ -627,6 +633,7 @@ func (e *tokenEpisode) Finish(ctx context.Context, messages []openai.ChatComplet
 		TurnStarts: slices.Clone(e.seq.TurnStarts),
 		PromptLen:  e.seq.PromptLen,
 		Unscored:   e.seq.Unscored,
+		Routing:    e.seq.Routing,
 	}
 	if e.turns == 0 {
 		return out, nil
