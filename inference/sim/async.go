@@ -84,11 +84,11 @@ type control struct {
 	weightName string // SGLang's weight_version string
 	// names maps each version a generation was drawn under to its
 	// weight_version string (SGLang's per-token spans name versions).
-	names map[int64]string
-	conts      map[uint64]continuation
-	records    []GenerationRecord
-	pauses     int64
-	aborted    int64
+	names   map[int64]string
+	conts   map[uint64]continuation
+	records []GenerationRecord
+	pauses  int64
+	aborted int64
 }
 
 func newControl() *control {

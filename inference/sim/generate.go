@@ -256,7 +256,7 @@ type sglangRequest struct {
 	// ReturnRoutedExperts asks for meta_info.routed_experts (answered only
 	// when the server returns experts: Config.Experts).
 	ReturnRoutedExperts bool `json:"return_routed_experts"`
-	SamplingParams struct {
+	SamplingParams      struct {
 		MaxNewTokens      *int     `json:"max_new_tokens"`
 		N                 int      `json:"n"`
 		Stop              stopList `json:"stop"`
