@@ -71,6 +71,13 @@ func RolloutProto(rec *trajectory.Record, rolloutID string, attempts int) *rollo
 		pr.LossMask[k] = int32(m)
 	}
 	pr.TurnRewards = rec.TurnRewards
+	if len(rec.RoutedExperts) > 0 {
+		pr.RoutedExperts = make([]uint32, len(rec.RoutedExperts))
+		for k, e := range rec.RoutedExperts {
+			pr.RoutedExperts[k] = uint32(e)
+		}
+		pr.RoutedExpertsShape = rec.RoutedExpertsShape
+	}
 	if len(rec.DistillTokenIDs) > 0 {
 		pr.Distill = make([]*rolloutv1.TeacherTopK, len(rec.DistillTokenIDs))
 		for k, ids := range rec.DistillTokenIDs {

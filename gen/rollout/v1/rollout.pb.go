@@ -1502,8 +1502,18 @@ type Rollout struct {
 	// for (llama.cpp, a token ending inside a UTF-8 character): in tokens
 	// with loss_mask 0, not trained. As the Parquet column unscored_tokens.
 	UnscoredTokens int32 `protobuf:"varint,26,opt,name=unscored_tokens,json=unscoredTokens,proto3" json:"unscored_tokens,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// routed_experts is the mixture-of-experts routing the engine reported
+	// (inference.routed_experts, routing replay), flat in C order over
+	// routed_experts_shape = [positions, layers, topk]: entry
+	// (p*layers+l)*topk+k is the k-th expert tokens[p] was routed to at
+	// layer l. Positions are tokens[0:positions]; the last sampled token and
+	// the template closing after it have none. Empty without routing. As the
+	// Parquet columns routed_experts and routed_experts_shape; the same in
+	// both token layouts. (Numbered from 40 to leave 27.. to other fields.)
+	RoutedExperts      []uint32 `protobuf:"varint,40,rep,packed,name=routed_experts,json=routedExperts,proto3" json:"routed_experts,omitempty"`
+	RoutedExpertsShape []int32  `protobuf:"varint,41,rep,packed,name=routed_experts_shape,json=routedExpertsShape,proto3" json:"routed_experts_shape,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *Rollout) Reset() {
@@ -1716,6 +1726,20 @@ func (x *Rollout) GetUnscoredTokens() int32 {
 		return x.UnscoredTokens
 	}
 	return 0
+}
+
+func (x *Rollout) GetRoutedExperts() []uint32 {
+	if x != nil {
+		return x.RoutedExperts
+	}
+	return nil
+}
+
+func (x *Rollout) GetRoutedExpertsShape() []int32 {
+	if x != nil {
+		return x.RoutedExpertsShape
+	}
+	return nil
 }
 
 // TeacherTopK is one position's teacher top-K (Rollout.distill).
@@ -3047,7 +3071,7 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"\bposition\x18\x02 \x01(\x05R\bposition\x12\x12\n" +
 	"\x04kind\x18\x03 \x01(\tR\x04kind\x12\x12\n" +
 	"\x04from\x18\x04 \x01(\x03R\x04from\x12\x0e\n" +
-	"\x02to\x18\x05 \x01(\x03R\x02to\"\xa7\b\n" +
+	"\x02to\x18\x05 \x01(\x03R\x02to\"\x80\t\n" +
 	"\aRollout\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x1d\n" +
 	"\n" +
@@ -3077,7 +3101,9 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"\x10trained_logprobs\x18\x17 \x03(\x02R\x0ftrainedLogprobs\x12!\n" +
 	"\fturn_rewards\x18\x18 \x03(\x01R\vturnRewards\x121\n" +
 	"\adistill\x18\x19 \x03(\v2\x17.rollout.v1.TeacherTopKR\adistill\x12'\n" +
-	"\x0funscored_tokens\x18\x1a \x01(\x05R\x0eunscoredTokens\x1aC\n" +
+	"\x0funscored_tokens\x18\x1a \x01(\x05R\x0eunscoredTokens\x12%\n" +
+	"\x0erouted_experts\x18( \x03(\rR\rroutedExperts\x120\n" +
+	"\x14routed_experts_shape\x18) \x03(\x05R\x12routedExpertsShape\x1aC\n" +
 	"\x15RewardComponentsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01B\f\n" +
