@@ -99,7 +99,7 @@ func runLoopClient(ctx context.Context, r *runCtx, turns int, fake loopbench.Con
 	}
 	floorNote := fmt.Sprintf("%d goroutines × %d sequential POST /v1/completions (3 prompt ids, max_tokens 1, body read and discarded; no JSON encoding or decoding) "+
 		"through net/http with keep-alive on the same simulator at TTFT %s: wall %s, CPU / wall %.3f cores, %.0f µs CPU per request; "+
-		"the real client sends three requests per turn (/tokenize twice, /v1/completions)",
+		"the real client sends two requests per later turn (/tokenize once, /v1/completions)",
 		fl.Loops, fl.TurnsPerLoop+1, ttft, fl.Wall.Round(time.Millisecond), fl.CPUCores, float64(fl.CPUPerGeneration())/1e3)
 	out = append(out,
 		Measure{Name: "loop.cpu_4k_http_floor_cores", Value: ptr(sig(fl.CoresOnSchedule(ttft))), Note: floorNote},
