@@ -157,6 +157,10 @@ func versions(rec *trajectory.Record, g *runner.Group, ro *runner.Rollout) {
 		return
 	}
 	rec.TokenVersions = append([]int64(nil), seq.Versions...)
+	if r := seq.Routing; r != nil && r.Positions <= len(seq.Tokens) {
+		rec.RoutedExperts = append([]uint16(nil), r.Experts...)
+		rec.RoutedExpertsShape = []int32{int32(r.Positions), int32(r.Layers), int32(r.TopK)}
+	}
 	var lo, hi int64
 	seen := false
 	for i, v := range seq.Versions {

@@ -443,7 +443,8 @@ func (e *tokenEpisode) sampleTurn(ctx context.Context, prompt []int32, maxTokens
 		gctx, sink := withVersionSink(ctx)
 		s, err := e.c.gen.generate(gctx, e.c.pool, genInput{
 			model: e.spec.Model, prompt: cur, maxTokens: maxTokens - len(acc.ids), s: e.spec.Sampling,
-			opts: CallOptions{Affinity: &e.aff, RequestID: id},
+			opts:    CallOptions{Affinity: &e.aff, RequestID: id},
+			experts: e.c.cfg.RoutedExperts, topk: e.c.cfg.RoutedExpertsTopK,
 		})
 		if err != nil {
 			e.c.gate.exit()
@@ -458,18 +459,36 @@ func (e *tokenEpisode) sampleTurn(ctx context.Context, prompt []int32, maxTokens
 		// stamp.
 		v, spanned, to := e.c.stamp(t, ev, evOK)
 		e.c.gate.exit()
+		// The engine's per-token versions, when it reports them, are exact
+		// even across a keep-mode freeze; otherwise every id of the part
+		// gets the stamp.
+		pvers, exact, _ := spanVersions(s.spans, len(s.ids), t.version) // checked by the generator
+		partFirst := v
+		if exact && len(pvers) > 0 {
+			partFirst = pvers[0]
+			for _, pv := range pvers {
+				e.c.gate.observe(pv)
+			}
+		}
 		off := len(acc.ids)
 		if parts == 1 {
-			first = v
+			first = partFirst
 		}
 		if parts > 1 {
 			from := first
 			if len(vers) > 0 {
 				from = vers[len(vers)-1]
 			}
-			cuts = append(cuts, Cut{Turn: turnNo, Position: off, Kind: PauseAbort, From: from, To: v})
+			cuts = append(cuts, Cut{Turn: turnNo, Position: off, Kind: PauseAbort, From: from, To: partFirst})
 		}
-		if spanned && s.finish != "abort" {
+		switch {
+		case exact:
+			for i, pv := range pvers {
+				if i > 0 && pv != pvers[i-1] {
+					cuts = append(cuts, Cut{Turn: turnNo, Position: off + i, Kind: PauseKeep, From: pvers[i-1], To: pv})
+				}
+			}
+		case spanned && s.finish != "abort":
 			cuts = append(cuts, Cut{Turn: turnNo, Position: -1, Kind: PauseKeep, From: v, To: to})
 		}
 		acc.ids = append(acc.ids, s.ids...)
@@ -477,8 +496,17 @@ func (e *tokenEpisode) sampleTurn(ctx context.Context, prompt []int32, maxTokens
 		for _, u := range s.unscored {
 			acc.unscored = append(acc.unscored, off+u)
 		}
-		for range s.ids {
-			vers = append(vers, v)
+		if exact {
+			vers = append(vers, pvers...)
+		} else {
+			for range s.ids {
+				vers = append(vers, v)
+			}
+		}
+		if s.routing != nil {
+			// Each part's prompt holds the earlier parts' ids: the last
+			// part's routing covers the whole turn.
+			acc.routing = s.routing
 		}
 		acc.finish, acc.stop, acc.endpoint, acc.text = s.finish, s.stop, s.endpoint, s.text
 		if s.finish != "abort" {

@@ -130,10 +130,31 @@ func TestUpdateDuringGeneration(t *testing.T) {
 					if len(gens) != 1 || gens[0].FrozenAt < 0 {
 						t.Fatalf("keep mode: %d generations, frozen at %d", len(gens), gens[0].FrozenAt)
 					}
+					if be == inference.BackendSGLang {
+						// SGLang reports per-token version spans: every id
+						// carries the version it was sampled under, and the
+						// switch point is exact.
+						if !slices.Equal(seq.Versions[start:], vers) {
+							t.Fatalf("versions %v, simulator %v", seq.Versions[start:], vers)
+						}
+						fz := gens[0].FrozenAt
+						if fz >= len(gens[0].IDs) {
+							t.Skipf("the generation ended before the freeze took effect (%d ids)", len(gens[0].IDs))
+						}
+						if vers[0] != 0 || vers[len(vers)-1] != 1 {
+							t.Fatalf("simulator versions %v: want 0 then 1", vers)
+						}
+						if len(seq.Cuts) != 1 || seq.Cuts[0].Kind != inference.PauseKeep || seq.Cuts[0].Position != start+fz || seq.Cuts[0].From != 0 || seq.Cuts[0].To != 1 {
+							t.Fatalf("keep mode cuts %+v, want one at %d from 0 to 1", seq.Cuts, start+fz)
+						}
+						break
+					}
 					if len(seq.Cuts) != 1 || seq.Cuts[0].Kind != inference.PauseKeep || seq.Cuts[0].Position != -1 {
 						t.Fatalf("keep mode cuts %+v", seq.Cuts)
 					}
-					// The switch point is not observable: the older version, a lower bound.
+					// vLLM reports no per-token versions: the switch point is
+					// not observable and the older version, a lower bound, is
+					// stamped.
 					for _, v := range seq.Versions[start:] {
 						if v != 0 {
 							t.Fatalf("keep-mode generation stamped %d, want the lower bound 0", v)

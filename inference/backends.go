@@ -27,6 +27,10 @@ type genInput struct {
 	maxTokens int
 	s         Sampling
 	opts      CallOptions
+	// experts asks for the routed experts (Config.RoutedExperts); topk is
+	// Config.RoutedExpertsTopK.
+	experts bool
+	topk    int
 }
 
 type sample struct {
@@ -44,6 +48,28 @@ type sample struct {
 	// meta_info.weight_version) when versionOK.
 	version   int64
 	versionOK bool
+	// spans are the engine's per-token version spans (SGLang), checked
+	// to tile the ids; nil when it reports none.
+	spans []SGLangVersionSpan
+	// routing is the engine's routed experts for the request's prompt and
+	// ids but the last (prompt + ids − 1 positions), when asked for.
+	routing *Routing
+}
+
+// routingOf checks an engine's routing against the request: one row per
+// position of the prompt and the ids but the last, top-k as configured.
+func routingOf(ep, op, reqID string, in genInput, nids int, r *Routing, err error) (*Routing, error) {
+	if err != nil {
+		return nil, badAnswer(ep, op, reqID, "%v", err)
+	}
+	want := len(in.prompt) + nids - 1
+	if r.Positions != want {
+		return nil, badAnswer(ep, op, reqID, "routed_experts has %d positions, want %d (prompt %d + sampled %d − 1)", r.Positions, want, len(in.prompt), nids)
+	}
+	if in.topk > 0 && r.TopK != in.topk && r.Positions > 0 {
+		return nil, badAnswer(ep, op, reqID, "routed_experts has top-k %d, routed_experts_topk is %d", r.TopK, in.topk)
+	}
+	return r, nil
 }
 
 type generator interface {
@@ -219,6 +245,15 @@ func (vllmGenerateGen) generate(ctx context.Context, p *Pool, in genInput) (samp
 	if s.stop == stopUnknown && len(in.s.Stop) == 0 {
 		s.stop = stopToken
 	}
+	if in.experts {
+		if ch.RoutedExperts == nil {
+			return sample{}, badAnswer(ep, op, reqID, "routed_experts missing: start vLLM with --enable-return-routed-experts (inference.routed_experts is on)")
+		}
+		r, err := decodeNPYExperts(*ch.RoutedExperts)
+		if s.routing, err = routingOf(ep, op, reqID, in, len(ids), r, err); err != nil {
+			return sample{}, err
+		}
+	}
 	return s, nil
 }
 
@@ -295,7 +330,7 @@ func (sglangGen) generate(ctx context.Context, p *Pool, in genInput) (sample, er
 	if err != nil {
 		return sample{}, err
 	}
-	req := &SGLangRequest{InputIDs: in.prompt, SamplingParams: raw, ReturnLogprob: true, RID: in.opts.RequestID}
+	req := &SGLangRequest{InputIDs: in.prompt, SamplingParams: raw, ReturnLogprob: true, RID: in.opts.RequestID, ReturnRoutedExperts: in.experts}
 	o := in.opts
 	o.Extra = nil
 	resp, ep, err := p.SGLangGenerate(ctx, o, req)
@@ -335,6 +370,19 @@ func (sglangGen) generate(ctx context.Context, p *Pool, in genInput) (sample, er
 		var wv any
 		if json.Unmarshal(m.WeightVersion, &wv) == nil {
 			s.version, s.versionOK = parseVersion(wv)
+		}
+	}
+	if _, _, err := spanVersions(m.WeightVersions, len(ids), 0); err != nil {
+		return sample{}, badAnswer(ep, op, reqID, "meta_info.%v", err)
+	}
+	s.spans = m.WeightVersions
+	if in.experts {
+		if m.RoutedExperts == nil {
+			return sample{}, badAnswer(ep, op, reqID, "meta_info.routed_experts missing: start SGLang with --enable-return-routed-experts (inference.routed_experts is on)")
+		}
+		r, err := decodeSGLangExperts(*m.RoutedExperts, len(in.prompt)+len(ids)-1, in.topk)
+		if s.routing, err = routingOf(ep, op, reqID, in, len(ids), r, err); err != nil {
+			return sample{}, err
 		}
 	}
 	return s, nil

@@ -81,8 +81,26 @@ type Config struct {
 	// any). Default DefaultMaxUnscoredShare; 1 never fails.
 	MaxUnscoredShare *float64 `yaml:"max_unscored_share,omitempty" json:"max_unscored_share,omitempty"`
 	// Sampling holds defaults; an EpisodeSpec's fields override them one by one.
-	Sampling Sampling     `yaml:"sampling,omitempty" json:"sampling,omitempty"`
-	Logger   *slog.Logger `yaml:"-" json:"-"`
+	Sampling Sampling `yaml:"sampling,omitempty" json:"sampling,omitempty"`
+	// TwoRenderSegments makes tokens mode render every new segment twice
+	// (the base conversation and the base plus the new messages), as it did
+	// before the closing count was learned per assistant shape; off by
+	// default: one render per turn once the shape is known
+	// (docs/inference.md). Kept for comparison (rollout bench) and as an
+	// escape hatch.
+	TwoRenderSegments bool `yaml:"two_render_segments,omitempty" json:"two_render_segments,omitempty"`
+	// RoutedExperts asks the engine for the mixture-of-experts routing of
+	// every token (routing replay, R3): vllm-generate (vLLM started with
+	// --enable-return-routed-experts) and sglang (started with
+	// --enable-return-routed-experts) only. The record carries the experts
+	// aligned with the token ids (docs/trajectory-schema.md).
+	RoutedExperts bool `yaml:"routed_experts,omitempty" json:"routed_experts,omitempty"`
+	// RoutedExpertsTopK is the router's top-k. SGLang reports each
+	// position's experts as one flat row of layers × top-k ids, so sglang
+	// needs it to split the row; vLLM's array carries its shape, which is
+	// checked against it when set.
+	RoutedExpertsTopK int          `yaml:"routed_experts_topk,omitempty" json:"routed_experts_topk,omitempty"`
+	Logger            *slog.Logger `yaml:"-" json:"-"`
 }
 
 func (c Config) poolConfig(endpoints []string) PoolConfig {
@@ -129,6 +147,9 @@ type Client struct {
 	modelsOnce singleflight.Group
 	closing    map[string][]int32
 	eotText    map[string]string
+	// segClosings is the number of assistant closings in the base render
+	// of segment, learned per assistant shape (segmentShape).
+	segClosings map[string]int
 	// learnOnce collapses the template probes and end-of-turn decodes of
 	// episodes that miss the caches above together (every episode of a
 	// run's first wave) into one request each.
@@ -161,7 +182,7 @@ func Open(cfg Config) (*Client, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	c := &Client{cfg: cfg, log: cfg.Logger, models: map[string]int{}, closing: map[string][]int32{}, eotText: map[string]string{}, gate: newGate()}
+	c := &Client{cfg: cfg, log: cfg.Logger, models: map[string]int{}, closing: map[string][]int32{}, eotText: map[string]string{}, segClosings: map[string]int{}, gate: newGate()}
 	switch cfg.Backend {
 	case BackendChat:
 	case BackendVLLM:
@@ -185,6 +206,20 @@ func Open(cfg Config) (*Client, error) {
 		return nil, fmt.Errorf("inference: sampler_fields %q: want %q or %q", cfg.SamplerFields, SamplerFieldsFull, SamplerFieldsOpenAI)
 	}
 	c.llama = cfg.Backend == BackendLlamaCpp
+	if cfg.RoutedExperts {
+		switch cfg.Backend {
+		case BackendVLLMGenerate:
+		case BackendSGLang:
+			if cfg.RoutedExpertsTopK <= 0 {
+				return nil, fmt.Errorf("inference: routed_experts on sglang needs routed_experts_topk (the router's top-k): SGLang reports each token's experts as one flat row of layers × top-k")
+			}
+		default:
+			return nil, fmt.Errorf("inference: routed_experts is not implemented for backend %q; use %s or %s", cfg.Backend, BackendVLLMGenerate, BackendSGLang)
+		}
+	}
+	if cfg.RoutedExpertsTopK < 0 {
+		return nil, fmt.Errorf("inference: routed_experts_topk %d is negative", cfg.RoutedExpertsTopK)
+	}
 	if cfg.MaxConcurrentPerEndpoint < 0 {
 		return nil, fmt.Errorf("inference: max_concurrent_per_endpoint %d is negative", cfg.MaxConcurrentPerEndpoint)
 	}

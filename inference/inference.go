@@ -123,6 +123,13 @@ type Sequence struct {
 	// inside a UTF-8 character): they stay in Tokens, verbatim, with Mask 0
 	// and the 1.0 placeholder — in context, not trained.
 	Unscored int
+	// Routing is the engine's routed experts (Config.RoutedExperts, tokens
+	// mode on vllm-generate or sglang) for the first Routing.Positions
+	// tokens: every position the engine ran a forward pass on in the last
+	// turn's request — the whole sequence up to the last sampled id, which
+	// was never fed back, and before the template's closing, which was
+	// never sent. Nil when not asked for.
+	Routing *Routing
 	// DriftTokens counts the tokens that differ (insertions + deletions)
 	// when the final conversation is re-rendered; -1 when the check could
 	// not run (the render request failed).

@@ -43,6 +43,9 @@ type tokenEpisode struct {
 	// needs an append-only history, and a rewritten one (compaction, edited
 	// tool output) would otherwise go unnoticed.
 	prints []uint64
+	// toolsKey fingerprints tools for segmentShape (toolsHashed: computed).
+	toolsKey    uint64
+	toolsHashed bool
 }
 
 var _ Episode = (*tokenEpisode)(nil)
@@ -187,8 +190,9 @@ func (e *tokenEpisode) generate(ctx context.Context, messages []openai.ChatCompl
 // the caller may retry Generate with the same messages.
 func (e *tokenEpisode) snapshot() (restore func()) {
 	snapLen, snapTurns, snapConsumed, snapPending, snapUnscored := len(e.seq.Tokens), len(e.seq.TurnStarts), e.consumed, e.pending, e.seq.Unscored
-	snapCuts, snapPrints := len(e.seq.Cuts), len(e.prints)
+	snapCuts, snapPrints, snapRouting := len(e.seq.Cuts), len(e.prints), e.seq.Routing
 	return func() {
+		e.seq.Routing = snapRouting
 		e.seq.Tokens = e.seq.Tokens[:snapLen]
 		e.seq.Mask = e.seq.Mask[:snapLen]
 		e.seq.Logprobs = e.seq.Logprobs[:snapLen]
@@ -258,6 +262,11 @@ func (e *tokenEpisode) appendSample(s sample, vers []int64, cuts []Cut, closing 
 		e.seq.Mask[start+i] = 0 // sampled, but no logprob to train with
 	}
 	e.seq.Unscored += len(s.unscored)
+	if s.routing != nil {
+		// The request's prompt was the whole sequence so far: its routing
+		// covers every token before this turn's last sampled id.
+		e.seq.Routing = s.routing
+	}
 	last := s.ids[len(s.ids)-1]
 	if s.stop == stopToken {
 		// The sampled stop token stands for the template's end-of-turn
@@ -389,11 +398,31 @@ func (e *tokenEpisode) segment(ctx context.Context, lastAssistant openai.ChatCom
 	}
 	base := []openai.ChatCompletionMessage{{Role: openai.ChatMessageRoleUser, Content: baseUser}, lastAssistant}
 	with := append(slices.Clip(base), newMsgs...)
+	t := strconv.Itoa(turnNo)
+	shape, fast := e.segmentShape(ctx, lastAssistant, closing)
+	if fast && !e.c.cfg.TwoRenderSegments {
+		e.c.mu.Lock()
+		k, known := e.c.segClosings[shape]
+		e.c.mu.Unlock()
+		if known {
+			// One render: the base render's closing count is known for
+			// this assistant shape, and nothing the assistant wrote can
+			// add a closing of its own.
+			rn, err := e.render(ctx, with, true, "t"+t+"-next")
+			if err != nil {
+				return nil, err
+			}
+			if pos := nthOcc(rn, closing, k); pos >= 0 {
+				return slices.Clone(rn[pos+len(closing):]), nil
+			}
+			// Fewer closings than learned: fall through to the two renders,
+			// which decide.
+		}
+	}
 	// One render after the other, not in parallel: both are short (two
 	// messages plus the new ones), and in parallel each episode would hold
 	// two connections and two goroutines of its own — at thousands of
 	// loops, twice the connections to dial and keep (docs/inference.md).
-	t := strconv.Itoa(turnNo)
 	rb, err := e.render(ctx, base, false, "t"+t+"-base")
 	if err != nil {
 		return nil, err
@@ -412,7 +441,61 @@ func (e *tokenEpisode) segment(ctx context.Context, lastAssistant openai.ChatCom
 		return nil, &Error{Class: ErrInfra, Op: "template probe", RequestID: e.spec.ID,
 			Msg: fmt.Sprintf("the render with new messages has fewer than %d assistant closings; cannot locate the new segment", k)}
 	}
+	if fast {
+		e.c.mu.Lock()
+		if len(e.c.segClosings) < 4096 {
+			e.c.segClosings[shape] = k
+		}
+		e.c.mu.Unlock()
+	}
 	return slices.Clone(rn[pos+len(closing):]), nil
+}
+
+// segmentShape keys the closing count of segment's base render: model,
+// template kwargs, tools, and the assistant message's form (content or
+// not, reasoning or not, how many tool calls). fast is false when the
+// count may depend on the message's text: when the end-of-turn token's
+// text cannot be learned, is blank, or appears in what the assistant wrote
+// (a template renders it as the special token, one closing more).
+func (e *tokenEpisode) segmentShape(ctx context.Context, m openai.ChatCompletionMessage, closing []int32) (string, bool) {
+	eot, err := e.tokenText(ctx, closing[0])
+	if err != nil || strings.TrimSpace(eot) == "" {
+		return "", false
+	}
+	has := func(s string) bool { return strings.Contains(s, eot) }
+	if has(m.Content) || has(m.ReasoningContent) {
+		return "", false
+	}
+	for _, p := range m.MultiContent {
+		if has(p.Text) {
+			return "", false
+		}
+	}
+	for _, tc := range m.ToolCalls {
+		if has(tc.Function.Name) || has(tc.Function.Arguments) || has(tc.ID) {
+			return "", false
+		}
+	}
+	kw, _ := json.Marshal(e.spec.Sampling.ChatTemplateKwargs)
+	flag := func(b bool) byte {
+		if b {
+			return '1'
+		}
+		return '0'
+	}
+	key := fmt.Sprintf("%s\x00%s\x00%x\x00%c%c%c%d", e.spec.Model, kw, e.toolsHash(), flag(m.Content != "" || len(m.MultiContent) > 0),
+		flag(m.ReasoningContent != ""), flag(m.Name != ""), len(m.ToolCalls))
+	return key, true
+}
+
+// toolsHash fingerprints the episode's encoded tools, once.
+func (e *tokenEpisode) toolsHash() uint64 {
+	if !e.toolsHashed {
+		h := fnv.New64a()
+		h.Write(e.tools)
+		e.toolsKey, e.toolsHashed = h.Sum64(), true
+	}
+	return e.toolsKey
 }
 
 func hasSuffix(s, suf []int32) bool {
@@ -553,6 +636,7 @@ func (e *tokenEpisode) Finish(ctx context.Context, messages []openai.ChatComplet
 		TurnStarts: slices.Clone(e.seq.TurnStarts),
 		PromptLen:  e.seq.PromptLen,
 		Unscored:   e.seq.Unscored,
+		Routing:    e.seq.Routing,
 	}
 	if e.turns == 0 {
 		return out, nil

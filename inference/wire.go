@@ -211,6 +211,9 @@ type GenerateChoice struct {
 	Logprobs     *ChatLogprobs `json:"logprobs"`
 	FinishReason string        `json:"finish_reason"`
 	TokenIDs     TokenIDs      `json:"token_ids"`
+	// RoutedExperts is base64 of a .npy array (positions, layers, topk)
+	// when vLLM runs with --enable-return-routed-experts.
+	RoutedExperts *string `json:"routed_experts"`
 }
 
 // GenerateResponse is the /inference/v1/generate answer.
@@ -240,6 +243,8 @@ type SGLangRequest struct {
 	SamplingParams json.RawMessage `json:"sampling_params"`
 	ReturnLogprob  bool            `json:"return_logprob"`
 	RID            string          `json:"rid,omitempty"`
+	// ReturnRoutedExperts asks for meta_info.routed_experts.
+	ReturnRoutedExperts bool `json:"return_routed_experts,omitempty"`
 }
 
 // SGLangFinish is meta_info.finish_reason: {"type":"stop","matched":151645}.
@@ -258,6 +263,20 @@ type SGLangMeta struct {
 	// WeightVersion is SGLang's weight version (a string; read as an
 	// integer policy version when it is one).
 	WeightVersion json.RawMessage `json:"weight_version,omitempty"`
+	// WeightVersions are SGLang's per-token version spans over the output
+	// ids (sglang#35926).
+	WeightVersions []SGLangVersionSpan `json:"weight_versions,omitempty"`
+	// RoutedExperts is base64 of little-endian int32, (positions,
+	// layers × topk), when asked for and the server returns experts.
+	RoutedExperts *string `json:"routed_experts,omitempty"`
+}
+
+// SGLangVersionSpan is one entry of meta_info.weight_versions: output ids
+// [Start, End) were sampled under weight version Version.
+type SGLangVersionSpan struct {
+	Version json.RawMessage `json:"version"`
+	Start   int             `json:"start"`
+	End     int             `json:"end"`
 }
 
 // SGLangResponse is SGLang's /generate answer.

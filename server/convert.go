@@ -74,6 +74,13 @@ func RolloutProto(rec *trajectory.Record, rolloutID string, attempts int) *rollo
 	for _, c := range rec.CallStatuses {
 		pr.CallStatuses = append(pr.CallStatuses, &rolloutv1.CallStatus{Turn: c.Turn, Index: c.Index, Name: c.Name, Status: c.Status, Reason: c.Reason})
 	}
+	if len(rec.RoutedExperts) > 0 {
+		pr.RoutedExperts = make([]uint32, len(rec.RoutedExperts))
+		for k, e := range rec.RoutedExperts {
+			pr.RoutedExperts[k] = uint32(e)
+		}
+		pr.RoutedExpertsShape = rec.RoutedExpertsShape
+	}
 	if len(rec.DistillTokenIDs) > 0 {
 		pr.Distill = make([]*rolloutv1.TeacherTopK, len(rec.DistillTokenIDs))
 		for k, ids := range rec.DistillTokenIDs {

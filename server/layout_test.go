@@ -190,3 +190,25 @@ func TestRolloutProtoCarriesCallStatuses(t *testing.T) {
 		}
 	}
 }
+
+// A record's routed experts reach the stream as Parquet holds them, and
+// survive the compact layout.
+func TestRolloutProtoCarriesRoutedExperts(t *testing.T) {
+	rec := trajectory.Record{Status: trajectory.StatusOK, Tokens: []int32{5, 6, 7},
+		LossMask: []int8{0, 1, 1}, Logprobs: []float32{trajectory.LogprobPlaceholder, -0.5, -0.25},
+		RoutedExperts: []uint16{1, 2, 3, 4, 65535, 0, 7, 8}, RoutedExpertsShape: []int32{2, 2, 2}}
+	pr := RolloutProto(&rec, "g#0", 1)
+	if !slices.Equal(pr.RoutedExperts, []uint32{1, 2, 3, 4, 65535, 0, 7, 8}) || !slices.Equal(pr.RoutedExpertsShape, []int32{2, 2, 2}) {
+		t.Fatalf("routed experts %v shape %v", pr.RoutedExperts, pr.RoutedExpertsShape)
+	}
+	cr := CompactRollout(pr)
+	if err := ExpandRollout(cr); err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(cr, pr) {
+		t.Fatalf("compact round trip\n%v\nwant\n%v", cr, pr)
+	}
+	if none := RolloutProto(&trajectory.Record{Status: trajectory.StatusOK}, "g#1", 1); none.RoutedExperts != nil || none.RoutedExpertsShape != nil {
+		t.Fatalf("a record without them: %v", none.RoutedExperts)
+	}
+}

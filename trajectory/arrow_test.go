@@ -60,6 +60,8 @@ func arrowValue(t *testing.T, a arrow.Array, i int) any {
 		return a.Value(i)
 	case *array.Int32:
 		return a.Value(i)
+	case *array.Uint16:
+		return a.Value(i)
 	case *array.Int64:
 		return a.Value(i)
 	case *array.Float32:
@@ -162,6 +164,7 @@ func expectedArrowRow(r Record) map[string]any {
 		"timings": map[string]any{"generation_ms": r.Timings.GenerationMS, "tools_ms": r.Timings.ToolsMS,
 			"sandbox_start_ms": r.Timings.SandboxStartMS, "reward_ms": r.Timings.RewardMS, "total_ms": r.Timings.TotalMS},
 		"drift_tokens": r.DriftTokens, "unscored_tokens": r.UnscoredTokens,
+		"routed_experts": listOf(r.RoutedExperts), "routed_experts_shape": listOf(r.RoutedExpertsShape),
 		"manifest": map[string]any{"image_digest": m.ImageDigest, "cpus": m.CPUs, "memory_bytes": m.MemoryBytes,
 			"pids_limit": m.PidsLimit, "network": m.Network, "rollout_timeout_ms": m.RolloutTimeoutMS,
 			"tool_timeout_ms": m.ToolTimeoutMS, "parser": m.Parser, "service_version": m.ServiceVersion, "config_hash": m.ConfigHash,

@@ -104,6 +104,20 @@ func TestReadsFilesWithoutUnscoredTokens(t *testing.T) {
 	}
 }
 
+// A part file written before the routed-experts columns existed reads
+// them as empty.
+func TestReadsFilesWithoutRoutedExperts(t *testing.T) {
+	want := fixtureRecords()[2]
+	if len(want.RoutedExperts) == 0 {
+		t.Fatal("fixture without routed experts")
+	}
+	want.RoutedExperts, want.RoutedExpertsShape = nil, nil
+	got := readAsOlderFile(t, fixtureRecords()[2], map[string]bool{"RoutedExperts": true, "RoutedExpertsShape": true})
+	if d := cmp.Diff(want, got, cmpopts.EquateEmpty()); d != "" {
+		t.Fatalf("record (-want +got):\n%s", d)
+	}
+}
+
 // A part file written before the asynchronous-RL columns existed reads
 // with them empty/null.
 func TestReadsFilesWithoutPolicyVersions(t *testing.T) {

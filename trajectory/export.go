@@ -458,6 +458,53 @@ type ScoredDataGroup struct {
 	// record of the group has distillation data.
 	DistillTokenIDs [][][]int32   `json:"distill_token_ids,omitempty"`
 	DistillLogprobs [][][]float32 `json:"distill_logprobs,omitempty"`
+	// RoutedExperts is [seq][pos][layer][k]: the experts the engine routed
+	// each token to, aligned to tokens (verl's per-sample routed_experts
+	// layout, (seq_len, layers, topk)), zeros at the positions the engine
+	// reported none for (the last sampled token, the template closing). Set
+	// only when the group's records carry routing.
+	RoutedExperts [][][][]uint16 `json:"routed_experts,omitempty"`
+}
+
+// atroposExperts fills the group's routed_experts from its records, which
+// must all carry routing of one layers × topk shape, or none.
+func atroposExperts(sd *ScoredDataGroup, g []*Record) error {
+	with := 0
+	for _, r := range g {
+		if len(r.RoutedExpertsShape) > 0 {
+			with++
+		}
+	}
+	if with == 0 {
+		return nil
+	}
+	if with != len(g) {
+		return fmt.Errorf("group %s: %d of %d records carry routed experts; a trainer replaying routing needs all or none", g[0].GroupID, with, len(g))
+	}
+	var layers, topk int
+	for i, r := range g {
+		sh := r.RoutedExpertsShape
+		if len(sh) != 3 || sh[0] < 0 || sh[1] <= 0 || sh[2] <= 0 || int(sh[0]) > len(r.Tokens) || len(r.RoutedExperts) != int(sh[0])*int(sh[1])*int(sh[2]) {
+			return fmt.Errorf("%s: routed_experts_shape %v does not fit %d experts and %d tokens", recordRef(r), sh, len(r.RoutedExperts), len(r.Tokens))
+		}
+		if i == 0 {
+			layers, topk = int(sh[1]), int(sh[2])
+		} else if int(sh[1]) != layers || int(sh[2]) != topk {
+			return fmt.Errorf("%s: routed experts of %d layers × top-%d, the group's first record has %d × %d", recordRef(r), sh[1], sh[2], layers, topk)
+		}
+		rows := make([][][]uint16, len(r.Tokens))
+		flat := make([]uint16, len(r.Tokens)*layers*topk)
+		copy(flat, r.RoutedExperts)
+		for p := range rows {
+			rows[p] = make([][]uint16, layers)
+			for l := range layers {
+				off := (p*layers + l) * topk
+				rows[p][l] = flat[off : off+topk : off+topk]
+			}
+		}
+		sd.RoutedExperts = append(sd.RoutedExperts, rows)
+	}
+	return nil
 }
 
 // atroposDistill fills the group's distill_* from its records: K is the
@@ -566,6 +613,9 @@ func AtroposGroups(recs []Record, opts AtroposOptions) ([]ScoredDataGroup, Expor
 			sd.GroupOverrides = map[string]any{"group_size": len(g)}
 		}
 		atroposDistill(&sd, g)
+		if err := atroposExperts(&sd, g); err != nil {
+			return nil, st, err
+		}
 		out = append(out, sd)
 		st.Written++
 	}

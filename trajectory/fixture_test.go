@@ -97,6 +97,14 @@ func fixtureRecords() []Record {
 		{Turn: 2, Index: 0, Name: "terminal", Status: CallRepaired, Reason: "close marker missing"}, {Turn: 2, Index: 1, Name: "terminal", Status: CallOK}}
 	recs[2].DriftTokens = 2
 	recs[2].UnscoredTokens = 1
+	// Group g-1 replays routing: the experts of the first 8 of 9 tokens,
+	// 2 layers × top-2.
+	for r := range 3 {
+		recs[r].RoutedExpertsShape = []int32{8, 2, 2}
+		for i := range 8 * 2 * 2 {
+			recs[r].RoutedExperts = append(recs[r].RoutedExperts, uint16((i+r)*4099%65536))
+		}
+	}
 	// Same conversation as recs[0]: --dedupe drops it.
 	recs[2].Messages = recs[0].Messages
 	failed := Record{

@@ -124,6 +124,18 @@ type Record struct {
 	// Stale marks a group outside async.max_staleness delivered with
 	// on_stale "mark".
 	Stale bool `parquet:"stale"`
+
+	// RoutedExperts is the mixture-of-experts routing the engine reported
+	// (inference.routed_experts; routing replay), flat in C order over
+	// RoutedExpertsShape = [positions, layers, topk]:
+	// RoutedExperts[(p*layers+l)*topk+k] is the k-th expert token p was
+	// routed to at layer l. Positions are Tokens[0:positions] — every token
+	// the engine ran a forward pass on in the last turn's request, prompt
+	// and template tokens included; the last sampled token and the
+	// template's closing after it have none (trainers pad them). Empty
+	// without routing and in files written before the columns existed.
+	RoutedExperts      []uint16 `parquet:"routed_experts,list"`
+	RoutedExpertsShape []int32  `parquet:"routed_experts_shape,list"`
 }
 
 // VersionCut is one change of policy version inside a generation: an

@@ -82,14 +82,17 @@ type control struct {
 	version    int64
 	versionSet bool
 	weightName string // SGLang's weight_version string
-	conts      map[uint64]continuation
-	records    []GenerationRecord
-	pauses     int64
-	aborted    int64
+	// names maps each version a generation was drawn under to its
+	// weight_version string (SGLang's per-token spans name versions).
+	names   map[int64]string
+	conts   map[uint64]continuation
+	records []GenerationRecord
+	pauses  int64
+	aborted int64
 }
 
 func newControl() *control {
-	c := &control{resumed: make(chan struct{}), runs: map[*genRun]struct{}{}, idle: make(chan struct{}), conts: map[uint64]continuation{}, weightName: "default"}
+	c := &control{resumed: make(chan struct{}), runs: map[*genRun]struct{}{}, idle: make(chan struct{}), conts: map[uint64]continuation{}, weightName: "default", names: map[int64]string{0: "default"}}
 	close(c.resumed)
 	return c
 }
@@ -282,6 +285,19 @@ func (c *control) setVersion(name string) {
 	}
 	c.weightName = name
 	c.versionSet = true
+	if len(c.names) < 1<<16 {
+		c.names[c.version] = name
+	}
+}
+
+// versionName is the weight_version string of version v.
+func (c *control) versionName(v int64) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if n, ok := c.names[v]; ok {
+		return n
+	}
+	return strconv.FormatInt(v, 10)
 }
 
 func hashPrompt(ids []int) uint64 {
@@ -596,6 +612,7 @@ func (h *handler) asyncGeneration(w http.ResponseWriter, r *http.Request, prompt
 				c.IDs, c.Logprobs, vers = c.IDs[:k], c.Logprobs[:k], vers[:k]
 				c.Finish, c.StopReason = "abort", nil
 			}
+			c.Versions = vers
 			if h.cfg.RecordGenerations {
 				h.ctl.record(GenerationRecord{RequestID: requestIDOf(r), Prompt: prompts[pi], IDs: append([]int(nil), c.IDs...),
 					Logprobs: append([]float64(nil), c.Logprobs...), Versions: vers, Finish: c.Finish, FrozenAt: frozenAt})

@@ -65,6 +65,21 @@ type Config struct {
 	// generation request (Server.Generations): ids, logprobs, the version
 	// of each id, aborts and keep-mode freezes.
 	RecordGenerations bool `yaml:"-" json:"-"`
+	// Experts makes the simulated model a mixture of experts whose server
+	// returns routed experts (vLLM and SGLang started with
+	// --enable-return-routed-experts): vLLM's /inference/v1/generate
+	// fills choices[].routed_experts, SGLang's /generate fills
+	// meta_info.routed_experts when asked (docs/simulator.md). The experts
+	// of a position are a deterministic function of (position, token id,
+	// layer). Nil: a dense model, no routing returned.
+	Experts *Experts `yaml:"experts,omitempty" json:"experts,omitempty"`
+}
+
+// Experts is the simulated model's mixture-of-experts shape.
+type Experts struct {
+	Layers int `yaml:"layers" json:"layers"`
+	TopK   int `yaml:"topk" json:"topk"`
+	Num    int `yaml:"num" json:"num"` // experts per layer
 }
 
 // Engines the simulator imitates.
@@ -197,6 +212,9 @@ func (c Config) withDefaults() (Config, error) {
 	case EngineVLLM, EngineLlamaCpp:
 	default:
 		return c, fmt.Errorf("engine %q: want %q or %q", c.Engine, EngineVLLM, EngineLlamaCpp)
+	}
+	if x := c.Experts; x != nil && (x.Layers <= 0 || x.TopK <= 0 || x.Num < x.TopK || x.Num > 1<<15) {
+		return c, fmt.Errorf("experts %+v: want layers and topk positive, topk <= num <= 32768", *x)
 	}
 	if c.Slots == 0 {
 		c.Slots = 1

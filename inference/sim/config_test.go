@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"testing"
 	"time"
 
@@ -68,5 +69,33 @@ func TestStartStopsWithContext(t *testing.T) {
 	_ = srv.Close() // waits for the close started by the context; idempotent
 	if _, err := http.Get(srv.URL + "/health"); err == nil {
 		t.Fatal("server still answers after its context ended")
+	}
+}
+
+// A mixture-of-experts shape that cannot route is refused with the reason;
+// a valid one routes every position to topk distinct experts.
+func TestExpertsConfig(t *testing.T) {
+	for _, x := range []Experts{{Layers: 0, TopK: 2, Num: 8}, {Layers: 2, TopK: 0, Num: 8}, {Layers: 2, TopK: 9, Num: 8}, {Layers: 1, TopK: 1, Num: 1 << 16}} {
+		if _, err := NewHandler(Config{Experts: &x}); err == nil {
+			t.Fatalf("%+v accepted", x)
+		}
+	}
+	x := &Experts{Layers: 3, TopK: 4, Num: 6}
+	seq := []int{5, 9, 9, 2, 7}
+	got := x.ExpertsFor(seq)
+	if len(got) != (len(seq)-1)*3*4 {
+		t.Fatalf("%d experts for %d positions", len(got), len(seq)-1)
+	}
+	for row := 0; row < len(got); row += 4 {
+		seen := map[int32]bool{}
+		for _, e := range got[row : row+4] {
+			if e < 0 || e >= 6 || seen[e] {
+				t.Fatalf("row %d: %v", row/4, got[row:row+4])
+			}
+			seen[e] = true
+		}
+	}
+	if again := x.ExpertsFor(seq); !slices.Equal(got, again) {
+		t.Fatal("routing is not deterministic")
 	}
 }

@@ -22,6 +22,8 @@ type genChoice struct {
 	Finish     string // "stop" or "length"
 	StopReason any    // nil (EOS or length) or the matched stop string
 	Plan       turnPlan
+	// Versions is the policy version each id was drawn under.
+	Versions []int64
 }
 
 // apiError is a request error with the HTTP status vLLM would use.

@@ -198,7 +198,11 @@ func (h *handler) vllmGenerate(w http.ResponseWriter, r *http.Request) {
 		if sp.Logprobs != nil {
 			lp = map[string]any{"content": h.chatLogprobs(c, max(*sp.Logprobs, 1), true, false)}
 		}
-		choices = append(choices, map[string]any{"index": i, "logprobs": lp, "finish_reason": c.Finish, "token_ids": c.IDs, "routed_experts": nil})
+		var experts any
+		if x := h.cfg.Experts; x != nil {
+			experts = x.vllmExperts(append(append([]int(nil), req.TokenIDs...), c.IDs...))
+		}
+		choices = append(choices, map[string]any{"index": i, "logprobs": lp, "finish_reason": c.Finish, "token_ids": c.IDs, "routed_experts": experts})
 	}
 	// vLLM drops the caller's request id from the non-streaming response and
 	// reports a fresh uuid (see the reference); the simulator does too.
@@ -249,7 +253,10 @@ type sglangRequest struct {
 	ReturnLogprob  bool            `json:"return_logprob"`
 	TopLogprobsNum int             `json:"top_logprobs_num"`
 	ReturnText     bool            `json:"return_text_in_logprobs"`
-	SamplingParams struct {
+	// ReturnRoutedExperts asks for meta_info.routed_experts (answered only
+	// when the server returns experts: Config.Experts).
+	ReturnRoutedExperts bool `json:"return_routed_experts"`
+	SamplingParams      struct {
 		MaxNewTokens      *int     `json:"max_new_tokens"`
 		N                 int      `json:"n"`
 		Stop              stopList `json:"stop"`
@@ -319,9 +326,14 @@ func (h *handler) sglangGenerate(w http.ResponseWriter, r *http.Request, body []
 			if len(pl.ids) > 1 || len(cs) > 1 {
 				id += "_" + strconv.Itoa(pi*len(cs)+ci)
 			}
+			spans := h.versionSpans(c.Versions)
 			meta := map[string]any{
 				"id": id, "finish_reason": finish, "prompt_tokens": len(pl.ids[pi]), "completion_tokens": len(c.IDs),
-				"cached_tokens": 0, "weight_version": h.weightVersionName(), "num_retractions": 0, "e2e_latency": h.cfg.Now().Sub(start).Seconds(),
+				"cached_tokens": 0, "weight_version": spans[len(spans)-1]["version"], "weight_versions": spans,
+				"num_retractions": 0, "e2e_latency": h.cfg.Now().Sub(start).Seconds(),
+			}
+			if x := h.cfg.Experts; x != nil && req.ReturnRoutedExperts {
+				meta["routed_experts"] = x.sglangExperts(append(append([]int(nil), pl.ids[pi]...), c.IDs...))
 			}
 			if req.ReturnLogprob {
 				lps := make([][3]any, len(c.IDs))

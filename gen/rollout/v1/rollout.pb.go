@@ -1506,9 +1506,19 @@ type Rollout struct {
 	// repaired (reason: what the parser fixed) or malformed (reason: the
 	// parser's). As the Parquet column call_statuses. (Field 40: numbers
 	// 27-39 are left to the fields issue 37's other parts add.)
-	CallStatuses  []*CallStatus `protobuf:"bytes,40,rep,name=call_statuses,json=callStatuses,proto3" json:"call_statuses,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	CallStatuses []*CallStatus `protobuf:"bytes,40,rep,name=call_statuses,json=callStatuses,proto3" json:"call_statuses,omitempty"`
+	// routed_experts is the mixture-of-experts routing the engine reported
+	// (inference.routed_experts, routing replay), flat in C order over
+	// routed_experts_shape = [positions, layers, topk]: entry
+	// (p*layers+l)*topk+k is the k-th expert tokens[p] was routed to at
+	// layer l. Positions are tokens[0:positions]; the last sampled token and
+	// the template closing after it have none. Empty without routing. As the
+	// Parquet columns routed_experts and routed_experts_shape; the same in
+	// both token layouts. (Numbered from 41: 27-39 are left free, 40 is call_statuses.)
+	RoutedExperts      []uint32 `protobuf:"varint,41,rep,packed,name=routed_experts,json=routedExperts,proto3" json:"routed_experts,omitempty"`
+	RoutedExpertsShape []int32  `protobuf:"varint,42,rep,packed,name=routed_experts_shape,json=routedExpertsShape,proto3" json:"routed_experts_shape,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *Rollout) Reset() {
@@ -1726,6 +1736,20 @@ func (x *Rollout) GetUnscoredTokens() int32 {
 func (x *Rollout) GetCallStatuses() []*CallStatus {
 	if x != nil {
 		return x.CallStatuses
+	}
+	return nil
+}
+
+func (x *Rollout) GetRoutedExperts() []uint32 {
+	if x != nil {
+		return x.RoutedExperts
+	}
+	return nil
+}
+
+func (x *Rollout) GetRoutedExpertsShape() []int32 {
+	if x != nil {
+		return x.RoutedExpertsShape
 	}
 	return nil
 }
@@ -3138,7 +3162,7 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"\bposition\x18\x02 \x01(\x05R\bposition\x12\x12\n" +
 	"\x04kind\x18\x03 \x01(\tR\x04kind\x12\x12\n" +
 	"\x04from\x18\x04 \x01(\x03R\x04from\x12\x0e\n" +
-	"\x02to\x18\x05 \x01(\x03R\x02to\"\xe4\b\n" +
+	"\x02to\x18\x05 \x01(\x03R\x02to\"\xbd\t\n" +
 	"\aRollout\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x1d\n" +
 	"\n" +
@@ -3169,7 +3193,9 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"\fturn_rewards\x18\x18 \x03(\x01R\vturnRewards\x121\n" +
 	"\adistill\x18\x19 \x03(\v2\x17.rollout.v1.TeacherTopKR\adistill\x12'\n" +
 	"\x0funscored_tokens\x18\x1a \x01(\x05R\x0eunscoredTokens\x12;\n" +
-	"\rcall_statuses\x18( \x03(\v2\x16.rollout.v1.CallStatusR\fcallStatuses\x1aC\n" +
+	"\rcall_statuses\x18( \x03(\v2\x16.rollout.v1.CallStatusR\fcallStatuses\x12%\n" +
+	"\x0erouted_experts\x18) \x03(\rR\rroutedExperts\x120\n" +
+	"\x14routed_experts_shape\x18* \x03(\x05R\x12routedExpertsShape\x1aC\n" +
 	"\x15RewardComponentsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01B\f\n" +

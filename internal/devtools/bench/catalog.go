@@ -100,6 +100,8 @@ var catalog = []entry{
 	{"loop", "loop.cpu_4k_http_floor_cores", "cores", "", "", "the floor under loop.cpu_4k_loops_client_cores: as many loops, each turn one minimal POST /v1/completions through bare net/http (no JSON work) on the same simulator at 1 s TTFT: process CPU on schedule (CPU per request × 4,096 requests per second)"},
 	{"loop", "loop.cpu_per_request_http_floor_us", "µs", "", "", "CPU of this process per request of loop.cpu_4k_http_floor_cores"},
 	{"loop", "loop.cpu_per_request_direct_floor_us", "µs", "", "", "as loop.cpu_per_request_http_floor_us, through the real client's own transport (the direct HTTP/1.1 path, inference/direct.go) instead of bare net/http"},
+	{"loop", "loop.cpu_per_turn_vllm_one_render_us", "µs", "", "issue 37", "CPU per turn of the real client (backend vllm) against the simulator process at 1 s TTFT, one render per later turn; baseline: the same loops with two_render_segments (two renders per later turn), same run"},
+	{"loop", "loop.cpu_per_turn_vllm_generate_one_render_us", "µs", "", "issue 37", "as loop.cpu_per_turn_vllm_one_render_us with backend vllm-generate (/inference/v1/generate, which returns no text: one /detokenize per turn)"},
 
 	{"runner", "runner.rollouts_per_s", "rollouts/s", "", "issue 7 (reported)", "terminal-tasks on busybox, simulator at zero latency, end to end"},
 	{"runner", "runner.cpu_s_per_rollout", "CPU-s", "", "issue 7 (reported)", "this process's CPU per rollout at zero latency (includes the in-process simulator; Docker excluded)"},

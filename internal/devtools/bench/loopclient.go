@@ -19,7 +19,8 @@ import (
 // clientLoopNames are the measures of runLoopClient.
 var clientLoopNames = []string{"loop.cpu_1k_loops_client_cores", "loop.rss_1k_loops_client_mb",
 	"loop.cpu_4k_loops_client_cores", "loop.rss_4k_loops_client_mb", "loop.cpu_per_turn_client_us",
-	"loop.cpu_4k_http_floor_cores", "loop.cpu_per_request_http_floor_us", "loop.cpu_per_request_direct_floor_us"}
+	"loop.cpu_4k_http_floor_cores", "loop.cpu_per_request_http_floor_us", "loop.cpu_per_request_direct_floor_us",
+	"loop.cpu_per_turn_vllm_one_render_us", "loop.cpu_per_turn_vllm_generate_one_render_us"}
 
 // runLoopClient runs the concurrent loops of loop.cpu_*_loops_cores again,
 // but through the real tokens-mode client (backend vllm: /tokenize,
@@ -49,7 +50,7 @@ func runLoopClient(ctx context.Context, r *runCtx, turns int, fake loopbench.Con
 	}{{r.n(1024, 128), "1k"}, {r.n(4096, 512), "4k"}} {
 		runtime.GC()
 		debug.FreeOSMemory()
-		cr, st, err := clientLoops(ctx, sp, r, c.loops, turns)
+		cr, st, err := clientLoops(ctx, sp, r, inference.Config{Backend: inference.BackendVLLM}, c.loops, turns)
 		if err != nil {
 			return out, errors.Join(fmt.Errorf("%d concurrent loops through the client: %w", c.loops, err), sp.Close())
 		}
@@ -98,7 +99,7 @@ func runLoopClient(ctx context.Context, r *runCtx, turns int, fake loopbench.Con
 	}
 	floorNote := fmt.Sprintf("%d goroutines × %d sequential POST /v1/completions (3 prompt ids, max_tokens 1, body read and discarded; no JSON encoding or decoding) "+
 		"through net/http with keep-alive on the same simulator at TTFT %s: wall %s, CPU / wall %.3f cores, %.0f µs CPU per request; "+
-		"the real client sends three requests per turn (/tokenize twice, /v1/completions)",
+		"the real client sends two requests per later turn (/tokenize once, /v1/completions)",
 		fl.Loops, fl.TurnsPerLoop+1, ttft, fl.Wall.Round(time.Millisecond), fl.CPUCores, float64(fl.CPUPerGeneration())/1e3)
 	out = append(out,
 		Measure{Name: "loop.cpu_4k_http_floor_cores", Value: ptr(sig(fl.CoresOnSchedule(ttft))), Note: floorNote},
@@ -108,6 +109,29 @@ func runLoopClient(ctx context.Context, r *runCtx, turns int, fake loopbench.Con
 			Baseline: ptr(toUS(fl.CPUPerGeneration())), BaselineName: "loop.cpu_per_request_http_floor_us (bare net/http), same run",
 			Note: fmt.Sprintf("the same %d goroutines × %d requests right after: wall %s, CPU / wall %.3f cores", dfl.Loops, dfl.TurnsPerLoop+1,
 				dfl.Wall.Round(time.Millisecond), dfl.CPUCores)})
+	// Requests per turn: one render per later turn (the closing count
+	// learned per assistant shape) against the two renders of before, for
+	// both vLLM tokens backends, the same loops in the same run.
+	for _, be := range []struct{ backend, name, reqs string }{
+		{inference.BackendVLLM, "loop.cpu_per_turn_vllm_one_render_us", "/tokenize + /v1/completions per later turn (3 with two renders)"},
+		{inference.BackendVLLMGenerate, "loop.cpu_per_turn_vllm_generate_one_render_us", "/tokenize + /inference/v1/generate + /detokenize per later turn (4 with two renders)"},
+	} {
+		n := r.n(1024, 128)
+		var reps [2]loopbench.ConcurrencyReport
+		for i, two := range []bool{true, false} {
+			runtime.GC()
+			debug.FreeOSMemory()
+			cr, _, err := clientLoops(ctx, sp, r, inference.Config{Backend: be.backend, TwoRenderSegments: two}, n, turns)
+			if err != nil {
+				return out, errors.Join(fmt.Errorf("%s loops (two renders %v): %w", be.backend, two, err), sp.Close())
+			}
+			reps[i] = cr
+		}
+		out = append(out, Measure{Name: be.name, Value: ptr(toUS(reps[1].CPUPerGeneration())),
+			Baseline: ptr(toUS(reps[0].CPUPerGeneration())), BaselineName: "two renders per later turn (two_render_segments), same loops, same run",
+			Note: fmt.Sprintf("backend %s, %d loops × %d turns + final answer at TTFT %s: %s; wall %s vs %s",
+				be.backend, n, turns, ttft, be.reqs, reps[1].Wall.Round(time.Millisecond), reps[0].Wall.Round(time.Millisecond))})
+	}
 	if err := sp.Close(); err != nil {
 		return out, fmt.Errorf("stop simulator process: %w", err)
 	}
@@ -156,9 +180,11 @@ type clientStats struct {
 	simSeen       bool
 }
 
-// clientLoops runs loops loops through a fresh tokens-mode client on sp.
-func clientLoops(ctx context.Context, sp *simProcess, r *runCtx, loops, turns int) (loopbench.ConcurrencyReport, clientStats, error) {
-	pol, err := inference.New(inference.Config{Backend: inference.BackendVLLM, Endpoints: []string{sp.URL}, Logger: r.logger})
+// clientLoops runs loops loops through a fresh tokens-mode client on sp,
+// configured by cfg (backend and options; endpoint and logger are set here).
+func clientLoops(ctx context.Context, sp *simProcess, r *runCtx, cfg inference.Config, loops, turns int) (loopbench.ConcurrencyReport, clientStats, error) {
+	cfg.Endpoints, cfg.Logger = []string{sp.URL}, r.logger
+	pol, err := inference.New(cfg)
 	if err != nil {
 		return loopbench.ConcurrencyReport{}, clientStats{}, err
 	}

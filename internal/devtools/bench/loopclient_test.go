@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/rollout-rl/rollout/inference"
 )
 
 // TestProfileLoopClient profiles the 4,096-loop run of
@@ -56,7 +58,7 @@ func TestProfileLoopClient(t *testing.T) {
 	if err := pprof.StartCPUProfile(cpuf); err != nil {
 		t.Fatal(err)
 	}
-	cr, st, err := clientLoops(ctx, sp, r, loops, turns)
+	cr, st, err := clientLoops(ctx, sp, r, inference.Config{Backend: inference.BackendVLLM}, loops, turns)
 	pprof.StopCPUProfile()
 	if err != nil {
 		t.Fatal(err)

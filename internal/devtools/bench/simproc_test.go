@@ -79,13 +79,22 @@ func TestSimProcessClientLoops(t *testing.T) {
 	}
 	pid := sp.cmd.Process.Pid
 	r := &runCtx{logger: slog.New(slog.DiscardHandler)}
-	cr, st, err := clientLoops(ctx, sp, r, 16, 2)
+	cr, st, err := clientLoops(ctx, sp, r, inference.Config{Backend: inference.BackendVLLM}, 16, 2)
 	if err != nil {
 		sp.Close()
 		t.Fatal(err)
 	}
 	if cr.Loops != 16 || cr.Generations() != 48 || st.dials < 1 {
 		t.Errorf("report %v, stats %+v", cr, st)
+	}
+	// Both vLLM tokens backends, with one or two renders per turn, run the
+	// bench's loops (loop.cpu_per_turn_vllm*_one_render_us).
+	for _, cfg := range []inference.Config{{Backend: inference.BackendVLLMGenerate}, {Backend: inference.BackendVLLMGenerate, TwoRenderSegments: true},
+		{Backend: inference.BackendVLLM, TwoRenderSegments: true}} {
+		if cr, _, err := clientLoops(ctx, sp, r, cfg, 8, 2); err != nil || cr.Generations() != 24 {
+			sp.Close()
+			t.Fatalf("%+v: %v, %v", cfg, cr, err)
+		}
 	}
 	// The floor's minimal request is one the simulator serves.
 	if _, err := httpFloor(ctx, inference.NewHTTPClient(4), sp.URL, 4, 2); err != nil {
