@@ -1,0 +1,16 @@
+package docker
+
+import (
+	"testing"
+
+	"github.com/rollout-rl/rollout/internal/testkit/sandboxtest"
+	"github.com/rollout-rl/rollout/sandbox"
+)
+
+var _ sandbox.Tunneler = (*dockerSandbox)(nil)
+
+// A process in a sandbox without network reaches the host's HTTP server
+// through the tunnel (sandbox.Tunneler), and nothing else.
+func TestTunnel(t *testing.T) {
+	sandboxtest.TunnelSuite(t, func(t *testing.T) sandbox.Sandbox { return newSandbox(t, sandbox.Spec{}) })
+}
