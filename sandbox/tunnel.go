@@ -94,8 +94,9 @@ func (o *ChannelOps) Listen(ctx context.Context, port int) (net.Listener, error)
 		return nil, o.owner.Wrap("listen", err)
 	}
 	l.addr = TunnelAddr{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(info.Port))}
-	if !o.calls.onShut(l, func() { l.shut(fmt.Errorf("%w: handed to its next holder", ErrClosed)) }) {
-		l.shut(fmt.Errorf("%w: handed to its next holder", ErrClosed))
+	handedOn := fmt.Errorf("tunnel listener: %w: %w: sandbox handed to its next holder", net.ErrClosed, ErrClosed)
+	if !o.calls.onShut(l, func() { l.shut(handedOn) }) {
+		l.shut(handedOn)
 		return nil, fmt.Errorf("listen: %w: handed to its next holder", ErrClosed)
 	}
 	go l.watch(ctx)

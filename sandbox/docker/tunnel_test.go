@@ -14,3 +14,7 @@ var _ sandbox.Tunneler = (*dockerSandbox)(nil)
 func TestTunnel(t *testing.T) {
 	sandboxtest.TunnelSuite(t, func(t *testing.T) sandbox.Sandbox { return newSandbox(t, sandbox.Spec{}) })
 }
+
+// A sandbox reset in place for its next holder keeps nothing of the
+// previous holder's tunnel.
+func TestTunnelResetInPlace(t *testing.T) { sandboxtest.TunnelResetInPlace(t, needDocker(t)) }

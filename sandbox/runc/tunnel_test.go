@@ -13,3 +13,5 @@ var _ sandbox.Tunneler = (*runcSandbox)(nil)
 func TestRuncTunnel(t *testing.T) {
 	sandboxtest.TunnelSuite(t, func(t *testing.T) sandbox.Sandbox { return newRuncSandbox(t, sandbox.Spec{}) })
 }
+
+func TestRuncTunnelResetInPlace(t *testing.T) { sandboxtest.TunnelResetInPlace(t, needRunc(t)) }

@@ -298,3 +298,60 @@ func HostBusybox() string {
 	}
 	return p
 }
+
+// TunnelResetInPlace checks that a sandbox reset in place for its next
+// holder (a pool with Reuse over b) keeps nothing of its previous holder's
+// tunnel: the listener and its connections end, and the port is free.
+func TunnelResetInPlace(t *testing.T, b sandbox.PoolSource) {
+	ctx, p := ReusePoolOn(t, b, sandbox.PoolOptions{Reuse: true, MaxIdle: 2})
+	spec := sandbox.Spec{Image: Image, Limits: sandbox.Limits{ReadOnlyRoot: true}}
+	first, err := p.Acquire(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := sandbox.Listen(ctx, first, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	if _, err := first.Start(ctx, sandbox.ExecRequest{Command: "echo hi | nc 127.0.0.1 " + port + "; sleep 1000"}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	buf := make([]byte, 3)
+	if _, err := io.ReadFull(c, buf); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	second, err := p.Acquire(ctx, spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close(context.Background())
+	if second.ID() != first.ID() {
+		t.Skipf("not reset in place (%s then %s): nothing to check", first.ID(), second.ID())
+	}
+	if _, err := ln.Accept(); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("the previous holder's listener accepted after the reset: %v", err)
+	}
+	if _, err := c.Read(buf); err == nil {
+		t.Fatal("the previous holder's connection still reads after the reset")
+	}
+	r := run(t, second, "wget -q -T 5 -O - http://127.0.0.1:"+port+"/ ; echo exit=$?")
+	if !strings.Contains(string(r.Stdout), "exit=1") {
+		t.Fatalf("the next holder reached the previous holder's port: %q %q", r.Stdout, r.Stderr)
+	}
+	n, _ := strconv.Atoi(port)
+	ln2, err := sandbox.Listen(ctx, second, n)
+	if err != nil {
+		t.Fatalf("the next holder cannot bind the previous holder's port: %v", err)
+	}
+	_ = ln2.Close()
+}
