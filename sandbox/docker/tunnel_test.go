@@ -18,3 +18,10 @@ func TestTunnel(t *testing.T) {
 // A sandbox reset in place for its next holder keeps nothing of the
 // previous holder's tunnel.
 func TestTunnelResetInPlace(t *testing.T) { sandboxtest.TunnelResetInPlace(t, needDocker(t)) }
+
+// BenchmarkTunnel: the tunnel vs a plain loopback TCP connection on the
+// host (sandbox/README.md, "The tunnel").
+func BenchmarkTunnel(b *testing.B) {
+	s := newSandbox(b, sandbox.Spec{})
+	sandboxtest.BenchTunnel(b, s)
+}

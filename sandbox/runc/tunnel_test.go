@@ -15,3 +15,7 @@ func TestRuncTunnel(t *testing.T) {
 }
 
 func TestRuncTunnelResetInPlace(t *testing.T) { sandboxtest.TunnelResetInPlace(t, needRunc(t)) }
+
+func BenchmarkRuncTunnel(b *testing.B) {
+	sandboxtest.BenchTunnel(b, newRuncSandbox(b, sandbox.Spec{}))
+}

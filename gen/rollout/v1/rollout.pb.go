@@ -1502,8 +1502,33 @@ type Rollout struct {
 	// for (llama.cpp, a token ending inside a UTF-8 character): in tokens
 	// with loss_mask 0, not trained. As the Parquet column unscored_tokens.
 	UnscoredTokens int32 `protobuf:"varint,26,opt,name=unscored_tokens,json=unscoredTokens,proto3" json:"unscored_tokens,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// session_id of a gateway session (harness envs); the rollout id
+	// otherwise. As the Parquet column session_id.
+	SessionId string `protobuf:"bytes,27,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// branch of the session this message carries: 0, the first (main)
+	// branch, in a group's rollouts; >= 1 inside branches. As the Parquet
+	// column branch.
+	Branch int32 `protobuf:"varint,28,opt,name=branch,proto3" json:"branch,omitempty"`
+	// parent_branch: the branch this one shares the longest token prefix
+	// with (-1 for branch 0).
+	ParentBranch int32 `protobuf:"varint,29,opt,name=parent_branch,json=parentBranch,proto3" json:"parent_branch,omitempty"`
+	// split_call: the session call that started this branch (-1 for
+	// branch 0).
+	SplitCall int32 `protobuf:"varint,30,opt,name=split_call,json=splitCall,proto3" json:"split_call,omitempty"`
+	// shared_tokens: leading tokens this branch has in common with its
+	// parent (0 for branch 0).
+	SharedTokens int32 `protobuf:"varint,31,opt,name=shared_tokens,json=sharedTokens,proto3" json:"shared_tokens,omitempty"`
+	// calls_json: the session's call records, JSON (docs/trajectory-schema.md,
+	// column calls); on branch 0 only, empty without a gateway session.
+	CallsJson string `protobuf:"bytes,32,opt,name=calls_json,json=callsJson,proto3" json:"calls_json,omitempty"`
+	// branches: the session's other branches (1, 2, ...), each a full
+	// trainable token sequence in the same message shape (the same token
+	// layout), sharing this rollout's reward, advantage and status. Empty for
+	// a rollout with one branch, and always empty inside a branch. A client
+	// that ignores it sees the main branch, as before branches existed.
+	Branches      []*Rollout `protobuf:"bytes,33,rep,name=branches,proto3" json:"branches,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Rollout) Reset() {
@@ -1716,6 +1741,55 @@ func (x *Rollout) GetUnscoredTokens() int32 {
 		return x.UnscoredTokens
 	}
 	return 0
+}
+
+func (x *Rollout) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *Rollout) GetBranch() int32 {
+	if x != nil {
+		return x.Branch
+	}
+	return 0
+}
+
+func (x *Rollout) GetParentBranch() int32 {
+	if x != nil {
+		return x.ParentBranch
+	}
+	return 0
+}
+
+func (x *Rollout) GetSplitCall() int32 {
+	if x != nil {
+		return x.SplitCall
+	}
+	return 0
+}
+
+func (x *Rollout) GetSharedTokens() int32 {
+	if x != nil {
+		return x.SharedTokens
+	}
+	return 0
+}
+
+func (x *Rollout) GetCallsJson() string {
+	if x != nil {
+		return x.CallsJson
+	}
+	return ""
+}
+
+func (x *Rollout) GetBranches() []*Rollout {
+	if x != nil {
+		return x.Branches
+	}
+	return nil
 }
 
 // TeacherTopK is one position's teacher top-K (Rollout.distill).
@@ -3047,7 +3121,8 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"\bposition\x18\x02 \x01(\x05R\bposition\x12\x12\n" +
 	"\x04kind\x18\x03 \x01(\tR\x04kind\x12\x12\n" +
 	"\x04from\x18\x04 \x01(\x03R\x04from\x12\x0e\n" +
-	"\x02to\x18\x05 \x01(\x03R\x02to\"\xa7\b\n" +
+	"\x02to\x18\x05 \x01(\x03R\x02to\"\x97\n" +
+	"\n" +
 	"\aRollout\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x1d\n" +
 	"\n" +
@@ -3077,7 +3152,17 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"\x10trained_logprobs\x18\x17 \x03(\x02R\x0ftrainedLogprobs\x12!\n" +
 	"\fturn_rewards\x18\x18 \x03(\x01R\vturnRewards\x121\n" +
 	"\adistill\x18\x19 \x03(\v2\x17.rollout.v1.TeacherTopKR\adistill\x12'\n" +
-	"\x0funscored_tokens\x18\x1a \x01(\x05R\x0eunscoredTokens\x1aC\n" +
+	"\x0funscored_tokens\x18\x1a \x01(\x05R\x0eunscoredTokens\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x1b \x01(\tR\tsessionId\x12\x16\n" +
+	"\x06branch\x18\x1c \x01(\x05R\x06branch\x12#\n" +
+	"\rparent_branch\x18\x1d \x01(\x05R\fparentBranch\x12\x1d\n" +
+	"\n" +
+	"split_call\x18\x1e \x01(\x05R\tsplitCall\x12#\n" +
+	"\rshared_tokens\x18\x1f \x01(\x05R\fsharedTokens\x12\x1d\n" +
+	"\n" +
+	"calls_json\x18  \x01(\tR\tcallsJson\x12/\n" +
+	"\bbranches\x18! \x03(\v2\x13.rollout.v1.RolloutR\bbranches\x1aC\n" +
 	"\x15RewardComponentsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01B\f\n" +
@@ -3269,42 +3354,43 @@ var file_rollout_v1_rollout_proto_depIdxs = []int32{
 	37, // 15: rollout.v1.Rollout.reward_components:type_name -> rollout.v1.Rollout.RewardComponentsEntry
 	18, // 16: rollout.v1.Rollout.version_cuts:type_name -> rollout.v1.VersionCut
 	20, // 17: rollout.v1.Rollout.distill:type_name -> rollout.v1.TeacherTopK
-	22, // 18: rollout.v1.CollectGroupsRequest.start:type_name -> rollout.v1.CollectStart
-	23, // 19: rollout.v1.CollectGroupsRequest.credit:type_name -> rollout.v1.CollectCredit
-	24, // 20: rollout.v1.CollectGroupsRequest.items:type_name -> rollout.v1.CollectItems
-	25, // 21: rollout.v1.CollectGroupsRequest.next:type_name -> rollout.v1.CollectNext
-	2,  // 22: rollout.v1.CollectStart.token_layout:type_name -> rollout.v1.TokenLayout
-	17, // 23: rollout.v1.CollectGroupsResponse.group:type_name -> rollout.v1.Group
-	27, // 24: rollout.v1.CollectGroupsResponse.status:type_name -> rollout.v1.CollectStatus
-	36, // 25: rollout.v1.ListEnvironmentsResponse.environments:type_name -> rollout.v1.Environment
-	36, // 26: rollout.v1.DescribeEnvironmentResponse.environment:type_name -> rollout.v1.Environment
-	3,  // 27: rollout.v1.RolloutService.GetVersion:input_type -> rollout.v1.GetVersionRequest
-	5,  // 28: rollout.v1.RolloutService.StartJob:input_type -> rollout.v1.StartJobRequest
-	7,  // 29: rollout.v1.RolloutService.GetJob:input_type -> rollout.v1.GetJobRequest
-	9,  // 30: rollout.v1.RolloutService.ListJobs:input_type -> rollout.v1.ListJobsRequest
-	11, // 31: rollout.v1.RolloutService.CancelJob:input_type -> rollout.v1.CancelJobRequest
-	13, // 32: rollout.v1.RolloutService.WatchJob:input_type -> rollout.v1.WatchJobRequest
-	21, // 33: rollout.v1.RolloutService.CollectGroups:input_type -> rollout.v1.CollectGroupsRequest
-	28, // 34: rollout.v1.RolloutService.BeginPolicyUpdate:input_type -> rollout.v1.BeginPolicyUpdateRequest
-	30, // 35: rollout.v1.RolloutService.EndPolicyUpdate:input_type -> rollout.v1.EndPolicyUpdateRequest
-	32, // 36: rollout.v1.RolloutService.ListEnvironments:input_type -> rollout.v1.ListEnvironmentsRequest
-	34, // 37: rollout.v1.RolloutService.DescribeEnvironment:input_type -> rollout.v1.DescribeEnvironmentRequest
-	4,  // 38: rollout.v1.RolloutService.GetVersion:output_type -> rollout.v1.GetVersionResponse
-	6,  // 39: rollout.v1.RolloutService.StartJob:output_type -> rollout.v1.StartJobResponse
-	8,  // 40: rollout.v1.RolloutService.GetJob:output_type -> rollout.v1.GetJobResponse
-	10, // 41: rollout.v1.RolloutService.ListJobs:output_type -> rollout.v1.ListJobsResponse
-	12, // 42: rollout.v1.RolloutService.CancelJob:output_type -> rollout.v1.CancelJobResponse
-	14, // 43: rollout.v1.RolloutService.WatchJob:output_type -> rollout.v1.WatchJobResponse
-	26, // 44: rollout.v1.RolloutService.CollectGroups:output_type -> rollout.v1.CollectGroupsResponse
-	29, // 45: rollout.v1.RolloutService.BeginPolicyUpdate:output_type -> rollout.v1.BeginPolicyUpdateResponse
-	31, // 46: rollout.v1.RolloutService.EndPolicyUpdate:output_type -> rollout.v1.EndPolicyUpdateResponse
-	33, // 47: rollout.v1.RolloutService.ListEnvironments:output_type -> rollout.v1.ListEnvironmentsResponse
-	35, // 48: rollout.v1.RolloutService.DescribeEnvironment:output_type -> rollout.v1.DescribeEnvironmentResponse
-	38, // [38:49] is the sub-list for method output_type
-	27, // [27:38] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	19, // 18: rollout.v1.Rollout.branches:type_name -> rollout.v1.Rollout
+	22, // 19: rollout.v1.CollectGroupsRequest.start:type_name -> rollout.v1.CollectStart
+	23, // 20: rollout.v1.CollectGroupsRequest.credit:type_name -> rollout.v1.CollectCredit
+	24, // 21: rollout.v1.CollectGroupsRequest.items:type_name -> rollout.v1.CollectItems
+	25, // 22: rollout.v1.CollectGroupsRequest.next:type_name -> rollout.v1.CollectNext
+	2,  // 23: rollout.v1.CollectStart.token_layout:type_name -> rollout.v1.TokenLayout
+	17, // 24: rollout.v1.CollectGroupsResponse.group:type_name -> rollout.v1.Group
+	27, // 25: rollout.v1.CollectGroupsResponse.status:type_name -> rollout.v1.CollectStatus
+	36, // 26: rollout.v1.ListEnvironmentsResponse.environments:type_name -> rollout.v1.Environment
+	36, // 27: rollout.v1.DescribeEnvironmentResponse.environment:type_name -> rollout.v1.Environment
+	3,  // 28: rollout.v1.RolloutService.GetVersion:input_type -> rollout.v1.GetVersionRequest
+	5,  // 29: rollout.v1.RolloutService.StartJob:input_type -> rollout.v1.StartJobRequest
+	7,  // 30: rollout.v1.RolloutService.GetJob:input_type -> rollout.v1.GetJobRequest
+	9,  // 31: rollout.v1.RolloutService.ListJobs:input_type -> rollout.v1.ListJobsRequest
+	11, // 32: rollout.v1.RolloutService.CancelJob:input_type -> rollout.v1.CancelJobRequest
+	13, // 33: rollout.v1.RolloutService.WatchJob:input_type -> rollout.v1.WatchJobRequest
+	21, // 34: rollout.v1.RolloutService.CollectGroups:input_type -> rollout.v1.CollectGroupsRequest
+	28, // 35: rollout.v1.RolloutService.BeginPolicyUpdate:input_type -> rollout.v1.BeginPolicyUpdateRequest
+	30, // 36: rollout.v1.RolloutService.EndPolicyUpdate:input_type -> rollout.v1.EndPolicyUpdateRequest
+	32, // 37: rollout.v1.RolloutService.ListEnvironments:input_type -> rollout.v1.ListEnvironmentsRequest
+	34, // 38: rollout.v1.RolloutService.DescribeEnvironment:input_type -> rollout.v1.DescribeEnvironmentRequest
+	4,  // 39: rollout.v1.RolloutService.GetVersion:output_type -> rollout.v1.GetVersionResponse
+	6,  // 40: rollout.v1.RolloutService.StartJob:output_type -> rollout.v1.StartJobResponse
+	8,  // 41: rollout.v1.RolloutService.GetJob:output_type -> rollout.v1.GetJobResponse
+	10, // 42: rollout.v1.RolloutService.ListJobs:output_type -> rollout.v1.ListJobsResponse
+	12, // 43: rollout.v1.RolloutService.CancelJob:output_type -> rollout.v1.CancelJobResponse
+	14, // 44: rollout.v1.RolloutService.WatchJob:output_type -> rollout.v1.WatchJobResponse
+	26, // 45: rollout.v1.RolloutService.CollectGroups:output_type -> rollout.v1.CollectGroupsResponse
+	29, // 46: rollout.v1.RolloutService.BeginPolicyUpdate:output_type -> rollout.v1.BeginPolicyUpdateResponse
+	31, // 47: rollout.v1.RolloutService.EndPolicyUpdate:output_type -> rollout.v1.EndPolicyUpdateResponse
+	33, // 48: rollout.v1.RolloutService.ListEnvironments:output_type -> rollout.v1.ListEnvironmentsResponse
+	35, // 49: rollout.v1.RolloutService.DescribeEnvironment:output_type -> rollout.v1.DescribeEnvironmentResponse
+	39, // [39:50] is the sub-list for method output_type
+	28, // [28:39] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_rollout_v1_rollout_proto_init() }

@@ -355,3 +355,79 @@ func TunnelResetInPlace(t *testing.T, b sandbox.PoolSource) {
 	}
 	_ = ln2.Close()
 }
+
+// BenchTunnel measures the tunnel against a plain loopback TCP connection
+// on the host, with the same client (busybox wget) and the same Go HTTP
+// server: throughput of one large GET (MB/s) and the time of one small
+// GET on a new connection (µs/conn, wget's process start included on both
+// sides). Each b.N iteration is one batch.
+func BenchTunnel(b *testing.B, sb sandbox.Sandbox) {
+	bb := HostBusybox()
+	if bb == "" {
+		b.Skip("no busybox on the host for the baseline")
+	}
+	const big = 64 << 20
+	payload := make([]byte, big)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/big" {
+			_, _ = w.Write(payload)
+			return
+		}
+		_, _ = io.WriteString(w, "ok")
+	})
+	ctx := context.Background()
+	tln, err := sandbox.Listen(ctx, sb, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	hln, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for _, ln := range []net.Listener{tln, hln} {
+		srv := &http.Server{Handler: h, ReadHeaderTimeout: time.Minute}
+		wg.Go(func() { _ = srv.Serve(ln) })
+		defer func() { _ = srv.Close() }()
+	}
+	defer wg.Wait()
+	const conns = 50
+	loop := func(port string) string {
+		return fmt.Sprintf("for i in $(seq 1 %d); do wget -q -O /dev/null http://127.0.0.1:%s/small || exit 1; done", conns, port)
+	}
+	get := func(port string) string {
+		return fmt.Sprintf("wget -q -O /dev/null http://127.0.0.1:%s/big", port)
+	}
+	_, tport, _ := net.SplitHostPort(tln.Addr().String())
+	_, hport, _ := net.SplitHostPort(hln.Addr().String())
+	inSandbox := func(cmd string) time.Duration {
+		r, err := sb.Exec(ctx, sandbox.ExecRequest{Command: cmd, Timeout: 5 * time.Minute})
+		if err != nil || r.ExitCode != 0 {
+			b.Fatalf("%s: %v %d %s", cmd, err, r.ExitCode, r.Stderr)
+		}
+		return r.Duration
+	}
+	onHost := func(cmd string) time.Duration {
+		start := time.Now()
+		c := exec.Command(bb, "sh", "-c", cmd)
+		c.Env = []string{"PATH=/nonexistent"} // busybox's own applets
+		if out, err := c.CombinedOutput(); err != nil {
+			b.Fatalf("%s: %v %s", cmd, err, out)
+		}
+		return time.Since(start)
+	}
+	// busybox sh runs its own applets (wget, seq) without PATH.
+	var tGet, hGet, tConn, hConn time.Duration
+	for b.Loop() {
+		tGet += inSandbox(get(tport))
+		hGet += onHost(get(hport))
+		tConn += inSandbox(loop(tport))
+		hConn += onHost(loop(hport))
+	}
+	n := float64(b.N)
+	mb := float64(big) / (1 << 20)
+	b.ReportMetric(mb*n/tGet.Seconds(), "tunnel-MB/s")
+	b.ReportMetric(mb*n/hGet.Seconds(), "loopback-MB/s")
+	b.ReportMetric(float64(tConn.Microseconds())/n/conns, "tunnel-µs/conn")
+	b.ReportMetric(float64(hConn.Microseconds())/n/conns, "loopback-µs/conn")
+}
