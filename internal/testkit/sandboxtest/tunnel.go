@@ -385,12 +385,18 @@ func BenchTunnel(b *testing.B, sb sandbox.Sandbox) {
 		b.Fatal(err)
 	}
 	var wg sync.WaitGroup
+	var srvs []*http.Server
 	for _, ln := range []net.Listener{tln, hln} {
 		srv := &http.Server{Handler: h, ReadHeaderTimeout: time.Minute}
+		srvs = append(srvs, srv)
 		wg.Go(func() { _ = srv.Serve(ln) })
-		defer func() { _ = srv.Close() }()
 	}
-	defer wg.Wait()
+	defer func() {
+		for _, srv := range srvs {
+			_ = srv.Close()
+		}
+		wg.Wait()
+	}()
 	const conns = 50
 	loop := func(port string) string {
 		return fmt.Sprintf("for i in $(seq 1 %d); do wget -q -O /dev/null http://127.0.0.1:%s/small || exit 1; done", conns, port)
