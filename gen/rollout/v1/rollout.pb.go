@@ -1502,31 +1502,33 @@ type Rollout struct {
 	// for (llama.cpp, a token ending inside a UTF-8 character): in tokens
 	// with loss_mask 0, not trained. As the Parquet column unscored_tokens.
 	UnscoredTokens int32 `protobuf:"varint,26,opt,name=unscored_tokens,json=unscoredTokens,proto3" json:"unscored_tokens,omitempty"`
+	// Fields 50-56: a gateway session's branches (issue 35; numbers kept
+	// clear of 27-49, which other work on this message uses).
 	// session_id of a gateway session (harness envs); the rollout id
 	// otherwise. As the Parquet column session_id.
-	SessionId string `protobuf:"bytes,27,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	SessionId string `protobuf:"bytes,50,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	// branch of the session this message carries: 0, the first (main)
 	// branch, in a group's rollouts; >= 1 inside branches. As the Parquet
 	// column branch.
-	Branch int32 `protobuf:"varint,28,opt,name=branch,proto3" json:"branch,omitempty"`
+	Branch int32 `protobuf:"varint,51,opt,name=branch,proto3" json:"branch,omitempty"`
 	// parent_branch: the branch this one shares the longest token prefix
 	// with (-1 for branch 0).
-	ParentBranch int32 `protobuf:"varint,29,opt,name=parent_branch,json=parentBranch,proto3" json:"parent_branch,omitempty"`
+	ParentBranch int32 `protobuf:"varint,52,opt,name=parent_branch,json=parentBranch,proto3" json:"parent_branch,omitempty"`
 	// split_call: the session call that started this branch (-1 for
 	// branch 0).
-	SplitCall int32 `protobuf:"varint,30,opt,name=split_call,json=splitCall,proto3" json:"split_call,omitempty"`
+	SplitCall int32 `protobuf:"varint,53,opt,name=split_call,json=splitCall,proto3" json:"split_call,omitempty"`
 	// shared_tokens: leading tokens this branch has in common with its
 	// parent (0 for branch 0).
-	SharedTokens int32 `protobuf:"varint,31,opt,name=shared_tokens,json=sharedTokens,proto3" json:"shared_tokens,omitempty"`
+	SharedTokens int32 `protobuf:"varint,54,opt,name=shared_tokens,json=sharedTokens,proto3" json:"shared_tokens,omitempty"`
 	// calls_json: the session's call records, JSON (docs/trajectory-schema.md,
 	// column calls); on branch 0 only, empty without a gateway session.
-	CallsJson string `protobuf:"bytes,32,opt,name=calls_json,json=callsJson,proto3" json:"calls_json,omitempty"`
+	CallsJson string `protobuf:"bytes,55,opt,name=calls_json,json=callsJson,proto3" json:"calls_json,omitempty"`
 	// branches: the session's other branches (1, 2, ...), each a full
 	// trainable token sequence in the same message shape (the same token
 	// layout), sharing this rollout's reward, advantage and status. Empty for
 	// a rollout with one branch, and always empty inside a branch. A client
 	// that ignores it sees the main branch, as before branches existed.
-	Branches      []*Rollout `protobuf:"bytes,33,rep,name=branches,proto3" json:"branches,omitempty"`
+	Branches      []*Rollout `protobuf:"bytes,56,rep,name=branches,proto3" json:"branches,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -3154,15 +3156,15 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"\adistill\x18\x19 \x03(\v2\x17.rollout.v1.TeacherTopKR\adistill\x12'\n" +
 	"\x0funscored_tokens\x18\x1a \x01(\x05R\x0eunscoredTokens\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x1b \x01(\tR\tsessionId\x12\x16\n" +
-	"\x06branch\x18\x1c \x01(\x05R\x06branch\x12#\n" +
-	"\rparent_branch\x18\x1d \x01(\x05R\fparentBranch\x12\x1d\n" +
+	"session_id\x182 \x01(\tR\tsessionId\x12\x16\n" +
+	"\x06branch\x183 \x01(\x05R\x06branch\x12#\n" +
+	"\rparent_branch\x184 \x01(\x05R\fparentBranch\x12\x1d\n" +
 	"\n" +
-	"split_call\x18\x1e \x01(\x05R\tsplitCall\x12#\n" +
-	"\rshared_tokens\x18\x1f \x01(\x05R\fsharedTokens\x12\x1d\n" +
+	"split_call\x185 \x01(\x05R\tsplitCall\x12#\n" +
+	"\rshared_tokens\x186 \x01(\x05R\fsharedTokens\x12\x1d\n" +
 	"\n" +
-	"calls_json\x18  \x01(\tR\tcallsJson\x12/\n" +
-	"\bbranches\x18! \x03(\v2\x13.rollout.v1.RolloutR\bbranches\x1aC\n" +
+	"calls_json\x187 \x01(\tR\tcallsJson\x12/\n" +
+	"\bbranches\x188 \x03(\v2\x13.rollout.v1.RolloutR\bbranches\x1aC\n" +
 	"\x15RewardComponentsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01B\f\n" +
