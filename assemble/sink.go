@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/trajectory"
 )
@@ -27,13 +28,13 @@ func (s *parquetSink) DurableWrites() bool { return s.w.Journaled() }
 // WriteGroup implements runner.Sink: it returns once the group is durable
 // in the run directory (journal fsynced), unless the journal is off.
 func (s *parquetSink) WriteGroup(ctx context.Context, run *runner.RunInfo, g *runner.Group) error {
-	recs := make([]trajectory.Record, len(g.Rollouts))
+	recs := make([]trajectory.Record, 0, len(g.Rollouts))
 	for i := range g.Rollouts {
-		rec, err := Record(run, g, &g.Rollouts[i])
+		rows, err := Records(run, g, &g.Rollouts[i])
 		if err != nil {
 			return err
 		}
-		recs[i] = rec
+		recs = append(recs, rows...)
 	}
 	seq, err := s.w.WriteGroupSeq(ctx, recs)
 	if err != nil {
@@ -61,7 +62,68 @@ func (s *parquetSink) CompletedGroups(ctx context.Context) (map[string]bool, err
 	return done, err
 }
 
-// Record converts one rollout of a finished group into its trajectory row.
+// Records converts one rollout of a finished group into its trajectory
+// rows: one per branch of its gateway session (branch 0 first), else the
+// one row of Record.
+func Records(run *runner.RunInfo, g *runner.Group, ro *runner.Rollout) ([]trajectory.Record, error) {
+	main, err := Record(run, g, ro)
+	if err != nil {
+		return nil, err
+	}
+	s := ro.Session
+	if s == nil || len(s.Branches) == 0 {
+		return []trajectory.Record{main}, nil
+	}
+	main.SessionID = s.ID
+	if main.SessionID == "" {
+		main.SessionID = ro.ID
+	}
+	calls := make([]trajectory.SessionCall, len(s.Calls))
+	for i, c := range s.Calls {
+		calls[i] = trajectory.SessionCall{Index: c.Index, API: c.API, Branch: c.Branch, Status: c.Status, Reason: c.Reason,
+			Requested: c.Requested, MaxTokens: c.MaxTokens, Granted: c.Granted, Stream: c.Stream, ReplyID: c.ReplyID,
+			PromptTokens: c.PromptTokens, CompletionTokens: c.CompletionTokens, Started: c.Started.UTC(),
+			DurationMS: float64(c.Duration.Microseconds()) / 1e3}
+	}
+	callsJSON, err := json.Marshal(calls)
+	if err != nil {
+		return nil, fmt.Errorf("group %s rollout %d: session calls: %w", g.ID, ro.Index, err)
+	}
+	out := make([]trajectory.Record, len(s.Branches))
+	for i := range s.Branches {
+		b := &s.Branches[i]
+		if b.Index != i {
+			return nil, fmt.Errorf("group %s rollout %d: session %s: branch %d at position %d (branches must be in index order)", g.ID, ro.Index, s.ID, b.Index, i)
+		}
+		rec := main
+		msgs, err := json.Marshal(b.Messages)
+		if err != nil {
+			return nil, fmt.Errorf("group %s rollout %d branch %d: messages: %w", g.ID, ro.Index, i, err)
+		}
+		rec.Messages = string(msgs)
+		rec.Masks, rec.TokenVersions, rec.VersionCuts = nil, nil, nil
+		rec.MinPolicyVersion, rec.MaxPolicyVersion, rec.PolicyLag = nil, nil, nil
+		// The teacher scores the own loop's sequence; a session's branches
+		// have none.
+		rec.DistillTokenIDs, rec.DistillLogprobs = nil, nil
+		sequence(&rec, &b.Sequence, 0, 0)
+		versions(&rec, g, ro, &b.Sequence)
+		rec.Branch, rec.ParentBranch, rec.SplitCall, rec.SharedTokens = int32(i), int32(b.Parent), int32(b.SplitCall), int32(b.Shared)
+		if i == 0 {
+			rec.ParentBranch, rec.SplitCall, rec.SharedTokens = -1, -1, 0
+			rec.Calls, rec.EchoRewritten, rec.EchoUnanchored = string(callsJSON), int32(s.Rewritten), int32(s.Unanchored)
+		} else {
+			// Session-level lists live on the main row only.
+			rec.ToolErrors, rec.LoopEvents, rec.TurnRewards = nil, nil, nil
+		}
+		rec.DeriveTrainingFields()
+		out[i] = rec
+	}
+	return out, nil
+}
+
+// Record converts one rollout of a finished group into its trajectory row
+// (the own agent loop's record; a gateway session's rows: Records).
 func Record(run *runner.RunInfo, g *runner.Group, ro *runner.Rollout) (trajectory.Record, error) {
 	res := &ro.Result
 	msgs, err := json.Marshal(res.Messages)
@@ -81,10 +143,10 @@ func Record(run *runner.RunInfo, g *runner.Group, ro *runner.Rollout) (trajector
 		RunID: run.RunID, Env: run.Env, Category: g.Task.Category, ItemID: g.Item.ID, GroupID: g.ID,
 		RolloutIndex: int32(ro.Index), Model: run.Model, PolicyVersion: policy,
 		SamplingParams: run.SamplingJSON, Messages: string(msgs), Tools: string(tools),
-		Tokens: seq.Tokens, LossMask: seq.Mask, Logprobs: seq.Logprobs,
 		Reward: ro.Score.Value, RewardComponents: ro.Score.Components, Advantage: ro.Advantage,
 		Turns: int32(res.TurnsUsed), FinishedNaturally: res.FinishedNaturally, StopReason: string(res.StopReason),
-		Status: trajectory.StatusOK, DriftTokens: int32(seq.DriftTokens), UnscoredTokens: int32(seq.Unscored), CreatedAt: ro.Created,
+		Status: trajectory.StatusOK, CreatedAt: ro.Created,
+		SessionID: ro.ID, ParentBranch: -1, SplitCall: -1,
 		Timings: trajectory.Timings{
 			GenerationMS: ro.Timings.Generation.Milliseconds(), ToolsMS: ro.Timings.Tools.Milliseconds(),
 			SandboxStartMS: ro.Timings.SandboxStart.Milliseconds(), RewardMS: ro.Timings.Reward.Milliseconds(),
@@ -97,19 +159,7 @@ func Record(run *runner.RunInfo, g *runner.Group, ro *runner.Rollout) (trajector
 			DiskBytes: ro.Limits.DiskBytes, Runtime: ro.Runtime, Backend: ro.Backend,
 		},
 	}
-	if n := len(seq.Tokens); n > 0 {
-		rec.PromptTokens = int32(min(seq.PromptLen, n))
-		rec.CompletionTokens = int32(n) - rec.PromptTokens
-	} else {
-		rec.PromptTokens = int32(res.Counters.PromptTokens)
-		rec.CompletionTokens = int32(res.Counters.CompletionTokens)
-	}
-	if len(rec.Logprobs) != len(rec.Tokens) {
-		// Logprobs are all-or-nothing per record: never misaligned.
-		rec.Logprobs = nil
-	} else if rec.Logprobs != nil {
-		rec.Logprobs = append([]float32(nil), rec.Logprobs...)
-	}
+	sequence(&rec, &seq, res.Counters.PromptTokens, res.Counters.CompletionTokens)
 	if rec.RewardComponents == nil {
 		rec.RewardComponents = map[string]float64{}
 	}
@@ -133,9 +183,29 @@ func Record(run *runner.RunInfo, g *runner.Group, ro *runner.Rollout) (trajector
 	if len(res.TurnRewards) > 0 {
 		rec.TurnRewards = append([]float64(nil), res.TurnRewards...)
 	}
-	versions(&rec, g, ro)
+	versions(&rec, g, ro, &seq)
 	rec.DeriveTrainingFields()
 	return rec, nil
+}
+
+// sequence fills rec's token columns from seq; prompt and completion are
+// the counters used when seq has no ids (chat mode).
+func sequence(rec *trajectory.Record, seq *inference.Sequence, prompt, completion int) {
+	rec.Tokens, rec.LossMask, rec.Logprobs = seq.Tokens, seq.Mask, seq.Logprobs
+	rec.DriftTokens, rec.UnscoredTokens = int32(seq.DriftTokens), int32(seq.Unscored)
+	if n := len(seq.Tokens); n > 0 {
+		rec.PromptTokens = int32(min(seq.PromptLen, n))
+		rec.CompletionTokens = int32(n) - rec.PromptTokens
+	} else {
+		rec.PromptTokens = int32(prompt)
+		rec.CompletionTokens = int32(completion)
+	}
+	if len(rec.Logprobs) != len(rec.Tokens) {
+		// Logprobs are all-or-nothing per record: never misaligned.
+		rec.Logprobs = nil
+	} else if rec.Logprobs != nil {
+		rec.Logprobs = append([]float32(nil), rec.Logprobs...)
+	}
 }
 
 // imageDigest is the image's content-addressed id when the backend told
@@ -150,8 +220,7 @@ func imageDigest(ro *runner.Rollout) string {
 // versions fills the asynchronous-RL columns: per-token versions, the
 // rollout's min/max version over its sampled tokens, its lag against the
 // version current when the group completed, and the cuts.
-func versions(rec *trajectory.Record, g *runner.Group, ro *runner.Rollout) {
-	seq := &ro.Result.Sequence
+func versions(rec *trajectory.Record, g *runner.Group, ro *runner.Rollout, seq *inference.Sequence) {
 	rec.Stale = g.Stale
 	if len(seq.Versions) != len(seq.Tokens) || len(seq.Tokens) == 0 || ro.Status != runner.StatusOK {
 		return

@@ -288,11 +288,13 @@ func (b *Bridge) waitRoom(ctx context.Context) {
 func (b *Bridge) convert(run *runner.RunInfo, g *runner.Group) (*spoolEntry, string, error) {
 	recs := make([]trajectory.Record, 0, len(g.Rollouts))
 	for i := range g.Rollouts {
-		rec, err := assemble.Record(run, g, &g.Rollouts[i])
+		// Every branch of a gateway session is its own token sequence in
+		// the group (docs/atropos.md).
+		rows, err := assemble.Records(run, g, &g.Rollouts[i])
 		if err != nil {
 			return nil, "", fmt.Errorf("atropos: %w", err)
 		}
-		recs = append(recs, rec)
+		recs = append(recs, rows...)
 	}
 	return b.convertRecords(g.ID, run.RunID, recs)
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/rollout-rl/rollout/agentloop"
 	"github.com/rollout-rl/rollout/datasets"
 	"github.com/rollout-rl/rollout/envs"
+	"github.com/rollout-rl/rollout/gateway"
 	"github.com/rollout-rl/rollout/rewards"
 	"github.com/rollout-rl/rollout/sandbox"
 )
@@ -84,6 +85,13 @@ type Rollout struct {
 	// distillation.
 	DistillTokenIDs [][]int32
 	DistillLogprobs [][]float32
+	// Session is what a gateway session left (harness envs): its calls and
+	// its branches, each a trainable token sequence; nil for the own agent
+	// loop, whose record is Result. With a session, the records are its
+	// branches (branch 0 the main row, which also carries Result's stop
+	// reason, turns, tool errors and loop events); Result.Sequence and
+	// Result.Messages are not used.
+	Session *gateway.SessionRecord
 	// deterministic: the failure would repeat on a retry (a bad spec).
 	deterministic bool
 }

@@ -40,6 +40,30 @@ type gate struct {
 	n    int
 	shut bool
 	idle chan struct{} // closed when n reaches 0 after shut
+	// closers end what outlives a call (tunnel listeners) when the gate
+	// shuts: they must not serve the next holder.
+	closers map[any]func()
+}
+
+// onShut registers f to run when the gate shuts; false (f not kept) when
+// it already has.
+func (g *gate) onShut(key any, f func()) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.shut {
+		return false
+	}
+	if g.closers == nil {
+		g.closers = map[any]func(){}
+	}
+	g.closers[key] = f
+	return true
+}
+
+func (g *gate) offShut(key any) {
+	g.mu.Lock()
+	delete(g.closers, key)
+	g.mu.Unlock()
 }
 
 func (g *gate) enter() bool {
@@ -66,7 +90,6 @@ func (g *gate) leave() {
 // channel closed when they have all returned.
 func (g *gate) close() (int, <-chan struct{}) {
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	g.shut = true
 	idle := make(chan struct{})
 	if g.n == 0 {
@@ -74,7 +97,13 @@ func (g *gate) close() (int, <-chan struct{}) {
 	} else {
 		g.idle = idle
 	}
-	return g.n, idle
+	n, closers := g.n, g.closers
+	g.closers = nil
+	g.mu.Unlock()
+	for _, f := range closers {
+		f()
+	}
+	return n, idle
 }
 
 // Begin admits one call: the owner is open and its gate not shut. The

@@ -32,7 +32,10 @@ type call struct {
 	resp    chan agent.Response
 	data    chan []byte
 	dataEnd bool
-	gone    chan struct{} // closed when the caller stopped listening
+	// endReason is the End frame's payload (an aborted stream), set
+	// before data is closed.
+	endReason string
+	gone      chan struct{} // closed when the caller stopped listening
 }
 
 func NewConn(r io.Reader, w io.Writer) *Conn {
@@ -93,6 +96,7 @@ func (c *Conn) read(r io.Reader) error {
 			case agent.FrameEnd:
 				if !cl.dataEnd {
 					cl.dataEnd = true
+					cl.endReason = string(f.Payload)
 					close(cl.data)
 				}
 			}

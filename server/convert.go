@@ -40,13 +40,23 @@ func groupProto(run *runner.RunInfo, g *runner.Group) (*rolloutv1.Group, error) 
 	}
 	for i := range g.Rollouts {
 		ro := &g.Rollouts[i]
-		rec, err := assemble.Record(run, g, ro)
+		recs, err := assemble.Records(run, g, ro)
 		if err != nil {
 			return nil, err
 		}
-		out.Rollouts[i] = RolloutProto(&rec, ro.ID, ro.Attempts)
+		out.Rollouts[i] = sessionProto(recs, ro.ID, ro.Attempts)
 	}
 	return out, nil
+}
+
+// sessionProto is the message of one rollout from its rows: branch 0's
+// row, with the other branches' rows in branches.
+func sessionProto(recs []trajectory.Record, rolloutID string, attempts int) *rolloutv1.Rollout {
+	pr := RolloutProto(&recs[0], rolloutID, attempts)
+	for k := range recs[1:] {
+		pr.Branches = append(pr.Branches, RolloutProto(&recs[k+1], rolloutID, attempts))
+	}
+	return pr
 }
 
 // RolloutProto is the stream message of one rollout's trajectory record
@@ -58,6 +68,8 @@ func RolloutProto(rec *trajectory.Record, rolloutID string, attempts int) *rollo
 		Logprobs: rec.Logprobs, PromptTokens: rec.PromptTokens, CompletionTokens: rec.CompletionTokens,
 		Turns: rec.Turns, FinishedNaturally: rec.FinishedNaturally, StopReason: rec.StopReason,
 		MessagesJson: rec.Messages, DriftTokens: rec.DriftTokens, UnscoredTokens: rec.UnscoredTokens, Attempts: int32(attempts),
+		SessionId: rec.SessionID, Branch: rec.Branch, ParentBranch: rec.ParentBranch, SplitCall: rec.SplitCall,
+		SharedTokens: rec.SharedTokens, CallsJson: rec.Calls,
 	}
 	if rec.Failure != nil {
 		pr.FailureKind, pr.FailureMessage = rec.Failure.Kind, rec.Failure.Message
@@ -101,17 +113,26 @@ func RolloutProto(rec *trajectory.Record, rolloutID string, attempts int) *rollo
 func storedGroupProto(recs []trajectory.Record, seq int64, dropEqual bool) *rolloutv1.Group {
 	r0 := &recs[0]
 	out := &rolloutv1.Group{GroupId: r0.GroupID, ItemId: r0.ItemID, Env: r0.Env, Category: r0.Category,
-		PolicyVersion: r0.PolicyVersion, Sequence: &seq, Rollouts: make([]*rolloutv1.Rollout, len(recs))}
+		PolicyVersion: r0.PolicyVersion, Sequence: &seq}
+	// A rollout's branches follow its main row (a group is written as one
+	// unit, each rollout's rows together, branch 0 first).
 	var sum float64
 	ok := 0
 	for i := range recs {
 		rec := &recs[i]
-		out.Rollouts[i] = RolloutProto(rec, fmt.Sprintf("%s#%d", rec.GroupID, rec.RolloutIndex), 0)
+		pr := RolloutProto(rec, fmt.Sprintf("%s#%d", rec.GroupID, rec.RolloutIndex), 0)
+		if !rec.Main() && len(out.Rollouts) > 0 && out.Rollouts[len(out.Rollouts)-1].Index == rec.RolloutIndex {
+			last := out.Rollouts[len(out.Rollouts)-1]
+			last.Branches = append(last.Branches, pr)
+			continue
+		}
+		out.Rollouts = append(out.Rollouts, pr)
 		if rec.Status == trajectory.StatusOK {
 			ok++
 			sum += rec.Reward
 		}
 	}
+	recs = trajectory.MainRows(recs)
 	if ok == 0 {
 		return out
 	}
@@ -203,6 +224,12 @@ func CompactRollout(r *rolloutv1.Rollout) *rolloutv1.Rollout {
 	if tl, ok := trainedLogprobs(r.LossMask, r.Logprobs); ok {
 		out.Logprobs, out.TrainedLogprobs = nil, tl
 	}
+	if len(r.Branches) > 0 {
+		out.Branches = make([]*rolloutv1.Rollout, len(r.Branches))
+		for i, b := range r.Branches {
+			out.Branches[i] = CompactRollout(b)
+		}
+	}
 	return out
 }
 
@@ -258,6 +285,11 @@ func trainedLogprobs(mask []int32, lps []float32) ([]float32, bool) {
 // not add up to the tokens, a trained_logprobs count that is not the
 // number of trained positions, both layouts at once) are an error.
 func ExpandRollout(r *rolloutv1.Rollout) error {
+	for _, b := range r.Branches {
+		if err := ExpandRollout(b); err != nil {
+			return fmt.Errorf("rollout %d branch %d: %w", r.Index, b.Branch, err)
+		}
+	}
 	if len(r.LossMaskRuns) > 0 {
 		if len(r.LossMask) > 0 {
 			return fmt.Errorf("rollout %d: both loss_mask and loss_mask_runs are set", r.Index)

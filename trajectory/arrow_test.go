@@ -170,6 +170,8 @@ func expectedArrowRow(r Record) map[string]any {
 			"tool_timeout_ms": m.ToolTimeoutMS, "parser": m.Parser, "service_version": m.ServiceVersion, "config_hash": m.ConfigHash,
 			"disk_bytes": m.DiskBytes, "runtime": m.Runtime, "backend": m.Backend},
 		"created_at": r.CreatedAt.UTC().Truncate(time.Microsecond),
+		"session_id": r.SessionID, "branch": r.Branch, "parent_branch": r.ParentBranch, "split_call": r.SplitCall,
+		"shared_tokens": r.SharedTokens, "calls": r.Calls, "echo_rewritten": r.EchoRewritten, "echo_unanchored": r.EchoUnanchored,
 	}
 }
 

@@ -153,3 +153,19 @@ func TestReadsFilesWithoutCallStatuses(t *testing.T) {
 		t.Fatalf("record (-want +got):\n%s", d)
 	}
 }
+
+// A part file written before the branch columns existed reads as branch 0
+// of its rollout: parent_branch and split_call −1, no session id, no calls.
+func TestReadsFilesWithoutBranches(t *testing.T) {
+	rec := fixtureRecords()[1]
+	want := rec
+	want.SessionID = ""
+	got := readAsOlderFile(t, rec, map[string]bool{"SessionID": true, "Branch": true, "ParentBranch": true, "SplitCall": true,
+		"SharedTokens": true, "Calls": true, "EchoRewritten": true, "EchoUnanchored": true})
+	if got.Branch != 0 || got.ParentBranch != -1 || got.SplitCall != -1 || !got.Main() {
+		t.Fatalf("branch %d parent %d split %d", got.Branch, got.ParentBranch, got.SplitCall)
+	}
+	if d := cmp.Diff(want, got, cmpopts.EquateEmpty()); d != "" {
+		t.Fatalf("record (-want +got):\n%s", d)
+	}
+}

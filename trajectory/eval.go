@@ -102,6 +102,8 @@ func PassAtK(n, c, k int) float64 {
 // infra_failure_rate but are excluded from pass@k and rewards: they say
 // nothing about the model.
 func ComputeEval(recs []Record, opts EvalOptions) EvalReport {
+	// A gateway session counts once: its main row.
+	recs = MainRows(recs)
 	thr := 1.0
 	if opts.PassThreshold != nil {
 		thr = *opts.PassThreshold
@@ -299,6 +301,7 @@ func WriteEvalReport(dir string, recs []Record, opts EvalOptions) (*EvalReport, 
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create eval dir: %w", err)
 	}
+	recs = MainRows(recs) // a gateway session is one sample
 	rep := ComputeEval(recs, opts)
 	b, err := json.MarshalIndent(rep, "", "  ")
 	if err != nil {

@@ -81,7 +81,11 @@ type ExportStats struct {
 // WriteSFT writes one JSONL line per selected record: ShareGPT
 // {"conversations":[{"from","value"}…]} in the Hermes function-calling layout,
 // or OpenAI {"messages":[…],"tools":[…]} with every message field kept.
+//
+// A gateway session exports its main branch (branch 0) only: the
+// conversation exports are one conversation per rollout.
 func WriteSFT(out io.Writer, recs []Record, format string, f Filter) (ExportStats, error) {
+	recs = MainRows(recs)
 	st := ExportStats{Read: len(recs)}
 	if format != FormatShareGPT && format != FormatMessages {
 		return st, fmt.Errorf("unknown SFT format %q (want %s or %s)", format, FormatShareGPT, FormatMessages)
@@ -302,7 +306,7 @@ func toolResponse(m *chatMessage, calls []chatToolCall, pos int) string {
 }
 
 // groupRecords returns the records of each group in first-seen order, each
-// group sorted by rollout index.
+// group sorted by rollout index, then branch.
 func groupRecords(recs []Record) [][]*Record {
 	idx := map[string]int{}
 	var groups [][]*Record
@@ -316,7 +320,12 @@ func groupRecords(recs []Record) [][]*Record {
 		groups[g] = append(groups[g], &recs[i])
 	}
 	for _, g := range groups {
-		sort.SliceStable(g, func(a, b int) bool { return g[a].RolloutIndex < g[b].RolloutIndex })
+		sort.SliceStable(g, func(a, b int) bool {
+			if g[a].RolloutIndex != g[b].RolloutIndex {
+				return g[a].RolloutIndex < g[b].RolloutIndex
+			}
+			return g[a].Branch < g[b].Branch
+		})
 	}
 	return groups
 }
@@ -335,7 +344,10 @@ type DPOOptions struct {
 // conversational preference layout: {"prompt": shared leading messages,
 // "chosen": rest of the better rollout, "rejected": rest of the worse one,
 // "tools", "score_chosen", "score_rejected"}.
+//
+// Pairs are built from main branches (branch 0) only, as for WriteSFT.
 func WriteDPO(out io.Writer, recs []Record, opts DPOOptions) (ExportStats, error) {
+	recs = MainRows(recs)
 	st := ExportStats{Read: len(recs)}
 	if opts.PairsPerGroup <= 0 {
 		opts.PairsPerGroup = 1
@@ -539,7 +551,10 @@ func atroposDistill(sd *ScoredDataGroup, g []*Record) {
 var ErrNoTokens = errors.New("record has no token ids")
 
 // AtroposGroups builds one ScoredDataGroup per group from the ok records
-// (infra failures are never sent to a trainer).
+// (infra failures are never sent to a trainer). Every branch of a gateway
+// session is its own sequence in its group, with the session's score and
+// advantage; a group with more sequences than GroupSize says so in
+// group_overrides.group_size.
 func AtroposGroups(recs []Record, opts AtroposOptions) ([]ScoredDataGroup, ExportStats, error) {
 	st := ExportStats{Read: len(recs)}
 	var ok []Record

@@ -51,6 +51,7 @@ func fixtureRecords() []Record {
 			Turns: 2, FinishedNaturally: finished, StopReason: "stop", Status: StatusOK,
 			Timings:  Timings{GenerationMS: 120 + int64(idx), ToolsMS: 30, SandboxStartMS: 400, RewardMS: 5, TotalMS: 560 + int64(idx)},
 			Manifest: manifest, CreatedAt: fixtureTime.Add(time.Duration(idx) * time.Second),
+			SessionID: fmt.Sprintf("ro-%s-%d", group, idx), ParentBranch: -1, SplitCall: -1,
 		}
 		if !finished {
 			r.StopReason = "length"
@@ -112,6 +113,7 @@ func fixtureRecords() []Record {
 		Model: "qwen-test", SamplingParams: `{"temperature":0.8}`, Messages: `[{"role":"user","content":"What is 2+5?"}]`, Tools: fixtureTools,
 		Status: StatusInfraFailed, Failure: &Failure{Kind: "sandbox_start", Message: "image rollout-sandbox:missing not found"},
 		StopReason: "infra_error", Timings: Timings{SandboxStartMS: 50, TotalMS: 51}, Manifest: manifest, CreatedAt: fixtureTime,
+		SessionID: "ro-g-2-2", ParentBranch: -1, SplitCall: -1,
 	}
 	return append(recs, failed)
 }

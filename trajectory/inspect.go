@@ -13,11 +13,16 @@ import (
 
 // Summary is what `rollout inspect` prints about a run.
 type Summary struct {
-	Files, Unlisted  int
+	Files, Unlisted int
+	// Rows counts rollouts (a gateway session once, whatever its
+	// branches); OK and Failed split them.
 	Rows, OK, Failed int
-	Envs             map[string]int
-	Groups, Items    int
-	Tokens, Trained  int64
+	// Sequences counts every row (each branch of a session is a trainable
+	// sequence); Branched the rollouts with more than one branch.
+	Sequences, Branched int
+	Envs                map[string]int
+	Groups, Items       int
+	Tokens, Trained     int64
 	// Sampled counts the ids the ok rows sampled; Unscored those of them
 	// without a logprob (untrained; inference.max_unscored_share).
 	Sampled, Unscored int64
@@ -78,17 +83,28 @@ func Summarize(run *Run, recs []Record) Summary {
 	}
 	groups, items := map[string]bool{}, map[string]bool{}
 	var rewards []float64
+	branched := map[string]bool{}
+	for i := range recs {
+		r := &recs[i]
+		s.Sequences++
+		s.Tokens += int64(len(r.Tokens))
+		s.Trained += int64(r.Trained())
+		sampled, unscored := sampledTokens(r)
+		s.Sampled += sampled
+		s.Unscored += unscored
+		if !r.Main() {
+			branched[fmt.Sprintf("%s\x00%d", r.GroupID, r.RolloutIndex)] = true
+		}
+	}
+	s.Branched = len(branched)
+	// The rest is per rollout: its main row.
+	recs = MainRows(recs)
 	for i := range recs {
 		r := &recs[i]
 		s.Rows++
 		s.Envs[r.Env]++
 		groups[r.GroupID] = true
 		items[r.Env+"\x00"+r.ItemID] = true
-		s.Tokens += int64(len(r.Tokens))
-		s.Trained += int64(r.Trained())
-		sampled, unscored := sampledTokens(r)
-		s.Sampled += sampled
-		s.Unscored += unscored
 		if r.StopReason != "" {
 			s.StopReasons[r.StopReason]++
 		}
@@ -227,8 +243,15 @@ func WriteSummary(w io.Writer, dir string, s Summary) error {
 	p("rollouts\t%d (ok %d, infra_failed %d)\n", s.Rows, s.OK, s.Failed)
 	p("groups / items\t%d / %d\n", s.Groups, s.Items)
 	p("envs\t%s\n", countsLine(s.Envs))
+	if s.Sequences > s.Rows {
+		p("branches\t%d sequences; %d rollouts with more than one branch (gateway sessions)\n", s.Sequences, s.Branched)
+	}
 	if s.Tokens > 0 {
-		p("tokens\t%d (%.1f%% trained, %.0f per rollout)\n", s.Tokens, 100*float64(s.Trained)/float64(s.Tokens), float64(s.Tokens)/float64(max(s.Rows, 1)))
+		per := "rollout"
+		if s.Sequences > s.Rows {
+			per = "sequence"
+		}
+		p("tokens\t%d (%.1f%% trained, %.0f per %s)\n", s.Tokens, 100*float64(s.Trained)/float64(s.Tokens), float64(s.Tokens)/float64(max(s.Sequences, 1)), per)
 	}
 	if s.Sampled > 0 {
 		p("unscored\t%d of %d sampled tokens (%.2f%%; no logprob, not trained)\n", s.Unscored, s.Sampled, 100*float64(s.Unscored)/float64(s.Sampled))

@@ -273,6 +273,11 @@ func decodeFrame(payload []byte) (journalFrame, error) {
 	for i, b := range fr.Present {
 		restorePresent(&fr.Records[i], b)
 	}
+	for i := range fr.Records {
+		// gob leaves out zero values and journals written before the
+		// branch columns have none: branch 0's -1s come back here.
+		fr.Records[i].Normalize()
+	}
 	rest := payload[4+n:]
 	take := func(k int) ([]byte, error) {
 		if k < 0 || k > len(rest) {

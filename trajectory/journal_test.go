@@ -28,7 +28,7 @@ func journalGroups() [][]Record {
 				RolloutIndex: int32(i), Messages: `[{"role":"user","content":"hi"}]`, Status: StatusOK,
 				Tokens: []int32{5, 6, 7, 8}, LossMask: []int8{0, 0, 1, 1}, Logprobs: []float32{1, 1, -0.5, -0.25},
 				PromptTokens: 2, CompletionTokens: 2, Reward: float64(i), RewardComponents: map[string]float64{"x": 1},
-				CreatedAt: time.Date(2026, 1, 2, 3, 4, 5, 6000, time.UTC)}
+				CreatedAt: time.Date(2026, 1, 2, 3, 4, 5, 6000, time.UTC), ParentBranch: -1, SplitCall: -1}
 			r.DeriveTrainingFields()
 			grp = append(grp, r)
 		}

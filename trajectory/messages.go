@@ -64,6 +64,9 @@ func (m *chatMessage) text() string {
 
 // recordRef names a record in error messages.
 func recordRef(r *Record) string {
+	if r.Branch > 0 {
+		return fmt.Sprintf("run %q group %q rollout %d branch %d", r.RunID, r.GroupID, r.RolloutIndex, r.Branch)
+	}
 	return fmt.Sprintf("run %q group %q rollout %d", r.RunID, r.GroupID, r.RolloutIndex)
 }
 

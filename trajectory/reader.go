@@ -116,6 +116,7 @@ func (f *File) Each(ctx context.Context, fn func(rec *Record) error) (err error)
 		}
 		n, rerr := r.Read(buf)
 		for i := range n {
+			buf[i].Normalize()
 			if err := fn(&buf[i]); err != nil {
 				return err
 			}

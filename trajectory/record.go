@@ -136,6 +136,87 @@ type Record struct {
 	// without routing and in files written before the columns existed.
 	RoutedExperts      []uint16 `parquet:"routed_experts,list"`
 	RoutedExpertsShape []int32  `parquet:"routed_experts_shape,list"`
+	// Sessions and branches (docs/trajectory-schema.md, "Branches"). A
+	// rollout of a gateway session with N branches is N rows sharing
+	// group_id, rollout_index, reward, advantage and status; every other
+	// rollout is one row, branch 0. Files written before these columns
+	// existed read as branch 0 with parent_branch and split_call -1
+	// (Normalize).
+	//
+	// SessionID is the gateway session's id, else the rollout id ("" in
+	// older files).
+	SessionID string `parquet:"session_id"`
+	// Branch is the row's branch in its session: 0 the first (main) one.
+	Branch int32 `parquet:"branch"`
+	// ParentBranch is the branch this one shares the longest token prefix
+	// with, -1 for branch 0; SplitCall the session call that started it
+	// (-1 for branch 0); SharedTokens the leading tokens it has in common
+	// with its parent.
+	ParentBranch int32 `parquet:"parent_branch"`
+	SplitCall    int32 `parquet:"split_call"`
+	SharedTokens int32 `parquet:"shared_tokens"`
+	// Calls is the session's call records as JSON (an array of
+	// SessionCall), on branch 0 only; "" without a gateway session.
+	Calls string `parquet:"calls"`
+	// EchoRewritten and EchoUnanchored count the session's echoed
+	// assistant turns the harness had rewritten (anchored back to the
+	// sampled ids) and could not be matched to any call (never trained);
+	// branch 0 only.
+	EchoRewritten  int32 `parquet:"echo_rewritten"`
+	EchoUnanchored int32 `parquet:"echo_unanchored"`
+}
+
+// SessionCall is one model call of a gateway session in the calls
+// column (gateway.CallRecord).
+type SessionCall struct {
+	Index            int            `json:"index"`
+	API              string         `json:"api"`
+	Branch           int            `json:"branch"`
+	Status           string         `json:"status"`
+	Reason           string         `json:"reason,omitempty"`
+	Requested        map[string]any `json:"requested,omitempty"`
+	MaxTokens        int            `json:"max_tokens,omitempty"`
+	Granted          int            `json:"granted,omitempty"`
+	Stream           bool           `json:"stream,omitempty"`
+	ReplyID          string         `json:"reply_id,omitempty"`
+	PromptTokens     int            `json:"prompt_tokens"`
+	CompletionTokens int            `json:"completion_tokens"`
+	Started          time.Time      `json:"started"`
+	DurationMS       float64        `json:"duration_ms"`
+}
+
+// Main reports whether r is its rollout's main row (branch 0): the row
+// that counts a session once (inspect, eval, conversation exports).
+func (r *Record) Main() bool { return r.Branch == 0 }
+
+// Normalize fills what older files lack: branch 0 has no parent and no
+// split call (-1), which a file written before the branch columns
+// existed reads as 0. Readers call it on every record.
+func (r *Record) Normalize() {
+	if r.Branch == 0 {
+		r.ParentBranch, r.SplitCall = -1, -1
+	}
+}
+
+// MainRows returns the records that are branch 0 of their rollout.
+func MainRows(recs []Record) []Record {
+	all := true
+	for i := range recs {
+		if !recs[i].Main() {
+			all = false
+			break
+		}
+	}
+	if all {
+		return recs
+	}
+	out := make([]Record, 0, len(recs))
+	for i := range recs {
+		if recs[i].Main() {
+			out = append(out, recs[i])
+		}
+	}
+	return out
 }
 
 // VersionCut is one change of policy version inside a generation: an
@@ -330,6 +411,23 @@ func (r *Record) Validate() error {
 	}
 	if r.GroupID == "" {
 		return bad("empty group_id")
+	}
+	switch {
+	case r.Branch < 0:
+		return bad("branch %d is negative", r.Branch)
+	// Branch 0's parent and split call are -1; 0 is "not set" (a record
+	// built before the columns existed), which the writer normalizes.
+	case r.Branch == 0 && (r.ParentBranch < -1 || r.ParentBranch > 0 || r.SplitCall < -1 || r.SplitCall > 0 || r.SharedTokens != 0):
+		return bad("branch 0 has parent_branch %d, split_call %d, shared_tokens %d (want -1, -1, 0)", r.ParentBranch, r.SplitCall, r.SharedTokens)
+	case r.Branch > 0 && (r.ParentBranch < 0 || r.ParentBranch >= r.Branch):
+		return bad("branch %d has parent_branch %d (want an earlier branch)", r.Branch, r.ParentBranch)
+	case r.Branch > 0 && (r.SplitCall < 0 || r.SharedTokens < 0 || int(r.SharedTokens) > n):
+		return bad("branch %d has split_call %d, shared_tokens %d of %d tokens", r.Branch, r.SplitCall, r.SharedTokens, n)
+	case r.Branch > 0 && (r.Calls != "" || r.EchoRewritten != 0 || r.EchoUnanchored != 0):
+		return bad("branch %d carries session columns (calls, echo_*), which belong to branch 0", r.Branch)
+	}
+	if r.Calls != "" && !json.Valid([]byte(r.Calls)) {
+		return bad("calls is not valid JSON")
 	}
 	return nil
 }

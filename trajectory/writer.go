@@ -351,6 +351,7 @@ func (w *Writer) prepare(rec *Record) error {
 		rec.CreatedAt = time.Now()
 	}
 	rec.CreatedAt = rec.CreatedAt.UTC().Truncate(time.Microsecond)
+	rec.Normalize()
 	if rec.SchemaVersion != SchemaVersion {
 		return fmt.Errorf("%w: schema_version %d, this writer writes %d", ErrInvalidRecord, rec.SchemaVersion, SchemaVersion)
 	}

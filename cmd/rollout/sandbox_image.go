@@ -77,6 +77,7 @@ func newSandboxImageBuildCmd() *cobra.Command {
 			"through the Docker Engine API. An image whose recipe hash label matches is left alone.\n" +
 			"Sandbox recipes (--name all): " + fmt.Sprint(image.Names()) + ".\n" +
 			"Engine recipes, built only when named: " + engineRecipes() + ".\n" +
+			"Harness recipes, built only when named: " + fmt.Sprint(image.HarnessNames()) + " (" + image.Ref("harness") + ").\n" +
 			"See docs/images.md and docs/real-engines.md.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

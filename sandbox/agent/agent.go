@@ -162,6 +162,10 @@ type inflight struct {
 	data   chan []byte   // inbound Data frames; closed on End
 	done   chan struct{} // closed when the handler returned
 	ended  bool
+	// closing is closed on an End with EndClose (OpAccept: close the
+	// connection once the inbound bytes are written).
+	closing     chan struct{}
+	closingOnce sync.Once
 }
 
 type server struct {
@@ -206,12 +210,14 @@ type peer struct {
 
 	mu   sync.Mutex
 	reqs map[uint32]*inflight
+	// listeners are the open OpListen requests of this peer, by id.
+	listeners map[uint32]*tunnelListener
 
 	conn io.Closer // a secondary peer's connection, closed at shutdown
 }
 
 func newPeer(w io.Writer) *peer {
-	return &peer{out: bufio.NewWriterSize(w, 256<<10), reqs: map[uint32]*inflight{}}
+	return &peer{out: bufio.NewWriterSize(w, 256<<10), reqs: map[uint32]*inflight{}, listeners: map[uint32]*tunnelListener{}}
 }
 
 func newServer(w io.Writer) *server {
@@ -285,7 +291,7 @@ func (s *server) servePeer(p *peer, r io.Reader) error {
 				continue
 			}
 			ctx, cancel := context.WithCancel(context.Background())
-			in := &inflight{cancel: cancel, data: make(chan []byte, 16), done: make(chan struct{})}
+			in := &inflight{cancel: cancel, data: make(chan []byte, 16), done: make(chan struct{}), closing: make(chan struct{})}
 			p.mu.Lock()
 			// Checked under p.mu: a reset sets the flag before it
 			// cancels what p.reqs holds, so a request is either cancelled
@@ -325,7 +331,10 @@ func (s *server) servePeer(p *peer, r io.Reader) error {
 			case f.Type == FrameCancel:
 				in.cancel()
 			case f.Type == FrameEnd:
-				if len(f.Payload) > 0 {
+				switch {
+				case string(f.Payload) == EndClose:
+					in.closingOnce.Do(func() { close(in.closing) })
+				case len(f.Payload) > 0:
 					in.cancel() // the host aborted its stream
 				}
 				if !in.ended {
@@ -438,6 +447,10 @@ func (s *server) handle(ctx context.Context, p *peer, id uint32, req *Request, d
 		resp.Exec = r
 	case OpReset:
 		resp.Reset, err = s.reset(ctx, p, id, req)
+	case OpListen:
+		err = s.listen(ctx, p, id, req.Port)
+	case OpAccept:
+		err = s.accept(ctx, p, id, req.Listener, data)
 	default:
 		err = invalidf("unknown op %q", req.Op)
 	}

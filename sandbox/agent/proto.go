@@ -59,7 +59,40 @@ const (
 	// Request.TimeoutNS bounds it (default 60 s). Any doubt is an error,
 	// never a partial success: the host then removes the container.
 	OpReset = "reset"
+	// OpListen binds a TCP listener on 127.0.0.1:Request.Port inside the
+	// sandbox (port 0: the kernel picks one; loopback only, never another
+	// address). The request stays open as long as the listener: the agent
+	// first sends one Data frame holding a JSON ListenInfo (the bound
+	// port), and answers the Response only when the listener closed (on
+	// Cancel, when its channel ends, or on a reset), after closing every
+	// connection accepted from it.
+	OpListen = "listen"
+	// OpAccept takes the next connection of the listener opened by the
+	// request id Request.Listener (on the same channel). The agent first
+	// sends one Data frame holding a JSON AcceptInfo, then relays: bytes
+	// the connection's peer writes come as Data frames, its half-close as
+	// an End frame; the host's Data frames are written to it, its End
+	// (no payload) half-closes it (CloseWrite), End with EndClose closes
+	// it once everything sent before was written, any other End payload
+	// or a Cancel aborts it. The Response comes when the connection is
+	// closed; an aborted relay sends End with a payload first.
+	OpAccept = "accept"
 )
+
+// EndClose is the End frame payload a host sends on an OpAccept stream
+// for a full close: write what was sent, then close the connection (a
+// TCP close, not an abort). Other ops treat it as a plain End.
+const EndClose = "close"
+
+// ListenInfo is the first Data frame of an OpListen request.
+type ListenInfo struct {
+	Port int `json:"port"`
+}
+
+// AcceptInfo is the first Data frame of an OpAccept request.
+type AcceptInfo struct {
+	Remote string `json:"remote"` // the in-sandbox peer's address
+}
 
 // Error codes of Response.Code, mapped to the sandbox error classes.
 const (
@@ -107,8 +140,10 @@ type Request struct {
 	Mode      uint32    `json:"mode,omitempty"`
 	TimeoutNS int64     `json:"timeout_ns,omitempty"`
 	Data      []byte    `json:"data,omitempty"`
-	Close     bool      `json:"close,omitempty"` // OpStdin: close stdin after writing Data
-	Paths     []string  `json:"paths,omitempty"` // OpReset: the mount roots to empty
+	Close     bool      `json:"close,omitempty"`    // OpStdin: close stdin after writing Data
+	Paths     []string  `json:"paths,omitempty"`    // OpReset: the mount roots to empty
+	Port      int       `json:"port,omitempty"`     // OpListen: the loopback port (0: any)
+	Listener  uint32    `json:"listener,omitempty"` // OpAccept: the OpListen request's id
 }
 
 // ExecResult is the outcome of OpExec.

@@ -36,6 +36,10 @@ const (
 	// Lab images are infrastructure for the project's own test cluster
 	// (rollout-k8s-node:bookworm, docs/kubernetes.md); never sandboxes.
 	Lab
+	// Harness images are sandboxes for harness envs (an outside agent
+	// harness and its SDKs installed, rollout-harness:sid); built only
+	// when named, not by `--name all`, make image or make test.
+	Harness
 )
 
 // recipeFormat is bumped when the way recipes are turned into images changes
@@ -81,6 +85,10 @@ func Names() []string { return KindNames(Sandbox) }
 // sorted. They are built only on request.
 func EngineNames() []string { return KindNames(Engine) }
 
+// HarnessNames lists the harness image recipes, sorted. They are built
+// only on request.
+func HarnessNames() []string { return KindNames(Harness) }
+
 // KindNames lists the recipes of one kind, sorted.
 func KindNames(k Kind) []string {
 	out := make([]string, 0, len(recipes))
@@ -115,7 +123,7 @@ func Describe(name string) (string, error) {
 func lookup(name string) (*recipe, error) {
 	r, ok := recipes[name]
 	if !ok {
-		all := append(Names(), EngineNames()...)
+		all := append(append(Names(), EngineNames()...), HarnessNames()...)
 		sort.Strings(all)
 		return nil, fmt.Errorf("%w: %q (known: %s)", ErrUnknownRecipe, name, strings.Join(all, ", "))
 	}

@@ -1517,8 +1517,35 @@ type Rollout struct {
 	// both token layouts. (Numbered from 41: 27-39 are left free, 40 is call_statuses.)
 	RoutedExperts      []uint32 `protobuf:"varint,41,rep,packed,name=routed_experts,json=routedExperts,proto3" json:"routed_experts,omitempty"`
 	RoutedExpertsShape []int32  `protobuf:"varint,42,rep,packed,name=routed_experts_shape,json=routedExpertsShape,proto3" json:"routed_experts_shape,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Fields 50-56: a gateway session's branches (issue 35; numbers kept
+	// clear of 27-49, which other work on this message uses).
+	// session_id of a gateway session (harness envs); the rollout id
+	// otherwise. As the Parquet column session_id.
+	SessionId string `protobuf:"bytes,50,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// branch of the session this message carries: 0, the first (main)
+	// branch, in a group's rollouts; >= 1 inside branches. As the Parquet
+	// column branch.
+	Branch int32 `protobuf:"varint,51,opt,name=branch,proto3" json:"branch,omitempty"`
+	// parent_branch: the branch this one shares the longest token prefix
+	// with (-1 for branch 0).
+	ParentBranch int32 `protobuf:"varint,52,opt,name=parent_branch,json=parentBranch,proto3" json:"parent_branch,omitempty"`
+	// split_call: the session call that started this branch (-1 for
+	// branch 0).
+	SplitCall int32 `protobuf:"varint,53,opt,name=split_call,json=splitCall,proto3" json:"split_call,omitempty"`
+	// shared_tokens: leading tokens this branch has in common with its
+	// parent (0 for branch 0).
+	SharedTokens int32 `protobuf:"varint,54,opt,name=shared_tokens,json=sharedTokens,proto3" json:"shared_tokens,omitempty"`
+	// calls_json: the session's call records, JSON (docs/trajectory-schema.md,
+	// column calls); on branch 0 only, empty without a gateway session.
+	CallsJson string `protobuf:"bytes,55,opt,name=calls_json,json=callsJson,proto3" json:"calls_json,omitempty"`
+	// branches: the session's other branches (1, 2, ...), each a full
+	// trainable token sequence in the same message shape (the same token
+	// layout), sharing this rollout's reward, advantage and status. Empty for
+	// a rollout with one branch, and always empty inside a branch. A client
+	// that ignores it sees the main branch, as before branches existed.
+	Branches      []*Rollout `protobuf:"bytes,56,rep,name=branches,proto3" json:"branches,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Rollout) Reset() {
@@ -1750,6 +1777,55 @@ func (x *Rollout) GetRoutedExperts() []uint32 {
 func (x *Rollout) GetRoutedExpertsShape() []int32 {
 	if x != nil {
 		return x.RoutedExpertsShape
+	}
+	return nil
+}
+
+func (x *Rollout) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *Rollout) GetBranch() int32 {
+	if x != nil {
+		return x.Branch
+	}
+	return 0
+}
+
+func (x *Rollout) GetParentBranch() int32 {
+	if x != nil {
+		return x.ParentBranch
+	}
+	return 0
+}
+
+func (x *Rollout) GetSplitCall() int32 {
+	if x != nil {
+		return x.SplitCall
+	}
+	return 0
+}
+
+func (x *Rollout) GetSharedTokens() int32 {
+	if x != nil {
+		return x.SharedTokens
+	}
+	return 0
+}
+
+func (x *Rollout) GetCallsJson() string {
+	if x != nil {
+		return x.CallsJson
+	}
+	return ""
+}
+
+func (x *Rollout) GetBranches() []*Rollout {
+	if x != nil {
+		return x.Branches
 	}
 	return nil
 }
@@ -3162,7 +3238,7 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"\bposition\x18\x02 \x01(\x05R\bposition\x12\x12\n" +
 	"\x04kind\x18\x03 \x01(\tR\x04kind\x12\x12\n" +
 	"\x04from\x18\x04 \x01(\x03R\x04from\x12\x0e\n" +
-	"\x02to\x18\x05 \x01(\x03R\x02to\"\xbd\t\n" +
+	"\x02to\x18\x05 \x01(\x03R\x02to\"\xad\v\n" +
 	"\aRollout\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x1d\n" +
 	"\n" +
@@ -3195,7 +3271,17 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"\x0funscored_tokens\x18\x1a \x01(\x05R\x0eunscoredTokens\x12;\n" +
 	"\rcall_statuses\x18( \x03(\v2\x16.rollout.v1.CallStatusR\fcallStatuses\x12%\n" +
 	"\x0erouted_experts\x18) \x03(\rR\rroutedExperts\x120\n" +
-	"\x14routed_experts_shape\x18* \x03(\x05R\x12routedExpertsShape\x1aC\n" +
+	"\x14routed_experts_shape\x18* \x03(\x05R\x12routedExpertsShape\x12\x1d\n" +
+	"\n" +
+	"session_id\x182 \x01(\tR\tsessionId\x12\x16\n" +
+	"\x06branch\x183 \x01(\x05R\x06branch\x12#\n" +
+	"\rparent_branch\x184 \x01(\x05R\fparentBranch\x12\x1d\n" +
+	"\n" +
+	"split_call\x185 \x01(\x05R\tsplitCall\x12#\n" +
+	"\rshared_tokens\x186 \x01(\x05R\fsharedTokens\x12\x1d\n" +
+	"\n" +
+	"calls_json\x187 \x01(\tR\tcallsJson\x12/\n" +
+	"\bbranches\x188 \x03(\v2\x13.rollout.v1.RolloutR\bbranches\x1aC\n" +
 	"\x15RewardComponentsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01B\f\n" +
@@ -3396,42 +3482,43 @@ var file_rollout_v1_rollout_proto_depIdxs = []int32{
 	18, // 16: rollout.v1.Rollout.version_cuts:type_name -> rollout.v1.VersionCut
 	21, // 17: rollout.v1.Rollout.distill:type_name -> rollout.v1.TeacherTopK
 	20, // 18: rollout.v1.Rollout.call_statuses:type_name -> rollout.v1.CallStatus
-	23, // 19: rollout.v1.CollectGroupsRequest.start:type_name -> rollout.v1.CollectStart
-	24, // 20: rollout.v1.CollectGroupsRequest.credit:type_name -> rollout.v1.CollectCredit
-	25, // 21: rollout.v1.CollectGroupsRequest.items:type_name -> rollout.v1.CollectItems
-	26, // 22: rollout.v1.CollectGroupsRequest.next:type_name -> rollout.v1.CollectNext
-	2,  // 23: rollout.v1.CollectStart.token_layout:type_name -> rollout.v1.TokenLayout
-	17, // 24: rollout.v1.CollectGroupsResponse.group:type_name -> rollout.v1.Group
-	28, // 25: rollout.v1.CollectGroupsResponse.status:type_name -> rollout.v1.CollectStatus
-	37, // 26: rollout.v1.ListEnvironmentsResponse.environments:type_name -> rollout.v1.Environment
-	37, // 27: rollout.v1.DescribeEnvironmentResponse.environment:type_name -> rollout.v1.Environment
-	3,  // 28: rollout.v1.RolloutService.GetVersion:input_type -> rollout.v1.GetVersionRequest
-	5,  // 29: rollout.v1.RolloutService.StartJob:input_type -> rollout.v1.StartJobRequest
-	7,  // 30: rollout.v1.RolloutService.GetJob:input_type -> rollout.v1.GetJobRequest
-	9,  // 31: rollout.v1.RolloutService.ListJobs:input_type -> rollout.v1.ListJobsRequest
-	11, // 32: rollout.v1.RolloutService.CancelJob:input_type -> rollout.v1.CancelJobRequest
-	13, // 33: rollout.v1.RolloutService.WatchJob:input_type -> rollout.v1.WatchJobRequest
-	22, // 34: rollout.v1.RolloutService.CollectGroups:input_type -> rollout.v1.CollectGroupsRequest
-	29, // 35: rollout.v1.RolloutService.BeginPolicyUpdate:input_type -> rollout.v1.BeginPolicyUpdateRequest
-	31, // 36: rollout.v1.RolloutService.EndPolicyUpdate:input_type -> rollout.v1.EndPolicyUpdateRequest
-	33, // 37: rollout.v1.RolloutService.ListEnvironments:input_type -> rollout.v1.ListEnvironmentsRequest
-	35, // 38: rollout.v1.RolloutService.DescribeEnvironment:input_type -> rollout.v1.DescribeEnvironmentRequest
-	4,  // 39: rollout.v1.RolloutService.GetVersion:output_type -> rollout.v1.GetVersionResponse
-	6,  // 40: rollout.v1.RolloutService.StartJob:output_type -> rollout.v1.StartJobResponse
-	8,  // 41: rollout.v1.RolloutService.GetJob:output_type -> rollout.v1.GetJobResponse
-	10, // 42: rollout.v1.RolloutService.ListJobs:output_type -> rollout.v1.ListJobsResponse
-	12, // 43: rollout.v1.RolloutService.CancelJob:output_type -> rollout.v1.CancelJobResponse
-	14, // 44: rollout.v1.RolloutService.WatchJob:output_type -> rollout.v1.WatchJobResponse
-	27, // 45: rollout.v1.RolloutService.CollectGroups:output_type -> rollout.v1.CollectGroupsResponse
-	30, // 46: rollout.v1.RolloutService.BeginPolicyUpdate:output_type -> rollout.v1.BeginPolicyUpdateResponse
-	32, // 47: rollout.v1.RolloutService.EndPolicyUpdate:output_type -> rollout.v1.EndPolicyUpdateResponse
-	34, // 48: rollout.v1.RolloutService.ListEnvironments:output_type -> rollout.v1.ListEnvironmentsResponse
-	36, // 49: rollout.v1.RolloutService.DescribeEnvironment:output_type -> rollout.v1.DescribeEnvironmentResponse
-	39, // [39:50] is the sub-list for method output_type
-	28, // [28:39] is the sub-list for method input_type
-	28, // [28:28] is the sub-list for extension type_name
-	28, // [28:28] is the sub-list for extension extendee
-	0,  // [0:28] is the sub-list for field type_name
+	19, // 19: rollout.v1.Rollout.branches:type_name -> rollout.v1.Rollout
+	23, // 20: rollout.v1.CollectGroupsRequest.start:type_name -> rollout.v1.CollectStart
+	24, // 21: rollout.v1.CollectGroupsRequest.credit:type_name -> rollout.v1.CollectCredit
+	25, // 22: rollout.v1.CollectGroupsRequest.items:type_name -> rollout.v1.CollectItems
+	26, // 23: rollout.v1.CollectGroupsRequest.next:type_name -> rollout.v1.CollectNext
+	2,  // 24: rollout.v1.CollectStart.token_layout:type_name -> rollout.v1.TokenLayout
+	17, // 25: rollout.v1.CollectGroupsResponse.group:type_name -> rollout.v1.Group
+	28, // 26: rollout.v1.CollectGroupsResponse.status:type_name -> rollout.v1.CollectStatus
+	37, // 27: rollout.v1.ListEnvironmentsResponse.environments:type_name -> rollout.v1.Environment
+	37, // 28: rollout.v1.DescribeEnvironmentResponse.environment:type_name -> rollout.v1.Environment
+	3,  // 29: rollout.v1.RolloutService.GetVersion:input_type -> rollout.v1.GetVersionRequest
+	5,  // 30: rollout.v1.RolloutService.StartJob:input_type -> rollout.v1.StartJobRequest
+	7,  // 31: rollout.v1.RolloutService.GetJob:input_type -> rollout.v1.GetJobRequest
+	9,  // 32: rollout.v1.RolloutService.ListJobs:input_type -> rollout.v1.ListJobsRequest
+	11, // 33: rollout.v1.RolloutService.CancelJob:input_type -> rollout.v1.CancelJobRequest
+	13, // 34: rollout.v1.RolloutService.WatchJob:input_type -> rollout.v1.WatchJobRequest
+	22, // 35: rollout.v1.RolloutService.CollectGroups:input_type -> rollout.v1.CollectGroupsRequest
+	29, // 36: rollout.v1.RolloutService.BeginPolicyUpdate:input_type -> rollout.v1.BeginPolicyUpdateRequest
+	31, // 37: rollout.v1.RolloutService.EndPolicyUpdate:input_type -> rollout.v1.EndPolicyUpdateRequest
+	33, // 38: rollout.v1.RolloutService.ListEnvironments:input_type -> rollout.v1.ListEnvironmentsRequest
+	35, // 39: rollout.v1.RolloutService.DescribeEnvironment:input_type -> rollout.v1.DescribeEnvironmentRequest
+	4,  // 40: rollout.v1.RolloutService.GetVersion:output_type -> rollout.v1.GetVersionResponse
+	6,  // 41: rollout.v1.RolloutService.StartJob:output_type -> rollout.v1.StartJobResponse
+	8,  // 42: rollout.v1.RolloutService.GetJob:output_type -> rollout.v1.GetJobResponse
+	10, // 43: rollout.v1.RolloutService.ListJobs:output_type -> rollout.v1.ListJobsResponse
+	12, // 44: rollout.v1.RolloutService.CancelJob:output_type -> rollout.v1.CancelJobResponse
+	14, // 45: rollout.v1.RolloutService.WatchJob:output_type -> rollout.v1.WatchJobResponse
+	27, // 46: rollout.v1.RolloutService.CollectGroups:output_type -> rollout.v1.CollectGroupsResponse
+	30, // 47: rollout.v1.RolloutService.BeginPolicyUpdate:output_type -> rollout.v1.BeginPolicyUpdateResponse
+	32, // 48: rollout.v1.RolloutService.EndPolicyUpdate:output_type -> rollout.v1.EndPolicyUpdateResponse
+	34, // 49: rollout.v1.RolloutService.ListEnvironments:output_type -> rollout.v1.ListEnvironmentsResponse
+	36, // 50: rollout.v1.RolloutService.DescribeEnvironment:output_type -> rollout.v1.DescribeEnvironmentResponse
+	40, // [40:51] is the sub-list for method output_type
+	29, // [29:40] is the sub-list for method input_type
+	29, // [29:29] is the sub-list for extension type_name
+	29, // [29:29] is the sub-list for extension extendee
+	0,  // [0:29] is the sub-list for field type_name
 }
 
 func init() { file_rollout_v1_rollout_proto_init() }
