@@ -81,7 +81,7 @@ func Records(run *runner.RunInfo, g *runner.Group, ro *runner.Rollout) ([]trajec
 	calls := make([]trajectory.SessionCall, len(s.Calls))
 	for i, c := range s.Calls {
 		calls[i] = trajectory.SessionCall{Index: c.Index, API: c.API, Branch: c.Branch, Status: c.Status, Reason: c.Reason,
-			Requested: c.Requested, MaxTokens: c.MaxTokens, Granted: c.Granted, Stream: c.Stream, ReplyID: c.ReplyID,
+			Requested: c.Requested, MaxTokens: c.MaxTokens, Granted: c.Granted, Stream: c.Stream, ToolChoice: c.ToolChoice, ReplyID: c.ReplyID,
 			PromptTokens: c.PromptTokens, CompletionTokens: c.CompletionTokens, Started: c.Started.UTC(),
 			DurationMS: float64(c.Duration.Microseconds()) / 1e3}
 	}
@@ -114,7 +114,7 @@ func Records(run *runner.RunInfo, g *runner.Group, ro *runner.Rollout) ([]trajec
 			rec.Calls, rec.EchoRewritten, rec.EchoUnanchored = string(callsJSON), int32(s.Rewritten), int32(s.Unanchored)
 		} else {
 			// Session-level lists live on the main row only.
-			rec.ToolErrors, rec.LoopEvents, rec.TurnRewards = nil, nil, nil
+			rec.ToolErrors, rec.LoopEvents, rec.TurnRewards, rec.CallStatuses = nil, nil, nil, nil
 		}
 		rec.DeriveTrainingFields()
 		out[i] = rec

@@ -178,6 +178,7 @@ type SessionCall struct {
 	MaxTokens        int            `json:"max_tokens,omitempty"`
 	Granted          int            `json:"granted,omitempty"`
 	Stream           bool           `json:"stream,omitempty"`
+	ToolChoice       string         `json:"tool_choice,omitempty"`
 	ReplyID          string         `json:"reply_id,omitempty"`
 	PromptTokens     int            `json:"prompt_tokens"`
 	CompletionTokens int            `json:"completion_tokens"`
