@@ -76,6 +76,9 @@ func (d *Door) ServeModels(w http.ResponseWriter, r *http.Request, c gateway.Com
 		// CreatedAt is required by the API's shape; the engine does not
 		// say when its model was released, so it is the Unix epoch.
 		CreatedAt string `json:"created_at"`
+		// MaxInputTokens is the engine's context window (absent when
+		// unknown: never invented).
+		MaxInputTokens int `json:"max_input_tokens,omitempty"`
 	}
 	list := struct {
 		Data    []model `json:"data"`
@@ -84,7 +87,7 @@ func (d *Door) ServeModels(w http.ResponseWriter, r *http.Request, c gateway.Com
 		LastID  *string `json:"last_id"`
 	}{Data: []model{}}
 	for _, m := range models {
-		list.Data = append(list.Data, model{Type: "model", ID: m.ID, DisplayName: m.ID, CreatedAt: time.Unix(0, 0).UTC().Format(time.RFC3339)})
+		list.Data = append(list.Data, model{Type: "model", ID: m.ID, DisplayName: m.ID, CreatedAt: time.Unix(0, 0).UTC().Format(time.RFC3339), MaxInputTokens: m.ContextLength})
 	}
 	if n := len(list.Data); n > 0 {
 		list.FirstID, list.LastID = &list.Data[0].ID, &list.Data[n-1].ID
