@@ -136,31 +136,6 @@ type FrontDoor interface {
 	Mount(mux *http.ServeMux, prefix string, c Completer)
 }
 
-// ModelsServer is implemented by a front door whose API also has a GET
-// /v1/models in its own shape (Anthropic's list differs from OpenAI's).
-// The route is shared, so such a door does not mount it: MountModels
-// mounts it once for all doors and asks each ModelsServer in turn whether
-// a request is its API's (by header: anthropic-version, x-api-key).
-type ModelsServer interface {
-	ClaimsModels(r *http.Request) bool
-	ServeModels(w http.ResponseWriter, r *http.Request, c Completer)
-}
-
-// MountModels mounts GET {prefix}/v1/models on mux: the first door in
-// doors that is a ModelsServer and claims the request answers it, else
-// fallback (the OpenAI list) does.
-func MountModels(mux *http.ServeMux, prefix string, c Completer, fallback http.Handler, doors ...FrontDoor) {
-	mux.HandleFunc("GET "+prefix+"/v1/models", func(w http.ResponseWriter, r *http.Request) {
-		for _, d := range doors {
-			if m, ok := d.(ModelsServer); ok && m.ClaimsModels(r) {
-				m.ServeModels(w, r, c)
-				return
-			}
-		}
-		fallback.ServeHTTP(w, r)
-	})
-}
-
 // Error kinds. Every error a Completer returns wraps one of them
 // (errors.Is); front doors map each to their API's status and error type.
 var (

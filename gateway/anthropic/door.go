@@ -1,5 +1,5 @@
 // Package anthropic is the gateway's Anthropic Messages front door
-// (POST /v1/messages, and GET /v1/models in Anthropic's list shape): it
+// (POST /v1/messages): it
 // decodes a Messages request's system prompt, messages (text, tool_use,
 // tool_result, thinking blocks) and client tools into a canonical
 // gateway.Call, and answers the Completer's Reply as a message object or
@@ -37,10 +37,7 @@ type Door struct {
 	KeepAlive time.Duration
 }
 
-var (
-	_ gateway.FrontDoor    = (*Door)(nil)
-	_ gateway.ModelsServer = (*Door)(nil)
-)
+var _ gateway.FrontDoor = (*Door)(nil)
 
 // New returns the door with its defaults.
 func New() *Door { return &Door{} }
@@ -48,51 +45,13 @@ func New() *Door { return &Door{} }
 // Name implements gateway.FrontDoor.
 func (d *Door) Name() string { return Name }
 
-// Mount adds POST {prefix}/v1/messages. GET /v1/models is shared with the
-// OpenAI doors and mounted by gateway.MountModels, which asks ClaimsModels.
+// Mount adds POST {prefix}/v1/messages. GET /v1/models (Anthropic's list
+// for a request with anthropic-version) is the capture handler's: doors
+// never mount it.
 func (d *Door) Mount(mux *http.ServeMux, prefix string, c gateway.Completer) {
 	mux.HandleFunc("POST "+prefix+"/v1/messages", func(w http.ResponseWriter, r *http.Request) {
 		d.serve(w, r, c)
 	})
-}
-
-// ClaimsModels: a models request is Anthropic's when it carries the
-// headers every Anthropic client sends (anthropic-version, x-api-key).
-func (d *Door) ClaimsModels(r *http.Request) bool {
-	return r.Header.Get("anthropic-version") != "" || r.Header.Get("x-api-key") != ""
-}
-
-// ServeModels answers GET /v1/models in Anthropic's list shape.
-func (d *Door) ServeModels(w http.ResponseWriter, r *http.Request, c gateway.Completer) {
-	models, err := c.Models(r.Context(), r.PathValue("session"))
-	if err != nil {
-		writeGatewayError(w, err, "")
-		return
-	}
-	type model struct {
-		Type        string `json:"type"`
-		ID          string `json:"id"`
-		DisplayName string `json:"display_name"`
-		// CreatedAt is required by the API's shape; the engine does not
-		// say when its model was released, so it is the Unix epoch.
-		CreatedAt string `json:"created_at"`
-		// MaxInputTokens is the engine's context window (absent when
-		// unknown: never invented).
-		MaxInputTokens int `json:"max_input_tokens,omitempty"`
-	}
-	list := struct {
-		Data    []model `json:"data"`
-		HasMore bool    `json:"has_more"`
-		FirstID *string `json:"first_id"`
-		LastID  *string `json:"last_id"`
-	}{Data: []model{}}
-	for _, m := range models {
-		list.Data = append(list.Data, model{Type: "model", ID: m.ID, DisplayName: m.ID, CreatedAt: time.Unix(0, 0).UTC().Format(time.RFC3339), MaxInputTokens: m.ContextLength})
-	}
-	if n := len(list.Data); n > 0 {
-		list.FirstID, list.LastID = &list.Data[0].ID, &list.Data[n-1].ID
-	}
-	writeJSON(w, http.StatusOK, list)
 }
 
 func (d *Door) keepAlive() time.Duration {

@@ -72,16 +72,10 @@ func (s *scripted) last(t *testing.T) gateway.Call {
 	return s.calls[len(s.calls)-1]
 }
 
-// openaiModels stands for the OpenAI doors' /v1/models.
-var openaiModels = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-	_, _ = io.WriteString(w, `{"object":"list","data":[]}`)
-})
-
 func serve(t *testing.T, d *Door, c gateway.Completer) string {
 	t.Helper()
 	mux := http.NewServeMux()
 	d.Mount(mux, "/s/{session}", c)
-	gateway.MountModels(mux, "/s/{session}", c, openaiModels, d)
 	ts := httptest.NewServer(mux)
 	t.Cleanup(ts.Close)
 	return ts.URL + "/s/sess-1"
@@ -507,40 +501,6 @@ func TestFailureAfterStreamStarted(t *testing.T) {
 		t.Errorf("SDK stream error %v", st.Err())
 	}
 	st.Close()
-}
-
-// TestModels: /v1/models is Anthropic's list for Anthropic clients and the
-// OpenAI doors' otherwise.
-func TestModels(t *testing.T) {
-	c := &scripted{}
-	base := serve(t, New(), c)
-	cl := client(base)
-	page, err := cl.Models.List(context.Background(), sdk.ModelListParams{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(page.Data) != 1 || page.Data[0].ID != "qwen3-tools" || page.Data[0].MaxInputTokens != 65536 || page.Data[0].CreatedAt.Unix() != 0 {
-		t.Errorf("models %+v", page.Data)
-	}
-	resp, err := http.Get(base + "/v1/models")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if !strings.Contains(string(b), `"object":"list"`) {
-		t.Errorf("a request without Anthropic headers got %s", b)
-	}
-	req, _ := http.NewRequest(http.MethodGet, strings.Replace(base, "sess-1", "gone", 1)+"/v1/models", nil)
-	req.Header.Set("anthropic-version", "2023-06-01")
-	resp, err = http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != 404 {
-		t.Errorf("unknown session: %d", resp.StatusCode)
-	}
 }
 
 // TestMalformed: bad requests get a 400 invalid_request_error and never
