@@ -72,7 +72,7 @@ func (d *Door) serve(w http.ResponseWriter, r *http.Request, c gateway.Completer
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			writeError(w, http.StatusRequestEntityTooLarge, "request_too_large", "the request body exceeds 64 MiB")
+			writeError(w, http.StatusRequestEntityTooLarge, "request_too_large", "the request body is too large")
 			return
 		}
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "read the request body: "+err.Error())

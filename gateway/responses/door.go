@@ -81,7 +81,7 @@ func (d *Door) serve(w http.ResponseWriter, r *http.Request, c gateway.Completer
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			writeError(w, http.StatusRequestEntityTooLarge, apiError{Message: "the request body exceeds 64 MiB", Type: "invalid_request_error"})
+			writeError(w, http.StatusRequestEntityTooLarge, apiError{Message: "the request body is too large", Type: "invalid_request_error"})
 			return
 		}
 		writeError(w, http.StatusBadRequest, apiError{Message: "read the request body: " + err.Error(), Type: "invalid_request_error"})
