@@ -167,6 +167,11 @@ type Error struct {
 	Param string // the offending request field, when known ("messages[3].content")
 	Msg   string
 	Err   error // cause, if any
+	// Tokens and Limit, for ErrContextLength: the prompt's length and the
+	// context window in tokens, when known (0: unknown). Anthropic's
+	// context error names both ("prompt is too long: N tokens > M
+	// maximum").
+	Tokens, Limit int
 }
 
 func (e *Error) Error() string {

@@ -4,10 +4,12 @@ package builtin
 
 import (
 	"github.com/rollout-rl/rollout/gateway"
+	"github.com/rollout-rl/rollout/gateway/anthropic"
 	"github.com/rollout-rl/rollout/gateway/openaichat"
+	"github.com/rollout-rl/rollout/gateway/responses"
 )
 
 // FrontDoors returns every built-in front door.
 func FrontDoors() []gateway.FrontDoor {
-	return []gateway.FrontDoor{openaichat.Door{}}
+	return []gateway.FrontDoor{openaichat.Door{}, responses.New(), anthropic.New()}
 }

@@ -1,0 +1,230 @@
+// Package responses is the gateway's OpenAI Responses front door
+// (POST /v1/responses, the API a Codex-style harness speaks): it decodes a
+// create request's instructions, input items (messages, function calls
+// and their outputs, reasoning items) and function tools into a canonical
+// gateway.Call, and answers the Completer's Reply as a response object or
+// as the API's server-sent event sequence.
+package responses
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/rollout-rl/rollout/gateway"
+)
+
+// Name is the door's API name in records and logs.
+const Name = "openai-responses"
+
+// maxBody bounds a request body (a long agent history is a few MB).
+const maxBody = 64 << 20
+
+// Door serves the OpenAI Responses API.
+type Door struct {
+	// KeepAlive is how long a streamed request waits for its reply before
+	// the door commits to an HTTP 200 event stream and writes an SSE
+	// comment, then again every KeepAlive until the reply comes (so that
+	// a harness's idle timeout does not cut a call queued behind the
+	// engine pool). An error before then is an HTTP error with the API's
+	// status; after, a response.failed event. 0: 10 s.
+	KeepAlive time.Duration
+	// Now is the clock for created_at (nil: time.Now).
+	Now func() time.Time
+}
+
+var (
+	_ gateway.FrontDoor = (*Door)(nil)
+)
+
+// New returns the door with its defaults.
+func New() *Door { return &Door{} }
+
+// Name implements gateway.FrontDoor.
+func (d *Door) Name() string { return Name }
+
+// Mount adds POST {prefix}/v1/responses.
+func (d *Door) Mount(mux *http.ServeMux, prefix string, c gateway.Completer) {
+	mux.HandleFunc("POST "+prefix+"/v1/responses", func(w http.ResponseWriter, r *http.Request) {
+		d.serve(w, r, c)
+	})
+}
+
+func (d *Door) keepAlive() time.Duration {
+	if d.KeepAlive > 0 {
+		return d.KeepAlive
+	}
+	return 10 * time.Second
+}
+
+func (d *Door) now() time.Time {
+	if d.Now != nil {
+		return d.Now()
+	}
+	return time.Now()
+}
+
+type result struct {
+	rep gateway.Reply
+	err error
+}
+
+func (d *Door) serve(w http.ResponseWriter, r *http.Request, c gateway.Completer) {
+	session := r.PathValue("session")
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, http.StatusRequestEntityTooLarge, apiError{Message: "the request body is too large", Type: "invalid_request_error"})
+			return
+		}
+		writeError(w, http.StatusBadRequest, apiError{Message: "read the request body: " + err.Error(), Type: "invalid_request_error"})
+		return
+	}
+	call, req, err := decode(body)
+	if err != nil {
+		writeGatewayError(w, err, call.Model)
+		return
+	}
+	var fields map[string]json.RawMessage
+	_ = json.Unmarshal(body, &fields)
+	encrypted := slices.Contains(req.Include, "reasoning.encrypted_content")
+
+	ch := make(chan result, 1)
+	go func() {
+		rep, err := c.Complete(r.Context(), session, call)
+		ch <- result{rep, err}
+	}()
+	if !call.Stream {
+		res := <-ch
+		if res.err != nil {
+			writeGatewayError(w, res.err, call.Model)
+			return
+		}
+		resp := skeleton(respPrefix+res.rep.ID, req, fields, call.Model, d.now())
+		finish(&resp, res.rep, encrypted)
+		writeJSON(w, http.StatusOK, resp)
+		return
+	}
+	var s *stream
+	timer := time.NewTimer(d.keepAlive())
+	defer timer.Stop()
+	for {
+		select {
+		case res := <-ch:
+			if res.err != nil {
+				if s == nil {
+					writeGatewayError(w, res.err, call.Model)
+					return
+				}
+				resp := skeleton(respPrefix+"failed_"+randomID(), req, fields, call.Model, d.now())
+				s.failed(resp, res.err)
+				return
+			}
+			if s == nil {
+				s = startStream(w)
+			}
+			resp := skeleton(respPrefix+res.rep.ID, req, fields, call.Model, d.now())
+			s.reply(resp, res.rep, encrypted)
+			return
+		case <-timer.C:
+			if s == nil {
+				s = startStream(w)
+			}
+			s.comment("keep-alive")
+			timer.Reset(d.keepAlive())
+		}
+	}
+}
+
+func randomID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// apiError is the OpenAI error object.
+type apiError struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    *string `json:"code"`
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	if err := json.NewEncoder(w).Encode(v); err != nil {
+		slog.Debug("gateway responses: write answer", "err", err)
+	}
+}
+
+func writeError(w http.ResponseWriter, status int, e apiError) {
+	writeJSON(w, status, map[string]apiError{"error": e})
+}
+
+func strp(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// classify maps a gateway error to the API's status, error type and code.
+func classify(err error, model string) (int, apiError) {
+	e := apiError{Message: err.Error(), Param: strp(gateway.Param(err))}
+	switch gateway.KindOf(err) {
+	case gateway.ErrBadRequest:
+		e.Type = "invalid_request_error"
+		return http.StatusBadRequest, e
+	case gateway.ErrUnknownModel:
+		e.Type, e.Code = "invalid_request_error", strp("model_not_found")
+		e.Message = "The model `" + model + "` does not exist or you do not have access to it. (" + err.Error() + ")"
+		if e.Param == nil {
+			e.Param = strp("model")
+		}
+		return http.StatusNotFound, e
+	case gateway.ErrContextLength:
+		e.Type, e.Code = "invalid_request_error", strp("context_length_exceeded")
+		e.Message = "Your input exceeds the context window of this model. Please adjust your input and try again. (" + err.Error() + ")"
+		if e.Param == nil {
+			e.Param = strp("input")
+		}
+		return http.StatusBadRequest, e
+	case gateway.ErrSession:
+		e.Type, e.Code = "invalid_request_error", strp("session_not_found")
+		return http.StatusNotFound, e
+	case gateway.ErrOverloaded:
+		e.Type, e.Code = "server_error", strp("server_is_overloaded")
+		return http.StatusServiceUnavailable, e
+	default:
+		e.Type, e.Code = "server_error", strp("server_error")
+		return http.StatusInternalServerError, e
+	}
+}
+
+func writeGatewayError(w http.ResponseWriter, err error, model string) {
+	status, e := classify(err, model)
+	writeError(w, status, e)
+}
+
+// failureCode is a response.failed error code (the API's codes: Codex
+// reads context_length_exceeded as a full context window).
+func failureCode(err error) string {
+	switch gateway.KindOf(err) {
+	case gateway.ErrContextLength:
+		return "context_length_exceeded"
+	case gateway.ErrOverloaded:
+		return "rate_limit_exceeded"
+	case gateway.ErrBadRequest, gateway.ErrUnknownModel, gateway.ErrSession:
+		return "invalid_prompt"
+	default:
+		return "server_error"
+	}
+}
