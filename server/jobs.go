@@ -37,7 +37,9 @@ type jobState struct {
 	CreatedAt  time.Time          `json:"created_at"`
 	FinishedAt *time.Time         `json:"finished_at,omitempty"`
 	Resumed    int32              `json:"resumed"`
-	// Client that started the job (a token digest), for quotas.
+	// Client is the tenant that started the job (its name; a token digest
+	// in records from before tenants): it owns the job, and the job counts
+	// against its quotas.
 	Client string `json:"client,omitempty"`
 	// Progress of the last run (protojson), so ended jobs keep their
 	// counters across restarts.
@@ -221,7 +223,7 @@ func (s *Server) startJob(ctx context.Context, st jobState) (*jobRun, error) {
 	rows, err := jobRows(runCtx, j.Runner)
 	var release func()
 	if err == nil {
-		release, err = s.quota.reserve(st.Client, sandboxesOf(j.Runner), rows)
+		release, err = s.quota.reserve(s.tenantOfClient(st.Client), sandboxesOf(j.Runner), rows)
 	}
 	if err != nil {
 		_ = j.Close(context.WithoutCancel(ctx))

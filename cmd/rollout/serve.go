@@ -33,6 +33,8 @@ type serveFlags struct {
 	allowPaths     []string
 	allowEnv       []string
 	tokenFile      string
+	tenantsFile    string
+	tenants        []server.Tenant
 	tlsCert        string
 	tlsKey         string
 	cancelInFlight bool
@@ -63,8 +65,10 @@ in-flight rollouts finish (up to --drain-timeout; --cancel-in-flight or a
 second signal cancels them), flushes outputs, removes its sandboxes and
 exits.
 
-Off loopback the server requires --auth-token-file (clients send
-"authorization: Bearer <token>"); use --tls-cert/--tls-key there too.`,
+Off loopback the server requires --auth-token-file or --tenants-file
+(clients send "authorization: Bearer <token>"); use --tls-cert/--tls-key
+there too. Each tenant (each token) has its own quotas and sees only its
+own jobs and streams.`,
 		Example: `  rollout serve
   rollout serve --listen 0.0.0.0:50051 --auth-token-file /etc/rollout/token \
       --tls-cert server.crt --tls-key server.key --metrics-listen 127.0.0.1:9464
@@ -82,6 +86,7 @@ Off loopback the server requires --auth-token-file (clients send
 	fl.StringSliceVar(&f.allowPaths, "allow-path", nil, "absolute path prefix job configs may use besides --data-dir (repeatable)")
 	fl.StringSliceVar(&f.allowEnv, "allow-env", nil, "environment variable job configs may name for a secret (api_key_env, bearer_token_env): a name, or a prefix ending in * (repeatable; default: none)")
 	fl.StringVar(&f.tokenFile, "auth-token-file", "", "file holding the bearer token clients must send (required off loopback)")
+	fl.StringVar(&f.tenantsFile, "tenants-file", "", "YAML file of tenants: each a name, a bearer token (token_sha256 or token_file) and its own quotas; jobs belong to the tenant that started them (docs/api.md, \"Tenants\"); with --auth-token-file, that token is one more tenant, \"default\"")
 	fl.StringVar(&f.tlsCert, "tls-cert", "", "TLS certificate (PEM); with --tls-key")
 	fl.StringVar(&f.tlsKey, "tls-key", "", "TLS private key (PEM); with --tls-cert")
 	fl.BoolVar(&f.cancelInFlight, "cancel-in-flight", false, "at shutdown, cancel running rollouts instead of letting them finish")
@@ -92,9 +97,9 @@ Off loopback the server requires --auth-token-file (clients send
 	fl.IntVar(&f.rateBurst, "rate-burst", 0, "burst size of --rate-limit (default: the rate, at least 1)")
 	fl.IntVar(&f.maxSandboxes, "max-sandboxes", 0, "sandbox containers alive at once across all jobs (default 512); also the most pods of each Kubernetes backend (sandbox.kubernetes.max_pods)")
 	fl.IntVar(&f.warmSandboxes, "warm-sandboxes", 64, "idle sandboxes kept by each shared backend (Docker; each Kubernetes one) across all jobs: started ahead of a job's groups, or reset in place for its next rollouts with sandbox.reuse (they count against --max-sandboxes and give way to any job needing a slot; 0: none, every sandbox created on demand)")
-	fl.IntVar(&f.quotas.Jobs, "quota-jobs", 0, "jobs and collect streams one client (token) may run at once (default 8; -1: no quota)")
-	fl.IntVar(&f.quotas.Sandboxes, "quota-sandboxes", 0, "sum of limits.sandboxes over one client's running jobs (default 256; -1: no quota)")
-	fl.Int64Var(&f.quotas.Rows, "quota-rows", 0, "rollouts (groups x group_size) one job may produce (default 1000000; -1: no quota)")
+	fl.IntVar(&f.quotas.Jobs, "quota-jobs", 0, "jobs and collect streams one tenant (token) may run at once (default 8; -1: no quota; a tenant's quotas.jobs overrides it)")
+	fl.IntVar(&f.quotas.Sandboxes, "quota-sandboxes", 0, "sum of limits.sandboxes over one tenant's running jobs and streams (default 256; -1: no quota; a tenant's quotas.sandboxes overrides it)")
+	fl.Int64Var(&f.quotas.Rows, "quota-rows", 0, "rollouts (groups x group_size) one job or CollectGroups stream may produce (default 1000000; -1: no quota; a tenant's quotas.rows overrides it)")
 	fl.StringVar(&f.atroposURL, "atropos-url", "", "feed the groups of run jobs to this Atropos API (run-api), one Atropos env per job; a job's atropos.url overrides it, atropos.disabled opts out (docs/atropos.md)")
 	f.tracing.add(fl)
 	return cmd
@@ -166,7 +171,8 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 		}
 	}()
 	svc, err := server.New(ctx, server.Options{StateDir: stateDir, DataDir: f.dataDir, AllowedPaths: f.allowPaths,
-		Sandboxes: shared, Images: shared, Logger: log, JobSinks: atroposJobSinks(f.atroposURL), Quotas: f.quotas, CancelGrace: cancelGrace})
+		Sandboxes: shared, Images: shared, Logger: log, JobSinks: atroposJobSinks(f.atroposURL), Quotas: f.quotas, CancelGrace: cancelGrace,
+		Tenants: f.tenants})
 	if err != nil {
 		ln.Close()
 		if o.MetricsListener != nil {
@@ -216,7 +222,14 @@ func (f *serveFlags) transport() (server.Transport, error) {
 		}
 		t.Token = tok
 	}
-	if err := server.CheckListen(f.listen, t.Token != ""); err != nil {
+	if f.tenantsFile != "" {
+		ts, err := server.LoadTenants(f.tenantsFile)
+		if err != nil {
+			return t, err
+		}
+		f.tenants = ts
+	}
+	if err := server.CheckListen(f.listen, t.Token != "" || len(f.tenants) > 0); err != nil {
 		return t, err
 	}
 	if f.tlsCert != "" {
@@ -226,7 +239,6 @@ func (f *serveFlags) transport() (server.Transport, error) {
 		}
 		t.TLS = cfg
 	}
-	t.MaxMsgSize, t.RateLimit, t.RateBurst = f.maxMsgSize, f.rateLimit, f.rateBurst
 	t.MaxMsgSize, t.RateLimit, t.RateBurst = f.maxMsgSize, f.rateLimit, f.rateBurst
 	return t, nil
 }
