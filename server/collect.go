@@ -15,6 +15,7 @@ import (
 	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/datasets"
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
+	"github.com/rollout-rl/rollout/internal/util/netpolicy"
 	"github.com/rollout-rl/rollout/runner"
 )
 
@@ -114,7 +115,7 @@ func (c *collector) bound(idx int, p pending, g *runner.Group) *runner.Group {
 // collectStart checks the start message that opens a CollectGroups stream
 // and returns it with its run config; errors are gRPC statuses naming the
 // field.
-func (s *Server) collectStart(first *rolloutv1.CollectGroupsRequest) (*rolloutv1.CollectStart, runner.Config, error) {
+func (s *Server) collectStart(ctx context.Context, first *rolloutv1.CollectGroupsRequest) (*rolloutv1.CollectStart, runner.Config, error) {
 	start := first.GetStart()
 	switch {
 	case start == nil:
@@ -137,6 +138,9 @@ func (s *Server) collectStart(first *rolloutv1.CollectGroupsRequest) (*rolloutv1
 	if err := s.checkConfig(&cfg, "start.config_yaml: ", false); err != nil {
 		return nil, runner.Config{}, fieldStatus("start.config_yaml", err)
 	}
+	if err := s.checkURLs(ctx, start.ConfigYaml, "start.config_yaml: "); err != nil {
+		return nil, runner.Config{}, err
+	}
 	return start, cfg, nil
 }
 
@@ -146,12 +150,14 @@ func (s *Server) CollectGroups(stream rolloutv1.RolloutService_CollectGroupsServ
 		return errShuttingDown
 	}
 	defer s.wg.Done()
-	ctx := stream.Context()
+	// Every connection the stream's groups make is confined by the
+	// server's network policy.
+	ctx := netpolicy.With(stream.Context(), s.opts.NetPolicy)
 	first, err := stream.Recv()
 	if err != nil {
 		return err
 	}
-	start, cfg, err := s.collectStart(first)
+	start, cfg, err := s.collectStart(ctx, first)
 	if err != nil {
 		return err
 	}

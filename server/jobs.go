@@ -22,6 +22,7 @@ import (
 
 	"github.com/rollout-rl/rollout/assemble"
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
+	"github.com/rollout-rl/rollout/internal/util/netpolicy"
 	"github.com/rollout-rl/rollout/runner"
 )
 
@@ -179,6 +180,9 @@ func (s *Server) startJob(ctx context.Context, st jobState) (*jobRun, error) {
 	if err := s.checkConfig(&cfg, "", true); err != nil {
 		return nil, err
 	}
+	if err := s.checkURLs(ctx, st.ConfigYAML, ""); err != nil {
+		return nil, err
+	}
 	if err := s.claimOutput(cfg.Output.Dir, "job "+st.ID); err != nil {
 		return nil, err
 	}
@@ -201,7 +205,7 @@ func (s *Server) startJob(ctx context.Context, st jobState) (*jobRun, error) {
 	}
 	jr := newJobRun(st)
 	log := s.log.With("job", st.ID)
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	runCtx, cancel := context.WithCancel(netpolicy.With(context.WithoutCancel(ctx), s.opts.NetPolicy))
 	jr.cancel = cancel
 	var extra ExtraSinks
 	if s.opts.JobSinks != nil {

@@ -26,6 +26,7 @@ import (
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
 	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/internal/util/dockerclient"
+	"github.com/rollout-rl/rollout/internal/util/netpolicy"
 	"github.com/rollout-rl/rollout/internal/util/secrets"
 	"github.com/rollout-rl/rollout/internal/util/version"
 	"github.com/rollout-rl/rollout/runner"
@@ -68,6 +69,11 @@ type Options struct {
 	// (DefaultTenant). Jobs and streams belong to the tenant that started
 	// them.
 	Tenants []Tenant
+	// NetPolicy, when set, confines every connection a job or stream
+	// makes (inference endpoints, teacher, judges, MCP servers, web
+	// providers): non-public addresses only where it allows them (urls.go,
+	// internal/util/netpolicy).
+	NetPolicy *netpolicy.Policy
 }
 
 // JobSpec is a job as Options.JobSinks sees it.

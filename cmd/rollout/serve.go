@@ -17,6 +17,7 @@ import (
 
 	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/atropos"
+	"github.com/rollout-rl/rollout/internal/util/netpolicy"
 	"github.com/rollout-rl/rollout/internal/util/secrets"
 	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/sandbox/docker"
@@ -32,6 +33,7 @@ type serveFlags struct {
 	dataDir        string
 	allowPaths     []string
 	allowEnv       []string
+	allowNet       []string
 	tokenFile      string
 	tenantsFile    string
 	tenants        []server.Tenant
@@ -85,6 +87,7 @@ own jobs and streams.`,
 	fl.StringVar(&f.stateDir, "state-dir", "", "where job states are kept so jobs resume after a restart (default <data-dir>/.rollout-server; \"none\" disables)")
 	fl.StringSliceVar(&f.allowPaths, "allow-path", nil, "absolute path prefix job configs may use besides --data-dir (repeatable)")
 	fl.StringSliceVar(&f.allowEnv, "allow-env", nil, "environment variable job configs may name for a secret (api_key_env, bearer_token_env): a name, or a prefix ending in * (repeatable; default: none)")
+	fl.StringSliceVar(&f.allowNet, "allow-net", nil, "non-public address (IP, CIDR prefix), host name or *.domain a job may connect to: its inference endpoints, teacher, judges, MCP servers, web providers (repeatable; \"none\": confine with no exception). Off loopback jobs reach public addresses only, loopback/private/link-local refused unless allowed here; on loopback they are confined only when this is given (docs/security.md, \"Outbound connections\")")
 	fl.StringVar(&f.tokenFile, "auth-token-file", "", "file holding the bearer token clients must send (required off loopback)")
 	fl.StringVar(&f.tenantsFile, "tenants-file", "", "YAML file of tenants: each a name, a bearer token (token_sha256 or token_file) and its own quotas; jobs belong to the tenant that started them (docs/api.md, \"Tenants\"); with --auth-token-file, that token is one more tenant, \"default\"")
 	fl.StringVar(&f.tlsCert, "tls-cert", "", "TLS certificate (PEM); with --tls-key")
@@ -170,7 +173,18 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 			log.Warn("remove sandboxes", "error", err)
 		}
 	}()
-	svc, err := server.New(ctx, server.Options{StateDir: stateDir, DataDir: f.dataDir, AllowedPaths: f.allowPaths,
+	netPolicy, err := f.netPolicy()
+	if err != nil {
+		ln.Close()
+		if o.MetricsListener != nil {
+			o.MetricsListener.Close()
+		}
+		return usageError(cmd, err)
+	}
+	if netPolicy == nil {
+		log.Info("jobs' outbound connections are not confined: the server listens on loopback (confine them with --allow-net)")
+	}
+	svc, err := server.New(ctx, server.Options{NetPolicy: netPolicy, StateDir: stateDir, DataDir: f.dataDir, AllowedPaths: f.allowPaths,
 		Sandboxes: shared, Images: shared, Logger: log, JobSinks: atroposJobSinks(f.atroposURL), Quotas: f.quotas, CancelGrace: cancelGrace,
 		Tenants: f.tenants})
 	if err != nil {
@@ -209,6 +223,21 @@ func (f *serveFlags) check(cmd *cobra.Command) error {
 		}
 	}
 	return nil
+}
+
+// netPolicy is the network policy of jobs' outbound connections: public
+// addresses plus --allow-net. A server listening off loopback always has
+// one; on loopback (only this machine's users reach it, and they reach
+// the network themselves) only when --allow-net is given ("none": confine,
+// allow no non-public address).
+func (f *serveFlags) netPolicy() (*netpolicy.Policy, error) {
+	entries := f.allowNet
+	if len(entries) == 1 && entries[0] == "none" {
+		entries = nil
+	} else if len(entries) == 0 && server.IsLocalAddr(f.listen) {
+		return nil, nil
+	}
+	return netpolicy.New(entries, "rollout serve --allow-net")
 }
 
 // transport is the gRPC transport the flags ask for: bearer token, TLS,
