@@ -113,7 +113,7 @@ type Client struct {
 	// assistant message as a prefill (llama-server's default), so no
 	// render may end with one.
 	prefill map[string]bool
-	eotText    map[string]string
+	eotText map[string]string
 	// learnOnce collapses the template probes and end-of-turn decodes of
 	// episodes that miss the caches above together (every episode of a
 	// run's first wave) into one request each.
