@@ -113,7 +113,10 @@ type Client struct {
 	// assistant message as a prefill (llama-server's default), so no
 	// render may end with one.
 	prefill map[string]bool
-	eotText map[string]string
+	// closingTail (llama.cpp), per closing key: the closing and the user
+	// turn "x" after it, as the probe rendered them (CheckTemplate).
+	closingTail map[string][]int32
+	eotText     map[string]string
 	// learnOnce collapses the template probes and end-of-turn decodes of
 	// episodes that miss the caches above together (every episode of a
 	// run's first wave) into one request each.
@@ -142,7 +145,7 @@ func Open(cfg Config) (*Client, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	c := &Client{cfg: cfg, log: cfg.Logger, models: map[string]int{}, closing: map[string][]int32{}, prefill: map[string]bool{}, eotText: map[string]string{}, gate: newGate()}
+	c := &Client{cfg: cfg, log: cfg.Logger, models: map[string]int{}, closing: map[string][]int32{}, prefill: map[string]bool{}, closingTail: map[string][]int32{}, eotText: map[string]string{}, gate: newGate()}
 	switch cfg.Backend {
 	case BackendChat:
 	case BackendVLLM:

@@ -695,3 +695,31 @@ func TestLlamaCppPrefillAssistantDefault(t *testing.T) {
 		})
 	}
 }
+
+// The tokens-mode start check refuses a template whose tool-calling turns
+// close differently from its other turns (Llama 3.1's ipython mode:
+// <|eom_id|> after a call), on every backend and whether or not
+// llama-server prefills, where the per-turn cut has no base render to
+// catch it.
+func TestCheckTemplateRefusesMixedClosings(t *testing.T) {
+	kw := map[string]any{"builtin_tools": []any{"brave_search"}}
+	for _, tc := range []struct {
+		engine, backend string
+		prefill         bool
+	}{
+		{sim.EngineVLLM, inference.BackendVLLM, false},
+		{sim.EngineLlamaCpp, inference.BackendLlamaCpp, false},
+		{sim.EngineLlamaCpp, inference.BackendLlamaCpp, true},
+	} {
+		srv := startSim(t, sim.Config{Engine: tc.engine, Family: "llama3_json", Seed: 1, PrefillAssistant: tc.prefill})
+		c := openClient(t, inference.Config{Backend: tc.backend, Endpoints: []string{srv.URL}})
+		ctx := context.Background()
+		err := c.CheckTemplate(ctx, inference.Sampling{MaxTokens: 16, ChatTemplateKwargs: kw})
+		if !errors.Is(err, inference.ErrTemplate) || !errors.Is(err, inference.ErrRequest) || errors.Is(err, inference.ErrInfra) {
+			t.Errorf("%s prefill %v: %v, want a template error", tc.backend, tc.prefill, err)
+		}
+		if err := c.CheckTemplate(ctx, inference.Sampling{MaxTokens: 16}); err != nil {
+			t.Errorf("%s prefill %v without builtin_tools: %v", tc.backend, tc.prefill, err)
+		}
+	}
+}

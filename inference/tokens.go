@@ -396,6 +396,7 @@ func (e *tokenEpisode) probeClosingNoPrefill(ctx context.Context, key string) ([
 	}
 	e.c.mu.Lock()
 	e.c.closing[key] = cl
+	e.c.closingTail[key] = slices.Clone(s)
 	if prefill {
 		e.c.prefill[key] = true
 	}
@@ -750,6 +751,26 @@ func (c *Client) CheckTemplate(ctx context.Context, s Sampling) error {
 	result := []openai.ChatCompletionMessage{{Role: openai.ChatMessageRoleTool, Content: baseUser, ToolCallID: "call00000", Name: "probe"}}
 	if _, err := e.segment(ctx, call, result, 0); err != nil {
 		return fmt.Errorf("chat template check (model %s): %w", e.spec.Model, err)
+	}
+	if c.cfg.Backend != BackendLlamaCpp {
+		return nil
+	}
+	// On llama.cpp the segment's cut is not checked against a base render
+	// (a prefilling server cannot give one): check here, once, that a turn
+	// calling a tool closes like the probe's plain turn — [user, turn,
+	// user] ends with the closing and the user turn either way.
+	e.c.mu.Lock()
+	tail := e.c.closingTail[e.closingKey()]
+	e.c.mu.Unlock()
+	rc, err := llamaRender(ctx, e.c.tok, e.tokOpts("closing-call"), []openai.ChatCompletionMessage{
+		{Role: openai.ChatMessageRoleUser, Content: baseUser}, call, {Role: openai.ChatMessageRoleUser, Content: baseUser}},
+		nil, false, e.spec.Sampling.ChatTemplateKwargs)
+	if err != nil {
+		return fmt.Errorf("chat template check (model %s): %w", e.spec.Model, err)
+	}
+	if !hasSuffix(rc, tail) {
+		return fmt.Errorf("chat template check (model %s): %w", e.spec.Model, &Error{Class: ErrRequest, Op: "template probe", RequestID: e.spec.ID, Err: ErrTemplate,
+			Msg: "an assistant turn that calls a tool does not end with the closing of other assistant turns; this template is not supported in tokens mode"})
 	}
 	return nil
 }
