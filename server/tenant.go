@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -112,10 +113,8 @@ func LoadTenants(path string) ([]Tenant, error) {
 			copy(t.TokenSHA256[:], raw)
 		default:
 			p := y.TokenFile
-			if !strings.HasPrefix(p, "/") {
-				if i := strings.LastIndex(path, "/"); i >= 0 {
-					p = path[:i+1] + p
-				}
+			if !filepath.IsAbs(p) {
+				p = filepath.Join(filepath.Dir(path), p)
 			}
 			tok, err := ReadTokenFile(p)
 			if err != nil {
