@@ -17,7 +17,9 @@ import (
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 )
 
@@ -29,8 +31,14 @@ type Tenant struct {
 	// Name labels the tenant in metrics, logs and quota errors: letters,
 	// digits, '-', '_' and '.', at most 64.
 	Name string
-	// TokenSHA256 is the SHA-256 of the tenant's bearer token.
+	// TokenSHA256 is the SHA-256 of the tenant's bearer token (zero: the
+	// tenant has no token, only client certificates).
 	TokenSHA256 [32]byte
+	// ClientNames are the client-certificate names that identify the
+	// tenant on a server verifying client certificates (LoadClientCA): the
+	// subject's common name or a DNS, email or URI name of a certificate
+	// the server's client CA signed.
+	ClientNames []string
 	// Quotas are this tenant's; zero fields take the server's
 	// (Options.Quotas, then the defaults), negative disables.
 	Quotas Quotas
@@ -52,12 +60,13 @@ var tenantName = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,64}$`)
 // tenantsFile is the YAML of --tenants-file.
 type tenantsFile struct {
 	Tenants []struct {
-		Name        string  `yaml:"name"`
-		TokenSHA256 string  `yaml:"token_sha256"`
-		TokenFile   string  `yaml:"token_file"`
-		Quotas      quotasY `yaml:"quotas"`
-		RateLimit   float64 `yaml:"rate_limit"`
-		RateBurst   int     `yaml:"rate_burst"`
+		Name        string   `yaml:"name"`
+		TokenSHA256 string   `yaml:"token_sha256"`
+		TokenFile   string   `yaml:"token_file"`
+		ClientNames []string `yaml:"client_names"`
+		Quotas      quotasY  `yaml:"quotas"`
+		RateLimit   float64  `yaml:"rate_limit"`
+		RateBurst   int      `yaml:"rate_burst"`
 	} `yaml:"tenants"`
 }
 
@@ -86,7 +95,7 @@ func LoadTenants(path string) ([]Tenant, error) {
 	if len(f.Tenants) == 0 {
 		return nil, fmt.Errorf("tenants: %s: no tenants (want tenants: [{name, token_sha256 or token_file, quotas}])", path)
 	}
-	names, sums := map[string]bool{}, map[[32]byte]string{}
+	names, sums, certNames := map[string]bool{}, map[[32]byte]string{}, map[string]string{}
 	out := make([]Tenant, 0, len(f.Tenants))
 	for i, y := range f.Tenants {
 		field := fmt.Sprintf("tenants: %s: tenants[%d]", path, i)
@@ -103,8 +112,12 @@ func LoadTenants(path string) ([]Tenant, error) {
 			return nil, fmt.Errorf("%s: rate_limit and rate_burst must not be negative", field)
 		}
 		switch {
-		case (y.TokenSHA256 == "") == (y.TokenFile == ""):
-			return nil, fmt.Errorf("%s: give exactly one of token_sha256 and token_file", field)
+		case y.TokenSHA256 != "" && y.TokenFile != "":
+			return nil, fmt.Errorf("%s: give one of token_sha256 and token_file, not both", field)
+		case y.TokenSHA256 == "" && y.TokenFile == "" && len(y.ClientNames) == 0:
+			return nil, fmt.Errorf("%s: give a token (token_sha256 or token_file) or client_names (client certificates)", field)
+		case y.TokenSHA256 == "" && y.TokenFile == "":
+			// certificates only
 		case y.TokenSHA256 != "":
 			raw, err := hex.DecodeString(strings.TrimSpace(y.TokenSHA256))
 			if err != nil || len(raw) != 32 {
@@ -122,10 +135,22 @@ func LoadTenants(path string) ([]Tenant, error) {
 			}
 			t.TokenSHA256 = sha256.Sum256([]byte(tok))
 		}
-		if other, dup := sums[t.TokenSHA256]; dup {
-			return nil, fmt.Errorf("%s: the same token as tenant %q", field, other)
+		for _, n := range y.ClientNames {
+			if strings.TrimSpace(n) == "" {
+				return nil, fmt.Errorf("%s.client_names: empty name", field)
+			}
+			if other, dup := certNames[n]; dup {
+				return nil, fmt.Errorf("%s.client_names: %q is tenant %q's already", field, n, other)
+			}
+			certNames[n] = y.Name
 		}
-		sums[t.TokenSHA256] = y.Name
+		t.ClientNames = y.ClientNames
+		if t.TokenSHA256 != ([32]byte{}) {
+			if other, dup := sums[t.TokenSHA256]; dup {
+				return nil, fmt.Errorf("%s: the same token as tenant %q", field, other)
+			}
+			sums[t.TokenSHA256] = y.Name
+		}
 		out = append(out, t)
 	}
 	return out, nil
@@ -175,6 +200,9 @@ func newTenantAuth(ts []Tenant) *tenantAuth {
 }
 
 func (a *tenantAuth) check(ctx context.Context) (string, error) {
+	if name, ok := a.byCertificate(ctx); ok {
+		return a.limit(name)
+	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	vals := md.Get("authorization")
 	if len(vals) == 0 {
@@ -188,14 +216,46 @@ func (a *tenantAuth) check(ctx context.Context) (string, error) {
 	got := sha256.Sum256([]byte(strings.TrimSpace(v[len(prefix):])))
 	found := -1
 	for i := range a.tenants {
-		if subtle.ConstantTimeCompare(got[:], a.tenants[i].TokenSHA256[:]) == 1 {
+		if subtle.ConstantTimeCompare(got[:], a.tenants[i].TokenSHA256[:]) == 1 && a.tenants[i].TokenSHA256 != ([32]byte{}) {
 			found = i
 		}
 	}
 	if found < 0 {
 		return "", status.Error(codes.Unauthenticated, "authorization: invalid bearer token")
 	}
-	name := a.tenants[found].Name
+	return a.limit(a.tenants[found].Name)
+}
+
+// byCertificate names the tenant of the caller's client certificate, when
+// the TLS handshake verified one against the server's client CA and one of
+// its names is a tenant's.
+func (a *tenantAuth) byCertificate(ctx context.Context) (string, bool) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return "", false
+	}
+	ti, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(ti.State.VerifiedChains) == 0 || len(ti.State.VerifiedChains[0]) == 0 {
+		return "", false
+	}
+	leaf := ti.State.VerifiedChains[0][0]
+	names := append([]string{leaf.Subject.CommonName}, leaf.DNSNames...)
+	names = append(names, leaf.EmailAddresses...)
+	for _, u := range leaf.URIs {
+		names = append(names, u.String())
+	}
+	for _, t := range a.tenants {
+		for _, n := range names {
+			if n != "" && slices.Contains(t.ClientNames, n) {
+				return t.Name, true
+			}
+		}
+	}
+	return "", false
+}
+
+// limit applies tenant name's own rate limit.
+func (a *tenantAuth) limit(name string) (string, error) {
 	if l := a.limits[name]; l != nil && !l.Allow() {
 		metricTenantRejected.WithLabelValues(name, "rate").Inc()
 		return "", status.Errorf(codes.ResourceExhausted, "rate limit of tenant %s exceeded: retry with backoff", name)

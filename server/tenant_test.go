@@ -198,13 +198,15 @@ func TestLoadTenants(t *testing.T) {
 		t.Fatalf("tenants: %+v", ts)
 	}
 	for name, c := range map[string]struct{ body, want string }{
-		"dup-name":  {"tenants: [{name: a, token_file: bob.token}, {name: a, token_sha256: " + hex.EncodeToString(sum[:]) + "}]", "named twice"},
-		"dup-token": {"tenants: [{name: a, token_file: bob.token}, {name: b, token_file: bob.token}]", "same token"},
-		"no-token":  {"tenants: [{name: a}]", "exactly one of token_sha256 and token_file"},
-		"bad-hash":  {"tenants: [{name: a, token_sha256: abc}]", "64 hex digits"},
-		"bad-name":  {"tenants: [{name: 'a b', token_file: bob.token}]", "letters, digits"},
-		"unknown":   {"tenants: [{name: a, token_file: bob.token, quota: {jobs: 1}}]", "quota"},
-		"empty":     {"tenants: []", "no tenants"},
+		"dup-name":   {"tenants: [{name: a, token_file: bob.token}, {name: a, token_sha256: " + hex.EncodeToString(sum[:]) + "}]", "named twice"},
+		"dup-token":  {"tenants: [{name: a, token_file: bob.token}, {name: b, token_file: bob.token}]", "same token"},
+		"no-token":   {"tenants: [{name: a}]", "give a token"},
+		"two-tokens": {"tenants: [{name: a, token_file: bob.token, token_sha256: " + hex.EncodeToString(sum[:]) + "}]", "not both"},
+		"dup-cert":   {"tenants: [{name: a, client_names: [x]}, {name: b, client_names: [x]}]", "tenant \"a\"'s already"},
+		"bad-hash":   {"tenants: [{name: a, token_sha256: abc}]", "64 hex digits"},
+		"bad-name":   {"tenants: [{name: 'a b', token_file: bob.token}]", "letters, digits"},
+		"unknown":    {"tenants: [{name: a, token_file: bob.token, quota: {jobs: 1}}]", "quota"},
+		"empty":      {"tenants: []", "no tenants"},
 	} {
 		_, err := LoadTenants(write(name+".yaml", c.body))
 		if err == nil || !strings.Contains(err.Error(), c.want) {

@@ -39,6 +39,7 @@ type serveFlags struct {
 	tenants        []server.Tenant
 	tlsCert        string
 	tlsKey         string
+	tlsClientCA    string
 	cancelInFlight bool
 	drainTimeout   time.Duration
 	cancelGrace    time.Duration
@@ -92,6 +93,7 @@ own jobs and streams.`,
 	fl.StringVar(&f.tenantsFile, "tenants-file", "", "YAML file of tenants: each a name, a bearer token (token_sha256 or token_file) and its own quotas; jobs belong to the tenant that started them (docs/api.md, \"Tenants\"); with --auth-token-file, that token is one more tenant, \"default\"")
 	fl.StringVar(&f.tlsCert, "tls-cert", "", "TLS certificate (PEM); with --tls-key")
 	fl.StringVar(&f.tlsKey, "tls-key", "", "TLS private key (PEM); with --tls-cert")
+	fl.StringVar(&f.tlsClientCA, "tls-client-ca", "", "verify client certificates signed by this CA (PEM) when clients present one: tenants are then known by their certificate's names too (client_names in --tenants-file); needs --tls-cert")
 	fl.BoolVar(&f.cancelInFlight, "cancel-in-flight", false, "at shutdown, cancel running rollouts instead of letting them finish")
 	fl.DurationVar(&f.drainTimeout, "drain-timeout", 10*time.Minute, "at shutdown, cancel rollouts still running after this long (0: wait)")
 	fl.DurationVar(&f.cancelGrace, "cancel-grace", server.DefaultCancelGrace, "after `job cancel` without --in-flight, cancel the job's rollouts still running after this long (0: wait for them)")
@@ -211,6 +213,9 @@ func (f *serveFlags) check(cmd *cobra.Command) error {
 	if (f.tlsCert == "") != (f.tlsKey == "") {
 		return usageError(cmd, errors.New("--tls-cert and --tls-key go together"))
 	}
+	if f.tlsClientCA != "" && f.tlsCert == "" {
+		return usageError(cmd, errors.New("--tls-client-ca needs --tls-cert and --tls-key"))
+	}
 	if f.maxMsgSize <= 0 || f.rateLimit < 0 || f.rateBurst < 0 || f.maxSandboxes < 0 || f.warmSandboxes < 0 || f.drainTimeout < 0 {
 		return usageError(cmd, errors.New("--max-msg-size must be positive; --rate-limit, --rate-burst, --max-sandboxes, --warm-sandboxes and --drain-timeout must not be negative"))
 	}
@@ -265,6 +270,11 @@ func (f *serveFlags) transport() (server.Transport, error) {
 		cfg, err := server.LoadTLS(f.tlsCert, f.tlsKey)
 		if err != nil {
 			return t, err
+		}
+		if f.tlsClientCA != "" {
+			if err := server.LoadClientCA(cfg, f.tlsClientCA); err != nil {
+				return t, err
+			}
 		}
 		t.TLS = cfg
 	}
