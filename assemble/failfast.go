@@ -151,9 +151,24 @@ func (j *Job) StartCheck(ctx context.Context) error {
 		}
 	}
 	if hc, ok := j.Runner.Policy().(endpointChecker); ok {
-		return j.ready(ctx, "the inference start check", func(ctx context.Context) error { return hc.Ready(ctx, 0) })
+		if err := j.ready(ctx, "the inference start check", func(ctx context.Context) error { return hc.Ready(ctx, 0) }); err != nil {
+			return err
+		}
+	}
+	if tc, ok := j.Runner.Policy().(templateChecker); ok {
+		// Tokens mode learns the template's assistant-turn closing on the
+		// first turn of every rollout: a template it cannot work with would
+		// fail them all, each as an infra failure, retried.
+		s := j.Runner.Config().Sampling
+		return j.ready(ctx, "the chat template start check", func(ctx context.Context) error { return tc.CheckTemplate(ctx, s) })
 	}
 	return nil
+}
+
+// templateChecker is the policy's tokens-mode template check
+// (inference.Client.CheckTemplate).
+type templateChecker interface {
+	CheckTemplate(ctx context.Context, s inference.Sampling) error
 }
 
 // ready runs a start check (what names it in the error of a job
@@ -175,7 +190,7 @@ func (j *Job) ready(ctx context.Context, what string, check func(context.Context
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, inference.ErrModelNotServed), errors.Is(err, inference.ErrEndpointRefused):
+	case errors.Is(err, inference.ErrModelNotServed), errors.Is(err, inference.ErrEndpointRefused), errors.Is(err, inference.ErrTemplate):
 		return fmt.Errorf("%w: %w", runner.ErrConfig, err)
 	}
 	return err

@@ -225,3 +225,45 @@ func TestHintsNeedATeacher(t *testing.T) {
 	}
 	_ = j.Close(ctx)
 }
+
+// A chat template tokens mode cannot work with is a configuration error
+// found by the start check, before any rollout: Llama 3.1 in ipython mode
+// (chat_template_kwargs builtin_tools) ends a turn that calls a tool with
+// <|eom_id|>, not the <|eot_id|> that closes its other turns.
+func TestStartCheckTemplate(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv, err := sim.Start(ctx, sim.Config{Family: "llama3_json"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	for _, tc := range []struct {
+		name   string
+		kwargs map[string]any
+		want   error
+	}{
+		{"ipython mode", map[string]any{"builtin_tools": []any{"brave_search"}}, runner.ErrConfig},
+		{"json tools", nil, nil},
+	} {
+		cfg := runner.Config{Env: "toolcall-match", GroupSize: 1, Groups: 1, Parser: "llama3_json",
+			Inference: inference.Config{Backend: inference.BackendVLLM, Endpoints: []string{srv.URL}},
+			Sampling:  inference.Sampling{MaxTokens: 64, ChatTemplateKwargs: tc.kwargs}}
+		cfg.Output.Dir = t.TempDir()
+		j, err := assemble.Open(ctx, cfg, assemble.Options{Logger: quiet})
+		if err != nil {
+			t.Fatalf("%s: open: %v", tc.name, err)
+		}
+		err = j.StartCheck(ctx)
+		_ = j.Close(ctx)
+		if tc.want == nil {
+			if err != nil {
+				t.Errorf("%s: %v", tc.name, err)
+			}
+			continue
+		}
+		if !errors.Is(err, tc.want) || !errors.Is(err, inference.ErrTemplate) || !strings.Contains(err.Error(), "does not end with the assistant closing") {
+			t.Errorf("%s: %v, want a config error naming the template problem", tc.name, err)
+		}
+	}
+}

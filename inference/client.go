@@ -17,6 +17,8 @@ import (
 	json "github.com/segmentio/encoding/json"
 
 	"github.com/rollout-rl/rollout/internal/util/tracing"
+
+	"github.com/rollout-rl/rollout/internal/util/netpolicy"
 )
 
 // maxResponseBytes bounds a response body; a full 128k-token completion
@@ -43,11 +45,13 @@ func NewHTTPClient(idlePerHost int) *http.Client {
 // burst open (and TIME_WAIT) new sockets. dials counts new connections so
 // churn can be measured from the client side.
 func newStdTransport(idlePerHost int, st *connStats) *http.Transport {
-	d := &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}
+	// Confined by the network policy of the request's context, when a
+	// served job set one (internal/util/netpolicy).
+	dial := netpolicy.Dialer(&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second})
 	return &http.Transport{
 		Proxy: http.ProxyFromEnvironment,
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := d.DialContext(ctx, network, addr)
+			c, err := dial(ctx, network, addr)
 			if err != nil || st == nil {
 				return c, err
 			}

@@ -146,7 +146,14 @@ type Client struct {
 	// together (thousands at a run's start) into one request.
 	modelsOnce singleflight.Group
 	closing    map[string][]int32
-	eotText    map[string]string
+	// prefill (llama.cpp), per closing key: the server renders a trailing
+	// assistant message as a prefill (llama-server's default), so no
+	// render may end with one.
+	prefill map[string]bool
+	// closingTail (llama.cpp), per closing key: the closing and the user
+	// turn "x" after it, as the probe rendered them (CheckTemplate).
+	closingTail map[string][]int32
+	eotText     map[string]string
 	// segClosings is the number of assistant closings in the base render
 	// of segment, learned per assistant shape (segmentShape).
 	segClosings map[string]int
@@ -182,7 +189,7 @@ func Open(cfg Config) (*Client, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	c := &Client{cfg: cfg, log: cfg.Logger, models: map[string]int{}, closing: map[string][]int32{}, eotText: map[string]string{}, segClosings: map[string]int{}, gate: newGate()}
+	c := &Client{cfg: cfg, log: cfg.Logger, models: map[string]int{}, closing: map[string][]int32{}, prefill: map[string]bool{}, closingTail: map[string][]int32{}, eotText: map[string]string{}, segClosings: map[string]int{}, gate: newGate()}
 	switch cfg.Backend {
 	case BackendChat:
 	case BackendVLLM:

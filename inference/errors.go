@@ -66,6 +66,12 @@ func (e *Error) Unwrap() []error {
 	return out
 }
 
+// ErrTemplate marks a chat template tokens mode cannot work with (its
+// assistant-turn closing cannot be learned, or a render does not end with
+// it): a configuration error, the same on every request, found by the
+// start check (CheckTemplate) before a run's first rollout.
+var ErrTemplate = errors.New("chat template not usable in tokens mode")
+
 // errMalformed marks a response that arrived but cannot be used.
 var errMalformed = errors.New("malformed response")
 

@@ -658,25 +658,70 @@ func TestLlamaCppReplayMismatchReplaces(t *testing.T) {
 	}
 }
 
-// A llama-server started without --no-prefill-assistant renders a trailing
-// assistant message as a prefill; the tokens backend cannot learn the turn
-// closing from it and says which flag is missing, as a request error (the
-// same server would answer the same way again), not a retried infra error.
-func TestLlamaCppPrefillAssistantNamed(t *testing.T) {
-	srv := startSim(t, sim.Config{Engine: sim.EngineLlamaCpp, Family: "hermes", Seed: 1, PrefillAssistant: true})
-	c := openClient(t, inference.Config{Backend: inference.BackendLlamaCpp, Endpoints: []string{srv.URL}})
-	ctx := context.Background()
-	ep, err := c.Start(ctx, inference.EpisodeSpec{ID: "prefill", Tools: []openai.Tool{terminalTool}, Sampling: inference.Sampling{MaxTokens: 32}})
-	if err != nil {
-		t.Fatal(err)
+// A llama-server started without --no-prefill-assistant (its default)
+// renders a trailing assistant message as a prefill; the tokens backend
+// never renders one, so episodes work the same against it: the second
+// turn's sequence is the first turn's plus the segment, token for token
+// what a server started with the flag gives.
+func TestLlamaCppPrefillAssistantDefault(t *testing.T) {
+	for _, fam := range sim.Families() {
+		t.Run(fam, func(t *testing.T) {
+			var seqs [2]inference.Sequence
+			for i, prefill := range []bool{false, true} {
+				srv := startSim(t, sim.Config{Engine: sim.EngineLlamaCpp, Family: fam, Seed: 1, PrefillAssistant: prefill})
+				c := openClient(t, inference.Config{Backend: inference.BackendLlamaCpp, Endpoints: []string{srv.URL}})
+				ctx := context.Background()
+				if err := c.CheckTemplate(ctx, inference.Sampling{MaxTokens: 32}); err != nil {
+					t.Fatalf("prefill %v: start check: %v", prefill, err)
+				}
+				ep, err := c.Start(ctx, inference.EpisodeSpec{ID: "prefill", Tools: []openai.Tool{terminalTool}, Sampling: inference.Sampling{MaxTokens: 32}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				msgs := []openai.ChatCompletionMessage{{Role: "user", Content: "list files"}}
+				turn, err := ep.Generate(ctx, msgs)
+				if err != nil {
+					t.Fatalf("prefill %v: turn 1: %v", prefill, err)
+				}
+				msgs = append(msgs, openai.ChatCompletionMessage{Role: "assistant", Content: turn.Text}, openai.ChatCompletionMessage{Role: "user", Content: "again"})
+				if _, err := ep.Generate(ctx, msgs); err != nil {
+					t.Fatalf("prefill %v: turn 2: %v", prefill, err)
+				}
+				if seqs[i], err = ep.Finish(ctx, nil); err != nil {
+					t.Fatalf("prefill %v: finish: %v", prefill, err)
+				}
+			}
+			if !slices.Equal(seqs[0].Tokens, seqs[1].Tokens) || !slices.Equal(seqs[0].Mask, seqs[1].Mask) {
+				t.Fatalf("sequences differ with and without prefill:\n%v\n%v", seqs[0].Tokens, seqs[1].Tokens)
+			}
+		})
 	}
-	msgs := []openai.ChatCompletionMessage{{Role: "user", Content: "list files"}}
-	turn, err := ep.Generate(ctx, msgs)
-	if err == nil {
-		msgs = append(msgs, openai.ChatCompletionMessage{Role: "assistant", Content: turn.Text}, openai.ChatCompletionMessage{Role: "user", Content: "again"})
-		_, err = ep.Generate(ctx, msgs)
-	}
-	if err == nil || !strings.Contains(err.Error(), "--no-prefill-assistant") || !errors.Is(err, inference.ErrRequest) || errors.Is(err, inference.ErrInfra) {
-		t.Fatalf("want a request error naming --no-prefill-assistant, got %v", err)
+}
+
+// The tokens-mode start check refuses a template whose tool-calling turns
+// close differently from its other turns (Llama 3.1's ipython mode:
+// <|eom_id|> after a call), on every backend and whether or not
+// llama-server prefills, where the per-turn cut has no base render to
+// catch it.
+func TestCheckTemplateRefusesMixedClosings(t *testing.T) {
+	kw := map[string]any{"builtin_tools": []any{"brave_search"}}
+	for _, tc := range []struct {
+		engine, backend string
+		prefill         bool
+	}{
+		{sim.EngineVLLM, inference.BackendVLLM, false},
+		{sim.EngineLlamaCpp, inference.BackendLlamaCpp, false},
+		{sim.EngineLlamaCpp, inference.BackendLlamaCpp, true},
+	} {
+		srv := startSim(t, sim.Config{Engine: tc.engine, Family: "llama3_json", Seed: 1, PrefillAssistant: tc.prefill})
+		c := openClient(t, inference.Config{Backend: tc.backend, Endpoints: []string{srv.URL}})
+		ctx := context.Background()
+		err := c.CheckTemplate(ctx, inference.Sampling{MaxTokens: 16, ChatTemplateKwargs: kw})
+		if !errors.Is(err, inference.ErrTemplate) || !errors.Is(err, inference.ErrRequest) || errors.Is(err, inference.ErrInfra) {
+			t.Errorf("%s prefill %v: %v, want a template error", tc.backend, tc.prefill, err)
+		}
+		if err := c.CheckTemplate(ctx, inference.Sampling{MaxTokens: 16}); err != nil {
+			t.Errorf("%s prefill %v without builtin_tools: %v", tc.backend, tc.prefill, err)
+		}
 	}
 }

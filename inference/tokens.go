@@ -330,9 +330,106 @@ const (
 // <|im_end|> "\n"), learned once per model and template kwargs: the common
 // suffix of two renders that differ only in the assistant's content.
 func (e *tokenEpisode) closing(ctx context.Context) ([]int32, error) {
+	if e.c.cfg.Backend == BackendLlamaCpp {
+		return learnCached(ctx, e.c, e.c.closing, "closing", e.closingKey(), e.probeClosingNoPrefill)
+	}
+	return learnCached(ctx, e.c, e.c.closing, "closing", e.closingKey(), e.probeClosing)
+}
+
+func (e *tokenEpisode) closingKey() string {
 	kw, _ := json.Marshal(e.spec.Sampling.ChatTemplateKwargs)
-	key := e.spec.Model + "\x00" + string(kw)
-	return learnCached(ctx, e.c, e.c.closing, "closing", key, e.probeClosing)
+	return e.spec.Model + "\x00" + string(kw)
+}
+
+// probeClosingNoPrefill learns the closing from renders that end with a
+// user message, for llama-server: started with its defaults it treats a
+// trailing assistant message as a prefill to continue (rendering the
+// generation prompt and the content, no closing), and refuses one when the
+// template's thinking is on; with --no-prefill-assistant it renders it
+// closed. A trailing user message renders the same either way.
+//
+// [user x, assistant y, user x] and the same with z share a suffix S: the
+// closing, then the last user turn. The lone [user x] ends with that user
+// turn too (after whatever the template puts first: a system block, the
+// tools), so the suffix S shares with it is the user turn, and the rest of
+// S is the closing. When what precedes the user turn also ends like the
+// closing, the shared part runs into it and the closing found is shorter
+// (at least one id, the end-of-turn token): the ids of the sequence are the
+// same, only split differently between a turn's closing and the next
+// segment. Whether the server prefills is kept for segment and Finish.
+func (e *tokenEpisode) probeClosingNoPrefill(ctx context.Context, key string) ([]int32, error) {
+	conv := func(content string) []openai.ChatCompletionMessage {
+		return []openai.ChatCompletionMessage{
+			{Role: openai.ChatMessageRoleUser, Content: baseUser},
+			{Role: openai.ChatMessageRoleAssistant, Content: content},
+			{Role: openai.ChatMessageRoleUser, Content: baseUser},
+		}
+	}
+	// Without tools: where a template puts them (a system block first, or
+	// before the last user turn) would make the lone user message and the
+	// last user turn differ. The closing does not depend on them (it is
+	// cached per model and kwargs alone).
+	render := func(ctx context.Context, msgs []openai.ChatCompletionMessage, suffix string) ([]int32, error) {
+		return llamaRender(ctx, e.c.tok, e.tokOpts(suffix), msgs, nil, false, e.spec.Sampling.ChatTemplateKwargs)
+	}
+	var ry, rz, ru []int32
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() (err error) { ry, err = render(gctx, conv("y"), "closing-y"); return })
+	g.Go(func() (err error) { rz, err = render(gctx, conv("z"), "closing-z"); return })
+	g.Go(func() (err error) {
+		ru, err = render(gctx, []openai.ChatCompletionMessage{{Role: openai.ChatMessageRoleUser, Content: baseUser}}, "closing-user")
+		return
+	})
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	n := commonSuffix(ry, rz)
+	if n == 0 || n == len(ry) || n == len(rz) {
+		return nil, &Error{Class: ErrRequest, Op: "template probe", RequestID: e.spec.ID, Err: ErrTemplate,
+			Msg: fmt.Sprintf("cannot find the assistant-turn closing of model %s's chat template (renders of %d and %d ids share a %d-id suffix)", e.spec.Model, len(ry), len(rz), n)}
+	}
+	s := ry[len(ry)-n:]
+	// Does the server close a trailing assistant message? Then [user x,
+	// assistant y] is ry up to y's closing, which is the closing exactly,
+	// and everything works as with any other server. A prefill stops
+	// right after y (or is refused, as llama-server refuses one when the
+	// template's thinking is on).
+	rp, perr := render(ctx, conv("y")[:2], "closing-trailing")
+	if perr != nil && ctx.Err() != nil {
+		return nil, perr
+	}
+	prefill := perr != nil || len(rp) <= len(ry)-n || !slices.Equal(rp, ry[:min(len(rp), len(ry))])
+	var cl []int32
+	if prefill {
+		m := min(commonSuffix(s, ru), len(s)-1)
+		cl = slices.Clone(s[:len(s)-m])
+	} else {
+		cl = slices.Clone(rp[len(ry)-n:])
+	}
+	e.c.mu.Lock()
+	e.c.closing[key] = cl
+	e.c.closingTail[key] = slices.Clone(s)
+	if prefill {
+		e.c.prefill[key] = true
+	}
+	e.c.mu.Unlock()
+	return cl, nil
+}
+
+// prefill reports whether the server renders a trailing assistant message
+// as a prefill (learned with the closing; llama.cpp only).
+func (e *tokenEpisode) prefill() bool {
+	e.c.mu.Lock()
+	defer e.c.mu.Unlock()
+	return e.c.prefill[e.closingKey()]
+}
+
+func commonSuffix(a, b []int32) int {
+	n := 0
+	for n < len(a) && n < len(b) && a[len(a)-1-n] == b[len(b)-1-n] {
+		n++
+	}
+	return n
 }
 
 // probeClosing renders the two probe conversations of closing and caches
@@ -351,20 +448,11 @@ func (e *tokenEpisode) probeClosing(ctx context.Context, key string) ([]int32, e
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
-	n := 0
-	for n < len(ry) && n < len(rz) && ry[len(ry)-1-n] == rz[len(rz)-1-n] {
-		n++
-	}
+	n := commonSuffix(ry, rz)
 	if n == 0 || n == len(ry) || n == len(rz) {
-		msg := fmt.Sprintf("cannot find the assistant-turn closing of model %s's chat template (renders of %d and %d ids share a %d-id suffix)", e.spec.Model, len(ry), len(rz), n)
-		if n == 0 && e.c.cfg.Backend == BackendLlamaCpp {
-			// Nothing follows the assistant's content: llama-server
-			// rendered the trailing assistant message as a prefill to
-			// continue (its default), not as a finished turn.
-			msg += "; llama-server renders a trailing assistant message as a prefill: start it with --no-prefill-assistant (docs/real-engines.md)"
-			return nil, &Error{Class: ErrRequest, Op: "template probe", RequestID: e.spec.ID, Msg: msg}
-		}
-		return nil, &Error{Class: ErrInfra, Op: "template probe", RequestID: e.spec.ID, Msg: msg}
+		// The same answer on every request: a configuration error.
+		return nil, &Error{Class: ErrRequest, Op: "template probe", RequestID: e.spec.ID, Err: ErrTemplate,
+			Msg: fmt.Sprintf("cannot find the assistant-turn closing of model %s's chat template (renders of %d and %d ids share a %d-id suffix)", e.spec.Model, len(ry), len(rz), n)}
 	}
 	cl := slices.Clone(ry[len(ry)-n:])
 	e.c.mu.Lock()
@@ -419,26 +507,41 @@ func (e *tokenEpisode) segment(ctx context.Context, lastAssistant openai.ChatCom
 			// which decide.
 		}
 	}
-	// One render after the other, not in parallel: both are short (two
-	// messages plus the new ones), and in parallel each episode would hold
-	// two connections and two goroutines of its own — at thousands of
-	// loops, twice the connections to dial and keep (docs/inference.md).
-	rb, err := e.render(ctx, base, false, "t"+t+"-base")
-	if err != nil {
-		return nil, err
+	var k int
+	if e.prefill() {
+		// No base render: it would end with the assistant message, which
+		// this server renders as a prefill (see probeClosingNoPrefill).
+		// The cut counts the closings of the lone user message (with the
+		// episode's tools, which may add a system block), plus the
+		// assistant's own.
+		ru, err := e.render(ctx, base[:1], false, "t"+t+"-base")
+		if err != nil {
+			return nil, err
+		}
+		k = countOcc(ru, closing) + 1
+	} else {
+		// One render after the other, not in parallel: both are short (two
+		// messages plus the new ones), and in parallel each episode would
+		// hold two connections and two goroutines of its own — at thousands
+		// of loops, twice the connections to dial and keep
+		// (docs/inference.md).
+		rb, err := e.render(ctx, base, false, "t"+t+"-base")
+		if err != nil {
+			return nil, err
+		}
+		if !hasSuffix(rb, closing) {
+			return nil, &Error{Class: ErrRequest, Op: "template probe", RequestID: e.spec.ID, Err: ErrTemplate,
+				Msg: "the base render does not end with the assistant closing; this template is not supported in tokens mode"}
+		}
+		k = countOcc(rb, closing)
 	}
 	rn, err := e.render(ctx, with, true, "t"+t+"-next")
 	if err != nil {
 		return nil, err
 	}
-	if !hasSuffix(rb, closing) {
-		return nil, &Error{Class: ErrInfra, Op: "template probe", RequestID: e.spec.ID,
-			Msg: "the base render does not end with the assistant closing; this template is not supported in tokens mode"}
-	}
-	k := countOcc(rb, closing)
 	pos := nthOcc(rn, closing, k)
 	if pos < 0 {
-		return nil, &Error{Class: ErrInfra, Op: "template probe", RequestID: e.spec.ID,
+		return nil, &Error{Class: ErrRequest, Op: "template probe", RequestID: e.spec.ID, Err: ErrTemplate,
 			Msg: fmt.Sprintf("the render with new messages has fewer than %d assistant closings; cannot locate the new segment", k)}
 	}
 	if fast {
@@ -655,6 +758,12 @@ func (e *tokenEpisode) Finish(ctx context.Context, messages []openai.ChatComplet
 		trained = e.seq.Tokens[:e.seq.TurnStarts[len(e.seq.TurnStarts)-1]]
 		genPrompt = true
 	}
+	if !genPrompt && e.prefill() {
+		// The server would render the trailing assistant message as a
+		// prefill: there is no closed render to compare with.
+		out.DriftTokens = -1
+		return out, nil
+	}
 	rendered, err := e.render(ctx, scope, genPrompt, "drift")
 	if err != nil {
 		// The sequence is still exact; only the measurement failed.
@@ -707,4 +816,48 @@ func fingerprint(m openai.ChatCompletionMessage) uint64 {
 		w(tc.Function.Arguments)
 	}
 	return h.Sum64()
+}
+
+// CheckTemplate is the start check of tokens mode's template handling:
+// it learns the chat template's assistant-turn closing and cuts the
+// segment that follows an assistant turn calling a tool, as every rollout
+// will, with the run's sampling (its chat_template_kwargs). A template
+// tokens mode cannot work with fails here, once, with an error wrapping
+// ErrTemplate, before any rollout; in chat mode there is nothing to check.
+func (c *Client) CheckTemplate(ctx context.Context, s Sampling) error {
+	if c.gen == nil {
+		return nil
+	}
+	ep, err := c.Start(ctx, EpisodeSpec{ID: "template-check", Sampling: s})
+	if err != nil {
+		return err
+	}
+	e := ep.(*tokenEpisode)
+	call := openai.ChatCompletionMessage{Role: openai.ChatMessageRoleAssistant, Content: baseUser, ToolCalls: []openai.ToolCall{{
+		ID: "call00000", Type: openai.ToolTypeFunction, Function: openai.FunctionCall{Name: "probe", Arguments: "{}"}}}}
+	result := []openai.ChatCompletionMessage{{Role: openai.ChatMessageRoleTool, Content: baseUser, ToolCallID: "call00000", Name: "probe"}}
+	if _, err := e.segment(ctx, call, result, 0); err != nil {
+		return fmt.Errorf("chat template check (model %s): %w", e.spec.Model, err)
+	}
+	if c.cfg.Backend != BackendLlamaCpp {
+		return nil
+	}
+	// On llama.cpp the segment's cut is not checked against a base render
+	// (a prefilling server cannot give one): check here, once, that a turn
+	// calling a tool closes like the probe's plain turn — [user, turn,
+	// user] ends with the closing and the user turn either way.
+	e.c.mu.Lock()
+	tail := e.c.closingTail[e.closingKey()]
+	e.c.mu.Unlock()
+	rc, err := llamaRender(ctx, e.c.tok, e.tokOpts("closing-call"), []openai.ChatCompletionMessage{
+		{Role: openai.ChatMessageRoleUser, Content: baseUser}, call, {Role: openai.ChatMessageRoleUser, Content: baseUser}},
+		nil, false, e.spec.Sampling.ChatTemplateKwargs)
+	if err != nil {
+		return fmt.Errorf("chat template check (model %s): %w", e.spec.Model, err)
+	}
+	if !hasSuffix(rc, tail) {
+		return fmt.Errorf("chat template check (model %s): %w", e.spec.Model, &Error{Class: ErrRequest, Op: "template probe", RequestID: e.spec.ID, Err: ErrTemplate,
+			Msg: "an assistant turn that calls a tool does not end with the closing of other assistant turns; this template is not supported in tokens mode"})
+	}
+	return nil
 }

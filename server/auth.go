@@ -2,8 +2,6 @@ package server
 
 import (
 	"context"
-	"crypto/sha256"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"net"
@@ -14,7 +12,6 @@ import (
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
 
@@ -24,7 +21,7 @@ const healthPrefix = "/grpc.health.v1.Health/"
 
 // ErrInsecureListen is returned for a non-loopback listen address without
 // an auth token.
-var ErrInsecureListen = errors.New("refusing to listen on a non-loopback address without an auth token (--auth-token-file)")
+var ErrInsecureListen = errors.New("refusing to listen on a non-loopback address without an auth token (--auth-token-file or --tenants-file)")
 
 // CheckListen enforces the listen policy: loopback addresses (127.0.0.0/8,
 // ::1, localhost) and unix sockets are open to local users; anything else
@@ -70,63 +67,44 @@ func ReadTokenFile(path string) (string, error) {
 	return tok, nil
 }
 
-// tokenAuth checks "authorization: Bearer <token>" in constant time. Both
-// sides are hashed first so the comparison does not leak the length.
-type tokenAuth struct{ want [32]byte }
-
-func newTokenAuth(token string) *tokenAuth { return &tokenAuth{want: sha256.Sum256([]byte(token))} }
-
-func (a *tokenAuth) check(ctx context.Context) error {
-	md, _ := metadata.FromIncomingContext(ctx)
-	vals := md.Get("authorization")
-	if len(vals) == 0 {
-		return status.Error(codes.Unauthenticated, "authorization: missing bearer token")
-	}
-	const prefix = "bearer "
-	v := vals[0]
-	if len(v) < len(prefix) || !strings.EqualFold(v[:len(prefix)], prefix) {
-		return status.Error(codes.Unauthenticated, "authorization: want \"Bearer <token>\"")
-	}
-	got := sha256.Sum256([]byte(strings.TrimSpace(v[len(prefix):])))
-	if subtle.ConstantTimeCompare(got[:], a.want[:]) != 1 {
-		return status.Error(codes.Unauthenticated, "authorization: invalid bearer token")
-	}
-	return nil
-}
-
-// guard is the interceptor chain's policy: auth, then the rate limit.
+// guard is the interceptor chain's policy: auth (which names the
+// caller's tenant), then the rate limits.
 type guard struct {
-	auth  *tokenAuth    // nil: no auth
+	auth  *tenantAuth   // nil: no auth, every caller is anonymous
 	limit *rate.Limiter // nil: no limit
 }
 
-func (g *guard) admit(ctx context.Context, method string) error {
+func (g *guard) admit(ctx context.Context, method string) (context.Context, error) {
 	if strings.HasPrefix(method, healthPrefix) {
-		return nil
+		return ctx, nil
 	}
 	if g.auth != nil {
-		if err := g.auth.check(ctx); err != nil {
-			return err
+		name, err := g.auth.check(ctx)
+		if err != nil {
+			return ctx, err
 		}
+		ctx = context.WithValue(ctx, tenantKey{}, name)
 	}
 	if g.limit != nil && !g.limit.Allow() {
-		return status.Error(codes.ResourceExhausted, "rate limit exceeded: retry with backoff")
+		return ctx, status.Error(codes.ResourceExhausted, "rate limit exceeded: retry with backoff")
 	}
-	return nil
+	return ctx, nil
 }
 
 func (g *guard) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
-	if err := g.admit(ctx, info.FullMethod); err != nil {
+	ctx, err := g.admit(ctx, info.FullMethod)
+	if err != nil {
 		return nil, err
 	}
 	return next(ctx, req)
 }
 
 func (g *guard) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, next grpc.StreamHandler) error {
-	if err := g.admit(ss.Context(), info.FullMethod); err != nil {
+	ctx, err := g.admit(ss.Context(), info.FullMethod)
+	if err != nil {
 		return err
 	}
-	return next(srv, ss)
+	return next(srv, tenantStream{ServerStream: ss, ctx: ctx})
 }
 
 // bearer is the client side: per-RPC credentials carrying the token.

@@ -15,6 +15,7 @@ import (
 	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/datasets"
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
+	"github.com/rollout-rl/rollout/internal/util/netpolicy"
 	"github.com/rollout-rl/rollout/runner"
 )
 
@@ -59,6 +60,13 @@ type collector struct {
 	done map[string]bool
 	// id is start.stream_id (policy updates address the stream by it).
 	id string
+	// tenant started the stream; only it may address the stream.
+	tenant string
+	// rows is the rollouts of the groups queued or started so far, bound
+	// by the tenant's rows quota (rowsLimit, 0: none). quotaErr, once set,
+	// ends the stream after its in-flight groups are sent.
+	rows, rowsLimit int64
+	quotaErr        error
 	// Groups outside async.max_staleness, by what was done.
 	staleDropped, staleRegenerated, staleMarked int
 }
@@ -107,7 +115,7 @@ func (c *collector) bound(idx int, p pending, g *runner.Group) *runner.Group {
 // collectStart checks the start message that opens a CollectGroups stream
 // and returns it with its run config; errors are gRPC statuses naming the
 // field.
-func (s *Server) collectStart(first *rolloutv1.CollectGroupsRequest) (*rolloutv1.CollectStart, runner.Config, error) {
+func (s *Server) collectStart(ctx context.Context, first *rolloutv1.CollectGroupsRequest) (*rolloutv1.CollectStart, runner.Config, error) {
 	start := first.GetStart()
 	switch {
 	case start == nil:
@@ -130,6 +138,9 @@ func (s *Server) collectStart(first *rolloutv1.CollectGroupsRequest) (*rolloutv1
 	if err := s.checkConfig(&cfg, "start.config_yaml: ", false); err != nil {
 		return nil, runner.Config{}, fieldStatus("start.config_yaml", err)
 	}
+	if err := s.checkURLs(ctx, start.ConfigYaml, "start.config_yaml: "); err != nil {
+		return nil, runner.Config{}, err
+	}
 	return start, cfg, nil
 }
 
@@ -139,12 +150,14 @@ func (s *Server) CollectGroups(stream rolloutv1.RolloutService_CollectGroupsServ
 		return errShuttingDown
 	}
 	defer s.wg.Done()
-	ctx := stream.Context()
+	// Every connection the stream's groups make is confined by the
+	// server's network policy.
+	ctx := netpolicy.With(stream.Context(), s.opts.NetPolicy)
 	first, err := stream.Recv()
 	if err != nil {
 		return err
 	}
-	start, cfg, err := s.collectStart(first)
+	start, cfg, err := s.collectStart(ctx, first)
 	if err != nil {
 		return err
 	}
@@ -166,7 +179,11 @@ func (s *Server) CollectGroups(stream rolloutv1.RolloutService_CollectGroupsServ
 	if err != nil {
 		return fieldStatus("start.config_yaml", err)
 	}
-	release, err := s.quota.reserve(clientOf(ctx), sandboxesOf(j.Runner), 0)
+	c.tenant = tenantOf(ctx)
+	if q := s.quota.of(c.tenant); q.Rows > 0 {
+		c.rowsLimit = q.Rows
+	}
+	release, err := s.quota.reserve(c.tenant, sandboxesOf(j.Runner), 0)
 	if err != nil {
 		_ = j.Close(context.WithoutCancel(ctx))
 		return err
@@ -284,8 +301,20 @@ func (c *collector) loop() error {
 	for {
 		select {
 		case msg := <-msgs:
+			if c.overQuota() {
+				continue // the stream ends once its in-flight groups are sent
+			}
 			if err := c.handle(msg); err != nil {
-				return err
+				var qe *quotaError
+				if !errors.As(err, &qe) {
+					return err
+				}
+				// Past the rows quota: nothing more starts; the groups
+				// already started are still delivered, then the stream
+				// ends with the quota's error.
+				c.mu.Lock()
+				c.quotaErr, c.draining, c.queue = qe.err, true, nil
+				c.mu.Unlock()
 			}
 			c.pump()
 			if err := c.status(); err != nil {
@@ -309,9 +338,35 @@ func (c *collector) loop() error {
 			done = nil // shutdown cancelled the in-flight groups: wait for them
 		}
 		if c.isDraining() && c.idle() {
+			if c.overQuota() {
+				c.mu.Lock()
+				defer c.mu.Unlock()
+				return c.quotaErr
+			}
 			return status.Error(codes.Unavailable, "server shutting down: every started group was sent; reconnect to the restarted server to continue")
 		}
 	}
+}
+
+// quotaError is a request past the tenant's rows quota.
+type quotaError struct{ err error }
+
+func (e *quotaError) Error() string { return e.err.Error() }
+
+func (c *collector) overQuota() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.quotaErr != nil
+}
+
+// admitRows counts n more groups against the rows quota. c.mu is held.
+func (c *collector) admitRows(n int) error {
+	rows := c.rows + int64(n)*int64(max(c.j.Runner.Config().GroupSize, 1))
+	if c.rowsLimit > 0 && rows > c.rowsLimit {
+		return &quotaError{err: rowsExceeded(c.tenant, "this CollectGroups stream", rows, c.rowsLimit)}
+	}
+	c.rows = rows
+	return nil
 }
 
 func (c *collector) isDraining() bool {
@@ -395,6 +450,9 @@ func (c *collector) enqueueItems(m *rolloutv1.CollectItems) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if err := c.admitRows(len(rows)); err != nil {
+		return err
+	}
 	for _, it := range rows {
 		if m.RequestId != "" {
 			it.ID = m.RequestId + "/" + it.ID
@@ -428,6 +486,9 @@ func (c *collector) enqueueNext(m *rolloutv1.CollectNext) error {
 		if c.cursor >= len(c.dataset) {
 			c.exhausted = true
 			break
+		}
+		if err := c.admitRows(1); err != nil {
+			return err
 		}
 		c.queue = append(c.queue, pending{item: c.dataset[c.cursor], opts: o})
 		c.cursor++

@@ -22,6 +22,7 @@ import (
 
 	"github.com/rollout-rl/rollout/assemble"
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
+	"github.com/rollout-rl/rollout/internal/util/netpolicy"
 	"github.com/rollout-rl/rollout/runner"
 )
 
@@ -37,7 +38,9 @@ type jobState struct {
 	CreatedAt  time.Time          `json:"created_at"`
 	FinishedAt *time.Time         `json:"finished_at,omitempty"`
 	Resumed    int32              `json:"resumed"`
-	// Client that started the job (a token digest), for quotas.
+	// Client is the tenant that started the job (its name; a token digest
+	// in records from before tenants): it owns the job, and the job counts
+	// against its quotas.
 	Client string `json:"client,omitempty"`
 	// Progress of the last run (protojson), so ended jobs keep their
 	// counters across restarts.
@@ -177,6 +180,9 @@ func (s *Server) startJob(ctx context.Context, st jobState) (*jobRun, error) {
 	if err := s.checkConfig(&cfg, "", true); err != nil {
 		return nil, err
 	}
+	if err := s.checkURLs(ctx, st.ConfigYAML, ""); err != nil {
+		return nil, err
+	}
 	if err := s.claimOutput(cfg.Output.Dir, "job "+st.ID); err != nil {
 		return nil, err
 	}
@@ -199,7 +205,7 @@ func (s *Server) startJob(ctx context.Context, st jobState) (*jobRun, error) {
 	}
 	jr := newJobRun(st)
 	log := s.log.With("job", st.ID)
-	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	runCtx, cancel := context.WithCancel(netpolicy.With(context.WithoutCancel(ctx), s.opts.NetPolicy))
 	jr.cancel = cancel
 	var extra ExtraSinks
 	if s.opts.JobSinks != nil {
@@ -221,7 +227,7 @@ func (s *Server) startJob(ctx context.Context, st jobState) (*jobRun, error) {
 	rows, err := jobRows(runCtx, j.Runner)
 	var release func()
 	if err == nil {
-		release, err = s.quota.reserve(st.Client, sandboxesOf(j.Runner), rows)
+		release, err = s.quota.reserve(s.tenantOfClient(st.Client), sandboxesOf(j.Runner), rows)
 	}
 	if err != nil {
 		_ = j.Close(context.WithoutCancel(ctx))

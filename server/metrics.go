@@ -82,6 +82,14 @@ var (
 		Name: "rollout_collect_groups_in_flight",
 		Help: "Groups started for CollectGroups streams and not yet sent.",
 	})
+	metricTenantHeld = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "rollout_tenant_held",
+		Help: "What each tenant holds against its quotas: resource jobs (jobs and collect streams running) or sandboxes (the sum of their limits.sandboxes).",
+	}, []string{"tenant", "resource"})
+	metricTenantRejected = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rollout_tenant_rejected_total",
+		Help: "Calls refused RESOURCE_EXHAUSTED by tenant and the quota they exceeded (jobs, sandboxes, rows, rate).",
+	}, []string{"tenant", "quota"})
 	metricRPCs = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "rollout_grpc_requests_total",
 		Help: "gRPC calls by method and status code.",
@@ -103,7 +111,7 @@ func MetricsHandler() http.Handler {
 	registerOnce.Do(func() {
 		cs := append([]prometheus.Collector{metricRollouts, metricFailures, metricTurns, metricTokens, metricReward,
 			metricPhase, metricGroups, metricGroupsDropped, metricCollectStreams, metricCollectInFlight, metricRPCs,
-			metricRPCSeconds, metricUpdates, metricPauseSeconds, metricResumeSeconds, metricStale}, trajectory.Collectors()...)
+			metricRPCSeconds, metricUpdates, metricPauseSeconds, metricResumeSeconds, metricStale, metricTenantHeld, metricTenantRejected}, trajectory.Collectors()...)
 		for _, c := range cs {
 			if err := prometheus.Register(c); err != nil {
 				var are prometheus.AlreadyRegisteredError

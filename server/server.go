@@ -26,6 +26,7 @@ import (
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
 	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/internal/util/dockerclient"
+	"github.com/rollout-rl/rollout/internal/util/netpolicy"
 	"github.com/rollout-rl/rollout/internal/util/secrets"
 	"github.com/rollout-rl/rollout/internal/util/version"
 	"github.com/rollout-rl/rollout/runner"
@@ -59,8 +60,20 @@ type Options struct {
 	// caller. An error fails StartJob (InvalidArgument for one wrapping
 	// runner.ErrConfig).
 	JobSinks func(ctx context.Context, spec JobSpec) (ExtraSinks, error)
-	// Quotas bound each client's jobs, sandboxes and rows (quota.go).
+	// Quotas bound each tenant's jobs, sandboxes and rows (quota.go): the
+	// defaults of every tenant, and the quotas of the single-token and
+	// anonymous tenants.
 	Quotas Quotas
+	// Tenants are the server's clients, each with its own bearer token and
+	// quotas (tenant.go, LoadTenants); Transport.Token adds one more
+	// (DefaultTenant). Jobs and streams belong to the tenant that started
+	// them.
+	Tenants []Tenant
+	// NetPolicy, when set, confines every connection a job or stream
+	// makes (inference endpoints, teacher, judges, MCP servers, web
+	// providers): non-public addresses only where it allows them (urls.go,
+	// internal/util/netpolicy).
+	NetPolicy *netpolicy.Policy
 }
 
 // JobSpec is a job as Options.JobSinks sees it.
@@ -101,6 +114,9 @@ type Server struct {
 	sandboxes runner.Sandboxes
 	images    runner.ImageBuilder
 	quota     *quotaBook
+	// legacy maps the client names of jobs recorded before tenants (a
+	// token digest) to the tenant holding that token.
+	legacy map[string]string
 
 	mu         sync.Mutex
 	jobs       map[string]*jobRun
@@ -137,7 +153,10 @@ func New(ctx context.Context, opts Options) (*Server, error) {
 	opts.DataDir = abs
 	s := &Server{opts: opts, log: opts.Logger, store: &store{dir: opts.StateDir}, sandboxes: opts.Sandboxes,
 		images: opts.Images, jobs: map[string]*jobRun{}, starting: map[string]bool{}, collectors: map[*collector]bool{}, outputs: map[string]string{},
-		quit: make(chan struct{}), quota: newQuotaBook(opts.Quotas)}
+		quit: make(chan struct{}), quota: newQuotaBook(opts.Quotas, opts.Tenants), legacy: map[string]string{}}
+	for _, t := range opts.Tenants {
+		s.legacy[legacyClient(t.TokenSHA256)] = t.Name
+	}
 	s.hard, s.hardStop = context.WithCancel(context.WithoutCancel(ctx))
 	if err := s.resumeJobs(ctx); err != nil {
 		s.hardStop()
@@ -237,14 +256,16 @@ func (s *Server) addJob(jr *jobRun) {
 	s.jobs[jr.st.ID] = jr
 }
 
-func (s *Server) job(id string) (*jobRun, error) {
+func (s *Server) job(ctx context.Context, id string) (*jobRun, error) {
 	if id == "" {
 		return nil, status.Error(codes.InvalidArgument, "job_id: required")
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	jr, ok := s.jobs[id]
-	if !ok {
+	// Another tenant's job is answered as if it did not exist: a tenant
+	// learns nothing of the others' jobs.
+	if !ok || !s.owns(ctx, jr.st.Client) {
 		return nil, status.Errorf(codes.NotFound, "job_id: no job %q", id)
 	}
 	return jr, nil
@@ -312,6 +333,9 @@ func (s *Server) StartJob(ctx context.Context, req *rolloutv1.StartJobRequest) (
 	s.mu.Lock()
 	if jr, ok := s.jobs[id]; ok {
 		s.mu.Unlock()
+		if !s.owns(ctx, jr.st.Client) {
+			return nil, status.Errorf(codes.AlreadyExists, "job_id: %q is taken; choose another", id)
+		}
 		return &rolloutv1.StartJobResponse{Job: jr.proto()}, nil
 	}
 	if s.starting[id] {
@@ -325,7 +349,7 @@ func (s *Server) StartJob(ctx context.Context, req *rolloutv1.StartJobRequest) (
 		delete(s.starting, id)
 		s.mu.Unlock()
 	}()
-	st := jobState{ID: id, Mode: req.Mode, ConfigYAML: text, CreatedAt: time.Now().UTC(), Client: clientOf(ctx)}
+	st := jobState{ID: id, Mode: req.Mode, ConfigYAML: text, CreatedAt: time.Now().UTC(), Client: tenantOf(ctx)}
 	jr, err := s.startJob(ctx, st)
 	if err != nil {
 		return nil, fieldStatus(field, err)
@@ -335,8 +359,8 @@ func (s *Server) StartJob(ctx context.Context, req *rolloutv1.StartJobRequest) (
 }
 
 // GetJob implements RolloutServiceServer.
-func (s *Server) GetJob(_ context.Context, req *rolloutv1.GetJobRequest) (*rolloutv1.GetJobResponse, error) {
-	jr, err := s.job(req.JobId)
+func (s *Server) GetJob(ctx context.Context, req *rolloutv1.GetJobRequest) (*rolloutv1.GetJobResponse, error) {
+	jr, err := s.job(ctx, req.JobId)
 	if err != nil {
 		return nil, err
 	}
@@ -344,11 +368,13 @@ func (s *Server) GetJob(_ context.Context, req *rolloutv1.GetJobRequest) (*rollo
 }
 
 // ListJobs implements RolloutServiceServer.
-func (s *Server) ListJobs(context.Context, *rolloutv1.ListJobsRequest) (*rolloutv1.ListJobsResponse, error) {
+func (s *Server) ListJobs(ctx context.Context, _ *rolloutv1.ListJobsRequest) (*rolloutv1.ListJobsResponse, error) {
 	s.mu.Lock()
 	list := make([]*jobRun, 0, len(s.jobs))
 	for _, jr := range s.jobs {
-		list = append(list, jr)
+		if s.owns(ctx, jr.st.Client) {
+			list = append(list, jr)
+		}
 	}
 	s.mu.Unlock()
 	out := make([]*rolloutv1.Job, len(list))
@@ -360,8 +386,8 @@ func (s *Server) ListJobs(context.Context, *rolloutv1.ListJobsRequest) (*rollout
 }
 
 // CancelJob implements RolloutServiceServer.
-func (s *Server) CancelJob(_ context.Context, req *rolloutv1.CancelJobRequest) (*rolloutv1.CancelJobResponse, error) {
-	jr, err := s.job(req.JobId)
+func (s *Server) CancelJob(ctx context.Context, req *rolloutv1.CancelJobRequest) (*rolloutv1.CancelJobResponse, error) {
+	jr, err := s.job(ctx, req.JobId)
 	if err != nil {
 		return nil, err
 	}
@@ -384,7 +410,7 @@ func (s *Server) CancelJob(_ context.Context, req *rolloutv1.CancelJobRequest) (
 
 // WatchJob implements RolloutServiceServer.
 func (s *Server) WatchJob(req *rolloutv1.WatchJobRequest, stream rolloutv1.RolloutService_WatchJobServer) error {
-	jr, err := s.job(req.JobId)
+	jr, err := s.job(stream.Context(), req.JobId)
 	if err != nil {
 		return err
 	}

@@ -30,8 +30,11 @@ const DefaultMaxMsgSize = 64 << 20
 
 // Transport configures the gRPC server around the service.
 type Transport struct {
-	// Token, when set, is the bearer token every call must carry (health
-	// checks excepted), compared in constant time.
+	// Token, when set, is a bearer token calls may carry (health checks
+	// excepted), compared in constant time: the tenant DefaultTenant, with
+	// the server's quotas, beside the service's Options.Tenants. With
+	// neither, calls need no token and every caller is one anonymous
+	// tenant.
 	Token string
 	// TLS, when set, serves TLS.
 	TLS *tls.Config
@@ -51,6 +54,16 @@ type GRPC struct {
 	Server *grpc.Server
 	Health *health.Server
 	svc    *Server
+	auth   *tenantAuth
+}
+
+func (g *GRPC) authenticated() bool { return g.auth != nil }
+
+func (g *GRPC) tenantCount() int {
+	if g.auth == nil {
+		return 0
+	}
+	return len(g.auth.tenants)
 }
 
 // NewGRPC builds the gRPC server: the RolloutService, grpc.health.v1 (the
@@ -61,8 +74,8 @@ func NewGRPC(svc *Server, t Transport) *GRPC {
 		t.MaxMsgSize = DefaultMaxMsgSize
 	}
 	g := &guard{}
-	if t.Token != "" {
-		g.auth = newTokenAuth(t.Token)
+	if ts := svc.tenants(t.Token); len(ts) > 0 {
+		g.auth = newTenantAuth(ts)
 	}
 	if t.RateLimit > 0 {
 		burst := t.RateBurst
@@ -90,7 +103,7 @@ func NewGRPC(svc *Server, t Transport) *GRPC {
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(rolloutv1.RolloutService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
 	reflection.Register(gs)
-	return &GRPC{Server: gs, Health: hs, svc: svc}
+	return &GRPC{Server: gs, Health: hs, svc: svc, auth: g.auth}
 }
 
 // Shutdown stops the server gracefully: health turns NOT_SERVING, the
@@ -194,7 +207,7 @@ func Run(ctx context.Context, svc *Server, o RunOptions) error {
 		go func() { metricsDone <- metricsSrv.Serve(o.MetricsListener) }()
 		log.Info("metrics listening", "addr", "http://"+o.MetricsListener.Addr().String()+"/metrics")
 	}
-	log.Info("rollout service listening", "addr", o.Listener.Addr().String(), "tls", o.TLS != nil, "auth", o.Token != "")
+	log.Info("rollout service listening", "addr", o.Listener.Addr().String(), "tls", o.TLS != nil, "auth", g.authenticated(), "tenants", g.tenantCount())
 	if o.Ready != nil {
 		o.Ready()
 	}

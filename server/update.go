@@ -16,13 +16,13 @@ import (
 )
 
 // updater finds the update coordinator of a job or a CollectGroups stream.
-func (s *Server) updater(id string) (assemble.Updater, error) {
+func (s *Server) updater(ctx context.Context, id string) (assemble.Updater, error) {
 	if id == "" {
 		return nil, status.Error(codes.InvalidArgument, "job_id: empty (a StartJob job id, or a CollectGroups stream_id)")
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if jr, ok := s.jobs[id]; ok {
+	if jr, ok := s.jobs[id]; ok && s.owns(ctx, jr.st.Client) {
 		jr.mu.Lock()
 		u, running := jr.updater, jr.runner != nil
 		jr.mu.Unlock()
@@ -35,7 +35,7 @@ func (s *Server) updater(id string) (assemble.Updater, error) {
 		return u, nil
 	}
 	for c := range s.collectors {
-		if c.id == id && c.j != nil {
+		if c.id == id && c.j != nil && s.owns(ctx, c.tenant) {
 			if u := c.j.Updater(); u != nil {
 				return u, nil
 			}
@@ -62,7 +62,7 @@ func updateStatus(err error) error {
 
 // BeginPolicyUpdate implements RolloutServiceServer.
 func (s *Server) BeginPolicyUpdate(ctx context.Context, req *rolloutv1.BeginPolicyUpdateRequest) (*rolloutv1.BeginPolicyUpdateResponse, error) {
-	u, err := s.updater(req.JobId)
+	u, err := s.updater(ctx, req.JobId)
 	if err != nil {
 		return nil, err
 	}
@@ -89,7 +89,7 @@ func (s *Server) BeginPolicyUpdate(ctx context.Context, req *rolloutv1.BeginPoli
 
 // EndPolicyUpdate implements RolloutServiceServer.
 func (s *Server) EndPolicyUpdate(ctx context.Context, req *rolloutv1.EndPolicyUpdateRequest) (*rolloutv1.EndPolicyUpdateResponse, error) {
-	u, err := s.updater(req.JobId)
+	u, err := s.updater(ctx, req.JobId)
 	if err != nil {
 		return nil, err
 	}

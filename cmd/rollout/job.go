@@ -34,6 +34,8 @@ type clientFlags struct {
 	caFile     string
 	serverName string
 	skipVerify bool
+	certFile   string
+	keyFile    string
 	timeout    time.Duration
 }
 
@@ -45,6 +47,8 @@ func (c *clientFlags) add(cmd *cobra.Command) {
 	fl.StringVar(&c.caFile, "tls-ca", "", "connect with TLS, verifying the server against this CA certificate (PEM)")
 	fl.StringVar(&c.serverName, "tls-server-name", "", "name to verify in the server's certificate (default: from --addr)")
 	fl.BoolVar(&c.skipVerify, "insecure-skip-verify", false, "connect with TLS without verifying the server (testing only)")
+	fl.StringVar(&c.certFile, "tls-client-cert", "", "client certificate (PEM) to present: a tenant known by its certificate (docs/api.md, \"Tenants\"); with --tls-client-key")
+	fl.StringVar(&c.keyFile, "tls-client-key", "", "the client certificate's private key (PEM)")
 	fl.DurationVar(&c.timeout, "timeout", 30*time.Second, "deadline of each non-streaming call")
 }
 
@@ -56,7 +60,11 @@ func envOr(key, def string) string {
 }
 
 func (c *clientFlags) dial() (*server.Client, error) {
-	o := server.ClientOptions{Addr: c.addr, TLS: c.tls, CAFile: c.caFile, ServerName: c.serverName, InsecureSkipVerify: c.skipVerify}
+	if (c.certFile == "") != (c.keyFile == "") {
+		return nil, errors.New("--tls-client-cert and --tls-client-key go together")
+	}
+	o := server.ClientOptions{Addr: c.addr, TLS: c.tls, CAFile: c.caFile, ServerName: c.serverName, InsecureSkipVerify: c.skipVerify,
+		CertFile: c.certFile, KeyFile: c.keyFile}
 	if c.tokenFile != "" {
 		tok, err := server.ReadTokenFile(c.tokenFile)
 		if err != nil {

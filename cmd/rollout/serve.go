@@ -17,6 +17,7 @@ import (
 
 	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/atropos"
+	"github.com/rollout-rl/rollout/internal/util/netpolicy"
 	"github.com/rollout-rl/rollout/internal/util/secrets"
 	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/sandbox/docker"
@@ -32,9 +33,13 @@ type serveFlags struct {
 	dataDir        string
 	allowPaths     []string
 	allowEnv       []string
+	allowNet       []string
 	tokenFile      string
+	tenantsFile    string
+	tenants        []server.Tenant
 	tlsCert        string
 	tlsKey         string
+	tlsClientCA    string
 	cancelInFlight bool
 	drainTimeout   time.Duration
 	cancelGrace    time.Duration
@@ -63,8 +68,10 @@ in-flight rollouts finish (up to --drain-timeout; --cancel-in-flight or a
 second signal cancels them), flushes outputs, removes its sandboxes and
 exits.
 
-Off loopback the server requires --auth-token-file (clients send
-"authorization: Bearer <token>"); use --tls-cert/--tls-key there too.`,
+Off loopback the server requires --auth-token-file or --tenants-file
+(clients send "authorization: Bearer <token>"); use --tls-cert/--tls-key
+there too. Each tenant (each token) has its own quotas and sees only its
+own jobs and streams.`,
 		Example: `  rollout serve
   rollout serve --listen 0.0.0.0:50051 --auth-token-file /etc/rollout/token \
       --tls-cert server.crt --tls-key server.key --metrics-listen 127.0.0.1:9464
@@ -81,9 +88,12 @@ Off loopback the server requires --auth-token-file (clients send
 	fl.StringVar(&f.stateDir, "state-dir", "", "where job states are kept so jobs resume after a restart (default <data-dir>/.rollout-server; \"none\" disables)")
 	fl.StringSliceVar(&f.allowPaths, "allow-path", nil, "absolute path prefix job configs may use besides --data-dir (repeatable)")
 	fl.StringSliceVar(&f.allowEnv, "allow-env", nil, "environment variable job configs may name for a secret (api_key_env, bearer_token_env): a name, or a prefix ending in * (repeatable; default: none)")
+	fl.StringSliceVar(&f.allowNet, "allow-net", nil, "non-public address (IP, CIDR prefix), host name or *.domain a job may connect to: its inference endpoints, teacher, judges, MCP servers, web providers (repeatable; \"none\": confine with no exception). Off loopback jobs reach public addresses only, loopback/private/link-local refused unless allowed here; on loopback they are confined only when this is given (docs/security.md, \"Outbound connections\")")
 	fl.StringVar(&f.tokenFile, "auth-token-file", "", "file holding the bearer token clients must send (required off loopback)")
+	fl.StringVar(&f.tenantsFile, "tenants-file", "", "YAML file of tenants: each a name, a bearer token (token_sha256 or token_file) and its own quotas; jobs belong to the tenant that started them (docs/api.md, \"Tenants\"); with --auth-token-file, that token is one more tenant, \"default\"")
 	fl.StringVar(&f.tlsCert, "tls-cert", "", "TLS certificate (PEM); with --tls-key")
 	fl.StringVar(&f.tlsKey, "tls-key", "", "TLS private key (PEM); with --tls-cert")
+	fl.StringVar(&f.tlsClientCA, "tls-client-ca", "", "verify client certificates signed by this CA (PEM) when clients present one: tenants are then known by their certificate's names too (client_names in --tenants-file); needs --tls-cert")
 	fl.BoolVar(&f.cancelInFlight, "cancel-in-flight", false, "at shutdown, cancel running rollouts instead of letting them finish")
 	fl.DurationVar(&f.drainTimeout, "drain-timeout", 10*time.Minute, "at shutdown, cancel rollouts still running after this long (0: wait)")
 	fl.DurationVar(&f.cancelGrace, "cancel-grace", server.DefaultCancelGrace, "after `job cancel` without --in-flight, cancel the job's rollouts still running after this long (0: wait for them)")
@@ -92,9 +102,9 @@ Off loopback the server requires --auth-token-file (clients send
 	fl.IntVar(&f.rateBurst, "rate-burst", 0, "burst size of --rate-limit (default: the rate, at least 1)")
 	fl.IntVar(&f.maxSandboxes, "max-sandboxes", 0, "sandbox containers alive at once across all jobs (default 512); also the most pods of each Kubernetes backend (sandbox.kubernetes.max_pods)")
 	fl.IntVar(&f.warmSandboxes, "warm-sandboxes", 64, "idle sandboxes kept by each shared backend (Docker; each Kubernetes one) across all jobs: started ahead of a job's groups, or reset in place for its next rollouts with sandbox.reuse (they count against --max-sandboxes and give way to any job needing a slot; 0: none, every sandbox created on demand)")
-	fl.IntVar(&f.quotas.Jobs, "quota-jobs", 0, "jobs and collect streams one client (token) may run at once (default 8; -1: no quota)")
-	fl.IntVar(&f.quotas.Sandboxes, "quota-sandboxes", 0, "sum of limits.sandboxes over one client's running jobs (default 256; -1: no quota)")
-	fl.Int64Var(&f.quotas.Rows, "quota-rows", 0, "rollouts (groups x group_size) one job may produce (default 1000000; -1: no quota)")
+	fl.IntVar(&f.quotas.Jobs, "quota-jobs", 0, "jobs and collect streams one tenant (token) may run at once (default 8; -1: no quota; a tenant's quotas.jobs overrides it)")
+	fl.IntVar(&f.quotas.Sandboxes, "quota-sandboxes", 0, "sum of limits.sandboxes over one tenant's running jobs and streams (default 256; -1: no quota; a tenant's quotas.sandboxes overrides it)")
+	fl.Int64Var(&f.quotas.Rows, "quota-rows", 0, "rollouts (groups x group_size) one job or CollectGroups stream may produce (default 1000000; -1: no quota; a tenant's quotas.rows overrides it)")
 	fl.StringVar(&f.atroposURL, "atropos-url", "", "feed the groups of run jobs to this Atropos API (run-api), one Atropos env per job; a job's atropos.url overrides it, atropos.disabled opts out (docs/atropos.md)")
 	f.tracing.add(fl)
 	return cmd
@@ -165,8 +175,20 @@ func serve(cmd *cobra.Command, f *serveFlags) error {
 			log.Warn("remove sandboxes", "error", err)
 		}
 	}()
-	svc, err := server.New(ctx, server.Options{StateDir: stateDir, DataDir: f.dataDir, AllowedPaths: f.allowPaths,
-		Sandboxes: shared, Images: shared, Logger: log, JobSinks: atroposJobSinks(f.atroposURL), Quotas: f.quotas, CancelGrace: cancelGrace})
+	netPolicy, err := f.netPolicy()
+	if err != nil {
+		ln.Close()
+		if o.MetricsListener != nil {
+			o.MetricsListener.Close()
+		}
+		return usageError(cmd, err)
+	}
+	if netPolicy == nil {
+		log.Info("jobs' outbound connections are not confined: the server listens on loopback (confine them with --allow-net)")
+	}
+	svc, err := server.New(ctx, server.Options{NetPolicy: netPolicy, StateDir: stateDir, DataDir: f.dataDir, AllowedPaths: f.allowPaths,
+		Sandboxes: shared, Images: shared, Logger: log, JobSinks: atroposJobSinks(f.atroposURL), Quotas: f.quotas, CancelGrace: cancelGrace,
+		Tenants: f.tenants})
 	if err != nil {
 		ln.Close()
 		if o.MetricsListener != nil {
@@ -191,6 +213,9 @@ func (f *serveFlags) check(cmd *cobra.Command) error {
 	if (f.tlsCert == "") != (f.tlsKey == "") {
 		return usageError(cmd, errors.New("--tls-cert and --tls-key go together"))
 	}
+	if f.tlsClientCA != "" && f.tlsCert == "" {
+		return usageError(cmd, errors.New("--tls-client-ca needs --tls-cert and --tls-key"))
+	}
 	if f.maxMsgSize <= 0 || f.rateLimit < 0 || f.rateBurst < 0 || f.maxSandboxes < 0 || f.warmSandboxes < 0 || f.drainTimeout < 0 {
 		return usageError(cmd, errors.New("--max-msg-size must be positive; --rate-limit, --rate-burst, --max-sandboxes, --warm-sandboxes and --drain-timeout must not be negative"))
 	}
@@ -205,6 +230,21 @@ func (f *serveFlags) check(cmd *cobra.Command) error {
 	return nil
 }
 
+// netPolicy is the network policy of jobs' outbound connections: public
+// addresses plus --allow-net. A server listening off loopback always has
+// one; on loopback (only this machine's users reach it, and they reach
+// the network themselves) only when --allow-net is given ("none": confine,
+// allow no non-public address).
+func (f *serveFlags) netPolicy() (*netpolicy.Policy, error) {
+	entries := f.allowNet
+	if len(entries) == 1 && entries[0] == "none" {
+		entries = nil
+	} else if len(entries) == 0 && server.IsLocalAddr(f.listen) {
+		return nil, nil
+	}
+	return netpolicy.New(entries, "rollout serve --allow-net")
+}
+
 // transport is the gRPC transport the flags ask for: bearer token, TLS,
 // message size and rate limits, on a listen address that allows them.
 func (f *serveFlags) transport() (server.Transport, error) {
@@ -216,7 +256,14 @@ func (f *serveFlags) transport() (server.Transport, error) {
 		}
 		t.Token = tok
 	}
-	if err := server.CheckListen(f.listen, t.Token != ""); err != nil {
+	if f.tenantsFile != "" {
+		ts, err := server.LoadTenants(f.tenantsFile)
+		if err != nil {
+			return t, err
+		}
+		f.tenants = ts
+	}
+	if err := server.CheckListen(f.listen, t.Token != "" || len(f.tenants) > 0); err != nil {
 		return t, err
 	}
 	if f.tlsCert != "" {
@@ -224,9 +271,13 @@ func (f *serveFlags) transport() (server.Transport, error) {
 		if err != nil {
 			return t, err
 		}
+		if f.tlsClientCA != "" {
+			if err := server.LoadClientCA(cfg, f.tlsClientCA); err != nil {
+				return t, err
+			}
+		}
 		t.TLS = cfg
 	}
-	t.MaxMsgSize, t.RateLimit, t.RateBurst = f.maxMsgSize, f.rateLimit, f.rateBurst
 	t.MaxMsgSize, t.RateLimit, t.RateBurst = f.maxMsgSize, f.rateLimit, f.rateBurst
 	return t, nil
 }

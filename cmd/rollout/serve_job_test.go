@@ -172,6 +172,8 @@ func TestServeRefusals(t *testing.T) {
 		{[]string{"--tls-cert", "x.pem"}, "--tls-cert and --tls-key"},
 		{[]string{"--auth-token-file", filepath.Join(dir, "missing")}, "auth token"},
 		{[]string{"--max-msg-size", "0"}, "--max-msg-size"},
+		{[]string{"--tenants-file", filepath.Join(dir, "missing.yaml")}, "tenants"},
+		{[]string{"--allow-net", "10.0.0.0/33"}, "--allow-net"},
 	} {
 		out, code := runRollout(ctx, append([]string{"serve", "--data-dir", dir}, tc.args...)...)
 		if code != 2 || !strings.Contains(out, tc.want) {

@@ -151,6 +151,18 @@ func (h *handler) countFinished(prompt int, choices []genChoice) {
 // chatTemplateKwargs is the subset of chat_template_kwargs the templates read.
 type chatTemplateKwargs map[string]any
 
+// builtinTools is Llama 3.1's builtin_tools (names of its built-in tools).
+func (k chatTemplateKwargs) builtinTools() []string {
+	l, _ := k["builtin_tools"].([]any)
+	var out []string
+	for _, v := range l {
+		if s, ok := v.(string); ok {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
 func (k chatTemplateKwargs) thinkingDisabled() bool {
 	v, ok := k["enable_thinking"].(bool)
 	return ok && !v
@@ -188,7 +200,8 @@ func (h *handler) render(c chatRender) (string, []int, *apiError) {
 		return "", nil, badRequest("%v", err)
 	}
 	o := renderOptions{AddGenerationPrompt: c.AddGenerationPrompt == nil || *c.AddGenerationPrompt,
-		ContinueFinalMessage: c.ContinueFinalMessage, EnableThinkingSetFalse: c.ChatTemplateKwargs.thinkingDisabled()}
+		ContinueFinalMessage: c.ContinueFinalMessage, EnableThinkingSetFalse: c.ChatTemplateKwargs.thinkingDisabled(),
+		BuiltinTools: c.ChatTemplateKwargs.builtinTools()}
 	if c.ContinueFinalMessage && c.AddGenerationPrompt == nil {
 		o.AddGenerationPrompt = false
 	}

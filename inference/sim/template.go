@@ -141,6 +141,11 @@ type renderOptions struct {
 	AddGenerationPrompt    bool
 	ContinueFinalMessage   bool
 	EnableThinkingSetFalse bool // chat_template_kwargs.enable_thinking == false
+	// BuiltinTools is chat_template_kwargs.builtin_tools: Llama 3.1's
+	// ipython mode, in which its template announces the built-in tools and
+	// ends assistant turns that call a tool with <|eom_id|>, other turns
+	// with <|eot_id|>.
+	BuiltinTools []string
 }
 
 // template renders a conversation to the exact prompt text the model sees.
@@ -325,6 +330,18 @@ func renderLlama3(t *template, family string, msgs []renderMsg, tools []Tool, o 
 	}
 	var b strings.Builder
 	b.WriteString("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n")
+	if len(o.BuiltinTools) > 0 {
+		// Llama 3.1's template: "Environment: ipython", then the built-in
+		// tools other than code_interpreter.
+		b.WriteString("Environment: ipython\n")
+		var named []string
+		for _, n := range o.BuiltinTools {
+			if n != "code_interpreter" {
+				named = append(named, n)
+			}
+		}
+		b.WriteString("Tools: " + strings.Join(named, ", ") + "\n\n")
+	}
 	b.WriteString("Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n")
 	start := 0
 	if msgs[0].Role == "system" {
@@ -360,7 +377,11 @@ func renderLlama3(t *template, family string, msgs []renderMsg, tools []Tool, o 
 			if i == len(msgs)-1 && o.ContinueFinalMessage {
 				return b.String(), nil
 			}
-			b.WriteString("<|eot_id|>")
+			if len(m.Calls) > 0 && len(o.BuiltinTools) > 0 {
+				b.WriteString("<|eom_id|>") // ipython mode: the turn waits for the tool
+			} else {
+				b.WriteString("<|eot_id|>")
+			}
 		case "tool":
 			b.WriteString("<|start_header_id|>ipython<|end_header_id|>\n\n" + m.Content + "<|eot_id|>")
 		}

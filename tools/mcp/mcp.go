@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"regexp"
 	"strings"
@@ -31,6 +32,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
 	sdk "github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/rollout-rl/rollout/internal/util/netpolicy"
 	"github.com/rollout-rl/rollout/internal/util/secrets"
 	"github.com/rollout-rl/rollout/internal/util/version"
 	"github.com/rollout-rl/rollout/sandbox"
@@ -206,13 +208,17 @@ func open(ctx context.Context, cfg Server, sb sandbox.Sandbox) (*session, []tool
 		s.pipe = p
 		transport = &sdk.IOTransport{Reader: p, Writer: p}
 	} else {
-		hc := &http.Client{}
+		// The default transport's settings, dialing through the served
+		// job's network policy (internal/util/netpolicy), when it has one.
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.DialContext = netpolicy.Dialer(&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second})
+		hc := &http.Client{Transport: tr}
 		if cfg.BearerTokenEnv != "" {
 			tok, err := secrets.Lookup(cfg.BearerTokenEnv)
 			if err != nil {
 				return nil, nil, fmt.Errorf("mcp server %s: bearer_token_env: %w", cfg.Name, err)
 			}
-			hc.Transport = bearer{tok: tok, next: http.DefaultTransport}
+			hc.Transport = bearer{tok: tok, next: tr}
 		}
 		transport = &sdk.StreamableClientTransport{Endpoint: cfg.URL, HTTPClient: hc, MaxRetries: -1, DisableStandaloneSSE: true}
 	}

@@ -16,6 +16,8 @@ import (
 
 	"golang.org/x/net/html"
 	"golang.org/x/net/html/atom"
+
+	"github.com/rollout-rl/rollout/internal/util/netpolicy"
 )
 
 // errPrivate is returned for addresses refused without allow_private.
@@ -51,7 +53,9 @@ func newClient(c Config, allowPrivate bool) *http.Client {
 			return nil
 		}
 	}
-	tr := &http.Transport{DialContext: d.DialContext, Proxy: nil, MaxIdleConnsPerHost: 4}
+	// The served job's network policy (internal/util/netpolicy), when it
+	// has one, applies on top of allow_private.
+	tr := &http.Transport{DialContext: netpolicy.Dialer(d), Proxy: nil, MaxIdleConnsPerHost: 4}
 	return &http.Client{Transport: tr, Timeout: c.Timeout,
 		CheckRedirect: func(req *http.Request, via []*http.Request) error {
 			if len(via) >= 5 {

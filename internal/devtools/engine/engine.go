@@ -79,6 +79,11 @@ type LlamacppOptions struct {
 	HostPort int
 	// ExtraArgs are appended to llama-server's command line.
 	ExtraArgs []string
+	// PrefillAssistant leaves llama-server's own default, under which a
+	// trailing assistant message is a prefill to continue: the command
+	// line then lacks --no-prefill-assistant, as a server started by hand
+	// would (tests of rollout against such a server).
+	PrefillAssistant bool
 	// Name is the container name (default: the engine picks one).
 	Name string
 	// Owner goes into the io.rollout.engine.owner label (default "cli").
@@ -105,11 +110,12 @@ type Engine struct {
 // LlamacppArgs is the llama-server command line for opts.
 func LlamacppArgs(opts LlamacppOptions) []string {
 	opts = opts.withDefaults()
-	args := []string{
-		"llama-server", "-m", opts.Model, "--jinja", "--no-prefill-assistant",
-		"--host", "0.0.0.0", "--port", strconv.Itoa(image.LlamacppPort),
-		"-t", strconv.Itoa(opts.Threads), "-c", strconv.Itoa(opts.Ctx), "-np", strconv.Itoa(opts.Slots),
+	args := []string{"llama-server", "-m", opts.Model, "--jinja", "--no-prefill-assistant"}
+	if opts.PrefillAssistant {
+		args = args[:len(args)-1]
 	}
+	args = append(args, "--host", "0.0.0.0", "--port", strconv.Itoa(image.LlamacppPort),
+		"-t", strconv.Itoa(opts.Threads), "-c", strconv.Itoa(opts.Ctx), "-np", strconv.Itoa(opts.Slots))
 	return append(args, opts.ExtraArgs...)
 }
 

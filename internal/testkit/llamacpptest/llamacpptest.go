@@ -34,6 +34,9 @@ type Options struct {
 	Ctx, Slots, Threads int
 	// ExtraArgs are appended to llama-server's command line.
 	ExtraArgs []string
+	// PrefillAssistant starts llama-server without --no-prefill-assistant
+	// (its default: a trailing assistant message is a prefill).
+	PrefillAssistant bool
 	// Image overrides rollout-llamacpp:sid.
 	Image string
 }
@@ -123,7 +126,7 @@ func Start(t testing.TB, opts Options) *Engine {
 	}
 	e, err := engine.StartLlamacpp(ctx, cli, engine.LlamacppOptions{
 		Image: opts.Image, Ctx: opts.Ctx, Slots: opts.Slots, Threads: opts.Threads,
-		ExtraArgs: opts.ExtraArgs, Owner: "test",
+		ExtraArgs: opts.ExtraArgs, PrefillAssistant: opts.PrefillAssistant, Owner: "test",
 		Labels: map[string]string{"io.rollout.engine.test": t.Name()},
 	})
 	if err != nil {

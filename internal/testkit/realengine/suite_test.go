@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -196,6 +197,27 @@ func TestCollectTokens(t *testing.T) {
 		if !knownServerErrors[msg] {
 			t.Errorf("tokens mode: the server answered %d× %q", errs[msg], msg)
 		}
+	}
+}
+
+// TestCollectTokensDefaultServer runs tokens mode against a llama-server
+// started with its defaults (no --no-prefill-assistant, as a new user
+// starts it): it renders a trailing assistant message as a prefill, and
+// refuses one while the template's thinking is on, so rollout must never
+// send one. Every rollout must come back without an infrastructure
+// failure, its tokens re-scored against the server.
+func TestCollectTokensDefaultServer(t *testing.T) {
+	e := llamacpptest.Start(t, llamacpptest.Options{Slots: 4, Ctx: 4 * 8192, Threads: 1, PrefillAssistant: true})
+	if slices.Contains(e.Args, "--no-prefill-assistant") {
+		t.Fatalf("llama-server started with --no-prefill-assistant: %v", e.Args)
+	}
+	c := collection{backend: "llamacpp", groups: 2, groupSize: 4, maxTokens: 64, maxTurns: 3,
+		onTruncation: "tool_error", bias: collectionBias(t, e), inFlight: 4}
+	dir, retried := c.run(t, suiteCtx(t), e)
+	s := check(t, e, dir, true, 8)
+	t.Logf("tokens mode, default llama-server: %s\n  rollouts retried as infrastructure failures: %v", s, retried)
+	if s.rollouts != 8 || s.infra != 0 || len(retried) != 0 {
+		t.Fatalf("default llama-server: %d rollouts, %d infra_failed, retried %v", s.rollouts, s.infra, retried)
 	}
 }
 
