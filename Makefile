@@ -35,7 +35,9 @@ lint:
 # ensure-runc.sh makes sure runc is there for the runc backend's tests
 # (Debian's docker.io brings it; apt as root otherwise).
 # ensure-runsc.sh installs Debian's runsc and registers it with the engine
-# (SIGHUP, no restart) for the gVisor tests (docs/security.md).
+# (SIGHUP, no restart) for the gVisor tests (docs/security.md); after it,
+# ROLLOUT_REQUIRE_RUNSC=1 makes a missing runsc runtime a test failure, not
+# a skip (plain `go test` elsewhere skips them, saying why).
 #
 # Then the Kubernetes lab (scripts/k8s-lab/ci.sh; docs/kubernetes.md, "The
 # lab in make test"): the pinned Kubernetes binaries build in the background
@@ -59,7 +61,7 @@ test-main:
 	scripts/ensure-python-grpc.sh
 	scripts/ensure-python-torch.sh
 	FUZZTIME=$(FUZZTIME) scripts/fuzz-smoke.sh
-	$(GO) test -race -count=1 -timeout 30m ./...
+	ROLLOUT_REQUIRE_RUNSC=1 $(GO) test -race -count=1 -timeout 30m ./...
 
 # fuzz-smoke runs every parser fuzz target for FUZZTIME (a smoke run in
 # `make test`; raise it for a real fuzzing session).

@@ -12,15 +12,15 @@ import (
 // read_only_root: TestRuncReadOnlyRoot).
 
 func TestRuncLimitMemoryEnforced(t *testing.T) {
-	sandboxtest.MemoryLimitEnforced(t, needRunc(t), sandboxtest.Image, time.Minute)
+	sandboxtest.MemoryLimitEnforced(t, needRunc(t), sandbox.Spec{Image: sandboxtest.Image}, time.Minute)
 }
 
 func TestRuncLimitPIDsEnforced(t *testing.T) {
-	sandboxtest.PIDsLimitEnforced(t, needRunc(t), sandboxtest.Image, time.Minute)
+	sandboxtest.PIDsLimitEnforced(t, needRunc(t), sandbox.Spec{Image: sandboxtest.Image}, time.Minute)
 }
 
 func TestRuncLimitCPUsApplied(t *testing.T) {
-	sandboxtest.CPULimitApplied(t, needRunc(t), sandboxtest.Image, time.Minute)
+	sandboxtest.CPULimitApplied(t, needRunc(t), sandbox.Spec{Image: sandboxtest.Image}, time.Minute)
 }
 
 // network other than none and runtime runsc are refused, naming the
