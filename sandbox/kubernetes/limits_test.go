@@ -17,7 +17,9 @@ import (
 // TestKubernetesReadOnlyRoot.
 
 func kubeLimitRows(t *testing.T, k *Kubernetes) {
-	t.Run("memory", func(t *testing.T) { sandboxtest.MemoryLimitEnforced(t, k, sandbox.Spec{Image: labImage}, 2*time.Minute) })
+	t.Run("memory", func(t *testing.T) {
+		sandboxtest.MemoryLimitEnforced(t, k, sandbox.Spec{Image: labImage}, 2*time.Minute)
+	})
 	t.Run("cpus", func(t *testing.T) { sandboxtest.CPULimitApplied(t, k, sandbox.Spec{Image: labImage}, 2*time.Minute) })
 	t.Run("refused", func(t *testing.T) {
 		sandboxtest.Refused(t, k, sandbox.Spec{Image: labImage, Runtime: sandbox.RuntimeRunsc}, "runtime", "kubernetes backend", "runtime_class_name")
