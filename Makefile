@@ -122,14 +122,18 @@ clean:
 # k8s-lab starts the project's Kubernetes cluster (control plane + 2 worker
 # nodes and a registry in containers on a private Docker network;
 # docs/kubernetes.md). The pinned Kubernetes binaries are built from the Go
-# module proxy once and cached under /var/cache/rollout/k8s/<version>.
+# module proxy once and cached under /var/cache/rollout/k8s/<version>; the
+# agent-sandbox controller (mode agent-sandbox) likewise under
+# /var/cache/rollout/agent-sandbox/<version>, run on the host.
 # k8s-lab-test runs the backends' tests and the `rollout run` end-to-end
 # check against a lab that is up (no destructive checks; `make test` runs
 # those too, on a lab of its own).
 k8s-lab: build
 	scripts/k8s-lab/lab.sh up
+	scripts/k8s-lab/agent-sandbox.sh up
 
 k8s-lab-down:
+	scripts/k8s-lab/agent-sandbox.sh down
 	scripts/k8s-lab/lab.sh down
 
 k8s-lab-test: build
