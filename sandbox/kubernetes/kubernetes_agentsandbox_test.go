@@ -24,8 +24,9 @@ import (
 // The agent-sandbox tests run against the lab cluster with the
 // kubernetes-sigs/agent-sandbox controller and its CRDs installed
 // (docs/kubernetes.md, "Mode agent-sandbox"): the lab step of `make test`
-// installs them (scripts/k8s-lab/agent-sandbox.sh up, which sets
-// ROLLOUT_K8S_LAB_AGENT_SANDBOX=1); there the CRDs missing is a failure.
+// installs them (scripts/k8s-lab/agent-sandbox.sh up) and sets
+// ROLLOUT_K8S_LAB_AGENT_SANDBOX=1 (ci.sh); there the CRDs missing is a
+// failure.
 // Elsewhere (a lab started by hand without it) the tests skip, saying so.
 
 const asTestWarm = 2
