@@ -35,7 +35,9 @@ lint:
 # ensure-runc.sh makes sure runc is there for the runc backend's tests
 # (Debian's docker.io brings it; apt as root otherwise).
 # ensure-runsc.sh installs Debian's runsc and registers it with the engine
-# (SIGHUP, no restart) for the gVisor tests (docs/security.md).
+# (SIGHUP, no restart) for the gVisor tests (docs/security.md); after it,
+# ROLLOUT_REQUIRE_RUNSC=1 makes a missing runsc runtime a test failure, not
+# a skip (plain `go test` elsewhere skips them, saying why).
 #
 # Then the Kubernetes lab (scripts/k8s-lab/ci.sh; docs/kubernetes.md, "The
 # lab in make test"): the pinned Kubernetes binaries build in the background
@@ -59,7 +61,7 @@ test-main:
 	scripts/ensure-python-grpc.sh
 	scripts/ensure-python-torch.sh
 	FUZZTIME=$(FUZZTIME) scripts/fuzz-smoke.sh
-	$(GO) test -race -count=1 -timeout 30m ./...
+	ROLLOUT_REQUIRE_RUNSC=1 $(GO) test -race -count=1 -timeout 30m ./...
 
 # fuzz-smoke runs every parser fuzz target for FUZZTIME (a smoke run in
 # `make test`; raise it for a real fuzzing session).
@@ -120,14 +122,18 @@ clean:
 # k8s-lab starts the project's Kubernetes cluster (control plane + 2 worker
 # nodes and a registry in containers on a private Docker network;
 # docs/kubernetes.md). The pinned Kubernetes binaries are built from the Go
-# module proxy once and cached under /var/cache/rollout/k8s/<version>.
+# module proxy once and cached under /var/cache/rollout/k8s/<version>; the
+# agent-sandbox controller (mode agent-sandbox) likewise under
+# /var/cache/rollout/agent-sandbox/<version>, run on the host.
 # k8s-lab-test runs the backends' tests and the `rollout run` end-to-end
 # check against a lab that is up (no destructive checks; `make test` runs
 # those too, on a lab of its own).
 k8s-lab: build
 	scripts/k8s-lab/lab.sh up
+	scripts/k8s-lab/agent-sandbox.sh up
 
 k8s-lab-down:
+	scripts/k8s-lab/agent-sandbox.sh down
 	scripts/k8s-lab/lab.sh down
 
 k8s-lab-test: build

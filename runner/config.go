@@ -431,6 +431,18 @@ func (s SandboxConfig) validate(bad func(field, format string, args ...any) erro
 			return bad("sandbox.runtime", "runsc: not implemented for the runc backend (use the docker backend with runsc registered)")
 		}
 	}
+	if s.Backend == sandbox.BackendKubernetes {
+		// What a pod cannot be held to is refused, never dropped
+		// (docs/security.md, "Limits on every backend").
+		switch {
+		case s.PIDs > 0:
+			return bad("sandbox.pids", "%d: not enforced by the kubernetes backend (a pod spec has no pids limit; the kubelet's podPidsLimit bounds every pod of a node): set podPidsLimit on the sandbox nodes and remove sandbox.pids", s.PIDs)
+		case s.Runtime == sandbox.RuntimeRunsc:
+			return bad("sandbox.runtime", "runsc: not implemented for the kubernetes backend (choose the pods' runtime with sandbox.kubernetes.runtime_class_name, e.g. a RuntimeClass whose handler is runsc)")
+		case s.Network == sandbox.NetworkBridge:
+			return bad("sandbox.network", "bridge (egress only): not implemented for the kubernetes backend (its pods are either denied all traffic by a NetworkPolicy, network none, or unrestricted, network open)")
+		}
+	}
 	if s.Reuse {
 		switch {
 		case !s.ReadOnlyRoot:

@@ -542,3 +542,45 @@ func TestSandboxesAnnouncedAhead(t *testing.T) {
 		t.Errorf("task image built %d times for 3 groups", n)
 	}
 }
+
+// pidsEnv's tasks ask for a pids limit in their own sandbox spec.
+type pidsEnv struct{ scoreEnv }
+
+func (e *pidsEnv) Task(ctx context.Context, it datasets.Item) (envs.Task, error) {
+	t, err := e.scoreEnv.Task(ctx, it)
+	t.Sandbox = &sandbox.Spec{Image: "img", Limits: sandbox.Limits{PIDs: 128}}
+	return t, err
+}
+
+// An env's own pids limit on the kubernetes backend, which no pod can be
+// held to, fails its rollouts as task errors naming the key, without a
+// sandbox and without retries; on another backend the same spec is
+// created.
+func TestEnvPIDsRefusedOnKubernetes(t *testing.T) {
+	for _, backend := range []string{sandbox.BackendKubernetes, sandbox.BackendDocker} {
+		env := &pidsEnv{scoreEnv{items: items(1), reward: func(envs.Outcome) (rewards.Score, error) { return rewards.Score{Value: 1}, nil }}}
+		boxes := &refusingSandboxes{images: make(chan string, 64)}
+		cfg := baseConfig()
+		cfg.Retries = 1
+		cfg.Sandbox.Backend = backend
+		r, err := New(cfg, Deps{Logger: quiet, Env: env, Policy: &scriptPolicy{}, Sandboxes: boxes, Sinks: []Sink{&memSink{}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum, err := r.Run(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		close(boxes.images)
+		created := len(boxes.images)
+		if backend == sandbox.BackendKubernetes {
+			if sum.FailuresByKind[FailTask] != 4 || sum.Retries != 0 || created != 0 {
+				t.Errorf("%s: summary %+v, %d sandboxes created: want 4 task failures, no retry, no sandbox", backend, sum, created)
+			}
+			continue
+		}
+		if sum.FailuresByKind[FailTask] != 0 || created == 0 {
+			t.Errorf("%s: summary %+v, %d sandboxes created: want the spec created", backend, sum, created)
+		}
+	}
+}

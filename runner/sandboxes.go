@@ -3,6 +3,7 @@ package runner
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/rollout-rl/rollout/envs"
@@ -85,6 +86,11 @@ func (r *Runner) sandboxSpec(ctx context.Context, task envs.Task) (sandbox.Spec,
 	}
 	if spec.Image == "" {
 		return spec, FailTask, errors.New("no sandbox image: set sandbox.image in the run config or the env's image")
+	}
+	if c.Backend == sandbox.BackendKubernetes && spec.Limits.PIDs > 0 {
+		// The run config's sandbox.pids is refused before the run; this is
+		// the env's own (its sandbox block), which no pod can be held to.
+		return spec, FailTask, fmt.Errorf("the env's sandbox pids %d: not enforced by the kubernetes backend (a pod spec has no pids limit; the kubelet's podPidsLimit bounds every pod of a node): remove pids from the env's sandbox block", spec.Limits.PIDs)
 	}
 	return spec, "", nil
 }

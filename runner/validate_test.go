@@ -213,3 +213,46 @@ func TestDistillConfigChecks(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// docs/security.md's limits table, the refused rows: every key a backend
+// cannot enforce is a config error naming the key and the backend, before
+// anything runs; the same key on a backend that enforces it passes.
+func TestValidateLimitsPerBackend(t *testing.T) {
+	const base = "env: unit\ninference:\n  endpoints: [http://127.0.0.1:1]\n"
+	for _, tc := range []struct {
+		sandbox, field string // field "" = accepted
+	}{
+		{"{backend: kubernetes, pids: 256}", "sandbox.pids"},
+		{"{backend: kubernetes, runtime: runsc}", "sandbox.runtime"},
+		{"{backend: kubernetes, network: bridge}", "sandbox.network"},
+		{"{backend: runc, network: bridge}", "sandbox.network"},
+		{"{backend: runc, network: open}", "sandbox.network"},
+		{"{backend: runc, runtime: runsc}", "sandbox.runtime"},
+		{"{backend: kubernetes, read_only_root: true, reuse: true}", "sandbox.reuse"},
+		{"{backend: kubernetes, memory_mb: 256, cpus: 0.5, disk_mb: 512, read_only_root: true, network: open}", ""},
+		{"{backend: kubernetes, network: none}", ""},
+		{"{backend: docker, pids: 256, runtime: runsc, network: none}", ""},
+		{"{backend: docker, network: bridge}", ""},
+		{"{backend: runc, pids: 256, memory_mb: 256, cpus: 0.5, disk_mb: 512, read_only_root: true, reuse: true}", ""},
+	} {
+		cfg, err := ParseConfig([]byte(base + "sandbox: " + tc.sandbox + "\n"))
+		if err != nil {
+			t.Fatalf("%s: parse: %v", tc.sandbox, err)
+		}
+		err = cfg.Validate()
+		if tc.field == "" {
+			if err != nil {
+				t.Errorf("%s: %v, want it accepted", tc.sandbox, err)
+			}
+			continue
+		}
+		if !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), ": "+tc.field+": ") {
+			t.Errorf("%s: %v, want a config error naming %s", tc.sandbox, err, tc.field)
+			continue
+		}
+		backend := strings.TrimSuffix(strings.Fields(strings.TrimPrefix(tc.sandbox, "{backend: "))[0], ",")
+		if !strings.Contains(err.Error(), backend) {
+			t.Errorf("%s: %v does not name the %s backend", tc.sandbox, err, backend)
+		}
+	}
+}

@@ -47,12 +47,8 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 echo "$NAME: installing $PKGS for $PY"
-install() {
-	# shellcheck disable=SC2086 # PKGS is a list of words
-	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $PKGS
-}
-if ! install; then
-	# Usually a fresh image without package lists.
-	apt-get update && install || fail "apt-get could not install $PKGS"
-fi
+# apt-install.sh waits for another apt process's dpkg lock (bounded) and
+# updates the lists when the install needs it.
+# shellcheck disable=SC2086 # PKGS is a list of words
+"$(dirname "$0")/apt-install.sh" $PKGS || fail "apt-get could not install $PKGS"
 have_modules || fail "$PKGS are installed but $PY still cannot import $IMPORTS"

@@ -12,6 +12,5 @@ if [ "$(id -u)" != 0 ]; then
 	exit 1
 fi
 echo "ensure-runc: installing runc" >&2
-apt-get update -qq >/dev/null
-DEBIAN_FRONTEND=noninteractive apt-get install -y -qq runc >/dev/null
+"$(dirname "$0")/apt-install.sh" runc >/dev/null
 command -v runc >/dev/null

@@ -25,7 +25,7 @@ if [ -n "${DOCKER_HOST:-}" ] && [[ "$DOCKER_HOST" != unix://* ]]; then
 fi
 if ! command -v runsc >/dev/null; then
 	echo "ensure-runsc: installing runsc (apt)" >&2
-	DEBIAN_FRONTEND=noninteractive apt-get install -y runsc >/dev/null
+	"$(dirname "$0")/apt-install.sh" runsc >/dev/null
 fi
 path=$(command -v runsc)
 mkdir -p "$(dirname "$conf")"

@@ -677,6 +677,14 @@ func (d *Docker) containerConfig(spec sandbox.Spec, img imageInfo, extraLabels m
 			PidsLimit:  &pids,
 		},
 	}
+	if spec.Runtime == sandbox.RuntimeRunsc {
+		// The pids cgroup does not see gVisor's tasks (above); the sentry
+		// enforces RLIMIT_NPROC per user of its own kernel, which holds
+		// only this sandbox, so the sandbox user's processes are bounded
+		// by the configured limit there (docs/security.md, "Limits on every
+		// backend"). The root agent is exempt, as from any RLIMIT_NPROC.
+		hc.Ulimits = append(hc.Ulimits, &container.Ulimit{Name: "nproc", Soft: spec.Limits.PIDs, Hard: spec.Limits.PIDs})
+	}
 	if spec.Limits.ReadOnlyRoot {
 		hc.Tmpfs = map[string]string{
 			"/tmp":       "rw,nosuid,nodev,size=" + strconv.FormatInt(min(spec.Limits.DiskBytes, 512<<20), 10),

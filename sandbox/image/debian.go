@@ -14,6 +14,7 @@ import (
 	"path"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -299,11 +300,21 @@ func ensureMmdebstrap(ctx context.Context, log io.Writer) (string, error) {
 // MmdebstrapPath reports where mmdebstrap is, for `rollout doctor`.
 func MmdebstrapPath() (string, error) { return exec.LookPath("mmdebstrap") }
 
+// aptInstall installs pkgs with apt-get. Another apt process holding the
+// dpkg lock (a fresh machine's boot-time updates) is waited for, at most
+// aptLockTimeout, and named: when the wait starts, and in the error when it
+// did not end in time. The package lists are updated only when the install
+// fails for another reason (a fresh image without lists).
 func aptInstall(ctx context.Context, log io.Writer, pkgs ...string) error {
 	if _, err := exec.LookPath("apt-get"); err != nil {
 		return fmt.Errorf("%w: %s not found and apt-get is not available; install %s with your package manager", ErrMissingTool, strings.Join(pkgs, " "), strings.Join(pkgs, " "))
 	}
+	timeout := aptLockTimeout()
 	run := func(args ...string) error {
+		if h := AptLockHolders(); len(h) > 0 && log != nil {
+			fmt.Fprintf(log, "waiting up to %s for the dpkg lock: %s\n", timeout, strings.Join(h, "; "))
+		}
+		args = append([]string{"-o", "DPkg::Lock::Timeout=" + strconv.Itoa(int(timeout.Seconds()))}, args...)
 		cmd := exec.CommandContext(ctx, "apt-get", args...)
 		cmd.Env = append(systemEnv(), "DEBIAN_FRONTEND=noninteractive")
 		tail := &tailBuffer{max: 4096}
@@ -315,6 +326,10 @@ func aptInstall(ctx context.Context, log io.Writer, pkgs ...string) error {
 		}
 		cmd.Stdout, cmd.Stderr = w, w
 		if err := cmd.Run(); err != nil {
+			if h := AptLockHolders(); len(h) > 0 {
+				return fmt.Errorf("apt-get %s: the dpkg lock is still held after waiting %s: %s (another package manager is running, e.g. a boot-time unattended-upgrades: let it finish, then run again): %w",
+					strings.Join(args, " "), timeout, strings.Join(h, "; "), err)
+			}
 			return fmt.Errorf("apt-get %s: %w\n%s", strings.Join(args, " "), err, tail.String())
 		}
 		return nil
@@ -322,10 +337,18 @@ func aptInstall(ctx context.Context, log io.Writer, pkgs ...string) error {
 	if log != nil {
 		fmt.Fprintf(log, "installing %s with apt-get\n", strings.Join(pkgs, " "))
 	}
+	install := append([]string{"install", "-y", "--no-install-recommends"}, pkgs...)
+	err := run(install...)
+	if err == nil {
+		return nil
+	}
+	if len(AptLockHolders()) > 0 {
+		return fmt.Errorf("%w: %v", ErrMissingTool, err)
+	}
 	if err := run("update"); err != nil {
 		return fmt.Errorf("%w: %v", ErrMissingTool, err)
 	}
-	if err := run(append([]string{"install", "-y", "--no-install-recommends"}, pkgs...)...); err != nil {
+	if err := run(install...); err != nil {
 		return fmt.Errorf("%w: %v", ErrMissingTool, err)
 	}
 	return nil

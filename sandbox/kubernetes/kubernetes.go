@@ -211,8 +211,24 @@ func (k *Kubernetes) Config() k8sconfig.Config { return k.cfg }
 
 func (k *Kubernetes) Logger() *slog.Logger { return k.log }
 
+// Validate applies the shared checks and refuses what a pod cannot be
+// held to (docs/security.md, "Limits on every backend"): runtime runsc
+// (the pods' runtime is the config's runtime_class_name) and network
+// bridge (a pod is either denied all traffic or unrestricted). Limits.PIDs
+// is not refused here: the shared checks fill its default, which pods do
+// not enforce either; a configured one is refused by the run config's
+// validation and the runner.
 func (k *Kubernetes) Validate(spec *sandbox.Spec) error {
-	return sandbox.ValidateSpec(spec)
+	if err := sandbox.ValidateSpec(spec); err != nil {
+		return err
+	}
+	if spec.Runtime == sandbox.RuntimeRunsc {
+		return fmt.Errorf("runtime %q: not implemented in the kubernetes backend (set runtime_class_name in its config to a RuntimeClass whose handler is runsc)", spec.Runtime)
+	}
+	if spec.Network == sandbox.NetworkBridge {
+		return fmt.Errorf("network %q (egress only): not implemented in the kubernetes backend (a pod is denied all traffic, network none, or unrestricted, network open)", spec.Network)
+	}
+	return nil
 }
 
 // Create starts a sandbox pod for spec (Backend).

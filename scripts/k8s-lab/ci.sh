@@ -2,15 +2,20 @@
 # ci.sh — the Kubernetes lab's part of `make test` (docs/kubernetes.md,
 # "The lab in make test").
 #
-#   ci.sh with-build CMD...  start the pinned Kubernetes binaries' build in
-#                            the background at the lowest CPU priority (nice
+#   ci.sh with-build CMD...  start the pinned Kubernetes binaries' build and
+#                            then the agent-sandbox controller's in the
+#                            background at the lowest CPU priority (nice
 #                            19: it takes only the CPU the rest of the test
 #                            run leaves idle) when they are not cached, then
 #                            run CMD. If CMD fails the build is stopped.
 #   ci.sh run                the lab checks, in order: lab.sh up (waits for
-#                            the build), the Kubernetes Go tests of every
-#                            package (race detector), e2e.sh (terminal-tasks
-#                            20 x 4), then the destructive ones: a frozen node
+#                            the build), the agent-sandbox controller and
+#                            CRDs (agent-sandbox.sh up), the Kubernetes Go
+#                            tests of every package (race detector; mode
+#                            agent-sandbox's among them), e2e.sh
+#                            (terminal-tasks 20 x 4) in mode pods and in mode
+#                            agent-sandbox, the controller stopped, then the
+#                            destructive ones: a frozen node
 #                            (TestKubernetesNodeLoss) and e2e.sh --kill-node.
 #                            lab.sh down always runs at the end. Prints the
 #                            time of every step; a failed step fails with its
@@ -48,7 +53,7 @@ with_build() {
 	local pid=""
 	# build-k8s.sh returns at once when the binaries are cached and takes a
 	# lock, so the lab step's own call waits for this one.
-	setsid nice -n 19 "$HERE/build-k8s.sh" "$VERSION" >"$LOGS/build-k8s.log" 2>&1 &
+	setsid nice -n 19 sh -c '"$1/build-k8s.sh" "$2" && "$1/build-agent-sandbox.sh"' sh "$HERE" "$VERSION" >"$LOGS/build-k8s.log" 2>&1 &
 	pid=$!
 	log "building kubernetes $VERSION in the background (nice 19, pid $pid, log $LOGS/build-k8s.log)"
 	local status=0
@@ -94,6 +99,7 @@ finish() {
 		[ "$status" = 0 ] && status=1
 	fi
 	if [ "${lab_up:-0}" = 1 ]; then
+		"$HERE/agent-sandbox.sh" down || log "agent-sandbox.sh down failed"
 		"$HERE/lab.sh" down || log "lab.sh down failed"
 	fi
 	if [ "${#times[@]}" -gt 0 ]; then
@@ -124,6 +130,11 @@ run() {
 	end
 	eval "$("$HERE/lab.sh" env)"
 	export ROLLOUT_K8S_LAB_KUBECONFIG ROLLOUT_K8S_LAB_REGISTRY
+	begin "agent-sandbox controller up (build or cache)"
+	"$HERE/agent-sandbox.sh" up
+	# The KubernetesAgentSandbox tests fail, not skip, without the CRDs.
+	export ROLLOUT_K8S_LAB_AGENT_SANDBOX=1
+	end
 	begin "go test -race -run Kubernetes (lab tests)"
 	# The packages holding Kubernetes tests; a package that lists none is a
 	# failure (a moved test must not turn this step into a silent no-op).
@@ -142,6 +153,12 @@ run() {
 	begin "e2e.sh (rollout run terminal-tasks 20x4)"
 	"$HERE/e2e.sh"
 	end
+	begin "e2e.sh mode agent-sandbox (20x4, warm pool 4)"
+	E2E_MODE=agent-sandbox E2E_WARM_POOL=4 "$HERE/e2e.sh"
+	end
+	# The destructive checks run in mode pods; the controller would only
+	# compete with them for the CPU.
+	"$HERE/agent-sandbox.sh" down
 	begin "node loss (TestKubernetesNodeLoss, destructive)"
 	local list
 	list=$(cd "$ROOT" && "$GO" test -list 'KubernetesNodeLoss$' ./sandbox/kubernetes/)

@@ -212,9 +212,7 @@ need_tools() {
 	[ ${#missing[@]} = 0 ] && return 0
 	[ "$(id -u)" = 0 ] || die "missing ${missing[*]}: install them (apt-get install ${missing[*]})"
 	log "installing ${missing[*]} (apt)"
-	DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}" >/dev/null ||
-		{ apt-get update >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y "${missing[@]}" >/dev/null; } ||
-		die "could not install ${missing[*]}"
+	"$HERE/../apt-install.sh" "${missing[@]}" >/dev/null || die "could not install ${missing[*]}"
 }
 
 up() {
