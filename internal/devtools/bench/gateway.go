@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net/http"
 	"os"
 	"runtime"
 	"slices"
@@ -83,10 +82,11 @@ func runGatewayScale(ctx context.Context, r *runCtx) ([]Measure, error) {
 		return notMeasured(err.Error()), nil
 	}
 	sessions := r.n(10000, 500)
-	// Every session holds a connection from this process to the gateway,
-	// one from the gateway to the simulator and the simulator's end:
-	// each process needs a descriptor per session and some.
-	if want := uint64(sessions)*2 + 1024; true {
+	// Every call in flight holds a connection from the gateway to the
+	// simulator (HTTP/1.1): the gateway and the simulator need a
+	// descriptor per session and some. The harnesses reach the gateway
+	// over a few cleartext HTTP/2 connections (gatewaybench.H2CClient).
+	if want := uint64(sessions) + 1024; true {
 		if lim, err := raiseNoFile(want); lim < want {
 			return notMeasured(fmt.Sprintf("open-file limit %d is below the %d that %d sessions need and cannot be raised: %v", lim, want, sessions, err)), nil
 		}
@@ -102,13 +102,12 @@ func runGatewayScale(ctx context.Context, r *runCtx) ([]Measure, error) {
 	}
 	defer gp.Close()
 	idleRSS, _ := gp.peakRSS()
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.MaxIdleConns, tr.MaxIdleConnsPerHost, tr.Proxy = sessions, sessions, nil
-	defer tr.CloseIdleConnections()
+	hc := gatewaybench.H2CClient()
+	defer hc.CloseIdleConnections()
 	runtime.GC()
 	cpu0, ok0 := gp.cpu()
 	scpu0, _ := sp.cpu()
-	rep, err := gatewaybench.Scale(ctx, gp.URL, sessions, gatewaybench.Harness{Client: &http.Client{Transport: tr}})
+	rep, err := gatewaybench.Scale(ctx, gp.URL, sessions, gatewaybench.Harness{Client: hc})
 	cpu1, ok1 := gp.cpu()
 	scpu1, _ := sp.cpu()
 	rss, ok2 := gp.peakRSS()
@@ -128,7 +127,8 @@ func runGatewayScale(ctx context.Context, r *runCtx) ([]Measure, error) {
 	onSchedule := perCall.Seconds() * float64(sessions) / gatewayScaleTTFT.Seconds()
 	ideal := time.Duration(gatewayScaleTurns+1) * gatewayScaleTTFT
 	note := fmt.Sprintf("%d sessions opened, then all at once %d calls each (%d tool calls + final answer, hermes, vllm tokens backend), then closed (records built); "+
-		"simulator at TTFT %s in a child process, the gateway (`rollout bench gateway-serve`) in another, this process the harnesses: "+
+		"simulator at TTFT %s in a child process, the gateway (`rollout bench gateway-serve`) in another, this process the harnesses "+
+		"(over cleartext HTTP/2, a few connections; the gateway to the simulator HTTP/1.1, a connection per call in flight): "+
 		"wall of the calls %s (ideal %s), call p50 %s p90 %s; gateway CPU %.1f s over the run (opens, calls, closes) = %.0f µs per call, CPU / wall %.2f cores; "+
 		"simulator CPU (not counted) %.1f s",
 		sessions, gatewayScaleTurns+1, gatewayScaleTurns, gatewayScaleTTFT, rep.Wall.Round(time.Millisecond), ideal,

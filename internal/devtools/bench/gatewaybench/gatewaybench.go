@@ -345,7 +345,15 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		}
 		_ = json.NewEncoder(w).Encode(map[string]bool{"clean": clean})
 	})
-	srv := &http.Server{Addr: cfg.Addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	// HTTP/1.1 and cleartext HTTP/2: the load generator multiplexes its
+	// sessions over a few HTTP/2 connections (Client), so that 10,000
+	// sessions fit the open-file limit of a machine where the gateway also
+	// holds a connection per call in flight to the engine.
+	var protos http.Protocols
+	protos.SetHTTP1(true)
+	protos.SetUnencryptedHTTP2(true)
+	srv := &http.Server{Addr: cfg.Addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second, Protocols: &protos,
+		HTTP2: &http.HTTP2Config{MaxConcurrentStreams: 1000}}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.ListenAndServe() }()
 	select {
@@ -362,6 +370,14 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		_, _ = s.Close(sctx)
 	}
 	return nil
+}
+
+// H2CClient is the load generator's client of Serve: cleartext HTTP/2,
+// sessions multiplexed over a few connections.
+func H2CClient() *http.Client {
+	var protos http.Protocols
+	protos.SetUnencryptedHTTP2(true)
+	return &http.Client{Transport: &http.Transport{Protocols: &protos, Proxy: nil}}
 }
 
 // ScaleReport is what the load generator saw.
