@@ -265,7 +265,9 @@ type Gateway struct {
 // NewGateway is the gateway the bench measures: the hermes parser, a
 // tokens-mode backend on engine, room for sessions sessions.
 func NewGateway(engine, backend string, sessions int) (*Gateway, error) {
-	pol, err := inference.New(inference.Config{Backend: backend, Endpoints: []string{engine}, Retries: -1,
+	// The inference client's defaults otherwise (retries of connection errors
+	// included: 10,000 connections dialled at once overflow a listen backlog).
+	pol, err := inference.New(inference.Config{Backend: backend, Endpoints: []string{engine},
 		ReadyTimeout: 10 * time.Second, Timeout: 5 * time.Minute})
 	if err != nil {
 		return nil, err
