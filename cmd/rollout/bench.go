@@ -90,7 +90,7 @@ func newBenchCmd() *cobra.Command {
 	f.BoolVar(&quick, "quick", false, "small counts: the whole run takes under two minutes (smoke test; numbers not comparable)")
 	f.StringVar(&kubeconfig, "kubeconfig", os.Getenv("ROLLOUT_K8S_LAB_KUBECONFIG"), "sandbox suite: also measure the Kubernetes backend on this cluster (default $ROLLOUT_K8S_LAB_KUBECONFIG, the lab)")
 	f.StringVar(&corpus, "corpus", "", "parsers suite: time every DIR/<parser>.txt instead of the repository corpus")
-	cmd.AddCommand(newBenchReportCmd())
+	cmd.AddCommand(newBenchReportCmd(), newBenchGatewayServeCmd())
 	return cmd
 }
 

@@ -75,7 +75,7 @@ type Measure struct {
 func (m Measure) Measured() bool { return m.Value != nil }
 
 // Suites are the suite names in the order they run and are reported.
-var Suites = []string{"parsers", "sandbox", "inference", "loop", "runner", "output"}
+var Suites = []string{"parsers", "sandbox", "inference", "loop", "gateway", "runner", "output"}
 
 // Options configure a run.
 type Options struct {
@@ -114,6 +114,7 @@ var suiteFuncs = map[string]suiteFunc{
 	"sandbox":   runSandbox,
 	"inference": runInference,
 	"loop":      runLoop,
+	"gateway":   runGateway,
 	"runner":    runRunner,
 	"output":    runOutput,
 }

@@ -103,6 +103,18 @@ var catalog = []entry{
 	{"loop", "loop.cpu_per_turn_vllm_one_render_us", "µs", "", "issue 37", "CPU per turn of the real client (backend vllm) against the simulator process at 1 s TTFT, one render per later turn; baseline: the same loops with two_render_segments (two renders per later turn), same run"},
 	{"loop", "loop.cpu_per_turn_vllm_generate_one_render_us", "µs", "", "issue 37", "as loop.cpu_per_turn_vllm_one_render_us with backend vllm-generate (/inference/v1/generate, which returns no text: one /detokenize per turn)"},
 
+	{"gateway", "gateway.overhead_p50_us", "µs", "<= 100", "issue 35", "the gateway's overhead per call over the engine's own latency: p50 of a call through the gateway (OpenAI Chat door, vllm tokens backend: render, generate from ids, parse, record) − p50 of the same call through a plain Go reverse proxy to the same simulator, the same multi-turn tool conversation, zero-latency in-process simulator"},
+	{"gateway", "gateway.call_p50_us", "µs", "", "issue 35 (reported)", "one call through the gateway (vllm tokens backend), zero-latency simulator, p50; baseline: the reverse proxy, same run"},
+	{"gateway", "gateway.call_p90_us", "µs", "", "", "one call through the gateway (vllm tokens backend), p90; baseline: the reverse proxy's p90, same run"},
+	{"gateway", "gateway.engine_requests_per_call", "requests", "", "issue 35 (reported)", "engine requests per gateway call with the vllm backend (renders through /tokenize, generation through /v1/completions); baseline: the reverse proxy's one /v1/chat/completions"},
+	{"gateway", "gateway.llamacpp_overhead_p50_us", "µs", "", "issue 35 (reported)", "as gateway.overhead_p50_us with the llamacpp backend on the simulator's llama.cpp flavour (/apply-template + /tokenize per render, /completion, /detokenize)"},
+	{"gateway", "gateway.llamacpp_call_p50_us", "µs", "", "", "one call through the gateway, llamacpp backend, p50; baseline: the reverse proxy to the same simulator, same run"},
+	{"gateway", "gateway.llamacpp_call_p90_us", "µs", "", "", "one call through the gateway, llamacpp backend, p90; baseline: the reverse proxy's p90, same run"},
+	{"gateway", "gateway.llamacpp_engine_requests_per_call", "requests", "", "issue 35 (reported)", "engine requests per gateway call with the llamacpp backend; baseline: the reverse proxy's one"},
+	{"gateway", "gateway.cpu_10k_sessions_cores", "cores", "< 0.5", "issue 35", "CPU of the gateway's own process (`rollout bench gateway-serve`; harnesses and simulator in other processes) with 10,000 sessions held at once, each making 3 calls at 1 s engine latency (TTFT), on schedule: CPU per call × 10,000 calls per second"},
+	{"gateway", "gateway.cpu_per_call_10k_us", "µs", "", "issue 35 (reported)", "the gateway process's CPU per call in the 10,000-session run (opening and closing the sessions included)"},
+	{"gateway", "gateway.rss_10k_sessions_mb", "MiB", "< 4096", "issue 35", "peak RSS (VmHWM) of the gateway process in the 10,000-session run"},
+
 	{"runner", "runner.rollouts_per_s", "rollouts/s", "", "issue 7 (reported)", "terminal-tasks on busybox, simulator at zero latency, end to end"},
 	{"runner", "runner.cpu_s_per_rollout", "CPU-s", "", "issue 7 (reported)", "this process's CPU per rollout at zero latency (includes the in-process simulator; Docker excluded)"},
 	{"runner", "runner.phase_sandbox_share", "×", "", "", "sandbox acquisition / total wall per rollout, zero latency (runner.phase_sandbox_start_ms / runner.phase_total_ms): single-use sandboxes, every one a new container"},

@@ -118,17 +118,23 @@ func freePort() (int, error) {
 }
 
 func spawnSim(exe, cfgPath string, port int, dir string) (*simProcess, error) {
-	logPath := filepath.Join(dir, "sim.log")
+	return spawnChild(exe, []string{"sim", "--host", "127.0.0.1", "--port", strconv.Itoa(port), "--config", cfgPath}, port, dir, "sim.log")
+}
+
+// spawnChild starts exe with args as a child serving on port of the
+// loopback interface, its output in dir/logName.
+func spawnChild(exe string, args []string, port int, dir, logName string) (*simProcess, error) {
+	logPath := filepath.Join(dir, logName)
 	logf, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
 	defer logf.Close() // the child has its own copy
-	cmd := exec.Command(exe, "sim", "--host", "127.0.0.1", "--port", strconv.Itoa(port), "--config", cfgPath)
+	cmd := exec.Command(exe, args...)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	release, err := startTied(cmd)
 	if err != nil {
-		return nil, fmt.Errorf("start %s sim: %w", exe, err)
+		return nil, fmt.Errorf("start %s %s: %w", exe, args[0], err)
 	}
 	p := &simProcess{URL: "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), cmd: cmd, dir: dir, log: logPath,
 		done: make(chan struct{}), release: sync.OnceFunc(release)}

@@ -1,0 +1,30 @@
+package main
+
+import (
+	"github.com/spf13/cobra"
+
+	"github.com/rollout-rl/rollout/inference"
+	"github.com/rollout-rl/rollout/internal/devtools/bench/gatewaybench"
+)
+
+// newBenchGatewayServeCmd is the gateway process of the bench's gateway
+// suite (hidden: a measuring tool, not a product command).
+func newBenchGatewayServeCmd() *cobra.Command {
+	var cfg gatewaybench.ServeConfig
+	cmd := &cobra.Command{
+		Use:    "gateway-serve --engine URL --addr HOST:PORT",
+		Short:  "Serve a capturing gateway with the bench's control routes (the gateway suite's child process)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return gatewaybench.Serve(cmd.Context(), cfg)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&cfg.Engine, "engine", "", "the engine's base URL")
+	f.StringVar(&cfg.Backend, "backend", inference.BackendVLLM, "tokens-mode inference backend")
+	f.StringVar(&cfg.Addr, "addr", "127.0.0.1:0", "listen address")
+	f.IntVar(&cfg.Sessions, "sessions", 0, "most sessions open at once (0: the gateway's default)")
+	_ = cmd.MarkFlagRequired("engine")
+	return cmd
+}

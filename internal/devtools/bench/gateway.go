@@ -1,0 +1,178 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rollout-rl/rollout/inference"
+	"github.com/rollout-rl/rollout/inference/sim"
+	"github.com/rollout-rl/rollout/internal/devtools/bench/gatewaybench"
+)
+
+// gatewayScaleNames are the measures of the scale run (not measured
+// without a rollout binary to run the gateway and the simulator in).
+var gatewayScaleNames = []string{"gateway.cpu_10k_sessions_cores", "gateway.cpu_per_call_10k_us", "gateway.rss_10k_sessions_mb"}
+
+// The scale run: sessions held at once, tool calls per conversation (plus
+// the final answer), the engine's time to first token.
+const (
+	gatewayScaleTurns = 2
+	gatewayScaleTTFT  = time.Second
+)
+
+func runGateway(ctx context.Context, r *runCtx) ([]Measure, error) {
+	var out []Measure
+	conv := r.n(300, 25)
+	const turns = 3
+	proxyBase := "a plain httputil.ReverseProxy to the same simulator's /v1/chat/completions (one engine request per call, the engine renders and parses), alternating conversation by conversation, same run"
+	for _, c := range []struct{ engine, backend, prefix string }{
+		{sim.EngineVLLM, inference.BackendVLLM, "gateway."},
+		{sim.EngineLlamaCpp, inference.BackendLlamaCpp, "gateway.llamacpp_"},
+	} {
+		rep, err := gatewaybench.Overhead(ctx, gatewaybench.OverheadConfig{Engine: c.engine, Backend: c.backend, Conversations: conv, Turns: turns})
+		if err != nil {
+			return out, fmt.Errorf("%s overhead: %w", c.backend, err)
+		}
+		routes := slices.Sorted(maps.Keys(rep.GatewayRoutes))
+		var rs []string
+		for _, k := range routes {
+			rs = append(rs, fmt.Sprintf("%s %.2f", k, rep.GatewayRoutes[k]))
+		}
+		note := fmt.Sprintf("%d conversations × %d calls (%d tool calls + final answer, hermes) each way, zero-latency in-process simulator (%s flavour); "+
+			"gateway p50 %.0f µs − proxy p50 %.0f µs; engine requests per gateway call %.2f (%s), per proxy call %.2f; %d of %d sessions closed as one clean branch",
+			conv, turns+1, turns, c.engine, toUS(rep.GatewayP50), toUS(rep.ProxyP50), rep.GatewayRequestsPerCall, strings.Join(rs, ", "),
+			rep.ProxyRequestsPerCall, rep.CleanSessions, rep.Sessions)
+		if rep.CleanSessions != rep.Sessions {
+			return out, fmt.Errorf("%s overhead: only %d of %d sessions closed as one clean branch", c.backend, rep.CleanSessions, rep.Sessions)
+		}
+		out = append(out,
+			Measure{Name: c.prefix + "overhead_p50_us", Value: ptr(toUS(rep.GatewayP50 - rep.ProxyP50)), Note: note},
+			Measure{Name: c.prefix + "call_p50_us", Value: ptr(toUS(rep.GatewayP50)), Baseline: ptr(toUS(rep.ProxyP50)), BaselineName: proxyBase},
+			Measure{Name: c.prefix + "call_p90_us", Value: ptr(toUS(rep.GatewayP90)), Baseline: ptr(toUS(rep.ProxyP90)), BaselineName: proxyBase},
+			Measure{Name: c.prefix + "engine_requests_per_call", Value: ptr(sig(rep.GatewayRequestsPerCall)), Baseline: ptr(sig(rep.ProxyRequestsPerCall)),
+				BaselineName: "the reverse proxy's engine requests per call, same run", Note: strings.Join(rs, ", ")},
+		)
+	}
+	scale, err := runGatewayScale(ctx, r)
+	return append(out, scale...), err
+}
+
+// runGatewayScale holds many sessions at once on a gateway in a child
+// process (`rollout bench gateway-serve`), the simulator in another
+// (`rollout sim`, 1 s time to first token), this process generating the
+// load: the gateway's CPU and peak RSS are its own.
+func runGatewayScale(ctx context.Context, r *runCtx) ([]Measure, error) {
+	notMeasured := func(reason string) []Measure {
+		var out []Measure
+		for _, n := range gatewayScaleNames {
+			out = append(out, NotMeasured(n, reason))
+		}
+		return out
+	}
+	exe, err := r.simBinary()
+	if err != nil {
+		return notMeasured(err.Error()), nil
+	}
+	sessions := r.n(10000, 500)
+	// Every call in flight holds a connection from the gateway to the
+	// simulator (HTTP/1.1): the gateway and the simulator need a
+	// descriptor per session and some. The harnesses reach the gateway
+	// over a few cleartext HTTP/2 connections (gatewaybench.H2CClient).
+	if want := uint64(sessions) + 1024; true {
+		if lim, err := raiseNoFile(want); lim < want {
+			return notMeasured(fmt.Sprintf("open-file limit %d is below the %d that %d sessions need and cannot be raised: %v", lim, want, sessions, err)), nil
+		}
+	}
+	sp, err := startSimProcess(ctx, exe, simBenchConfig(gatewayScaleTurns, gatewayScaleTTFT))
+	if err != nil {
+		return nil, fmt.Errorf("simulator process: %w", err)
+	}
+	defer sp.Close()
+	gp, err := startGatewayProcess(ctx, exe, sp.URL, sessions)
+	if err != nil {
+		return nil, fmt.Errorf("gateway process: %w", err)
+	}
+	defer gp.Close()
+	idleRSS, _ := gp.peakRSS()
+	hc := gatewaybench.H2CClient()
+	defer hc.CloseIdleConnections()
+	runtime.GC()
+	cpu0, ok0 := gp.cpu()
+	scpu0, _ := sp.cpu()
+	rep, err := gatewaybench.Scale(ctx, gp.URL, sessions, gatewaybench.Harness{Client: hc})
+	cpu1, ok1 := gp.cpu()
+	scpu1, _ := sp.cpu()
+	rss, ok2 := gp.peakRSS()
+	if err != nil {
+		return notMeasured(err.Error()), fmt.Errorf("%d sessions: %w", sessions, err)
+	}
+	if !ok0 || !ok1 || !ok2 {
+		return notMeasured("the gateway process is not visible in /proc"), nil
+	}
+	if rep.CleanSessions != rep.Sessions {
+		return notMeasured(fmt.Sprintf("only %d of %d sessions closed as one clean branch", rep.CleanSessions, rep.Sessions)), nil
+	}
+	cpu := cpu1 - cpu0
+	perCall := cpu / time.Duration(rep.Calls)
+	// On schedule every session makes one call per TTFT: sessions calls
+	// per second at 1 s.
+	onSchedule := perCall.Seconds() * float64(sessions) / gatewayScaleTTFT.Seconds()
+	ideal := time.Duration(gatewayScaleTurns+1) * gatewayScaleTTFT
+	note := fmt.Sprintf("%d sessions opened, then all at once %d calls each (%d tool calls + final answer, hermes, vllm tokens backend), then closed (records built); "+
+		"simulator at TTFT %s in a child process, the gateway (`rollout bench gateway-serve`) in another, this process the harnesses "+
+		"(over cleartext HTTP/2, a few connections; the gateway to the simulator HTTP/1.1, a connection per call in flight): "+
+		"wall of the calls %s (ideal %s), call p50 %s p90 %s; gateway CPU %.1f s over the run (opens, calls, closes) = %.0f µs per call, CPU / wall %.2f cores; "+
+		"simulator CPU (not counted) %.1f s",
+		sessions, gatewayScaleTurns+1, gatewayScaleTurns, gatewayScaleTTFT, rep.Wall.Round(time.Millisecond), ideal,
+		rep.CallP50.Round(time.Millisecond), rep.CallP90.Round(time.Millisecond), cpu.Seconds(), toUS(perCall),
+		cpu.Seconds()/rep.Wall.Seconds(), (scpu1 - scpu0).Seconds())
+	return []Measure{
+		{Name: "gateway.cpu_10k_sessions_cores", Value: ptr(sig(onSchedule)), Note: note},
+		{Name: "gateway.cpu_per_call_10k_us", Value: ptr(toUS(perCall))},
+		{Name: "gateway.rss_10k_sessions_mb", Value: ptr(sig(float64(rss) / (1 << 20))),
+			Note: fmt.Sprintf("VmHWM of the gateway process; %.0f MiB idle before the sessions opened", float64(idleRSS)/(1<<20))},
+	}, nil
+}
+
+// startGatewayProcess runs `exe bench gateway-serve` on a free port
+// against the engine at engine and waits until it answers /health.
+func startGatewayProcess(ctx context.Context, exe, engine string, sessions int) (_ *simProcess, err error) {
+	dir, err := os.MkdirTemp("", "rollout-bench-gateway-*")
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			os.RemoveAll(dir)
+		}
+	}()
+	for attempt := 1; ; attempt++ {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		p, err := spawnChild(exe, []string{"bench", "gateway-serve", "--engine", engine, "--backend", inference.BackendVLLM,
+			"--addr", "127.0.0.1:" + strconv.Itoa(port), "--sessions", strconv.Itoa(sessions)}, port, dir, "gateway.log")
+		if err != nil {
+			return nil, err
+		}
+		herr := p.waitHealthy(ctx, 30*time.Second)
+		if herr == nil {
+			return p, nil
+		}
+		p.stop()
+		out := p.output()
+		if attempt < 3 && strings.Contains(out, "address already in use") && ctx.Err() == nil {
+			continue
+		}
+		return nil, errors.Join(herr, fmt.Errorf("gateway output:\n%s", out))
+	}
+}
