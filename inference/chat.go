@@ -127,7 +127,7 @@ func (e *chatEpisode) generate(ctx context.Context, messages []openai.ChatComple
 		em.tokensOut.Add(float64(t.CompletionTokens))
 	}
 	e.known = t.PromptTokens + t.CompletionTokens
-	e.splice(promptIDs, ids, lps, nil)
+	e.splice(promptIDs, ids, lps, nil, version)
 	e.turns = turnNo
 	return t, nil
 }
@@ -232,8 +232,12 @@ func (e *chatEpisode) chat(ctx context.Context, o CallOptions, req *ChatRequest,
 }
 
 // splice appends a turn; unscored are positions in ids without a logprob
-// (masked out, as in tokens mode).
-func (e *chatEpisode) splice(prompt, ids []int32, lps []float32, unscored []int) {
+// (masked out, as in tokens mode). version stamps the turn's positions:
+// the chat route reports no per-token versions, so every id of the turn
+// carries the version the turn was admitted under (rollout's own
+// stamping, as tokens mode does on engines without version spans), and
+// the prompt ids the version in force when they were appended.
+func (e *chatEpisode) splice(prompt, ids []int32, lps []float32, unscored []int, version int64) {
 	if e.noIDs {
 		return
 	}
@@ -252,12 +256,14 @@ func (e *chatEpisode) splice(prompt, ids []int32, lps []float32, unscored []int)
 		q.Tokens = append(q.Tokens, prompt...)
 		q.Mask = make([]int8, len(prompt))
 		q.Logprobs = slices.Repeat([]float32{1.0}, len(prompt))
+		q.Versions = slices.Repeat([]int64{version}, len(prompt))
 	} else {
 		ext := prompt[len(q.Tokens):]
 		q.Tokens = append(q.Tokens, ext...)
 		for range ext {
 			q.Mask = append(q.Mask, 0)
 			q.Logprobs = append(q.Logprobs, 1.0)
+			q.Versions = append(q.Versions, version)
 		}
 	}
 	start := len(q.Tokens)
@@ -266,6 +272,7 @@ func (e *chatEpisode) splice(prompt, ids []int32, lps []float32, unscored []int)
 	q.Logprobs = append(q.Logprobs, lps...)
 	for range ids {
 		q.Mask = append(q.Mask, 1)
+		q.Versions = append(q.Versions, version)
 	}
 	for _, i := range unscored {
 		q.Mask[start+i] = 0
@@ -304,6 +311,7 @@ func (e *chatEpisode) Finish(ctx context.Context, messages []openai.ChatCompleti
 		Tokens:      slices.Clone(q.Tokens),
 		Mask:        slices.Clone(q.Mask),
 		Logprobs:    slices.Clone(q.Logprobs),
+		Versions:    slices.Clone(q.Versions),
 		TurnStarts:  slices.Clone(q.TurnStarts),
 		PromptLen:   q.PromptLen,
 		DriftTokens: q.DriftTokens,

@@ -137,7 +137,7 @@ func (e *chatEpisode) replayTurn(ctx context.Context, messages []openai.ChatComp
 	}
 	e.known = t.PromptTokens + t.CompletionTokens
 	if e.c.cfg.ChatTokenIDs {
-		e.splice(prompt, smp.ids, smp.logprobs, smp.unscored)
+		e.splice(prompt, smp.ids, smp.logprobs, smp.unscored, version)
 	}
 	e.turns = turnNo
 	return t, nil

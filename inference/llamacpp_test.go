@@ -288,9 +288,13 @@ func TestLlamaCppChatTokenIDs(t *testing.T) {
 	msgs := []openai.ChatCompletionMessage{{Role: "user", Content: "list files in /tmp"}}
 	var turns []inference.Turn
 	for i := 0; i < 3; i++ {
+		c.SetVersion(int64(10 + i)) // a trainer's weight update between turns
 		tr, err := ep.Generate(ctx, msgs)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if tr.Version != int64(10+i) {
+			t.Fatalf("turn %d: version %d, want %d", i, tr.Version, 10+i)
 		}
 		if len(tr.CompletionIDs) == 0 || len(tr.CompletionIDs) != len(tr.Logprobs) {
 			t.Fatalf("turn %d: %d ids, %d logprobs", i, len(tr.CompletionIDs), len(tr.Logprobs))
@@ -319,6 +323,22 @@ func TestLlamaCppChatTokenIDs(t *testing.T) {
 	for i, ts := range seq.TurnStarts {
 		if !slices.Equal(seq.Tokens[ts:ts+len(turns[i].CompletionIDs)], turns[i].CompletionIDs) {
 			t.Fatalf("turn %d ids not verbatim", i)
+		}
+	}
+	// Chat mode stamps per-token versions too: every id of a turn carries
+	// the version it was admitted under, the template ids before it the
+	// version in force when they were appended.
+	if len(seq.Versions) != len(seq.Tokens) {
+		t.Fatalf("%d versions for %d tokens", len(seq.Versions), len(seq.Tokens))
+	}
+	for i, ts := range seq.TurnStarts {
+		for k := ts; k < ts+len(turns[i].CompletionIDs); k++ {
+			if seq.Versions[k] != turns[i].Version {
+				t.Fatalf("turn %d token %d: version %d, want %d", i, k, seq.Versions[k], turns[i].Version)
+			}
+		}
+		if from := ts - 1; from >= 0 && seq.Versions[from] != turns[i].Version {
+			t.Fatalf("turn %d: the template id before it has version %d, want %d", i, seq.Versions[from], turns[i].Version)
 		}
 	}
 	if n := srv.Stats().ByRoute["POST /apply-template"]; n != int64(len(turns)+1) {
