@@ -31,10 +31,11 @@ func (c *vlCollector) add(name, args, raw string) {
 }
 
 func (c *vlCollector) fail(name, reason, raw string) {
+	shown := raw
 	if strings.TrimSpace(raw) == "" {
-		raw = "(empty call)"
+		shown = "(empty call)"
 	}
-	c.errs = append(c.errs, CallError{Index: c.next(), Name: name, Reason: reason, Snippet: snippet(raw)})
+	c.errs = append(c.errs, CallError{Index: c.next(), Name: name, Reason: reason, Snippet: snippet(shown), Raw: raw})
 }
 
 func (c *vlCollector) result(content *string) Result {

@@ -521,7 +521,7 @@ func (c *collector) okNative(id, name, args, raw string) {
 }
 
 func (c *collector) fail(name, reason, raw string) {
-	c.r.Errors = append(c.r.Errors, CallError{Index: c.next(), Name: name, Reason: reason, Snippet: snippet(raw)})
+	c.r.Errors = append(c.r.Errors, CallError{Index: c.next(), Name: name, Reason: reason, Snippet: snippet(raw), Raw: raw})
 }
 
 // result finishes with the content rule shared by these families: the
