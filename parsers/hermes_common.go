@@ -496,6 +496,9 @@ func (c *collector) ok(name, args, raw string, repairs ...string) {
 const (
 	RepairArgsString   = "arguments given as a JSON string, decoded"
 	RepairCloseMissing = "close marker missing"
+	// RepairControlChars: raw control characters inside JSON strings,
+	// escaped (Python's json.loads(strict=False) reads them).
+	RepairControlChars = "control characters in JSON strings, escaped"
 )
 
 func (c *collector) add(tc ToolCall) {

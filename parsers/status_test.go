@@ -2,6 +2,7 @@ package parsers
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -42,5 +43,56 @@ func TestStatusesHermes(t *testing.T) {
 		if !reflect.DeepEqual(got, tc.want) {
 			t.Errorf("%s:\n got %+v\nwant %+v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// The JSON-call families (vLLM's JSON readers) report their repairs too:
+// arguments given as a JSON string, and raw control characters in strings
+// where the family reads them leniently (Python's strict=False).
+func TestStatusesJSONFamilies(t *testing.T) {
+	for _, tc := range []struct {
+		parser, text string
+		want         []CallStatus
+	}{
+		{"granite4", `<tool_call>{"name": "ls", "arguments": {"path": "/"}}</tool_call>`,
+			[]CallStatus{{Index: 0, Name: "ls", Status: StatusOK}}},
+		{"granite4", `<tool_call>{"name": "ls", "arguments": "{\"path\": \"/\"}"}</tool_call>`,
+			[]CallStatus{{Index: 0, Name: "ls", Status: StatusRepaired, Reason: RepairArgsString}}},
+		{"internlm", "<|action_start|><|plugin|>{\"name\": \"ls\", \"parameters\": \"{}\"}<|action_end|>",
+			[]CallStatus{{Index: 0, Name: "ls", Status: StatusRepaired, Reason: RepairArgsString}}},
+		{"gigachat3", "<|function_call|>{\"name\": \"ls\", \"arguments\": {\"path\": \"a\tb\"}}",
+			[]CallStatus{{Index: 0, Name: "ls", Status: StatusRepaired, Reason: RepairControlChars}}},
+		{"gigachat3", "<|function_call|>{\"name\": \"ls\", \"arguments\": {\"path\": \"a b\"}}",
+			[]CallStatus{{Index: 0, Name: "ls", Status: StatusOK}}},
+	} {
+		p, err := Get(tc.parser)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res := p.Parse(tc.text, nil)
+		got := Statuses(res)
+		if !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%s %q:\n got %+v\nwant %+v", tc.parser, tc.text, got, tc.want)
+		}
+		// Raw is the call's exact text (token spans are found by it).
+		for _, c := range res.ToolCalls {
+			if c.Raw == "" || !strings.Contains(tc.text, c.Raw) {
+				t.Errorf("%s: Raw %q is not a substring of the output", tc.parser, c.Raw)
+			}
+		}
+	}
+}
+
+// A malformed call keeps its exact text in CallError.Raw even when the
+// Snippet is shortened.
+func TestCallErrorRaw(t *testing.T) {
+	p, err := Get("hermes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	long := `<tool_call>{"name": "ls", "arguments": [` + strings.Repeat("1, ", 200) + `1]}</tool_call>`
+	res := p.Parse("x "+long, nil)
+	if len(res.Errors) != 1 || !strings.Contains(long, res.Errors[0].Raw) || len(res.Errors[0].Raw) <= len(res.Errors[0].Snippet) {
+		t.Fatalf("errors %+v", res.Errors)
 	}
 }
