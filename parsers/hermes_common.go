@@ -499,6 +499,12 @@ const (
 	// RepairControlChars: raw control characters inside JSON strings,
 	// escaped (Python's json.loads(strict=False) reads them).
 	RepairControlChars = "control characters in JSON strings, escaped"
+	// RepairParamCloseMissing: an XML parameter value not closed by its
+	// </parameter>, ended at the next tag.
+	RepairParamCloseMissing = "parameter close tag missing"
+	// RepairPyLiteral: an object or array value written as a Python
+	// literal ({'a': True}), converted to JSON.
+	RepairPyLiteral = "Python literal converted to JSON"
 )
 
 func (c *collector) add(tc ToolCall) {

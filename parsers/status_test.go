@@ -96,3 +96,36 @@ func TestCallErrorRaw(t *testing.T) {
 		t.Fatalf("errors %+v", res.Errors)
 	}
 }
+
+// The Qwen3-Coder XML family reports what it tolerates: a function closed
+// by the wrapper, a parameter ended by the next tag, a Python literal.
+func TestStatusesQwen3XML(t *testing.T) {
+	p, err := Get("qwen3_xml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tools := []ToolSchema{{Name: "f", Parameters: []byte(`{"type":"object","properties":{"o":{"type":"object"},"s":{"type":"string"}}}`)}}
+	for _, tc := range []struct {
+		name, text string
+		want       []CallStatus
+	}{
+		{"ok", "<tool_call>\n<function=f>\n<parameter=s>\nx\n</parameter>\n<parameter=o>\n{\"a\": 1}\n</parameter>\n</function>\n</tool_call>",
+			[]CallStatus{{Index: 0, Name: "f", Status: StatusOK}}},
+		{"function closed by the wrapper", "<tool_call>\n<function=f>\n<parameter=s>\nx\n</parameter>\n</tool_call>",
+			[]CallStatus{{Index: 0, Name: "f", Status: StatusRepaired, Reason: RepairCloseMissing}}},
+		{"parameter ended by the next", "<tool_call>\n<function=f>\n<parameter=s>\nx\n<parameter=o>\n{}\n</parameter>\n</function>\n</tool_call>",
+			[]CallStatus{{Index: 0, Name: "f", Status: StatusRepaired, Reason: RepairParamCloseMissing}}},
+		{"python literal", "<tool_call>\n<function=f>\n<parameter=o>\n{'a': True}\n</parameter>\n</function>\n</tool_call>",
+			[]CallStatus{{Index: 0, Name: "f", Status: StatusRepaired, Reason: RepairPyLiteral}}},
+	} {
+		res := p.Parse(tc.text, tools)
+		if got := Statuses(res); !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%s:\n got %+v\nwant %+v", tc.name, got, tc.want)
+		}
+		for _, c := range res.ToolCalls {
+			if c.Raw == "" || !strings.Contains(tc.text, c.Raw) {
+				t.Errorf("%s: Raw %q is not a substring of the output", tc.name, c.Raw)
+			}
+		}
+	}
+}
