@@ -505,6 +505,12 @@ const (
 	// RepairPyLiteral: an object or array value written as a Python
 	// literal ({'a': True}), converted to JSON.
 	RepairPyLiteral = "Python literal converted to JSON"
+	// RepairUnwrapped: the arguments came wrapped in one undeclared key
+	// ("arguments", "input", "properties") and were unwrapped.
+	RepairUnwrapped = "arguments unwrapped from a wrapper key"
+	// RepairArtefacts: byte-level BPE markers (Ġ, Ċ) in the text were
+	// read as the space and newline they stand for.
+	RepairArtefacts = "tokenizer artefacts (Ġ, Ċ) replaced"
 )
 
 func (c *collector) add(tc ToolCall) {
