@@ -24,10 +24,10 @@ func TestCallStatuses(t *testing.T) {
 		t.Fatalf("stop %s: %v", res.StopReason, err)
 	}
 	want := []CallStatus{
-		{Turn: 1, Index: 0, Name: "look", Status: parsers.StatusOK},
-		{Turn: 1, Index: 1, Name: "look", Status: parsers.StatusRepaired, Reason: parsers.RepairArgsString},
-		{Turn: 1, Index: 2, Name: "look", Status: parsers.StatusMalformed, Reason: "arguments: arguments are a JSON array, not an object"},
-		{Turn: 2, Index: 0, Name: "look", Status: parsers.StatusRepaired, Reason: parsers.RepairCloseMissing},
+		{Turn: 1, Index: 0, Name: "look", Status: parsers.StatusOK, SpanStart: -1, SpanEnd: -1},
+		{Turn: 1, Index: 1, Name: "look", Status: parsers.StatusRepaired, Reason: parsers.RepairArgsString, SpanStart: -1, SpanEnd: -1},
+		{Turn: 1, Index: 2, Name: "look", Status: parsers.StatusMalformed, Reason: "arguments: arguments are a JSON array, not an object", SpanStart: -1, SpanEnd: -1},
+		{Turn: 2, Index: 0, Name: "look", Status: parsers.StatusRepaired, Reason: parsers.RepairCloseMissing, SpanStart: -1, SpanEnd: -1},
 	}
 	if !reflect.DeepEqual(res.CallStatuses, want) {
 		t.Fatalf("tokens mode:\n got %+v\nwant %+v", res.CallStatuses, want)
@@ -39,8 +39,8 @@ func TestCallStatuses(t *testing.T) {
 		t.Fatalf("stop %s: %v", res.StopReason, err)
 	}
 	want = []CallStatus{
-		{Turn: 1, Index: 0, Name: "look", Status: parsers.StatusOK},
-		{Turn: 1, Index: 1, Status: parsers.StatusMalformed, Reason: "the call has no tool name"},
+		{Turn: 1, Index: 0, Name: "look", Status: parsers.StatusOK, SpanStart: -1, SpanEnd: -1},
+		{Turn: 1, Index: 1, Status: parsers.StatusMalformed, Reason: "the call has no tool name", SpanStart: -1, SpanEnd: -1},
 	}
 	if !reflect.DeepEqual(res.CallStatuses, want) {
 		t.Fatalf("chat mode:\n got %+v\nwant %+v", res.CallStatuses, want)

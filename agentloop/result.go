@@ -42,6 +42,14 @@ type CallStatus struct {
 	Name   string `json:"name,omitempty"`
 	Status string `json:"status"`
 	Reason string `json:"reason,omitempty"`
+	// SpanStart and SpanEnd are the call's half-open token span [start,
+	// end) in the episode's Sequence.Tokens (the record's tokens column):
+	// sampled ids of the call's turn whose text contains the call as the
+	// parser read it. -1 when no exact span is known (chat mode, a
+	// call not found verbatim in the text, or a backend whose
+	// detokenizer does not reproduce the text).
+	SpanStart int `json:"span_start"`
+	SpanEnd   int `json:"span_end"`
 }
 
 // TurnStats are the timings of one turn.

@@ -31,6 +31,8 @@ type slot struct {
 	// repairs are what the parser fixed to read the call (its parse
 	// status is then "repaired").
 	repairs []string
+	// raw is the call's exact text as the parser read it (tokens mode).
+	raw     string
 	content string
 	toolErr error
 }
@@ -73,7 +75,7 @@ func (r *runner) turn(ctx, parent context.Context, ep inference.Episode, turn in
 		return true
 	}
 	r.res.ReasoningPerTurn = append(r.res.ReasoningPerTurn, reasoning)
-	r.recordCallStatus(turn, slots)
+	r.recordCallStatus(ctx, ep, gen, turn, slots)
 	r.repairNames(slots)
 	msgIdx := len(r.res.Messages)
 	r.res.Messages = append(r.res.Messages, r.assistantMessage(turn, msgIdx, reasoning, content, slots))
@@ -184,9 +186,10 @@ func (r *runner) annotateTurn(span trace.Span, turn int, done bool, invalidBefor
 
 // recordCallStatus records each call's parse outcome as the parser left
 // it (before the loop's own name repair, which is a loop event).
-func (r *runner) recordCallStatus(turn int, slots []*slot) {
+func (r *runner) recordCallStatus(ctx context.Context, ep inference.Episode, gen inference.Turn, turn int, slots []*slot) {
+	spans := r.callSpans(ctx, ep, gen, slots)
 	for i, s := range slots {
-		st := CallStatus{Turn: turn + 1, Index: i, Name: s.name, Status: parsers.StatusOK}
+		st := CallStatus{Turn: turn + 1, Index: i, Name: s.name, Status: parsers.StatusOK, SpanStart: spans[i].Start, SpanEnd: spans[i].End}
 		switch {
 		case s.parse != nil:
 			st.Status, st.Reason = parsers.StatusMalformed, s.parse.Reason
@@ -195,6 +198,61 @@ func (r *runner) recordCallStatus(turn int, slots []*slot) {
 		}
 		r.res.CallStatuses = append(r.res.CallStatuses, st)
 	}
+}
+
+// tokenSpanner maps byte ranges of a tokens-mode turn's text to its
+// sampled ids (inference's tokens-mode episode).
+type tokenSpanner interface {
+	TokenSpans(ctx context.Context, ids []int32, text string, ranges []inference.ByteRange) ([]inference.TokenSpan, error)
+}
+
+// callSpans places each call's raw text in the turn's text, in order, and
+// asks the episode for the sampled ids that produced it; spans are
+// positions in the episode's Sequence. Calls without an
+// exact place get -1, -1 (chat mode, a backend that cannot say, a call
+// not found verbatim); a failed lookup is logged and leaves all unset —
+// the spans are annotations, the turn goes on.
+func (r *runner) callSpans(ctx context.Context, ep inference.Episode, gen inference.Turn, slots []*slot) []inference.TokenSpan {
+	out := make([]inference.TokenSpan, len(slots))
+	for i := range out {
+		out[i] = inference.TokenSpan{Start: -1, End: -1}
+	}
+	sp, ok := ep.(tokenSpanner)
+	if !ok || gen.Parsed || len(slots) == 0 || len(gen.CompletionIDs) == 0 {
+		return out
+	}
+	var ranges []inference.ByteRange
+	var which []int
+	from := 0
+	for i, s := range slots {
+		if s.raw == "" {
+			continue
+		}
+		at := strings.Index(gen.Text[from:], s.raw)
+		if at < 0 {
+			continue
+		}
+		start := from + at
+		from = start + len(s.raw)
+		ranges = append(ranges, inference.ByteRange{Start: start, End: from})
+		which = append(which, i)
+	}
+	if len(ranges) == 0 {
+		return out
+	}
+	got, err := sp.TokenSpans(ctx, gen.CompletionIDs, gen.Text, ranges)
+	if err != nil {
+		r.log.Warn("agentloop: tool-call token spans unavailable", "err", err)
+		return out
+	}
+	// The turn's sampled ids follow its prompt in the Sequence: the
+	// prompt is the whole sequence so far.
+	for k, i := range which {
+		if g := got[k]; g.Start >= 0 && g.End > g.Start {
+			out[i] = inference.TokenSpan{Start: gen.PromptTokens + g.Start, End: gen.PromptTokens + g.End}
+		}
+	}
+	return out
 }
 
 // interpret separates reasoning, content and calls of a generation.
@@ -262,12 +320,12 @@ func (r *runner) slotsFromParse(pr parsers.Result) []*slot {
 	for i := range pr.Errors {
 		e := pr.Errors[i]
 		if e.Index >= 0 && e.Index < n && out[e.Index] == nil {
-			out[e.Index] = &slot{name: e.Name, rawArgs: e.Snippet, parse: &e}
+			out[e.Index] = &slot{name: e.Name, rawArgs: e.Snippet, parse: &e, raw: e.Raw}
 		} else {
 			// Index out of range: keep the error, after the others.
 			for j := n - 1; j >= 0; j-- {
 				if out[j] == nil {
-					out[j] = &slot{name: e.Name, rawArgs: e.Snippet, parse: &e}
+					out[j] = &slot{name: e.Name, rawArgs: e.Snippet, parse: &e, raw: e.Raw}
 					break
 				}
 			}
@@ -280,7 +338,7 @@ func (r *runner) slotsFromParse(pr parsers.Result) []*slot {
 		}
 		tc := pr.ToolCalls[k]
 		k++
-		out[i] = &slot{id: tc.ID, name: tc.Name, rawArgs: tc.Arguments, repairs: tc.Repairs}
+		out[i] = &slot{id: tc.ID, name: tc.Name, rawArgs: tc.Arguments, repairs: tc.Repairs, raw: tc.Raw}
 	}
 	for _, s := range out {
 		if s.parse != nil {

@@ -175,7 +175,7 @@ func Record(run *runner.RunInfo, g *runner.Group, ro *runner.Rollout) (trajector
 		rec.LoopEvents = append(rec.LoopEvents, trajectory.LoopEvent{Turn: int32(e.Turn), Kind: e.Kind, Message: int32(e.Message), CallID: e.CallID, Original: e.Original, Detail: e.Detail})
 	}
 	for _, cs := range res.CallStatuses {
-		rec.CallStatuses = append(rec.CallStatuses, trajectory.CallStatus{Turn: int32(cs.Turn), Index: int32(cs.Index), Name: cs.Name, Status: cs.Status, Reason: cs.Reason})
+		rec.CallStatuses = append(rec.CallStatuses, trajectory.CallStatus{Turn: int32(cs.Turn), Index: int32(cs.Index), Name: cs.Name, Status: cs.Status, Reason: cs.Reason, SpanStart: int32(cs.SpanStart), SpanEnd: int32(cs.SpanEnd)})
 	}
 	if len(ro.DistillTokenIDs) == len(rec.Tokens) && len(rec.Tokens) > 0 && ro.Status == runner.StatusOK {
 		rec.DistillTokenIDs, rec.DistillLogprobs = ro.DistillTokenIDs, ro.DistillLogprobs

@@ -23,18 +23,19 @@ type vlCollector struct {
 
 func (c *vlCollector) next() int { return len(c.calls) + len(c.errs) }
 
-func (c *vlCollector) add(name, args, raw string) {
+func (c *vlCollector) add(name, args, raw string, repairs ...string) {
 	if c.calls == nil {
 		c.calls = make([]ToolCall, 0, 4) // most turns make 1–4 calls
 	}
-	c.calls = append(c.calls, ToolCall{ID: NewCallID(), Name: name, Arguments: args, Raw: raw})
+	c.calls = append(c.calls, ToolCall{ID: NewCallID(), Name: name, Arguments: args, Raw: raw, Repairs: repairs})
 }
 
 func (c *vlCollector) fail(name, reason, raw string) {
+	shown := raw
 	if strings.TrimSpace(raw) == "" {
-		raw = "(empty call)"
+		shown = "(empty call)"
 	}
-	c.errs = append(c.errs, CallError{Index: c.next(), Name: name, Reason: reason, Snippet: snippet(raw)})
+	c.errs = append(c.errs, CallError{Index: c.next(), Name: name, Reason: reason, Snippet: snippet(shown), Raw: raw})
 }
 
 func (c *vlCollector) result(content *string) Result {
@@ -499,11 +500,11 @@ func (it *fieldIter) next() (key, val string, ok bool) {
 // vlReadCall reads the call object at s[i] in one pass: its extent (end,
 // st) and, when it is complete, its name and normalised arguments or the
 // reason it is not a valid call.
-func vlReadCall(s string, i int, keys vlCallKeys, lenient bool) (end int, st vlScan, name, args, reason string) {
+func vlReadCall(s string, i int, keys vlCallKeys, lenient bool) (end int, st vlScan, name, args, reason string, repairs []string) {
 	i = vlSkipWS(s, i)
 	if i < len(s) && s[i] != '{' {
 		end, st = vlSkipJSON(s, i, lenient)
-		return end, st, "", "", "call is not a JSON object"
+		return end, st, "", "", "call is not a JSON object", nil
 	}
 	it := fieldIter{s: s, i: i, lenient: lenient}
 	if keys.single {
@@ -514,14 +515,14 @@ func vlReadCall(s string, i int, keys vlCallKeys, lenient bool) (end int, st vlS
 		}
 		switch {
 		case it.st != vlOK:
-			return it.i, it.st, "", "", ""
+			return it.i, it.st, "", "", "", nil
 		case n != 1:
-			return it.i, vlOK, "", "", "call object must map exactly one function name to its arguments"
+			return it.i, vlOK, "", "", "call object must map exactly one function name to its arguments", nil
 		case strings.TrimSpace(k0) == "":
-			return it.i, vlOK, "", "", "empty function name"
+			return it.i, vlOK, "", "", "empty function name", nil
 		}
-		args, reason = vlArgsFromJSON(v0, lenient)
-		return it.i, vlOK, k0, args, reason
+		args, reason, repairs = vlArgsFromJSON(v0, lenient)
+		return it.i, vlOK, k0, args, reason, repairs
 	}
 	var nameRaw, argsRaw string
 	nameRank, argsRank := len(keys.name), len(keys.args)
@@ -538,49 +539,54 @@ func vlReadCall(s string, i int, keys vlCallKeys, lenient bool) (end int, st vlS
 		}
 	}
 	if it.st != vlOK {
-		return it.i, it.st, "", "", ""
+		return it.i, it.st, "", "", "", nil
 	}
 	end = it.i
 	if nameRaw == "" {
-		return end, vlOK, "", "", fmt.Sprintf("call object has no %q", keys.name[0])
+		return end, vlOK, "", "", fmt.Sprintf("call object has no %q", keys.name[0]), nil
 	}
 	name, ok := vlUnquote(nameRaw)
 	if !ok {
-		return end, vlOK, "", "", fmt.Sprintf("%q is not a string", keys.name[0])
+		return end, vlOK, "", "", fmt.Sprintf("%q is not a string", keys.name[0]), nil
 	}
 	if strings.TrimSpace(name) == "" {
-		return end, vlOK, "", "", "empty function name"
+		return end, vlOK, "", "", "empty function name", nil
 	}
-	args, reason = vlArgsFromJSON(argsRaw, lenient)
-	return end, vlOK, name, args, reason
+	args, reason, repairs = vlArgsFromJSON(argsRaw, lenient)
+	return end, vlOK, name, args, reason, repairs
 }
 
-// vlArgsFromJSON normalises a raw JSON arguments value.
-func vlArgsFromJSON(raw string, lenient bool) (string, string) {
+// vlArgsFromJSON normalises a raw JSON arguments value; repairs are what
+// it fixed to read it (ToolCall.Repairs).
+func vlArgsFromJSON(raw string, lenient bool) (args, reason string, repairs []string) {
 	if raw == "" || raw == "null" {
-		return "{}", ""
+		return "{}", "", nil
 	}
 	if raw[0] == '"' {
 		inner, ok := vlUnquote(raw)
 		if !ok {
-			return "", "arguments string is not valid JSON text"
+			return "", "arguments string is not valid JSON text", nil
 		}
 		if strings.TrimSpace(inner) == "" {
-			return "{}", ""
+			return "{}", "", []string{RepairArgsString}
 		}
 		if t := strings.TrimSpace(inner); t[0] != '{' {
-			return "", "arguments are a string that does not hold a JSON object"
+			return "", "arguments are a string that does not hold a JSON object", nil
 		}
 		raw = inner
+		repairs = append(repairs, RepairArgsString)
 	}
 	if lenient {
-		raw = vlEscapeControls(raw)
+		if esc := vlEscapeControls(raw); esc != raw {
+			raw = esc
+			repairs = append(repairs, RepairControlChars)
+		}
 	}
 	args, err := normalizeArgs(raw)
 	if err != nil {
-		return "", err.Error()
+		return "", err.Error(), nil
 	}
-	return args, ""
+	return args, "", repairs
 }
 
 // vlEscapeControls escapes raw control characters inside JSON strings, so
@@ -626,7 +632,7 @@ func vlEscapeControls(s string) string {
 // vlBad the caller can decide how to resynchronise.
 func (c *vlCollector) takeJSONCall(s string, i int, keys vlCallKeys, lenient bool) (int, vlScan) {
 	i = vlSkipWS(s, i)
-	end, st, name, args, reason := vlReadCall(s, i, keys, lenient)
+	end, st, name, args, reason, repairs := vlReadCall(s, i, keys, lenient)
 	switch st {
 	case vlTrunc:
 		c.fail(vlPeekName(s[i:]), "truncated: the output ends inside the call", s[i:])
@@ -638,7 +644,7 @@ func (c *vlCollector) takeJSONCall(s string, i int, keys vlCallKeys, lenient boo
 	if reason != "" {
 		c.fail(name, reason, s[i:end])
 	} else {
-		c.add(name, args, s[i:end])
+		c.add(name, args, s[i:end], repairs...)
 	}
 	return end, vlOK
 }
@@ -931,7 +937,7 @@ func (ts *tagScan) jsonBlock(text string, k, j int, open, close string, keys vlC
 		}
 		return len(text)
 	}
-	end, st, name, args, reason := vlReadCall(text, j, keys, lenient)
+	end, st, name, args, reason, repairs := vlReadCall(text, j, keys, lenient)
 	switch st {
 	case vlTrunc:
 		ts.c.fail(vlPeekName(text[j:]), "truncated: the output ends inside the call", text[k:])
@@ -958,7 +964,7 @@ func (ts *tagScan) jsonBlock(text string, k, j int, open, close string, keys vlC
 	if reason != "" {
 		ts.c.fail(name, reason, text[k:blockStop])
 	} else {
-		ts.c.add(name, args, text[k:blockStop])
+		ts.c.add(name, args, text[k:blockStop], repairs...)
 	}
 	return blockStop
 }

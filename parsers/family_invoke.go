@@ -199,7 +199,7 @@ func (c *invCall) finish(ab *argsBuilder, end int, post func(fn string, ab *args
 			return c.fail(reason, end)
 		}
 	}
-	c.ts.c.add(c.name, ab.String(), raw)
+	c.ts.c.add(c.name, ab.String(), raw, ab.repairs...)
 	return end
 }
 
@@ -365,6 +365,7 @@ func unwrapArgs(tools []ToolSchema, fn string, ab *argsBuilder, wrappers ...stri
 			return
 		}
 	}
+	inner.repairs = append(ab.repairs, RepairUnwrapped)
 	*ab = inner
 }
 
@@ -615,10 +616,15 @@ func (minicpm5Parser) Parse(text string, tools []ToolSchema) Result {
 	if !strings.Contains(text, "<function") {
 		return Result{Content: textPtr(text)}
 	}
-	if strings.Contains(text, "Ġ") || strings.Contains(text, "Ċ") {
+	artefacts := strings.Contains(text, "Ġ") || strings.Contains(text, "Ċ")
+	if artefacts {
+		// The calls' Raw is then of the cleaned text, not the output's.
 		text = minicpmArtefacts.Replace(text)
 	}
 	post := func(fn string, ab *argsBuilder, _ string) string {
+		if artefacts {
+			ab.repairs = append(ab.repairs, RepairArtefacts)
+		}
 		unwrapArgs(tools, fn, ab, "properties", "arguments")
 		return minicpmValidate(tools, fn, ab)
 	}

@@ -18,6 +18,7 @@ package parsers
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 )
 
@@ -154,17 +155,24 @@ func (ts *tagScan) qxFunction(text string, k, f int, wrapOpen, wrapClose string,
 		return end
 	}
 	ab := newArgs()
+	var repairs []string // what was fixed to read the call (ToolCall.Repairs)
+	repair := func(r string) {
+		if !slices.Contains(repairs, r) {
+			repairs = append(repairs, r)
+		}
+	}
 	i := ns + gt + 1
 	for {
 		i = vlSkipSpaceAny(text, i)
 		if strings.HasPrefix(text[i:], qxFuncEnd) {
 			end := i + len(qxFuncEnd)
-			ts.c.add(name, ab.String(), text[k:end])
+			ts.c.add(name, ab.String(), text[k:end], repairs...)
 			return end
 		}
 		if strings.HasPrefix(text[i:], wrapClose) {
 			// The wrapper closes the function implicitly (tolerated upstream).
-			ts.c.add(name, ab.String(), text[k:i])
+			repair(RepairCloseMissing)
+			ts.c.add(name, ab.String(), text[k:i], repairs...)
 			return i
 		}
 		if !strings.HasPrefix(text[i:], qxParam) {
@@ -212,6 +220,11 @@ func (ts *tagScan) qxFunction(text string, k, f int, wrapOpen, wrapClose string,
 		if nf := qxFirst(text, v0, limit, qxFuncEnd, func(p int) bool { return qxFuncEndAt(text, p, wrapOpen, wrapClose) }); nf >= 0 {
 			vEnd, next = nf, nf
 		}
+		if next == vEnd {
+			// Ended by the next tag, not by </parameter> (tolerated
+			// upstream); at the end of the text it is a truncation below.
+			repair(RepairParamCloseMissing)
+		}
 		if vEnd == len(text) && closeLen == 0 {
 			ts.c.fail(name, "truncated: the output ends inside parameter "+pname, text[k:])
 			return len(text)
@@ -221,7 +234,11 @@ func (ts *tagScan) qxFunction(text string, k, f int, wrapOpen, wrapClose string,
 			ts.c.fail(name, "parameter without a name", text[k:end])
 			return end
 		}
-		ab.add(pname, qxValue(tools, name, pname, text[v0:vEnd]))
+		v, lit := qxValueLit(tools, name, pname, text[v0:vEnd])
+		if lit {
+			repair(RepairPyLiteral)
+		}
+		ab.add(pname, v)
 		i = next
 	}
 }
@@ -229,22 +246,29 @@ func (ts *tagScan) qxFunction(text string, k, f int, wrapOpen, wrapClose string,
 // qxValue types a value: the schema coercion, plus Python-literal objects
 // and arrays ({'a': 1}) that vLLM's XML parsers accept.
 func qxValue(tools []ToolSchema, fn, param, raw string) json.RawMessage {
-	v := vlXMLValue(tools, fn, param, raw)
+	v, _ := qxValueLit(tools, fn, param, raw)
+	return v
+}
+
+// qxValueLit is qxValue; lit reports a value read as a Python literal
+// (not JSON), which the XML families count as a repair.
+func qxValueLit(tools []ToolSchema, fn, param, raw string) (v json.RawMessage, lit bool) {
+	v = vlXMLValue(tools, fn, param, raw)
 	if len(v) == 0 || v[0] != '"' {
-		return v
+		return v, false
 	}
 	types := paramTypes(tools, fn, param)
 	if !hasType(types, "object") && !hasType(types, "array") {
-		return v
+		return v, false
 	}
 	t := strings.TrimSpace(raw)
 	if t == "" || (t[0] != '{' && t[0] != '[') {
-		return v
+		return v, false
 	}
-	if lit, ok := pyLiteralJSON(t); ok {
-		return lit
+	if out, ok := pyLiteralJSON(t); ok {
+		return out, !json.Valid([]byte(t))
 	}
-	return v
+	return v, false
 }
 
 // pyLiteralJSON converts a whole Python literal to JSON.

@@ -2,6 +2,8 @@ package parsers
 
 import (
 	"encoding/json"
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -33,6 +35,16 @@ func fuzzFamily(f *testing.F, name string) {
 			}
 			if c.ID == "" {
 				t.Fatalf("call %d: empty id", i)
+			}
+			// Raw is the call's exact text (token spans are found by it),
+			// unless the family cleaned the text first (minicpm5).
+			if !slices.Contains(c.Repairs, RepairArtefacts) && (c.Raw == "" || !strings.Contains(text, c.Raw)) {
+				t.Fatalf("call %d: Raw %q is not a substring of the output", i, c.Raw)
+			}
+		}
+		for _, e := range r.Errors {
+			if e.Raw != "" && !strings.Contains(text, e.Raw) && !(name == "minicpm5" && strings.ContainsAny(text, "ĠĊ")) {
+				t.Fatalf("error %d: Raw %q is not a substring of the output", e.Index, e.Raw)
 			}
 		}
 		if r.Content != nil {

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -27,6 +28,9 @@ type goldenCase struct {
 			ID        string          `json:"id,omitempty"`
 			Name      string          `json:"name"`
 			Arguments json.RawMessage `json:"arguments"`
+			// Repairs, when present, are the call's ToolCall.Repairs
+			// exactly ([] for none).
+			Repairs *[]string `json:"repairs,omitempty"`
 		} `json:"tool_calls"`
 		Errors []struct {
 			Index          int    `json:"index"`
@@ -106,6 +110,24 @@ func checkGolden(t *testing.T, family string, c goldenCase, got Result) {
 		t.Errorf("content = %q, want %q", *got.Content, *c.Want.Content)
 	}
 	checkCallsWellFormed(t, got)
+	// Every call's and error's Raw is its exact text in the output (the
+	// agent loop finds token spans by it).
+	for i, tc := range got.ToolCalls {
+		if slices.Contains(tc.Repairs, RepairArtefacts) {
+			continue // read from the cleaned text (minicpm5)
+		}
+		if tc.Raw == "" || !strings.Contains(c.Input, tc.Raw) {
+			t.Errorf("call %d: Raw %q is not a substring of the input", i, tc.Raw)
+		}
+	}
+	for _, e := range got.Errors {
+		if family == "minicpm5" && strings.ContainsAny(c.Input, "ĠĊ") {
+			continue
+		}
+		if e.Raw != "" && !strings.Contains(c.Input, e.Raw) {
+			t.Errorf("error %d: Raw %q is not a substring of the input", e.Index, e.Raw)
+		}
+	}
 	if len(got.ToolCalls) != len(c.Want.ToolCalls) {
 		t.Errorf("got %d tool calls, want %d: %+v (errors %+v)", len(got.ToolCalls), len(c.Want.ToolCalls), got.ToolCalls, got.Errors)
 	}
@@ -113,6 +135,9 @@ func checkGolden(t *testing.T, family string, c goldenCase, got Result) {
 		g, w := got.ToolCalls[i], c.Want.ToolCalls[i]
 		if g.Name != w.Name {
 			t.Errorf("call %d: name = %q, want %q", i, g.Name, w.Name)
+		}
+		if w.Repairs != nil && strings.Join(g.Repairs, "; ") != strings.Join(*w.Repairs, "; ") {
+			t.Errorf("call %d: repairs = %q, want %q", i, g.Repairs, *w.Repairs)
 		}
 		if w.ID != "" && g.ID != w.ID {
 			t.Errorf("call %d: id = %q, want %q", i, g.ID, w.ID)

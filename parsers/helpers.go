@@ -463,6 +463,9 @@ func canonicalNumber(v string) (string, bool) {
 type argsBuilder struct {
 	keys []string
 	vals []json.RawMessage
+	// repairs are what was fixed while reading the arguments
+	// (ToolCall.Repairs), for families that record them here.
+	repairs []string
 }
 
 // add sets key to the JSON value v (which must be valid JSON).

@@ -496,6 +496,21 @@ func (c *collector) ok(name, args, raw string, repairs ...string) {
 const (
 	RepairArgsString   = "arguments given as a JSON string, decoded"
 	RepairCloseMissing = "close marker missing"
+	// RepairControlChars: raw control characters inside JSON strings,
+	// escaped (Python's json.loads(strict=False) reads them).
+	RepairControlChars = "control characters in JSON strings, escaped"
+	// RepairParamCloseMissing: an XML parameter value not closed by its
+	// </parameter>, ended at the next tag.
+	RepairParamCloseMissing = "parameter close tag missing"
+	// RepairPyLiteral: an object or array value written as a Python
+	// literal ({'a': True}), converted to JSON.
+	RepairPyLiteral = "Python literal converted to JSON"
+	// RepairUnwrapped: the arguments came wrapped in one undeclared key
+	// ("arguments", "input", "properties") and were unwrapped.
+	RepairUnwrapped = "arguments unwrapped from a wrapper key"
+	// RepairArtefacts: byte-level BPE markers (Ġ, Ċ) in the text were
+	// read as the space and newline they stand for.
+	RepairArtefacts = "tokenizer artefacts (Ġ, Ċ) replaced"
 )
 
 func (c *collector) add(tc ToolCall) {
@@ -521,7 +536,7 @@ func (c *collector) okNative(id, name, args, raw string) {
 }
 
 func (c *collector) fail(name, reason, raw string) {
-	c.r.Errors = append(c.r.Errors, CallError{Index: c.next(), Name: name, Reason: reason, Snippet: snippet(raw)})
+	c.r.Errors = append(c.r.Errors, CallError{Index: c.next(), Name: name, Reason: reason, Snippet: snippet(raw), Raw: raw})
 }
 
 // result finishes with the content rule shared by these families: the

@@ -97,6 +97,10 @@ type CallError struct {
 	Name    string `json:"name,omitempty"` // function name when it could be read
 	Reason  string `json:"reason"`
 	Snippet string `json:"snippet"` // raw text of the malformed call (possibly shortened)
+	// Raw is the exact substring of the model output the call was read
+	// from (never shortened), like ToolCall.Raw: it locates the call's
+	// token span.
+	Raw string `json:"-"`
 }
 
 func (e CallError) Error() string {

@@ -84,7 +84,7 @@ func RolloutProto(rec *trajectory.Record, rolloutID string, attempts int) *rollo
 	}
 	pr.TurnRewards = rec.TurnRewards
 	for _, c := range rec.CallStatuses {
-		pr.CallStatuses = append(pr.CallStatuses, &rolloutv1.CallStatus{Turn: c.Turn, Index: c.Index, Name: c.Name, Status: c.Status, Reason: c.Reason})
+		pr.CallStatuses = append(pr.CallStatuses, &rolloutv1.CallStatus{Turn: c.Turn, Index: c.Index, Name: c.Name, Status: c.Status, Reason: c.Reason, SpanStart: c.SpanStart, SpanEnd: c.SpanEnd})
 	}
 	if len(rec.RoutedExperts) > 0 {
 		pr.RoutedExperts = make([]uint32, len(rec.RoutedExperts))

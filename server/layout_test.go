@@ -176,8 +176,8 @@ func TestRolloutProtoCarriesTurnRewardsAndDistill(t *testing.T) {
 // Each tool call's parse status reaches the stream as Parquet holds it.
 func TestRolloutProtoCarriesCallStatuses(t *testing.T) {
 	rec := trajectory.Record{Status: trajectory.StatusOK, CallStatuses: []trajectory.CallStatus{
-		{Turn: 1, Index: 0, Name: "terminal", Status: trajectory.CallMalformed, Reason: "call is truncated"},
-		{Turn: 2, Index: 0, Name: "terminal", Status: trajectory.CallRepaired, Reason: "close marker missing"},
+		{Turn: 1, Index: 0, Name: "terminal", Status: trajectory.CallMalformed, Reason: "call is truncated", SpanStart: 40, SpanEnd: 57},
+		{Turn: 2, Index: 0, Name: "terminal", Status: trajectory.CallRepaired, Reason: "close marker missing", SpanStart: -1, SpanEnd: -1},
 	}}
 	pr := RolloutProto(&rec, "g#0", 1)
 	if len(pr.CallStatuses) != 2 {
@@ -185,7 +185,8 @@ func TestRolloutProtoCarriesCallStatuses(t *testing.T) {
 	}
 	for i, c := range rec.CallStatuses {
 		got := pr.CallStatuses[i]
-		if got.Turn != c.Turn || got.Index != c.Index || got.Name != c.Name || got.Status != c.Status || got.Reason != c.Reason {
+		if got.Turn != c.Turn || got.Index != c.Index || got.Name != c.Name || got.Status != c.Status || got.Reason != c.Reason ||
+			got.SpanStart != c.SpanStart || got.SpanEnd != c.SpanEnd {
 			t.Errorf("call_statuses[%d] = %v, want %+v", i, got, c)
 		}
 	}

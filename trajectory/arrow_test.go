@@ -136,7 +136,7 @@ func expectedArrowRow(r Record) map[string]any {
 	}
 	statuses := []any{}
 	for _, c := range r.CallStatuses {
-		statuses = append(statuses, map[string]any{"turn": c.Turn, "index": c.Index, "name": c.Name, "status": c.Status, "reason": c.Reason})
+		statuses = append(statuses, map[string]any{"turn": c.Turn, "index": c.Index, "name": c.Name, "status": c.Status, "reason": c.Reason, "span_start": c.SpanStart, "span_end": c.SpanEnd})
 	}
 	m := r.Manifest
 	cuts := []any{}

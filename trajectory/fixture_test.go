@@ -94,8 +94,8 @@ func fixtureRecords() []Record {
 		}
 	}
 	recs[1].LoopEvents = []LoopEvent{{Turn: 1, Kind: "arguments_replaced", Message: 2, CallID: "call_1", Original: `{"command": "ls`, Detail: "{}"}}
-	recs[1].CallStatuses = []CallStatus{{Turn: 1, Index: 0, Name: "terminal", Status: CallMalformed, Reason: "call JSON is incomplete before </tool_call>"},
-		{Turn: 2, Index: 0, Name: "terminal", Status: CallRepaired, Reason: "close marker missing"}, {Turn: 2, Index: 1, Name: "terminal", Status: CallOK}}
+	recs[1].CallStatuses = []CallStatus{{Turn: 1, Index: 0, Name: "terminal", Status: CallMalformed, Reason: "call JSON is incomplete before </tool_call>", SpanStart: 12, SpanEnd: 30},
+		{Turn: 2, Index: 0, Name: "terminal", Status: CallRepaired, Reason: "close marker missing", SpanStart: -1, SpanEnd: -1}, {Turn: 2, Index: 1, Name: "terminal", Status: CallOK, SpanStart: 41, SpanEnd: 58}}
 	recs[2].DriftTokens = 2
 	recs[2].UnscoredTokens = 1
 	// Group g-1 replays routing: the experts of the first 8 of 9 tokens,

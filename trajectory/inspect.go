@@ -36,6 +36,8 @@ type Summary struct {
 	// CallParse counts tool calls by parser (the run's parser family,
 	// manifest.parser; "(server)" in chat mode) and parse status.
 	CallParse map[string]map[string]int
+	// CallSpans counts, by parser, the calls with a token span.
+	CallSpans map[string]int
 	Phases    []PhaseStat
 	Slowest   []SlowRollout
 }
@@ -127,6 +129,12 @@ func Summarize(run *Run, recs []Record) Summary {
 			}
 			for _, c := range r.CallStatuses {
 				s.CallParse[parser][c.Status]++
+				if c.SpanEnd > c.SpanStart {
+					if s.CallSpans == nil {
+						s.CallSpans = map[string]int{}
+					}
+					s.CallSpans[parser]++
+				}
 			}
 		}
 		if r.Status == StatusOK {
@@ -267,8 +275,8 @@ func WriteSummary(w io.Writer, dir string, s Summary) error {
 			n += v
 		}
 		share := func(k string) float64 { return 100 * float64(c[k]) / float64(n) }
-		p("call parsing\t%s: %d calls, malformed %d (%.1f%%), repaired %d (%.1f%%), ok %d\n",
-			parser, n, c[CallMalformed], share(CallMalformed), c[CallRepaired], share(CallRepaired), c[CallOK])
+		p("call parsing\t%s: %d calls, malformed %d (%.1f%%), repaired %d (%.1f%%), ok %d; with a token span %d\n",
+			parser, n, c[CallMalformed], share(CallMalformed), c[CallRepaired], share(CallRepaired), c[CallOK], s.CallSpans[parser])
 	}
 	if err := tw.Flush(); err != nil {
 		return err

@@ -30,6 +30,9 @@ func TestSummaryGolden(t *testing.T) {
 	if c := s.CallParse["hermes"]; c[CallMalformed] != 1 || c[CallRepaired] != 1 || c[CallOK] != 1 {
 		t.Errorf("call parsing %v", s.CallParse)
 	}
+	if s.CallSpans["hermes"] != 2 { // the fixture's repaired call has no span
+		t.Errorf("calls with a token span %v, want hermes 2", s.CallSpans)
+	}
 	// run.json counts the same.
 	m, err := ReadManifest(dir)
 	if err != nil {

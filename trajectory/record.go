@@ -269,6 +269,12 @@ type CallStatus struct {
 	Name   string `parquet:"name,dict"`
 	Status string `parquet:"status,dict"`
 	Reason string `parquet:"reason"`
+	// SpanStart, SpanEnd: the call's token span [start, end) in Tokens:
+	// sampled ids of its turn whose text contains the call as parsed.
+	// -1 when unknown; files written before the columns existed read 0, 0
+	// — any span with end ≤ start is unknown (a call is never empty).
+	SpanStart int32 `parquet:"span_start"`
+	SpanEnd   int32 `parquet:"span_end"`
 }
 
 // Parse statuses of CallStatus.Status.

@@ -1838,8 +1838,13 @@ type CallStatus struct {
 	Index int32  `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
 	Name  string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
 	// status is "ok", "repaired" or "malformed".
-	Status        string `protobuf:"bytes,4,opt,name=status,proto3" json:"status,omitempty"`
-	Reason        string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	Status string `protobuf:"bytes,4,opt,name=status,proto3" json:"status,omitempty"`
+	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	// span_start, span_end: the call's token span [start, end) in the
+	// rollout's token ids (sampled ids of its turn whose text contains the
+	// call as parsed); -1 when no exact span is known (chat mode).
+	SpanStart     int32 `protobuf:"varint,6,opt,name=span_start,json=spanStart,proto3" json:"span_start,omitempty"`
+	SpanEnd       int32 `protobuf:"varint,7,opt,name=span_end,json=spanEnd,proto3" json:"span_end,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1907,6 +1912,20 @@ func (x *CallStatus) GetReason() string {
 		return x.Reason
 	}
 	return ""
+}
+
+func (x *CallStatus) GetSpanStart() int32 {
+	if x != nil {
+		return x.SpanStart
+	}
+	return 0
+}
+
+func (x *CallStatus) GetSpanEnd() int32 {
+	if x != nil {
+		return x.SpanEnd
+	}
+	return 0
 }
 
 // TeacherTopK is one position's teacher top-K (Rollout.distill).
@@ -3286,14 +3305,17 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01B\f\n" +
 	"\n" +
-	"_advantage\"z\n" +
+	"_advantage\"\xb4\x01\n" +
 	"\n" +
 	"CallStatus\x12\x12\n" +
 	"\x04turn\x18\x01 \x01(\x05R\x04turn\x12\x14\n" +
 	"\x05index\x18\x02 \x01(\x05R\x05index\x12\x12\n" +
 	"\x04name\x18\x03 \x01(\tR\x04name\x12\x16\n" +
 	"\x06status\x18\x04 \x01(\tR\x06status\x12\x16\n" +
-	"\x06reason\x18\x05 \x01(\tR\x06reason\"F\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12\x1d\n" +
+	"\n" +
+	"span_start\x18\x06 \x01(\x05R\tspanStart\x12\x19\n" +
+	"\bspan_end\x18\a \x01(\x05R\aspanEnd\"F\n" +
 	"\vTeacherTopK\x12\x1b\n" +
 	"\ttoken_ids\x18\x01 \x03(\x05R\btokenIds\x12\x1a\n" +
 	"\blogprobs\x18\x02 \x03(\x02R\blogprobs\"\xe5\x01\n" +

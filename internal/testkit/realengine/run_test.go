@@ -175,6 +175,7 @@ type stats struct {
 	byStop, byFailure       map[string]int
 	toolErrors, loopEvents  map[string]int
 	callStatus              map[string]int // call_statuses by status
+	callSpans               int            // call_statuses with a token span
 	turns, turnsWithCalls   int
 	calls, trained, checked int
 	unscored                int // sampled tokens without a logprob (unscored_tokens)
@@ -189,8 +190,8 @@ func (s stats) String() string {
 		}
 		return strings.Join(parts, ", ")
 	}
-	return fmt.Sprintf("rollouts %d (ok %d, failed %d)\n  stop reasons: %s\n  failure kinds: %s\n  turns %d, with calls %d, calls %d\n  call parsing: %s\n  tool errors: %s\n  loop events: %s\n  trained tokens %d (and %d sampled without a logprob, untrained), re-scored against the server %d",
-		s.rollouts, s.ok, s.infra, f(s.byStop), f(s.byFailure), s.turns, s.turnsWithCalls, s.calls, f(s.callStatus), f(s.toolErrors), f(s.loopEvents), s.trained, s.unscored, s.checked)
+	return fmt.Sprintf("rollouts %d (ok %d, failed %d)\n  stop reasons: %s\n  failure kinds: %s\n  turns %d, with calls %d, calls %d\n  call parsing: %s (with a token span %d)\n  tool errors: %s\n  loop events: %s\n  trained tokens %d (and %d sampled without a logprob, untrained), re-scored against the server %d",
+		s.rollouts, s.ok, s.infra, f(s.byStop), f(s.byFailure), s.turns, s.turnsWithCalls, s.calls, f(s.callStatus), s.callSpans, f(s.toolErrors), f(s.loopEvents), s.trained, s.unscored, s.checked)
 }
 
 type message struct {
@@ -271,6 +272,20 @@ func check(t *testing.T, e *llamacpptest.Engine, dir string, wantIDs bool, resco
 			s.callStatus[cs.Status]++
 			if cs.Status != trajectory.CallMalformed {
 				read++
+			}
+			if cs.SpanEnd <= cs.SpanStart {
+				continue // no exact span (chat mode)
+			}
+			s.callSpans++
+			// The span's ids, detokenised by the engine, hold the call
+			// as the parser read it: its open marker and its name.
+			if cs.SpanStart < 0 || int(cs.SpanEnd) > len(r.Tokens) {
+				t.Errorf("%s: call %d/%d span [%d, %d) outside the %d tokens", name, cs.Turn, cs.Index, cs.SpanStart, cs.SpanEnd, len(r.Tokens))
+				continue
+			}
+			text := detokenize(t, e, r.Tokens[cs.SpanStart:cs.SpanEnd])
+			if !strings.Contains(text, "<tool_call>") || !strings.Contains(text, cs.Name) {
+				t.Errorf("%s: call %d/%d (%s, %s) span [%d, %d) detokenises to %q", name, cs.Turn, cs.Index, cs.Name, cs.Status, cs.SpanStart, cs.SpanEnd, text)
 			}
 		}
 		if read != inHistory {

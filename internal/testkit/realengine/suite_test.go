@@ -187,6 +187,14 @@ func TestCollectTokens(t *testing.T) {
 	if s.unscored != 0 {
 		t.Errorf("tokens mode: %d sampled ids without a logprob, want 0", s.unscored)
 	}
+	// In tokens mode every call's token span is exact (issue 37 part 4).
+	calls := 0
+	for _, n := range s.callStatus {
+		calls += n
+	}
+	if s.callSpans != calls {
+		t.Errorf("tokens mode: %d of %d calls have a token span, want all", s.callSpans, calls)
+	}
 	// In tokens mode nothing the model writes reaches the server's parser:
 	// no rollout may be retried as an infrastructure failure.
 	if len(retried) != 0 {
