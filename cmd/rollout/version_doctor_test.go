@@ -137,7 +137,7 @@ func requireDockerForCLI(t *testing.T) {
 func TestSandboxImageBuildCmd(t *testing.T) {
 	t.Run("unknown name", func(t *testing.T) {
 		_, msg, code := runRolloutCmd(t, "sandbox", "image", "build", "--name", "nope")
-		if code != 2 || !strings.Contains(msg, `unknown image recipe: "nope" (known: bookworm, busybox, llamacpp)`) {
+		if code != 2 || !strings.Contains(msg, `unknown image recipe: "nope" (known: bookworm, busybox, harness, llamacpp)`) {
 			t.Errorf("exit %d, %q; want 2 naming the known recipes", code, msg)
 		}
 	})
