@@ -9,6 +9,7 @@ import (
 	openai "github.com/sashabaranov/go-openai"
 
 	"github.com/rollout-rl/rollout/gateway"
+	"github.com/rollout-rl/rollout/gateway/doorkit"
 )
 
 // request is the part of a Messages request the door reads; polymorphic
@@ -61,10 +62,6 @@ func bad(param, format string, args ...any) error {
 	return gateway.Errorf(gateway.ErrBadRequest, param, format, args...)
 }
 
-func isSet(raw json.RawMessage) bool {
-	return len(raw) > 0 && !bytes.Equal(bytes.TrimSpace(raw), []byte("null"))
-}
-
 // decode turns a Messages request body into a canonical Call. Every error
 // wraps gateway.ErrBadRequest and names the field.
 func decode(body []byte) (gateway.Call, error) {
@@ -88,20 +85,11 @@ func decode(body []byte) (gateway.Call, error) {
 	}
 	var all map[string]json.RawMessage
 	_ = json.Unmarshal(body, &all) // valid: the struct decode succeeded
-	for _, k := range recorded {
-		if raw, ok := all[k]; ok {
-			if call.Requested == nil {
-				call.Requested = map[string]any{}
-			}
-			var v any
-			_ = json.Unmarshal(raw, &v)
-			call.Requested[k] = v
-		}
-	}
+	call.Requested = doorkit.Requested(all, recorded)
 	if err := checkThinking(req.Thinking, *req.MaxTokens); err != nil {
 		return call, err
 	}
-	if isSet(req.System) {
+	if doorkit.IsSet(req.System) {
 		sys, err := textOf(req.System, "system")
 		if err != nil {
 			return call, err
@@ -133,7 +121,7 @@ func msg(role, content string) gateway.Message {
 }
 
 func checkThinking(raw json.RawMessage, maxTokens int) error {
-	if !isSet(raw) {
+	if !doorkit.IsSet(raw) {
 		return nil
 	}
 	var t struct {
@@ -190,7 +178,7 @@ func decodeMessage(raw json.RawMessage, param string) ([]gateway.Message, error)
 		}
 		return nil, bad(param+".role", "unknown role %q (user or assistant)", m.Role)
 	}
-	if !isSet(m.Content) {
+	if !doorkit.IsSet(m.Content) {
 		return nil, bad(param+".content", "content: Field required")
 	}
 	var s string
@@ -226,7 +214,7 @@ func userBlocks(blocks []block, param string) ([]gateway.Message, error) {
 				return nil, bad(p+".tool_use_id", "tool_result.tool_use_id: Field required")
 			}
 			var content string
-			if isSet(b.Content) {
+			if doorkit.IsSet(b.Content) {
 				var err error
 				if content, err = textOf(b.Content, p+".content"); err != nil {
 					return nil, err
@@ -274,7 +262,7 @@ func assistantBlocks(blocks []block, param string) (gateway.Message, error) {
 				return a, bad(p+".name", "tool_use.name: Field required")
 			}
 			args := "{}"
-			if isSet(b.Input) {
+			if doorkit.IsSet(b.Input) {
 				var obj map[string]json.RawMessage
 				if err := json.Unmarshal(b.Input, &obj); err != nil {
 					return a, bad(p+".input", "tool_use.input must be an object")
@@ -300,7 +288,7 @@ func assistantBlocks(blocks []block, param string) (gateway.Message, error) {
 }
 
 func decodeTools(raw json.RawMessage) ([]openai.Tool, error) {
-	if !isSet(raw) {
+	if !doorkit.IsSet(raw) {
 		return nil, nil
 	}
 	var tools []tool
@@ -316,7 +304,7 @@ func decodeTools(raw json.RawMessage) ([]openai.Tool, error) {
 		if t.Name == "" {
 			return nil, bad(p+".name", "tools.%d.name: Field required", i)
 		}
-		if !isSet(t.InputSchema) {
+		if !doorkit.IsSet(t.InputSchema) {
 			return nil, bad(p+".input_schema", "tools.%d.input_schema: Field required", i)
 		}
 		out = append(out, openai.Tool{Type: openai.ToolTypeFunction, Function: &openai.FunctionDefinition{Name: t.Name, Description: t.Description, Parameters: t.InputSchema}})
@@ -325,7 +313,7 @@ func decodeTools(raw json.RawMessage) ([]openai.Tool, error) {
 }
 
 func decodeToolChoice(raw json.RawMessage) (*gateway.ToolChoice, *bool, error) {
-	if !isSet(raw) {
+	if !doorkit.IsSet(raw) {
 		return nil, nil, nil
 	}
 	var c struct {

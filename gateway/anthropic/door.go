@@ -11,20 +11,17 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"strings"
 	"time"
 
 	"github.com/rollout-rl/rollout/gateway"
+	"github.com/rollout-rl/rollout/gateway/doorkit"
 )
 
 // Name is the door's API name in records and logs.
 const Name = "anthropic-messages"
-
-// maxBody bounds a request body (a long agent history is a few MB).
-const maxBody = 64 << 20
 
 // Door serves the Anthropic Messages API.
 type Door struct {
@@ -33,7 +30,7 @@ type Door struct {
 	// event, then again every KeepAlive until the reply comes (so that a
 	// harness's idle timeout does not cut a call queued behind the engine
 	// pool). An error before then is an HTTP error with the API's status;
-	// after, an error event. 0: 10 s.
+	// after, an error event. 0: doorkit.DefaultKeepAlive (10 s).
 	KeepAlive time.Duration
 }
 
@@ -54,24 +51,10 @@ func (d *Door) Mount(mux *http.ServeMux, prefix string, c gateway.Completer) {
 	})
 }
 
-func (d *Door) keepAlive() time.Duration {
-	if d.KeepAlive > 0 {
-		return d.KeepAlive
-	}
-	return 10 * time.Second
-}
-
-type result struct {
-	rep gateway.Reply
-	err error
-}
-
 func (d *Door) serve(w http.ResponseWriter, r *http.Request, c gateway.Completer) {
-	session := r.PathValue("session")
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	body, err := doorkit.ReadBody(w, r)
 	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
+		if doorkit.TooLarge(err) {
 			writeError(w, http.StatusRequestEntityTooLarge, "request_too_large", "the request body is too large")
 			return
 		}
@@ -83,50 +66,38 @@ func (d *Door) serve(w http.ResponseWriter, r *http.Request, c gateway.Completer
 		writeGatewayError(w, err, call.Model)
 		return
 	}
-	ch := make(chan result, 1)
-	go func() {
-		rep, err := c.Complete(r.Context(), session, call)
-		ch <- result{rep, err}
-	}()
+	session := r.PathValue("session")
 	if !call.Stream {
-		res := <-ch
-		if res.err != nil {
-			writeGatewayError(w, res.err, call.Model)
+		rep, err := doorkit.Await(r.Context(), c, session, call, 0, nil)
+		if err != nil {
+			writeGatewayError(w, err, call.Model)
 			return
 		}
-		writeJSON(w, http.StatusOK, messageOf(res.rep, call.Model))
+		writeJSON(w, http.StatusOK, messageOf(rep, call.Model))
 		return
 	}
 	var s *stream
-	timer := time.NewTimer(d.keepAlive())
-	defer timer.Stop()
-	for {
-		select {
-		case res := <-ch:
-			if res.err != nil {
-				if s == nil {
-					writeGatewayError(w, res.err, call.Model)
-					return
-				}
-				_, typ, text := classify(res.err, call.Model)
-				s.event("error", errorBody{Type: "error", Error: errorDetail{Type: typ, Message: text}})
-				s.flush()
-				return
-			}
-			if s == nil {
-				s = startStream(w)
-			}
-			s.reply(messageOf(res.rep, call.Model))
-			return
-		case <-timer.C:
-			if s == nil {
-				s = startStream(w)
-			}
-			s.event("ping", map[string]string{"type": "ping"})
-			s.flush()
-			timer.Reset(d.keepAlive())
+	rep, err := doorkit.Await(r.Context(), c, session, call, d.KeepAlive, func() {
+		if s == nil {
+			s = startStream(w)
 		}
+		s.Event("ping", map[string]string{"type": "ping"})
+		s.Flush()
+	})
+	if err != nil {
+		if s == nil {
+			writeGatewayError(w, err, call.Model)
+			return
+		}
+		_, typ, text := classify(err, call.Model)
+		s.Event("error", errorBody{Type: "error", Error: errorDetail{Type: typ, Message: text}})
+		s.Flush()
+		return
 	}
+	if s == nil {
+		s = startStream(w)
+	}
+	s.reply(messageOf(rep, call.Model))
 }
 
 // The signature of a thinking block the door issues carries the Reply.ID

@@ -2,18 +2,13 @@ package anthropic
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,63 +18,10 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/rollout-rl/rollout/gateway"
+	"github.com/rollout-rl/rollout/internal/testkit/gatewaytest"
 )
 
-var update = flag.Bool("update", false, "rewrite the golden files")
-
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-// scripted stands for the capture core: it records each call and answers
-// with its script. The feature under test is the wire translation.
-type scripted struct {
-	mu       sync.Mutex
-	calls    []gateway.Call
-	sessions []string
-	reply    gateway.Reply
-	err      error
-	release  chan struct{} // when set, Complete waits for it
-}
-
-func (s *scripted) Complete(ctx context.Context, session string, call gateway.Call) (gateway.Reply, error) {
-	s.mu.Lock()
-	s.calls = append(s.calls, call)
-	s.sessions = append(s.sessions, session)
-	s.mu.Unlock()
-	if s.release != nil {
-		select {
-		case <-s.release:
-		case <-ctx.Done():
-			return gateway.Reply{}, ctx.Err()
-		}
-	}
-	return s.reply, s.err
-}
-
-func (s *scripted) Models(_ context.Context, session string) ([]gateway.Model, error) {
-	if session != "sess-1" {
-		return nil, gateway.Errorf(gateway.ErrSession, "", "no session %s", session)
-	}
-	return []gateway.Model{{ID: "qwen3-tools", ContextLength: 65536}}, nil
-}
-
-func (s *scripted) last(t *testing.T) gateway.Call {
-	t.Helper()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.calls) == 0 {
-		t.Fatal("the Completer was not called")
-	}
-	return s.calls[len(s.calls)-1]
-}
-
-func serve(t *testing.T, d *Door, c gateway.Completer) string {
-	t.Helper()
-	mux := http.NewServeMux()
-	d.Mount(mux, "/s/{session}", c)
-	ts := httptest.NewServer(mux)
-	t.Cleanup(ts.Close)
-	return ts.URL + "/s/sess-1"
-}
 
 func client(base string) sdk.Client {
 	return sdk.NewClient(option.WithBaseURL(base), option.WithAPIKey("sk-none"), option.WithMaxRetries(0))
@@ -98,45 +40,6 @@ func reply() gateway.Reply {
 	}
 }
 
-// goldenView is a call as the golden files hold it: gateway.Message's
-// embedded message marshals itself and would hide Ref.
-func goldenView(c gateway.Call) any {
-	type msg struct {
-		Ref     string                       `json:"ref,omitempty"`
-		Message openai.ChatCompletionMessage `json:"message"`
-	}
-	msgs := make([]msg, len(c.Messages))
-	for i, m := range c.Messages {
-		msgs[i] = msg{Ref: m.Ref, Message: m.ChatCompletionMessage}
-	}
-	type view gateway.Call
-	return struct {
-		view
-		Messages []msg
-	}{view(c), msgs}
-}
-
-func golden(t *testing.T, name string, got any) {
-	t.Helper()
-	b, err := json.MarshalIndent(got, "", "  ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join("testdata", name)
-	if *update {
-		if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run with -update to create)", err)
-	}
-	if !bytes.Equal(bytes.TrimSpace(want), bytes.TrimSpace(b)) {
-		t.Errorf("%s differs from the golden file:\n%s", name, b)
-	}
-}
-
 // TestDecodeGolden: every block kind of a Claude-Code-style request maps
 // to the canonical call recorded in testdata/claude.golden.json.
 func TestDecodeGolden(t *testing.T) {
@@ -148,7 +51,7 @@ func TestDecodeGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	golden(t, "claude.golden.json", goldenView(call))
+	gatewaytest.Golden(t, "claude.golden.json", gatewaytest.GoldenView(call))
 
 	m := call.Messages
 	roles := make([]string, len(m))
@@ -201,8 +104,8 @@ func TestToolChoice(t *testing.T) {
 // TestNonStreamingSDK: the official Go SDK parses the message; sent back,
 // its blocks decode to a message whose Ref is the reply's id.
 func TestNonStreamingSDK(t *testing.T) {
-	c := &scripted{reply: reply()}
-	cl := client(serve(t, New(), c))
+	c := &gatewaytest.Scripted{Reply: reply()}
+	cl := client(gatewaytest.Serve(t, New(), c))
 	msg, err := cl.Messages.New(context.Background(), sdk.MessageNewParams{
 		Model: "qwen3-tools", MaxTokens: 1000,
 		Messages: []sdk.MessageParam{sdk.NewUserMessage(sdk.NewTextBlock("list files"))},
@@ -223,7 +126,7 @@ func TestNonStreamingSDK(t *testing.T) {
 	if tu := msg.Content[3].AsToolUse(); tu.ID != "call_x2" || tu.Name != "bash" || string(tu.Input) != `{"command":"pwd"}` {
 		t.Errorf("tool_use %+v", tu)
 	}
-	if call := c.last(t); call.MaxTokens != 1000 || call.Stream || c.sessions[0] != "sess-1" {
+	if call := c.Last(t); call.MaxTokens != 1000 || call.Stream || c.Sessions()[0] != "sess-1" {
 		t.Errorf("call %+v", call)
 	}
 
@@ -239,7 +142,7 @@ func TestNonStreamingSDK(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := c.last(t).Messages
+	got := c.Last(t).Messages
 	if len(got) != 4 {
 		t.Fatalf("%d messages, want user, assistant, 2 tool", len(got))
 	}
@@ -272,60 +175,26 @@ func TestStopReasons(t *testing.T) {
 	}
 }
 
-type sse struct {
-	name string
-	data map[string]any
-}
-
-func readSSE(t *testing.T, r io.Reader) []sse {
+// readSSE reads a Messages event stream, which has no comments.
+func readSSE(t *testing.T, r io.Reader) []gatewaytest.Event {
 	t.Helper()
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 1<<20), 1<<24)
-	var out []sse
-	var cur sse
-	var raw string
-	for sc.Scan() {
-		line := sc.Text()
-		switch {
-		case line == "":
-			if cur.name != "" {
-				if err := json.Unmarshal([]byte(raw), &cur.data); err != nil {
-					t.Fatalf("event %s: %v", cur.name, err)
-				}
-				out = append(out, cur)
-			}
-			cur, raw = sse{}, ""
-		case strings.HasPrefix(line, "event: "):
-			cur.name = line[len("event: "):]
-		case strings.HasPrefix(line, "data: "):
-			raw += line[len("data: "):]
-		default:
-			t.Fatalf("unexpected line %q", line)
-		}
+	events, comments := gatewaytest.ReadSSE(t, r)
+	if len(comments) > 0 {
+		t.Fatalf("comment lines %q in a Messages stream", comments)
 	}
-	return out
+	return events
 }
 
 func post(t *testing.T, url, body string) *http.Response {
 	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("anthropic-version", "2023-06-01")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { resp.Body.Close() })
-	return resp
+	return gatewaytest.Post(t, url, body, "anthropic-version", "2023-06-01")
 }
-
-func num(v any) int { f, _ := v.(float64); return int(f) }
 
 // TestStreamSequence: the event order, block indices and accumulated
 // deltas of a streamed reply.
 func TestStreamSequence(t *testing.T) {
-	c := &scripted{reply: reply()}
-	base := serve(t, New(), c)
+	c := &gatewaytest.Scripted{Reply: reply()}
+	base := gatewaytest.Serve(t, New(), c)
 	resp := post(t, base+"/v1/messages", `{"model":"qwen3-tools","max_tokens":100,"messages":[{"role":"user","content":"hi"}],"stream":true}`)
 	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
 		t.Fatalf("status %d", resp.StatusCode)
@@ -335,19 +204,19 @@ func TestStreamSequence(t *testing.T) {
 	acc := map[int]*strings.Builder{}
 	kinds := map[int]string{}
 	for _, e := range events {
-		if e.data["type"] != e.name {
-			t.Errorf("event %s has type %v", e.name, e.data["type"])
+		if e.Data["type"] != e.Name {
+			t.Errorf("event %s has type %v", e.Name, e.Data["type"])
 		}
-		i := num(e.data["index"])
-		switch e.name {
+		i := gatewaytest.Num(e.Data["index"])
+		switch e.Name {
 		case "content_block_start":
 			if acc[i] != nil || i != len(acc) {
 				t.Errorf("block %d started out of order", i)
 			}
 			acc[i] = &strings.Builder{}
-			kinds[i] = e.data["content_block"].(map[string]any)["type"].(string)
+			kinds[i] = e.Data["content_block"].(map[string]any)["type"].(string)
 		case "content_block_delta":
-			d := e.data["delta"].(map[string]any)
+			d := e.Data["delta"].(map[string]any)
 			for _, k := range []string{"text", "thinking", "partial_json"} {
 				if s, ok := d[k].(string); ok {
 					acc[i].WriteString(s)
@@ -358,7 +227,7 @@ func TestStreamSequence(t *testing.T) {
 			}
 			continue
 		}
-		names = append(names, e.name)
+		names = append(names, e.Name)
 	}
 	want := "message_start content_block_start signature_delta content_block_stop content_block_start content_block_stop content_block_start content_block_stop content_block_start content_block_stop message_delta message_stop"
 	if got := strings.Join(names, " "); got != want {
@@ -370,8 +239,8 @@ func TestStreamSequence(t *testing.T) {
 			t.Errorf("block %d (%s) accumulated %q, want %q", i, kinds[i], acc[i], w)
 		}
 	}
-	md := events[len(events)-2].data
-	if md["delta"].(map[string]any)["stop_reason"] != "tool_use" || num(md["usage"].(map[string]any)["output_tokens"]) != 45 {
+	md := events[len(events)-2].Data
+	if md["delta"].(map[string]any)["stop_reason"] != "tool_use" || gatewaytest.Num(md["usage"].(map[string]any)["output_tokens"]) != 45 {
 		t.Errorf("message_delta %v", md)
 	}
 }
@@ -379,8 +248,8 @@ func TestStreamSequence(t *testing.T) {
 // TestStreamSDK: the official SDK's stream and accumulator rebuild the
 // same message as the non-streamed answer.
 func TestStreamSDK(t *testing.T) {
-	c := &scripted{reply: reply()}
-	cl := client(serve(t, New(), c))
+	c := &gatewaytest.Scripted{Reply: reply()}
+	cl := client(gatewaytest.Serve(t, New(), c))
 	params := sdk.MessageNewParams{
 		Model: "qwen3-tools", MaxTokens: 2048,
 		Messages: []sdk.MessageParam{sdk.NewUserMessage(sdk.NewTextBlock("hi"))},
@@ -410,7 +279,7 @@ func TestStreamSDK(t *testing.T) {
 			t.Errorf("block %d: streamed %+v, whole %+v", i, s, w)
 		}
 	}
-	if c.last(t).Requested["thinking"] == nil {
+	if c.Last(t).Requested["thinking"] == nil {
 		t.Error("thinking not recorded")
 	}
 }
@@ -434,8 +303,8 @@ func TestErrors(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.typ, func(t *testing.T) {
-			c := &scripted{err: tc.err}
-			cl := client(serve(t, New(), c))
+			c := &gatewaytest.Scripted{Err: tc.err}
+			cl := client(gatewaytest.Serve(t, New(), c))
 			params := sdk.MessageNewParams{Model: "nope", MaxTokens: 10, Messages: []sdk.MessageParam{sdk.NewUserMessage(sdk.NewTextBlock("hi"))}}
 			for _, stream := range []bool{false, true} {
 				var err error
@@ -464,8 +333,8 @@ func TestErrors(t *testing.T) {
 // stream with ping events; a failure then is an error event the SDK
 // raises as the API's error.
 func TestFailureAfterStreamStarted(t *testing.T) {
-	c := &scripted{err: gateway.Errorf(gateway.ErrOverloaded, "", "pool full"), release: make(chan struct{})}
-	base := serve(t, &Door{KeepAlive: time.Millisecond}, c)
+	c := &gatewaytest.Scripted{Err: gateway.Errorf(gateway.ErrOverloaded, "", "pool full"), Release: make(chan struct{})}
+	base := gatewaytest.Serve(t, &Door{KeepAlive: time.Millisecond}, c)
 	resp := post(t, base+"/v1/messages", `{"model":"m","max_tokens":10,"messages":[{"role":"user","content":"hi"}],"stream":true}`)
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d", resp.StatusCode)
@@ -474,26 +343,26 @@ func TestFailureAfterStreamStarted(t *testing.T) {
 	if line, _ := br.ReadString('\n'); line != "event: ping\n" {
 		t.Fatalf("first line %q", line)
 	}
-	close(c.release)
-	var rest []sse
+	close(c.Release)
+	var rest []gatewaytest.Event
 	for _, e := range readSSE(t, br) {
-		if e.name != "ping" {
+		if e.Data["type"] != "ping" { // by its data: the first ping's event line was read above
 			rest = append(rest, e)
 		}
 	}
-	if len(rest) != 1 || rest[0].name != "error" {
+	if len(rest) != 1 || rest[0].Name != "error" {
 		t.Fatalf("events %+v", rest)
 	}
-	e := rest[0].data["error"].(map[string]any)
+	e := rest[0].Data["error"].(map[string]any)
 	if e["type"] != "overloaded_error" {
 		t.Errorf("error %v", e)
 	}
 
 	// The same through the SDK: its stream reports the API error.
-	c2 := &scripted{err: gateway.Errorf(gateway.ErrOverloaded, "", "pool full"), release: make(chan struct{})}
-	cl := client(serve(t, &Door{KeepAlive: time.Millisecond}, c2))
+	c2 := &gatewaytest.Scripted{Err: gateway.Errorf(gateway.ErrOverloaded, "", "pool full"), Release: make(chan struct{})}
+	cl := client(gatewaytest.Serve(t, &Door{KeepAlive: time.Millisecond}, c2))
 	st := cl.Messages.NewStreaming(context.Background(), sdk.MessageNewParams{Model: "m", MaxTokens: 10, Messages: []sdk.MessageParam{sdk.NewUserMessage(sdk.NewTextBlock("hi"))}})
-	close(c2.release)
+	close(c2.Release)
 	for st.Next() {
 	}
 	var apiErr *sdk.Error
@@ -528,8 +397,8 @@ func TestMalformed(t *testing.T) {
 		{`{"model":"m","max_tokens":1000,"messages":[{"role":"user","content":"x"}],"thinking":{"type":"enabled","budget_tokens":2000}}`, "budget_tokens"},
 		{`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"x"}],"thinking":{"type":"maybe"}}`, "thinking.type"},
 	}
-	c := &scripted{reply: reply()}
-	base := serve(t, New(), c)
+	c := &gatewaytest.Scripted{Reply: reply()}
+	base := gatewaytest.Serve(t, New(), c)
 	for _, tc := range cases {
 		resp := post(t, base+"/v1/messages", tc.body)
 		var e errorBody
@@ -540,8 +409,8 @@ func TestMalformed(t *testing.T) {
 			t.Errorf("%s: %d %+v, want 400 mentioning %q", tc.body, resp.StatusCode, e, tc.want)
 		}
 	}
-	if len(c.calls) != 0 {
-		t.Errorf("the Completer saw %d malformed calls", len(c.calls))
+	if len(c.Calls()) != 0 {
+		t.Errorf("the Completer saw %d malformed calls", len(c.Calls()))
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	openai "github.com/sashabaranov/go-openai"
 
 	"github.com/rollout-rl/rollout/gateway"
+	"github.com/rollout-rl/rollout/gateway/doorkit"
 )
 
 // Name is the door's API name in records.
@@ -136,16 +137,7 @@ func decode(r *http.Request) (gateway.Call, bool, *apiError) {
 		}
 		call.ToolChoice = tc
 	}
-	for _, k := range recorded {
-		if raw, ok := fields[k]; ok {
-			var v any
-			_ = json.Unmarshal(raw, &v)
-			if call.Requested == nil {
-				call.Requested = map[string]any{}
-			}
-			call.Requested[k] = v
-		}
-	}
+	call.Requested = doorkit.Requested(fields, recorded)
 	for i, raw := range req.Messages {
 		m, e := message(i, raw)
 		if e != nil {

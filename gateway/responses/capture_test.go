@@ -3,29 +3,17 @@ package responses_test
 import (
 	"context"
 	"encoding/json"
-	"net/http/httptest"
 	"slices"
 	"testing"
-	"time"
 
 	oai "github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	sdk "github.com/openai/openai-go/v3/responses"
 
-	"github.com/rollout-rl/rollout/gateway"
 	"github.com/rollout-rl/rollout/gateway/builtin"
-	"github.com/rollout-rl/rollout/gateway/capture"
 	"github.com/rollout-rl/rollout/gateway/responses"
-	"github.com/rollout-rl/rollout/inference"
-	"github.com/rollout-rl/rollout/inference/sim"
-	"github.com/rollout-rl/rollout/internal/testkit/simtest"
+	"github.com/rollout-rl/rollout/internal/testkit/gatewaytest"
 )
-
-var fixScript = sim.Script{Match: "fix the bug", Steps: []sim.Step{
-	{ToolCalls: []sim.Call{{Name: "terminal", Arguments: map[string]any{"command": "ls"}}}},
-	{ToolCalls: []sim.Call{{Name: "terminal", Arguments: map[string]any{"workdir": "/src", "command": "cat a.txt"}}}},
-	{Final: "Done: the bug is fixed."},
-}}
 
 // TestCaptureSession drives the real capture core (tokens mode against
 // the simulator) through this door with the official SDK, as a
@@ -36,26 +24,8 @@ var fixScript = sim.Script{Match: "fix the bug", Steps: []sim.Step{
 func TestCaptureSession(t *testing.T) {
 	for _, stream := range []bool{false, true} {
 		t.Run(map[bool]string{false: "json", true: "stream"}[stream], func(t *testing.T) {
-			srv := simtest.Start(t, sim.Config{Family: "hermes", Scripts: []sim.Script{fixScript}, Reasoning: true, RecordGenerations: true})
-			pol, err := inference.New(inference.Config{Backend: inference.BackendVLLM, Endpoints: []string{srv.URL}, Retries: -1, ReadyTimeout: time.Second})
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { pol.(interface{ Close() error }).Close() })
-			temp := 0.6
-			opts := capture.Options{Parser: "hermes", ReasoningParser: "qwen3", Doors: builtin.FrontDoors()}
-			opts.Sampling.Temperature, opts.Sampling.MaxTokens = &temp, 512
-			gw, err := capture.New(pol, opts)
-			if err != nil {
-				t.Fatal(err)
-			}
-			hs := httptest.NewServer(capture.Handler(gw, builtin.FrontDoors()))
-			t.Cleanup(hs.Close)
-			s, err := gw.Open(context.Background(), inference.EpisodeSpec{ID: "r1"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			cl := oai.NewClient(option.WithBaseURL(hs.URL+"/s/"+s.ID()+"/v1/"), option.WithAPIKey("none"), option.WithMaxRetries(0))
+			cs := gatewaytest.StartCapture(t, builtin.FrontDoors(), gatewaytest.FixScript)
+			cl := oai.NewClient(option.WithBaseURL(cs.URL+"/v1/"), option.WithAPIKey("none"), option.WithMaxRetries(0))
 			tools := json.RawMessage(`[{"type":"function","name":"terminal","description":"Run a shell command","strict":false,"parameters":{"type":"object","properties":{"command":{"type":"string"},"workdir":{"type":"string"}},"required":["command"]}}]`)
 			input := []any{map[string]any{"role": "user", "content": "Please fix the bug in a.txt"}}
 			var statuses []int
@@ -98,31 +68,7 @@ func TestCaptureSession(t *testing.T) {
 			if !slices.Equal(statuses, []int{1, 1, 0}) {
 				t.Fatalf("function calls per turn %v, want [1 1 0]", statuses)
 			}
-			rec, err := s.Close(context.Background())
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(rec.Branches) != 1 || !slices.Equal(rec.Branches[0].Calls, []int{0, 1, 2}) || rec.Unanchored != 0 || rec.Rewritten != 0 {
-				t.Fatalf("record: %d branches, calls %+v, unanchored %d, rewritten %d", len(rec.Branches), rec.Calls, rec.Unanchored, rec.Rewritten)
-			}
-			for _, c := range rec.Calls {
-				if c.Status != gateway.CallOK || c.API != responses.Name || c.Stream != stream {
-					t.Errorf("call %+v", c)
-				}
-			}
-			seq := rec.Branches[0].Sequence
-			gens := srv.Generations()
-			if len(gens) != 3 || len(seq.TurnStarts) != 3 {
-				t.Fatalf("%d generations, %d turns", len(gens), len(seq.TurnStarts))
-			}
-			for k, st := range seq.TurnStarts {
-				ids := gens[k].IDs
-				for i, id := range ids {
-					if int(seq.Tokens[st+i]) != id || seq.Mask[st+i] != 1 {
-						t.Fatalf("turn %d: trained id %d differs from the sampled one", k, i)
-					}
-				}
-			}
+			cs.CheckLinear(t, responses.Name, stream, 3)
 		})
 	}
 }

@@ -1,7 +1,6 @@
 package responses
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -9,6 +8,7 @@ import (
 	openai "github.com/sashabaranov/go-openai"
 
 	"github.com/rollout-rl/rollout/gateway"
+	"github.com/rollout-rl/rollout/gateway/doorkit"
 )
 
 // request is the part of a Responses create request the door reads. The
@@ -108,17 +108,8 @@ func decode(body []byte) (gateway.Call, request, error) {
 		}
 		call.MaxTokens = *req.MaxOutputTokens
 	}
-	for _, k := range recorded {
-		if raw, ok := all[k]; ok {
-			if call.Requested == nil {
-				call.Requested = map[string]any{}
-			}
-			var v any
-			_ = json.Unmarshal(raw, &v)
-			call.Requested[k] = v
-		}
-	}
-	if isSet(req.Instructions) {
+	call.Requested = doorkit.Requested(all, recorded)
+	if doorkit.IsSet(req.Instructions) {
 		var s string
 		if err := json.Unmarshal(req.Instructions, &s); err != nil {
 			return call, req, bad("instructions", "instructions must be a string")
@@ -144,10 +135,6 @@ func decode(body []byte) (gateway.Call, request, error) {
 	return call, req, nil
 }
 
-func isSet(raw json.RawMessage) bool {
-	return len(raw) > 0 && !bytes.Equal(bytes.TrimSpace(raw), []byte("null"))
-}
-
 // previousID turns a response id the door issued back into the Reply.ID
 // the Completer knows; another id passes unchanged (the Completer refuses
 // it as unknown).
@@ -166,7 +153,7 @@ type assistant struct {
 }
 
 func decodeInput(raw json.RawMessage) ([]gateway.Message, error) {
-	if !isSet(raw) {
+	if !doorkit.IsSet(raw) {
 		return nil, nil
 	}
 	var s string
@@ -263,7 +250,7 @@ func decodeInput(raw json.RawMessage) ([]gateway.Message, error) {
 				return nil, bad(param+".name", "a function_call item needs a name")
 			}
 			var args string
-			if isSet(it.Arguments) {
+			if doorkit.IsSet(it.Arguments) {
 				if err := json.Unmarshal(it.Arguments, &args); err != nil {
 					return nil, bad(param+".arguments", "arguments must be a string (JSON text)")
 				}
@@ -302,7 +289,7 @@ func decodeInput(raw json.RawMessage) ([]gateway.Message, error) {
 
 // messageText joins a message's text parts; parts are joined with "\n".
 func messageText(raw json.RawMessage, param string) (string, error) {
-	if !isSet(raw) {
+	if !doorkit.IsSet(raw) {
 		return "", bad(param, "a message item needs content")
 	}
 	var s string
@@ -331,12 +318,12 @@ func messageText(raw json.RawMessage, param string) (string, error) {
 // content when present, else its summaries.
 func reasoningText(it item, param string) (string, error) {
 	var content, summary []part
-	if isSet(it.Content) {
+	if doorkit.IsSet(it.Content) {
 		if err := json.Unmarshal(it.Content, &content); err != nil {
 			return "", bad(param+".content", "a reasoning item's content must be an array of reasoning_text parts")
 		}
 	}
-	if isSet(it.Summary) {
+	if doorkit.IsSet(it.Summary) {
 		if err := json.Unmarshal(it.Summary, &summary); err != nil {
 			return "", bad(param+".summary", "a reasoning item's summary must be an array of summary_text parts")
 		}
@@ -359,7 +346,7 @@ func reasoningText(it item, param string) (string, error) {
 
 // outputText is a function_call_output's output: a string or text parts.
 func outputText(raw json.RawMessage, param string) (string, error) {
-	if !isSet(raw) {
+	if !doorkit.IsSet(raw) {
 		return "", bad(param, "a function_call_output item needs an output")
 	}
 	var s string
@@ -381,7 +368,7 @@ func outputText(raw json.RawMessage, param string) (string, error) {
 }
 
 func decodeTools(raw json.RawMessage) ([]openai.Tool, error) {
-	if !isSet(raw) {
+	if !doorkit.IsSet(raw) {
 		return nil, nil
 	}
 	var tools []tool
@@ -395,7 +382,7 @@ func decodeTools(raw json.RawMessage) ([]openai.Tool, error) {
 			return nil, bad(param+".type", "tool type %q is not supported: the gateway serves function tools only", t.Type)
 		}
 		if t.Name == "" {
-			if isSet(t.Function) {
+			if doorkit.IsSet(t.Function) {
 				return nil, bad(param+".name", "Responses function tools are flat (name, description, parameters at the top level), not nested under \"function\"")
 			}
 			return nil, bad(param+".name", "a function tool needs a name")
@@ -404,7 +391,7 @@ func decodeTools(raw json.RawMessage) ([]openai.Tool, error) {
 		if t.Strict != nil {
 			def.Strict = *t.Strict
 		}
-		if isSet(t.Parameters) {
+		if doorkit.IsSet(t.Parameters) {
 			def.Parameters = t.Parameters
 		}
 		out = append(out, openai.Tool{Type: openai.ToolTypeFunction, Function: def})
@@ -413,7 +400,7 @@ func decodeTools(raw json.RawMessage) ([]openai.Tool, error) {
 }
 
 func decodeToolChoice(raw json.RawMessage) (*gateway.ToolChoice, error) {
-	if !isSet(raw) {
+	if !doorkit.IsSet(raw) {
 		return nil, nil
 	}
 	var s string

@@ -10,21 +10,17 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
-	"io"
 	"log/slog"
 	"net/http"
 	"slices"
 	"time"
 
 	"github.com/rollout-rl/rollout/gateway"
+	"github.com/rollout-rl/rollout/gateway/doorkit"
 )
 
 // Name is the door's API name in records and logs.
 const Name = "openai-responses"
-
-// maxBody bounds a request body (a long agent history is a few MB).
-const maxBody = 64 << 20
 
 // Door serves the OpenAI Responses API.
 type Door struct {
@@ -33,7 +29,8 @@ type Door struct {
 	// comment, then again every KeepAlive until the reply comes (so that
 	// a harness's idle timeout does not cut a call queued behind the
 	// engine pool). An error before then is an HTTP error with the API's
-	// status; after, a response.failed event. 0: 10 s.
+	// status; after, a response.failed event. 0: doorkit.DefaultKeepAlive
+	// (10 s).
 	KeepAlive time.Duration
 	// Now is the clock for created_at (nil: time.Now).
 	Now func() time.Time
@@ -56,13 +53,6 @@ func (d *Door) Mount(mux *http.ServeMux, prefix string, c gateway.Completer) {
 	})
 }
 
-func (d *Door) keepAlive() time.Duration {
-	if d.KeepAlive > 0 {
-		return d.KeepAlive
-	}
-	return 10 * time.Second
-}
-
 func (d *Door) now() time.Time {
 	if d.Now != nil {
 		return d.Now()
@@ -70,17 +60,10 @@ func (d *Door) now() time.Time {
 	return time.Now()
 }
 
-type result struct {
-	rep gateway.Reply
-	err error
-}
-
 func (d *Door) serve(w http.ResponseWriter, r *http.Request, c gateway.Completer) {
-	session := r.PathValue("session")
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	body, err := doorkit.ReadBody(w, r)
 	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
+		if doorkit.TooLarge(err) {
 			writeError(w, http.StatusRequestEntityTooLarge, apiError{Message: "the request body is too large", Type: "invalid_request_error"})
 			return
 		}
@@ -95,52 +78,40 @@ func (d *Door) serve(w http.ResponseWriter, r *http.Request, c gateway.Completer
 	var fields map[string]json.RawMessage
 	_ = json.Unmarshal(body, &fields)
 	encrypted := slices.Contains(req.Include, "reasoning.encrypted_content")
+	session := r.PathValue("session")
 
-	ch := make(chan result, 1)
-	go func() {
-		rep, err := c.Complete(r.Context(), session, call)
-		ch <- result{rep, err}
-	}()
 	if !call.Stream {
-		res := <-ch
-		if res.err != nil {
-			writeGatewayError(w, res.err, call.Model)
+		rep, err := doorkit.Await(r.Context(), c, session, call, 0, nil)
+		if err != nil {
+			writeGatewayError(w, err, call.Model)
 			return
 		}
-		resp := skeleton(respPrefix+res.rep.ID, req, fields, call.Model, d.now())
-		finish(&resp, res.rep, encrypted)
+		resp := skeleton(respPrefix+rep.ID, req, fields, call.Model, d.now())
+		finish(&resp, rep, encrypted)
 		writeJSON(w, http.StatusOK, resp)
 		return
 	}
 	var s *stream
-	timer := time.NewTimer(d.keepAlive())
-	defer timer.Stop()
-	for {
-		select {
-		case res := <-ch:
-			if res.err != nil {
-				if s == nil {
-					writeGatewayError(w, res.err, call.Model)
-					return
-				}
-				resp := skeleton(respPrefix+"failed_"+randomID(), req, fields, call.Model, d.now())
-				s.failed(resp, res.err)
-				return
-			}
-			if s == nil {
-				s = startStream(w)
-			}
-			resp := skeleton(respPrefix+res.rep.ID, req, fields, call.Model, d.now())
-			s.reply(resp, res.rep, encrypted)
-			return
-		case <-timer.C:
-			if s == nil {
-				s = startStream(w)
-			}
-			s.comment("keep-alive")
-			timer.Reset(d.keepAlive())
+	rep, err := doorkit.Await(r.Context(), c, session, call, d.KeepAlive, func() {
+		if s == nil {
+			s = startStream(w)
 		}
+		s.Comment("keep-alive")
+	})
+	if err != nil {
+		if s == nil {
+			writeGatewayError(w, err, call.Model)
+			return
+		}
+		resp := skeleton(respPrefix+"failed_"+randomID(), req, fields, call.Model, d.now())
+		s.failed(resp, err)
+		return
 	}
+	if s == nil {
+		s = startStream(w)
+	}
+	resp := skeleton(respPrefix+rep.ID, req, fields, call.Model, d.now())
+	s.reply(resp, rep, encrypted)
 }
 
 func randomID() string {

@@ -2,18 +2,11 @@ package responses
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
-	"io"
-	"net/http"
-	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,62 +17,13 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/rollout-rl/rollout/gateway"
+	"github.com/rollout-rl/rollout/internal/testkit/gatewaytest"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files")
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// scripted stands for the capture core: it records each call and answers
-// with its script. The feature under test is the wire translation.
-type scripted struct {
-	mu       sync.Mutex
-	calls    []gateway.Call
-	sessions []string
-	reply    gateway.Reply
-	err      error
-	// release, when set, holds Complete until it is closed.
-	release chan struct{}
-	// entered is closed when Complete is first entered (if set).
-	entered chan struct{}
-}
-
-func (s *scripted) Complete(ctx context.Context, session string, call gateway.Call) (gateway.Reply, error) {
-	s.mu.Lock()
-	s.calls = append(s.calls, call)
-	s.sessions = append(s.sessions, session)
-	s.mu.Unlock()
-	if s.release != nil {
-		select {
-		case <-s.release:
-		case <-ctx.Done():
-			return gateway.Reply{}, ctx.Err()
-		}
-	}
-	return s.reply, s.err
-}
-
-func (s *scripted) Models(context.Context, string) ([]gateway.Model, error) {
-	return []gateway.Model{{ID: "qwen3-tools", ContextLength: 65536}}, nil
-}
-
-func (s *scripted) last(t *testing.T) gateway.Call {
-	t.Helper()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.calls) == 0 {
-		t.Fatal("the Completer was not called")
-	}
-	return s.calls[len(s.calls)-1]
-}
-
 func serve(t *testing.T, d *Door, c gateway.Completer) string {
-	t.Helper()
-	mux := http.NewServeMux()
-	d.Mount(mux, "/s/{session}", c)
-	ts := httptest.NewServer(mux)
-	t.Cleanup(ts.Close)
-	return ts.URL + "/s/sess-1/v1/"
+	return gatewaytest.Serve(t, d, c) + "/v1/"
 }
 
 func client(base string) oai.Client {
@@ -99,45 +43,6 @@ func reply() gateway.Reply {
 	}
 }
 
-func golden(t *testing.T, name string, got any) {
-	t.Helper()
-	b, err := json.MarshalIndent(got, "", "  ")
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join("testdata", name)
-	if *update {
-		if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run with -update to create)", err)
-	}
-	if !bytes.Equal(bytes.TrimSpace(want), bytes.TrimSpace(b)) {
-		t.Errorf("%s differs from the golden file:\n%s", name, b)
-	}
-}
-
-// goldenView is a call as the golden files hold it: gateway.Message's
-// embedded message marshals itself and would hide Ref.
-func goldenView(c gateway.Call) any {
-	type msg struct {
-		Ref     string                       `json:"ref,omitempty"`
-		Message openai.ChatCompletionMessage `json:"message"`
-	}
-	msgs := make([]msg, len(c.Messages))
-	for i, m := range c.Messages {
-		msgs[i] = msg{Ref: m.Ref, Message: m.ChatCompletionMessage}
-	}
-	type view gateway.Call
-	return struct {
-		view
-		Messages []msg
-	}{view(c), msgs}
-}
-
 // TestDecodeGolden: every input item kind of a Codex-style request maps to
 // the canonical call recorded in testdata/codex.golden.json.
 func TestDecodeGolden(t *testing.T) {
@@ -149,7 +54,7 @@ func TestDecodeGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	golden(t, "codex.golden.json", goldenView(call))
+	gatewaytest.Golden(t, "codex.golden.json", gatewaytest.GoldenView(call))
 
 	// The points the golden file must hold, spelled out.
 	if call.Previous != "R0" || call.MaxTokens != 512 || !call.Stream || call.ToolChoice.Mode != "auto" {
@@ -207,7 +112,7 @@ func TestAssistantGrouping(t *testing.T) {
 // its items carry the reply, and sent back as input they decode to a
 // message whose Ref is the reply's id.
 func TestNonStreamingSDK(t *testing.T) {
-	c := &scripted{reply: reply()}
+	c := &gatewaytest.Scripted{Reply: reply()}
 	base := serve(t, New(), c)
 	cl := client(base)
 	req := `{"model":"qwen3-tools","input":"list files","include":["reasoning.encrypted_content"],"store":false,"max_output_tokens":100}`
@@ -232,8 +137,8 @@ func TestNonStreamingSDK(t *testing.T) {
 	if fc.CallID != "call_x2" || fc.Name != "shell" || fc.Arguments != `{"command":["pwd"]}` || fc.ID != "fc_R7_1" {
 		t.Errorf("function call item: %+v", fc)
 	}
-	if c.sessions[0] != "sess-1" || c.last(t).MaxTokens != 100 || c.last(t).Stream {
-		t.Errorf("session %q call %+v", c.sessions[0], c.last(t))
+	if c.Sessions()[0] != "sess-1" || c.Last(t).MaxTokens != 100 || c.Last(t).Stream {
+		t.Errorf("session %q call %+v", c.Sessions()[0], c.Last(t))
 	}
 
 	// Round trip: the harness sends the output back (reasoning text
@@ -256,7 +161,7 @@ func TestNonStreamingSDK(t *testing.T) {
 	if _, err := cl.Responses.New(context.Background(), sdk.ResponseNewParams{}, option.WithRequestBody("application/json", next)); err != nil {
 		t.Fatal(err)
 	}
-	got := c.last(t).Messages
+	got := c.Last(t).Messages
 	if len(got) != 3 {
 		t.Fatalf("%d messages, want assistant + 2 tool", len(got))
 	}
@@ -268,76 +173,17 @@ func TestNonStreamingSDK(t *testing.T) {
 	}
 }
 
-// sse is one parsed server-sent event.
-type sse struct {
-	name string
-	data map[string]any
-	raw  string
-}
-
-func readSSE(t *testing.T, r io.Reader) (events []sse, comments []string) {
-	t.Helper()
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 1<<20), 1<<24)
-	var cur sse
-	for sc.Scan() {
-		line := sc.Text()
-		switch {
-		case line == "":
-			if cur.name != "" || cur.raw != "" {
-				if err := json.Unmarshal([]byte(cur.raw), &cur.data); err != nil {
-					t.Fatalf("event %s: data is not JSON: %v", cur.name, err)
-				}
-				events = append(events, cur)
-			}
-			cur = sse{}
-		case strings.HasPrefix(line, ":"):
-			comments = append(comments, strings.TrimSpace(line[1:]))
-		case strings.HasPrefix(line, "event: "):
-			cur.name = line[len("event: "):]
-		case strings.HasPrefix(line, "data: "):
-			cur.raw += line[len("data: "):]
-		default:
-			t.Fatalf("unexpected SSE line %q", line)
-		}
-	}
-	if cur.name != "" {
-		t.Fatalf("stream ended inside event %s", cur.name)
-	}
-	return events, comments
-}
-
-func post(t *testing.T, url, body string, headers ...string) *http.Response {
-	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	for i := 0; i+1 < len(headers); i += 2 {
-		req.Header.Set(headers[i], headers[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { resp.Body.Close() })
-	return resp
-}
-
-func num(v any) int { f, _ := v.(float64); return int(f) }
-
 // TestStreamSequence: the event sequence is the API's, sequence numbers
 // count from 0 without gaps, indices match, and the accumulated deltas
 // equal the reply.
 func TestStreamSequence(t *testing.T) {
-	c := &scripted{reply: reply()}
+	c := &gatewaytest.Scripted{Reply: reply()}
 	base := serve(t, New(), c)
-	resp := post(t, base+"responses", `{"model":"qwen3-tools","input":"hi","stream":true,"include":["reasoning.encrypted_content"]}`)
+	resp := gatewaytest.Post(t, base+"responses", `{"model":"qwen3-tools","input":"hi","stream":true,"include":["reasoning.encrypted_content"]}`)
 	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
 		t.Fatalf("status %d type %s", resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
-	events, _ := readSSE(t, resp.Body)
+	events, _ := gatewaytest.ReadSSE(t, resp.Body)
 	var names []string
 	text := map[int]*strings.Builder{}
 	acc := func(i int) *strings.Builder {
@@ -348,19 +194,19 @@ func TestStreamSequence(t *testing.T) {
 	}
 	deltas := map[string]int{}
 	for i, e := range events {
-		if e.data["type"] != e.name {
-			t.Errorf("event %d: name %s, type %v", i, e.name, e.data["type"])
+		if e.Data["type"] != e.Name {
+			t.Errorf("event %d: name %s, type %v", i, e.Name, e.Data["type"])
 		}
-		if num(e.data["sequence_number"]) != i {
-			t.Errorf("event %d (%s): sequence_number %v", i, e.name, e.data["sequence_number"])
+		if gatewaytest.Num(e.Data["sequence_number"]) != i {
+			t.Errorf("event %d (%s): sequence_number %v", i, e.Name, e.Data["sequence_number"])
 		}
-		switch e.name {
+		switch e.Name {
 		case "response.output_text.delta", "response.reasoning_text.delta", "response.function_call_arguments.delta":
-			acc(num(e.data["output_index"])).WriteString(e.data["delta"].(string))
-			deltas[e.name]++
+			acc(gatewaytest.Num(e.Data["output_index"])).WriteString(e.Data["delta"].(string))
+			deltas[e.Name]++
 			continue // sequences of deltas collapse in names
 		}
-		names = append(names, e.name)
+		names = append(names, e.Name)
 	}
 	want := []string{
 		"response.created", "response.in_progress",
@@ -382,7 +228,7 @@ func TestStreamSequence(t *testing.T) {
 	if deltas["response.reasoning_text.delta"] < 2 || deltas["response.function_call_arguments.delta"] < 3 {
 		t.Errorf("expected several deltas: %v", deltas)
 	}
-	last := events[len(events)-1].data["response"].(map[string]any)
+	last := events[len(events)-1].Data["response"].(map[string]any)
 	if last["id"] != "resp_R7" || last["status"] != "completed" || len(last["output"].([]any)) != 4 {
 		t.Errorf("completed response: %v", last)
 	}
@@ -391,11 +237,11 @@ func TestStreamSequence(t *testing.T) {
 	var accum sdk.ResponseAccumulator
 	for _, e := range events {
 		var ev sdk.ResponsesServerEventUnion
-		if err := json.Unmarshal([]byte(e.raw), &ev); err != nil {
+		if err := json.Unmarshal([]byte(e.Raw), &ev); err != nil {
 			t.Fatal(err)
 		}
 		if err := accum.AddEvent(ev); err != nil {
-			t.Fatalf("SDK accumulator refused %s: %v", e.name, err)
+			t.Fatalf("SDK accumulator refused %s: %v", e.Name, err)
 		}
 	}
 	snap := accum.Snapshot()
@@ -408,7 +254,7 @@ func TestStreamSequence(t *testing.T) {
 // and an incomplete reply (max_output_tokens) ends with response.incomplete.
 func TestStreamSDK(t *testing.T) {
 	rep := gateway.Reply{ID: "R9", Content: "partial answer that was cut", FinishReason: gateway.FinishLength, PromptTokens: 5, CompletionTokens: 8}
-	c := &scripted{reply: rep}
+	c := &gatewaytest.Scripted{Reply: rep}
 	cl := client(serve(t, New(), c))
 	st := cl.Responses.NewStreaming(context.Background(), sdk.ResponseNewParams{
 		Model: "qwen3-tools", Input: sdk.ResponseNewParamsInputUnion{OfString: oai.String("hi")},
@@ -442,7 +288,7 @@ func TestStreamSDK(t *testing.T) {
 			t.Fatalf("sequence numbers %v", seq)
 		}
 	}
-	if call := c.last(t); !call.Stream || call.MaxTokens != 8 || call.Messages[0].Content != "hi" {
+	if call := c.Last(t); !call.Stream || call.MaxTokens != 8 || call.Messages[0].Content != "hi" {
 		t.Errorf("call %+v", call)
 	}
 }
@@ -466,7 +312,7 @@ func TestErrors(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.typ+"/"+tc.code, func(t *testing.T) {
-			c := &scripted{err: tc.err}
+			c := &gatewaytest.Scripted{Err: tc.err}
 			cl := client(serve(t, New(), c))
 			for _, stream := range []bool{false, true} {
 				var err error
@@ -496,9 +342,9 @@ func TestErrors(t *testing.T) {
 // stream (keep-alive comments); a failure then is a response.failed event
 // with the API's error code.
 func TestFailureAfterStreamStarted(t *testing.T) {
-	c := &scripted{err: &gateway.Error{Kind: gateway.ErrContextLength, Msg: "too long"}, release: make(chan struct{})}
+	c := &gatewaytest.Scripted{Err: &gateway.Error{Kind: gateway.ErrContextLength, Msg: "too long"}, Release: make(chan struct{})}
 	base := serve(t, &Door{KeepAlive: time.Millisecond}, c)
-	resp := post(t, base+"responses", `{"model":"m","input":"hi","stream":true}`)
+	resp := gatewaytest.Post(t, base+"responses", `{"model":"m","input":"hi","stream":true}`)
 	if resp.StatusCode != 200 {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
@@ -507,12 +353,12 @@ func TestFailureAfterStreamStarted(t *testing.T) {
 	if err != nil || line != ": keep-alive\n" {
 		t.Fatalf("first line %q, %v", line, err)
 	}
-	close(c.release)
-	events, _ := readSSE(t, br)
-	if len(events) != 1 || events[0].name != "response.failed" {
+	close(c.Release)
+	events, _ := gatewaytest.ReadSSE(t, br)
+	if len(events) != 1 || events[0].Name != "response.failed" {
 		t.Fatalf("events %+v", events)
 	}
-	r := events[0].data["response"].(map[string]any)
+	r := events[0].Data["response"].(map[string]any)
 	e := r["error"].(map[string]any)
 	if r["status"] != "failed" || e["code"] != "context_length_exceeded" || !strings.Contains(e["message"].(string), "too long") {
 		t.Errorf("failed response %v", r)
@@ -522,17 +368,17 @@ func TestFailureAfterStreamStarted(t *testing.T) {
 // TestKeepAliveThenReply: a slow success after keep-alives is the whole
 // normal sequence.
 func TestKeepAliveThenReply(t *testing.T) {
-	c := &scripted{reply: reply(), release: make(chan struct{})}
+	c := &gatewaytest.Scripted{Reply: reply(), Release: make(chan struct{})}
 	base := serve(t, &Door{KeepAlive: time.Millisecond}, c)
-	resp := post(t, base+"responses", `{"model":"m","input":"hi","stream":true}`)
+	resp := gatewaytest.Post(t, base+"responses", `{"model":"m","input":"hi","stream":true}`)
 	br := bufio.NewReader(resp.Body)
 	if line, _ := br.ReadString('\n'); line != ": keep-alive\n" {
 		t.Fatalf("first line %q", line)
 	}
-	close(c.release)
-	events, _ := readSSE(t, br)
-	if events[0].name != "response.created" || events[len(events)-1].name != "response.completed" || num(events[0].data["sequence_number"]) != 0 {
-		t.Errorf("first %s last %s", events[0].name, events[len(events)-1].name)
+	close(c.Release)
+	events, _ := gatewaytest.ReadSSE(t, br)
+	if events[0].Name != "response.created" || events[len(events)-1].Name != "response.completed" || gatewaytest.Num(events[0].Data["sequence_number"]) != 0 {
+		t.Errorf("first %s last %s", events[0].Name, events[len(events)-1].Name)
 	}
 }
 
@@ -563,10 +409,10 @@ func TestMalformed(t *testing.T) {
 		{`{"model":"m","input":"hi","text":{"format":{"type":"json_schema"}}}`, "text.format.type"},
 		{`{"model":"m","input":"hi","instructions":["x"]}`, "instructions"},
 	}
-	c := &scripted{reply: reply()}
+	c := &gatewaytest.Scripted{Reply: reply()}
 	base := serve(t, New(), c)
 	for _, tc := range cases {
-		resp := post(t, base+"responses", tc.body)
+		resp := gatewaytest.Post(t, base+"responses", tc.body)
 		var e struct {
 			Error apiError `json:"error"`
 		}
@@ -581,8 +427,8 @@ func TestMalformed(t *testing.T) {
 			t.Errorf("%s: status %d error %+v param %q, want 400 param %q", tc.body, resp.StatusCode, e.Error, param, tc.param)
 		}
 	}
-	if len(c.calls) != 0 {
-		t.Errorf("the Completer saw %d malformed calls", len(c.calls))
+	if len(c.Calls()) != 0 {
+		t.Errorf("the Completer saw %d malformed calls", len(c.Calls()))
 	}
 }
 

@@ -6,9 +6,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/rollout-rl/rollout/gateway"
+	"github.com/rollout-rl/rollout/gateway/doorkit"
 )
 
 // Ids the door issues embed the Reply.ID, so that the harness's echo of
@@ -183,14 +183,14 @@ func skeleton(id string, req request, body map[string]json.RawMessage, model str
 }
 
 func orNull(raw json.RawMessage) json.RawMessage {
-	if !isSet(raw) {
+	if !doorkit.IsSet(raw) {
 		return json.RawMessage("null")
 	}
 	return raw
 }
 
 func orDefault(raw json.RawMessage, def string) json.RawMessage {
-	if !isSet(raw) {
+	if !doorkit.IsSet(raw) {
 		return json.RawMessage(def)
 	}
 	return raw
@@ -235,25 +235,4 @@ func finish(r *response, rep gateway.Reply, encrypted bool) {
 	}
 	u := &usage{InputTokens: rep.PromptTokens, OutputTokens: rep.CompletionTokens, TotalTokens: rep.PromptTokens + rep.CompletionTokens}
 	r.Usage = u
-}
-
-// chunks splits s into pieces of at most n runes: the reply is whole when
-// the door writes it, but the SDKs' stream helpers are exercised with
-// several deltas as from a real server.
-func chunks(s string, n int) []string {
-	if s == "" {
-		return nil
-	}
-	var out []string
-	for len(s) > 0 {
-		i, k := 0, 0
-		for i < len(s) && k < n {
-			_, w := utf8.DecodeRuneInString(s[i:])
-			i += w
-			k++
-		}
-		out = append(out, s[:i])
-		s = s[i:]
-	}
-	return out
 }

@@ -1,67 +1,30 @@
 package responses
 
 import (
-	"encoding/json"
-	"fmt"
 	"net/http"
 
 	"github.com/rollout-rl/rollout/gateway"
+	"github.com/rollout-rl/rollout/gateway/doorkit"
 )
-
-// deltaRunes is the size of the text and argument deltas the door
-// writes.
-const deltaRunes = 64
 
 // stream writes the Responses server-sent events: each event is named by
 // its type and carries a sequence_number counting from 0.
 type stream struct {
-	w   http.ResponseWriter
-	rc  *http.ResponseController
+	*doorkit.Stream
 	seq int
-	err error // the first write error; later writes are skipped
 }
 
-func startStream(w http.ResponseWriter) *stream {
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("Connection", "keep-alive")
-	w.WriteHeader(http.StatusOK)
-	s := &stream{w: w, rc: http.NewResponseController(w)}
-	s.flush()
-	return s
-}
-
-func (s *stream) flush() {
-	if s.err == nil {
-		if err := s.rc.Flush(); err != nil {
-			s.err = err
-		}
-	}
-}
-
-func (s *stream) comment(text string) {
-	if s.err != nil {
-		return
-	}
-	_, s.err = fmt.Fprintf(s.w, ": %s\n\n", text)
-	s.flush()
-}
+func startStream(w http.ResponseWriter) *stream { return &stream{Stream: doorkit.StartStream(w)} }
 
 // event writes one event: fields plus its type and sequence number.
 func (s *stream) event(typ string, fields map[string]any) {
-	if s.err != nil {
+	if s.Err() != nil {
 		return
 	}
 	fields["type"] = typ
 	fields["sequence_number"] = s.seq
 	s.seq++
-	b, err := json.Marshal(fields)
-	if err != nil {
-		s.err = fmt.Errorf("encode %s event: %w", typ, err)
-		return
-	}
-	_, s.err = fmt.Fprintf(s.w, "event: %s\ndata: %s\n\n", typ, b)
+	s.Event(typ, fields)
 }
 
 // reply writes the whole event sequence of a successful reply.
@@ -86,7 +49,7 @@ func (s *stream) reply(resp response, rep gateway.Reply, encrypted bool) {
 			added := it
 			added.Status, added.Arguments = "in_progress", ""
 			s.event("response.output_item.added", map[string]any{"output_index": i, "item": added})
-			for _, d := range chunks(it.Arguments, deltaRunes) {
+			for _, d := range doorkit.Chunks(it.Arguments, doorkit.DeltaRunes) {
 				s.event("response.function_call_arguments.delta", map[string]any{"item_id": it.ID, "output_index": i, "delta": d})
 			}
 			s.event("response.function_call_arguments.done", map[string]any{"item_id": it.ID, "output_index": i, "name": it.Name, "arguments": it.Arguments})
@@ -99,14 +62,14 @@ func (s *stream) reply(resp response, rep gateway.Reply, encrypted bool) {
 	} else {
 		s.event("response.completed", map[string]any{"response": resp})
 	}
-	s.flush()
+	s.Flush()
 }
 
 // textPart writes a content part's added, delta…, done and part done
 // events; kind is the delta events' type prefix.
 func (s *stream) textPart(itemID string, index int, empty textPart, kind, text string) {
 	s.event("response.content_part.added", map[string]any{"item_id": itemID, "output_index": index, "content_index": 0, "part": empty})
-	for _, d := range chunks(text, deltaRunes) {
+	for _, d := range doorkit.Chunks(text, doorkit.DeltaRunes) {
 		ev := map[string]any{"item_id": itemID, "output_index": index, "content_index": 0, "delta": d}
 		if kind == "response.output_text" {
 			ev["logprobs"] = []any{}
@@ -128,5 +91,5 @@ func (s *stream) failed(resp response, err error) {
 	resp.Status = "failed"
 	resp.Error = &respError{Code: failureCode(err), Message: err.Error()}
 	s.event("response.failed", map[string]any{"response": resp})
-	s.flush()
+	s.Flush()
 }

@@ -227,26 +227,40 @@ wget -q -T 5 -O - http://127.0.0.1:%d/ ; echo exit=$?`, port))
 	}
 }
 
-func tunnelSandboxClosed(t *testing.T, sb sandbox.Sandbox) {
-	ctx := context.Background()
+// greeted listens on a free port of sb, starts a command there that
+// connects to it, writes "hi\n" and stays, and returns the listener, the
+// accepted connection with the greeting read, and the port.
+func greeted(ctx context.Context, t *testing.T, sb sandbox.Sandbox) (net.Listener, net.Conn, string) {
+	t.Helper()
 	ln, err := sandbox.Listen(ctx, sb, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
-	_, p, _ := net.SplitHostPort(ln.Addr().String())
-	if _, err := sb.Start(ctx, sandbox.ExecRequest{Command: "echo hi | nc 127.0.0.1 " + p + "; sleep 1000"}); err != nil {
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	if _, err := sb.Start(ctx, sandbox.ExecRequest{Command: "echo hi | nc 127.0.0.1 " + port + "; sleep 1000"}); err != nil {
+		_ = ln.Close()
 		t.Fatal(err)
 	}
 	c, err := ln.Accept()
 	if err != nil {
+		_ = ln.Close()
 		t.Fatal(err)
 	}
-	defer c.Close()
 	buf := make([]byte, 3)
 	if _, err := io.ReadFull(c, buf); err != nil || string(buf) != "hi\n" {
+		_ = c.Close()
+		_ = ln.Close()
 		t.Fatalf("read %q: %v", buf, err)
 	}
+	return ln, c, port
+}
+
+func tunnelSandboxClosed(t *testing.T, sb sandbox.Sandbox) {
+	ctx := context.Background()
+	ln, c, _ := greeted(ctx, t, sb)
+	defer ln.Close()
+	defer c.Close()
+	buf := make([]byte, 3)
 	accepted := make(chan error, 1)
 	go func() {
 		c2, err := ln.Accept()
@@ -323,24 +337,10 @@ func TunnelResetInPlace(t *testing.T, b sandbox.PoolSource) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := sandbox.Listen(ctx, first, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ln, c, port := greeted(ctx, t, first)
 	defer ln.Close()
-	_, port, _ := net.SplitHostPort(ln.Addr().String())
-	if _, err := first.Start(ctx, sandbox.ExecRequest{Command: "echo hi | nc 127.0.0.1 " + port + "; sleep 1000"}); err != nil {
-		t.Fatal(err)
-	}
-	c, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
 	defer c.Close()
 	buf := make([]byte, 3)
-	if _, err := io.ReadFull(c, buf); err != nil {
-		t.Fatal(err)
-	}
 	if err := first.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
