@@ -76,4 +76,6 @@ type gatewaySession struct {
 
 func (g gatewaySession) Serve(l net.Listener) error { return g.gw.ServeSession(l, g.s.ID()) }
 
-func (g gatewaySession) Close(ctx context.Context) (gateway.SessionRecord, error) { return g.s.Close(ctx) }
+func (g gatewaySession) Close(ctx context.Context) (gateway.SessionRecord, error) {
+	return g.s.Close(ctx)
+}
