@@ -59,10 +59,11 @@ type YAMLHarness struct {
 	Env       map[string]string `yaml:"env"`
 }
 
-// harness converts y into an envs.Harness (Prompt set per task).
+// harness converts y into an envs.Harness (Prompt set per task; a
+// templated command or budget rendered per item).
 func (y *YAMLHarness) harness() (*Harness, error) {
 	h := &Harness{Command: y.Command, APIs: y.APIs, PromptVia: y.PromptVia, Port: y.Port, Env: y.Env}
-	if y.Budget != "" {
+	if y.Budget != "" && !strings.Contains(y.Budget, "{{") {
 		d, err := time.ParseDuration(y.Budget)
 		if err != nil {
 			return nil, fmt.Errorf("%w: harness.budget: %v", ErrConfig, err)
@@ -76,6 +77,26 @@ func (y *YAMLHarness) harness() (*Harness, error) {
 		h.Port = DefaultHarnessPort
 	}
 	return h, h.Validate()
+}
+
+// itemHarness is the env's harness for one item: command and budget
+// rendered from the item's fields when they are templates.
+func (e *YAMLEnv) itemHarness(it datasets.Item) (*Harness, error) {
+	h := *e.harness
+	var err error
+	if h.Command, err = render("harness.command", h.Command, it); err != nil {
+		return nil, err
+	}
+	if b := e.spec.Harness.Budget; strings.Contains(b, "{{") {
+		s, err := render("harness.budget", b, it)
+		if err != nil {
+			return nil, err
+		}
+		if h.Budget, err = time.ParseDuration(s); err != nil || h.Budget < 0 {
+			return nil, fmt.Errorf("%w: %s row %d: harness.budget %q: not a non-negative duration", datasets.ErrInvalid, it.Source, it.Row, s)
+		}
+	}
+	return &h, nil
 }
 
 // YAMLSandbox is the sandbox part of a YAMLSpec.
@@ -325,9 +346,12 @@ func (e *YAMLEnv) Task(_ context.Context, it datasets.Item) (Task, error) {
 		t.Sandbox = spec
 	}
 	if e.harness != nil {
-		h := *e.harness
+		h, err := e.itemHarness(it)
+		if err != nil {
+			return Task{}, err
+		}
 		h.Prompt = b.String()
-		t.Harness = &h
+		t.Harness = h
 	}
 	return t, nil
 }
