@@ -28,7 +28,7 @@ const rescorePerBranch = 8
 type harnessCase struct {
 	id, script, flags, budget string
 	stop                      string // the rollout's stop reason
-	branches                  int    // rows per rollout (0: at least 1)
+	branches                  int    // rows per rollout (-1: any number)
 	streamed                  bool
 }
 
@@ -53,7 +53,9 @@ func TestHarnessEnvs(t *testing.T) {
 		{id: "anthropic", script: "anthropic_agent.py", flags: "--calls 3", budget: "5m", stop: "harness_exit", branches: 1},
 		{id: "anthropic-stream", script: "anthropic_agent.py", flags: "--stream --calls 3", budget: "5m", stop: "harness_exit", branches: 1, streamed: true},
 		{id: "crash", script: "openai_agent.py", flags: "--crash-after 1", budget: "5m", stop: "harness_crash", branches: 1},
-		{id: "timeout", script: "openai_agent.py", flags: "--hang-after 1", budget: "5s", stop: "harness_timeout", branches: 1},
+		// Killed by its budget after its first call, or during it (then
+		// the call failed and left no branch): either way, a status.
+		{id: "timeout", script: "openai_agent.py", flags: "--hang-after 1", budget: "10s", stop: "harness_timeout", branches: -1},
 		{id: "no-call", script: "openai_agent.py", flags: "--no-call", budget: "5m", stop: "harness_no_calls"},
 	}
 	_, self, _, _ := runtime.Caller(0)
@@ -64,7 +66,7 @@ func TestHarnessEnvs(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		files = append(files, map[string]any{"path": "/opt/harness/" + name, "content": string(b), "mode": 0o755})
+		files = append(files, map[string]any{"path": "/tmp/harness/" + name, "content": string(b), "mode": 0o755})
 	}
 	var items []map[string]any
 	for _, c := range cases {
@@ -73,7 +75,7 @@ func TestHarnessEnvs(t *testing.T) {
 	env := map[string]any{
 		"name": "harness-proof", "prompt": "List the files in the working directory, then say how many there are.",
 		"sandbox": map[string]any{"image": harnessImage, "workdir": "/workspace", "files": files},
-		"harness": map[string]any{"command": "python3 /opt/harness/{{.script}} {{.flags}}", "apis": []string{"openai", "anthropic"},
+		"harness": map[string]any{"command": "python3 /tmp/harness/{{.script}} {{.flags}}", "apis": []string{"openai", "anthropic"},
 			"budget": "{{.budget}}"},
 		"items": items,
 		// Computed in the sandbox after the harness: did it leave its answer file.
@@ -150,11 +152,17 @@ func TestHarnessEnvs(t *testing.T) {
 			if main.Reward != wantReward {
 				t.Errorf("%s: reward %v, want %v", name, main.Reward, wantReward)
 			}
-			if c.branches > 0 && len(rs) != c.branches {
-				t.Errorf("%s: %d rows (branches), want %d", name, len(rs), c.branches)
+			if c.branches >= 0 && max(c.branches, 1) != len(rs) {
+				t.Errorf("%s: %d rows (branches), want %d", name, len(rs), max(c.branches, 1))
 			}
 			if c.branches == 0 {
+				if main.Calls != "" || len(main.Tokens) != 0 {
+					t.Errorf("%s: never called the model, yet calls %q, %d tokens", name, main.Calls, len(main.Tokens))
+				}
 				continue
+			}
+			if c.branches < 0 && len(main.Tokens) == 0 {
+				continue // no answered call: nothing to re-score
 			}
 			var calls []struct {
 				Status string `json:"status"`
