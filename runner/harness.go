@@ -59,6 +59,9 @@ type harnessDriver struct{ r *Runner }
 
 func (d harnessDriver) drive(ctx context.Context, ep episode, ro *Rollout) (string, error) {
 	r, h := d.r, ep.gr.task.Harness
+	// The harness offers its own tools in its calls (recorded per call);
+	// the run's toolsets were never shown to the model.
+	ro.Tools = nil
 	if r.deps.Gateway == nil {
 		ro.deterministic = true
 		return FailTask, errors.New("harness task: the run has no gateway (harness envs need a tokens-mode inference backend and a tool-call parser)")
