@@ -78,6 +78,29 @@ def complete(client, model, messages, stream):
     return "".join(content), [calls[i] for i in sorted(calls)], finish
 
 
+RESPONSES_TOOLS = [dict(type="function", **TOOLS[0]["function"])]
+
+
+def responses_loop(client, model, prompt, calls):
+    """The Responses API (Codex-style): input items in, output items out."""
+    items = [{"role": "user", "content": prompt}]
+    answer = ""
+    for i in range(calls):
+        r = client.responses.create(model=model, instructions=SYSTEM, input=items, tools=RESPONSES_TOOLS)
+        answer = r.output_text or answer
+        uses = 0
+        for out in r.output:
+            items.append(out.model_dump(exclude_none=True))
+            if out.type == "function_call":
+                uses += 1
+                items.append({"type": "function_call_output", "call_id": out.call_id,
+                              "output": run_tool(out.name, out.arguments)})
+        if not uses:
+            items.append({"role": "user", "content": "Continue."})
+        print("harness: responses call %d status %s, %d function calls" % (i + 1, r.status, uses), file=sys.stderr)
+    return answer
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--stream", action="store_true", help="stream every call")
@@ -87,6 +110,8 @@ def main():
     ap.add_argument("--crash-after", type=int, default=0, help="exit 3 after this many calls")
     ap.add_argument("--hang-after", type=int, default=0, help="sleep forever after this many calls")
     ap.add_argument("--no-call", action="store_true", help="exit 0 without calling the model")
+    ap.add_argument("--responses", action="store_true", help="use the Responses API, not Chat Completions")
+    ap.add_argument("--pad", type=int, default=0, help="append this many words to the prompt (overflow the context)")
     a = ap.parse_args()
 
     if os.environ.get("ROLLOUT_PROMPT_FILE"):
@@ -96,8 +121,14 @@ def main():
         prompt = sys.stdin.read()
     if a.no_call:
         return 0
+    prompt += " pad" * a.pad
     client = openai.OpenAI(timeout=300.0)
     model = os.environ.get("ROLLOUT_MODEL") or client.models.list().data[0].id
+    if a.responses:
+        answer = responses_loop(client, model, prompt, a.calls)
+        with open("answer.txt", "w") as f:
+            f.write(answer)
+        return 0
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]
     answer = ""
     for i in range(a.calls):

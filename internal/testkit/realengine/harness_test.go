@@ -30,6 +30,7 @@ type harnessCase struct {
 	stop                      string // the rollout's stop reason
 	branches                  int    // rows per rollout (-1: any number)
 	streamed                  bool
+	calls                     int // with branches 0: the calls recorded (all failed)
 }
 
 // TestHarnessEnvs runs `rollout run` of a harness YAML env against the
@@ -38,7 +39,8 @@ type harnessCase struct {
 // Anthropic SDKs) run in rollout-harness:sid sandboxes and call their
 // gateway sessions through the sandbox tunnel, streamed and not; one
 // compacts its history (two branches), one crashes, one hangs past its
-// budget, one never calls the model. Every rollout is ok (misbehaviour is
+// budget, one overflows the context, one never calls the model; one
+// speaks the Responses API. Every rollout is ok (misbehaviour is
 // data, with its stop reason), the reward is computed in the sandbox, and
 // every branch's trained ids re-score against the server.
 func TestHarnessEnvs(t *testing.T) {
@@ -56,6 +58,10 @@ func TestHarnessEnvs(t *testing.T) {
 		// Killed by its budget after its first call, or during it (then
 		// the call failed and left no branch): either way, a status.
 		{id: "timeout", script: "openai_agent.py", flags: "--hang-after 1", budget: "10s", stop: "harness_timeout", branches: -1},
+		{id: "responses", script: "openai_agent.py", flags: "--responses --calls 3", budget: "5m", stop: "harness_exit", branches: 1},
+		// A prompt past the context: the API's context-length error, which
+		// the SDK raises and the harness dies of: data, not infrastructure.
+		{id: "overflow", script: "openai_agent.py", flags: "--pad 20000", budget: "5m", stop: "harness_crash", branches: 0, calls: 1},
 		{id: "no-call", script: "openai_agent.py", flags: "--no-call", budget: "5m", stop: "harness_no_calls"},
 	}
 	_, self, _, _ := runtime.Caller(0)
@@ -156,8 +162,22 @@ func TestHarnessEnvs(t *testing.T) {
 				t.Errorf("%s: %d rows (branches), want %d", name, len(rs), max(c.branches, 1))
 			}
 			if c.branches == 0 {
-				if main.Calls != "" || len(main.Tokens) != 0 {
-					t.Errorf("%s: never called the model, yet calls %q, %d tokens", name, main.Calls, len(main.Tokens))
+				var calls []struct {
+					Status string `json:"status"`
+					Reason string `json:"reason"`
+				}
+				if main.Calls != "" {
+					if err := json.Unmarshal([]byte(main.Calls), &calls); err != nil {
+						t.Errorf("%s: calls column: %v", name, err)
+					}
+				}
+				if len(calls) != c.calls || len(main.Tokens) != 0 {
+					t.Errorf("%s: %d calls %q, %d tokens; want %d calls, no tokens", name, len(calls), main.Calls, len(main.Tokens), c.calls)
+				}
+				for _, cl := range calls {
+					if cl.Status != "error" || !strings.Contains(cl.Reason, "context") {
+						t.Errorf("%s: call %+v, want a context-length error", name, cl)
+					}
 				}
 				continue
 			}
