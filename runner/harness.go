@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"reflect"
 	"sort"
 	"strconv"
 	"strings"
@@ -73,6 +74,12 @@ func (d harnessDriver) drive(ctx context.Context, ep episode, ro *Rollout) (stri
 	if err := h.Validate(); err != nil {
 		ro.deterministic = true
 		return FailTask, err
+	}
+	if !reflect.DeepEqual(ep.gr.sampling, r.cfg.Sampling) {
+		// The job's gateway samples with the run's sampler; a trainer's
+		// per-request sampling would be silently replaced.
+		ro.deterministic = true
+		return FailTask, errors.New("harness task: per-request sampling is not implemented for harness envs (the job's gateway samples with the run's sampling)")
 	}
 	port := h.Port
 	if port == 0 {
