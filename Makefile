@@ -58,6 +58,7 @@ test-main:
 	scripts/ensure-runsc.sh
 	$(BIN) sandbox image build
 	$(BIN) sandbox image build --name llamacpp
+	$(BIN) sandbox image build --name harness
 	scripts/ensure-python-grpc.sh
 	scripts/ensure-python-torch.sh
 	FUZZTIME=$(FUZZTIME) scripts/fuzz-smoke.sh

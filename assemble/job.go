@@ -187,6 +187,7 @@ func open(ctx context.Context, cfg runner.Config, opts Options) (*Job, error) {
 	deps := runner.Deps{
 		Env: env, Policy: policy, Sandboxes: sbs, Images: imgs, Sinks: sinks,
 		Items: opts.Items, Progress: opts.Progress, Logger: opts.Logger, RunID: runID,
+		Gateway: newJobGateway(cfg, policy, opts.Logger),
 	}
 	if err := j.openTeacher(&deps); err != nil {
 		j.closeWriter(ctx)

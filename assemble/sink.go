@@ -71,7 +71,7 @@ func Records(run *runner.RunInfo, g *runner.Group, ro *runner.Rollout) ([]trajec
 		return nil, err
 	}
 	s := ro.Session
-	if s == nil || len(s.Branches) == 0 {
+	if s == nil {
 		return []trajectory.Record{main}, nil
 	}
 	main.SessionID = s.ID
@@ -88,6 +88,14 @@ func Records(run *runner.RunInfo, g *runner.Group, ro *runner.Rollout) ([]trajec
 	callsJSON, err := json.Marshal(calls)
 	if err != nil {
 		return nil, fmt.Errorf("group %s rollout %d: session calls: %w", g.ID, ro.Index, err)
+	}
+	if len(s.Branches) == 0 {
+		// No call was answered (a harness that never called the model, or
+		// whose calls all failed): one row, no tokens, its calls kept.
+		if len(s.Calls) > 0 {
+			main.Calls = string(callsJSON)
+		}
+		return []trajectory.Record{main}, nil
 	}
 	out := make([]trajectory.Record, len(s.Branches))
 	for i := range s.Branches {

@@ -77,6 +77,11 @@ type Task struct {
 	MCPServers []mcp.Server
 	// MaxTurns overrides the run's max_turns when > 0.
 	MaxTurns int
+	// Harness, when set, runs an outside agent harness in the sandbox
+	// against a gateway session instead of the own agent loop (Messages
+	// are then what the harness is told, for reports; Toolsets, Tools and
+	// CallOnly are not offered: the harness brings its own tools).
+	Harness  *Harness
 	Answer   string // reference answer, for reports
 	Category string // for per-category metrics
 }

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 	"text/template"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -43,6 +44,59 @@ type YAMLSpec struct {
 	MCPServers []mcp.Server `yaml:"mcp_servers"`
 	// Responder answers the model turn by turn (docs/env-feedback.md).
 	Responder *ResponderSpec `yaml:"responder,omitempty"`
+	// Harness runs an outside agent harness in the sandbox instead of the
+	// own agent loop (docs/gateway.md, "Train your own agent").
+	Harness *YAMLHarness `yaml:"harness,omitempty"`
+}
+
+// YAMLHarness is the harness part of a YAMLSpec (envs.Harness).
+type YAMLHarness struct {
+	Command   string            `yaml:"command"`
+	APIs      []string          `yaml:"apis"`
+	PromptVia string            `yaml:"prompt_via"`
+	Budget    string            `yaml:"budget"` // a Go duration ("5m")
+	Port      int               `yaml:"port"`
+	Env       map[string]string `yaml:"env"`
+}
+
+// harness converts y into an envs.Harness (Prompt set per task; a
+// templated command or budget rendered per item).
+func (y *YAMLHarness) harness() (*Harness, error) {
+	h := &Harness{Command: y.Command, APIs: y.APIs, PromptVia: y.PromptVia, Port: y.Port, Env: y.Env}
+	if y.Budget != "" && !strings.Contains(y.Budget, "{{") {
+		d, err := time.ParseDuration(y.Budget)
+		if err != nil {
+			return nil, fmt.Errorf("%w: harness.budget: %v", ErrConfig, err)
+		}
+		h.Budget = d
+	}
+	if h.PromptVia == "" {
+		h.PromptVia = PromptStdin
+	}
+	if h.Port == 0 {
+		h.Port = DefaultHarnessPort
+	}
+	return h, h.Validate()
+}
+
+// itemHarness is the env's harness for one item: command and budget
+// rendered from the item's fields when they are templates.
+func (e *YAMLEnv) itemHarness(it datasets.Item) (*Harness, error) {
+	h := *e.harness
+	var err error
+	if h.Command, err = render("harness.command", h.Command, it); err != nil {
+		return nil, err
+	}
+	if b := e.spec.Harness.Budget; strings.Contains(b, "{{") {
+		s, err := render("harness.budget", b, it)
+		if err != nil {
+			return nil, err
+		}
+		if h.Budget, err = time.ParseDuration(s); err != nil || h.Budget < 0 {
+			return nil, fmt.Errorf("%w: %s row %d: harness.budget %q: not a non-negative duration", datasets.ErrInvalid, it.Source, it.Row, s)
+		}
+	}
+	return &h, nil
 }
 
 // YAMLSandbox is the sandbox part of a YAMLSpec.
@@ -71,6 +125,7 @@ type YAMLEnv struct {
 	baseDir string
 	prompt  *template.Template
 	resp    itemResponder // nil without a responder block
+	harness *Harness      // nil without a harness block
 }
 
 var (
@@ -162,7 +217,21 @@ func NewYAMLEnv(spec YAMLSpec, baseDir string) (*YAMLEnv, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &YAMLEnv{spec: spec, baseDir: baseDir, prompt: t, resp: resp}, nil
+	var h *Harness
+	if spec.Harness != nil {
+		if h, err = spec.Harness.harness(); err != nil {
+			return nil, err
+		}
+		switch {
+		case spec.Sandbox == nil:
+			return nil, fmt.Errorf("%w: harness: a harness runs in the sandbox; set sandbox (an image with the harness installed)", ErrConfig)
+		case len(spec.Toolsets) > 0 || len(spec.MCPServers) > 0:
+			return nil, fmt.Errorf("%w: harness: toolsets and mcp_servers are the own agent loop's; a harness brings its own tools", ErrConfig)
+		case spec.Responder != nil:
+			return nil, fmt.Errorf("%w: harness: a responder answers the own agent loop turn by turn; a harness env has none", ErrConfig)
+		}
+	}
+	return &YAMLEnv{spec: spec, baseDir: baseDir, prompt: t, resp: resp, harness: h}, nil
 }
 
 // Responder implements Responsive: nil without a responder block.
@@ -275,6 +344,14 @@ func (e *YAMLEnv) Task(_ context.Context, it datasets.Item) (Task, error) {
 			spec.Files = append(spec.Files, sandbox.File{Path: f.Path, Data: []byte(body), Mode: os.FileMode(f.Mode)})
 		}
 		t.Sandbox = spec
+	}
+	if e.harness != nil {
+		h, err := e.itemHarness(it)
+		if err != nil {
+			return Task{}, err
+		}
+		h.Prompt = b.String()
+		t.Harness = h
 	}
 	return t, nil
 }

@@ -83,18 +83,12 @@ func (r *Runner) attempt(ctx context.Context, gr *groupRun, idx int) (ro Rollout
 	}
 
 	rt := toolRuntime(sb, set, ro.ID, log)
-	res, err := agentloop.Run(ctx, r.loopConfig(gr, ro.ID, set), agentloop.Deps{Policy: r.deps.Policy, Runtime: rt, Logger: log})
-	ro.Result = res
-	for _, t := range res.Turns {
-		ro.Timings.Generation += t.Generation
-		ro.Timings.Tools += t.Tools
-	}
-	if kind, err := r.checkEpisode(ctx, gr, &ro, err); err != nil {
+	if kind, err := r.driverFor(gr.task).drive(ctx, episode{gr: gr, sb: sb, rt: rt, set: set, log: log}, &ro); err != nil {
 		ro.fail(kind, err)
 		return ro
 	}
 	rstart := time.Now()
-	score, kind, err := r.score(ctx, gr, res, sb, rt, set, log)
+	score, kind, err := r.score(ctx, gr, ro.Result, sb, rt, set, log)
 	ro.Timings.Reward = time.Since(rstart)
 	if err != nil {
 		ro.fail(kind, err)

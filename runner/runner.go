@@ -57,6 +57,9 @@ type Deps struct {
 	// Distiller, when set, scores each ok rollout's trained tokens with a
 	// teacher (on-policy distillation; *inference.Teacher).
 	Distiller Distiller
+	// Gateway opens the capture sessions of harness tasks (envs.Task.Harness);
+	// nil when the run has none (a harness task then fails as a task error).
+	Gateway Gateway
 	// Hinter, when set, rescores the turns a judge found a hint for under
 	// the hint-enhanced teacher context (*inference.Teacher with hints).
 	Hinter Hinter

@@ -559,10 +559,17 @@ func AtroposGroups(recs []Record, opts AtroposOptions) ([]ScoredDataGroup, Expor
 	st := ExportStats{Read: len(recs)}
 	var ok []Record
 	for i := range recs {
-		if recs[i].Status == StatusOK {
-			ok = append(ok, recs[i])
-		} else {
+		r := &recs[i]
+		switch {
+		case r.Status != StatusOK:
 			st.Filtered++
+		case len(r.Tokens) == 0 && r.PromptTokens == 0 && r.CompletionTokens == 0:
+			// Nothing was generated at all: a harness that never called
+			// the model (stop reason harness_no_calls). Data, with nothing
+			// to train on; not a chat-mode run (whose rows count tokens).
+			st.Filtered++
+		default:
+			ok = append(ok, *r)
 		}
 	}
 	groups := groupRecords(ok)

@@ -129,6 +129,15 @@ func TestExportBadInput(t *testing.T) {
 	if _, err := WriteAtropos(&buf, []Record{chat}, AtroposOptions{}); !errors.Is(err, ErrNoTokens) {
 		t.Errorf("atropos without tokens: %v", err)
 	}
+	// A harness that never called the model generated nothing: filtered,
+	// not a tokens-mode error.
+	none := fixtureRecords()[0]
+	none.Tokens, none.Masks, none.LossMask, none.Logprobs = nil, nil, nil, nil
+	none.PromptTokens, none.CompletionTokens, none.StopReason = 0, 0, "harness_no_calls"
+	groups, st, err := AtroposGroups([]Record{none, fixtureRecords()[0]}, AtroposOptions{})
+	if err != nil || st.Filtered != 1 || len(groups) != 1 || len(groups[0].Tokens) != 1 {
+		t.Errorf("a row that generated nothing: %d groups, %+v, %v", len(groups), st, err)
+	}
 }
 
 func TestPassAtK(t *testing.T) {

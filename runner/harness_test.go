@@ -1,0 +1,75 @@
+package runner
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	openai "github.com/sashabaranov/go-openai"
+
+	"github.com/rollout-rl/rollout/gateway"
+	"github.com/rollout-rl/rollout/inference"
+	"github.com/rollout-rl/rollout/sandbox"
+)
+
+func TestHarnessResult(t *testing.T) {
+	branch := func(i int) gateway.Branch {
+		return gateway.Branch{Index: i, Parent: -1, Sequence: inference.Sequence{Tokens: []int32{1, 2}, Mask: []int8{0, 1}, Logprobs: []float32{0, -1}, PromptLen: 1}}
+	}
+	two := gateway.SessionRecord{ID: "s", Branches: []gateway.Branch{branch(0), branch(1)},
+		Calls: []gateway.CallRecord{{Index: 0, Branch: 0, Status: gateway.CallOK}, {Index: 1, Branch: 1, Status: gateway.CallOK}, {Index: 2, Branch: -1, Status: gateway.CallError, Reason: "bad request"}}}
+	two.Branches[1].Messages = []openai.ChatCompletionMessage{{Role: "assistant", Content: "final"}}
+	for _, c := range []struct {
+		name  string
+		rec   gateway.SessionRecord
+		res   sandbox.ExecResult
+		limit int
+		want  string
+	}{
+		{"exit", two, sandbox.ExecResult{}, 1000, string(StopHarnessExit)},
+		{"crash", two, sandbox.ExecResult{ExitCode: 3, Stderr: []byte("Traceback: boom")}, 1000, string(StopHarnessCrash)},
+		{"timeout", two, sandbox.ExecResult{ExitCode: 124, TimedOut: true, Duration: time.Second}, 1000, string(StopHarnessTimeout)},
+		{"no calls", gateway.SessionRecord{}, sandbox.ExecResult{}, 1000, string(StopHarnessNoCalls)},
+		{"call limit", two, sandbox.ExecResult{ExitCode: 1}, 3, string(StopHarnessLooped)},
+	} {
+		r := harnessResult(c.rec, c.res, c.limit)
+		if string(r.StopReason) != c.want || r.StopReason.Failed() {
+			t.Errorf("%s: stop %s (failed %v), want %s", c.name, r.StopReason, r.StopReason.Failed(), c.want)
+		}
+		if r.FinishedNaturally != (c.want == string(StopHarnessExit)) {
+			t.Errorf("%s: finished naturally %v", c.name, r.FinishedNaturally)
+		}
+		if len(r.Events) != 1 || r.Events[0].Kind != "harness" {
+			t.Fatalf("%s: events %+v", c.name, r.Events)
+		}
+		if c.res.ExitCode == 3 && !strings.Contains(r.Events[0].Detail, "Traceback: boom") {
+			t.Errorf("%s: detail %q lacks stderr", c.name, r.Events[0].Detail)
+		}
+		if len(c.rec.Branches) > 0 {
+			// The reward reads the branch of the last answered call; the
+			// main sequence is branch 0's.
+			if r.TurnsUsed != 2 || len(r.Messages) != 1 || r.Messages[0].Content != "final" || len(r.Sequence.Tokens) != 2 {
+				t.Errorf("%s: turns %d messages %+v", c.name, r.TurnsUsed, r.Messages)
+			}
+		}
+	}
+}
+
+func TestCheckSession(t *testing.T) {
+	ro := &Rollout{Session: &gateway.SessionRecord{Branches: []gateway.Branch{{Sequence: inference.Sequence{Tokens: []int32{1, 2}, Mask: []int8{1}, Logprobs: []float32{0, 0}}}}}}
+	ro.Result.StopReason = StopHarnessExit
+	if kind, err := checkSession(ro, sandbox.ExecResult{}); kind != FailInference || err == nil {
+		t.Errorf("misaligned branch: %s %v", kind, err)
+	}
+	// A harness that failed after the engine did: infrastructure.
+	ro = &Rollout{Session: &gateway.SessionRecord{Calls: []gateway.CallRecord{{Index: 0, Status: gateway.CallError, Reason: "inference generate: " + inference.ErrInfra.Error() + ": 502"}}}}
+	ro.Result.StopReason = StopHarnessCrash
+	if kind, err := checkSession(ro, sandbox.ExecResult{ExitCode: 1}); kind != FailInference || err == nil {
+		t.Errorf("engine failure: %s %v", kind, err)
+	}
+	// A harness that crashed on its own: data.
+	ro.Session.Calls[0].Reason = "bad request: unknown role"
+	if kind, err := checkSession(ro, sandbox.ExecResult{ExitCode: 1}); err != nil {
+		t.Errorf("harness crash is data: %s %v", kind, err)
+	}
+}
