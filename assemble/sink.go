@@ -80,7 +80,7 @@ func Records(run *runner.RunInfo, g *runner.Group, ro *runner.Rollout) ([]trajec
 	}
 	calls := make([]trajectory.SessionCall, len(s.Calls))
 	for i, c := range s.Calls {
-		calls[i] = trajectory.SessionCall{Index: c.Index, API: c.API, Branch: c.Branch, Status: c.Status, Reason: c.Reason,
+		calls[i] = trajectory.SessionCall{Index: c.Index, API: c.API, Branch: c.Branch, Status: c.Status, Reason: c.Reason, Kind: c.Kind,
 			Requested: c.Requested, MaxTokens: c.MaxTokens, Granted: c.Granted, Stream: c.Stream, ToolChoice: c.ToolChoice, ReplyID: c.ReplyID,
 			PromptTokens: c.PromptTokens, CompletionTokens: c.CompletionTokens, Started: c.Started.UTC(),
 			DurationMS: float64(c.Duration.Microseconds()) / 1e3}

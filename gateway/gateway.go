@@ -211,6 +211,31 @@ func KindOf(err error) error {
 	return ErrUpstream
 }
 
+// KindName is the name of the kind err wraps (KindOf), as call records
+// carry it: "bad_request", "unknown_model", "context_length", "session",
+// "overloaded" or "upstream".
+func KindName(err error) string {
+	switch KindOf(err) {
+	case ErrBadRequest:
+		return "bad_request"
+	case ErrUnknownModel:
+		return "unknown_model"
+	case ErrContextLength:
+		return "context_length"
+	case ErrSession:
+		return "session"
+	case ErrOverloaded:
+		return "overloaded"
+	}
+	return "upstream"
+}
+
+// EngineFailed reports whether a call record's error was the engine's
+// (upstream or overloaded), not the harness's.
+func (c CallRecord) EngineFailed() bool {
+	return c.Status == CallError && (c.Kind == "upstream" || c.Kind == "overloaded")
+}
+
 // Param returns the offending field of err when it is an *Error.
 func Param(err error) string {
 	var e *Error
@@ -240,6 +265,9 @@ type CallRecord struct {
 	Branch int    // the branch holding its reply (-1: none)
 	Status string
 	Reason string // why, for statuses other than ok
+	// Kind names the error kind of a CallError (KindName): "upstream" and
+	// "overloaded" are the engine's failures, the others the harness's.
+	Kind string
 	// Requested: the sampling fields the harness sent (never applied);
 	// MaxTokens: what it asked for, Granted: what the run allowed.
 	Requested map[string]any

@@ -257,7 +257,7 @@ func checkSession(ro *Rollout, res sandbox.ExecResult) (string, error) {
 	}
 	var engine []string
 	for _, c := range ro.Session.Calls {
-		if c.Status == gateway.CallError && strings.Contains(c.Reason, inference.ErrInfra.Error()) {
+		if c.EngineFailed() {
 			engine = append(engine, fmt.Sprintf("call %d: %s", c.Index, c.Reason))
 		}
 	}

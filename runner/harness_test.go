@@ -62,13 +62,13 @@ func TestCheckSession(t *testing.T) {
 		t.Errorf("misaligned branch: %s %v", kind, err)
 	}
 	// A harness that failed after the engine did: infrastructure.
-	ro = &Rollout{Session: &gateway.SessionRecord{Calls: []gateway.CallRecord{{Index: 0, Status: gateway.CallError, Reason: "inference generate: " + inference.ErrInfra.Error() + ": 502"}}}}
+	ro = &Rollout{Session: &gateway.SessionRecord{Calls: []gateway.CallRecord{{Index: 0, Status: gateway.CallError, Kind: "upstream", Reason: "inference generate: " + inference.ErrInfra.Error() + ": 502"}}}}
 	ro.Result.StopReason = StopHarnessCrash
 	if kind, err := checkSession(ro, sandbox.ExecResult{ExitCode: 1}); kind != FailInference || err == nil {
 		t.Errorf("engine failure: %s %v", kind, err)
 	}
 	// A harness that crashed on its own: data.
-	ro.Session.Calls[0].Reason = "bad request: unknown role"
+	ro.Session.Calls[0].Reason, ro.Session.Calls[0].Kind = "bad request: unknown role", "bad_request"
 	if kind, err := checkSession(ro, sandbox.ExecResult{ExitCode: 1}); err != nil {
 		t.Errorf("harness crash is data: %s %v", kind, err)
 	}

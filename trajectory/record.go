@@ -174,6 +174,7 @@ type SessionCall struct {
 	Branch           int            `json:"branch"`
 	Status           string         `json:"status"`
 	Reason           string         `json:"reason,omitempty"`
+	Kind             string         `json:"kind,omitempty"`
 	Requested        map[string]any `json:"requested,omitempty"`
 	MaxTokens        int            `json:"max_tokens,omitempty"`
 	Granted          int            `json:"granted,omitempty"`

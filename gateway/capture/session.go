@@ -134,8 +134,9 @@ func (s *Session) complete(ctx context.Context, call gateway.Call) (gateway.Repl
 		if len(b.calls) == 0 {
 			b.dead = true
 		}
-		cs.rec.Status, cs.rec.Reason = gateway.CallError, err.Error()
-		return gateway.Reply{}, classify(err)
+		cerr := classify(err)
+		cs.rec.Status, cs.rec.Reason, cs.rec.Kind = gateway.CallError, err.Error(), gateway.KindName(cerr)
+		return gateway.Reply{}, cerr
 	}
 	out.ID = s.g.prefix + "-" + strconv.FormatUint(s.g.seq.Add(1), 10)
 	out.ToolCalls = s.issueIDs(out.ToolCalls)
@@ -191,7 +192,7 @@ func (s *Session) rejected(call gateway.Call, start time.Time, err error) {
 		return
 	}
 	s.calls = append(s.calls, &callState{rec: gateway.CallRecord{Index: len(s.calls), API: call.API, Branch: -1,
-		Status: gateway.CallError, Reason: err.Error(), Requested: call.Requested, MaxTokens: call.MaxTokens,
+		Status: gateway.CallError, Reason: err.Error(), Kind: gateway.KindName(err), Requested: call.Requested, MaxTokens: call.MaxTokens,
 		Stream: call.Stream, Started: start, Duration: time.Since(start), ToolChoice: toolChoiceString(call.ToolChoice)}})
 }
 
