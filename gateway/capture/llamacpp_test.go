@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"math"
 	"net/http/httptest"
-	"strconv"
 	"testing"
 
 	"github.com/rollout-rl/rollout/gateway"
@@ -14,59 +13,6 @@ import (
 	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/internal/testkit/llamacpptest"
 )
-
-// callTemplate is the Hermes/Qwen3 call the biased model is pushed
-// towards (the real-engine suite's bias): calls are frequent, often cut at
-// max_tokens or mangled, sometimes well-formed.
-const callTemplate = "<tool_call>\n{\"name\": \"terminal\", \"arguments\": {\"command\": \"ls\"}}\n</tool_call>"
-
-func toolCallBias(t *testing.T, e *llamacpptest.Engine) map[string]float64 {
-	t.Helper()
-	var r struct {
-		Tokens []struct {
-			ID    int    `json:"id"`
-			Piece string `json:"piece"`
-		} `json:"tokens"`
-	}
-	e.MustCall(t, "/tokenize", map[string]any{"content": callTemplate + "<|im_end|>", "parse_special": true, "with_pieces": true}, &r)
-	bias := map[string]float64{}
-	for _, tok := range r.Tokens {
-		switch tok.Piece {
-		case "<|im_end|>":
-			bias[strconv.Itoa(tok.ID)] = 2
-		case "l", "s":
-		default:
-			bias[strconv.Itoa(tok.ID)] = 8
-		}
-	}
-	return bias
-}
-
-// rescore is the log-probability llama-server gives id after prefix (the
-// real-engine suite's check: one forced token over the whole vocabulary).
-func rescore(t *testing.T, e *llamacpptest.Engine, nVocab int, prefix []int32, id int32) float64 {
-	t.Helper()
-	var resp struct {
-		Probs []struct {
-			Top []struct {
-				ID      int32   `json:"id"`
-				Logprob float64 `json:"logprob"`
-			} `json:"top_logprobs"`
-		} `json:"completion_probabilities"`
-	}
-	e.MustCall(t, "/completion", map[string]any{"prompt": prefix, "n_predict": 1, "n_probs": nVocab, "cache_prompt": true,
-		"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "logit_bias": [][]float64{{10, 100}}}, &resp)
-	if len(resp.Probs) != 1 {
-		t.Fatalf("rescore: %d entries", len(resp.Probs))
-	}
-	for _, c := range resp.Probs[0].Top {
-		if c.ID == id {
-			return c.Logprob
-		}
-	}
-	t.Fatalf("rescore: id %d not among the candidates", id)
-	return math.NaN()
-}
 
 // TestRealEngineSession drives a normalising tool-using harness through
 // the OpenAI door against llama.cpp's llama-server serving the tiny
@@ -94,7 +40,7 @@ func TestRealEngineSession(t *testing.T) {
 	defer pol.(interface{ Close() error }).Close()
 	one := 1.0
 	gw, err := capture.New(pol, capture.Options{Parser: "hermes", ReasoningParser: "qwen3",
-		Sampling: inference.Sampling{Temperature: &one, MaxTokens: 48, ExtraBody: map[string]any{"logit_bias": toolCallBias(t, e)}}})
+		Sampling: inference.Sampling{Temperature: &one, MaxTokens: 48, ExtraBody: map[string]any{"logit_bias": llamacpptest.ToolCallBias(t, e, 8, 8, 2)}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +103,7 @@ func TestRealEngineSession(t *testing.T) {
 				if j%3 != 0 {
 					continue // every third trained id is re-scored: enough, and quick
 				}
-				want := rescore(t, e, vocab, seq.Tokens[:j], seq.Tokens[j])
+				want := llamacpptest.Rescore(t, e, vocab, seq.Tokens[:j], seq.Tokens[j])
 				checked++
 				if got := float64(seq.Logprobs[j]); math.Abs(got-want) > 0.15 {
 					t.Fatalf("branch %d position %d: recorded logprob %.4f, the server's %.4f", b.Index, j, got, want)

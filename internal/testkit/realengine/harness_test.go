@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rollout-rl/rollout/internal/testkit/llamacpptest"
 	"github.com/rollout-rl/rollout/trajectory"
 )
 
@@ -121,7 +122,7 @@ func TestHarnessEnvs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	vocab := nVocab(t, e)
+	vocab := llamacpptest.NVocab(t, e)
 	type key struct {
 		item string
 		idx  int32
@@ -228,7 +229,7 @@ func TestHarnessEnvs(t *testing.T) {
 					pos = pick
 				}
 				for _, j := range pos {
-					want := rescore(t, e, vocab, r.Tokens[:j], r.Tokens[j])
+					want := llamacpptest.Rescore(t, e, vocab, r.Tokens[:j], r.Tokens[j])
 					checked++
 					if got := float64(r.Logprobs[j]); math.Abs(got-want) > logprobTolerance {
 						t.Errorf("%s branch %d token %d: recorded logprob %.4f, the server's %.4f", name, r.Branch, j, got, want)

@@ -230,7 +230,7 @@ func check(t *testing.T, e *llamacpptest.Engine, dir string, wantIDs bool, resco
 		t.Fatal(err)
 	}
 	s := stats{byStop: map[string]int{}, byFailure: map[string]int{}, toolErrors: map[string]int{}, loopEvents: map[string]int{}, callStatus: map[string]int{}}
-	vocab := nVocab(t, e)
+	vocab := llamacpptest.NVocab(t, e)
 	rng := rand.New(rand.NewPCG(14, 14))
 	for i := range recs {
 		r := &recs[i]
@@ -346,7 +346,7 @@ func check(t *testing.T, e *llamacpptest.Engine, dir string, wantIDs bool, resco
 			sort.Ints(pick)
 		}
 		for _, j := range pick {
-			want := rescore(t, e, vocab, r.Tokens[:j], r.Tokens[j])
+			want := llamacpptest.Rescore(t, e, vocab, r.Tokens[:j], r.Tokens[j])
 			s.checked++
 			if got := float64(r.Logprobs[j]); math.Abs(got-want) > logprobTolerance {
 				t.Errorf("%s: token %d (id %d, %q): recorded logprob %.5f, the server's %.5f after the recorded prefix",

@@ -61,7 +61,7 @@ func suiteCtx(t *testing.T) context.Context {
 // checked token by token against the server.
 func TestChatCommand(t *testing.T) {
 	e := startEngine(t)
-	bias := toolCallBias(t, e, 6, 2, -2)
+	bias := llamacpptest.ToolCallBias(t, e, 6, 2, -2)
 	out := filepath.Join(t.TempDir(), "traj.json")
 	stdout, stderr, code := runRollout(t, suiteCtx(t), "chat", "--endpoint", e.URL, "--backend", "llamacpp", "--parser", "hermes",
 		"--image", "rollout-sandbox:busybox", "--max-turns", "4", "--max-tokens", "48", "--toolsets", "terminal",
@@ -106,13 +106,13 @@ func TestChatCommand(t *testing.T) {
 	if n == 0 || len(traj.LossMask) != n || len(traj.Logprobs) != n {
 		t.Fatalf("%d tokens, %d loss_mask, %d logprobs", n, len(traj.LossMask), len(traj.Logprobs))
 	}
-	vocab, trained := nVocab(t, e), 0
+	vocab, trained := llamacpptest.NVocab(t, e), 0
 	for j, m := range traj.LossMask {
 		if m != 1 {
 			continue
 		}
 		trained++
-		if want := rescore(t, e, vocab, traj.Tokens[:j], traj.Tokens[j]); math.Abs(float64(traj.Logprobs[j])-want) > logprobTolerance {
+		if want := llamacpptest.Rescore(t, e, vocab, traj.Tokens[:j], traj.Tokens[j]); math.Abs(float64(traj.Logprobs[j])-want) > logprobTolerance {
 			t.Fatalf("token %d (id %d): logprob %.5f, the server's %.5f after the recorded prefix", j, traj.Tokens[j], traj.Logprobs[j], want)
 		}
 	}
@@ -142,7 +142,7 @@ func TestCollectChat(t *testing.T) {
 
 func collectionBias(t *testing.T, e *llamacpptest.Engine) map[string]float64 {
 	c, j, end := biasFromEnv(t)
-	return toolCallBias(t, e, c, j, end)
+	return llamacpptest.ToolCallBias(t, e, c, j, end)
 }
 
 // judge asserts what every collection must show.
