@@ -867,6 +867,50 @@ func TestAnchorByRef(t *testing.T) {
 	exact(t, rec, r.srv.Generations())
 }
 
+// TestPreviousResponse: a Responses-style call that names the previous
+// reply (previous_response_id) and sends only the new tool result
+// extends that reply's branch with its sampled ids, exactly as if the
+// whole history had been sent; an unknown id is the harness's error.
+func TestPreviousResponse(t *testing.T) {
+	r := newRig(t, sim.Config{Scripts: []sim.Script{fixScript}}, capture.Options{})
+	s := r.open(t)
+	var tools []openai.Tool
+	if err := json.Unmarshal(terminalTool, &tools); err != nil {
+		t.Fatal(err)
+	}
+	msg := func(role, content string) gateway.Message {
+		return gateway.Message{ChatCompletionMessage: openai.ChatCompletionMessage{Role: role, Content: content}}
+	}
+	sys := msg("system", "You are a coding agent.")
+	ctx := context.Background()
+	rep, err := r.gw.Complete(ctx, s.ID(), gateway.Call{API: "test", Model: "rollout-sim", Messages: []gateway.Message{sys, msg("user", "Please fix the bug")}, Tools: tools})
+	if err != nil || len(rep.ToolCalls) != 1 {
+		t.Fatalf("reply %+v, %v", rep, err)
+	}
+	res := msg("tool", "a.txt")
+	res.ToolCallID = rep.ToolCalls[0].ID
+	// The instructions again (Responses does not carry them over), then
+	// only what is new.
+	if _, err := r.gw.Complete(ctx, s.ID(), gateway.Call{API: "test", Model: "rollout-sim", Previous: rep.ID, Messages: []gateway.Message{sys, res}, Tools: tools}); err != nil {
+		t.Fatal(err)
+	}
+	_, err = r.gw.Complete(ctx, s.ID(), gateway.Call{API: "test", Model: "rollout-sim", Previous: "resp-unknown", Messages: []gateway.Message{res}, Tools: tools})
+	if !errors.Is(err, gateway.ErrBadRequest) || gateway.Param(err) != "previous_response_id" {
+		t.Fatalf("unknown previous id: %v", err)
+	}
+	rec := closeSession(t, s)
+	if len(rec.Branches) != 1 || rec.Unanchored != 0 || rec.Rewritten != 0 {
+		t.Fatalf("%d branches, unanchored %d, rewritten %d: %+v", len(rec.Branches), rec.Unanchored, rec.Rewritten, rec.Calls)
+	}
+	if got := rec.Branches[0].Calls; !slices.Equal(got, []int{0, 1}) {
+		t.Fatalf("branch calls %v", got)
+	}
+	if m := rec.Branches[0].Messages; len(m) != 5 || m[0].Role != "system" || m[2].ToolCalls[0].ID != rep.ToolCalls[0].ID || m[3].Role != "tool" {
+		t.Fatalf("branch messages %+v", m)
+	}
+	exact(t, rec, r.srv.Generations())
+}
+
 // TestUnanchoredTurn: an assistant turn the harness invented is history,
 // not a reply: rendered (a new branch), counted, never trained.
 func TestUnanchoredTurn(t *testing.T) {

@@ -78,6 +78,14 @@ func (s *Session) ID() string { return s.id }
 
 func (s *Session) complete(ctx context.Context, call gateway.Call) (gateway.Reply, error) {
 	start := time.Now()
+	if call.Previous != "" {
+		msgs, err := s.withPrevious(call)
+		if err != nil {
+			s.rejected(call, start, err)
+			return gateway.Reply{}, err
+		}
+		call.Messages, call.Previous = msgs, ""
+	}
 	model, ctxLen, schemas, toolsKey, err := s.check(ctx, call)
 	if err != nil {
 		s.rejected(call, start, err)
@@ -176,11 +184,48 @@ func (s *Session) check(ctx context.Context, call gateway.Call) (model string, c
 	if err := validate(call); err != nil {
 		return "", 0, nil, "", err
 	}
-	if call.Previous != "" {
-		return "", 0, nil, "", gateway.Errorf(gateway.ErrBadRequest, "previous_response_id", "previous_response_id is not implemented by the capture core yet; send the whole history")
-	}
 	toolsKey, schemas, err = toolKeys(call.Tools)
 	return model, ctxLen, schemas, toolsKey, err
+}
+
+// withPrevious is call's whole history when it names a previous reply
+// (a Responses previous_response_id): the conversation that reply ended
+// — its branch's messages up to and including it, each reply of the
+// gateway carrying its id as Ref so it anchors back to its sampled ids —
+// followed by the call's new messages. As the Responses API does, the
+// previous call's instructions are not carried over: a leading system
+// message of the history is dropped (the call's own, if it sent one,
+// leads instead).
+func (s *Session) withPrevious(call gateway.Call) ([]gateway.Message, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, gateway.Errorf(gateway.ErrSession, "", "the session is closed")
+	}
+	r, ok := s.replies[call.Previous]
+	if !ok {
+		return nil, gateway.Errorf(gateway.ErrBadRequest, "previous_response_id", "previous_response_id %q is not a response of this session", call.Previous)
+	}
+	b := r.branch
+	if r.pos >= len(b.msgs) {
+		return nil, gateway.Errorf(gateway.ErrBadRequest, "previous_response_id", "previous_response_id %q: its conversation is not held by the session", call.Previous)
+	}
+	hist := make([]gateway.Message, 0, r.pos+1+len(call.Messages))
+	for i, m := range b.msgs[:r.pos+1] {
+		if i == 0 && m.Role == openai.ChatMessageRoleSystem {
+			continue
+		}
+		gm := gateway.Message{ChatCompletionMessage: m}
+		if i < len(b.anchors) && b.anchors[i] != nil {
+			gm.Ref = b.anchors[i].id
+		}
+		hist = append(hist, gm)
+	}
+	if len(call.Messages) > 0 && call.Messages[0].Role == openai.ChatMessageRoleSystem {
+		hist = append([]gateway.Message{call.Messages[0]}, hist...)
+		return append(hist, call.Messages[1:]...), nil
+	}
+	return append(hist, call.Messages...), nil
 }
 
 // rejected records a call refused before generation (within the
