@@ -43,6 +43,12 @@ type viewRecord struct {
 	UnscoredTokens    int32              `json:"unscored_tokens"`
 	ToolErrors        []viewToolError    `json:"tool_errors"`
 	LoopEvents        []viewLoopEvent    `json:"loop_events"`
+	CallStatuses      []viewCallStatus   `json:"call_statuses"`
+	SessionID         string             `json:"session_id"`
+	Branch            int32              `json:"branch"`
+	ParentBranch      int32              `json:"parent_branch"`
+	SplitCall         int32              `json:"split_call"`
+	SharedTokens      int32              `json:"shared_tokens"`
 	Messages          json.RawMessage    `json:"messages"`
 	Tools             json.RawMessage    `json:"tools"`
 	Tokens            []int32            `json:"tokens"`
@@ -63,6 +69,16 @@ type viewLoopEvent struct {
 	Message  int32  `json:"message"`
 	Original string `json:"original"`
 	Detail   string `json:"detail"`
+}
+
+type viewCallStatus struct {
+	Turn      int32  `json:"turn"`
+	Index     int32  `json:"index"`
+	Name      string `json:"name"`
+	Status    string `json:"status"`
+	Reason    string `json:"reason"`
+	SpanStart int32  `json:"span_start"`
+	SpanEnd   int32  `json:"span_end"`
 }
 
 func jsonOrNull(s string) json.RawMessage {
@@ -88,7 +104,11 @@ func WriteHTML(w io.Writer, recs []Record, opts HTMLOptions) error {
 			Model: r.Model, PolicyVersion: r.PolicyVersion, Reward: r.Reward, RewardComponents: r.RewardComponents,
 			Advantage: r.Advantage, Status: r.Status, Failure: r.Failure, StopReason: r.StopReason,
 			FinishedNaturally: r.FinishedNaturally, Turns: r.Turns, Timings: r.Timings, DriftTokens: r.DriftTokens, UnscoredTokens: r.UnscoredTokens,
-			Messages: jsonOrNull(r.Messages), Tools: jsonOrNull(r.Tools), Tokens: r.Tokens, LossMask: r.LossMask, Logprobs: r.Logprobs}
+			Messages: jsonOrNull(r.Messages), Tools: jsonOrNull(r.Tools), Tokens: r.Tokens, LossMask: r.LossMask, Logprobs: r.Logprobs,
+			SessionID: r.SessionID, Branch: r.Branch, ParentBranch: r.ParentBranch, SplitCall: r.SplitCall, SharedTokens: r.SharedTokens}
+		for _, c := range r.CallStatuses {
+			v.CallStatuses = append(v.CallStatuses, viewCallStatus{c.Turn, c.Index, c.Name, c.Status, c.Reason, c.SpanStart, c.SpanEnd})
+		}
 		for _, te := range r.ToolErrors {
 			v.ToolErrors = append(v.ToolErrors, viewToolError{te.Turn, te.Tool, te.Kind, te.Message})
 		}

@@ -82,6 +82,25 @@ func TestHTMLSelfContainedAndEscaped(t *testing.T) {
 	if got := view[1]["messages"].([]any)[0].(map[string]any)["content"]; got != "</script><script>alert(1)</script>" {
 		t.Errorf("content round trip = %q", got)
 	}
+	// A session branch and the tool calls' parse statuses reach the page.
+	recs[2].SessionID, recs[2].Branch, recs[2].ParentBranch, recs[2].SplitCall, recs[2].SharedTokens = "sess-1", 1, 0, 3, 40
+	recs[2].CallStatuses = []CallStatus{{Turn: 1, Index: 0, Name: "terminal", Status: CallMalformed, Reason: "call is truncated", SpanStart: 5, SpanEnd: 9}}
+	buf.Reset()
+	if err := WriteHTML(&buf, recs, HTMLOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	m = regexp.MustCompile(`(?s)<script id="data" type="application/json">(.*?)</script>`).FindStringSubmatch(buf.String())
+	if m == nil || json.Unmarshal([]byte(m[1]), &view) != nil {
+		t.Fatal("no data script")
+	}
+	cs, _ := view[2]["call_statuses"].([]any)
+	if view[2]["branch"] != 1.0 || view[2]["split_call"] != 3.0 || view[2]["session_id"] != "sess-1" || len(cs) != 1 ||
+		cs[0].(map[string]any)["status"] != CallMalformed || cs[0].(map[string]any)["span_end"] != 9.0 {
+		t.Errorf("branch and call statuses not embedded: %v %v", view[2]["branch"], cs)
+	}
+	if !strings.Contains(buf.String(), `"tool call"`) || !strings.Contains(buf.String(), `" branch "`) {
+		t.Error("the viewer does not render call statuses or branches")
+	}
 	buf.Reset()
 	if err := WriteHTML(&buf, recs, HTMLOptions{Limit: 2}); err != nil || !strings.Contains(buf.String(), "6 trajectories, first 2 embedded") {
 		t.Errorf("limit: %v", err)
