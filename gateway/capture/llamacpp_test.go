@@ -20,9 +20,20 @@ import (
 // two branches whose trained ids re-score against the server. The random
 // model's calls are nearly always malformed (cut or mangled JSON): they
 // come back as content, the model's misbehaviour, never an error; the
-// simulator's tests cover well-formed calls and their anchoring.
+// simulator's tests cover well-formed calls and their anchoring. It runs
+// against llama-server started as the suite starts it
+// (--no-prefill-assistant) and started with its defaults, as a user would.
 func TestRealEngineSession(t *testing.T) {
-	e := llamacpptest.Start(t, llamacpptest.Options{Slots: 1, Ctx: 8192, Threads: 1})
+	for _, tc := range []struct {
+		name    string
+		prefill bool
+	}{{"no-prefill-assistant", false}, {"server-defaults", true}} {
+		t.Run(tc.name, func(t *testing.T) { realEngineSession(t, tc.prefill) })
+	}
+}
+
+func realEngineSession(t *testing.T, prefill bool) {
+	e := llamacpptest.Start(t, llamacpptest.Options{Slots: 1, Ctx: 8192, Threads: 1, PrefillAssistant: prefill})
 	var models struct {
 		Data []struct {
 			ID   string `json:"id"`
