@@ -320,6 +320,11 @@ func check(t *testing.T, e *llamacpptest.Engine, dir string, wantIDs bool, resco
 			}
 		}
 		s.trained += len(trained)
+		// Both modes stamp a policy version on every token (chat mode:
+		// each turn's ids with the version it was admitted under).
+		if len(r.TokenVersions) != n {
+			t.Errorf("%s: %d token_versions for %d tokens", name, len(r.TokenVersions), n)
+		}
 		// Unscored sampled tokens are untrained placeholders after the
 		// first prompt: there must be at least that many.
 		untrained := 0
