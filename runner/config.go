@@ -392,6 +392,11 @@ const (
 	MaxConcurrency = 4096 // limits.rollouts_in_flight, groups_in_flight, sandboxes
 )
 
+// kubernetesPIDsUnenforced says why a pids limit is refused on the
+// kubernetes backend, both the run config's (validate) and an env's own
+// (Runner.sandboxSpec).
+const kubernetesPIDsUnenforced = "not enforced by the kubernetes backend (a pod spec has no pids limit; the kubelet's podPidsLimit bounds every pod of a node)"
+
 func (s SandboxConfig) validate(bad func(field, format string, args ...any) error) error {
 	switch {
 	case s.MemoryMB < 0:
@@ -436,7 +441,7 @@ func (s SandboxConfig) validate(bad func(field, format string, args ...any) erro
 		// (docs/security.md, "Limits on every backend").
 		switch {
 		case s.PIDs > 0:
-			return bad("sandbox.pids", "%d: not enforced by the kubernetes backend (a pod spec has no pids limit; the kubelet's podPidsLimit bounds every pod of a node): set podPidsLimit on the sandbox nodes and remove sandbox.pids", s.PIDs)
+			return bad("sandbox.pids", "%d: %s: set podPidsLimit on the sandbox nodes and remove sandbox.pids", s.PIDs, kubernetesPIDsUnenforced)
 		case s.Runtime == sandbox.RuntimeRunsc:
 			return bad("sandbox.runtime", "runsc: not implemented for the kubernetes backend (choose the pods' runtime with sandbox.kubernetes.runtime_class_name, e.g. a RuntimeClass whose handler is runsc)")
 		case s.Network == sandbox.NetworkBridge:

@@ -90,7 +90,7 @@ func (r *Runner) sandboxSpec(ctx context.Context, task envs.Task) (sandbox.Spec,
 	if c.Backend == sandbox.BackendKubernetes && spec.Limits.PIDs > 0 {
 		// The run config's sandbox.pids is refused before the run; this is
 		// the env's own (its sandbox block), which no pod can be held to.
-		return spec, FailTask, fmt.Errorf("the env's sandbox pids %d: not enforced by the kubernetes backend (a pod spec has no pids limit; the kubelet's podPidsLimit bounds every pod of a node): remove pids from the env's sandbox block", spec.Limits.PIDs)
+		return spec, FailTask, fmt.Errorf("the env's sandbox pids %d: %s: remove pids from the env's sandbox block", spec.Limits.PIDs, kubernetesPIDsUnenforced)
 	}
 	return spec, "", nil
 }

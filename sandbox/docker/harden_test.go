@@ -151,11 +151,21 @@ func TestAppliedLimits(t *testing.T) {
 
 // Writing past the disk limit on the writable root: the watchdog removes
 // the sandbox and says why.
-func TestDiskLimitWritableRoot(t *testing.T) {
+func TestDiskLimitWritableRoot(t *testing.T) { diskLimitWritableRoot(t, "") }
+
+// With a read-only root every writable mount is a tmpfs of the disk size:
+// the kernel refuses writes past it, the sandbox lives on.
+func TestDiskLimitReadOnlyRoot(t *testing.T) { diskLimitReadOnlyRoot(t, "") }
+
+// diskLimitWritableRoot proves the watchdog's disk bound under runtime
+// ("" is the engine's default): small writes pass, a write past the limit
+// closes the sandbox with "disk limit exceeded".
+func diskLimitWritableRoot(t *testing.T, runtime string) {
+	t.Helper()
 	d := ownBackend(t, Options{Options: host.Options{DiskCheckInterval: 200 * time.Millisecond}})
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	s, err := d.Create(ctx, sandbox.Spec{Image: sandboxtest.Image, Limits: sandbox.Limits{DiskBytes: 64 << 20}})
+	s, err := d.Create(ctx, sandbox.Spec{Image: sandboxtest.Image, Runtime: runtime, Limits: sandbox.Limits{DiskBytes: 64 << 20}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,21 +175,22 @@ func TestDiskLimitWritableRoot(t *testing.T) {
 	}
 	// Small writes are fine.
 	if r, err := s.Exec(ctx, sandbox.ExecRequest{Command: "dd if=/dev/zero of=/workspace/small bs=1M count=8 2>&1"}); err != nil || r.ExitCode != 0 {
-		t.Fatalf("small write: %v %q", err, r.Stdout)
+		t.Fatalf("runtime %q: small write: %v %q", runtime, err, r.Stdout)
 	}
 	_, err = s.Exec(ctx, sandbox.ExecRequest{Command: "dd if=/dev/zero of=/workspace/big bs=1M count=4000; sleep 60", Timeout: 2 * time.Minute})
 	if err == nil {
 		_, err = s.Exec(ctx, sandbox.ExecRequest{Command: "true"})
 	}
 	if !errors.Is(err, sandbox.ErrClosed) || !strings.Contains(err.Error(), "disk limit exceeded") {
-		t.Fatalf("after writing 4000 MiB with a 64 MiB limit: %v, want ErrClosed with \"disk limit exceeded\"", err)
+		t.Fatalf("runtime %q: after writing 4000 MiB with a 64 MiB limit: %v, want ErrClosed with \"disk limit exceeded\"", runtime, err)
 	}
 }
 
-// With a read-only root every writable mount is a tmpfs of the disk size:
-// the kernel refuses writes past it, the sandbox lives on.
-func TestDiskLimitReadOnlyRoot(t *testing.T) {
-	s := newSandbox(t, sandbox.Spec{Limits: sandbox.Limits{ReadOnlyRoot: true, DiskBytes: 32 << 20}})
+// diskLimitReadOnlyRoot proves the tmpfs disk bound of a read-only root
+// under runtime ("" is the engine's default).
+func diskLimitReadOnlyRoot(t *testing.T, runtime string) {
+	t.Helper()
+	s := newSandbox(t, sandbox.Spec{Runtime: runtime, Limits: sandbox.Limits{ReadOnlyRoot: true, DiskBytes: 32 << 20}})
 	ctx := context.Background()
 	for _, dir := range []string{"/workspace", "/tmp"} {
 		r, err := s.Exec(ctx, sandbox.ExecRequest{Command: "dd if=/dev/zero of=" + dir + "/big bs=1M count=100 2>&1", MergeOutput: true})
@@ -187,11 +198,11 @@ func TestDiskLimitReadOnlyRoot(t *testing.T) {
 			t.Fatal(err)
 		}
 		if r.ExitCode == 0 || !strings.Contains(string(r.Stdout), "No space left") {
-			t.Errorf("%s: dd of 100 MiB into 32 MiB: exit %d %q", dir, r.ExitCode, r.Stdout)
+			t.Errorf("runtime %q, %s: dd of 100 MiB into 32 MiB: exit %d %q", runtime, dir, r.ExitCode, r.Stdout)
 		}
 	}
 	if r, err := s.Exec(ctx, sandbox.ExecRequest{Command: "touch /etc/x"}); err != nil || r.ExitCode == 0 {
-		t.Errorf("root is writable: %v %d", err, r.ExitCode)
+		t.Errorf("runtime %q: root is writable: %v %d", runtime, err, r.ExitCode)
 	}
 }
 

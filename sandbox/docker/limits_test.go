@@ -2,8 +2,6 @@ package docker
 
 import (
 	"context"
-	"errors"
-	"strings"
 	"testing"
 	"time"
 
@@ -11,7 +9,6 @@ import (
 
 	"github.com/rollout-rl/rollout/internal/testkit/sandboxtest"
 	"github.com/rollout-rl/rollout/sandbox"
-	"github.com/rollout-rl/rollout/sandbox/host"
 )
 
 // The Docker rows of docs/security.md's limits table that a sandbox proves
@@ -65,37 +62,6 @@ func TestRunscLimitCPUsApplied(t *testing.T) {
 // that writes past it on a writable root.
 func TestRunscLimitDisk(t *testing.T) {
 	needRunsc(t)
-	t.Run("read-only root", func(t *testing.T) {
-		s := newSandbox(t, sandbox.Spec{Runtime: sandbox.RuntimeRunsc, Limits: sandbox.Limits{ReadOnlyRoot: true, DiskBytes: 32 << 20}})
-		ctx := context.Background()
-		for _, dir := range []string{"/workspace", "/tmp"} {
-			r, err := s.Exec(ctx, sandbox.ExecRequest{Command: "dd if=/dev/zero of=" + dir + "/big bs=1M count=100 2>&1", MergeOutput: true})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if r.ExitCode == 0 || !strings.Contains(string(r.Stdout), "No space left") {
-				t.Errorf("%s: dd of 100 MiB into 32 MiB under runsc: exit %d %q", dir, r.ExitCode, r.Stdout)
-			}
-		}
-		if r, err := s.Exec(ctx, sandbox.ExecRequest{Command: "touch /etc/x"}); err != nil || r.ExitCode == 0 {
-			t.Errorf("root is writable under runsc: %v %d", err, r.ExitCode)
-		}
-	})
-	t.Run("writable root", func(t *testing.T) {
-		d := ownBackend(t, Options{Options: host.Options{DiskCheckInterval: 200 * time.Millisecond}})
-		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-		defer cancel()
-		s, err := d.Create(ctx, sandbox.Spec{Image: sandboxtest.Image, Runtime: sandbox.RuntimeRunsc, Limits: sandbox.Limits{DiskBytes: 64 << 20}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer s.Close(ctx)
-		_, err = s.Exec(ctx, sandbox.ExecRequest{Command: "dd if=/dev/zero of=/workspace/big bs=1M count=4000; sleep 60", Timeout: 2 * time.Minute})
-		if err == nil {
-			_, err = s.Exec(ctx, sandbox.ExecRequest{Command: "true"})
-		}
-		if !errors.Is(err, sandbox.ErrClosed) || !strings.Contains(err.Error(), "disk limit exceeded") {
-			t.Fatalf("after writing 4000 MiB with a 64 MiB limit under runsc: %v, want ErrClosed with \"disk limit exceeded\"", err)
-		}
-	})
+	t.Run("read-only root", func(t *testing.T) { diskLimitReadOnlyRoot(t, sandbox.RuntimeRunsc) })
+	t.Run("writable root", func(t *testing.T) { diskLimitWritableRoot(t, sandbox.RuntimeRunsc) })
 }
