@@ -9,6 +9,12 @@
 # does the same (aptInstall).
 set -u
 TIMEOUT=${ROLLOUT_DPKG_LOCK_TIMEOUT:-300}
+case $TIMEOUT in
+''|*[!0-9]*)
+	echo "apt-install.sh: ROLLOUT_DPKG_LOCK_TIMEOUT=$TIMEOUT: want a whole number of seconds >= 0" >&2
+	exit 2
+	;;
+esac
 LOCKS="/var/lib/dpkg/lock-frontend /var/lib/dpkg/lock /var/lib/apt/lists/lock /var/cache/apt/archives/lock"
 
 # holders prints "pid N (cmdline) holds FILE" for each lock held now, from

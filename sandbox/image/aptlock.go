@@ -21,13 +21,19 @@ var aptLockFiles = []string{"/var/lib/dpkg/lock-frontend", "/var/lib/dpkg/lock",
 // overrides it.
 const DefaultAptLockTimeout = 5 * time.Minute
 
-func aptLockTimeout() time.Duration {
-	if s := os.Getenv("ROLLOUT_DPKG_LOCK_TIMEOUT"); s != "" {
-		if n, err := strconv.Atoi(s); err == nil && n >= 0 {
-			return time.Duration(n) * time.Second
-		}
+// aptLockTimeout is ROLLOUT_DPKG_LOCK_TIMEOUT, or the default when it is
+// unset; a value that is not a whole number of seconds ≥ 0 is an error
+// naming it, never a silent default.
+func aptLockTimeout() (time.Duration, error) {
+	s := os.Getenv("ROLLOUT_DPKG_LOCK_TIMEOUT")
+	if s == "" {
+		return DefaultAptLockTimeout, nil
 	}
-	return DefaultAptLockTimeout
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("ROLLOUT_DPKG_LOCK_TIMEOUT=%q: want a whole number of seconds ≥ 0", s)
+	}
+	return time.Duration(n) * time.Second, nil
 }
 
 // AptLockHolders names the processes that hold one of apt's locks now:

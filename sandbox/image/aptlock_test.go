@@ -149,3 +149,22 @@ func TestAptInstallScriptLockHeld(t *testing.T) {
 		}
 	}
 }
+
+// A malformed ROLLOUT_DPKG_LOCK_TIMEOUT is an error naming it, never a
+// silent default.
+func TestAptLockTimeoutSetting(t *testing.T) {
+	t.Setenv("ROLLOUT_DPKG_LOCK_TIMEOUT", "")
+	if d, err := aptLockTimeout(); err != nil || d != DefaultAptLockTimeout {
+		t.Fatalf("unset: %v, %v", d, err)
+	}
+	t.Setenv("ROLLOUT_DPKG_LOCK_TIMEOUT", "7")
+	if d, err := aptLockTimeout(); err != nil || d != 7*time.Second {
+		t.Fatalf("7: %v, %v", d, err)
+	}
+	for _, bad := range []string{"abc", "-1", "1.5"} {
+		t.Setenv("ROLLOUT_DPKG_LOCK_TIMEOUT", bad)
+		if _, err := aptLockTimeout(); err == nil || !strings.Contains(err.Error(), "ROLLOUT_DPKG_LOCK_TIMEOUT") {
+			t.Errorf("%q: %v", bad, err)
+		}
+	}
+}

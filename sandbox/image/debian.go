@@ -309,7 +309,10 @@ func aptInstall(ctx context.Context, log io.Writer, pkgs ...string) error {
 	if _, err := exec.LookPath("apt-get"); err != nil {
 		return fmt.Errorf("%w: %s not found and apt-get is not available; install %s with your package manager", ErrMissingTool, strings.Join(pkgs, " "), strings.Join(pkgs, " "))
 	}
-	timeout := aptLockTimeout()
+	timeout, err := aptLockTimeout()
+	if err != nil {
+		return err
+	}
 	run := func(args ...string) error {
 		if h := AptLockHolders(); len(h) > 0 && log != nil {
 			fmt.Fprintf(log, "waiting up to %s for the dpkg lock: %s\n", timeout, strings.Join(h, "; "))
@@ -338,7 +341,7 @@ func aptInstall(ctx context.Context, log io.Writer, pkgs ...string) error {
 		fmt.Fprintf(log, "installing %s with apt-get\n", strings.Join(pkgs, " "))
 	}
 	install := append([]string{"install", "-y", "--no-install-recommends"}, pkgs...)
-	err := run(install...)
+	err = run(install...)
 	if err == nil {
 		return nil
 	}
