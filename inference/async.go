@@ -466,9 +466,9 @@ func (e *tokenEpisode) sampleTurn(ctx context.Context, prompt []int32, maxTokens
 		partFirst := v
 		if exact && len(pvers) > 0 {
 			partFirst = pvers[0]
-			for _, pv := range pvers {
-				e.c.gate.observe(pv)
-			}
+			// The gate keeps the highest version seen: one observe, not
+			// one client-wide lock per sampled id.
+			e.c.gate.observe(slices.Max(pvers))
 		}
 		off := len(acc.ids)
 		if parts == 1 {

@@ -278,9 +278,7 @@ func (c *Client) Start(ctx context.Context, spec EpisodeSpec) (Episode, error) {
 		e.aff.a.key = spec.Group
 		return e, nil
 	}
-	e := &tokenEpisode{c: c, spec: spec, tools: tools, maxLen: maxLen}
-	e.aff.a.key, e.taff.a.key = spec.Group, spec.Group
-	return e, nil
+	return newTokenEpisode(c, spec, tools, maxLen), nil
 }
 
 // resolveModel returns the model name and its max_model_len (0 if the

@@ -43,9 +43,23 @@ type tokenEpisode struct {
 	// needs an append-only history, and a rewritten one (compaction, edited
 	// tool output) would otherwise go unnoticed.
 	prints []uint64
-	// toolsKey fingerprints tools for segmentShape (toolsHashed: computed).
+	// templateKey is the model and its chat_template_kwargs (JSON), the
+	// key of what is learned per template (closing, prefill); toolsKey
+	// fingerprints tools for segmentShape. Both fixed at Start: they are
+	// read on every turn.
+	templateKey string
 	toolsKey    uint64
-	toolsHashed bool
+}
+
+// newTokenEpisode computes the episode's per-template keys once.
+func newTokenEpisode(c *Client, spec EpisodeSpec, tools EncodedTools, maxLen int) *tokenEpisode {
+	kw, _ := json.Marshal(spec.Sampling.ChatTemplateKwargs)
+	h := fnv.New64a()
+	h.Write(tools)
+	e := &tokenEpisode{c: c, spec: spec, tools: tools, maxLen: maxLen,
+		templateKey: spec.Model + "\x00" + string(kw), toolsKey: h.Sum64()}
+	e.aff.a.key, e.taff.a.key = spec.Group, spec.Group
+	return e
 }
 
 var _ Episode = (*tokenEpisode)(nil)
@@ -336,10 +350,7 @@ func (e *tokenEpisode) closing(ctx context.Context) ([]int32, error) {
 	return learnCached(ctx, e.c, e.c.closing, "closing", e.closingKey(), e.probeClosing)
 }
 
-func (e *tokenEpisode) closingKey() string {
-	kw, _ := json.Marshal(e.spec.Sampling.ChatTemplateKwargs)
-	return e.spec.Model + "\x00" + string(kw)
-}
+func (e *tokenEpisode) closingKey() string { return e.templateKey }
 
 // probeClosingNoPrefill learns the closing from renders that end with a
 // user message, for llama-server: started with its defaults it treats a
@@ -579,26 +590,15 @@ func (e *tokenEpisode) segmentShape(ctx context.Context, m openai.ChatCompletion
 			return "", false
 		}
 	}
-	kw, _ := json.Marshal(e.spec.Sampling.ChatTemplateKwargs)
 	flag := func(b bool) byte {
 		if b {
 			return '1'
 		}
 		return '0'
 	}
-	key := fmt.Sprintf("%s\x00%s\x00%x\x00%c%c%c%d", e.spec.Model, kw, e.toolsHash(), flag(m.Content != "" || len(m.MultiContent) > 0),
+	key := fmt.Sprintf("%s\x00%x\x00%c%c%c%d", e.templateKey, e.toolsKey, flag(m.Content != "" || len(m.MultiContent) > 0),
 		flag(m.ReasoningContent != ""), flag(m.Name != ""), len(m.ToolCalls))
 	return key, true
-}
-
-// toolsHash fingerprints the episode's encoded tools, once.
-func (e *tokenEpisode) toolsHash() uint64 {
-	if !e.toolsHashed {
-		h := fnv.New64a()
-		h.Write(e.tools)
-		e.toolsKey, e.toolsHashed = h.Sum64(), true
-	}
-	return e.toolsKey
 }
 
 func hasSuffix(s, suf []int32) bool {
