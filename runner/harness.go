@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	openai "github.com/sashabaranov/go-openai"
 
@@ -234,10 +235,16 @@ func harnessResult(rec gateway.SessionRecord, res sandbox.ExecResult, callLimit 
 	return out
 }
 
+// tailText is the last n bytes or fewer of b, trimmed, starting on a
+// rune boundary so that the detail stays valid UTF-8.
 func tailText(b []byte, n int) string {
 	s := strings.TrimSpace(string(b))
 	if len(s) > n {
-		s = "…" + s[len(s)-n:]
+		i := len(s) - n
+		for i < len(s) && !utf8.RuneStart(s[i]) {
+			i++
+		}
+		s = "…" + s[i:]
 	}
 	return s
 }
