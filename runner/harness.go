@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"reflect"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -269,7 +268,6 @@ func checkSession(ro *Rollout, res sandbox.ExecResult) (string, error) {
 		}
 	}
 	if len(engine) > 0 {
-		sort.Strings(engine)
 		return FailInference, fmt.Errorf("harness %s after the engine failed: %s", ro.Result.StopReason, strings.Join(engine, "; "))
 	}
 	return "", nil
