@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"net"
 	"reflect"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	openai "github.com/sashabaranov/go-openai"
 
@@ -234,10 +234,16 @@ func harnessResult(rec gateway.SessionRecord, res sandbox.ExecResult, callLimit 
 	return out
 }
 
+// tailText is the last n bytes or fewer of b, trimmed, starting on a
+// rune boundary so that the detail stays valid UTF-8.
 func tailText(b []byte, n int) string {
 	s := strings.TrimSpace(string(b))
 	if len(s) > n {
-		s = "…" + s[len(s)-n:]
+		i := len(s) - n
+		for i < len(s) && !utf8.RuneStart(s[i]) {
+			i++
+		}
+		s = "…" + s[i:]
 	}
 	return s
 }
@@ -262,7 +268,6 @@ func checkSession(ro *Rollout, res sandbox.ExecResult) (string, error) {
 		}
 	}
 	if len(engine) > 0 {
-		sort.Strings(engine)
 		return FailInference, fmt.Errorf("harness %s after the engine failed: %s", ro.Result.StopReason, strings.Join(engine, "; "))
 	}
 	return "", nil

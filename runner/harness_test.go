@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	openai "github.com/sashabaranov/go-openai"
 
@@ -31,6 +32,8 @@ func TestHarnessResult(t *testing.T) {
 		{"timeout", two, sandbox.ExecResult{ExitCode: 124, TimedOut: true, Duration: time.Second}, 1000, string(StopHarnessTimeout)},
 		{"no calls", gateway.SessionRecord{}, sandbox.ExecResult{}, 1000, string(StopHarnessNoCalls)},
 		{"call limit", two, sandbox.ExecResult{ExitCode: 1}, 3, string(StopHarnessLooped)},
+		// A long stderr whose tail cut falls inside a multi-byte rune.
+		{"crash, long stderr", two, sandbox.ExecResult{ExitCode: 2, Stderr: []byte(strings.Repeat("é", 300) + "x")}, 1000, string(StopHarnessCrash)},
 	} {
 		r := harnessResult(c.rec, c.res, c.limit)
 		if string(r.StopReason) != c.want || r.StopReason.Failed() {
@@ -44,6 +47,9 @@ func TestHarnessResult(t *testing.T) {
 		}
 		if c.res.ExitCode == 3 && !strings.Contains(r.Events[0].Detail, "Traceback: boom") {
 			t.Errorf("%s: detail %q lacks stderr", c.name, r.Events[0].Detail)
+		}
+		if !utf8.ValidString(r.Events[0].Detail) {
+			t.Errorf("%s: detail %q is not valid UTF-8", c.name, r.Events[0].Detail)
 		}
 		if len(c.rec.Branches) > 0 {
 			// The reward reads the branch of the last answered call; the

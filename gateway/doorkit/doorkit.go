@@ -80,6 +80,9 @@ func KeepAlive(d time.Duration) time.Duration {
 // and writes a keep-alive. Complete runs under ctx, so a request whose
 // client leaves ends it, and Await returns only once it has.
 func Await(ctx context.Context, c gateway.Completer, session string, call gateway.Call, every time.Duration, tick func()) (gateway.Reply, error) {
+	if tick == nil {
+		return c.Complete(ctx, session, call)
+	}
 	type result struct {
 		rep gateway.Reply
 		err error
@@ -89,10 +92,6 @@ func Await(ctx context.Context, c gateway.Completer, session string, call gatewa
 		rep, err := c.Complete(ctx, session, call)
 		ch <- result{rep, err}
 	}()
-	if tick == nil {
-		res := <-ch
-		return res.rep, res.err
-	}
 	every = KeepAlive(every)
 	timer := time.NewTimer(every)
 	defer timer.Stop()
