@@ -189,13 +189,8 @@ func (r *runner) annotateTurn(span trace.Span, turn int, done bool, invalidBefor
 func (r *runner) recordCallStatus(ctx context.Context, ep inference.Episode, gen inference.Turn, turn int, slots []*slot) {
 	spans := r.callSpans(ctx, ep, gen, slots)
 	for i, s := range slots {
-		st := CallStatus{Turn: turn + 1, Index: i, Name: s.name, Status: parsers.StatusOK, SpanStart: spans[i].Start, SpanEnd: spans[i].End}
-		switch {
-		case s.parse != nil:
-			st.Status, st.Reason = parsers.StatusMalformed, s.parse.Reason
-		case len(s.repairs) > 0:
-			st.Status, st.Reason = parsers.StatusRepaired, strings.Join(s.repairs, "; ")
-		}
+		st := CallStatus{Turn: turn + 1, Index: i, Name: s.name, SpanStart: spans[i].Start, SpanEnd: spans[i].End}
+		st.Status, st.Reason = parsers.Outcome(s.repairs, s.parse)
 		r.res.CallStatuses = append(r.res.CallStatuses, st)
 	}
 }

@@ -56,6 +56,19 @@ type CallStatus struct {
 	Reason string `json:"reason,omitempty"`
 }
 
+// Outcome is the parse status of one call, the rule every caller uses:
+// malformed (with the CallError's reason) when err is set, else repaired
+// (the repairs "; "-joined) when the parser fixed something, else ok.
+func Outcome(repairs []string, err *CallError) (status, reason string) {
+	switch {
+	case err != nil:
+		return StatusMalformed, err.Reason
+	case len(repairs) > 0:
+		return StatusRepaired, strings.Join(repairs, "; ")
+	}
+	return StatusOK, ""
+}
+
 // Statuses lists the parse outcome of every call of r, in the order the
 // calls appear in the output (calls and errors share one index sequence).
 func Statuses(r Result) []CallStatus {
@@ -67,24 +80,26 @@ func Statuses(r Result) []CallStatus {
 	ci, ei := 0, 0
 	for i := range n {
 		if ei < len(r.Errors) && r.Errors[ei].Index == i {
-			e := r.Errors[ei]
-			out = append(out, CallStatus{Index: i, Name: e.Name, Status: StatusMalformed, Reason: e.Reason})
+			e := &r.Errors[ei]
+			st := CallStatus{Index: i, Name: e.Name}
+			st.Status, st.Reason = Outcome(nil, e)
+			out = append(out, st)
 			ei++
 			continue
 		}
 		if ci >= len(r.ToolCalls) {
 			// Error indices out of order: list the rest as they come.
-			e := r.Errors[ei]
-			out = append(out, CallStatus{Index: e.Index, Name: e.Name, Status: StatusMalformed, Reason: e.Reason})
+			e := &r.Errors[ei]
+			st := CallStatus{Index: e.Index, Name: e.Name}
+			st.Status, st.Reason = Outcome(nil, e)
+			out = append(out, st)
 			ei++
 			continue
 		}
 		tc := r.ToolCalls[ci]
 		ci++
-		st := CallStatus{Index: i, Name: tc.Name, Status: StatusOK}
-		if len(tc.Repairs) > 0 {
-			st.Status, st.Reason = StatusRepaired, strings.Join(tc.Repairs, "; ")
-		}
+		st := CallStatus{Index: i, Name: tc.Name}
+		st.Status, st.Reason = Outcome(tc.Repairs, nil)
 		out = append(out, st)
 	}
 	return out
