@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"path"
+	"slices"
 	"sync"
 	"time"
 
@@ -23,83 +24,92 @@ import (
 // sandbox, trajectory) export their own. Env labels are env names, a
 // bounded set.
 var (
-	metricRollouts = prometheus.NewCounterVec(prometheus.CounterOpts{
+	metricRollouts = register(prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "rollout_rollouts_total",
 		Help: "Finished rollouts (last attempt) by env and status (ok, infra_failed).",
-	}, []string{"env", "status"})
-	metricFailures = prometheus.NewCounterVec(prometheus.CounterOpts{
+	}, []string{"env", "status"}))
+	metricFailures = register(prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "rollout_rollout_failures_total",
 		Help: "Infra-failed rollouts by env and failure kind (runner taxonomy).",
-	}, []string{"env", "kind"})
-	metricTurns = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+	}, []string{"env", "kind"}))
+	metricTurns = register(prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "rollout_rollout_turns",
 		Help:    "Turns used per finished rollout.",
 		Buckets: []float64{1, 2, 3, 5, 8, 13, 21, 34, 55, 89},
-	}, []string{"env"})
-	metricTokens = prometheus.NewCounterVec(prometheus.CounterOpts{
+	}, []string{"env"}))
+	metricTokens = register(prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "rollout_rollout_tokens_total",
 		Help: "Tokens of finished rollouts' sequences (tokens mode) by kind: prompt (before the first generation) or completion.",
-	}, []string{"env", "kind"})
-	metricReward = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+	}, []string{"env", "kind"}))
+	metricReward = register(prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "rollout_reward",
 		Help:    "Rewards of ok rollouts.",
 		Buckets: []float64{-1, -0.5, 0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1, 2},
-	}, []string{"env"})
-	metricPhase = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+	}, []string{"env"}))
+	metricPhase = register(prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "rollout_rollout_phase_seconds",
 		Help:    "Time per rollout spent in each phase: sandbox_start, generation, tools, reward, total.",
 		Buckets: prometheus.ExponentialBuckets(0.005, 2.5, 14),
-	}, []string{"env", "phase"})
-	metricGroups = prometheus.NewCounterVec(prometheus.CounterOpts{
+	}, []string{"env", "phase"}))
+	metricGroups = register(prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "rollout_groups_total",
 		Help: "Finished groups by env and source (job, collect); dropped groups included.",
-	}, []string{"env", "source"})
-	metricGroupsDropped = prometheus.NewCounterVec(prometheus.CounterOpts{
+	}, []string{"env", "source"}))
+	metricGroupsDropped = register(prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "rollout_groups_dropped_total",
 		Help: "Groups whose ok rollouts all scored the same (advantage.drop_equal).",
-	}, []string{"env"})
-	metricCollectStreams = prometheus.NewGauge(prometheus.GaugeOpts{
+	}, []string{"env"}))
+	metricCollectStreams = register(prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "rollout_collect_streams",
 		Help: "Open CollectGroups streams.",
-	})
-	metricUpdates = prometheus.NewCounterVec(prometheus.CounterOpts{
+	}))
+	metricUpdates = register(prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "rollout_policy_updates_total",
 		Help: "BeginPolicyUpdate calls that paused the engines, by mode and fallback (drain-and-wait).",
-	}, []string{"mode", "fallback"})
-	metricPauseSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+	}, []string{"mode", "fallback"}))
+	metricPauseSeconds = register(prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "rollout_policy_update_pause_seconds", Help: "Time BeginPolicyUpdate took to pause the engines.",
 		Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
-	})
-	metricResumeSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+	}))
+	metricResumeSeconds = register(prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: "rollout_policy_update_resume_seconds", Help: "Time EndPolicyUpdate took to resume the engines.",
 		Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
-	})
-	metricStale = prometheus.NewCounterVec(prometheus.CounterOpts{
+	}))
+	metricStale = register(prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "rollout_groups_stale_total",
 		Help: "Groups outside async.max_staleness by what was done (dropped, regenerated, marked).",
-	}, []string{"action"})
-	metricCollectInFlight = prometheus.NewGauge(prometheus.GaugeOpts{
+	}, []string{"action"}))
+	metricCollectInFlight = register(prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "rollout_collect_groups_in_flight",
 		Help: "Groups started for CollectGroups streams and not yet sent.",
-	})
-	metricTenantHeld = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+	}))
+	metricTenantHeld = register(prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "rollout_tenant_held",
 		Help: "What each tenant holds against its quotas: resource jobs (jobs and collect streams running) or sandboxes (the sum of their limits.sandboxes).",
-	}, []string{"tenant", "resource"})
-	metricTenantRejected = prometheus.NewCounterVec(prometheus.CounterOpts{
+	}, []string{"tenant", "resource"}))
+	metricTenantRejected = register(prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "rollout_tenant_rejected_total",
 		Help: "Calls refused RESOURCE_EXHAUSTED by tenant and the quota they exceeded (jobs, sandboxes, rows, rate).",
-	}, []string{"tenant", "quota"})
-	metricRPCs = prometheus.NewCounterVec(prometheus.CounterOpts{
+	}, []string{"tenant", "quota"}))
+	metricRPCs = register(prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "rollout_grpc_requests_total",
 		Help: "gRPC calls by method and status code.",
-	}, []string{"method", "code"})
-	metricRPCSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+	}, []string{"method", "code"}))
+	metricRPCSeconds = register(prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "rollout_grpc_request_duration_seconds",
 		Help:    "Duration of unary gRPC calls by method.",
 		Buckets: prometheus.ExponentialBuckets(0.0005, 4, 10),
-	}, []string{"method"})
+	}, []string{"method"}))
 )
+
+// serviceCollectors are the metrics above, in declaration order; register
+// adds one, so a new metric cannot be left out of MetricsHandler.
+var serviceCollectors []prometheus.Collector
+
+func register[C prometheus.Collector](c C) C {
+	serviceCollectors = append(serviceCollectors, c)
+	return c
+}
 
 var registerOnce sync.Once
 
@@ -109,9 +119,7 @@ var registerOnce sync.Once
 // runtime's, in the Prometheus text format.
 func MetricsHandler() http.Handler {
 	registerOnce.Do(func() {
-		cs := append([]prometheus.Collector{metricRollouts, metricFailures, metricTurns, metricTokens, metricReward,
-			metricPhase, metricGroups, metricGroupsDropped, metricCollectStreams, metricCollectInFlight, metricRPCs,
-			metricRPCSeconds, metricUpdates, metricPauseSeconds, metricResumeSeconds, metricStale, metricTenantHeld, metricTenantRejected}, trajectory.Collectors()...)
+		cs := append(slices.Clone(serviceCollectors), trajectory.Collectors()...)
 		for _, c := range cs {
 			if err := prometheus.Register(c); err != nil {
 				var are prometheus.AlreadyRegisteredError

@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -154,25 +153,8 @@ func startGatewayProcess(ctx context.Context, exe, engine string, sessions int) 
 			os.RemoveAll(dir)
 		}
 	}()
-	for attempt := 1; ; attempt++ {
-		port, err := freePort()
-		if err != nil {
-			return nil, err
-		}
-		p, err := spawnChild(exe, []string{"bench", "gateway-serve", "--engine", engine, "--backend", inference.BackendVLLM,
-			"--addr", "127.0.0.1:" + strconv.Itoa(port), "--sessions", strconv.Itoa(sessions)}, port, dir, "gateway.log")
-		if err != nil {
-			return nil, err
-		}
-		herr := p.waitHealthy(ctx, 30*time.Second)
-		if herr == nil {
-			return p, nil
-		}
-		p.stop()
-		out := p.output()
-		if attempt < 3 && strings.Contains(out, "address already in use") && ctx.Err() == nil {
-			continue
-		}
-		return nil, errors.Join(herr, fmt.Errorf("gateway output:\n%s", out))
-	}
+	return startChildOnFreePort(ctx, exe, dir, "gateway.log", "gateway", func(port int) []string {
+		return []string{"bench", "gateway-serve", "--engine", engine, "--backend", inference.BackendVLLM,
+			"--addr", "127.0.0.1:" + strconv.Itoa(port), "--sessions", strconv.Itoa(sessions)}
+	})
 }

@@ -80,12 +80,23 @@ func startSimProcess(ctx context.Context, exe, config string) (_ *simProcess, er
 	if err := os.WriteFile(cfgPath, []byte(config), 0o644); err != nil {
 		return nil, err
 	}
+	return startChildOnFreePort(ctx, exe, dir, "sim.log", "simulator", func(port int) []string {
+		return []string{"sim", "--host", "127.0.0.1", "--port", strconv.Itoa(port), "--config", cfgPath}
+	})
+}
+
+// startChildOnFreePort spawns exe with args(port) on a free loopback port,
+// its output in dir/logName, and waits until /health answers. Another
+// process may take the port between freePort and the child's listen, so a
+// child that fails with "address already in use" is retried on a new port
+// (three attempts in all). what names the child in errors.
+func startChildOnFreePort(ctx context.Context, exe, dir, logName, what string, args func(port int) []string) (*simProcess, error) {
 	for attempt := 1; ; attempt++ {
 		port, err := freePort()
 		if err != nil {
 			return nil, err
 		}
-		p, err := spawnSim(exe, cfgPath, port, dir)
+		p, err := spawnChild(exe, args(port), port, dir, logName)
 		if err != nil {
 			return nil, err
 		}
@@ -95,13 +106,11 @@ func startSimProcess(ctx context.Context, exe, config string) (_ *simProcess, er
 		}
 		p.stop()
 		out := p.output()
-		// Another process may take the port between freePort and the
-		// child's listen.
 		if attempt < 3 && strings.Contains(out, "address already in use") && ctx.Err() == nil {
 			continue
 		}
 		if out != "" {
-			return nil, fmt.Errorf("%w; simulator output:\n%s", herr, out)
+			return nil, fmt.Errorf("%w; %s output:\n%s", herr, what, out)
 		}
 		return nil, herr
 	}
@@ -115,10 +124,6 @@ func freePort() (int, error) {
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	return port, l.Close()
-}
-
-func spawnSim(exe, cfgPath string, port int, dir string) (*simProcess, error) {
-	return spawnChild(exe, []string{"sim", "--host", "127.0.0.1", "--port", strconv.Itoa(port), "--config", cfgPath}, port, dir, "sim.log")
 }
 
 // spawnChild starts exe with args as a child serving on port of the
