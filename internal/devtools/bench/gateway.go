@@ -143,7 +143,7 @@ func runGatewayScale(ctx context.Context, r *runCtx) ([]Measure, error) {
 
 // startGatewayProcess runs `exe bench gateway-serve` on a free port
 // against the engine at engine and waits until it answers /health.
-func startGatewayProcess(ctx context.Context, exe, engine string, sessions int) (_ *simProcess, err error) {
+func startGatewayProcess(ctx context.Context, exe, engine string, sessions int) (_ *childProcess, err error) {
 	dir, err := os.MkdirTemp("", "rollout-bench-gateway-*")
 	if err != nil {
 		return nil, err

@@ -182,7 +182,7 @@ type clientStats struct {
 
 // clientLoops runs loops loops through a fresh tokens-mode client on sp,
 // configured by cfg (backend and options; endpoint and logger are set here).
-func clientLoops(ctx context.Context, sp *simProcess, r *runCtx, cfg inference.Config, loops, turns int) (loopbench.ConcurrencyReport, clientStats, error) {
+func clientLoops(ctx context.Context, sp *childProcess, r *runCtx, cfg inference.Config, loops, turns int) (loopbench.ConcurrencyReport, clientStats, error) {
 	cfg.Endpoints, cfg.Logger = []string{sp.URL}, r.logger
 	pol, err := inference.New(cfg)
 	if err != nil {

@@ -16,12 +16,13 @@ import (
 	"time"
 )
 
-// simProcess is `rollout sim` running in a child process, so that a
+// childProcess is `rollout sim` running in a child process, so that a
 // measure of the client counts none of the server's CPU or memory. Its
 // output goes to a file (handed to the child as its stdout and stderr, so
 // this process copies nothing); Close stops it and removes the file.
-type simProcess struct {
+type childProcess struct {
 	URL  string
+	what string // what the child is, for errors ("simulator", "gateway")
 	cmd  *exec.Cmd
 	dir  string
 	log  string
@@ -66,7 +67,7 @@ func (r *runCtx) simBinary() (string, error) {
 
 // startSimProcess runs `exe sim --host 127.0.0.1 --port P --config FILE`
 // with config as FILE, on a free port, and waits until /health answers.
-func startSimProcess(ctx context.Context, exe, config string) (_ *simProcess, err error) {
+func startSimProcess(ctx context.Context, exe, config string) (_ *childProcess, err error) {
 	dir, err := os.MkdirTemp("", "rollout-bench-sim-*")
 	if err != nil {
 		return nil, err
@@ -90,13 +91,13 @@ func startSimProcess(ctx context.Context, exe, config string) (_ *simProcess, er
 // process may take the port between freePort and the child's listen, so a
 // child that fails with "address already in use" is retried on a new port
 // (three attempts in all). what names the child in errors.
-func startChildOnFreePort(ctx context.Context, exe, dir, logName, what string, args func(port int) []string) (*simProcess, error) {
+func startChildOnFreePort(ctx context.Context, exe, dir, logName, what string, args func(port int) []string) (*childProcess, error) {
 	for attempt := 1; ; attempt++ {
 		port, err := freePort()
 		if err != nil {
 			return nil, err
 		}
-		p, err := spawnChild(exe, args(port), port, dir, logName)
+		p, err := spawnChild(exe, args(port), port, dir, logName, what)
 		if err != nil {
 			return nil, err
 		}
@@ -128,7 +129,7 @@ func freePort() (int, error) {
 
 // spawnChild starts exe with args as a child serving on port of the
 // loopback interface, its output in dir/logName.
-func spawnChild(exe string, args []string, port int, dir, logName string) (*simProcess, error) {
+func spawnChild(exe string, args []string, port int, dir, logName, what string) (*childProcess, error) {
 	logPath := filepath.Join(dir, logName)
 	logf, err := os.Create(logPath)
 	if err != nil {
@@ -141,7 +142,7 @@ func spawnChild(exe string, args []string, port int, dir, logName string) (*simP
 	if err != nil {
 		return nil, fmt.Errorf("start %s %s: %w", exe, args[0], err)
 	}
-	p := &simProcess{URL: "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), cmd: cmd, dir: dir, log: logPath,
+	p := &childProcess{URL: "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), what: what, cmd: cmd, dir: dir, log: logPath,
 		done: make(chan struct{}), release: sync.OnceFunc(release)}
 	go func() {
 		p.err = cmd.Wait()
@@ -152,7 +153,7 @@ func spawnChild(exe string, args []string, port int, dir, logName string) (*simP
 
 // waitHealthy polls /health until it answers 200, the child exits, ctx
 // ends or timeout passes.
-func (p *simProcess) waitHealthy(ctx context.Context, timeout time.Duration) error {
+func (p *childProcess) waitHealthy(ctx context.Context, timeout time.Duration) error {
 	// No keep-alive: nothing is left behind (idle connections, their
 	// goroutines) once the server is up.
 	hc := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true, Proxy: nil}}
@@ -173,11 +174,11 @@ func (p *simProcess) waitHealthy(ctx context.Context, timeout time.Duration) err
 		}
 		select {
 		case <-p.done:
-			return fmt.Errorf("simulator exited before answering /health: %v", p.err)
+			return fmt.Errorf("%s exited before answering /health: %v", p.what, p.err)
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-deadline.C:
-			return fmt.Errorf("simulator at %s did not answer /health within %s", p.URL, timeout)
+			return fmt.Errorf("%s at %s did not answer /health within %s", p.what, p.URL, timeout)
 		case <-tick.C:
 		}
 	}
@@ -185,7 +186,7 @@ func (p *simProcess) waitHealthy(ctx context.Context, timeout time.Duration) err
 
 // stop sends SIGTERM, waits for the child (SIGKILL after 10 s) and
 // returns its exit error, if any.
-func (p *simProcess) stop() error {
+func (p *childProcess) stop() error {
 	defer p.release()
 	select {
 	case <-p.done:
@@ -201,16 +202,16 @@ func (p *simProcess) stop() error {
 	case <-t.C:
 		_ = p.cmd.Process.Kill()
 		<-p.done
-		return fmt.Errorf("simulator did not stop within 10 s of SIGTERM; killed")
+		return fmt.Errorf("%s did not stop within 10 s of SIGTERM; killed", p.what)
 	}
 }
 
 // Close stops the child and removes its config and log.
-func (p *simProcess) Close() error {
+func (p *childProcess) Close() error {
 	err := p.stop()
 	if err != nil {
 		if out := p.output(); out != "" {
-			err = fmt.Errorf("%w; simulator output:\n%s", err, out)
+			err = fmt.Errorf("%w; %s output:\n%s", err, p.what, out)
 		}
 	}
 	return errors.Join(err, os.RemoveAll(p.dir))
@@ -218,7 +219,7 @@ func (p *simProcess) Close() error {
 
 // output is the child's log, shortened to its first and last lines (a
 // usage error comes first, a late failure last).
-func (p *simProcess) output() string {
+func (p *childProcess) output() string {
 	b, err := os.ReadFile(p.log)
 	if err != nil {
 		return ""
@@ -237,7 +238,7 @@ func (p *simProcess) output() string {
 }
 
 // cpu is the CPU time the child has used so far.
-func (p *simProcess) cpu() (time.Duration, bool) {
+func (p *childProcess) cpu() (time.Duration, bool) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(p.cmd.Process.Pid) + "/stat")
 	if err != nil {
 		return 0, false
@@ -247,7 +248,7 @@ func (p *simProcess) cpu() (time.Duration, bool) {
 }
 
 // peakRSS is the child's peak resident set size so far (VmHWM).
-func (p *simProcess) peakRSS() (int64, bool) {
+func (p *childProcess) peakRSS() (int64, bool) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(p.cmd.Process.Pid) + "/status")
 	if err != nil {
 		return 0, false
