@@ -16,7 +16,8 @@ import (
 	"time"
 )
 
-// childProcess is `rollout sim` running in a child process, so that a
+// childProcess is a server of the bench's (`rollout sim`, or the gateway
+// of `rollout bench gateway-serve`) running in a child process, so that a
 // measure of the client counts none of the server's CPU or memory. Its
 // output goes to a file (handed to the child as its stdout and stderr, so
 // this process copies nothing); Close stops it and removes the file.
