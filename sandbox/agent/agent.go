@@ -469,13 +469,23 @@ func (s *server) handle(ctx context.Context, p *peer, id uint32, req *Request, d
 // (issue 20; sandbox/README.md). In the poller, the reading goroutine parks
 // and the handler runs at once. Only these two descriptors change: the
 // pipes' other ends, held by the host or the shim, are other open files.
+//
+// The new *os.File owns a duplicate of f's descriptor, never f's own: two
+// files owning one number would close it twice (the second close, from a
+// finalizer, hitting whatever reused the number since).
 func pollable(f *os.File) *os.File {
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFIFO {
 		return f
 	}
-	if err := unix.SetNonblock(int(f.Fd()), true); err != nil {
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
 		return f
 	}
-	return os.NewFile(f.Fd(), f.Name())
+	// O_NONBLOCK belongs to the open file both descriptors share.
+	if err := unix.SetNonblock(fd, true); err != nil {
+		_ = unix.Close(fd)
+		return f
+	}
+	return os.NewFile(uintptr(fd), f.Name())
 }

@@ -19,12 +19,16 @@ func TestPollableStdioPipe(t *testing.T) {
 		t.Fatal(err)
 	}
 	r, w := os.NewFile(uintptr(fds[0]), "r"), os.NewFile(uintptr(fds[1]), "w")
+	defer r.Close()
 	defer w.Close()
 	if err := r.SetReadDeadline(time.Now()); !errors.Is(err, os.ErrNoDeadline) {
 		t.Fatalf("a blocking pipe took a deadline (%v): the test does not start from blocking stdio", err)
 	}
 	pr := pollable(r)
 	defer pr.Close()
+	if pr.Fd() == r.Fd() {
+		t.Fatal("the pollable file owns the original's descriptor: both would close it")
+	}
 	if fl, err := unix.FcntlInt(uintptr(fds[0]), unix.F_GETFL, 0); err != nil || fl&unix.O_NONBLOCK == 0 {
 		t.Fatalf("flags %#x, %v: want O_NONBLOCK", fl, err)
 	}
