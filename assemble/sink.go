@@ -104,6 +104,13 @@ func Records(run *runner.RunInfo, g *runner.Group, ro *runner.Rollout) ([]trajec
 			return nil, fmt.Errorf("group %s rollout %d: session %s: branch %d at position %d (branches must be in index order)", g.ID, ro.Index, s.ID, b.Index, i)
 		}
 		rec := main
+		if r, ok := ro.BranchRewards[i]; ok && ro.Status == runner.StatusOK {
+			// The caller scored this branch on its own (standalone gateway).
+			rec.Reward, rec.Advantage = r, nil
+			if a, ok := ro.BranchAdvantages[i]; ok {
+				rec.Advantage = &a
+			}
+		}
 		msgs, err := json.Marshal(b.Messages)
 		if err != nil {
 			return nil, fmt.Errorf("group %s rollout %d branch %d: messages: %w", g.ID, ro.Index, i, err)

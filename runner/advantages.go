@@ -4,6 +4,11 @@ import (
 	"math"
 )
 
+// AssembleGroup computes a group's statistics and advantages over its ok
+// rollouts, as the runner does for the groups it runs: for groups
+// assembled outside it (a standalone gateway's sessions).
+func AssembleGroup(g *Group, a Advantage) { assemble(g, a) }
+
 // assemble computes the group statistics and advantages over ok rollouts.
 func assemble(g *Group, a Advantage) {
 	var sum float64
@@ -38,10 +43,23 @@ func assemble(g *Group, a Advantage) {
 		if ro.Status != StatusOK {
 			continue
 		}
-		adv := ro.Score.Value - g.Mean
-		if a.Mode == AdvantageGRPO {
-			adv /= g.Std + 1e-6
-		}
+		adv := advantage(ro.Score.Value, g, a)
 		ro.Advantage = &adv
+		ro.BranchAdvantages = nil
+		for b, r := range ro.BranchRewards {
+			if ro.BranchAdvantages == nil {
+				ro.BranchAdvantages = map[int]float64{}
+			}
+			ro.BranchAdvantages[b] = advantage(r, g, a)
+		}
 	}
+}
+
+// advantage of a reward in group g.
+func advantage(r float64, g *Group, a Advantage) float64 {
+	adv := r - g.Mean
+	if a.Mode == AdvantageGRPO {
+		adv /= g.Std + 1e-6
+	}
+	return adv
 }

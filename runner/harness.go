@@ -47,6 +47,11 @@ const (
 	StopHarnessTimeout agentloop.StopReason = "harness_timeout"    // its budget ran out; it was killed
 	StopHarnessNoCalls agentloop.StopReason = "harness_no_calls"   // it never called the model
 	StopHarnessLooped  agentloop.StopReason = "harness_call_limit" // it reached the session's call limit
+	// StopSessionClosed: a standalone gateway's caller closed the session
+	// (its harness ran elsewhere); StopSessionExpired: the session was
+	// closed for it (idle expiry, or the gateway stopping).
+	StopSessionClosed  agentloop.StopReason = "session_closed"
+	StopSessionExpired agentloop.StopReason = "session_expired"
 )
 
 // harnessAPIKey is the key a harness is given: the tunnel reaches only its
@@ -191,25 +196,8 @@ func sandboxKind(ctx context.Context, err error, ro *Rollout) string {
 // that holds the session's last answered call (what the harness ended
 // with), branch 0's sequence (the main row's).
 func harnessResult(rec gateway.SessionRecord, res sandbox.ExecResult, callLimit int) agentloop.Result {
-	var out agentloop.Result
-	ok := 0
-	last := -1
-	for _, c := range rec.Calls {
-		if c.Status == gateway.CallError {
-			continue
-		}
-		ok++
-		if c.Branch >= 0 {
-			last = c.Branch
-		}
-	}
-	out.TurnsUsed = ok
-	if last >= 0 && last < len(rec.Branches) {
-		out.Messages = append([]openai.ChatCompletionMessage(nil), rec.Branches[last].Messages...)
-	}
-	if len(rec.Branches) > 0 {
-		out.Sequence = rec.Branches[0].Sequence
-	}
+	out := SessionResult(rec)
+	ok := out.TurnsUsed
 	detail := fmt.Sprintf("exit %d after %s, %d calls (%d answered), %d branches", res.ExitCode, res.Duration.Round(time.Millisecond), len(rec.Calls), ok, len(rec.Branches))
 	switch {
 	case res.TimedOut:
@@ -231,6 +219,31 @@ func harnessResult(rec gateway.SessionRecord, res sandbox.ExecResult, callLimit 
 		}
 	}
 	out.Events = []agentloop.Event{{Kind: "harness", Detail: detail}}
+	return out
+}
+
+// SessionResult is what the main row sees of a gateway session: its
+// answered calls as turns, the conversation of the branch that holds the
+// session's last answered call (what the harness ended with), branch 0's
+// sequence. The caller sets the stop reason and events.
+func SessionResult(rec gateway.SessionRecord) agentloop.Result {
+	var out agentloop.Result
+	last := -1
+	for _, c := range rec.Calls {
+		if c.Status == gateway.CallError {
+			continue
+		}
+		out.TurnsUsed++
+		if c.Branch >= 0 {
+			last = c.Branch
+		}
+	}
+	if last >= 0 && last < len(rec.Branches) {
+		out.Messages = append([]openai.ChatCompletionMessage(nil), rec.Branches[last].Messages...)
+	}
+	if len(rec.Branches) > 0 {
+		out.Sequence = rec.Branches[0].Sequence
+	}
 	return out
 }
 

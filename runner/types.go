@@ -40,6 +40,10 @@ const (
 	FailTask         = "task"               // the env could not build the task (bad item)
 	FailDistill      = "distill"            // the distillation teacher could not score the rollout
 	FailEnvFeedback  = "env_feedback"       // the env's responder could not answer a turn (e.g. its user simulator's endpoint)
+	// FailExpired: a standalone gateway session that got no reward: it
+	// went idle past its expiry, or was open or unscored when the gateway
+	// stopped (the message says which).
+	FailExpired = "session_expired"
 )
 
 // Failure describes why a rollout is infra_failed.
@@ -92,6 +96,12 @@ type Rollout struct {
 	// reason, turns, tool errors and loop events); Result.Sequence and
 	// Result.Messages are not used.
 	Session *gateway.SessionRecord
+	// BranchRewards override Score.Value for single branches of Session
+	// (by index; a standalone gateway's caller posts them); the group's
+	// statistics use Score.Value only. BranchAdvantages are their
+	// advantages under the group's mean and std (AssembleGroup).
+	BranchRewards    map[int]float64
+	BranchAdvantages map[int]float64
 	// deterministic: the failure would repeat on a retry (a bad spec).
 	deterministic bool
 }

@@ -83,6 +83,14 @@ var (
 		Name: "rollout_collect_groups_in_flight",
 		Help: "Groups started for CollectGroups streams and not yet sent.",
 	}))
+	metricGatewaySessions = register(prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "rollout_gateway_sessions_opened_total",
+		Help: "Sessions opened on a standalone gateway (rollout gateway).",
+	}))
+	metricGatewayUnscored = register(prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "rollout_gateway_sessions_unscored_total",
+		Help: "Standalone gateway sessions recorded without a reward, by how they ended (expired: idle expiry or shutdown; failed: their record could not be finished).",
+	}, []string{"state"}))
 	metricTenantHeld = register(prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "rollout_tenant_held",
 		Help: "What each tenant holds against its quotas: resource jobs (jobs and collect streams running) or sandboxes (the sum of their limits.sandboxes).",

@@ -21,6 +21,8 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/rollout-rl/rollout/gateway/builtin"
+	"github.com/rollout-rl/rollout/gateway/capture"
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
 )
 
@@ -53,8 +55,9 @@ type Transport struct {
 type GRPC struct {
 	Server *grpc.Server
 	Health *health.Server
-	svc    *Server
-	auth   *tenantAuth
+	// drain stops the service's intake and waits for its work (Shutdown).
+	drain func(ctx context.Context, cancelInFlight bool) error
+	auth  *tenantAuth
 }
 
 func (g *GRPC) authenticated() bool { return g.auth != nil }
@@ -70,12 +73,29 @@ func (g *GRPC) tenantCount() int {
 // empty service name and rollout.v1.RolloutService report SERVING) and
 // server reflection, behind the metrics, auth and rate-limit interceptors.
 func NewGRPC(svc *Server, t Transport) *GRPC {
+	return newGRPC(t, svc.tenants(t.Token), svc.Register, rolloutv1.RolloutService_ServiceDesc.ServiceName, svc.Shutdown)
+}
+
+// NewGatewayGRPC builds the gRPC server of a standalone gateway: the
+// GatewayService, health (rollout.v1.GatewayService) and reflection,
+// behind the same interceptors as NewGRPC; Transport.Token is its one
+// tenant.
+func NewGatewayGRPC(gs *GatewayServer, t Transport) *GRPC {
+	var ts []Tenant
+	if t.Token != "" {
+		ts = []Tenant{TokenTenant(t.Token)}
+	}
+	return newGRPC(t, ts, gs.Register, rolloutv1.GatewayService_ServiceDesc.ServiceName,
+		func(ctx context.Context, _ bool) error { return gs.Shutdown(ctx) })
+}
+
+func newGRPC(t Transport, tenants []Tenant, register func(*grpc.Server), service string, drain func(context.Context, bool) error) *GRPC {
 	if t.MaxMsgSize <= 0 {
 		t.MaxMsgSize = DefaultMaxMsgSize
 	}
 	g := &guard{}
-	if ts := svc.tenants(t.Token); len(ts) > 0 {
-		g.auth = newTenantAuth(ts)
+	if len(tenants) > 0 {
+		g.auth = newTenantAuth(tenants)
 	}
 	if t.RateLimit > 0 {
 		burst := t.RateBurst
@@ -97,13 +117,13 @@ func NewGRPC(svc *Server, t Transport) *GRPC {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(t.TLS)))
 	}
 	gs := grpc.NewServer(opts...)
-	svc.Register(gs)
+	register(gs)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	hs.SetServingStatus(rolloutv1.RolloutService_ServiceDesc.ServiceName, healthpb.HealthCheckResponse_SERVING)
+	hs.SetServingStatus(service, healthpb.HealthCheckResponse_SERVING)
 	reflection.Register(gs)
-	return &GRPC{Server: gs, Health: hs, svc: svc, auth: g.auth}
+	return &GRPC{Server: gs, Health: hs, drain: drain, auth: g.auth}
 }
 
 // Shutdown stops the server gracefully: health turns NOT_SERVING, the
@@ -113,7 +133,7 @@ func NewGRPC(svc *Server, t Transport) *GRPC {
 // remaining calls are cut.
 func (g *GRPC) Shutdown(ctx context.Context, cancelInFlight bool) error {
 	g.Health.Shutdown()
-	err := g.svc.Shutdown(ctx, cancelInFlight)
+	err := g.drain(ctx, cancelInFlight)
 	stopped := make(chan struct{})
 	go func() {
 		g.Server.GracefulStop()
@@ -183,22 +203,68 @@ type RunOptions struct {
 // GRPC.Shutdown); interrupted jobs stay RUNNING in the state dir and resume
 // on the next start. Run closes the listeners.
 func Run(ctx context.Context, svc *Server, o RunOptions) error {
+	return runGRPC(ctx, NewGRPC(svc, o.Transport), svc.Collector(), "rollout service", o)
+}
+
+// GatewayRunOptions configure RunGateway.
+type GatewayRunOptions struct {
+	RunOptions
+	// HTTPListener serves the gateway's front doors (capture.Handler).
+	HTTPListener net.Listener
+}
+
+// RunGateway serves a standalone gateway until ctx ends: its session
+// control over gRPC (the GatewayService, with the transport, auth and
+// metrics of Run) and its front doors over HTTP. At the end it shuts down
+// gracefully: OpenSession is refused, open sessions are closed (calls in
+// flight answered first) and recorded, groups are written and the run
+// directory flushed (GatewayServer.Shutdown), then the HTTP server stops.
+// RunGateway closes the listeners.
+func RunGateway(ctx context.Context, gs *GatewayServer, o GatewayRunOptions) error {
 	log := o.Logger
 	if log == nil {
 		log = slog.Default()
 	}
-	g := NewGRPC(svc, o.Transport)
+	srv := &http.Server{Handler: capture.Handler(gs.Gateway(), builtin.FrontDoors()), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	httpDone := make(chan error, 1)
+	hctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() {
+		err := srv.Serve(o.HTTPListener)
+		if !errors.Is(err, http.ErrServerClosed) {
+			log.Error("gateway front doors failed, shutting down", "error", err)
+			stop()
+		}
+		httpDone <- err
+	}()
+	log.Info("gateway front doors listening", "addr", "http://"+o.HTTPListener.Addr().String(), "dir", gs.Dir())
+	err := runGRPC(hctx, NewGatewayGRPC(gs, o.Transport), nil, "rollout gateway", o.RunOptions)
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	if herr := <-httpDone; !errors.Is(herr, http.ErrServerClosed) {
+		err = errors.Join(err, fmt.Errorf("http: %w", herr))
+	}
+	return err
+}
+
+func runGRPC(ctx context.Context, g *GRPC, reg prometheus.Collector, name string, o RunOptions) error {
+	log := o.Logger
+	if log == nil {
+		log = slog.Default()
+	}
 	grpcDone := make(chan error, 1)
 	go func() { grpcDone <- g.Server.Serve(o.Listener) }()
 
 	var metricsSrv *http.Server
 	var metricsDone chan error // nil without metrics: never ready
 	if o.MetricsListener != nil {
-		reg := svc.Collector()
-		if err := prometheus.Register(reg); err != nil {
-			log.Warn("register job metrics", "error", err)
-		} else {
-			defer prometheus.Unregister(reg)
+		if reg != nil {
+			if err := prometheus.Register(reg); err != nil {
+				log.Warn("register job metrics", "error", err)
+			} else {
+				defer prometheus.Unregister(reg)
+			}
 		}
 		mux := http.NewServeMux()
 		mux.Handle("GET /metrics", MetricsHandler())
@@ -207,7 +273,7 @@ func Run(ctx context.Context, svc *Server, o RunOptions) error {
 		go func() { metricsDone <- metricsSrv.Serve(o.MetricsListener) }()
 		log.Info("metrics listening", "addr", "http://"+o.MetricsListener.Addr().String()+"/metrics")
 	}
-	log.Info("rollout service listening", "addr", o.Listener.Addr().String(), "tls", o.TLS != nil, "auth", g.authenticated(), "tenants", g.tenantCount())
+	log.Info(name+" listening", "addr", o.Listener.Addr().String(), "tls", o.TLS != nil, "auth", g.authenticated(), "tenants", g.tenantCount())
 	if o.Ready != nil {
 		o.Ready()
 	}
@@ -264,6 +330,6 @@ func Run(ctx context.Context, svc *Server, o RunOptions) error {
 	if metricsSrv != nil && !metricsEnded {
 		<-metricsDone
 	}
-	log.Info("rollout service stopped")
+	log.Info(name + " stopped")
 	return errors.Join(runErr, err)
 }

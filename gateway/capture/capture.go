@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	openai "github.com/sashabaranov/go-openai"
 
@@ -51,6 +52,15 @@ type Options struct {
 	MaxSessions        int
 	MaxCallsPerSession int
 	MaxBodyBytes       int64
+	// IdleTimeout closes a session that has had no call for this long and
+	// none in flight (0: never; the caller closes it). The gateway then
+	// calls OnExpire with the session's record; Close on it fails as on
+	// any closed session. A session holds a timer, no goroutine.
+	IdleTimeout time.Duration
+	// OnExpire, when set, receives each session IdleTimeout closed, with
+	// its record (or the error finishing its branches), on the timer's
+	// goroutine.
+	OnExpire func(s *Session, rec gateway.SessionRecord, err error)
 	// Doors are the front doors ServeSession mounts (gateway/builtin's
 	// FrontDoors in production).
 	Doors  []gateway.FrontDoor
@@ -128,8 +138,8 @@ func New(policy inference.Policy, opts Options) (*Gateway, error) {
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = DefaultMaxBodyBytes
 	}
-	if opts.Sampling.MaxTokens < 0 || opts.ContextLength < 0 {
-		return nil, errors.New("capture: negative max_tokens or context length")
+	if opts.Sampling.MaxTokens < 0 || opts.ContextLength < 0 || opts.IdleTimeout < 0 {
+		return nil, errors.New("capture: negative max_tokens, context length or idle timeout")
 	}
 	log := opts.Logger
 	if log == nil {
@@ -205,6 +215,10 @@ func (g *Gateway) Open(ctx context.Context, spec inference.EpisodeSpec) (*Sessio
 		return nil, gateway.Errorf(gateway.ErrOverloaded, "", "%d sessions open (the gateway's limit)", len(g.sessions))
 	}
 	g.sessions[id] = s
+	if d := g.opts.IdleTimeout; d > 0 {
+		s.last = time.Now()
+		s.timer = time.AfterFunc(d, s.expire)
+	}
 	return s, nil
 }
 

@@ -925,3 +925,39 @@ func TestUnanchoredTurn(t *testing.T) {
 	}
 	exact(t, rec, r.srv.Generations()) // only the one reply is trained
 }
+
+// TestIdleExpiry: a session with no call for IdleTimeout is closed by the
+// gateway, which hands its record (the call it made, its branch) to
+// OnExpire; the harness then gets 404 and Close says the session expired.
+// A session closed by its owner never reaches OnExpire.
+func TestIdleExpiry(t *testing.T) {
+	type expiry struct {
+		s   *capture.Session
+		rec gateway.SessionRecord
+		err error
+	}
+	got := make(chan expiry, 2)
+	r := newRig(t, sim.Config{Scripts: []sim.Script{fixScript}}, capture.Options{IdleTimeout: 300 * time.Millisecond,
+		OnExpire: func(s *capture.Session, rec gateway.SessionRecord, err error) { got <- expiry{s, rec, err} }})
+	kept := r.open(t)
+	closeSession(t, kept)
+	s := r.open(t)
+	newHarness(r.base(s), "Please fix the bug").step(t)
+	e := <-got
+	if e.s != s || e.err != nil || len(e.rec.Calls) != 1 || len(e.rec.Branches) != 1 || !s.Expired() {
+		t.Fatalf("expired %v (want %v): %d calls, %d branches, %v", e.s.ID(), s.ID(), len(e.rec.Calls), len(e.rec.Branches), e.err)
+	}
+	st, raw := post(t, r.base(s), map[string]any{"model": "rollout-sim", "messages": []map[string]any{{"role": "user", "content": "again"}}})
+	checkError(t, st, raw, 404, "invalid_request_error", nil, "session_not_found", "")
+	if _, err := s.Close(context.Background()); !errors.Is(err, gateway.ErrSession) || !strings.Contains(err.Error(), "expired") {
+		t.Fatalf("Close after expiry: %v", err)
+	}
+	if r.gw.Sessions() != 0 {
+		t.Fatalf("%d sessions open", r.gw.Sessions())
+	}
+	select {
+	case e := <-got:
+		t.Fatalf("a session closed by its owner expired too: %s", e.s.ID())
+	default:
+	}
+}

@@ -38,6 +38,13 @@ type Session struct {
 	rewritten  int
 	unanchored map[uint64]bool
 	servers    []*http.Server
+	// Idle expiry (Options.IdleTimeout): the last call's start or end,
+	// the calls in flight, the timer (nil without expiry).
+	last   time.Time
+	active int
+	timer  *time.Timer
+	// expired: the session was closed by its idle expiry.
+	expired bool
 }
 
 // reply is one answer the gateway gave, as it sits in its branch.
@@ -78,6 +85,16 @@ func (s *Session) ID() string { return s.id }
 
 func (s *Session) complete(ctx context.Context, call gateway.Call) (gateway.Reply, error) {
 	start := time.Now()
+	s.mu.Lock()
+	s.last = start
+	s.active++
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.last = time.Now()
+		s.active--
+		s.mu.Unlock()
+	}()
 	if call.Previous != "" {
 		msgs, err := s.withPrevious(call)
 		if err != nil {
@@ -588,15 +605,67 @@ func thinkingDisabled(s inference.Sampling) bool {
 	return ok && !v
 }
 
-// Close ends the session: new calls get ErrSession, calls in flight are
-// waited for, every branch's episode is finished and the record returned.
-func (s *Session) Close(ctx context.Context) (gateway.SessionRecord, error) {
+// Expired reports whether the session's idle expiry closed it.
+func (s *Session) Expired() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.expired
+}
+
+// expire runs on the idle timer: it closes the session when it has been
+// idle for Options.IdleTimeout with no call in flight, else re-arms.
+func (s *Session) expire() {
+	d := s.g.opts.IdleTimeout
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
+		return
+	}
+	if idle := time.Since(s.last); s.active > 0 || idle < d {
+		wait := d
+		if s.active == 0 {
+			wait = d - idle
+		}
+		s.timer.Reset(wait)
+		s.mu.Unlock()
+		return
+	}
+	s.expired = true
+	s.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rec, err := s.close(ctx, true)
+	if errors.Is(gateway.KindOf(err), gateway.ErrSession) {
+		return // closed by its owner meanwhile
+	}
+	s.g.log.Info("gateway session expired", "rollout", s.spec.ID, "idle", d.String(), "calls", len(rec.Calls))
+	if s.g.opts.OnExpire != nil {
+		s.g.opts.OnExpire(s, rec, err)
+	}
+}
+
+// Close ends the session: new calls get ErrSession, calls in flight are
+// waited for, every branch's episode is finished and the record returned.
+func (s *Session) Close(ctx context.Context) (gateway.SessionRecord, error) {
+	return s.close(ctx, false)
+}
+
+func (s *Session) close(ctx context.Context, expiring bool) (gateway.SessionRecord, error) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		if s.expired && !expiring {
+			return gateway.SessionRecord{}, gateway.Errorf(gateway.ErrSession, "", "the session expired (idle for %s)", s.g.opts.IdleTimeout)
+		}
 		return gateway.SessionRecord{}, gateway.Errorf(gateway.ErrSession, "", "the session is already closed")
 	}
+	if !expiring {
+		s.expired = false
+	}
 	s.closed = true
+	if s.timer != nil {
+		s.timer.Stop()
+	}
 	servers := s.servers
 	s.servers = nil
 	s.mu.Unlock()

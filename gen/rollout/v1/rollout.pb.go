@@ -197,6 +197,751 @@ func (TokenLayout) EnumDescriptor() ([]byte, []int) {
 	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{2}
 }
 
+// OpenSessionRequest opens one session.
+type OpenSessionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// group_id of the group the session joins; empty: a new group (its id is
+	// returned). Ids are 1-64 characters of [A-Za-z0-9_-].
+	GroupId string `protobuf:"bytes,1,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"`
+	// item_id of the group's item (recorded as the item_id column); the
+	// first session of a group sets it, a different one later is refused.
+	ItemId string `protobuf:"bytes,2,opt,name=item_id,json=itemId,proto3" json:"item_id,omitempty"`
+	// metadata of the group's item (recorded in the item), set by its first
+	// session.
+	Metadata map[string]string `protobuf:"bytes,3,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// group_size: the sessions the group will hold (0: the config's
+	// group_size, else 1); set by its first session.
+	GroupSize     int32 `protobuf:"varint,4,opt,name=group_size,json=groupSize,proto3" json:"group_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OpenSessionRequest) Reset() {
+	*x = OpenSessionRequest{}
+	mi := &file_rollout_v1_rollout_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenSessionRequest) ProtoMessage() {}
+
+func (x *OpenSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_rollout_v1_rollout_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenSessionRequest.ProtoReflect.Descriptor instead.
+func (*OpenSessionRequest) Descriptor() ([]byte, []int) {
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *OpenSessionRequest) GetGroupId() string {
+	if x != nil {
+		return x.GroupId
+	}
+	return ""
+}
+
+func (x *OpenSessionRequest) GetItemId() string {
+	if x != nil {
+		return x.ItemId
+	}
+	return ""
+}
+
+func (x *OpenSessionRequest) GetMetadata() map[string]string {
+	if x != nil {
+		return x.Metadata
+	}
+	return nil
+}
+
+func (x *OpenSessionRequest) GetGroupSize() int32 {
+	if x != nil {
+		return x.GroupSize
+	}
+	return 0
+}
+
+// OpenSessionResponse is where the harness goes.
+type OpenSessionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// session_id is the session's secret id (160 random bits): its base URLs
+	// carry it; keep it as you would a key.
+	SessionId string `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// group_id of the session's group; index its position in the group.
+	GroupId string `protobuf:"bytes,2,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"`
+	Index   int32  `protobuf:"varint,3,opt,name=index,proto3" json:"index,omitempty"`
+	// openai_base_url for OpenAI SDKs (Chat Completions and Responses);
+	// anthropic_base_url for Anthropic SDKs (they append /v1/messages).
+	OpenaiBaseUrl    string `protobuf:"bytes,4,opt,name=openai_base_url,json=openaiBaseUrl,proto3" json:"openai_base_url,omitempty"`
+	AnthropicBaseUrl string `protobuf:"bytes,5,opt,name=anthropic_base_url,json=anthropicBaseUrl,proto3" json:"anthropic_base_url,omitempty"`
+	// api_key for SDKs that refuse to start without one: the base URL is the
+	// credential, the key authorises nothing.
+	ApiKey string `protobuf:"bytes,6,opt,name=api_key,json=apiKey,proto3" json:"api_key,omitempty"`
+	// expires_after_idle_seconds: the session is closed and recorded as
+	// expired after this long without a call (0: never).
+	ExpiresAfterIdleSeconds float64 `protobuf:"fixed64,7,opt,name=expires_after_idle_seconds,json=expiresAfterIdleSeconds,proto3" json:"expires_after_idle_seconds,omitempty"`
+	unknownFields           protoimpl.UnknownFields
+	sizeCache               protoimpl.SizeCache
+}
+
+func (x *OpenSessionResponse) Reset() {
+	*x = OpenSessionResponse{}
+	mi := &file_rollout_v1_rollout_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OpenSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OpenSessionResponse) ProtoMessage() {}
+
+func (x *OpenSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_rollout_v1_rollout_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OpenSessionResponse.ProtoReflect.Descriptor instead.
+func (*OpenSessionResponse) Descriptor() ([]byte, []int) {
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *OpenSessionResponse) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *OpenSessionResponse) GetGroupId() string {
+	if x != nil {
+		return x.GroupId
+	}
+	return ""
+}
+
+func (x *OpenSessionResponse) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *OpenSessionResponse) GetOpenaiBaseUrl() string {
+	if x != nil {
+		return x.OpenaiBaseUrl
+	}
+	return ""
+}
+
+func (x *OpenSessionResponse) GetAnthropicBaseUrl() string {
+	if x != nil {
+		return x.AnthropicBaseUrl
+	}
+	return ""
+}
+
+func (x *OpenSessionResponse) GetApiKey() string {
+	if x != nil {
+		return x.ApiKey
+	}
+	return ""
+}
+
+func (x *OpenSessionResponse) GetExpiresAfterIdleSeconds() float64 {
+	if x != nil {
+		return x.ExpiresAfterIdleSeconds
+	}
+	return 0
+}
+
+// CloseSessionRequest names the session to close.
+type CloseSessionRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SessionId     string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CloseSessionRequest) Reset() {
+	*x = CloseSessionRequest{}
+	mi := &file_rollout_v1_rollout_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CloseSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CloseSessionRequest) ProtoMessage() {}
+
+func (x *CloseSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_rollout_v1_rollout_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CloseSessionRequest.ProtoReflect.Descriptor instead.
+func (*CloseSessionRequest) Descriptor() ([]byte, []int) {
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *CloseSessionRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+// CloseSessionResponse carries the closed session's summary.
+type CloseSessionResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Summary       *SessionSummary        `protobuf:"bytes,1,opt,name=summary,proto3" json:"summary,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CloseSessionResponse) Reset() {
+	*x = CloseSessionResponse{}
+	mi := &file_rollout_v1_rollout_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CloseSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CloseSessionResponse) ProtoMessage() {}
+
+func (x *CloseSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_rollout_v1_rollout_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CloseSessionResponse.ProtoReflect.Descriptor instead.
+func (*CloseSessionResponse) Descriptor() ([]byte, []int) {
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *CloseSessionResponse) GetSummary() *SessionSummary {
+	if x != nil {
+		return x.Summary
+	}
+	return nil
+}
+
+// SessionSummary is what a closed session recorded.
+type SessionSummary struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	GroupId   string                 `protobuf:"bytes,2,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"`
+	Index     int32                  `protobuf:"varint,3,opt,name=index,proto3" json:"index,omitempty"`
+	// status is "closed" (by CloseSession) or "expired" (idle past the
+	// expiry, or open at shutdown); reason says why for the latter.
+	Status string `protobuf:"bytes,4,opt,name=status,proto3" json:"status,omitempty"`
+	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	// calls made; answered (ok, resent or discarded) and failed (error).
+	Calls         int32 `protobuf:"varint,6,opt,name=calls,proto3" json:"calls,omitempty"`
+	AnsweredCalls int32 `protobuf:"varint,7,opt,name=answered_calls,json=answeredCalls,proto3" json:"answered_calls,omitempty"`
+	FailedCalls   int32 `protobuf:"varint,8,opt,name=failed_calls,json=failedCalls,proto3" json:"failed_calls,omitempty"`
+	// prompt_tokens and completion_tokens summed over the calls as the
+	// engine counted them.
+	PromptTokens     int64 `protobuf:"varint,9,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
+	CompletionTokens int64 `protobuf:"varint,10,opt,name=completion_tokens,json=completionTokens,proto3" json:"completion_tokens,omitempty"`
+	// rewritten: echoed replies whose text differed from what was sampled
+	// (anchored back to the sampled ids); unanchored: echoed assistant turns
+	// matching no reply (masked, never trained).
+	Rewritten  int32 `protobuf:"varint,11,opt,name=rewritten,proto3" json:"rewritten,omitempty"`
+	Unanchored int32 `protobuf:"varint,12,opt,name=unanchored,proto3" json:"unanchored,omitempty"`
+	// drift_tokens over the branches (re-rendering the final conversations).
+	DriftTokens int32 `protobuf:"varint,13,opt,name=drift_tokens,json=driftTokens,proto3" json:"drift_tokens,omitempty"`
+	// branches of the session, branch 0 first.
+	Branches      []*BranchSummary `protobuf:"bytes,14,rep,name=branches,proto3" json:"branches,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SessionSummary) Reset() {
+	*x = SessionSummary{}
+	mi := &file_rollout_v1_rollout_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SessionSummary) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SessionSummary) ProtoMessage() {}
+
+func (x *SessionSummary) ProtoReflect() protoreflect.Message {
+	mi := &file_rollout_v1_rollout_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SessionSummary.ProtoReflect.Descriptor instead.
+func (*SessionSummary) Descriptor() ([]byte, []int) {
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *SessionSummary) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *SessionSummary) GetGroupId() string {
+	if x != nil {
+		return x.GroupId
+	}
+	return ""
+}
+
+func (x *SessionSummary) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *SessionSummary) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+func (x *SessionSummary) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *SessionSummary) GetCalls() int32 {
+	if x != nil {
+		return x.Calls
+	}
+	return 0
+}
+
+func (x *SessionSummary) GetAnsweredCalls() int32 {
+	if x != nil {
+		return x.AnsweredCalls
+	}
+	return 0
+}
+
+func (x *SessionSummary) GetFailedCalls() int32 {
+	if x != nil {
+		return x.FailedCalls
+	}
+	return 0
+}
+
+func (x *SessionSummary) GetPromptTokens() int64 {
+	if x != nil {
+		return x.PromptTokens
+	}
+	return 0
+}
+
+func (x *SessionSummary) GetCompletionTokens() int64 {
+	if x != nil {
+		return x.CompletionTokens
+	}
+	return 0
+}
+
+func (x *SessionSummary) GetRewritten() int32 {
+	if x != nil {
+		return x.Rewritten
+	}
+	return 0
+}
+
+func (x *SessionSummary) GetUnanchored() int32 {
+	if x != nil {
+		return x.Unanchored
+	}
+	return 0
+}
+
+func (x *SessionSummary) GetDriftTokens() int32 {
+	if x != nil {
+		return x.DriftTokens
+	}
+	return 0
+}
+
+func (x *SessionSummary) GetBranches() []*BranchSummary {
+	if x != nil {
+		return x.Branches
+	}
+	return nil
+}
+
+// BranchSummary is one branch of a session.
+type BranchSummary struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Index int32                  `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	// parent branch (-1 for none), the call that started it, the leading
+	// tokens it shares with its parent.
+	Parent       int32 `protobuf:"varint,2,opt,name=parent,proto3" json:"parent,omitempty"`
+	SplitCall    int32 `protobuf:"varint,3,opt,name=split_call,json=splitCall,proto3" json:"split_call,omitempty"`
+	SharedTokens int32 `protobuf:"varint,4,opt,name=shared_tokens,json=sharedTokens,proto3" json:"shared_tokens,omitempty"`
+	// tokens of the branch's sequence, trained_tokens those with mask 1.
+	Tokens        int32 `protobuf:"varint,5,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	TrainedTokens int32 `protobuf:"varint,6,opt,name=trained_tokens,json=trainedTokens,proto3" json:"trained_tokens,omitempty"`
+	// calls whose replies it holds.
+	Calls         int32 `protobuf:"varint,7,opt,name=calls,proto3" json:"calls,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *BranchSummary) Reset() {
+	*x = BranchSummary{}
+	mi := &file_rollout_v1_rollout_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *BranchSummary) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*BranchSummary) ProtoMessage() {}
+
+func (x *BranchSummary) ProtoReflect() protoreflect.Message {
+	mi := &file_rollout_v1_rollout_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use BranchSummary.ProtoReflect.Descriptor instead.
+func (*BranchSummary) Descriptor() ([]byte, []int) {
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *BranchSummary) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *BranchSummary) GetParent() int32 {
+	if x != nil {
+		return x.Parent
+	}
+	return 0
+}
+
+func (x *BranchSummary) GetSplitCall() int32 {
+	if x != nil {
+		return x.SplitCall
+	}
+	return 0
+}
+
+func (x *BranchSummary) GetSharedTokens() int32 {
+	if x != nil {
+		return x.SharedTokens
+	}
+	return 0
+}
+
+func (x *BranchSummary) GetTokens() int32 {
+	if x != nil {
+		return x.Tokens
+	}
+	return 0
+}
+
+func (x *BranchSummary) GetTrainedTokens() int32 {
+	if x != nil {
+		return x.TrainedTokens
+	}
+	return 0
+}
+
+func (x *BranchSummary) GetCalls() int32 {
+	if x != nil {
+		return x.Calls
+	}
+	return 0
+}
+
+// ScoreSessionRequest posts a closed session's reward.
+type ScoreSessionRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SessionId string                 `protobuf:"bytes,1,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// reward of the session: every branch's unless branch_rewards overrides.
+	Reward float64 `protobuf:"fixed64,2,opt,name=reward,proto3" json:"reward,omitempty"`
+	// branch_rewards overrides the reward of single branches (by index); an
+	// overridden branch's advantage uses the group's mean and std of the
+	// sessions' rewards.
+	BranchRewards map[int32]float64 `protobuf:"bytes,3,rep,name=branch_rewards,json=branchRewards,proto3" json:"branch_rewards,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	// metrics are recorded as the reward's components.
+	Metrics       map[string]float64 `protobuf:"bytes,4,rep,name=metrics,proto3" json:"metrics,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"fixed64,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ScoreSessionRequest) Reset() {
+	*x = ScoreSessionRequest{}
+	mi := &file_rollout_v1_rollout_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ScoreSessionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ScoreSessionRequest) ProtoMessage() {}
+
+func (x *ScoreSessionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_rollout_v1_rollout_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ScoreSessionRequest.ProtoReflect.Descriptor instead.
+func (*ScoreSessionRequest) Descriptor() ([]byte, []int) {
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ScoreSessionRequest) GetSessionId() string {
+	if x != nil {
+		return x.SessionId
+	}
+	return ""
+}
+
+func (x *ScoreSessionRequest) GetReward() float64 {
+	if x != nil {
+		return x.Reward
+	}
+	return 0
+}
+
+func (x *ScoreSessionRequest) GetBranchRewards() map[int32]float64 {
+	if x != nil {
+		return x.BranchRewards
+	}
+	return nil
+}
+
+func (x *ScoreSessionRequest) GetMetrics() map[string]float64 {
+	if x != nil {
+		return x.Metrics
+	}
+	return nil
+}
+
+// ScoreSessionResponse says where the session's group stands.
+type ScoreSessionResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	GroupId string                 `protobuf:"bytes,1,opt,name=group_id,json=groupId,proto3" json:"group_id,omitempty"`
+	// pending: the group's sessions still to be opened, closed or scored;
+	// 0 when this score finished the group (it is then written).
+	Pending       int32 `protobuf:"varint,2,opt,name=pending,proto3" json:"pending,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ScoreSessionResponse) Reset() {
+	*x = ScoreSessionResponse{}
+	mi := &file_rollout_v1_rollout_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ScoreSessionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ScoreSessionResponse) ProtoMessage() {}
+
+func (x *ScoreSessionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_rollout_v1_rollout_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ScoreSessionResponse.ProtoReflect.Descriptor instead.
+func (*ScoreSessionResponse) Descriptor() ([]byte, []int) {
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ScoreSessionResponse) GetGroupId() string {
+	if x != nil {
+		return x.GroupId
+	}
+	return ""
+}
+
+func (x *ScoreSessionResponse) GetPending() int32 {
+	if x != nil {
+		return x.Pending
+	}
+	return 0
+}
+
+// WatchSessionGroupsRequest starts a stream of finished groups.
+type WatchSessionGroupsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// token_layout of the groups' rollouts (default full).
+	TokenLayout   TokenLayout `protobuf:"varint,1,opt,name=token_layout,json=tokenLayout,proto3,enum=rollout.v1.TokenLayout" json:"token_layout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchSessionGroupsRequest) Reset() {
+	*x = WatchSessionGroupsRequest{}
+	mi := &file_rollout_v1_rollout_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchSessionGroupsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchSessionGroupsRequest) ProtoMessage() {}
+
+func (x *WatchSessionGroupsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_rollout_v1_rollout_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchSessionGroupsRequest.ProtoReflect.Descriptor instead.
+func (*WatchSessionGroupsRequest) Descriptor() ([]byte, []int) {
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *WatchSessionGroupsRequest) GetTokenLayout() TokenLayout {
+	if x != nil {
+		return x.TokenLayout
+	}
+	return TokenLayout_TOKEN_LAYOUT_UNSPECIFIED
+}
+
+// WatchSessionGroupsResponse is one finished group.
+type WatchSessionGroupsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Group         *Group                 `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchSessionGroupsResponse) Reset() {
+	*x = WatchSessionGroupsResponse{}
+	mi := &file_rollout_v1_rollout_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchSessionGroupsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchSessionGroupsResponse) ProtoMessage() {}
+
+func (x *WatchSessionGroupsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_rollout_v1_rollout_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchSessionGroupsResponse.ProtoReflect.Descriptor instead.
+func (*WatchSessionGroupsResponse) Descriptor() ([]byte, []int) {
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *WatchSessionGroupsResponse) GetGroup() *Group {
+	if x != nil {
+		return x.Group
+	}
+	return nil
+}
+
 // GetVersionRequest has no fields.
 type GetVersionRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -206,7 +951,7 @@ type GetVersionRequest struct {
 
 func (x *GetVersionRequest) Reset() {
 	*x = GetVersionRequest{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[0]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -218,7 +963,7 @@ func (x *GetVersionRequest) String() string {
 func (*GetVersionRequest) ProtoMessage() {}
 
 func (x *GetVersionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[0]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -231,7 +976,7 @@ func (x *GetVersionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVersionRequest.ProtoReflect.Descriptor instead.
 func (*GetVersionRequest) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{0}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{10}
 }
 
 // GetVersionResponse is the server's build identity.
@@ -251,7 +996,7 @@ type GetVersionResponse struct {
 
 func (x *GetVersionResponse) Reset() {
 	*x = GetVersionResponse{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[1]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -263,7 +1008,7 @@ func (x *GetVersionResponse) String() string {
 func (*GetVersionResponse) ProtoMessage() {}
 
 func (x *GetVersionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[1]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -276,7 +1021,7 @@ func (x *GetVersionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetVersionResponse.ProtoReflect.Descriptor instead.
 func (*GetVersionResponse) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{1}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetVersionResponse) GetVersion() string {
@@ -328,7 +1073,7 @@ type StartJobRequest struct {
 
 func (x *StartJobRequest) Reset() {
 	*x = StartJobRequest{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[2]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -340,7 +1085,7 @@ func (x *StartJobRequest) String() string {
 func (*StartJobRequest) ProtoMessage() {}
 
 func (x *StartJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[2]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -353,7 +1098,7 @@ func (x *StartJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartJobRequest.ProtoReflect.Descriptor instead.
 func (*StartJobRequest) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{2}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *StartJobRequest) GetConfig() isStartJobRequest_Config {
@@ -424,7 +1169,7 @@ type StartJobResponse struct {
 
 func (x *StartJobResponse) Reset() {
 	*x = StartJobResponse{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[3]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -436,7 +1181,7 @@ func (x *StartJobResponse) String() string {
 func (*StartJobResponse) ProtoMessage() {}
 
 func (x *StartJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[3]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -449,7 +1194,7 @@ func (x *StartJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StartJobResponse.ProtoReflect.Descriptor instead.
 func (*StartJobResponse) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{3}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *StartJobResponse) GetJob() *Job {
@@ -470,7 +1215,7 @@ type GetJobRequest struct {
 
 func (x *GetJobRequest) Reset() {
 	*x = GetJobRequest{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[4]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -482,7 +1227,7 @@ func (x *GetJobRequest) String() string {
 func (*GetJobRequest) ProtoMessage() {}
 
 func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[4]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -495,7 +1240,7 @@ func (x *GetJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobRequest.ProtoReflect.Descriptor instead.
 func (*GetJobRequest) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{4}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetJobRequest) GetJobId() string {
@@ -516,7 +1261,7 @@ type GetJobResponse struct {
 
 func (x *GetJobResponse) Reset() {
 	*x = GetJobResponse{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[5]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -528,7 +1273,7 @@ func (x *GetJobResponse) String() string {
 func (*GetJobResponse) ProtoMessage() {}
 
 func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[5]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -541,7 +1286,7 @@ func (x *GetJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetJobResponse.ProtoReflect.Descriptor instead.
 func (*GetJobResponse) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{5}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetJobResponse) GetJob() *Job {
@@ -560,7 +1305,7 @@ type ListJobsRequest struct {
 
 func (x *ListJobsRequest) Reset() {
 	*x = ListJobsRequest{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[6]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -572,7 +1317,7 @@ func (x *ListJobsRequest) String() string {
 func (*ListJobsRequest) ProtoMessage() {}
 
 func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[6]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -585,7 +1330,7 @@ func (x *ListJobsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsRequest.ProtoReflect.Descriptor instead.
 func (*ListJobsRequest) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{6}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{16}
 }
 
 // ListJobsResponse lists jobs, newest first.
@@ -599,7 +1344,7 @@ type ListJobsResponse struct {
 
 func (x *ListJobsResponse) Reset() {
 	*x = ListJobsResponse{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[7]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -611,7 +1356,7 @@ func (x *ListJobsResponse) String() string {
 func (*ListJobsResponse) ProtoMessage() {}
 
 func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[7]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -624,7 +1369,7 @@ func (x *ListJobsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListJobsResponse.ProtoReflect.Descriptor instead.
 func (*ListJobsResponse) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{7}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListJobsResponse) GetJobs() []*Job {
@@ -648,7 +1393,7 @@ type CancelJobRequest struct {
 
 func (x *CancelJobRequest) Reset() {
 	*x = CancelJobRequest{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[8]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -660,7 +1405,7 @@ func (x *CancelJobRequest) String() string {
 func (*CancelJobRequest) ProtoMessage() {}
 
 func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[8]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -673,7 +1418,7 @@ func (x *CancelJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobRequest.ProtoReflect.Descriptor instead.
 func (*CancelJobRequest) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{8}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *CancelJobRequest) GetJobId() string {
@@ -701,7 +1446,7 @@ type CancelJobResponse struct {
 
 func (x *CancelJobResponse) Reset() {
 	*x = CancelJobResponse{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[9]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -713,7 +1458,7 @@ func (x *CancelJobResponse) String() string {
 func (*CancelJobResponse) ProtoMessage() {}
 
 func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[9]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -726,7 +1471,7 @@ func (x *CancelJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelJobResponse.ProtoReflect.Descriptor instead.
 func (*CancelJobResponse) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{9}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CancelJobResponse) GetJob() *Job {
@@ -757,7 +1502,7 @@ type WatchJobRequest struct {
 
 func (x *WatchJobRequest) Reset() {
 	*x = WatchJobRequest{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[10]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -769,7 +1514,7 @@ func (x *WatchJobRequest) String() string {
 func (*WatchJobRequest) ProtoMessage() {}
 
 func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[10]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -782,7 +1527,7 @@ func (x *WatchJobRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchJobRequest.ProtoReflect.Descriptor instead.
 func (*WatchJobRequest) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{10}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *WatchJobRequest) GetJobId() string {
@@ -830,7 +1575,7 @@ type WatchJobResponse struct {
 
 func (x *WatchJobResponse) Reset() {
 	*x = WatchJobResponse{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[11]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -842,7 +1587,7 @@ func (x *WatchJobResponse) String() string {
 func (*WatchJobResponse) ProtoMessage() {}
 
 func (x *WatchJobResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[11]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -855,7 +1600,7 @@ func (x *WatchJobResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchJobResponse.ProtoReflect.Descriptor instead.
 func (*WatchJobResponse) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{11}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *WatchJobResponse) GetEvent() isWatchJobResponse_Event {
@@ -946,7 +1691,7 @@ type Job struct {
 
 func (x *Job) Reset() {
 	*x = Job{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[12]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -958,7 +1703,7 @@ func (x *Job) String() string {
 func (*Job) ProtoMessage() {}
 
 func (x *Job) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[12]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -971,7 +1716,7 @@ func (x *Job) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Job.ProtoReflect.Descriptor instead.
 func (*Job) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{12}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *Job) GetId() string {
@@ -1069,7 +1814,7 @@ type JobProgress struct {
 
 func (x *JobProgress) Reset() {
 	*x = JobProgress{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[13]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1081,7 +1826,7 @@ func (x *JobProgress) String() string {
 func (*JobProgress) ProtoMessage() {}
 
 func (x *JobProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[13]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1094,7 +1839,7 @@ func (x *JobProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JobProgress.ProtoReflect.Descriptor instead.
 func (*JobProgress) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{13}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *JobProgress) GetGroupsTotal() int32 {
@@ -1201,7 +1946,7 @@ type Group struct {
 
 func (x *Group) Reset() {
 	*x = Group{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[14]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1213,7 +1958,7 @@ func (x *Group) String() string {
 func (*Group) ProtoMessage() {}
 
 func (x *Group) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[14]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1226,7 +1971,7 @@ func (x *Group) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Group.ProtoReflect.Descriptor instead.
 func (*Group) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{14}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *Group) GetGroupId() string {
@@ -1368,7 +2113,7 @@ type VersionCut struct {
 
 func (x *VersionCut) Reset() {
 	*x = VersionCut{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[15]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1380,7 +2125,7 @@ func (x *VersionCut) String() string {
 func (*VersionCut) ProtoMessage() {}
 
 func (x *VersionCut) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[15]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1393,7 +2138,7 @@ func (x *VersionCut) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use VersionCut.ProtoReflect.Descriptor instead.
 func (*VersionCut) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{15}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *VersionCut) GetTurn() int32 {
@@ -1550,7 +2295,7 @@ type Rollout struct {
 
 func (x *Rollout) Reset() {
 	*x = Rollout{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[16]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1562,7 +2307,7 @@ func (x *Rollout) String() string {
 func (*Rollout) ProtoMessage() {}
 
 func (x *Rollout) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[16]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1575,7 +2320,7 @@ func (x *Rollout) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Rollout.ProtoReflect.Descriptor instead.
 func (*Rollout) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{16}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *Rollout) GetIndex() int32 {
@@ -1851,7 +2596,7 @@ type CallStatus struct {
 
 func (x *CallStatus) Reset() {
 	*x = CallStatus{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[17]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1863,7 +2608,7 @@ func (x *CallStatus) String() string {
 func (*CallStatus) ProtoMessage() {}
 
 func (x *CallStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[17]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1876,7 +2621,7 @@ func (x *CallStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CallStatus.ProtoReflect.Descriptor instead.
 func (*CallStatus) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{17}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *CallStatus) GetTurn() int32 {
@@ -1939,7 +2684,7 @@ type TeacherTopK struct {
 
 func (x *TeacherTopK) Reset() {
 	*x = TeacherTopK{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[18]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1951,7 +2696,7 @@ func (x *TeacherTopK) String() string {
 func (*TeacherTopK) ProtoMessage() {}
 
 func (x *TeacherTopK) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[18]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1964,7 +2709,7 @@ func (x *TeacherTopK) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TeacherTopK.ProtoReflect.Descriptor instead.
 func (*TeacherTopK) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{18}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *TeacherTopK) GetTokenIds() []int32 {
@@ -1999,7 +2744,7 @@ type CollectGroupsRequest struct {
 
 func (x *CollectGroupsRequest) Reset() {
 	*x = CollectGroupsRequest{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[19]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2011,7 +2756,7 @@ func (x *CollectGroupsRequest) String() string {
 func (*CollectGroupsRequest) ProtoMessage() {}
 
 func (x *CollectGroupsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[19]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2024,7 +2769,7 @@ func (x *CollectGroupsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectGroupsRequest.ProtoReflect.Descriptor instead.
 func (*CollectGroupsRequest) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{19}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *CollectGroupsRequest) GetMsg() isCollectGroupsRequest_Msg {
@@ -2127,7 +2872,7 @@ type CollectStart struct {
 
 func (x *CollectStart) Reset() {
 	*x = CollectStart{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[20]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2139,7 +2884,7 @@ func (x *CollectStart) String() string {
 func (*CollectStart) ProtoMessage() {}
 
 func (x *CollectStart) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[20]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2152,7 +2897,7 @@ func (x *CollectStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectStart.ProtoReflect.Descriptor instead.
 func (*CollectStart) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{20}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *CollectStart) GetConfigYaml() string {
@@ -2207,7 +2952,7 @@ type CollectCredit struct {
 
 func (x *CollectCredit) Reset() {
 	*x = CollectCredit{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[21]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2219,7 +2964,7 @@ func (x *CollectCredit) String() string {
 func (*CollectCredit) ProtoMessage() {}
 
 func (x *CollectCredit) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[21]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2232,7 +2977,7 @@ func (x *CollectCredit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectCredit.ProtoReflect.Descriptor instead.
 func (*CollectCredit) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{21}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *CollectCredit) GetGroups() int32 {
@@ -2266,7 +3011,7 @@ type CollectItems struct {
 
 func (x *CollectItems) Reset() {
 	*x = CollectItems{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[22]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2278,7 +3023,7 @@ func (x *CollectItems) String() string {
 func (*CollectItems) ProtoMessage() {}
 
 func (x *CollectItems) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[22]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2291,7 +3036,7 @@ func (x *CollectItems) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectItems.ProtoReflect.Descriptor instead.
 func (*CollectItems) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{22}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *CollectItems) GetRequestId() string {
@@ -2339,7 +3084,7 @@ type CollectNext struct {
 
 func (x *CollectNext) Reset() {
 	*x = CollectNext{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[23]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2351,7 +3096,7 @@ func (x *CollectNext) String() string {
 func (*CollectNext) ProtoMessage() {}
 
 func (x *CollectNext) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[23]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2364,7 +3109,7 @@ func (x *CollectNext) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectNext.ProtoReflect.Descriptor instead.
 func (*CollectNext) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{23}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *CollectNext) GetRequestId() string {
@@ -2411,7 +3156,7 @@ type CollectGroupsResponse struct {
 
 func (x *CollectGroupsResponse) Reset() {
 	*x = CollectGroupsResponse{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[24]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2423,7 +3168,7 @@ func (x *CollectGroupsResponse) String() string {
 func (*CollectGroupsResponse) ProtoMessage() {}
 
 func (x *CollectGroupsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[24]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2436,7 +3181,7 @@ func (x *CollectGroupsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectGroupsResponse.ProtoReflect.Descriptor instead.
 func (*CollectGroupsResponse) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{24}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *CollectGroupsResponse) GetMsg() isCollectGroupsResponse_Msg {
@@ -2508,7 +3253,7 @@ type CollectStatus struct {
 
 func (x *CollectStatus) Reset() {
 	*x = CollectStatus{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[25]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2520,7 +3265,7 @@ func (x *CollectStatus) String() string {
 func (*CollectStatus) ProtoMessage() {}
 
 func (x *CollectStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[25]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2533,7 +3278,7 @@ func (x *CollectStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CollectStatus.ProtoReflect.Descriptor instead.
 func (*CollectStatus) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{25}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *CollectStatus) GetCredits() int32 {
@@ -2616,7 +3361,7 @@ type BeginPolicyUpdateRequest struct {
 
 func (x *BeginPolicyUpdateRequest) Reset() {
 	*x = BeginPolicyUpdateRequest{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[26]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2628,7 +3373,7 @@ func (x *BeginPolicyUpdateRequest) String() string {
 func (*BeginPolicyUpdateRequest) ProtoMessage() {}
 
 func (x *BeginPolicyUpdateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[26]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2641,7 +3386,7 @@ func (x *BeginPolicyUpdateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginPolicyUpdateRequest.ProtoReflect.Descriptor instead.
 func (*BeginPolicyUpdateRequest) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{26}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *BeginPolicyUpdateRequest) GetJobId() string {
@@ -2683,7 +3428,7 @@ type BeginPolicyUpdateResponse struct {
 
 func (x *BeginPolicyUpdateResponse) Reset() {
 	*x = BeginPolicyUpdateResponse{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[27]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2695,7 +3440,7 @@ func (x *BeginPolicyUpdateResponse) String() string {
 func (*BeginPolicyUpdateResponse) ProtoMessage() {}
 
 func (x *BeginPolicyUpdateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[27]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2708,7 +3453,7 @@ func (x *BeginPolicyUpdateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BeginPolicyUpdateResponse.ProtoReflect.Descriptor instead.
 func (*BeginPolicyUpdateResponse) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{27}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *BeginPolicyUpdateResponse) GetFallback() bool {
@@ -2752,7 +3497,7 @@ type EndPolicyUpdateRequest struct {
 
 func (x *EndPolicyUpdateRequest) Reset() {
 	*x = EndPolicyUpdateRequest{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[28]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2764,7 +3509,7 @@ func (x *EndPolicyUpdateRequest) String() string {
 func (*EndPolicyUpdateRequest) ProtoMessage() {}
 
 func (x *EndPolicyUpdateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[28]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2777,7 +3522,7 @@ func (x *EndPolicyUpdateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndPolicyUpdateRequest.ProtoReflect.Descriptor instead.
 func (*EndPolicyUpdateRequest) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{28}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *EndPolicyUpdateRequest) GetJobId() string {
@@ -2807,7 +3552,7 @@ type EndPolicyUpdateResponse struct {
 
 func (x *EndPolicyUpdateResponse) Reset() {
 	*x = EndPolicyUpdateResponse{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[29]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2819,7 +3564,7 @@ func (x *EndPolicyUpdateResponse) String() string {
 func (*EndPolicyUpdateResponse) ProtoMessage() {}
 
 func (x *EndPolicyUpdateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[29]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2832,7 +3577,7 @@ func (x *EndPolicyUpdateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndPolicyUpdateResponse.ProtoReflect.Descriptor instead.
 func (*EndPolicyUpdateResponse) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{29}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *EndPolicyUpdateResponse) GetVersion() int64 {
@@ -2858,7 +3603,7 @@ type ListEnvironmentsRequest struct {
 
 func (x *ListEnvironmentsRequest) Reset() {
 	*x = ListEnvironmentsRequest{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[30]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2870,7 +3615,7 @@ func (x *ListEnvironmentsRequest) String() string {
 func (*ListEnvironmentsRequest) ProtoMessage() {}
 
 func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[30]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2883,7 +3628,7 @@ func (x *ListEnvironmentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsRequest.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsRequest) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{30}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{40}
 }
 
 // ListEnvironmentsResponse lists environments.
@@ -2897,7 +3642,7 @@ type ListEnvironmentsResponse struct {
 
 func (x *ListEnvironmentsResponse) Reset() {
 	*x = ListEnvironmentsResponse{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[31]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2909,7 +3654,7 @@ func (x *ListEnvironmentsResponse) String() string {
 func (*ListEnvironmentsResponse) ProtoMessage() {}
 
 func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[31]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2922,7 +3667,7 @@ func (x *ListEnvironmentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEnvironmentsResponse.ProtoReflect.Descriptor instead.
 func (*ListEnvironmentsResponse) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{31}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ListEnvironmentsResponse) GetEnvironments() []*Environment {
@@ -2943,7 +3688,7 @@ type DescribeEnvironmentRequest struct {
 
 func (x *DescribeEnvironmentRequest) Reset() {
 	*x = DescribeEnvironmentRequest{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[32]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2955,7 +3700,7 @@ func (x *DescribeEnvironmentRequest) String() string {
 func (*DescribeEnvironmentRequest) ProtoMessage() {}
 
 func (x *DescribeEnvironmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[32]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2968,7 +3713,7 @@ func (x *DescribeEnvironmentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeEnvironmentRequest.ProtoReflect.Descriptor instead.
 func (*DescribeEnvironmentRequest) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{32}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *DescribeEnvironmentRequest) GetName() string {
@@ -2993,7 +3738,7 @@ type DescribeEnvironmentResponse struct {
 
 func (x *DescribeEnvironmentResponse) Reset() {
 	*x = DescribeEnvironmentResponse{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[33]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3005,7 +3750,7 @@ func (x *DescribeEnvironmentResponse) String() string {
 func (*DescribeEnvironmentResponse) ProtoMessage() {}
 
 func (x *DescribeEnvironmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[33]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3018,7 +3763,7 @@ func (x *DescribeEnvironmentResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescribeEnvironmentResponse.ProtoReflect.Descriptor instead.
 func (*DescribeEnvironmentResponse) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{33}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *DescribeEnvironmentResponse) GetEnvironment() *Environment {
@@ -3067,7 +3812,7 @@ type Environment struct {
 
 func (x *Environment) Reset() {
 	*x = Environment{}
-	mi := &file_rollout_v1_rollout_proto_msgTypes[34]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3079,7 +3824,7 @@ func (x *Environment) String() string {
 func (*Environment) ProtoMessage() {}
 
 func (x *Environment) ProtoReflect() protoreflect.Message {
-	mi := &file_rollout_v1_rollout_proto_msgTypes[34]
+	mi := &file_rollout_v1_rollout_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3092,7 +3837,7 @@ func (x *Environment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Environment.ProtoReflect.Descriptor instead.
 func (*Environment) Descriptor() ([]byte, []int) {
-	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{34}
+	return file_rollout_v1_rollout_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *Environment) GetName() string {
@@ -3156,7 +3901,77 @@ var File_rollout_v1_rollout_proto protoreflect.FileDescriptor
 const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"\n" +
 	"\x18rollout/v1/rollout.proto\x12\n" +
-	"rollout.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x13\n" +
+	"rollout.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xee\x01\n" +
+	"\x12OpenSessionRequest\x12\x19\n" +
+	"\bgroup_id\x18\x01 \x01(\tR\agroupId\x12\x17\n" +
+	"\aitem_id\x18\x02 \x01(\tR\x06itemId\x12H\n" +
+	"\bmetadata\x18\x03 \x03(\v2,.rollout.v1.OpenSessionRequest.MetadataEntryR\bmetadata\x12\x1d\n" +
+	"\n" +
+	"group_size\x18\x04 \x01(\x05R\tgroupSize\x1a;\n" +
+	"\rMetadataEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x91\x02\n" +
+	"\x13OpenSessionResponse\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x19\n" +
+	"\bgroup_id\x18\x02 \x01(\tR\agroupId\x12\x14\n" +
+	"\x05index\x18\x03 \x01(\x05R\x05index\x12&\n" +
+	"\x0fopenai_base_url\x18\x04 \x01(\tR\ropenaiBaseUrl\x12,\n" +
+	"\x12anthropic_base_url\x18\x05 \x01(\tR\x10anthropicBaseUrl\x12\x17\n" +
+	"\aapi_key\x18\x06 \x01(\tR\x06apiKey\x12;\n" +
+	"\x1aexpires_after_idle_seconds\x18\a \x01(\x01R\x17expiresAfterIdleSeconds\"4\n" +
+	"\x13CloseSessionRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\"L\n" +
+	"\x14CloseSessionResponse\x124\n" +
+	"\asummary\x18\x01 \x01(\v2\x1a.rollout.v1.SessionSummaryR\asummary\"\xda\x03\n" +
+	"\x0eSessionSummary\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x19\n" +
+	"\bgroup_id\x18\x02 \x01(\tR\agroupId\x12\x14\n" +
+	"\x05index\x18\x03 \x01(\x05R\x05index\x12\x16\n" +
+	"\x06status\x18\x04 \x01(\tR\x06status\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12\x14\n" +
+	"\x05calls\x18\x06 \x01(\x05R\x05calls\x12%\n" +
+	"\x0eanswered_calls\x18\a \x01(\x05R\ransweredCalls\x12!\n" +
+	"\ffailed_calls\x18\b \x01(\x05R\vfailedCalls\x12#\n" +
+	"\rprompt_tokens\x18\t \x01(\x03R\fpromptTokens\x12+\n" +
+	"\x11completion_tokens\x18\n" +
+	" \x01(\x03R\x10completionTokens\x12\x1c\n" +
+	"\trewritten\x18\v \x01(\x05R\trewritten\x12\x1e\n" +
+	"\n" +
+	"unanchored\x18\f \x01(\x05R\n" +
+	"unanchored\x12!\n" +
+	"\fdrift_tokens\x18\r \x01(\x05R\vdriftTokens\x125\n" +
+	"\bbranches\x18\x0e \x03(\v2\x19.rollout.v1.BranchSummaryR\bbranches\"\xd6\x01\n" +
+	"\rBranchSummary\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x05R\x05index\x12\x16\n" +
+	"\x06parent\x18\x02 \x01(\x05R\x06parent\x12\x1d\n" +
+	"\n" +
+	"split_call\x18\x03 \x01(\x05R\tsplitCall\x12#\n" +
+	"\rshared_tokens\x18\x04 \x01(\x05R\fsharedTokens\x12\x16\n" +
+	"\x06tokens\x18\x05 \x01(\x05R\x06tokens\x12%\n" +
+	"\x0etrained_tokens\x18\x06 \x01(\x05R\rtrainedTokens\x12\x14\n" +
+	"\x05calls\x18\a \x01(\x05R\x05calls\"\xed\x02\n" +
+	"\x13ScoreSessionRequest\x12\x1d\n" +
+	"\n" +
+	"session_id\x18\x01 \x01(\tR\tsessionId\x12\x16\n" +
+	"\x06reward\x18\x02 \x01(\x01R\x06reward\x12Y\n" +
+	"\x0ebranch_rewards\x18\x03 \x03(\v22.rollout.v1.ScoreSessionRequest.BranchRewardsEntryR\rbranchRewards\x12F\n" +
+	"\ametrics\x18\x04 \x03(\v2,.rollout.v1.ScoreSessionRequest.MetricsEntryR\ametrics\x1a@\n" +
+	"\x12BranchRewardsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\x05R\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\x1a:\n" +
+	"\fMetricsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"K\n" +
+	"\x14ScoreSessionResponse\x12\x19\n" +
+	"\bgroup_id\x18\x01 \x01(\tR\agroupId\x12\x18\n" +
+	"\apending\x18\x02 \x01(\x05R\apending\"W\n" +
+	"\x19WatchSessionGroupsRequest\x12:\n" +
+	"\ftoken_layout\x18\x01 \x01(\x0e2\x17.rollout.v1.TokenLayoutR\vtokenLayout\"E\n" +
+	"\x1aWatchSessionGroupsResponse\x12'\n" +
+	"\x05group\x18\x01 \x01(\v2\x11.rollout.v1.GroupR\x05group\"\x13\n" +
 	"\x11GetVersionRequest\"\x93\x01\n" +
 	"\x12GetVersionResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x16\n" +
@@ -3426,7 +4241,12 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"\x11BeginPolicyUpdate\x12$.rollout.v1.BeginPolicyUpdateRequest\x1a%.rollout.v1.BeginPolicyUpdateResponse\x12Z\n" +
 	"\x0fEndPolicyUpdate\x12\".rollout.v1.EndPolicyUpdateRequest\x1a#.rollout.v1.EndPolicyUpdateResponse\x12]\n" +
 	"\x10ListEnvironments\x12#.rollout.v1.ListEnvironmentsRequest\x1a$.rollout.v1.ListEnvironmentsResponse\x12f\n" +
-	"\x13DescribeEnvironment\x12&.rollout.v1.DescribeEnvironmentRequest\x1a'.rollout.v1.DescribeEnvironmentResponseB8Z6github.com/rollout-rl/rollout/gen/rollout/v1;rolloutv1b\x06proto3"
+	"\x13DescribeEnvironment\x12&.rollout.v1.DescribeEnvironmentRequest\x1a'.rollout.v1.DescribeEnvironmentResponse2\xed\x02\n" +
+	"\x0eGatewayService\x12N\n" +
+	"\vOpenSession\x12\x1e.rollout.v1.OpenSessionRequest\x1a\x1f.rollout.v1.OpenSessionResponse\x12Q\n" +
+	"\fCloseSession\x12\x1f.rollout.v1.CloseSessionRequest\x1a .rollout.v1.CloseSessionResponse\x12Q\n" +
+	"\fScoreSession\x12\x1f.rollout.v1.ScoreSessionRequest\x1a .rollout.v1.ScoreSessionResponse\x12e\n" +
+	"\x12WatchSessionGroups\x12%.rollout.v1.WatchSessionGroupsRequest\x1a&.rollout.v1.WatchSessionGroupsResponse0\x01B8Z6github.com/rollout-rl/rollout/gen/rollout/v1;rolloutv1b\x06proto3"
 
 var (
 	file_rollout_v1_rollout_proto_rawDescOnce sync.Once
@@ -3441,106 +4261,134 @@ func file_rollout_v1_rollout_proto_rawDescGZIP() []byte {
 }
 
 var file_rollout_v1_rollout_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_rollout_v1_rollout_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_rollout_v1_rollout_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
 var file_rollout_v1_rollout_proto_goTypes = []any{
 	(JobMode)(0),                        // 0: rollout.v1.JobMode
 	(JobState)(0),                       // 1: rollout.v1.JobState
 	(TokenLayout)(0),                    // 2: rollout.v1.TokenLayout
-	(*GetVersionRequest)(nil),           // 3: rollout.v1.GetVersionRequest
-	(*GetVersionResponse)(nil),          // 4: rollout.v1.GetVersionResponse
-	(*StartJobRequest)(nil),             // 5: rollout.v1.StartJobRequest
-	(*StartJobResponse)(nil),            // 6: rollout.v1.StartJobResponse
-	(*GetJobRequest)(nil),               // 7: rollout.v1.GetJobRequest
-	(*GetJobResponse)(nil),              // 8: rollout.v1.GetJobResponse
-	(*ListJobsRequest)(nil),             // 9: rollout.v1.ListJobsRequest
-	(*ListJobsResponse)(nil),            // 10: rollout.v1.ListJobsResponse
-	(*CancelJobRequest)(nil),            // 11: rollout.v1.CancelJobRequest
-	(*CancelJobResponse)(nil),           // 12: rollout.v1.CancelJobResponse
-	(*WatchJobRequest)(nil),             // 13: rollout.v1.WatchJobRequest
-	(*WatchJobResponse)(nil),            // 14: rollout.v1.WatchJobResponse
-	(*Job)(nil),                         // 15: rollout.v1.Job
-	(*JobProgress)(nil),                 // 16: rollout.v1.JobProgress
-	(*Group)(nil),                       // 17: rollout.v1.Group
-	(*VersionCut)(nil),                  // 18: rollout.v1.VersionCut
-	(*Rollout)(nil),                     // 19: rollout.v1.Rollout
-	(*CallStatus)(nil),                  // 20: rollout.v1.CallStatus
-	(*TeacherTopK)(nil),                 // 21: rollout.v1.TeacherTopK
-	(*CollectGroupsRequest)(nil),        // 22: rollout.v1.CollectGroupsRequest
-	(*CollectStart)(nil),                // 23: rollout.v1.CollectStart
-	(*CollectCredit)(nil),               // 24: rollout.v1.CollectCredit
-	(*CollectItems)(nil),                // 25: rollout.v1.CollectItems
-	(*CollectNext)(nil),                 // 26: rollout.v1.CollectNext
-	(*CollectGroupsResponse)(nil),       // 27: rollout.v1.CollectGroupsResponse
-	(*CollectStatus)(nil),               // 28: rollout.v1.CollectStatus
-	(*BeginPolicyUpdateRequest)(nil),    // 29: rollout.v1.BeginPolicyUpdateRequest
-	(*BeginPolicyUpdateResponse)(nil),   // 30: rollout.v1.BeginPolicyUpdateResponse
-	(*EndPolicyUpdateRequest)(nil),      // 31: rollout.v1.EndPolicyUpdateRequest
-	(*EndPolicyUpdateResponse)(nil),     // 32: rollout.v1.EndPolicyUpdateResponse
-	(*ListEnvironmentsRequest)(nil),     // 33: rollout.v1.ListEnvironmentsRequest
-	(*ListEnvironmentsResponse)(nil),    // 34: rollout.v1.ListEnvironmentsResponse
-	(*DescribeEnvironmentRequest)(nil),  // 35: rollout.v1.DescribeEnvironmentRequest
-	(*DescribeEnvironmentResponse)(nil), // 36: rollout.v1.DescribeEnvironmentResponse
-	(*Environment)(nil),                 // 37: rollout.v1.Environment
-	nil,                                 // 38: rollout.v1.Rollout.RewardComponentsEntry
-	(*timestamppb.Timestamp)(nil),       // 39: google.protobuf.Timestamp
+	(*OpenSessionRequest)(nil),          // 3: rollout.v1.OpenSessionRequest
+	(*OpenSessionResponse)(nil),         // 4: rollout.v1.OpenSessionResponse
+	(*CloseSessionRequest)(nil),         // 5: rollout.v1.CloseSessionRequest
+	(*CloseSessionResponse)(nil),        // 6: rollout.v1.CloseSessionResponse
+	(*SessionSummary)(nil),              // 7: rollout.v1.SessionSummary
+	(*BranchSummary)(nil),               // 8: rollout.v1.BranchSummary
+	(*ScoreSessionRequest)(nil),         // 9: rollout.v1.ScoreSessionRequest
+	(*ScoreSessionResponse)(nil),        // 10: rollout.v1.ScoreSessionResponse
+	(*WatchSessionGroupsRequest)(nil),   // 11: rollout.v1.WatchSessionGroupsRequest
+	(*WatchSessionGroupsResponse)(nil),  // 12: rollout.v1.WatchSessionGroupsResponse
+	(*GetVersionRequest)(nil),           // 13: rollout.v1.GetVersionRequest
+	(*GetVersionResponse)(nil),          // 14: rollout.v1.GetVersionResponse
+	(*StartJobRequest)(nil),             // 15: rollout.v1.StartJobRequest
+	(*StartJobResponse)(nil),            // 16: rollout.v1.StartJobResponse
+	(*GetJobRequest)(nil),               // 17: rollout.v1.GetJobRequest
+	(*GetJobResponse)(nil),              // 18: rollout.v1.GetJobResponse
+	(*ListJobsRequest)(nil),             // 19: rollout.v1.ListJobsRequest
+	(*ListJobsResponse)(nil),            // 20: rollout.v1.ListJobsResponse
+	(*CancelJobRequest)(nil),            // 21: rollout.v1.CancelJobRequest
+	(*CancelJobResponse)(nil),           // 22: rollout.v1.CancelJobResponse
+	(*WatchJobRequest)(nil),             // 23: rollout.v1.WatchJobRequest
+	(*WatchJobResponse)(nil),            // 24: rollout.v1.WatchJobResponse
+	(*Job)(nil),                         // 25: rollout.v1.Job
+	(*JobProgress)(nil),                 // 26: rollout.v1.JobProgress
+	(*Group)(nil),                       // 27: rollout.v1.Group
+	(*VersionCut)(nil),                  // 28: rollout.v1.VersionCut
+	(*Rollout)(nil),                     // 29: rollout.v1.Rollout
+	(*CallStatus)(nil),                  // 30: rollout.v1.CallStatus
+	(*TeacherTopK)(nil),                 // 31: rollout.v1.TeacherTopK
+	(*CollectGroupsRequest)(nil),        // 32: rollout.v1.CollectGroupsRequest
+	(*CollectStart)(nil),                // 33: rollout.v1.CollectStart
+	(*CollectCredit)(nil),               // 34: rollout.v1.CollectCredit
+	(*CollectItems)(nil),                // 35: rollout.v1.CollectItems
+	(*CollectNext)(nil),                 // 36: rollout.v1.CollectNext
+	(*CollectGroupsResponse)(nil),       // 37: rollout.v1.CollectGroupsResponse
+	(*CollectStatus)(nil),               // 38: rollout.v1.CollectStatus
+	(*BeginPolicyUpdateRequest)(nil),    // 39: rollout.v1.BeginPolicyUpdateRequest
+	(*BeginPolicyUpdateResponse)(nil),   // 40: rollout.v1.BeginPolicyUpdateResponse
+	(*EndPolicyUpdateRequest)(nil),      // 41: rollout.v1.EndPolicyUpdateRequest
+	(*EndPolicyUpdateResponse)(nil),     // 42: rollout.v1.EndPolicyUpdateResponse
+	(*ListEnvironmentsRequest)(nil),     // 43: rollout.v1.ListEnvironmentsRequest
+	(*ListEnvironmentsResponse)(nil),    // 44: rollout.v1.ListEnvironmentsResponse
+	(*DescribeEnvironmentRequest)(nil),  // 45: rollout.v1.DescribeEnvironmentRequest
+	(*DescribeEnvironmentResponse)(nil), // 46: rollout.v1.DescribeEnvironmentResponse
+	(*Environment)(nil),                 // 47: rollout.v1.Environment
+	nil,                                 // 48: rollout.v1.OpenSessionRequest.MetadataEntry
+	nil,                                 // 49: rollout.v1.ScoreSessionRequest.BranchRewardsEntry
+	nil,                                 // 50: rollout.v1.ScoreSessionRequest.MetricsEntry
+	nil,                                 // 51: rollout.v1.Rollout.RewardComponentsEntry
+	(*timestamppb.Timestamp)(nil),       // 52: google.protobuf.Timestamp
 }
 var file_rollout_v1_rollout_proto_depIdxs = []int32{
-	0,  // 0: rollout.v1.StartJobRequest.mode:type_name -> rollout.v1.JobMode
-	15, // 1: rollout.v1.StartJobResponse.job:type_name -> rollout.v1.Job
-	15, // 2: rollout.v1.GetJobResponse.job:type_name -> rollout.v1.Job
-	15, // 3: rollout.v1.ListJobsResponse.jobs:type_name -> rollout.v1.Job
-	15, // 4: rollout.v1.CancelJobResponse.job:type_name -> rollout.v1.Job
-	2,  // 5: rollout.v1.WatchJobRequest.token_layout:type_name -> rollout.v1.TokenLayout
-	16, // 6: rollout.v1.WatchJobResponse.progress:type_name -> rollout.v1.JobProgress
-	17, // 7: rollout.v1.WatchJobResponse.group:type_name -> rollout.v1.Group
-	15, // 8: rollout.v1.WatchJobResponse.finished:type_name -> rollout.v1.Job
-	0,  // 9: rollout.v1.Job.mode:type_name -> rollout.v1.JobMode
-	1,  // 10: rollout.v1.Job.state:type_name -> rollout.v1.JobState
-	16, // 11: rollout.v1.Job.progress:type_name -> rollout.v1.JobProgress
-	39, // 12: rollout.v1.Job.created_at:type_name -> google.protobuf.Timestamp
-	39, // 13: rollout.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
-	19, // 14: rollout.v1.Group.rollouts:type_name -> rollout.v1.Rollout
-	38, // 15: rollout.v1.Rollout.reward_components:type_name -> rollout.v1.Rollout.RewardComponentsEntry
-	18, // 16: rollout.v1.Rollout.version_cuts:type_name -> rollout.v1.VersionCut
-	21, // 17: rollout.v1.Rollout.distill:type_name -> rollout.v1.TeacherTopK
-	20, // 18: rollout.v1.Rollout.call_statuses:type_name -> rollout.v1.CallStatus
-	19, // 19: rollout.v1.Rollout.branches:type_name -> rollout.v1.Rollout
-	23, // 20: rollout.v1.CollectGroupsRequest.start:type_name -> rollout.v1.CollectStart
-	24, // 21: rollout.v1.CollectGroupsRequest.credit:type_name -> rollout.v1.CollectCredit
-	25, // 22: rollout.v1.CollectGroupsRequest.items:type_name -> rollout.v1.CollectItems
-	26, // 23: rollout.v1.CollectGroupsRequest.next:type_name -> rollout.v1.CollectNext
-	2,  // 24: rollout.v1.CollectStart.token_layout:type_name -> rollout.v1.TokenLayout
-	17, // 25: rollout.v1.CollectGroupsResponse.group:type_name -> rollout.v1.Group
-	28, // 26: rollout.v1.CollectGroupsResponse.status:type_name -> rollout.v1.CollectStatus
-	37, // 27: rollout.v1.ListEnvironmentsResponse.environments:type_name -> rollout.v1.Environment
-	37, // 28: rollout.v1.DescribeEnvironmentResponse.environment:type_name -> rollout.v1.Environment
-	3,  // 29: rollout.v1.RolloutService.GetVersion:input_type -> rollout.v1.GetVersionRequest
-	5,  // 30: rollout.v1.RolloutService.StartJob:input_type -> rollout.v1.StartJobRequest
-	7,  // 31: rollout.v1.RolloutService.GetJob:input_type -> rollout.v1.GetJobRequest
-	9,  // 32: rollout.v1.RolloutService.ListJobs:input_type -> rollout.v1.ListJobsRequest
-	11, // 33: rollout.v1.RolloutService.CancelJob:input_type -> rollout.v1.CancelJobRequest
-	13, // 34: rollout.v1.RolloutService.WatchJob:input_type -> rollout.v1.WatchJobRequest
-	22, // 35: rollout.v1.RolloutService.CollectGroups:input_type -> rollout.v1.CollectGroupsRequest
-	29, // 36: rollout.v1.RolloutService.BeginPolicyUpdate:input_type -> rollout.v1.BeginPolicyUpdateRequest
-	31, // 37: rollout.v1.RolloutService.EndPolicyUpdate:input_type -> rollout.v1.EndPolicyUpdateRequest
-	33, // 38: rollout.v1.RolloutService.ListEnvironments:input_type -> rollout.v1.ListEnvironmentsRequest
-	35, // 39: rollout.v1.RolloutService.DescribeEnvironment:input_type -> rollout.v1.DescribeEnvironmentRequest
-	4,  // 40: rollout.v1.RolloutService.GetVersion:output_type -> rollout.v1.GetVersionResponse
-	6,  // 41: rollout.v1.RolloutService.StartJob:output_type -> rollout.v1.StartJobResponse
-	8,  // 42: rollout.v1.RolloutService.GetJob:output_type -> rollout.v1.GetJobResponse
-	10, // 43: rollout.v1.RolloutService.ListJobs:output_type -> rollout.v1.ListJobsResponse
-	12, // 44: rollout.v1.RolloutService.CancelJob:output_type -> rollout.v1.CancelJobResponse
-	14, // 45: rollout.v1.RolloutService.WatchJob:output_type -> rollout.v1.WatchJobResponse
-	27, // 46: rollout.v1.RolloutService.CollectGroups:output_type -> rollout.v1.CollectGroupsResponse
-	30, // 47: rollout.v1.RolloutService.BeginPolicyUpdate:output_type -> rollout.v1.BeginPolicyUpdateResponse
-	32, // 48: rollout.v1.RolloutService.EndPolicyUpdate:output_type -> rollout.v1.EndPolicyUpdateResponse
-	34, // 49: rollout.v1.RolloutService.ListEnvironments:output_type -> rollout.v1.ListEnvironmentsResponse
-	36, // 50: rollout.v1.RolloutService.DescribeEnvironment:output_type -> rollout.v1.DescribeEnvironmentResponse
-	40, // [40:51] is the sub-list for method output_type
-	29, // [29:40] is the sub-list for method input_type
-	29, // [29:29] is the sub-list for extension type_name
-	29, // [29:29] is the sub-list for extension extendee
-	0,  // [0:29] is the sub-list for field type_name
+	48, // 0: rollout.v1.OpenSessionRequest.metadata:type_name -> rollout.v1.OpenSessionRequest.MetadataEntry
+	7,  // 1: rollout.v1.CloseSessionResponse.summary:type_name -> rollout.v1.SessionSummary
+	8,  // 2: rollout.v1.SessionSummary.branches:type_name -> rollout.v1.BranchSummary
+	49, // 3: rollout.v1.ScoreSessionRequest.branch_rewards:type_name -> rollout.v1.ScoreSessionRequest.BranchRewardsEntry
+	50, // 4: rollout.v1.ScoreSessionRequest.metrics:type_name -> rollout.v1.ScoreSessionRequest.MetricsEntry
+	2,  // 5: rollout.v1.WatchSessionGroupsRequest.token_layout:type_name -> rollout.v1.TokenLayout
+	27, // 6: rollout.v1.WatchSessionGroupsResponse.group:type_name -> rollout.v1.Group
+	0,  // 7: rollout.v1.StartJobRequest.mode:type_name -> rollout.v1.JobMode
+	25, // 8: rollout.v1.StartJobResponse.job:type_name -> rollout.v1.Job
+	25, // 9: rollout.v1.GetJobResponse.job:type_name -> rollout.v1.Job
+	25, // 10: rollout.v1.ListJobsResponse.jobs:type_name -> rollout.v1.Job
+	25, // 11: rollout.v1.CancelJobResponse.job:type_name -> rollout.v1.Job
+	2,  // 12: rollout.v1.WatchJobRequest.token_layout:type_name -> rollout.v1.TokenLayout
+	26, // 13: rollout.v1.WatchJobResponse.progress:type_name -> rollout.v1.JobProgress
+	27, // 14: rollout.v1.WatchJobResponse.group:type_name -> rollout.v1.Group
+	25, // 15: rollout.v1.WatchJobResponse.finished:type_name -> rollout.v1.Job
+	0,  // 16: rollout.v1.Job.mode:type_name -> rollout.v1.JobMode
+	1,  // 17: rollout.v1.Job.state:type_name -> rollout.v1.JobState
+	26, // 18: rollout.v1.Job.progress:type_name -> rollout.v1.JobProgress
+	52, // 19: rollout.v1.Job.created_at:type_name -> google.protobuf.Timestamp
+	52, // 20: rollout.v1.Job.finished_at:type_name -> google.protobuf.Timestamp
+	29, // 21: rollout.v1.Group.rollouts:type_name -> rollout.v1.Rollout
+	51, // 22: rollout.v1.Rollout.reward_components:type_name -> rollout.v1.Rollout.RewardComponentsEntry
+	28, // 23: rollout.v1.Rollout.version_cuts:type_name -> rollout.v1.VersionCut
+	31, // 24: rollout.v1.Rollout.distill:type_name -> rollout.v1.TeacherTopK
+	30, // 25: rollout.v1.Rollout.call_statuses:type_name -> rollout.v1.CallStatus
+	29, // 26: rollout.v1.Rollout.branches:type_name -> rollout.v1.Rollout
+	33, // 27: rollout.v1.CollectGroupsRequest.start:type_name -> rollout.v1.CollectStart
+	34, // 28: rollout.v1.CollectGroupsRequest.credit:type_name -> rollout.v1.CollectCredit
+	35, // 29: rollout.v1.CollectGroupsRequest.items:type_name -> rollout.v1.CollectItems
+	36, // 30: rollout.v1.CollectGroupsRequest.next:type_name -> rollout.v1.CollectNext
+	2,  // 31: rollout.v1.CollectStart.token_layout:type_name -> rollout.v1.TokenLayout
+	27, // 32: rollout.v1.CollectGroupsResponse.group:type_name -> rollout.v1.Group
+	38, // 33: rollout.v1.CollectGroupsResponse.status:type_name -> rollout.v1.CollectStatus
+	47, // 34: rollout.v1.ListEnvironmentsResponse.environments:type_name -> rollout.v1.Environment
+	47, // 35: rollout.v1.DescribeEnvironmentResponse.environment:type_name -> rollout.v1.Environment
+	13, // 36: rollout.v1.RolloutService.GetVersion:input_type -> rollout.v1.GetVersionRequest
+	15, // 37: rollout.v1.RolloutService.StartJob:input_type -> rollout.v1.StartJobRequest
+	17, // 38: rollout.v1.RolloutService.GetJob:input_type -> rollout.v1.GetJobRequest
+	19, // 39: rollout.v1.RolloutService.ListJobs:input_type -> rollout.v1.ListJobsRequest
+	21, // 40: rollout.v1.RolloutService.CancelJob:input_type -> rollout.v1.CancelJobRequest
+	23, // 41: rollout.v1.RolloutService.WatchJob:input_type -> rollout.v1.WatchJobRequest
+	32, // 42: rollout.v1.RolloutService.CollectGroups:input_type -> rollout.v1.CollectGroupsRequest
+	39, // 43: rollout.v1.RolloutService.BeginPolicyUpdate:input_type -> rollout.v1.BeginPolicyUpdateRequest
+	41, // 44: rollout.v1.RolloutService.EndPolicyUpdate:input_type -> rollout.v1.EndPolicyUpdateRequest
+	43, // 45: rollout.v1.RolloutService.ListEnvironments:input_type -> rollout.v1.ListEnvironmentsRequest
+	45, // 46: rollout.v1.RolloutService.DescribeEnvironment:input_type -> rollout.v1.DescribeEnvironmentRequest
+	3,  // 47: rollout.v1.GatewayService.OpenSession:input_type -> rollout.v1.OpenSessionRequest
+	5,  // 48: rollout.v1.GatewayService.CloseSession:input_type -> rollout.v1.CloseSessionRequest
+	9,  // 49: rollout.v1.GatewayService.ScoreSession:input_type -> rollout.v1.ScoreSessionRequest
+	11, // 50: rollout.v1.GatewayService.WatchSessionGroups:input_type -> rollout.v1.WatchSessionGroupsRequest
+	14, // 51: rollout.v1.RolloutService.GetVersion:output_type -> rollout.v1.GetVersionResponse
+	16, // 52: rollout.v1.RolloutService.StartJob:output_type -> rollout.v1.StartJobResponse
+	18, // 53: rollout.v1.RolloutService.GetJob:output_type -> rollout.v1.GetJobResponse
+	20, // 54: rollout.v1.RolloutService.ListJobs:output_type -> rollout.v1.ListJobsResponse
+	22, // 55: rollout.v1.RolloutService.CancelJob:output_type -> rollout.v1.CancelJobResponse
+	24, // 56: rollout.v1.RolloutService.WatchJob:output_type -> rollout.v1.WatchJobResponse
+	37, // 57: rollout.v1.RolloutService.CollectGroups:output_type -> rollout.v1.CollectGroupsResponse
+	40, // 58: rollout.v1.RolloutService.BeginPolicyUpdate:output_type -> rollout.v1.BeginPolicyUpdateResponse
+	42, // 59: rollout.v1.RolloutService.EndPolicyUpdate:output_type -> rollout.v1.EndPolicyUpdateResponse
+	44, // 60: rollout.v1.RolloutService.ListEnvironments:output_type -> rollout.v1.ListEnvironmentsResponse
+	46, // 61: rollout.v1.RolloutService.DescribeEnvironment:output_type -> rollout.v1.DescribeEnvironmentResponse
+	4,  // 62: rollout.v1.GatewayService.OpenSession:output_type -> rollout.v1.OpenSessionResponse
+	6,  // 63: rollout.v1.GatewayService.CloseSession:output_type -> rollout.v1.CloseSessionResponse
+	10, // 64: rollout.v1.GatewayService.ScoreSession:output_type -> rollout.v1.ScoreSessionResponse
+	12, // 65: rollout.v1.GatewayService.WatchSessionGroups:output_type -> rollout.v1.WatchSessionGroupsResponse
+	51, // [51:66] is the sub-list for method output_type
+	36, // [36:51] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_rollout_v1_rollout_proto_init() }
@@ -3548,29 +4396,29 @@ func file_rollout_v1_rollout_proto_init() {
 	if File_rollout_v1_rollout_proto != nil {
 		return
 	}
-	file_rollout_v1_rollout_proto_msgTypes[2].OneofWrappers = []any{
+	file_rollout_v1_rollout_proto_msgTypes[12].OneofWrappers = []any{
 		(*StartJobRequest_ConfigYaml)(nil),
 		(*StartJobRequest_ConfigPath)(nil),
 	}
-	file_rollout_v1_rollout_proto_msgTypes[10].OneofWrappers = []any{}
-	file_rollout_v1_rollout_proto_msgTypes[11].OneofWrappers = []any{
+	file_rollout_v1_rollout_proto_msgTypes[20].OneofWrappers = []any{}
+	file_rollout_v1_rollout_proto_msgTypes[21].OneofWrappers = []any{
 		(*WatchJobResponse_Progress)(nil),
 		(*WatchJobResponse_Group)(nil),
 		(*WatchJobResponse_Finished)(nil),
 	}
-	file_rollout_v1_rollout_proto_msgTypes[14].OneofWrappers = []any{}
-	file_rollout_v1_rollout_proto_msgTypes[16].OneofWrappers = []any{}
-	file_rollout_v1_rollout_proto_msgTypes[19].OneofWrappers = []any{
+	file_rollout_v1_rollout_proto_msgTypes[24].OneofWrappers = []any{}
+	file_rollout_v1_rollout_proto_msgTypes[26].OneofWrappers = []any{}
+	file_rollout_v1_rollout_proto_msgTypes[29].OneofWrappers = []any{
 		(*CollectGroupsRequest_Start)(nil),
 		(*CollectGroupsRequest_Credit)(nil),
 		(*CollectGroupsRequest_Items)(nil),
 		(*CollectGroupsRequest_Next)(nil),
 	}
-	file_rollout_v1_rollout_proto_msgTypes[20].OneofWrappers = []any{}
-	file_rollout_v1_rollout_proto_msgTypes[21].OneofWrappers = []any{}
-	file_rollout_v1_rollout_proto_msgTypes[22].OneofWrappers = []any{}
-	file_rollout_v1_rollout_proto_msgTypes[23].OneofWrappers = []any{}
-	file_rollout_v1_rollout_proto_msgTypes[24].OneofWrappers = []any{
+	file_rollout_v1_rollout_proto_msgTypes[30].OneofWrappers = []any{}
+	file_rollout_v1_rollout_proto_msgTypes[31].OneofWrappers = []any{}
+	file_rollout_v1_rollout_proto_msgTypes[32].OneofWrappers = []any{}
+	file_rollout_v1_rollout_proto_msgTypes[33].OneofWrappers = []any{}
+	file_rollout_v1_rollout_proto_msgTypes[34].OneofWrappers = []any{
 		(*CollectGroupsResponse_Group)(nil),
 		(*CollectGroupsResponse_Status)(nil),
 	}
@@ -3580,9 +4428,9 @@ func file_rollout_v1_rollout_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_rollout_v1_rollout_proto_rawDesc), len(file_rollout_v1_rollout_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   36,
+			NumMessages:   49,
 			NumExtensions: 0,
-			NumServices:   1,
+			NumServices:   2,
 		},
 		GoTypes:           file_rollout_v1_rollout_proto_goTypes,
 		DependencyIndexes: file_rollout_v1_rollout_proto_depIdxs,

@@ -554,3 +554,267 @@ var RolloutService_ServiceDesc = grpc.ServiceDesc{
 	},
 	Metadata: "rollout/v1/rollout.proto",
 }
+
+const (
+	GatewayService_OpenSession_FullMethodName        = "/rollout.v1.GatewayService/OpenSession"
+	GatewayService_CloseSession_FullMethodName       = "/rollout.v1.GatewayService/CloseSession"
+	GatewayService_ScoreSession_FullMethodName       = "/rollout.v1.GatewayService/ScoreSession"
+	GatewayService_WatchSessionGroups_FullMethodName = "/rollout.v1.GatewayService/WatchSessionGroups"
+)
+
+// GatewayServiceClient is the client API for GatewayService service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// GatewayService controls the sessions of a standalone token-capturing
+// gateway (`rollout gateway`, docs/gateway.md "Standalone gateway"): the
+// caller runs its harnesses elsewhere, opens a session per rollout, points
+// the harness at the session's base URL, closes the session when the
+// harness is done and posts its reward. When every session of a group is
+// scored (or expired), the group gets its advantages, is written to the
+// run directory and is streamed to WatchSessionGroups. A service of its
+// own, not RPCs on RolloutService: a gateway process runs no jobs, and a
+// `rollout serve` client should not see session RPCs it cannot use.
+type GatewayServiceClient interface {
+	// OpenSession opens a session in a group (a new group when group_id is
+	// empty). RESOURCE_EXHAUSTED when the gateway holds its maximum of open
+	// sessions; FAILED_PRECONDITION when the group already has group_size
+	// sessions or is finished.
+	OpenSession(ctx context.Context, in *OpenSessionRequest, opts ...grpc.CallOption) (*OpenSessionResponse, error)
+	// CloseSession ends a session (calls in flight are waited for) and
+	// returns its summary. NOT_FOUND for an unknown session;
+	// FAILED_PRECONDITION when it is already closed or expired.
+	CloseSession(ctx context.Context, in *CloseSessionRequest, opts ...grpc.CallOption) (*CloseSessionResponse, error)
+	// ScoreSession posts a closed session's reward. FAILED_PRECONDITION
+	// before CloseSession, after an expiry, or a second time.
+	ScoreSession(ctx context.Context, in *ScoreSessionRequest, opts ...grpc.CallOption) (*ScoreSessionResponse, error)
+	// WatchSessionGroups streams finished groups: each group goes to one
+	// watcher, in completion order; groups finished while no one watched
+	// wait in the gateway (they are in the run directory already).
+	WatchSessionGroups(ctx context.Context, in *WatchSessionGroupsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchSessionGroupsResponse], error)
+}
+
+type gatewayServiceClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewGatewayServiceClient(cc grpc.ClientConnInterface) GatewayServiceClient {
+	return &gatewayServiceClient{cc}
+}
+
+func (c *gatewayServiceClient) OpenSession(ctx context.Context, in *OpenSessionRequest, opts ...grpc.CallOption) (*OpenSessionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(OpenSessionResponse)
+	err := c.cc.Invoke(ctx, GatewayService_OpenSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *gatewayServiceClient) CloseSession(ctx context.Context, in *CloseSessionRequest, opts ...grpc.CallOption) (*CloseSessionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CloseSessionResponse)
+	err := c.cc.Invoke(ctx, GatewayService_CloseSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *gatewayServiceClient) ScoreSession(ctx context.Context, in *ScoreSessionRequest, opts ...grpc.CallOption) (*ScoreSessionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ScoreSessionResponse)
+	err := c.cc.Invoke(ctx, GatewayService_ScoreSession_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *gatewayServiceClient) WatchSessionGroups(ctx context.Context, in *WatchSessionGroupsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchSessionGroupsResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &GatewayService_ServiceDesc.Streams[0], GatewayService_WatchSessionGroups_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchSessionGroupsRequest, WatchSessionGroupsResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type GatewayService_WatchSessionGroupsClient = grpc.ServerStreamingClient[WatchSessionGroupsResponse]
+
+// GatewayServiceServer is the server API for GatewayService service.
+// All implementations must embed UnimplementedGatewayServiceServer
+// for forward compatibility.
+//
+// GatewayService controls the sessions of a standalone token-capturing
+// gateway (`rollout gateway`, docs/gateway.md "Standalone gateway"): the
+// caller runs its harnesses elsewhere, opens a session per rollout, points
+// the harness at the session's base URL, closes the session when the
+// harness is done and posts its reward. When every session of a group is
+// scored (or expired), the group gets its advantages, is written to the
+// run directory and is streamed to WatchSessionGroups. A service of its
+// own, not RPCs on RolloutService: a gateway process runs no jobs, and a
+// `rollout serve` client should not see session RPCs it cannot use.
+type GatewayServiceServer interface {
+	// OpenSession opens a session in a group (a new group when group_id is
+	// empty). RESOURCE_EXHAUSTED when the gateway holds its maximum of open
+	// sessions; FAILED_PRECONDITION when the group already has group_size
+	// sessions or is finished.
+	OpenSession(context.Context, *OpenSessionRequest) (*OpenSessionResponse, error)
+	// CloseSession ends a session (calls in flight are waited for) and
+	// returns its summary. NOT_FOUND for an unknown session;
+	// FAILED_PRECONDITION when it is already closed or expired.
+	CloseSession(context.Context, *CloseSessionRequest) (*CloseSessionResponse, error)
+	// ScoreSession posts a closed session's reward. FAILED_PRECONDITION
+	// before CloseSession, after an expiry, or a second time.
+	ScoreSession(context.Context, *ScoreSessionRequest) (*ScoreSessionResponse, error)
+	// WatchSessionGroups streams finished groups: each group goes to one
+	// watcher, in completion order; groups finished while no one watched
+	// wait in the gateway (they are in the run directory already).
+	WatchSessionGroups(*WatchSessionGroupsRequest, grpc.ServerStreamingServer[WatchSessionGroupsResponse]) error
+	mustEmbedUnimplementedGatewayServiceServer()
+}
+
+// UnimplementedGatewayServiceServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedGatewayServiceServer struct{}
+
+func (UnimplementedGatewayServiceServer) OpenSession(context.Context, *OpenSessionRequest) (*OpenSessionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method OpenSession not implemented")
+}
+func (UnimplementedGatewayServiceServer) CloseSession(context.Context, *CloseSessionRequest) (*CloseSessionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CloseSession not implemented")
+}
+func (UnimplementedGatewayServiceServer) ScoreSession(context.Context, *ScoreSessionRequest) (*ScoreSessionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ScoreSession not implemented")
+}
+func (UnimplementedGatewayServiceServer) WatchSessionGroups(*WatchSessionGroupsRequest, grpc.ServerStreamingServer[WatchSessionGroupsResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchSessionGroups not implemented")
+}
+func (UnimplementedGatewayServiceServer) mustEmbedUnimplementedGatewayServiceServer() {}
+func (UnimplementedGatewayServiceServer) testEmbeddedByValue()                        {}
+
+// UnsafeGatewayServiceServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to GatewayServiceServer will
+// result in compilation errors.
+type UnsafeGatewayServiceServer interface {
+	mustEmbedUnimplementedGatewayServiceServer()
+}
+
+func RegisterGatewayServiceServer(s grpc.ServiceRegistrar, srv GatewayServiceServer) {
+	// If the following call panics, it indicates UnimplementedGatewayServiceServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&GatewayService_ServiceDesc, srv)
+}
+
+func _GatewayService_OpenSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(OpenSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GatewayServiceServer).OpenSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: GatewayService_OpenSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GatewayServiceServer).OpenSession(ctx, req.(*OpenSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _GatewayService_CloseSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CloseSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GatewayServiceServer).CloseSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: GatewayService_CloseSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GatewayServiceServer).CloseSession(ctx, req.(*CloseSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _GatewayService_ScoreSession_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ScoreSessionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(GatewayServiceServer).ScoreSession(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: GatewayService_ScoreSession_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(GatewayServiceServer).ScoreSession(ctx, req.(*ScoreSessionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _GatewayService_WatchSessionGroups_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchSessionGroupsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(GatewayServiceServer).WatchSessionGroups(m, &grpc.GenericServerStream[WatchSessionGroupsRequest, WatchSessionGroupsResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type GatewayService_WatchSessionGroupsServer = grpc.ServerStreamingServer[WatchSessionGroupsResponse]
+
+// GatewayService_ServiceDesc is the grpc.ServiceDesc for GatewayService service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var GatewayService_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "rollout.v1.GatewayService",
+	HandlerType: (*GatewayServiceServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "OpenSession",
+			Handler:    _GatewayService_OpenSession_Handler,
+		},
+		{
+			MethodName: "CloseSession",
+			Handler:    _GatewayService_CloseSession_Handler,
+		},
+		{
+			MethodName: "ScoreSession",
+			Handler:    _GatewayService_ScoreSession_Handler,
+		},
+	},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "WatchSessionGroups",
+			Handler:       _GatewayService_WatchSessionGroups_Handler,
+			ServerStreams: true,
+		},
+	},
+	Metadata: "rollout/v1/rollout.proto",
+}
