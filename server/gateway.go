@@ -21,9 +21,9 @@ import (
 	"github.com/rollout-rl/rollout/agentloop"
 	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/datasets"
-	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
 	"github.com/rollout-rl/rollout/gateway"
 	"github.com/rollout-rl/rollout/gateway/capture"
+	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
 	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/rewards"
 	"github.com/rollout-rl/rollout/runner"
@@ -78,13 +78,13 @@ type GatewayServer struct {
 	sessions map[string]*gwSession
 	// done keeps what became of sessions whose groups are finished (their
 	// final state), so a late call is told, not NOT_FOUND.
-	done     map[string]string
+	done map[string]string
 	// finished holds the ids of the groups written.
 	finished map[string]bool
 	queue    []*rolloutv1.Group // finished groups no watcher took yet
 	notify   chan struct{}      // closed and replaced when queue grows or at shutdown
 	stopping bool
-	final    bool // Shutdown collected the last groups: no more writes
+	final    bool           // Shutdown collected the last groups: no more writes
 	writes   sync.WaitGroup // groups being written
 }
 

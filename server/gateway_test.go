@@ -18,9 +18,9 @@ import (
 
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
 	"github.com/rollout-rl/rollout/inference"
+	"github.com/rollout-rl/rollout/inference/sim"
 	"github.com/rollout-rl/rollout/internal/testkit/llamacpptest"
 	"github.com/rollout-rl/rollout/internal/testkit/simtest"
-	"github.com/rollout-rl/rollout/inference/sim"
 	"github.com/rollout-rl/rollout/runner"
 	"github.com/rollout-rl/rollout/trajectory"
 )
