@@ -85,6 +85,7 @@ type GatewayServer struct {
 	notify   chan struct{}      // closed and replaced when queue grows or at shutdown
 	stopping bool
 	final    bool           // Shutdown collected the last groups: no more writes
+	drained  bool           // and they are written: watchers end once the queue is empty
 	writes   sync.WaitGroup // groups being written
 }
 
@@ -488,10 +489,10 @@ func (s *GatewayServer) WatchSessionGroups(req *rolloutv1.WatchSessionGroupsRequ
 		if len(s.queue) > 0 {
 			g, s.queue = s.queue[0], s.queue[1:]
 		}
-		stopping, notify := s.stopping, s.notify
+		drained, notify := s.drained, s.notify
 		s.mu.Unlock()
 		if g == nil {
-			if stopping {
+			if drained {
 				return nil
 			}
 			select {
@@ -556,6 +557,7 @@ func (s *GatewayServer) Shutdown(ctx context.Context) error {
 				ss.state, ss.reason = sessExpired, "closed but not scored when the gateway shut down; no reward was posted"
 				ss.ro.Status, ss.ro.Failure = runner.StatusInfraFailed, &runner.Failure{Kind: runner.FailExpired, Message: ss.reason}
 				ss.ro.Result.StopReason = runner.StopSessionExpired
+				metricGatewayUnscored.WithLabelValues(sessExpired).Inc()
 			}
 		}
 		if !g.finished && len(g.sessions) > 0 {
@@ -573,6 +575,7 @@ func (s *GatewayServer) Shutdown(ctx context.Context) error {
 	}
 	s.writes.Wait()
 	s.mu.Lock()
+	s.drained = true
 	close(s.notify)
 	s.notify = make(chan struct{})
 	s.mu.Unlock()
