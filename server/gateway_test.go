@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -66,17 +67,12 @@ func startGateway(t *testing.T, cfg runner.Config, opts GatewayOptions) *gateway
 		t.Fatal(err)
 	}
 	r := &gatewayRig{gs: gs, client: rolloutv1.NewGatewayServiceClient(conn.Conn), conn: conn, dir: cfg.Output.Dir}
-	stopped := false
-	r.stop = func() error {
-		if stopped {
-			return nil
-		}
-		stopped = true
+	r.stop = sync.OnceValue(func() error {
 		cancel()
 		err := <-done
 		conn.Close()
 		return err
-	}
+	})
 	t.Cleanup(func() {
 		if err := r.stop(); err != nil {
 			t.Errorf("RunGateway: %v", err)
@@ -368,7 +364,7 @@ func TestGatewaySessionLifecycle(t *testing.T) {
 	if _, err := r.client.OpenSession(ctx, &rolloutv1.OpenSessionRequest{}); status.Code(err) != codes.ResourceExhausted {
 		t.Fatalf("over max sessions: %v, want ResourceExhausted", err)
 	}
-	h := newChatHarness(a.OpenaiBaseUrl, a.ApiKey, "", "fix the bug")
+	h := newChatHarness(a.OpenaiBaseUrl, a.ApiKey, "rollout-sim", "fix the bug")
 	h.step(t)
 	if _, err := r.client.CloseSession(ctx, &rolloutv1.CloseSessionRequest{SessionId: a.SessionId}); err != nil {
 		t.Fatal(err)
@@ -396,7 +392,7 @@ func TestGatewaySessionLifecycle(t *testing.T) {
 	if _, err := r.client.ScoreSession(ctx, &rolloutv1.ScoreSessionRequest{SessionId: b.SessionId, Reward: 1}); status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("score an expired session: %v, want FailedPrecondition", err)
 	}
-	if code, _ := newChatHarness(b.OpenaiBaseUrl, b.ApiKey, "", "x").post(t, map[string]any{"messages": []map[string]any{{"role": "user", "content": "hi"}}}); code != http.StatusNotFound {
+	if code, _ := newChatHarness(b.OpenaiBaseUrl, b.ApiKey, "rollout-sim", "x").post(t, map[string]any{"model": "rollout-sim", "messages": []map[string]any{{"role": "user", "content": "hi"}}}); code != http.StatusNotFound {
 		t.Fatalf("a call to an expired session: %d, want 404", code)
 	}
 
@@ -409,7 +405,7 @@ func TestGatewaySessionLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	newChatHarness(d.OpenaiBaseUrl, d.ApiKey, "", "fix the bug").step(t)
+	newChatHarness(d.OpenaiBaseUrl, d.ApiKey, "rollout-sim", "fix the bug").step(t)
 	if _, err := r.client.CloseSession(ctx, &rolloutv1.CloseSessionRequest{SessionId: c.SessionId}); err != nil {
 		t.Fatal(err)
 	}
