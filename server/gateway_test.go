@@ -102,7 +102,7 @@ func newChatHarness(base, key, model, task string) *chatHarness {
 // step makes one call; it returns the finish reason.
 func (h *chatHarness) step(t *testing.T) string {
 	t.Helper()
-	body := map[string]any{"messages": h.msgs, "tools": h.tools, "max_tokens": 64}
+	body := map[string]any{"messages": h.msgs, "tools": h.tools, "max_tokens": 128}
 	if h.model != "" {
 		body["model"] = h.model
 	}
@@ -153,8 +153,16 @@ func (h *chatHarness) post(t *testing.T, body any) (int, []byte) {
 	return resp.StatusCode, raw
 }
 
+// callGrammar makes llama-server's tiny random model answer each turn
+// with a well-formed Hermes tool call (its command random): the harness
+// then always has a tool result to send. A grammar constrains sampling,
+// not the logprobs llama-server reports (the raw model's), so the trained
+// ids still re-score.
+const callGrammar = `root ::= "<tool_call>\n{\"name\": \"terminal\", \"arguments\": {\"command\": \"" [a-z]{1,6} "\"}}\n</tool_call>"`
+
 // TestGatewayRealEngine runs the standalone gateway against llama.cpp's
-// llama-server (the tiny random Qwen3 biased to tool calls, a fixed seed):
+// llama-server (the tiny random Qwen3 held to tool calls by a grammar, a
+// fixed seed):
 // a group of G=2 sessions opened over gRPC, each driven by a scripted
 // OpenAI-Chat harness over HTTP until it has answered a tool call with a
 // result, closed and scored over gRPC; the group arrives on
@@ -177,8 +185,8 @@ func TestGatewayRealEngine(t *testing.T) {
 	one, seed := 1.0, int64(11)
 	cfg := runner.Config{GroupSize: 2, Parser: "hermes", ReasoningParser: "qwen3",
 		Inference: inference.Config{Backend: inference.BackendLlamaCpp, Endpoints: []string{e.URL}, Retries: -1},
-		Sampling: inference.Sampling{Temperature: &one, Seed: &seed, MaxTokens: 64,
-			ExtraBody: map[string]any{"logit_bias": llamacpptest.ToolCallBias(t, e, 10, 12, 2)}}}
+		Sampling: inference.Sampling{Temperature: &one, Seed: &seed, MaxTokens: 128,
+			ExtraBody: map[string]any{"grammar": callGrammar}}}
 	r := startGateway(t, cfg, GatewayOptions{})
 	ctx := context.Background()
 
@@ -203,7 +211,8 @@ func TestGatewayRealEngine(t *testing.T) {
 	rewardOf := map[string]float64{first.SessionId: 1, second.SessionId: 0.25}
 	firstPrompt := map[string][]map[string]any{}
 	for _, s := range []*rolloutv1.OpenSessionResponse{first, second} {
-		h := newChatHarness(s.OpenaiBaseUrl, s.ApiKey, model, "List the files in the working directory.")
+		task := []string{"List the files in the working directory.", "Show what is in /tmp."}[s.Index]
+		h := newChatHarness(s.OpenaiBaseUrl, s.ApiKey, model, task)
 		firstPrompt[s.SessionId] = slices.Clone(h.msgs)
 		for i := 0; i < 12 && (h.toolResults == 0 || i < 3); i++ {
 			h.step(t)
@@ -225,7 +234,7 @@ func TestGatewayRealEngine(t *testing.T) {
 		if _, err := r.client.CloseSession(ctx, &rolloutv1.CloseSessionRequest{SessionId: s.SessionId}); status.Code(err) != codes.FailedPrecondition {
 			t.Fatalf("second close: %v, want FailedPrecondition", err)
 		}
-		if code, raw := h.post(t, map[string]any{"messages": h.msgs}); code != http.StatusNotFound {
+		if code, raw := h.post(t, map[string]any{"model": model, "messages": h.msgs}); code != http.StatusNotFound {
 			t.Fatalf("a call after close: %d %s", code, raw)
 		}
 		sc, err := r.client.ScoreSession(ctx, &rolloutv1.ScoreSessionRequest{SessionId: s.SessionId, Reward: rewardOf[s.SessionId], Metrics: map[string]float64{"files": 2}})
