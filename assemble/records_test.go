@@ -6,6 +6,8 @@ import (
 
 	"github.com/rollout-rl/rollout/datasets"
 	"github.com/rollout-rl/rollout/gateway"
+	"github.com/rollout-rl/rollout/inference"
+	"github.com/rollout-rl/rollout/rewards"
 	"github.com/rollout-rl/rollout/runner"
 )
 
@@ -33,5 +35,32 @@ func TestRecordsSessionWithoutBranches(t *testing.T) {
 	ro.Session.Calls = nil
 	if rows, err = Records(run, g, ro); err != nil || rows[0].Calls != "" {
 		t.Fatalf("no calls: %q, %v", rows[0].Calls, err)
+	}
+}
+
+// A standalone gateway's caller may score one branch on its own: the
+// group's statistics use the sessions' rewards, the overridden branch's
+// row carries its reward and its advantage under the group's mean and
+// std, the other rows the session's.
+func TestRecordsBranchRewards(t *testing.T) {
+	run := &runner.RunInfo{RunID: "r", Env: "gateway", Model: "m"}
+	seq := inference.Sequence{Tokens: []int32{1, 2, 3}, Mask: []int8{0, 1, 1}, Logprobs: []float32{1, -0.5, -0.5}, PromptLen: 1}
+	sess := func(id string) *gateway.SessionRecord {
+		return &gateway.SessionRecord{ID: id, Branches: []gateway.Branch{{Index: 0, Parent: -1, Sequence: seq}, {Index: 1, Parent: 0, SplitCall: 1, Sequence: seq}}}
+	}
+	g := &runner.Group{ID: "g", Item: datasets.Item{ID: "i"}, Rollouts: []runner.Rollout{
+		{ID: "a", Index: 0, Status: runner.StatusOK, Score: rewards.Score{Value: 1}, Session: sess("s1"), BranchRewards: map[int]float64{1: 0}},
+		{ID: "b", Index: 1, Status: runner.StatusOK, Score: rewards.Score{Value: 0}, Session: sess("s2")},
+	}}
+	runner.AssembleGroup(g, runner.Advantage{Mode: runner.AdvantageMean})
+	if g.Mean != 0.5 {
+		t.Fatalf("mean %v, want 0.5 (the sessions' rewards)", g.Mean)
+	}
+	rows, err := Records(run, g, &g.Rollouts[0])
+	if err != nil || len(rows) != 2 {
+		t.Fatalf("%d rows, %v", len(rows), err)
+	}
+	if rows[0].Reward != 1 || *rows[0].Advantage != 0.5 || rows[1].Reward != 0 || *rows[1].Advantage != -0.5 {
+		t.Fatalf("branch 0 reward %v advantage %v; branch 1 reward %v advantage %v", rows[0].Reward, *rows[0].Advantage, rows[1].Reward, *rows[1].Advantage)
 	}
 }
