@@ -172,16 +172,7 @@ const callGrammar = `root ::= "<tool_call>\n{\"name\": \"terminal\", \"arguments
 // call, and its trained ids re-score against the server.
 func TestGatewayRealEngine(t *testing.T) {
 	e := llamacpptest.Start(t, llamacpptest.Options{Slots: 1, Ctx: 8192, Threads: 1})
-	var models struct {
-		Data []struct {
-			ID   string `json:"id"`
-			Meta struct {
-				NVocab int `json:"n_vocab"`
-			} `json:"meta"`
-		} `json:"data"`
-	}
-	e.MustCall(t, "/v1/models", nil, &models)
-	model, vocab := models.Data[0].ID, models.Data[0].Meta.NVocab
+	vocab := llamacpptest.NVocab(t, e)
 	one, seed := 1.0, int64(11)
 	cfg := runner.Config{GroupSize: 2, Parser: "hermes", ReasoningParser: "qwen3",
 		Inference: inference.Config{Backend: inference.BackendLlamaCpp, Endpoints: []string{e.URL}, Retries: -1},
@@ -208,6 +199,8 @@ func TestGatewayRealEngine(t *testing.T) {
 	if _, err := r.client.OpenSession(ctx, &rolloutv1.OpenSessionRequest{GroupId: first.GroupId}); status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("a third session in a group of 2: %v, want FailedPrecondition", err)
 	}
+	// The harness learns the model as real ones do: the session's /v1/models.
+	model := sessionModel(t, first.OpenaiBaseUrl)
 	rewardOf := map[string]float64{first.SessionId: 1, second.SessionId: 0.25}
 	firstPrompt := map[string][]map[string]any{}
 	for _, s := range []*rolloutv1.OpenSessionResponse{first, second} {
@@ -314,6 +307,25 @@ func TestGatewayRealEngine(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("group %s: %d + %d tokens, %d trained ids re-scored", g.GroupId, len(rows[0].Tokens), len(rows[1].Tokens), checked)
+}
+
+func sessionModel(t *testing.T, base string) string {
+	t.Helper()
+	resp, err := http.Get(base + "/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var models struct {
+		Data []struct {
+			ID            string `json:"id"`
+			ContextLength int    `json:"context_length"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&models); err != nil || len(models.Data) == 0 || models.Data[0].ContextLength != 8192 {
+		t.Fatalf("/v1/models: %+v, %v (want the engine's model with its 8192-token context)", models, err)
+	}
+	return models.Data[0].ID
 }
 
 func toInts(ids []int32) []int {
