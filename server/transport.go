@@ -293,7 +293,7 @@ func runGRPC(ctx context.Context, g *GRPC, reg prometheus.Collector, name string
 	if runErr != nil {
 		log.Error("server failed, shutting down", "error", runErr)
 	}
-	log.Info("shutting down: intake stopped, draining jobs", "cancel_in_flight", o.CancelInFlight, "drain_timeout", o.DrainTimeout.String())
+	log.Info("shutting down: intake stopped, draining", "service", name, "cancel_in_flight", o.CancelInFlight, "drain_timeout", o.DrainTimeout.String())
 	dctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	if o.DrainTimeout > 0 {
