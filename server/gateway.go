@@ -109,6 +109,8 @@ type gwSession struct {
 	opened time.Time
 	ro     runner.Rollout
 	sum    *rolloutv1.SessionSummary
+	// settled is closed once finishSession recorded how it ended.
+	settled chan struct{}
 }
 
 var _ rolloutv1.GatewayServiceServer = (*GatewayServer)(nil)
@@ -198,7 +200,7 @@ func (s *GatewayServer) OpenSession(ctx context.Context, req *rolloutv1.OpenSess
 	if err != nil {
 		return nil, gatewayStatus(err)
 	}
-	ss := &gwSession{id: cs.ID(), cs: cs, group: g, index: len(g.sessions), state: sessOpen, opened: time.Now()}
+	ss := &gwSession{id: cs.ID(), cs: cs, group: g, index: len(g.sessions), state: sessOpen, opened: time.Now(), settled: make(chan struct{})}
 	ss.ro = runner.Rollout{ID: rid, Index: ss.index, Attempts: 1, Created: ss.opened.UTC()}
 	g.sessions = append(g.sessions, ss)
 	s.groups[gid] = g
@@ -315,6 +317,7 @@ func (s *GatewayServer) finishSession(ss *gwSession, rec gateway.SessionRecord, 
 	ss.state, ss.reason, ss.sum = state, reason, sum
 	g := s.finishable(ss.group)
 	s.mu.Unlock()
+	close(ss.settled)
 	if state != sessClosed {
 		s.log.Warn("gateway session recorded without a reward", "group", ss.group.id, "index", ss.index, "state", state, "reason", reason)
 		metricGatewayUnscored.WithLabelValues(state).Inc()
@@ -530,24 +533,39 @@ func (s *GatewayServer) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	s.stopping = true
-	var open []*gwSession
+	var open, closing []*gwSession
 	for _, ss := range s.sessions {
-		if ss.state == sessOpen {
+		switch ss.state {
+		case sessOpen:
 			ss.state = sessClosing
 			open = append(open, ss)
+		case sessClosing:
+			closing = append(closing, ss) // a CloseSession in progress
 		}
 	}
 	s.mu.Unlock()
 	for _, ss := range open {
 		rec, err := ss.cs.Close(ctx)
 		if err != nil && errors.Is(gateway.KindOf(err), gateway.ErrSession) {
-			continue // its expiry recorded it
+			// Its idle expiry closed it: wait until that is recorded, so
+			// that its group is written below.
+			select {
+			case <-ss.settled:
+			case <-ctx.Done():
+			}
+			continue
 		}
 		reason := "open when the gateway shut down; no reward was posted"
 		if err != nil {
 			reason += fmt.Sprintf("; closing it failed: %v", err)
 		}
 		s.finishSession(ss, rec, sessExpired, reason)
+	}
+	for _, ss := range closing {
+		select {
+		case <-ss.settled:
+		case <-ctx.Done():
+		}
 	}
 	s.mu.Lock()
 	var finish []*gwGroup

@@ -214,11 +214,13 @@ func (g *Gateway) Open(ctx context.Context, spec inference.EpisodeSpec) (*Sessio
 	if len(g.sessions) >= g.opts.MaxSessions {
 		return nil, gateway.Errorf(gateway.ErrOverloaded, "", "%d sessions open (the gateway's limit)", len(g.sessions))
 	}
-	g.sessions[id] = s
 	if d := g.opts.IdleTimeout; d > 0 {
+		// Armed before the session is published: its calls and its
+		// expiry see the timer under s.mu.
 		s.last = time.Now()
 		s.timer = time.AfterFunc(d, s.expire)
 	}
+	g.sessions[id] = s
 	return s, nil
 }
 
