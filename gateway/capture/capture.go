@@ -215,10 +215,12 @@ func (g *Gateway) Open(ctx context.Context, spec inference.EpisodeSpec) (*Sessio
 		return nil, gateway.Errorf(gateway.ErrOverloaded, "", "%d sessions open (the gateway's limit)", len(g.sessions))
 	}
 	if d := g.opts.IdleTimeout; d > 0 {
-		// Armed before the session is published: its calls and its
-		// expiry see the timer under s.mu.
+		// Armed under s.mu, which the expiry takes first: it never sees
+		// the timer unassigned.
+		s.mu.Lock()
 		s.last = time.Now()
 		s.timer = time.AfterFunc(d, s.expire)
+		s.mu.Unlock()
 	}
 	g.sessions[id] = s
 	return s, nil
