@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rollout-rl/rollout/internal/testkit/proctest"
 )
 
 // TestPythonAsyncTrainer runs examples/python/async_trainer.py: an
@@ -41,13 +43,13 @@ func TestPythonAsyncTrainer(t *testing.T) {
 	if err := os.Mkdir(dataDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	simPort := startProcess(ctx, t, "sim", func(port int) []string {
+	simPort := proctest.StartServer(ctx, t, "sim", func(port int) []string {
 		return []string{bin, "sim", "--env", "toolcall-match", "--host", "127.0.0.1", "--port", strconv.Itoa(port),
 			"--success-prob", "0.6", "--seed", "7", "--ttft", "50ms", "--per-token", "4ms"}
 	}, simHealthy)
-	servePort := startProcess(ctx, t, "serve", func(port int) []string {
+	servePort := proctest.StartServer(ctx, t, "serve", func(port int) []string {
 		return []string{bin, "serve", "--listen", "127.0.0.1:" + strconv.Itoa(port), "--data-dir", dataDir}
-	}, listening)
+	}, proctest.Listening)
 	const groups = 5
 	cmd := exec.CommandContext(ctx, py, "async_trainer.py",
 		"--addr", "127.0.0.1:"+strconv.Itoa(servePort), "--endpoint", "http://127.0.0.1:"+strconv.Itoa(simPort),

@@ -14,7 +14,7 @@ import json
 import queue
 import threading
 import time
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import grpc
 
@@ -178,16 +178,18 @@ class Client:
 
     def collect(self, config_yaml: str, *, initial_credits: int = 1, stream_id: str = "",
                 compact: bool = True, from_sequence: Optional[int] = None,
-                timeout: Optional[float] = None) -> "CollectStream":
+                timeout: Optional[float] = None,
+                on_status: Optional[Callable[[Any], None]] = None) -> "CollectStream":
         """Opens a ``CollectGroups`` stream for a run config. Use it as a
-        context manager; see :class:`CollectStream`."""
+        context manager; see :class:`CollectStream`. ``on_status`` is called
+        with every ``CollectStatus`` (from the stream's reader thread)."""
         if initial_credits < 0:
             raise ValueError("initial_credits must be >= 0, got %d" % initial_credits)
         start = pb.CollectStart(config_yaml=config_yaml, initial_credits=initial_credits, stream_id=stream_id,
                                 token_layout=_layout(compact))
         if from_sequence is not None:
             start.from_sequence = from_sequence
-        return CollectStream(self._stub, self._meta, start, timeout)
+        return CollectStream(self._stub, self._meta, start, timeout, on_status)
 
 
 _CLOSE = object()
@@ -207,8 +209,10 @@ class CollectStream:
     delivered to :meth:`get` until it raises StreamClosed. Leaving a
     ``with`` block cancels the stream (in-flight rollouts are cancelled)."""
 
-    def __init__(self, stub: Any, meta: List[Tuple[str, str]], start: Any, timeout: Optional[float]):
+    def __init__(self, stub: Any, meta: List[Tuple[str, str]], start: Any, timeout: Optional[float],
+                 on_status: Optional[Callable[[Any], None]] = None):
         self.stream_id = start.stream_id
+        self._on_status = on_status
         self.status: Optional[Any] = None
         self._out: "queue.Queue[Any]" = queue.Queue()
         self._in: "queue.Queue[Any]" = queue.Queue()
@@ -241,11 +245,15 @@ class CollectStream:
                 if kind == "status":
                     with self._lock:
                         self.status = resp.status
-                    self._in.put(("status", resp.status))
+                    if self._on_status is not None:
+                        self._on_status(resp.status)
                 elif kind == "group":
                     self._in.put(("group", resp.group))
             self._in.put(("end", None))
         except grpc.RpcError as e:
+            self._in.put(("error", errors.from_rpc_error(e, "CollectGroups")))
+        except Exception as e:  # an on_status callback failed: the caller sees it
+            self._call.cancel()
             self._in.put(("error", e))
 
     def _send(self, msg: Any) -> None:
@@ -321,8 +329,7 @@ class CollectStream:
             if kind == "end":
                 self._ended = StreamClosed("CollectGroups: the stream ended")
             elif kind == "error":
-                self._ended = errors.from_rpc_error(val, "CollectGroups")
-                self._ended.__cause__ = val
+                self._ended = val
 
     def __iter__(self) -> Iterator[Group]:
         """Groups until the stream ends (after :meth:`close`, or when the

@@ -1,6 +1,7 @@
 // Package proctest holds what tests that run child processes (rollout
 // serve, rollout sim, a Python trainer) need from one place: a buffer the
-// child writes while the test reads it, and a free loopback port.
+// child writes while the test reads it, a free loopback port, and starting
+// a server child on one (StartServer).
 package proctest
 
 import (

@@ -74,22 +74,33 @@ class ItemCollector:
                 want["%s/%s" % (request_id, it["id"])] = k
                 sent.append(it)
             s = self.stream()
-            s.items(sent, request_id=request_id, policy_version=policy_version, sampling=sampling)
-            s.credit(len(sent))
-            out: List[Optional[Group]] = [None] * len(sent)
-            missing = len(sent)
-            while missing:
-                g = s.get(timeout=self.timeout)
-                k = want.get(g.item_id)
-                if g.request_id != request_id or k is None or out[k] is not None:
-                    raise AdapterError("CollectGroups: group %s (item %s, request %s) was not asked for by %s"
-                                       % (g.group_id, g.item_id, g.request_id, request_id))
-                if len(g.rollouts) != group_size:
-                    raise AdapterError("group %s has %d rollouts, the trainer wants %d per prompt: set the run "
-                                       "config's group_size to the trainer's" % (g.group_id, len(g.rollouts), group_size))
-                out[k] = g
-                missing -= 1
-            return [g for g in out if g is not None]
+            try:
+                return self._await(s, request_id, want, sent, group_size, policy_version, sampling)
+            except BaseException:
+                # Whatever of this request is still coming would meet the
+                # next batch: start over on a new stream.
+                self._stream = None
+                s.cancel()
+                raise
+
+    def _await(self, s: CollectStream, request_id: str, want: Dict[str, int], sent: List[Dict[str, Any]],
+               group_size: int, policy_version: Optional[int], sampling: Optional[Dict[str, Any]]) -> List[Group]:
+        s.items(sent, request_id=request_id, policy_version=policy_version, sampling=sampling)
+        s.credit(len(sent))
+        out: List[Optional[Group]] = [None] * len(sent)
+        missing = len(sent)
+        while missing:
+            g = s.get(timeout=self.timeout)
+            k = want.get(g.item_id)
+            if g.request_id != request_id or k is None or out[k] is not None:
+                raise AdapterError("CollectGroups: group %s (item %s, request %s) was not asked for by %s"
+                                   % (g.group_id, g.item_id, g.request_id, request_id))
+            if len(g.rollouts) != group_size:
+                raise AdapterError("group %s has %d rollouts, the trainer wants %d per prompt: set the run "
+                                   "config's group_size to the trainer's" % (g.group_id, len(g.rollouts), group_size))
+            out[k] = g
+            missing -= 1
+        return [g for g in out if g is not None]
 
     def close(self) -> None:
         with self._lock:
