@@ -81,7 +81,7 @@ func requirePython(t *testing.T, modules string) {
 	if err != nil {
 		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 		need(t, fmt.Sprintf("%s cannot import %s (%v: %s); install python3-torch python3-numpy python3-matplotlib "+
-			"python3-grpcio python3-grpc-tools (scripts/ensure-python-torch.sh does it as root)", python(), modules, err, lines[len(lines)-1]))
+			"python3-grpcio python3-protobuf (scripts/ensure-python-torch.sh and ensure-python-grpc.sh do it as root)", python(), modules, err, lines[len(lines)-1]))
 	}
 }
 
@@ -97,7 +97,7 @@ func TestPolicyUnit(t *testing.T) {
 }
 
 func TestGRPOLoop(t *testing.T) {
-	requirePython(t, "torch, numpy, matplotlib, grpc, grpc_tools")
+	requirePython(t, "torch, numpy, matplotlib, grpc")
 	if testing.Short() {
 		t.Skip("-short: skipping the GRPO loop")
 	}

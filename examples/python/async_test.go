@@ -22,8 +22,8 @@ import (
 // on, in abort mode, checking the version and lag fields of every group.
 func TestPythonAsyncTrainer(t *testing.T) {
 	py := python()
-	if out, err := exec.Command(py, "-c", "import grpc, grpc_tools").CombinedOutput(); err != nil {
-		msg := fmt.Sprintf("%s cannot import grpc and grpc_tools (%v: %s)", py, err, strings.TrimSpace(string(out)))
+	if out, err := exec.Command(py, "-c", "import grpc, google.protobuf").CombinedOutput(); err != nil {
+		msg := fmt.Sprintf("%s cannot import grpc and google.protobuf (%v: %s)", py, err, strings.TrimSpace(string(out)))
 		if os.Getenv("CI") == "true" {
 			t.Fatal("CI=true: " + msg)
 		}

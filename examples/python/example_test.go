@@ -2,9 +2,10 @@
 // the rollout binary, starts `rollout sim` and `rollout serve` on free
 // loopback ports and runs the example with Debian's python3.
 //
-// The test skips when python3 cannot import grpc and grpc_tools, except
-// with CI=true, where it fails: `make test` installs python3-grpcio and
-// python3-grpc-tools first (scripts/ensure-python-grpc.sh).
+// The scripts use the rollout-client package from the checkout (python/).
+// The test skips when python3 cannot import grpc and google.protobuf,
+// except with CI=true, where it fails: `make test` installs python3-grpcio
+// and python3-protobuf first (scripts/ensure-python-grpc.sh).
 package pythonexample
 
 import (
@@ -44,9 +45,9 @@ func python() string {
 
 func TestPythonExample(t *testing.T) {
 	py := python()
-	if out, err := exec.Command(py, "-c", "import grpc, grpc_tools").CombinedOutput(); err != nil {
+	if out, err := exec.Command(py, "-c", "import grpc, google.protobuf").CombinedOutput(); err != nil {
 		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-		msg := fmt.Sprintf("%s cannot import grpc and grpc_tools (%v: %s); install python3-grpcio and python3-grpc-tools "+
+		msg := fmt.Sprintf("%s cannot import grpc and google.protobuf (%v: %s); install python3-grpcio and python3-protobuf "+
 			"(scripts/ensure-python-grpc.sh does it as root)", py, err, lines[len(lines)-1])
 		if os.Getenv("CI") == "true" {
 			t.Fatal("CI=true: " + msg)
