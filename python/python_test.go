@@ -31,26 +31,11 @@ import (
 
 const groupSize = 2
 
-func python() string {
-	if p := os.Getenv("ROLLOUT_PYTHON"); p != "" {
-		return p
-	}
-	return "/usr/bin/python3"
-}
-
-func need(t *testing.T, msg string) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatal("CI=true: " + msg)
-	}
-	t.Skip(msg)
-}
-
 func TestPythonPackage(t *testing.T) {
-	py := python()
+	py := proctest.Python()
 	if out, err := exec.Command(py, "-c", "import grpc, google.protobuf, venv, ensurepip, setuptools").CombinedOutput(); err != nil {
 		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-		need(t, fmt.Sprintf("%s cannot import grpc, google.protobuf, venv, ensurepip and setuptools (%v: %s); install "+
+		proctest.Need(t, fmt.Sprintf("%s cannot import grpc, google.protobuf, venv, ensurepip and setuptools (%v: %s); install "+
 			"python3-grpcio python3-protobuf python3-venv python3-setuptools (scripts/ensure-python-grpc.sh does it as root)",
 			py, err, lines[len(lines)-1]))
 	}

@@ -29,7 +29,6 @@ import argparse
 import json
 import math
 import os
-import queue
 import shlex
 import subprocess
 import sys

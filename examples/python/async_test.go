@@ -21,7 +21,7 @@ import (
 // BeginPolicyUpdate / weight load / EndPolicyUpdate while collection goes
 // on, in abort mode, checking the version and lag fields of every group.
 func TestPythonAsyncTrainer(t *testing.T) {
-	py := python()
+	py := proctest.Python()
 	if out, err := exec.Command(py, "-c", "import grpc, google.protobuf").CombinedOutput(); err != nil {
 		msg := fmt.Sprintf("%s cannot import grpc and google.protobuf (%v: %s)", py, err, strings.TrimSpace(string(out)))
 		if os.Getenv("CI") == "true" {

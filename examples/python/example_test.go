@@ -34,17 +34,8 @@ const (
 	groupSize = 4
 )
 
-// python is Debian's interpreter (ROLLOUT_PYTHON overrides it): the first
-// python3 on PATH may be a pyenv one that does not see Debian's packages.
-func python() string {
-	if p := os.Getenv("ROLLOUT_PYTHON"); p != "" {
-		return p
-	}
-	return "/usr/bin/python3"
-}
-
 func TestPythonExample(t *testing.T) {
-	py := python()
+	py := proctest.Python()
 	if out, err := exec.Command(py, "-c", "import grpc, google.protobuf").CombinedOutput(); err != nil {
 		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
 		msg := fmt.Sprintf("%s cannot import grpc and google.protobuf (%v: %s); install python3-grpcio and python3-protobuf "+

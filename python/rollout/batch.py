@@ -10,7 +10,7 @@ importable, lists of lists otherwise).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List
 
 from .types import Group
 

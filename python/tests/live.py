@@ -41,3 +41,20 @@ def items(n, split="train"):
     if len(out) < n:
         raise AssertionError("%s: %d %s items, want %d" % (path, len(out), split, n))
     return out
+
+
+class LiveCase(unittest.TestCase):
+    """A test case with a connected rollout.Client (cls.client), the run
+    config (cls.config) and its group size (cls.group_size)."""
+
+    @classmethod
+    def setUpClass(cls):
+        from rollout import Client
+
+        cls.addr, cls.config, cls.group_size = settings()
+        cls.client = Client(cls.addr, timeout=60)
+        cls.client.wait_ready(60)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()

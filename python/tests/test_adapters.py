@@ -4,10 +4,8 @@ a real `rollout serve` and the real llama.cpp engine."""
 import json
 import math
 import unittest
-import uuid
 
 import rollout
-from rollout import Client
 from rollout.adapters import skyrl as skyrl_adapter
 from rollout.adapters import trl as trl_adapter
 from rollout.adapters import verl as verl_adapter
@@ -19,16 +17,11 @@ from standins import trl as trl_standin
 from standins import verl as verl_standin
 
 
-class Adapters(unittest.TestCase):
+class Adapters(live.LiveCase):
     @classmethod
     def setUpClass(cls):
-        cls.addr, cls.config, cls.n = live.settings()
-        cls.client = Client(cls.addr, timeout=60)
-        cls.client.wait_ready(60)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.client.close()
+        super().setUpClass()
+        cls.n = cls.group_size
 
     def test_trl_rollout_func(self):
         rf = trl_adapter.RolloutFunc(self.client, self.config, timeout=300)

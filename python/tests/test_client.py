@@ -6,21 +6,12 @@ import unittest
 import uuid
 
 import rollout
-from rollout import Client, to_batch
+from rollout import to_batch
 
 import live
 
 
-class ClientLive(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.addr, cls.config, cls.group_size = live.settings()
-        cls.client = Client(cls.addr, timeout=60)
-        cls.client.wait_ready(60)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.client.close()
+class ClientLive(live.LiveCase):
 
     def test_installed_package(self):
         # python_test.go runs the tests against the pip-installed package,

@@ -81,6 +81,18 @@ class Arrays(unittest.TestCase):
         with self.assertRaises(ValueError):
             b.padded(prompt_side="middle")
 
+    def test_lists_without_numpy(self):
+        import rollout.batch as batch_module
+
+        saved, batch_module._np = batch_module._np, None
+        try:
+            p = to_batch([self.group()]).padded(pad_token_id=99)
+        finally:
+            batch_module._np = saved
+        self.assertIsInstance(p["response_ids"], list)
+        self.assertEqual(p["response_ids"], [[3, 4, 99, 99], [3, 4, 5, 6]])
+        self.assertEqual(p["rewards"], [1.0, 0.0])
+
     def test_left_padded_prompts(self):
         g = Group.from_proto(pb.Group(rollouts=[
             compact([7, 1, 2], [3], prompt_tokens=3, status="ok"), compact([1, 2], [1, 1], prompt_tokens=1, status="ok")]))

@@ -7,6 +7,7 @@ package proctest
 import (
 	"bytes"
 	"net"
+	"os"
 	"sync"
 	"testing"
 )
@@ -39,4 +40,24 @@ func FreePort(t testing.TB) int {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// Python is the interpreter the Python tests run: Debian's /usr/bin/python3,
+// or ROLLOUT_PYTHON. The first python3 on PATH may be a pyenv or virtualenv
+// one that does not see Debian's packages.
+func Python() string {
+	if p := os.Getenv("ROLLOUT_PYTHON"); p != "" {
+		return p
+	}
+	return "/usr/bin/python3"
+}
+
+// Need skips the test with msg, or fails it when CI is "true": CI never
+// passes by skipping what it was set up to run.
+func Need(t testing.TB, msg string) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatal("CI=true: " + msg)
+	}
+	t.Skip(msg)
 }
