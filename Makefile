@@ -28,7 +28,7 @@ lint:
 # stale (a no-op in well under a second otherwise); so is the llama.cpp
 # engine image the real-engine tests run against (~1 min cold, from Debian
 # sid; docs/real-engines.md). ensure-python-grpc.sh
-# installs Debian's python3-grpcio, python3-protobuf, python3-venv,
+# installs Debian's python3-grpcio, python3-protobuf, python3-pip,
 # python3-setuptools and python3-wheel for the Python package's test
 # (python/) and the Python examples, ensure-python-torch.sh python3-torch, python3-numpy and
 # python3-matplotlib for the GRPO example's (as root; otherwise they say

@@ -1,13 +1,13 @@
 // Package pythonpkg tests the Python package in this directory
 // (rollout-client, docs/python.md) the way a user installs it: pip installs
 // it from a copy of the checkout into a fresh virtual environment that sees
-// only Debian's packages (python3 -m venv --system-site-packages; pip
-// --no-index --no-build-isolation), then its unittest suite runs against a
+// only Debian's packages (python3 -m venv --without-pip
+// --system-site-packages; Debian's pip with --no-index --no-build-isolation), then its unittest suite runs against a
 // real `rollout serve` and the real llama.cpp engine: the client, and each
 // trainer adapter driven by a stand-in of its trainer (tests/standins).
 //
-// It skips when /usr/bin/python3 (ROLLOUT_PYTHON) lacks grpc, protobuf or
-// venv/ensurepip, or without Docker and the rollout-llamacpp:sid image;
+// It skips when /usr/bin/python3 (ROLLOUT_PYTHON) lacks grpc, protobuf,
+// pip, setuptools or wheel, or without Docker and the rollout-llamacpp:sid image;
 // with CI=true each of those is a failure (`make test` installs the
 // modules with scripts/ensure-python-grpc.sh and builds the image).
 package pythonpkg
@@ -33,10 +33,10 @@ const groupSize = 2
 
 func TestPythonPackage(t *testing.T) {
 	py := proctest.Python()
-	if out, err := exec.Command(py, "-c", "import grpc, google.protobuf, venv, ensurepip, setuptools").CombinedOutput(); err != nil {
+	if out, err := exec.Command(py, "-c", "import grpc, google.protobuf, venv, setuptools, wheel, pip").CombinedOutput(); err != nil {
 		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-		proctest.Need(t, fmt.Sprintf("%s cannot import grpc, google.protobuf, venv, ensurepip and setuptools (%v: %s); install "+
-			"python3-grpcio python3-protobuf python3-venv python3-setuptools (scripts/ensure-python-grpc.sh does it as root)",
+		proctest.Need(t, fmt.Sprintf("%s cannot import grpc, google.protobuf, venv, setuptools, wheel and pip (%v: %s); install "+
+			"python3-grpcio python3-protobuf python3-pip python3-setuptools python3-wheel (scripts/ensure-python-grpc.sh does it as root)",
 			py, err, lines[len(lines)-1]))
 	}
 	if testing.Short() {
@@ -93,8 +93,11 @@ func TestPythonPackage(t *testing.T) {
 		}
 		return out.String()
 	}
-	run("venv", exec.CommandContext(ctx, py, "-m", "venv", "--system-site-packages", venv))
-	run("pip install", exec.CommandContext(ctx, filepath.Join(venv, "bin", "pip"), "install", "--no-index",
+	// --without-pip: Debian's pip (seen through the system site packages)
+	// installs into the venv; ensurepip would add a copy of pip, ~20-50 s
+	// on a loaded machine, for nothing.
+	run("venv", exec.CommandContext(ctx, py, "-m", "venv", "--without-pip", "--system-site-packages", venv))
+	run("pip install", exec.CommandContext(ctx, filepath.Join(venv, "bin", "python"), "-m", "pip", "install", "--no-index",
 		"--no-build-isolation", "--disable-pip-version-check", src))
 
 	items, err := filepath.Abs(filepath.Join("..", "envs", "data", "toolcall_match.jsonl"))
