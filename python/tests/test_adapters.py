@@ -80,6 +80,20 @@ class Adapters(live.LiveCase):
         # stop() ended the worker: its thread is gone and check_health says so only on failure.
         self.assertFalse(worker._thread.is_alive())
 
+    def test_trl_worker_epoch_ends_with_the_dataset(self):
+        # toolcall-match's train split has 7 items: one epoch is 7 groups,
+        # then check_health says the worker is done.
+        worker = trl_adapter.AsyncRolloutWorker(self.client, self.config, max_inflight_groups=3, epochs=1)
+        worker.start()
+        worker._thread.join(300)
+        self.assertFalse(worker._thread.is_alive())
+        self.assertEqual(worker.groups_received, 7)
+        self.assertEqual(len({s.group_id for s in list(worker.rollout_buffer.queue)}), 7)
+        with self.assertRaises(RuntimeError) as cm:
+            worker.check_health(60)
+        self.assertIn("ran out", str(cm.exception))
+        worker.stop()
+
     def test_trl_worker_health_reports_failure(self):
         worker = trl_adapter.AsyncRolloutWorker(self.client, "env: toolcall-match\nno_such_key: 1\n")
         worker.start()

@@ -248,9 +248,9 @@ class AsyncRolloutWorker:
         try:
             if self.model_version:
                 s.credit(0, trainer_version=self.model_version)
-            # A large request: the stream's credits, not the count, bound
-            # what runs; `exhausted` marks the epoch's end.
-            s.next(1 << 30, request_id="epoch")
+            # Ask for the dataset as credits allow, one item per group
+            # consumed; `exhausted` marks the epoch's end.
+            s.next(self.max_inflight_groups, request_id="epoch")
             while not self._stop.is_set():
                 try:
                     g = s.poll(timeout=1.0)
@@ -272,6 +272,9 @@ class AsyncRolloutWorker:
                             self._heartbeat = time.time()  # waiting on the trainer, not hung
                 if not self._stop.is_set():
                     try:
+                        st = s.status
+                        if st is None or not st.exhausted:
+                            s.next(1, request_id="epoch")
                         s.credit(1)
                     except StreamClosed:
                         pass
