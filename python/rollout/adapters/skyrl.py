@@ -93,8 +93,14 @@ class RolloutGenerator:
         result: Dict[str, Any] = dict(out)
         if not logprobs_complete:
             result["rollout_logprobs"] = None
+        # Per-row env metrics (GeneratorOutput.env_metrics): what rollout
+        # knows of each episode that SkyRL has no column for.
+        env_metrics = [{"rollout_status": r.status, "failure_kind": r.failure_kind, "stop_reason": r.stop_reason,
+                        "turns": r.turns, "group_id": g.group_id, "policy_lag": g.policy_lag}
+                       for g in groups for r in g.rollouts]
         result.update(rollout_metrics=metrics, trajectory_ids=traj_ids, rollout_expert_indices=None,
-                      process_rewards=None, is_last_step=None)
+                      trajectory_generation_times=None, trajectory_time_splits=None, is_last_step=None,
+                      env_metrics=env_metrics, pixel_values=None, image_grid_thw=None)
         return result
 
     def close(self) -> None:

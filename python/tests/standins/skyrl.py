@@ -48,7 +48,7 @@ def validate_generator_output(num_prompts, out):
     assert num_prompts == n, "Mismatch between prompts (%d) and responses (%d)" % (num_prompts, n)
     assert n == len(out["prompt_token_ids"])
     for key in ("response_ids", "loss_masks", "rewards", "rollout_logprobs", "stop_reasons", "trajectory_ids",
-                "rollout_expert_indices", "is_last_step"):
+                "rollout_expert_indices", "is_last_step", "pixel_values", "image_grid_thw"):
         if isinstance(out.get(key), list):
             assert len(out[key]) == n, "Generator output %s length must be equal to response_ids length" % key
     for i, (resp, mask, reward) in enumerate(zip(out["response_ids"], out["loss_masks"], out["rewards"])):
@@ -59,6 +59,11 @@ def validate_generator_output(num_prompts, out):
             assert len(resp) == len(out["rollout_logprobs"][i])
     assert sum(sum(m) for m in out["loss_masks"]) > 0, "all outputs are loss masked"
     assert all(isinstance(r, float) for r in out["rewards"])
+    # Every GeneratorOutput key of base.py, no other.
+    keys = {"prompt_token_ids", "response_ids", "rewards", "loss_masks", "stop_reasons", "rollout_metrics",
+            "rollout_logprobs", "trajectory_ids", "trajectory_generation_times", "trajectory_time_splits",
+            "rollout_expert_indices", "is_last_step", "env_metrics", "pixel_values", "image_grid_thw"}
+    assert set(out) == keys, "GeneratorOutput keys: extra %s, missing %s" % (set(out) - keys, keys - set(out))
 
 
 class SkyRLTrainerStandIn:
