@@ -18,6 +18,7 @@ from .errors import (Aborted, AlreadyExists, Cancelled, DeadlineExceeded, Failed
                      InvalidArgument, LayoutError, NotFound, PermissionDenied, ResourceExhausted, RolloutError,
                      Unauthenticated, Unavailable)
 from .types import Group, Rollout, token_columns
+from .v1 import rollout_pb2 as pb
 
 __version__ = "0.1.0"
 
@@ -25,5 +26,5 @@ __all__ = [
     "Aborted", "AlreadyExists", "Batch", "Cancelled", "Client", "CollectStream", "DeadlineExceeded",
     "FailedPrecondition", "Group", "Internal", "InvalidArgument", "LayoutError", "NotFound", "PermissionDenied",
     "ResourceExhausted", "Rollout", "RolloutError", "StreamClosed", "Unauthenticated", "Unavailable",
-    "have_numpy", "to_batch", "token_columns",
+    "have_numpy", "pb", "to_batch", "token_columns",
 ]

@@ -84,7 +84,8 @@ def _pad(rows: List[List[Any]], value: Any, side: str):
 def to_batch(groups: Iterable[Group], include_failed: bool = False) -> Batch:
     """Flattens groups into a Batch. Rollouts whose status is not ``ok``
     (infrastructure failures: no reward to learn from) are left out unless
-    ``include_failed``; dropped groups are kept, their advantages are 0."""
+    ``include_failed``, and then have an all-zero loss mask; dropped groups
+    are kept, their advantages are 0."""
     b = Batch()
     for g in groups:
         gi = len(b.group_ids)
@@ -94,7 +95,7 @@ def to_batch(groups: Iterable[Group], include_failed: bool = False) -> Batch:
                 continue
             b.prompt_ids.append(r.prompt_ids)
             b.response_ids.append(r.response_ids)
-            b.loss_mask.append(r.response_mask)
+            b.loss_mask.append(r.trainable_response_mask)
             lp = r.response_logprobs
             b.logprobs.append(lp if lp is not None else [0.0] * len(r.response_ids))
             b.versions.append(r.response_versions or [-1] * len(r.response_ids))

@@ -116,6 +116,13 @@ class Rollout:
         return self.loss_mask[self.prompt_tokens:]
 
     @property
+    def trainable_response_mask(self) -> List[int]:
+        """``response_mask`` for an ok rollout; all zeros for a failed one
+        (an infrastructure failure is no signal about the model: nothing of
+        it is trained)."""
+        return self.response_mask if self.ok else [0] * len(self.response_ids)
+
+    @property
     def response_logprobs(self) -> Optional[List[float]]:
         """Behaviour logprobs of the response; 0.0 (not the wire's 1.0
         placeholder) where the position is not trained, so a consumer that

@@ -59,6 +59,13 @@ class Arrays(unittest.TestCase):
         r2 = pb.Rollout(index=2, status="infra_failed", failure_kind="sandbox")
         return Group.from_proto(pb.Group(group_id="g", rollouts=[r0, r1, r2]))
 
+    def test_failed_rollout_trains_nothing(self):
+        r = Rollout.from_proto(compact([1, 2, 3], [1, 2], [-0.1, -0.2], prompt_tokens=1, status="infra_failed"))
+        self.assertEqual(r.response_mask, [1, 1])
+        self.assertEqual(r.trainable_response_mask, [0, 0])
+        b = to_batch([Group.from_proto(pb.Group(rollouts=[r.raw]))], include_failed=True)
+        self.assertEqual(b.loss_mask, [[0, 0]])
+
     def test_response_split(self):
         g = self.group()
         r = g.rollouts[1]
@@ -70,7 +77,9 @@ class Arrays(unittest.TestCase):
     def test_batch_padding(self):
         b = to_batch([self.group()])
         self.assertEqual(len(b), 2)  # the failed rollout is left out
-        self.assertEqual(len(to_batch([self.group()], include_failed=True)), 3)
+        with_failed = to_batch([self.group()], include_failed=True)
+        self.assertEqual(len(with_failed), 3)
+        self.assertEqual(with_failed.ok, [True, True, False])
         p = b.padded(pad_token_id=99)
         as_list = (lambda a: a.tolist()) if rollout.have_numpy() else (lambda a: a)
         self.assertEqual(as_list(p["response_ids"]), [[3, 4, 99, 99], [3, 4, 5, 6]])

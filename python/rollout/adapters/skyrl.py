@@ -76,7 +76,7 @@ class RolloutGenerator:
                 out["prompt_token_ids"].append(r.prompt_ids)
                 out["response_ids"].append(r.response_ids)
                 out["rewards"].append(r.reward if r.ok else 0.0)
-                out["loss_masks"].append(r.response_mask)
+                out["loss_masks"].append(r.trainable_response_mask)
                 out["stop_reasons"].append(finish_reason(r.stop_reason, r.status))
                 lp = r.response_logprobs
                 logprobs_complete = logprobs_complete and lp is not None

@@ -83,7 +83,7 @@ class RolloutFunc:
         any_missing_logprobs = False
         for g in groups:
             for r in g.rollouts:
-                prompt, completion, mask = r.prompt_ids, r.response_ids, r.response_mask
+                prompt, completion, mask = r.prompt_ids, r.response_ids, r.trainable_response_mask
                 lp = r.response_logprobs
                 if not completion:
                     # A rollout with no completion (an infrastructure

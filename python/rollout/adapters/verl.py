@@ -97,7 +97,7 @@ class RolloutAgentLoopManager:
             for r in g.rollouts:
                 lp = r.response_logprobs
                 outs.append({
-                    "prompt_ids": r.prompt_ids, "response_ids": r.response_ids, "response_mask": r.response_mask,
+                    "prompt_ids": r.prompt_ids, "response_ids": r.response_ids, "response_mask": r.trainable_response_mask,
                     "response_logprobs": lp, "routed_experts": None, "multi_modal_data": None,
                     "reward_score": r.reward if r.ok else 0.0, "num_turns": r.turns,
                     "metrics": {"generate_sequences": 0.0, "tool_calls": 0.0, "num_preempted": -1},
