@@ -440,11 +440,18 @@ func toolResult(obs map[string]any) (string, bool) {
 	return render(res), false
 }
 
-// render is an observation as the model reads it: a string as it is,
-// anything else as JSON.
+// render is an observation as the model reads it: a string, or an
+// object whose one field is a string, as that text; anything else as JSON.
 func render(v any) string {
 	if s, ok := v.(string); ok {
 		return s
+	}
+	if m, ok := v.(map[string]any); ok && len(m) == 1 {
+		for _, x := range m {
+			if s, ok := x.(string); ok {
+				return s
+			}
+		}
 	}
 	b, err := json.Marshal(v)
 	if err != nil {

@@ -15,27 +15,18 @@ import (
 	"github.com/rollout-rl/rollout/trajectory"
 )
 
-// callBias favours every token of a well-formed call of one of the env
-// server's tools, and <|im_end|>, so that the tiny random model calls it
-// in most turns (the calls are still sampled: some come out mangled).
-func callBias(t *testing.T, e *llamacpptest.Engine, call string, strength float64) map[string]float64 {
-	t.Helper()
-	var r struct {
-		Tokens []struct {
-			ID int `json:"id"`
-		} `json:"tokens"`
-	}
-	e.MustCall(t, "/tokenize", map[string]any{"content": "<tool_call>\n" + call + "\n</tool_call><|im_end|>", "parse_special": true, "with_pieces": true}, &r)
-	bias := map[string]float64{}
-	for _, tok := range r.Tokens {
-		bias[strconv.Itoa(tok.ID)] = strength
-	}
-	return bias
+// callGrammar is a llama.cpp GBNF grammar whose only sentences are
+// Hermes tool calls of the given JSON bodies: the tiny random model's
+// sampling (its ids and logprobs, trained as usual) is constrained to
+// well-formed calls of the env server's tools, whose arguments it still
+// picks.
+func callGrammar(bodies ...string) map[string]any {
+	return map[string]any{"grammar": `root ::= "<tool_call>\n" call "\n</tool_call>"` + "\ncall ::= " + strings.Join(bodies, " | ")}
 }
 
 // envProtoRun is one `rollout run` of a YAML env whose episodes are
 // played on an env server in the rollouts' sandboxes.
-func envProtoRun(t *testing.T, e *llamacpptest.Engine, image, envYAML string, bias map[string]float64) []trajectory.Record {
+func envProtoRun(t *testing.T, e *llamacpptest.Engine, image, envYAML string, extra map[string]any) []trajectory.Record {
 	t.Helper()
 	dir := t.TempDir()
 	envPath := filepath.Join(dir, "env.yaml")
@@ -46,7 +37,7 @@ func envProtoRun(t *testing.T, e *llamacpptest.Engine, image, envYAML string, bi
 	cfg := map[string]any{
 		"env": envPath, "groups": 2, "group_size": 2, "seed": 36,
 		"inference": map[string]any{"backend": "llamacpp", "endpoints": []string{e.URL}, "retries": 2, "timeout": "2m"},
-		"sampling":  map[string]any{"temperature": 1.0, "max_tokens": 40, "extra_body": map[string]any{"logit_bias": bias}},
+		"sampling":  map[string]any{"temperature": 1.0, "max_tokens": 40, "extra_body": extra},
 		"parser":    "hermes", "rollout_timeout": "3m", "max_consecutive_invalid": 10,
 		"limits":  map[string]any{"rollouts_in_flight": 4, "groups_in_flight": 2, "sandboxes": 4},
 		"sandbox": map[string]any{"warm_pool": -1},
@@ -115,7 +106,7 @@ env_server:
   start_timeout: 1m
   call_timeout: 30s
 `
-	recs := envProtoRun(t, e, image, env, callBias(t, e, `{"name": "add", "arguments": {"n": 2}}`, 6))
+	recs := envProtoRun(t, e, image, env, callGrammar(`"{\"name\": \"add\", \"arguments\": {\"n\": " [0-4] "}}"`, `"{\"name\": \"peek\", \"arguments\": {}}"`))
 	fromEnv, rewarded := 0, 0
 	for _, r := range recs {
 		name := r.ItemID + "/" + strconv.Itoa(int(r.RolloutIndex))
@@ -142,6 +133,9 @@ env_server:
 			rewarded++
 		}
 		t.Logf("%s: stop %s, turns %d, reward %v, turn rewards %v, components %v", name, r.StopReason, r.Turns, r.Reward, r.TurnRewards, r.RewardComponents)
+		if os.Getenv("ENVPROTO_DEBUG") != "" {
+			t.Logf("%s messages: %s\ntools: %v", name, r.Messages, r.ToolErrors)
+		}
 	}
 	if fromEnv == 0 || rewarded == 0 {
 		t.Fatalf("%d tool results from the env server, %d rewarded rollouts: want some of each", fromEnv, rewarded)
@@ -176,7 +170,7 @@ env_server:
   command: ` + envservertest.ServerPath + ` -protocol nemo_gym -addr 127.0.0.1:8000
   port: 8000
 `
-	recs := envProtoRun(t, e, image, env, callBias(t, e, `{"name": "increment_counter", "arguments": {"count": 1}}`, 6))
+	recs := envProtoRun(t, e, image, env, callGrammar(`"{\"name\": \"increment_counter\", \"arguments\": {\"count\": " [0-2] "}}"`, `"{\"name\": \"get_counter_value\", \"arguments\": {}}"`))
 	fromEnv := 0
 	for _, r := range recs {
 		name := r.ItemID + "/" + strconv.Itoa(int(r.RolloutIndex))
