@@ -294,9 +294,14 @@ func (r *Runner) score(ctx context.Context, gr *groupRun, res agentloop.Result, 
 			return rewards.Score{}, FailReward, err
 		}
 		// Nothing the agent left running may change what the reward
-		// reads (a background process rewriting a report, say).
-		if err := tc.KillProcesses(rctx); err != nil {
-			log.Warn("stop the agent's background processes before the reward", "error", err)
+		// reads (a background process rewriting a report, say). An env
+		// session's reward is its server's, which runs in this sandbox and
+		// must outlive the episode to score it (/verify); the reward reads
+		// nothing else of the sandbox.
+		if sess == nil {
+			if err := tc.KillProcesses(rctx); err != nil {
+				log.Warn("stop the agent's background processes before the reward", "error", err)
+			}
 		}
 		out.Tools = tc
 	}

@@ -37,7 +37,7 @@ func envProtoRun(t *testing.T, e *llamacpptest.Engine, image, envYAML string, ex
 	cfg := map[string]any{
 		"env": envPath, "groups": 2, "group_size": 2, "seed": 36,
 		"inference": map[string]any{"backend": "llamacpp", "endpoints": []string{e.URL}, "retries": 2, "timeout": "2m"},
-		"sampling":  map[string]any{"temperature": 1.0, "max_tokens": 40, "extra_body": extra},
+		"sampling":  map[string]any{"temperature": 1.0, "max_tokens": 64, "extra_body": extra},
 		"parser":    "hermes", "rollout_timeout": "3m", "max_consecutive_invalid": 10,
 		"limits":  map[string]any{"rollouts_in_flight": 4, "groups_in_flight": 2, "sandboxes": 4},
 		"sandbox": map[string]any{"warm_pool": -1},
@@ -162,7 +162,7 @@ func TestNeMoGymProtocolRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := `name: nemo-gym-counter
-max_turns: 4
+max_turns: 3
 dataset: {path: ` + data + `}
 env_server:
   protocol: nemo_gym
@@ -170,7 +170,7 @@ env_server:
   command: ` + envservertest.ServerPath + ` -protocol nemo_gym -addr 127.0.0.1:8000
   port: 8000
 `
-	recs := envProtoRun(t, e, image, env, callGrammar(`"{\"name\": \"increment_counter\", \"arguments\": {\"count\": " [0-2] "}}"`, `"{\"name\": \"get_counter_value\", \"arguments\": {}}"`))
+	recs := envProtoRun(t, e, image, env, callGrammar(`"{\"name\": \"increment_counter\", \"arguments\": {\"count\": 1}}"`, `"{\"name\": \"get_counter_value\", \"arguments\": {}}"`))
 	fromEnv := 0
 	for _, r := range recs {
 		name := r.ItemID + "/" + strconv.Itoa(int(r.RolloutIndex))
@@ -195,4 +195,5 @@ env_server:
 	if fromEnv == 0 {
 		t.Fatal("no tool result came from the resources server")
 	}
+	// Three increments of 1 reach expected_count: /verify's reward 1.
 }
