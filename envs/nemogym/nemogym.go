@@ -200,7 +200,7 @@ type session struct {
 
 var _ protocol.Session = (*session)(nil)
 
-func (s *session) Opening() string         { return "" }
+func (s *session) Opening() string        { return "" }
 func (s *session) Tools() []protocol.Tool { return s.tools }
 
 // post sends body as JSON to /route and returns the answer.

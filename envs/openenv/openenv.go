@@ -236,7 +236,7 @@ type session struct {
 
 var _ protocol.Session = (*session)(nil)
 
-func (s *session) Opening() string         { return s.opening }
+func (s *session) Opening() string        { return s.opening }
 func (s *session) Tools() []protocol.Tool { return s.tools }
 
 // observation is one answer of the server, reduced to what rollout uses.
@@ -304,8 +304,8 @@ func parseReply(ep protocol.Endpoint, b []byte) (observation, error) {
 	case "observation":
 		var d struct {
 			Observation map[string]any `json:"observation"`
-			Reward      *float64        `json:"reward"`
-			Done        *bool           `json:"done"`
+			Reward      *float64       `json:"reward"`
+			Done        *bool          `json:"done"`
 		}
 		if err := json.Unmarshal(m.Data, &d); err != nil || d.Observation == nil || d.Done == nil {
 			return observation{}, protocol.Violationf(ep, "observation without observation/done: %s", clip(string(m.Data)))
