@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"runtime"
 	"testing"
+
+	"github.com/rollout-rl/rollout/internal/testkit/proctest"
 )
 
 // Binary builds cmd/envservertest-server (CGO_ENABLED=0: static, runs in
@@ -16,14 +18,7 @@ import (
 func Binary(t testing.TB) string {
 	t.Helper()
 	_, file, _, _ := runtime.Caller(0)
-	out := filepath.Join(t.TempDir(), "envservertest-server")
-	cmd := exec.Command("go", "build", "-trimpath", "-o", out, "./cmd/envservertest-server")
-	cmd.Dir = filepath.Dir(file)
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build envservertest-server: %v: %s", err, b)
-	}
-	return out
+	return proctest.BuildStatic(t, filepath.Dir(file), "./cmd/envservertest-server", "envservertest-server")
 }
 
 // ServerPath is where Image puts the server in the image.
