@@ -133,9 +133,6 @@ env_server:
 			rewarded++
 		}
 		t.Logf("%s: stop %s, turns %d, reward %v, turn rewards %v, components %v", name, r.StopReason, r.Turns, r.Reward, r.TurnRewards, r.RewardComponents)
-		if os.Getenv("ENVPROTO_DEBUG") != "" {
-			t.Logf("%s messages: %s\ntools: %v", name, r.Messages, r.ToolErrors)
-		}
 	}
 	if fromEnv == 0 || rewarded == 0 {
 		t.Fatalf("%d tool results from the env server, %d rewarded rollouts: want some of each", fromEnv, rewarded)
@@ -179,12 +176,20 @@ env_server:
 			continue
 		}
 		results := toolResults(t, r)
-		accepted := 0
+		accepted, increments := 0, 0
 		for _, c := range results {
 			if strings.Contains(c, envservertest.NeMoGymMarker) {
 				fromEnv++
 				accepted++
+				if strings.Contains(c, `"success":true`) {
+					increments++
+				}
 			}
+		}
+		// Three increments of 1 in the three turns reach expected_count:
+		// /verify's reward is 1 exactly then.
+		if want := map[bool]float64{true: 1, false: 0}[increments == 3]; r.Reward != want {
+			t.Errorf("%s: reward %v after %d increments, want %v", name, r.Reward, increments, want)
 		}
 		comps := r.RewardComponents
 		if _, ok := comps["count_matches"]; !ok || r.Reward != comps["count_matches"] || comps["tool_calls"] != float64(accepted) {
@@ -195,5 +200,4 @@ env_server:
 	if fromEnv == 0 {
 		t.Fatal("no tool result came from the resources server")
 	}
-	// Three increments of 1 reach expected_count: /verify's reward 1.
 }
