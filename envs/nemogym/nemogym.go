@@ -1,8 +1,9 @@
 // Package nemogym speaks the protocol of NeMo Gym resources servers
 // (NVIDIA-NeMo/Gym, nemo_gym/base_resources_server.py at 07d6b0d): per
 // rollout a POST /seed_session whose session cookie every later request
-// carries, the row's declared tools (responses_create_params.tools) called
-// as POST /{tool} with the arguments as the JSON body, and POST /verify
+// carries, the row's declared tools (responses_create_params.tools; else
+// the server's POST routes from its /openapi.json) called as POST /{tool}
+// with the arguments as the JSON body, and POST /verify
 // with the row and the episode as a Responses API response, whose reward
 // (and reward_components) score the rollout. Items are NeMo Gym dataset
 // rows; their responses_create_params.input is the prompt. It registers
@@ -20,6 +21,7 @@ import (
 	"net/http"
 	"net/http/cookiejar"
 	"net/url"
+	"sort"
 	"strings"
 	"time"
 
@@ -164,6 +166,13 @@ func (Protocol) Open(ctx context.Context, ep protocol.Endpoint, it protocol.Item
 			params = json.RawMessage(`{"type":"object","properties":{}}`)
 		}
 		s.tools = append(s.tools, protocol.Tool{Name: t.Name, Description: t.Description, Parameters: params})
+	}
+	if _, declared := rowTools(it.Data); !declared {
+		// A row without tools: the server's own declaration of its
+		// routes (FastAPI's /openapi.json) names them.
+		if s.tools, err = s.openAPITools(ctx); err != nil {
+			return nil, err
+		}
 	}
 	status, body, err := s.post(ctx, "seed_session", it.Data)
 	if err != nil {
@@ -345,6 +354,120 @@ func response(id string, msgs []openai.ChatCompletionMessage, row map[string]any
 	}
 	return map[string]any{"id": "resp_" + id, "object": "response", "created_at": float64(time.Now().Unix()), "model": "rollout",
 		"output": output, "parallel_tool_calls": true, "tool_choice": "auto", "tools": tools}
+}
+
+// rowTools reports whether the row declares its tools
+// (responses_create_params.tools, even an empty list).
+func rowTools(data map[string]any) ([]any, bool) {
+	p, _ := data["responses_create_params"].(map[string]any)
+	t, ok := p["tools"].([]any)
+	return t, ok
+}
+
+// openAPITools reads the server's tool routes from GET /openapi.json:
+// every POST route but the server's own (/seed_session, /verify, …), its
+// JSON request body's schema (component references inlined) as the
+// parameters, its summary or description as the description.
+func (s *session) openAPITools(ctx context.Context) ([]protocol.Tool, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.ep.BaseURL+"/openapi.json", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return nil, protocol.Unreachablef(s.ep, "GET /openapi.json: %v", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
+	if err != nil {
+		return nil, protocol.Unreachablef(s.ep, "GET /openapi.json: %v", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return nil, protocol.Violationf(s.ep, "the row declares no tools and GET /openapi.json answers HTTP %d: %s", resp.StatusCode, clip(body))
+	}
+	var doc struct {
+		Paths map[string]map[string]struct {
+			Summary     string `json:"summary"`
+			Description string `json:"description"`
+			RequestBody struct {
+				Content map[string]struct {
+					Schema map[string]any `json:"schema"`
+				} `json:"content"`
+			} `json:"requestBody"`
+		} `json:"paths"`
+		Components struct {
+			Schemas map[string]any `json:"schemas"`
+		} `json:"components"`
+	}
+	if err := json.Unmarshal(body, &doc); err != nil {
+		return nil, protocol.Violationf(s.ep, "GET /openapi.json: %v", err)
+	}
+	var out []protocol.Tool
+	for path, ops := range doc.Paths {
+		op, ok := ops["post"]
+		name := strings.TrimPrefix(path, "/")
+		if !ok || name == "" || reserved[name] || strings.ContainsAny(name, "/{} ") {
+			continue
+		}
+		schema := map[string]any{"type": "object", "properties": map[string]any{}}
+		if c, ok := op.RequestBody.Content["application/json"]; ok && c.Schema != nil {
+			r, err := inline(c.Schema, doc.Components.Schemas, 0)
+			if err != nil {
+				return nil, protocol.Violationf(s.ep, "GET /openapi.json: POST %s: %v", path, err)
+			}
+			schema, _ = r.(map[string]any)
+		}
+		b, err := json.Marshal(schema)
+		if err != nil {
+			return nil, err
+		}
+		desc := op.Description
+		if desc == "" {
+			desc = op.Summary
+		}
+		out = append(out, protocol.Tool{Name: name, Description: desc, Parameters: b})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// inline replaces "#/components/schemas/X" references by the component
+// (bounded depth: a recursive model is refused, not looped on).
+func inline(v any, comps map[string]any, depth int) (any, error) {
+	if depth > 16 {
+		return nil, errors.New("schema references nest deeper than 16 (a recursive model?)")
+	}
+	switch x := v.(type) {
+	case map[string]any:
+		if ref, ok := x["$ref"].(string); ok {
+			name, found := strings.CutPrefix(ref, "#/components/schemas/")
+			c, known := comps[name]
+			if !found || !known {
+				return nil, fmt.Errorf("unresolvable reference %q", ref)
+			}
+			return inline(c, comps, depth+1)
+		}
+		out := make(map[string]any, len(x))
+		for k, e := range x {
+			r, err := inline(e, comps, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			out[k] = r
+		}
+		return out, nil
+	case []any:
+		out := make([]any, len(x))
+		for i, e := range x {
+			r, err := inline(e, comps, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			out[i] = r
+		}
+		return out, nil
+	}
+	return v, nil
 }
 
 // Close implements protocol.Session. A resources server keeps no

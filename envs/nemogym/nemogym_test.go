@@ -146,3 +146,23 @@ func TestFaults(t *testing.T) {
 	}
 	_ = s.Close(context.Background())
 }
+
+// A row without tools plays the tools the server declares in its
+// /openapi.json (its POST routes but its own), references inlined.
+func TestOpenAPITools(t *testing.T) {
+	p, _ := protocol.New(nemogym.Name, nil)
+	data := map[string]any{"responses_create_params": map[string]any{"input": "count"}, "initial_count": 1}
+	s, err := p.Open(ctx(t), serve(t, envservertest.NeMoGymOptions{}), protocol.Item{Data: data})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close(context.Background())
+	tl := s.Tools()
+	if len(tl) != 2 || tl[0].Name != "get_counter_value" || tl[1].Name != "increment_counter" ||
+		!strings.Contains(string(tl[1].Parameters), `"count"`) || strings.Contains(string(tl[1].Parameters), "$ref") || tl[1].Description != "Increment Counter" {
+		t.Fatalf("tools %+v", tl)
+	}
+	if st, err := s.Call(ctx(t), "increment_counter", json.RawMessage(`{"count": 2}`)); err != nil || st.Failed {
+		t.Fatalf("call: %+v, %v", st, err)
+	}
+}

@@ -42,7 +42,29 @@ func NeMoGymHandler(opts NeMoGymOptions) http.Handler {
 	mux.HandleFunc("POST /increment_counter", s.session(s.increment))
 	mux.HandleFunc("POST /get_counter_value", s.session(s.get))
 	mux.HandleFunc("POST /verify", s.session(s.verify))
+	mux.HandleFunc("GET /openapi.json", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, openAPI)
+	})
 	return mux
+}
+
+// openAPI declares the routes the way FastAPI does: request bodies by
+// reference to components/schemas.
+var openAPI = map[string]any{
+	"openapi": "3.1.0",
+	"paths": map[string]any{
+		"/seed_session": map[string]any{"post": map[string]any{"summary": "Seed Session"}},
+		"/verify":       map[string]any{"post": map[string]any{"summary": "Verify"}},
+		"/increment_counter": map[string]any{"post": map[string]any{"summary": "Increment Counter",
+			"requestBody": map[string]any{"content": map[string]any{"application/json": map[string]any{
+				"schema": map[string]any{"$ref": "#/components/schemas/IncrementCounterRequest"}}}}}},
+		"/get_counter_value": map[string]any{"post": map[string]any{"summary": "Get Counter Value"}},
+		"/health":            map[string]any{"get": map[string]any{"summary": "Health"}},
+	},
+	"components": map[string]any{"schemas": map[string]any{
+		"IncrementCounterRequest": map[string]any{"type": "object", "title": "IncrementCounterRequest",
+			"properties": map[string]any{"count": map[string]any{"type": "integer", "title": "Count"}}, "required": []string{"count"}},
+	}},
 }
 
 func (s *nemoGym) seed(w http.ResponseWriter, r *http.Request) {
