@@ -37,6 +37,9 @@ import (
 	"github.com/rollout-rl/rollout/sandbox/kubernetes/k8sconfig"
 	"github.com/rollout-rl/rollout/sandbox/runc"
 	"github.com/rollout-rl/rollout/trajectory"
+
+	// The built-in env protocols (env_server.protocol of YAML envs).
+	_ "github.com/rollout-rl/rollout/envs/protocol/builtin"
 )
 
 // Modes of a job.
