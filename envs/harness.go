@@ -27,6 +27,13 @@ const DefaultHarnessPort = 8399
 // HarnessPromptFile is where a PromptFile prompt is written in the sandbox.
 const HarnessPromptFile = "/tmp/rollout/prompt.txt"
 
+// Harnessed is implemented by envs whose tasks may run an outside harness
+// (a YAML env with a harness block): the job refuses what the own loop
+// alone supports (distillation and its hints) before any rollout.
+type Harnessed interface {
+	RunsHarness() bool
+}
+
 // Harness makes a task's episode an outside agent harness: a command run in
 // the rollout's sandbox (installed in its image) that calls the model
 // through a gateway session, instead of rollout's own agent loop. The

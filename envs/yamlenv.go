@@ -132,7 +132,11 @@ var (
 	_ Env        = (*YAMLEnv)(nil)
 	_ Solver     = (*YAMLEnv)(nil)
 	_ Responsive = (*YAMLEnv)(nil)
+	_ Harnessed  = (*YAMLEnv)(nil)
 )
+
+// RunsHarness implements Harnessed: the env has a harness block.
+func (e *YAMLEnv) RunsHarness() bool { return e.harness != nil }
 
 // Solution implements Solver: an item's optional "solution" field (the
 // simulator's script), for demos and tests of YAML envs.
