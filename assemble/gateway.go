@@ -54,7 +54,7 @@ func (j *jobGateway) OpenSession(ctx context.Context, spec inference.EpisodeSpec
 	if err != nil {
 		return nil, err
 	}
-	s, err := gw.Open(ctx, spec)
+	s, err := gw.OpenSampled(ctx, spec) // the group's sampling: the run's or a trainer's
 	if err != nil {
 		return nil, err
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -23,6 +22,8 @@ import (
 // Gateway opens the capture sessions harness tasks run against, one per
 // rollout (gateway/capture's Gateway, adapted by assemble).
 type Gateway interface {
+	// OpenSession opens a session whose generations use spec.Sampling
+	// (the group's sampler), whatever the harness sends.
 	OpenSession(ctx context.Context, spec inference.EpisodeSpec) (GatewaySession, error)
 	// CallLimit is a session's call limit: a harness that reaches it looped.
 	CallLimit() int
@@ -75,12 +76,6 @@ func (d harnessDriver) drive(ctx context.Context, ep episode, ro *Rollout) (stri
 		ro.deterministic = true
 		return FailTask, err
 	}
-	if !reflect.DeepEqual(ep.gr.sampling, r.cfg.Sampling) {
-		// The job's gateway samples with the run's sampler; a trainer's
-		// per-request sampling would be silently replaced.
-		ro.deterministic = true
-		return FailTask, errors.New("harness task: per-request sampling is not implemented for harness envs (the job's gateway samples with the run's sampling)")
-	}
 	port := h.Port
 	if port == 0 {
 		port = envs.DefaultHarnessPort
@@ -90,7 +85,9 @@ func (d harnessDriver) drive(ctx context.Context, ep episode, ro *Rollout) (stri
 		return sandboxKind(ctx, err, ro), fmt.Errorf("harness: open the session's port %d in the sandbox: %w", port, err)
 	}
 	defer l.Close()
-	sess, err := r.deps.Gateway.OpenSession(ctx, inference.EpisodeSpec{ID: ro.ID, Group: ep.gr.item.Key(), Model: r.cfg.Inference.Model})
+	// The group's sampling (the run's, or a trainer's for this group)
+	// governs the session's generations.
+	sess, err := r.deps.Gateway.OpenSession(ctx, inference.EpisodeSpec{ID: ro.ID, Group: ep.gr.item.Key(), Model: r.cfg.Inference.Model, Sampling: ep.gr.sampling})
 	if err != nil {
 		switch {
 		case ctx.Err() != nil:

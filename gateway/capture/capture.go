@@ -187,6 +187,21 @@ func (g *Gateway) served(ctx context.Context) ([]string, int, error) {
 // spec.Tools and spec.Sampling are ignored (a harness's calls bring their
 // tools; the gateway's Options.Sampling governs).
 func (g *Gateway) Open(ctx context.Context, spec inference.EpisodeSpec) (*Session, error) {
+	return g.open(ctx, spec, g.opts.Sampling)
+}
+
+// OpenSampled is Open with the session's own sampler: spec.Sampling
+// governs every generation of this session instead of Options.Sampling (a
+// trainer's per-group sampling). As with Open, what the harness sends is
+// only recorded.
+func (g *Gateway) OpenSampled(ctx context.Context, spec inference.EpisodeSpec) (*Session, error) {
+	if spec.Sampling.MaxTokens < 0 {
+		return nil, gateway.Errorf(gateway.ErrBadRequest, "max_tokens", "the session's sampling has a negative max_tokens (%d)", spec.Sampling.MaxTokens)
+	}
+	return g.open(ctx, spec, spec.Sampling)
+}
+
+func (g *Gateway) open(ctx context.Context, spec inference.EpisodeSpec, sampling inference.Sampling) (*Session, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -197,7 +212,7 @@ func (g *Gateway) Open(ctx context.Context, spec inference.EpisodeSpec) (*Sessio
 	if spec.ID == "" {
 		spec.ID = "gw" + strconv.FormatUint(g.seq.Add(1), 10)
 	}
-	spec.Tools, spec.Sampling = nil, g.opts.Sampling
+	spec.Tools, spec.Sampling = nil, sampling
 	s := &Session{g: g, id: id, spec: spec, replies: map[string]*reply{}, toolIDs: map[string]*reply{}, unanchored: map[uint64]bool{}}
 	g.mu.Lock()
 	defer g.mu.Unlock()

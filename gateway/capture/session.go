@@ -131,7 +131,7 @@ func (s *Session) complete(ctx context.Context, call gateway.Call) (gateway.Repl
 	var out gateway.Reply
 	var reason string
 	if err == nil {
-		out, reason = s.g.parse(turn, call, schemas, model)
+		out, reason = s.g.parse(turn, call, schemas, model, s.spec.Sampling)
 	}
 
 	s.mu.Lock()
@@ -163,7 +163,7 @@ func (s *Session) complete(ctx context.Context, call gateway.Call) (gateway.Repl
 	cs.rec.Status, cs.rec.Reason = gateway.CallOK, reason
 	cs.rec.ReplyID = out.ID
 	cs.rec.PromptTokens, cs.rec.CompletionTokens = turn.PromptTokens, turn.CompletionTokens
-	cs.rec.Granted = granted(call.MaxTokens, s.g.opts.Sampling.MaxTokens, ctxLen, turn.PromptTokens)
+	cs.rec.Granted = granted(call.MaxTokens, s.spec.Sampling.MaxTokens, ctxLen, turn.PromptTokens)
 	return out, nil
 }
 
@@ -544,12 +544,12 @@ func (s *Session) issueIDs(calls []openai.ToolCall) []openai.ToolCall {
 // parse turns generated text into a reply: reasoning, content, calls.
 // Malformed tool-call text is the model's: the reply carries it as
 // content and reason says so.
-func (g *Gateway) parse(t inference.Turn, call gateway.Call, schemas []parsers.ToolSchema, model string) (gateway.Reply, string) {
+func (g *Gateway) parse(t inference.Turn, call gateway.Call, schemas []parsers.ToolSchema, model string, sampling inference.Sampling) (gateway.Reply, string) {
 	out := gateway.Reply{Model: model, PromptTokens: t.PromptTokens, CompletionTokens: t.CompletionTokens}
 	content := t.Text
 	if g.rp != nil {
 		var r *string
-		r, content = g.rp.Extract(t.Text, parsers.ReasoningOptions{ThinkingDisabled: thinkingDisabled(g.opts.Sampling)})
+		r, content = g.rp.Extract(t.Text, parsers.ReasoningOptions{ThinkingDisabled: thinkingDisabled(sampling)})
 		if r != nil {
 			out.Reasoning = *r
 		}
