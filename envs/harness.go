@@ -58,6 +58,10 @@ type Harness struct {
 	Port int
 	// Env adds environment variables of the harness's own.
 	Env map[string]string
+	// MaxCalls is the session's call limit: the call past it is refused
+	// (400) and the rollout's stop reason is harness_call_limit (0: the
+	// gateway's, 1,000).
+	MaxCalls int
 }
 
 // Validate reports a harness spec the runner cannot run.
@@ -80,6 +84,9 @@ func (h *Harness) Validate() error {
 	}
 	if h.Budget < 0 {
 		return fmt.Errorf("%w: harness.budget must not be negative", ErrConfig)
+	}
+	if h.MaxCalls < 0 {
+		return fmt.Errorf("%w: harness.max_calls must not be negative (0: the gateway's limit)", ErrConfig)
 	}
 	if h.Port < 0 || h.Port > 65535 {
 		return fmt.Errorf("%w: harness.port %d out of range 1-65535", ErrConfig, h.Port)

@@ -57,12 +57,13 @@ type YAMLHarness struct {
 	Budget    string            `yaml:"budget"` // a Go duration ("5m")
 	Port      int               `yaml:"port"`
 	Env       map[string]string `yaml:"env"`
+	MaxCalls  int               `yaml:"max_calls"`
 }
 
 // harness converts y into an envs.Harness (Prompt set per task; a
 // templated command or budget rendered per item).
 func (y *YAMLHarness) harness() (*Harness, error) {
-	h := &Harness{Command: y.Command, APIs: y.APIs, PromptVia: y.PromptVia, Port: y.Port, Env: y.Env}
+	h := &Harness{Command: y.Command, APIs: y.APIs, PromptVia: y.PromptVia, Port: y.Port, Env: y.Env, MaxCalls: y.MaxCalls}
 	if y.Budget != "" && !strings.Contains(y.Budget, "{{") {
 		d, err := time.ParseDuration(y.Budget)
 		if err != nil {

@@ -23,8 +23,9 @@ import (
 // rollout (gateway/capture's Gateway, adapted by assemble).
 type Gateway interface {
 	// OpenSession opens a session whose generations use spec.Sampling
-	// (the group's sampler), whatever the harness sends.
-	OpenSession(ctx context.Context, spec inference.EpisodeSpec) (GatewaySession, error)
+	// (the group's sampler), whatever the harness sends; maxCalls > 0 is
+	// its call limit instead of CallLimit's.
+	OpenSession(ctx context.Context, spec inference.EpisodeSpec, maxCalls int) (GatewaySession, error)
 	// CallLimit is a session's call limit: a harness that reaches it looped.
 	CallLimit() int
 }
@@ -87,7 +88,7 @@ func (d harnessDriver) drive(ctx context.Context, ep episode, ro *Rollout) (stri
 	defer l.Close()
 	// The group's sampling (the run's, or a trainer's for this group)
 	// governs the session's generations.
-	sess, err := r.deps.Gateway.OpenSession(ctx, inference.EpisodeSpec{ID: ro.ID, Group: ep.gr.item.Key(), Model: r.cfg.Inference.Model, Sampling: ep.gr.sampling})
+	sess, err := r.deps.Gateway.OpenSession(ctx, inference.EpisodeSpec{ID: ro.ID, Group: ep.gr.item.Key(), Model: r.cfg.Inference.Model, Sampling: ep.gr.sampling}, h.MaxCalls)
 	if err != nil {
 		switch {
 		case ctx.Err() != nil:
@@ -125,7 +126,11 @@ func (d harnessDriver) drive(ctx context.Context, ep episode, ro *Rollout) (stri
 		ro.Timings.Generation += c.Duration
 	}
 	ro.Timings.Tools = max(res.Duration-ro.Timings.Generation, 0)
-	ro.Result = harnessResult(rec, res, r.deps.Gateway.CallLimit())
+	limit := r.deps.Gateway.CallLimit()
+	if h.MaxCalls > 0 {
+		limit = h.MaxCalls
+	}
+	ro.Result = harnessResult(rec, res, limit)
 	return checkSession(ro, res)
 }
 

@@ -187,21 +187,37 @@ func (g *Gateway) served(ctx context.Context) ([]string, int, error) {
 // spec.Tools and spec.Sampling are ignored (a harness's calls bring their
 // tools; the gateway's Options.Sampling governs).
 func (g *Gateway) Open(ctx context.Context, spec inference.EpisodeSpec) (*Session, error) {
-	return g.open(ctx, spec, g.opts.Sampling)
+	return g.open(ctx, spec, g.opts.Sampling, g.opts.MaxCallsPerSession)
 }
 
-// OpenSampled is Open with the session's own sampler: spec.Sampling
-// governs every generation of this session instead of Options.Sampling (a
-// trainer's per-group sampling). As with Open, what the harness sends is
-// only recorded.
-func (g *Gateway) OpenSampled(ctx context.Context, spec inference.EpisodeSpec) (*Session, error) {
-	if spec.Sampling.MaxTokens < 0 {
-		return nil, gateway.Errorf(gateway.ErrBadRequest, "max_tokens", "the session's sampling has a negative max_tokens (%d)", spec.Sampling.MaxTokens)
+// SessionOptions are one session's own settings (OpenWith).
+type SessionOptions struct {
+	// Sampling, when set, governs every generation of the session instead
+	// of Options.Sampling (a trainer's per-group sampling). As with the
+	// gateway's, what the harness sends is only recorded.
+	Sampling *inference.Sampling
+	// MaxCalls, when positive, is the session's call limit instead of
+	// Options.MaxCallsPerSession.
+	MaxCalls int
+}
+
+// OpenWith is Open with the session's own sampler and call limit.
+func (g *Gateway) OpenWith(ctx context.Context, spec inference.EpisodeSpec, o SessionOptions) (*Session, error) {
+	sampling := g.opts.Sampling
+	if o.Sampling != nil {
+		sampling = *o.Sampling
 	}
-	return g.open(ctx, spec, spec.Sampling)
+	if sampling.MaxTokens < 0 || o.MaxCalls < 0 {
+		return nil, gateway.Errorf(gateway.ErrBadRequest, "", "the session's max_tokens (%d) or call limit (%d) is negative", sampling.MaxTokens, o.MaxCalls)
+	}
+	maxCalls := g.opts.MaxCallsPerSession
+	if o.MaxCalls > 0 {
+		maxCalls = o.MaxCalls
+	}
+	return g.open(ctx, spec, sampling, maxCalls)
 }
 
-func (g *Gateway) open(ctx context.Context, spec inference.EpisodeSpec, sampling inference.Sampling) (*Session, error) {
+func (g *Gateway) open(ctx context.Context, spec inference.EpisodeSpec, sampling inference.Sampling, maxCalls int) (*Session, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -213,7 +229,7 @@ func (g *Gateway) open(ctx context.Context, spec inference.EpisodeSpec, sampling
 		spec.ID = "gw" + strconv.FormatUint(g.seq.Add(1), 10)
 	}
 	spec.Tools, spec.Sampling = nil, sampling
-	s := &Session{g: g, id: id, spec: spec, replies: map[string]*reply{}, toolIDs: map[string]*reply{}, unanchored: map[uint64]bool{}}
+	s := &Session{g: g, id: id, spec: spec, maxCalls: maxCalls, replies: map[string]*reply{}, toolIDs: map[string]*reply{}, unanchored: map[uint64]bool{}}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if len(g.sessions) >= g.opts.MaxSessions {

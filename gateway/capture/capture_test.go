@@ -457,7 +457,7 @@ func TestSessionSampling(t *testing.T) {
 	temp := 0.25
 	spec := r.spec()
 	spec.Sampling = inference.Sampling{Temperature: &temp, MaxTokens: 40}
-	s, err := r.gw.OpenSampled(context.Background(), spec)
+	s, err := r.gw.OpenWith(context.Background(), spec, capture.SessionOptions{Sampling: &spec.Sampling})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -482,8 +482,27 @@ func TestSessionSampling(t *testing.T) {
 		t.Fatal("no generation request recorded")
 	}
 	spec.Sampling.MaxTokens = -1
-	if _, err := r.gw.OpenSampled(context.Background(), spec); !errors.Is(err, gateway.ErrBadRequest) {
+	if _, err := r.gw.OpenWith(context.Background(), spec, capture.SessionOptions{Sampling: &spec.Sampling}); !errors.Is(err, gateway.ErrBadRequest) {
 		t.Fatalf("negative max_tokens: %v", err)
+	}
+}
+
+// A session's own call limit (a harness env's max_calls) replaces the
+// gateway's: the call past it is a 400, and the refused call is not
+// recorded.
+func TestSessionCallLimit(t *testing.T) {
+	r := newRig(t, sim.Config{Scripts: []sim.Script{fixScript}}, capture.Options{})
+	s, err := r.gw.OpenWith(context.Background(), r.spec(), capture.SessionOptions{MaxCalls: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(r.base(s), "Please fix the bug in a.txt")
+	h.step(t)
+	h.step(t)
+	st, raw := post(t, r.base(s), map[string]any{"model": "rollout-sim", "messages": []map[string]any{{"role": "user", "content": "again"}}})
+	checkError(t, st, raw, 400, "invalid_request_error", nil, nil, "its limit")
+	if rec := closeSession(t, s); len(rec.Calls) != 2 {
+		t.Fatalf("%d calls recorded, want the 2 within the limit", len(rec.Calls))
 	}
 }
 

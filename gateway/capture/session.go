@@ -25,6 +25,8 @@ type Session struct {
 	g    *Gateway
 	id   string
 	spec inference.EpisodeSpec
+	// maxCalls is the session's call limit.
+	maxCalls int
 
 	mu       sync.Mutex
 	closed   bool
@@ -97,7 +99,7 @@ func (s *Session) complete(ctx context.Context, call gateway.Call) (gateway.Repl
 		s.mu.Unlock()
 		return gateway.Reply{}, gateway.Errorf(gateway.ErrSession, "", "the session is closed")
 	}
-	if len(s.calls) >= s.g.opts.MaxCallsPerSession {
+	if len(s.calls) >= s.maxCalls {
 		s.mu.Unlock()
 		return gateway.Reply{}, gateway.Errorf(gateway.ErrBadRequest, "", "the session made %d calls, its limit", len(s.calls))
 	}
@@ -233,7 +235,7 @@ func (s *Session) withPrevious(call gateway.Call) ([]gateway.Message, error) {
 func (s *Session) rejected(call gateway.Call, start time.Time, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed || len(s.calls) >= s.g.opts.MaxCallsPerSession {
+	if s.closed || len(s.calls) >= s.maxCalls {
 		return
 	}
 	s.calls = append(s.calls, &callState{rec: gateway.CallRecord{Index: len(s.calls), API: call.API, Branch: -1,
