@@ -53,13 +53,18 @@ func Rescore(t testing.TB, e *Engine, nVocab int, prefix []int32, want int32) fl
 	return RescoreMany(t, e, nVocab, seq, []int{len(prefix)})[0]
 }
 
-// rescoreBatch is how many prompts one /completion of RescoreMany carries.
-const rescoreBatch = 32
+// rescoreBatch is how many prompts one /completion of RescoreMany carries;
+// rescoreTop how many candidates its first pass lists.
+const (
+	rescoreBatch = 32
+	rescoreTop   = 32
+)
 
 // RescoreMany asks the server for the log-probability of tokens[j] after
 // tokens[:j] for each j in positions, in requests of rescoreBatch prompts
 // (/completion takes a list of token-id prompts and answers a list whose
-// entries carry their index): per prompt one generated token over the
+// entries carry their index): per prompt one generated token, its top
+// rescoreTop candidates listed, then, for the ids not among them, the
 // whole vocabulary (nVocab, NVocab). The sampled token is forced (logit
 // bias +100 on a newline) so that its entry is never withheld by the
 // server's UTF-8 hold-back; llama.cpp's logprobs are the raw model's
@@ -68,6 +73,44 @@ const rescoreBatch = 32
 func RescoreMany(t testing.TB, e *Engine, nVocab int, tokens []int32, positions []int) []float64 {
 	t.Helper()
 	out := make([]float64, len(positions))
+	left := make([]int, len(positions)) // indices into positions
+	for i, j := range positions {
+		if j < 1 || j >= len(tokens) {
+			t.Fatalf("rescore: position %d outside [1, %d)", j, len(tokens))
+		}
+		left[i] = i
+	}
+	for _, top := range []int{min(rescoreTop, nVocab), nVocab} {
+		var still []int
+		for start := 0; start < len(left); start += rescoreBatch {
+			chunk := left[start:min(start+rescoreBatch, len(left))]
+			prompts := make([][]int32, len(chunk))
+			for k, i := range chunk {
+				prompts[k] = tokens[:positions[i]]
+			}
+			for k, cands := range rescoreCandidates(t, e, prompts, top) {
+				i := chunk[k]
+				lp, ok := cands[tokens[positions[i]]]
+				if !ok {
+					still = append(still, i)
+					continue
+				}
+				out[i] = lp
+			}
+		}
+		if left = still; len(left) == 0 {
+			return out
+		}
+	}
+	t.Fatalf("rescore: %d ids not among the %d candidates of their position (first: position %d)", len(left), nVocab, positions[left[0]])
+	return nil
+}
+
+// rescoreCandidates posts one scoring /completion of prompts and returns,
+// per prompt in order, its generated position's top candidates (id →
+// logprob).
+func rescoreCandidates(t testing.TB, e *Engine, prompts [][]int32, top int) []map[int32]float64 {
+	t.Helper()
 	type result struct {
 		Index int `json:"index"`
 		Probs []struct {
@@ -77,53 +120,38 @@ func RescoreMany(t testing.TB, e *Engine, nVocab int, tokens []int32, positions 
 			} `json:"top_logprobs"`
 		} `json:"completion_probabilities"`
 	}
-	for start := 0; start < len(positions); start += rescoreBatch {
-		chunk := positions[start:min(start+rescoreBatch, len(positions))]
-		prompts := make([][]int32, len(chunk))
-		for i, j := range chunk {
-			if j < 1 || j >= len(tokens) {
-				t.Fatalf("rescore: position %d outside [1, %d)", j, len(tokens))
-			}
-			prompts[i] = tokens[:j]
-		}
-		req := map[string]any{
-			"prompt": prompts, "n_predict": 1, "n_probs": nVocab, "cache_prompt": true,
-			"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "logit_bias": [][]float64{{10, 100}},
-		}
-		var raw json.RawMessage
-		e.MustCall(t, "/completion", req, &raw)
-		var res []result
-		if b := bytes.TrimLeft(raw, " \t\r\n"); len(b) > 0 && b[0] == '{' {
-			var one result
-			if err := json.Unmarshal(b, &one); err != nil {
-				t.Fatalf("rescore: %v", err)
-			}
-			res = []result{one}
-		} else if err := json.Unmarshal(raw, &res); err != nil {
+	req := map[string]any{
+		"prompt": prompts, "n_predict": 1, "n_probs": top, "cache_prompt": true,
+		"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "logit_bias": [][]float64{{10, 100}},
+	}
+	var raw json.RawMessage
+	e.MustCall(t, "/completion", req, &raw)
+	var res []result
+	if b := bytes.TrimLeft(raw, " \t\r\n"); len(b) > 0 && b[0] == '{' {
+		var one result
+		if err := json.Unmarshal(b, &one); err != nil {
 			t.Fatalf("rescore: %v", err)
 		}
-		if len(res) != len(chunk) {
-			t.Fatalf("rescore: %d results for %d prompts", len(res), len(chunk))
+		res = []result{one}
+	} else if err := json.Unmarshal(raw, &res); err != nil {
+		t.Fatalf("rescore: %v", err)
+	}
+	if len(res) != len(prompts) {
+		t.Fatalf("rescore: %d results for %d prompts", len(res), len(prompts))
+	}
+	out := make([]map[int32]float64, len(prompts))
+	for _, r := range res {
+		if r.Index < 0 || r.Index >= len(prompts) || out[r.Index] != nil {
+			t.Fatalf("rescore: result index %d out of range or repeated", r.Index)
 		}
-		found := make([]bool, len(chunk))
-		for _, r := range res {
-			if r.Index < 0 || r.Index >= len(chunk) || found[r.Index] {
-				t.Fatalf("rescore: result index %d out of range or repeated", r.Index)
-			}
-			if len(r.Probs) != 1 {
-				t.Fatalf("rescore: %d probability entries, want 1", len(r.Probs))
-			}
-			want := tokens[chunk[r.Index]]
-			for _, c := range r.Probs[0].Top {
-				if c.ID == want {
-					out[start+r.Index], found[r.Index] = c.Logprob, true
-					break
-				}
-			}
-			if !found[r.Index] {
-				t.Fatalf("rescore: token %d not among the %d candidates", want, len(r.Probs[0].Top))
-			}
+		if len(r.Probs) != 1 {
+			t.Fatalf("rescore: %d probability entries, want 1", len(r.Probs))
 		}
+		m := make(map[int32]float64, len(r.Probs[0].Top))
+		for _, c := range r.Probs[0].Top {
+			m[c.ID] = c.Logprob
+		}
+		out[r.Index] = m
 	}
 	return out
 }

@@ -82,11 +82,14 @@ func TestHarnessEnvs(t *testing.T) {
 	biased := map[string]any{"temperature": 1.0, "max_tokens": 48,
 		"extra_body": map[string]any{"logit_bias": collectionBias(t, e)}}
 	recs := runHarnessEnv(t, e, "proof", cases, 2, biased, 0)
+	start := time.Now()
 	checked, trained := checkHarnessRows(t, e, vocab, recs, cases, 2)
+	rescoring := time.Since(start)
 
 	// Parallel tool calls: two calls per reply, forced by the grammar;
-	// max_tokens leaves room for both.
-	one := len(e.Tokenize(t, llamacpptest.CallTemplate))
+	// max_tokens leaves room for both even spelt byte by byte (the
+	// grammar lets the random model pick any tokenisation of the text).
+	callBytes := len(llamacpptest.CallTemplate) + len("echo hi")
 	parallel := []harnessCase{
 		{id: "par-chat", script: "openai_agent.py", flags: "--calls 2", budget: "5m", stop: "harness_exit", branches: 1, parallel: true},
 		{id: "par-chat-stream", script: "openai_agent.py", flags: "--stream --calls 2", budget: "5m", stop: "harness_exit", branches: 1, streamed: true, parallel: true},
@@ -97,15 +100,17 @@ func TestHarnessEnvs(t *testing.T) {
 		// (the SDK raises, the harness dies), the stop reason says why.
 		{id: "call-limit", script: "openai_agent.py", flags: "--calls 10", budget: "5m", stop: "harness_call_limit", branches: 1, calls: harnessCallLimit, parallel: true},
 	}
-	grammar := map[string]any{"temperature": 1.0, "max_tokens": 2*one + 16,
+	grammar := map[string]any{"temperature": 1.0, "max_tokens": 2*callBytes + 8,
 		"extra_body": map[string]any{"grammar": parallelGrammar}}
 	recs = runHarnessEnv(t, e, "parallel", parallel, 1, grammar, harnessCallLimit)
+	start = time.Now()
 	c, tr := checkHarnessRows(t, e, vocab, recs, parallel, 1)
+	rescoring += time.Since(start)
 	checked, trained = checked+c, trained+tr
 	if checked == 0 || checked != trained {
 		t.Fatalf("%d of %d trained ids re-scored, want all", checked, trained)
 	}
-	t.Logf("%d trained ids, all re-scored against the server", trained)
+	t.Logf("%d trained ids, all re-scored against the server in %s", trained, rescoring.Round(time.Millisecond))
 }
 
 // runHarnessEnv runs `rollout run` of a harness env of the given cases
@@ -325,7 +330,7 @@ func checkParallel(t *testing.T, name string, r *trajectory.Record) {
 		case "assistant":
 			replies++
 			if len(m.ToolCalls) != 2 {
-				t.Errorf("%s: a reply with %d tool calls, want 2 (grammar-forced)", name, len(m.ToolCalls))
+				t.Errorf("%s: a reply with %d tool calls, want 2 (grammar-forced): content %v", name, len(m.ToolCalls), m.Content)
 			}
 			for _, c := range m.ToolCalls {
 				var args map[string]any
