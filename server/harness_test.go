@@ -94,18 +94,7 @@ limits: {groups_in_flight: 1}
 	c.send(&rolloutv1.CollectGroupsRequest{Msg: &rolloutv1.CollectGroupsRequest_Next{Next: &rolloutv1.CollectNext{
 		RequestId: "run", Count: 1}}})
 	c.until("the run-sampled group", c.settled(2, 0))
-	if err := stream.CloseSend(); err != nil {
-		t.Fatal(err)
-	}
-	for {
-		more, err := c.recv()
-		if err != nil {
-			t.Fatalf("stream: %v", err)
-		}
-		if !more {
-			break
-		}
-	}
+	c.drain()
 
 	want := map[string]int{"trainer": 17, "run": 64}
 	for _, g := range c.groups {

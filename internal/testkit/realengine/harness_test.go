@@ -307,18 +307,7 @@ func checkHarnessRows(t *testing.T, e *llamacpptest.Engine, vocab int, recs []tr
 // extended one branch.
 func checkParallel(t *testing.T, name string, r *trajectory.Record) {
 	t.Helper()
-	var msgs []struct {
-		Role       string `json:"role"`
-		Content    any    `json:"content"`
-		ToolCallID string `json:"tool_call_id"`
-		ToolCalls  []struct {
-			ID       string `json:"id"`
-			Function struct {
-				Name      string `json:"name"`
-				Arguments string `json:"arguments"`
-			} `json:"function"`
-		} `json:"tool_calls"`
-	}
+	var msgs []message
 	if err := json.Unmarshal([]byte(r.Messages), &msgs); err != nil {
 		t.Errorf("%s: messages: %v", name, err)
 		return
