@@ -37,8 +37,9 @@ type Options struct {
 	// /v1/models lists first); empty serves the engine's own model name.
 	Models []string
 	// Sampling is the run's sampler: it governs every generation, whatever
-	// a harness asks (what it asked is only recorded). Sampling.MaxTokens is
-	// the run's per-call cap (0: none but the context).
+	// a harness asks (what it asked is only recorded), unless a session was
+	// opened with its own (OpenWith). Sampling.MaxTokens is the run's
+	// per-call cap (0: none but the context).
 	Sampling inference.Sampling
 	// ContextLength is the context window /v1/models and /props report
 	// when the engine does not say (the engine's own value always wins;
