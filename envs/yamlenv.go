@@ -61,12 +61,13 @@ type YAMLHarness struct {
 	Budget    string            `yaml:"budget"` // a Go duration ("5m")
 	Port      int               `yaml:"port"`
 	Env       map[string]string `yaml:"env"`
+	MaxCalls  int               `yaml:"max_calls"`
 }
 
 // harness converts y into an envs.Harness (Prompt set per task; a
 // templated command or budget rendered per item).
 func (y *YAMLHarness) harness() (*Harness, error) {
-	h := &Harness{Command: y.Command, APIs: y.APIs, PromptVia: y.PromptVia, Port: y.Port, Env: y.Env}
+	h := &Harness{Command: y.Command, APIs: y.APIs, PromptVia: y.PromptVia, Port: y.Port, Env: y.Env, MaxCalls: y.MaxCalls}
 	if y.Budget != "" && !strings.Contains(y.Budget, "{{") {
 		d, err := time.ParseDuration(y.Budget)
 		if err != nil {
@@ -138,7 +139,11 @@ var (
 	_ Solver     = (*YAMLEnv)(nil)
 	_ Responsive = (*YAMLEnv)(nil)
 	_ Sessioned  = (*YAMLEnv)(nil)
+	_ Harnessed  = (*YAMLEnv)(nil)
 )
+
+// RunsHarness implements Harnessed: the env has a harness block.
+func (e *YAMLEnv) RunsHarness() bool { return e.harness != nil }
 
 // Solution implements Solver: an item's optional "solution" field (the
 // simulator's script), for demos and tests of YAML envs.

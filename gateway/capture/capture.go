@@ -37,8 +37,9 @@ type Options struct {
 	// /v1/models lists first); empty serves the engine's own model name.
 	Models []string
 	// Sampling is the run's sampler: it governs every generation, whatever
-	// a harness asks (what it asked is only recorded). Sampling.MaxTokens is
-	// the run's per-call cap (0: none but the context).
+	// a harness asks (what it asked is only recorded), unless a session was
+	// opened with its own (OpenWith). Sampling.MaxTokens is the run's
+	// per-call cap (0: none but the context).
 	Sampling inference.Sampling
 	// ContextLength is the context window /v1/models and /props report
 	// when the engine does not say (the engine's own value always wins;
@@ -187,6 +188,37 @@ func (g *Gateway) served(ctx context.Context) ([]string, int, error) {
 // spec.Tools and spec.Sampling are ignored (a harness's calls bring their
 // tools; the gateway's Options.Sampling governs).
 func (g *Gateway) Open(ctx context.Context, spec inference.EpisodeSpec) (*Session, error) {
+	return g.open(ctx, spec, g.opts.Sampling, g.opts.MaxCallsPerSession)
+}
+
+// SessionOptions are one session's own settings (OpenWith).
+type SessionOptions struct {
+	// Sampling, when set, governs every generation of the session instead
+	// of Options.Sampling (a trainer's per-group sampling). As with the
+	// gateway's, what the harness sends is only recorded.
+	Sampling *inference.Sampling
+	// MaxCalls, when positive, is the session's call limit instead of
+	// Options.MaxCallsPerSession.
+	MaxCalls int
+}
+
+// OpenWith is Open with the session's own sampler and call limit.
+func (g *Gateway) OpenWith(ctx context.Context, spec inference.EpisodeSpec, o SessionOptions) (*Session, error) {
+	sampling := g.opts.Sampling
+	if o.Sampling != nil {
+		sampling = *o.Sampling
+	}
+	if sampling.MaxTokens < 0 || o.MaxCalls < 0 {
+		return nil, gateway.Errorf(gateway.ErrBadRequest, "", "the session's max_tokens (%d) or call limit (%d) is negative", sampling.MaxTokens, o.MaxCalls)
+	}
+	maxCalls := g.opts.MaxCallsPerSession
+	if o.MaxCalls > 0 {
+		maxCalls = o.MaxCalls
+	}
+	return g.open(ctx, spec, sampling, maxCalls)
+}
+
+func (g *Gateway) open(ctx context.Context, spec inference.EpisodeSpec, sampling inference.Sampling, maxCalls int) (*Session, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -197,8 +229,8 @@ func (g *Gateway) Open(ctx context.Context, spec inference.EpisodeSpec) (*Sessio
 	if spec.ID == "" {
 		spec.ID = "gw" + strconv.FormatUint(g.seq.Add(1), 10)
 	}
-	spec.Tools, spec.Sampling = nil, g.opts.Sampling
-	s := &Session{g: g, id: id, spec: spec, replies: map[string]*reply{}, toolIDs: map[string]*reply{}, unanchored: map[uint64]bool{}}
+	spec.Tools, spec.Sampling = nil, sampling
+	s := &Session{g: g, id: id, spec: spec, maxCalls: maxCalls, replies: map[string]*reply{}, toolIDs: map[string]*reply{}, unanchored: map[uint64]bool{}}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if len(g.sessions) >= g.opts.MaxSessions {
