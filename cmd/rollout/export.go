@@ -18,14 +18,18 @@ func init() { register(newExportCmd) }
 func newExportCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "export KIND RUN_DIR -o FILE",
-		Short: "Export a run's trajectories as SFT, DPO, Atropos or eval data",
+		Short: "Export a run's trajectories as SFT, DPO, Atropos, verl, SkyRL, NeMo Gym or eval data",
 		Long: "Read the Parquet trajectories of RUN_DIR (or one part file) and write training or eval data.\n" +
-			"Kinds: sft, dpo, atropos, eval. Infra failures are never exported as training data unless\n" +
-			"--include-failed is given (sft, dpo). See docs/trajectory-schema.md.",
+			"Kinds: sft, dpo, atropos, verl, skyrl, nemo-gym, eval. Infra failures are never exported as training\n" +
+			"data unless --include-failed is given (sft, dpo). See docs/trajectory-schema.md.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
-	cmd.AddCommand(newExportSFTCmd(), newExportDPOCmd(), newExportAtroposCmd(), newExportEvalCmd())
+	cmd.AddCommand(newExportSFTCmd(), newExportDPOCmd(), newExportAtroposCmd(),
+		newExportTrainerCmd("verl", "verl AgentLoopOutput JSONL: one sample per rollout (and per session branch)", trajectory.WriteVerl),
+		newExportTrainerCmd("skyrl", "SkyRL GeneratorOutput JSONL: one group per line", trajectory.WriteSkyRL),
+		newExportTrainerCmd("nemo-gym", "NeMo Gym rollouts JSONL: Responses output items with token fields, reward", trajectory.WriteNeMoGym),
+		newExportEvalCmd())
 	return cmd
 }
 
@@ -225,6 +229,52 @@ func newExportAtroposCmd() *cobra.Command {
 	cmd.Flags().IntVar(&opts.GroupSize, "group-size", 0, "registered group size; shorter groups get group_overrides (0 = largest group)")
 	cmd.Flags().BoolVar(&opts.ZeroAdvantageOnTruncation, "zero-truncated", false, "set overrides.set_advantage_to_zero for length-truncated rollouts")
 	cmd.Flags().BoolVar(&opts.IncludeMessages, "messages", true, "include the conversations (messages)")
+	return cmd
+}
+
+// newExportTrainerCmd is a trainer-sample export (verl, skyrl, nemo-gym):
+// the same filters as sft except --include-failed and --dedupe, because
+// infra failures are never training data and samples are not deduplicated.
+func newExportTrainerCmd(kind, short string, write func(io.Writer, []trajectory.Record, trajectory.Filter) (trajectory.ExportStats, error)) *cobra.Command {
+	var (
+		out       string
+		f         trajectory.Filter
+		minReward float64
+	)
+	cmd := &cobra.Command{
+		Use:   kind + " RUN_DIR -o FILE",
+		Short: short,
+		Long: short + ".\nInfra failures and rollouts that generated nothing are always excluded; a run without token ids\n" +
+			"is refused (nemo-gym writes it without token fields). See docs/trajectory-schema.md, \"Trainer exports\".",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := requireOutput(cmd, out); err != nil {
+				return err
+			}
+			if f.TopK < 0 {
+				return usageError(cmd, fmt.Errorf("--top-k %d: must be >= 0", f.TopK))
+			}
+			applyMinReward(cmd, &f, minReward)
+			recs, err := loadRun(cmd, args[0])
+			if err != nil {
+				return err
+			}
+			var st trajectory.ExportStats
+			err = writeOutput(out, func(w io.Writer) error {
+				st, err = write(w, recs, f)
+				return err
+			})
+			if err != nil {
+				return err
+			}
+			reportStats(cmd, kind, out, st)
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&out, "output", "o", "", "output JSONL file (- for stdout)")
+	cmd.Flags().Float64Var(&minReward, "min-reward", 0, "drop rollouts with a lower reward (only when set)")
+	cmd.Flags().IntVar(&f.TopK, "top-k", 0, "keep the K highest-reward rollouts of each group, with all their branches (0 = all)")
+	cmd.Flags().BoolVar(&f.FinishedOnly, "finished-only", false, "drop rollouts that did not finish naturally (truncated, max turns)")
 	return cmd
 }
 
