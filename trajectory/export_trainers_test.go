@@ -268,7 +268,9 @@ func TestTrainerExportsBadInput(t *testing.T) {
 		fn(&r)
 		return []Record{r}
 	}
-	chat := mod(func(r *Record) { r.Tokens, r.Masks, r.LossMask, r.Logprobs, r.RoutedExperts, r.RoutedExpertsShape = nil, nil, nil, nil, nil, nil })
+	chat := mod(func(r *Record) {
+		r.Tokens, r.Masks, r.LossMask, r.Logprobs, r.RoutedExperts, r.RoutedExpertsShape = nil, nil, nil, nil, nil, nil
+	})
 	cases := []struct {
 		name string
 		recs []Record
