@@ -96,6 +96,25 @@ func requireOutput(cmd *cobra.Command, out string) error {
 	return nil
 }
 
+// exportRun reads the run at dir, writes the export through writeOutput
+// and reports its counts.
+func exportRun(cmd *cobra.Command, what, dir, out string, write func(io.Writer, []trajectory.Record) (trajectory.ExportStats, error)) error {
+	recs, err := loadRun(cmd, dir)
+	if err != nil {
+		return err
+	}
+	var st trajectory.ExportStats
+	err = writeOutput(out, func(w io.Writer) error {
+		st, err = write(w, recs)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	reportStats(cmd, what, out, st)
+	return nil
+}
+
 func reportStats(cmd *cobra.Command, what, out string, st trajectory.ExportStats) {
 	fmt.Fprintf(cmd.ErrOrStderr(), "%s: read %d rollouts, filtered %d, duplicates %d, skipped %d, wrote %d lines to %s\n",
 		what, st.Read, st.Filtered, st.Duplicates, st.Skipped, st.Written, out)
@@ -119,20 +138,9 @@ func newExportSFTCmd() *cobra.Command {
 				return usageError(cmd, fmt.Errorf("--format %q: want sharegpt or messages", format))
 			}
 			applyMinReward(cmd, &f, minReward)
-			recs, err := loadRun(cmd, args[0])
-			if err != nil {
-				return err
-			}
-			var st trajectory.ExportStats
-			err = writeOutput(out, func(w io.Writer) error {
-				st, err = trajectory.WriteSFT(w, recs, format, f)
-				return err
+			return exportRun(cmd, "sft", args[0], out, func(w io.Writer, recs []trajectory.Record) (trajectory.ExportStats, error) {
+				return trajectory.WriteSFT(w, recs, format, f)
 			})
-			if err != nil {
-				return err
-			}
-			reportStats(cmd, "sft", out, st)
-			return nil
 		},
 	}
 	cmd.Flags().StringVarP(&out, "output", "o", "", "output JSONL file (- for stdout)")
@@ -159,20 +167,9 @@ func newExportDPOCmd() *cobra.Command {
 				return usageError(cmd, fmt.Errorf("--min-margin %v: must be >= 0", opts.MinMargin))
 			}
 			applyMinReward(cmd, &opts.Filter, minReward)
-			recs, err := loadRun(cmd, args[0])
-			if err != nil {
-				return err
-			}
-			var st trajectory.ExportStats
-			err = writeOutput(out, func(w io.Writer) error {
-				st, err = trajectory.WriteDPO(w, recs, opts)
-				return err
+			return exportRun(cmd, "dpo", args[0], out, func(w io.Writer, recs []trajectory.Record) (trajectory.ExportStats, error) {
+				return trajectory.WriteDPO(w, recs, opts)
 			})
-			if err != nil {
-				return err
-			}
-			reportStats(cmd, "dpo", out, st)
-			return nil
 		},
 	}
 	cmd.Flags().StringVarP(&out, "output", "o", "", "output JSONL file (- for stdout)")
@@ -208,20 +205,9 @@ func newExportAtroposCmd() *cobra.Command {
 				}
 				opts.EnvID = &envID
 			}
-			recs, err := loadRun(cmd, args[0])
-			if err != nil {
-				return err
-			}
-			var st trajectory.ExportStats
-			err = writeOutput(out, func(w io.Writer) error {
-				st, err = trajectory.WriteAtropos(w, recs, opts)
-				return err
+			return exportRun(cmd, "atropos", args[0], out, func(w io.Writer, recs []trajectory.Record) (trajectory.ExportStats, error) {
+				return trajectory.WriteAtropos(w, recs, opts)
 			})
-			if err != nil {
-				return err
-			}
-			reportStats(cmd, "atropos", out, st)
-			return nil
 		},
 	}
 	cmd.Flags().StringVarP(&out, "output", "o", "", "output JSONL file (- for stdout)")
@@ -255,20 +241,9 @@ func newExportTrainerCmd(kind, short string, write func(io.Writer, []trajectory.
 				return usageError(cmd, fmt.Errorf("--top-k %d: must be >= 0", f.TopK))
 			}
 			applyMinReward(cmd, &f, minReward)
-			recs, err := loadRun(cmd, args[0])
-			if err != nil {
-				return err
-			}
-			var st trajectory.ExportStats
-			err = writeOutput(out, func(w io.Writer) error {
-				st, err = write(w, recs, f)
-				return err
+			return exportRun(cmd, kind, args[0], out, func(w io.Writer, recs []trajectory.Record) (trajectory.ExportStats, error) {
+				return write(w, recs, f)
 			})
-			if err != nil {
-				return err
-			}
-			reportStats(cmd, kind, out, st)
-			return nil
 		},
 	}
 	cmd.Flags().StringVarP(&out, "output", "o", "", "output JSONL file (- for stdout)")
