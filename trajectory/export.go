@@ -214,20 +214,12 @@ func ShareGPT(r *Record) ([]ShareGPTTurn, error) {
 // toolsSystemBlock states the available functions the way Hermes-format
 // models were trained to see them.
 func toolsSystemBlock(r *Record) (string, error) {
-	raw, err := rawTools(r)
-	if err != nil || raw == nil {
+	tools, err := functionTools(r)
+	if err != nil {
 		return "", err
 	}
-	var tools []struct {
-		Type     string `json:"type"`
-		Function struct {
-			Name        string          `json:"name"`
-			Description string          `json:"description"`
-			Parameters  json.RawMessage `json:"parameters"`
-		} `json:"function"`
-	}
-	if err := json.Unmarshal(raw, &tools); err != nil {
-		return "", fmt.Errorf("%s: tools column is not a list of function tools: %w", recordRef(r), err)
+	if tools == nil {
+		return "", nil
 	}
 	var sigs []string
 	for _, t := range tools {
@@ -243,6 +235,30 @@ func toolsSystemBlock(r *Record) (string, error) {
 	}
 	return "You can call functions to help with the task. Their signatures are listed inside <tools></tools>:\n<tools>\n[" +
 		strings.Join(sigs, ", ") + "]\n</tools>\nTo call a function, write a JSON object with \"name\" and \"arguments\" inside <tool_call></tool_call> tags.", nil
+}
+
+// functionTool is an OpenAI chat function tool of the tools column.
+type functionTool struct {
+	Type     string `json:"type"`
+	Function struct {
+		Name        string          `json:"name"`
+		Description string          `json:"description"`
+		Parameters  json.RawMessage `json:"parameters"`
+		Strict      bool            `json:"strict"`
+	} `json:"function"`
+}
+
+// functionTools parses the tools column; nil when it has none.
+func functionTools(r *Record) ([]functionTool, error) {
+	raw, err := rawTools(r)
+	if err != nil || raw == nil {
+		return nil, err
+	}
+	var tools []functionTool
+	if err := json.Unmarshal(raw, &tools); err != nil {
+		return nil, fmt.Errorf("%s: tools column is not a list of function tools: %w", recordRef(r), err)
+	}
+	return tools, nil
 }
 
 func mustJSON(v any) []byte {
@@ -619,8 +635,5 @@ func atroposMessages(r *Record) ([]json.RawMessage, error) {
 // Atropos' data_path_to_save_groups files and of /scored_data bodies.
 func WriteAtropos(out io.Writer, recs []Record, opts AtroposOptions) (ExportStats, error) {
 	groups, st, err := AtroposGroups(recs, opts)
-	if err != nil {
-		return st, err
-	}
-	return st, writeJSONLines(out, "atropos", groups)
+	return writeLines(out, "atropos", groups, st, err)
 }

@@ -286,21 +286,9 @@ func nemoGymGenerations(r *Record, after []chatMessage) (gens []NeMoGymTokens, l
 // nemoGymTools converts the OpenAI chat tool definitions to Responses
 // function tools.
 func nemoGymTools(r *Record) ([]NeMoGymTool, error) {
-	raw, err := rawTools(r)
-	if err != nil || raw == nil {
+	tools, err := functionTools(r)
+	if err != nil || tools == nil {
 		return nil, err
-	}
-	var tools []struct {
-		Type     string `json:"type"`
-		Function struct {
-			Name        string          `json:"name"`
-			Description string          `json:"description"`
-			Parameters  json.RawMessage `json:"parameters"`
-			Strict      bool            `json:"strict"`
-		} `json:"function"`
-	}
-	if err := json.Unmarshal(raw, &tools); err != nil {
-		return nil, fmt.Errorf("%s: tools column is not a list of function tools: %w", recordRef(r), err)
 	}
 	out := make([]NeMoGymTool, 0, len(tools))
 	for _, t := range tools {
@@ -316,8 +304,5 @@ func nemoGymTools(r *Record) ([]NeMoGymTool, error) {
 // WriteNeMoGym writes one NeMoGymRollout per line.
 func WriteNeMoGym(out io.Writer, recs []Record, f Filter) (ExportStats, error) {
 	lines, st, err := NeMoGymRollouts(recs, f)
-	if err != nil {
-		return st, err
-	}
-	return st, writeJSONLines(out, "nemo-gym", lines)
+	return writeLines(out, "nemo-gym", lines, st, err)
 }

@@ -98,8 +98,5 @@ func SkyRLGroups(recs []Record, f Filter) ([]SkyRLGroup, ExportStats, error) {
 // WriteSkyRL writes one SkyRLGroup per line.
 func WriteSkyRL(out io.Writer, recs []Record, f Filter) (ExportStats, error) {
 	groups, st, err := SkyRLGroups(recs, f)
-	if err != nil {
-		return st, err
-	}
-	return st, writeJSONLines(out, "skyrl", groups)
+	return writeLines(out, "skyrl", groups, st, err)
 }

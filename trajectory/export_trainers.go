@@ -195,7 +195,15 @@ func groupExperts(g []*Record) ([][][][]uint16, error) {
 	return out, nil
 }
 
-// writeJSONLines encodes each value of lines as one JSON line.
+// writeLines finishes an export: on a build error nothing is written;
+// otherwise each value of lines is one JSON line.
+func writeLines[T any](out io.Writer, what string, lines []T, st ExportStats, err error) (ExportStats, error) {
+	if err != nil {
+		return st, err
+	}
+	return st, writeJSONLines(out, what, lines)
+}
+
 func writeJSONLines[T any](out io.Writer, what string, lines []T) error {
 	bw := bufio.NewWriter(out)
 	for i := range lines {

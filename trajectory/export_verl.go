@@ -122,8 +122,5 @@ func verlTurns(r *Record) (int, error) {
 // WriteVerl writes one VerlSample per line.
 func WriteVerl(out io.Writer, recs []Record, f Filter) (ExportStats, error) {
 	samples, st, err := VerlSamples(recs, f)
-	if err != nil {
-		return st, err
-	}
-	return st, writeJSONLines(out, "verl", samples)
+	return writeLines(out, "verl", samples, st, err)
 }
