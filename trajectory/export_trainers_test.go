@@ -348,3 +348,50 @@ func TestNeMoGymUnpairedAndChat(t *testing.T) {
 		t.Errorf("chat-mode usage %+v", u)
 	}
 }
+
+// FuzzTrainerExports: any messages, mask and prompt cut either fail with an
+// error or give samples whose lists align; nothing panics.
+func FuzzTrainerExports(f *testing.F) {
+	f.Add(fixtureRecords()[0].Messages, []byte{0, 0, 0, 1, 1, 0, 0, 1, 1}, int32(3), int32(8))
+	f.Add(`[{"role":"assistant","content":null,"tool_calls":[{"function":{"name":"x","arguments":"{bad"}}]}]`, []byte{1, 1}, int32(0), int32(2))
+	f.Add(`[]`, []byte{}, int32(0), int32(0))
+	f.Fuzz(func(t *testing.T, msgs string, mask []byte, prompt, routed int32) {
+		r := fixtureRecords()[0]
+		r.Messages, r.PromptTokens = msgs, prompt
+		r.Tokens, r.LossMask, r.Logprobs = make([]int32, len(mask)), make([]int8, len(mask)), make([]float32, len(mask))
+		for i, m := range mask {
+			r.Tokens[i], r.LossMask[i], r.Logprobs[i] = int32(i), int8(m%2), -float32(i)
+		}
+		r.CompletionTokens = int32(len(mask)) - prompt
+		r.RoutedExperts, r.RoutedExpertsShape = nil, nil
+		if routed >= 0 && int(routed) <= len(mask) {
+			r.RoutedExpertsShape = []int32{routed, 1, 2}
+			r.RoutedExperts = make([]uint16, routed*2)
+		}
+		recs := []Record{r}
+		if samples, _, err := VerlSamples(recs, Filter{}); err == nil {
+			for _, s := range samples {
+				if len(s.ResponseMask) != len(s.ResponseIDs) || len(s.PromptIDs)+len(s.ResponseIDs) != len(mask) ||
+					(s.RoutedExperts != nil && len(s.RoutedExperts) != len(mask)) {
+					t.Fatalf("verl sample misaligned: %+v", s)
+				}
+			}
+		}
+		if groups, _, err := SkyRLGroups(recs, Filter{}); err == nil {
+			for _, g := range groups {
+				if len(g.LossMasks[0]) != len(g.ResponseIDs[0]) {
+					t.Fatalf("skyrl group misaligned: %+v", g)
+				}
+			}
+		}
+		if lines, _, err := NeMoGymRollouts(recs, Filter{}); err == nil {
+			for _, l := range lines {
+				for _, it := range l.Response.Output {
+					if it.NeMoGymTokens != nil && len(it.GenerationLogProbs) != len(it.GenerationTokenIDs) {
+						t.Fatalf("nemo-gym item misaligned: %+v", it)
+					}
+				}
+			}
+		}
+	})
+}
