@@ -5,15 +5,15 @@
 // the capture handler for every OpenAI door.
 //
 // Tokens-mode generation is not streamed: a streamed answer is written
-// after the generation completes, as the chunks OpenAI would have sent.
+// after the generation completes, as the chunks OpenAI would have sent;
+// while it runs, a streamed request gets keep-alive comments every
+// KeepAlive (gateway/doorkit, as the other doors), and an error after the
+// first of them arrives as a data: {"error": …} event under the 200.
 package openaichat
 
 import (
-	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -31,6 +31,10 @@ const Name = "openai-chat"
 type Door struct {
 	// Now stamps "created" (time.Now when nil); tests pin it.
 	Now func() time.Time
+	// KeepAlive is the interval of a streamed answer's keep-alive
+	// comments while the generation runs (doorkit.DefaultKeepAlive when
+	// 0).
+	KeepAlive time.Duration
 }
 
 var _ gateway.FrontDoor = Door{}
@@ -90,11 +94,10 @@ func badRequest(param, format string, args ...any) *apiError {
 
 // decode turns the body into a canonical call, with specific errors.
 func decode(r *http.Request) (gateway.Call, bool, *apiError) {
-	body, err := io.ReadAll(r.Body)
+	body, err := doorkit.ReadBody(r)
 	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return gateway.Call{}, false, &apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", msg: fmt.Sprintf("request body larger than %d bytes", mbe.Limit)}
+		if limit, ok := doorkit.TooLarge(err); ok {
+			return gateway.Call{}, false, &apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", msg: fmt.Sprintf("request body larger than %d bytes", limit)}
 		}
 		return gateway.Call{}, false, badRequest("", "read request body: %v", err)
 	}
@@ -255,21 +258,44 @@ func (d Door) serve(w http.ResponseWriter, r *http.Request, c gateway.Completer)
 		writeError(w, e)
 		return
 	}
-	rep, err := c.Complete(r.Context(), r.PathValue("session"), call)
-	if err != nil {
-		writeError(w, fromGateway(err))
-		return
-	}
 	now := time.Now
 	if d.Now != nil {
 		now = d.Now
 	}
-	created := now().Unix()
-	if call.Stream {
-		writeStream(w, rep, created, usage)
+	session := r.PathValue("session")
+	if !call.Stream {
+		rep, err := doorkit.Await(r.Context(), c, session, call, 0, nil)
+		if err != nil {
+			writeError(w, fromGateway(err))
+			return
+		}
+		doorkit.WriteJSON(w, http.StatusOK, completion(rep, now().Unix()))
 		return
 	}
-	writeJSON(w, http.StatusOK, completion(rep, created))
+	// A generation that takes longer than the keep-alive interval commits
+	// the answer to its event stream and sends comments while it waits; an
+	// error after that arrives as a data: {"error": …} event under the 200,
+	// as OpenAI-compatible servers send it.
+	var s *doorkit.Stream
+	rep, err := doorkit.Await(r.Context(), c, session, call, d.KeepAlive, func() {
+		if s == nil {
+			s = doorkit.StartStream(w)
+		}
+		s.Comment("keep-alive")
+	})
+	if err != nil {
+		if s == nil {
+			writeError(w, fromGateway(err))
+			return
+		}
+		s.Data(errorBody(fromGateway(err)))
+		s.Flush()
+		return
+	}
+	if s == nil {
+		s = doorkit.StartStream(w)
+	}
+	writeStream(s, rep, now().Unix(), usage)
 }
 
 // fromGateway maps a Completer error to OpenAI's status, type and code.
@@ -296,24 +322,19 @@ func fromGateway(err error) *apiError {
 }
 
 func writeError(w http.ResponseWriter, e *apiError) {
+	doorkit.WriteJSON(w, e.status, errorBody(e))
+}
+
+// errorBody is OpenAI's error object for e.
+func errorBody(e *apiError) any {
 	nullable := func(s string) any {
 		if s == "" {
 			return nil
 		}
 		return s
 	}
-	writeJSON(w, e.status, map[string]any{"error": map[string]any{
-		"message": e.msg, "type": e.typ, "param": nullable(e.param), "code": nullable(e.code)}})
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	_ = enc.Encode(v)
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_, _ = w.Write(buf.Bytes())
+	return map[string]any{"error": map[string]any{
+		"message": e.msg, "type": e.typ, "param": nullable(e.param), "code": nullable(e.code)}}
 }
 
 type wireCall struct {
@@ -374,11 +395,7 @@ func completion(rep gateway.Reply, created int64) any {
 // reasoning and content deltas, each tool call (id and name, then its
 // arguments) by index, the finish chunk, the usage chunk when asked, and
 // [DONE].
-func writeStream(w http.ResponseWriter, rep gateway.Reply, created int64, includeUsage bool) {
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	w.WriteHeader(http.StatusOK)
+func writeStream(s *doorkit.Stream, rep gateway.Reply, created int64, includeUsage bool) {
 	type delta struct {
 		Role             string     `json:"role,omitempty"`
 		Content          *string    `json:"content,omitempty"`
@@ -401,17 +418,11 @@ func writeStream(w http.ResponseWriter, rep gateway.Reply, created int64, includ
 		// is set (as OpenAI sends them), absent otherwise.
 		Usage any `json:"usage,omitempty"`
 	}
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
 	emit := func(choices []choice, u any) {
 		if u == nil && includeUsage {
 			u = json.RawMessage("null")
 		}
-		buf.WriteString("data: ")
-		_ = enc.Encode(chunk{ID: "chatcmpl-" + rep.ID, Object: "chat.completion.chunk", Created: created, Model: rep.Model, Choices: choices, Usage: u})
-		buf.Truncate(buf.Len() - 1) // the encoder's newline
-		buf.WriteString("\n\n")
+		s.Data(chunk{ID: "chatcmpl-" + rep.ID, Object: "chat.completion.chunk", Created: created, Model: rep.Model, Choices: choices, Usage: u})
 	}
 	empty := ""
 	emit([]choice{{Delta: delta{Role: "assistant", Content: &empty}}}, nil)
@@ -437,9 +448,6 @@ func writeStream(w http.ResponseWriter, rep gateway.Reply, created int64, includ
 		u := usageOf(rep)
 		emit([]choice{}, &u)
 	}
-	buf.WriteString("data: [DONE]\n\n")
-	_, _ = w.Write(buf.Bytes())
-	if f, ok := w.(http.Flusher); ok {
-		f.Flush()
-	}
+	s.DataText("[DONE]")
+	s.Flush()
 }

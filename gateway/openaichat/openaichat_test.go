@@ -1,15 +1,19 @@
 package openaichat
 
 import (
+	"bufio"
 	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
 	"github.com/rollout-rl/rollout/gateway"
+	"github.com/rollout-rl/rollout/internal/testkit/gatewaytest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -102,4 +106,43 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("error without status or message: %+v", e)
 		}
 	})
+}
+
+// A streamed reply slower than KeepAlive commits the 200 event stream with
+// keep-alive comments; a failure after that is a data: {"error": …} event
+// (what OpenAI-compatible servers send), and a success the usual chunks.
+func TestStreamKeepAliveAndLateError(t *testing.T) {
+	body := `{"model":"m","messages":[{"role":"user","content":"x"}],"stream":true}`
+	fail := &gatewaytest.Scripted{Err: gateway.Errorf(gateway.ErrOverloaded, "", "pool full"), Release: make(chan struct{})}
+	resp := gatewaytest.Post(t, gatewaytest.Serve(t, Door{KeepAlive: time.Millisecond}, fail)+"/v1/chat/completions", body)
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("status %d, content type %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	br := bufio.NewReader(resp.Body)
+	if line, _ := br.ReadString('\n'); line != ": keep-alive\n" {
+		t.Fatalf("first line %q, want a keep-alive comment", line)
+	}
+	close(fail.Release)
+	events, _ := gatewaytest.ReadSSE(t, br)
+	if len(events) != 1 || events[0].Data["error"] == nil {
+		t.Fatalf("events %+v, want one error event", events)
+	}
+	if e := events[0].Data["error"].(map[string]any); e["type"] != "server_error" || !strings.Contains(e["message"].(string), "pool full") {
+		t.Fatalf("error %v", e)
+	}
+
+	ok := &gatewaytest.Scripted{Reply: gateway.Reply{ID: "r1", Model: "m", Content: "<b>hi</b>", FinishReason: "stop"}, Release: make(chan struct{})}
+	resp = gatewaytest.Post(t, gatewaytest.Serve(t, Door{KeepAlive: time.Millisecond}, ok)+"/v1/chat/completions", body)
+	br = bufio.NewReader(resp.Body)
+	if line, _ := br.ReadString('\n'); line != ": keep-alive\n" {
+		t.Fatalf("first line %q, want a keep-alive comment", line)
+	}
+	close(ok.Release)
+	raw, err := io.ReadAll(br)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(raw), `"content":"<b>hi</b>"`) || !strings.HasSuffix(string(raw), "data: [DONE]\n\n") {
+		t.Fatalf("stream %q", raw)
+	}
 }
