@@ -60,8 +60,8 @@ func Marshal(v any) ([]byte, error) {
 	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }
 
-// WriteJSON writes v as a JSON answer with status, in one write with its
-// Content-Length. An encoding failure (a door bug: its shapes are plain
+// WriteJSON writes v as a JSON answer with status and a closing newline
+// (as json.Encoder ends a value), in one write with its Content-Length. An encoding failure (a door bug: its shapes are plain
 // structs) is a 500 in no API's shape; a write failure means the client
 // left, and is only logged at debug level.
 func WriteJSON(w http.ResponseWriter, status int, v any) {
@@ -70,6 +70,7 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 		http.Error(w, "encode the answer: "+err.Error(), http.StatusInternalServerError)
 		return
 	}
+	b = append(b, '\n')
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(b)))

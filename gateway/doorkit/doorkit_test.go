@@ -90,10 +90,10 @@ func TestWriteJSON(t *testing.T) {
 	if w.Code != http.StatusTeapot || w.Header().Get("Content-Type") != "application/json" {
 		t.Fatalf("status %d, content type %q", w.Code, w.Header().Get("Content-Type"))
 	}
-	if got, want := w.Body.String(), `{"text":"<tool_call>&"}`; got != want {
-		t.Fatalf("body %q, want %q (no HTML escaping, no newline)", got, want)
+	if got, want := w.Body.String(), `{"text":"<tool_call>&"}`+"\n"; got != want {
+		t.Fatalf("body %q, want %q (no HTML escaping)", got, want)
 	}
-	if w.Header().Get("Content-Length") != "23" {
+	if w.Header().Get("Content-Length") != "24" {
 		t.Fatalf("Content-Length %q", w.Header().Get("Content-Length"))
 	}
 	w = httptest.NewRecorder()
