@@ -1,7 +1,8 @@
 // Package doorkit holds what the gateway's front doors share and no API
-// shapes: reading a request body under its bound, decode helpers, the
-// wait for a reply with keep-alive ticks, the server-sent event writer
-// and the rune-bounded delta splitting. The contract package gateway
+// shapes: reading a request body (bounded by the server, once), decode
+// helpers, the JSON answer writer, the wait for a reply with keep-alive
+// ticks, the server-sent event writer and the rune-bounded delta
+// splitting. The contract package gateway
 // stays types only; each door keeps its API's wire shapes and errors.
 package doorkit
 
