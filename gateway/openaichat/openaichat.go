@@ -56,15 +56,15 @@ var recorded = []string{"temperature", "top_p", "top_k", "min_p", "presence_pena
 	"parallel_tool_calls", "response_format", "service_tier"}
 
 type request struct {
-	Model               string            `json:"model"`
-	Messages            []json.RawMessage `json:"messages"`
-	Tools               []openai.Tool     `json:"tools"`
-	ToolChoice          json.RawMessage   `json:"tool_choice"`
-	ParallelToolCalls   *bool             `json:"parallel_tool_calls"`
-	MaxTokens           *int              `json:"max_tokens"`
-	MaxCompletionTokens *int              `json:"max_completion_tokens"`
-	N                   *int              `json:"n"`
-	Stream              bool              `json:"stream"`
+	Model               string          `json:"model"`
+	Messages            []wireMessage   `json:"messages"`
+	Tools               []openai.Tool   `json:"tools"`
+	ToolChoice          json.RawMessage `json:"tool_choice"`
+	ParallelToolCalls   *bool           `json:"parallel_tool_calls"`
+	MaxTokens           *int            `json:"max_tokens"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	N                   *int            `json:"n"`
+	Stream              bool            `json:"stream"`
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
@@ -105,9 +105,13 @@ func decode(r *http.Request) (gateway.Call, bool, *apiError) {
 	if err := json.Unmarshal(body, &fields); err != nil {
 		return gateway.Call{}, false, badRequest("", "the request body is not a JSON object: %v", err)
 	}
+	// One pass decodes the request with its messages (a harness re-sends
+	// its whole history on every call: the body is mostly messages). Only
+	// when it fails are the messages decoded one by one, to name the one
+	// at fault.
 	var req request
 	if err := json.Unmarshal(body, &req); err != nil {
-		return gateway.Call{}, false, badRequest("", "invalid request: %v", err)
+		return gateway.Call{}, false, requestError(body, err)
 	}
 	if req.Model == "" {
 		return gateway.Call{}, false, badRequest("model", "you must provide a model parameter")
@@ -141,8 +145,9 @@ func decode(r *http.Request) (gateway.Call, bool, *apiError) {
 		call.ToolChoice = tc
 	}
 	call.Requested = doorkit.Requested(fields, recorded)
-	for i, raw := range req.Messages {
-		m, e := message(i, raw)
+	call.Messages = make([]gateway.Message, 0, len(req.Messages))
+	for i, w := range req.Messages {
+		m, e := message(i, w)
 		if e != nil {
 			return gateway.Call{}, false, e
 		}
@@ -150,6 +155,24 @@ func decode(r *http.Request) (gateway.Call, bool, *apiError) {
 	}
 	usage := req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 	return call, usage, nil
+}
+
+// requestError is the error of a body that did not decode as a request:
+// the first message that does not decode as a message is named, else the
+// decoder's error stands.
+func requestError(body []byte, err error) *apiError {
+	var raw struct {
+		Messages []json.RawMessage `json:"messages"`
+	}
+	if json.Unmarshal(body, &raw) == nil {
+		for i, m := range raw.Messages {
+			var w wireMessage
+			if err := json.Unmarshal(m, &w); err != nil {
+				return badRequest(fmt.Sprintf("messages[%d]", i), "invalid message: %v", err)
+			}
+		}
+	}
+	return badRequest("", "invalid request: %v", err)
 }
 
 func toolChoice(raw json.RawMessage) (*gateway.ToolChoice, *apiError) {
@@ -173,14 +196,10 @@ func toolChoice(raw json.RawMessage) (*gateway.ToolChoice, *apiError) {
 	return &gateway.ToolChoice{Mode: "function", Name: o.Function.Name}, nil
 }
 
-// message decodes one message; "developer" is taken as "system" (chat
+// message checks one decoded message; "developer" is taken as "system" (chat
 // templates know no developer role) and text parts are joined.
-func message(i int, raw json.RawMessage) (gateway.Message, *apiError) {
+func message(i int, w wireMessage) (gateway.Message, *apiError) {
 	param := fmt.Sprintf("messages[%d]", i)
-	var w wireMessage
-	if err := json.Unmarshal(raw, &w); err != nil {
-		return gateway.Message{}, badRequest(param, "invalid message: %v", err)
-	}
 	m := gateway.Message{}
 	switch w.Role {
 	case "system", "developer":

@@ -3,6 +3,7 @@ package openaichat
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -54,6 +55,8 @@ func TestDecodeErrors(t *testing.T) {
 		{`{"model":"m","messages":[{"role":"assistant","tool_calls":[{"function":{"arguments":"{}"}}]}]}`, "messages[0].tool_calls[0].function.name", "function name"},
 		{`{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"retrieval"}]}`, "tools[0]", "type"},
 		{`{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":-1}`, "max_tokens", "at least 1"},
+		{`{"model":"m","messages":[{"role":"user","content":"x"},{"role":5}]}`, "messages[1]", "invalid message"},
+		{`{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":"many"}`, "", "invalid request"},
 	} {
 		_, _, e := decodeBody(tc.body)
 		if e == nil || e.status != 400 || e.param != tc.param || !strings.Contains(e.msg, tc.msg) {
@@ -144,5 +147,25 @@ func TestStreamKeepAliveAndLateError(t *testing.T) {
 	}
 	if !strings.Contains(string(raw), `"content":"<b>hi</b>"`) || !strings.HasSuffix(string(raw), "data: [DONE]\n\n") {
 		t.Fatalf("stream %q", raw)
+	}
+}
+
+// BenchmarkDecodeHistory decodes a request carrying a 41-message tool
+// history (~17 kB), as a harness re-sends on every call.
+func BenchmarkDecodeHistory(b *testing.B) {
+	msgs := []string{`{"role":"system","content":"` + strings.Repeat("You are a helpful agent. ", 80) + `"}`}
+	for i := range 20 {
+		msgs = append(msgs,
+			fmt.Sprintf(`{"role":"assistant","content":"step %d","tool_calls":[{"id":"call_%d","type":"function","function":{"name":"terminal","arguments":"{\"command\":\"ls -la /tmp\"}"}}]}`, i, i),
+			fmt.Sprintf(`{"role":"tool","tool_call_id":"call_%d","content":"%s"}`, i, strings.Repeat("file.txt ", 60)))
+	}
+	body := `{"model":"m","temperature":0.3,"tools":[{"type":"function","function":{"name":"terminal","parameters":{"type":"object","properties":{"command":{"type":"string"}}}}}],"messages":[` +
+		strings.Join(msgs, ",") + `]}`
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, _, e := decodeBody(body); e != nil {
+			b.Fatal(e.msg)
+		}
 	}
 }
