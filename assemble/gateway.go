@@ -63,12 +63,7 @@ func (j *jobGateway) OpenSession(ctx context.Context, spec inference.EpisodeSpec
 }
 
 // CallLimit implements runner.Gateway.
-func (j *jobGateway) CallLimit() int {
-	if j.opts.MaxCallsPerSession > 0 {
-		return j.opts.MaxCallsPerSession
-	}
-	return capture.DefaultMaxCallsPerSession
-}
+func (j *jobGateway) CallLimit() int { return j.opts.CallLimit() }
 
 type gatewaySession struct {
 	gw *capture.Gateway

@@ -65,6 +65,27 @@ const (
 	DefaultMaxBodyBytes       = 32 << 20
 )
 
+// withDefaults is o with every unset limit at its default.
+func (o Options) withDefaults() Options {
+	if o.MaxSessions <= 0 {
+		o.MaxSessions = DefaultMaxSessions
+	}
+	o.MaxCallsPerSession = o.CallLimit()
+	if o.MaxBodyBytes <= 0 {
+		o.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	return o
+}
+
+// CallLimit is the number of calls a session may make under o
+// (MaxCallsPerSession, or its default when unset).
+func (o Options) CallLimit() int {
+	if o.MaxCallsPerSession > 0 {
+		return o.MaxCallsPerSession
+	}
+	return DefaultMaxCallsPerSession
+}
+
 // turnGenerator is the tokens-mode episode the gateway needs: one
 // generation with a per-call max_tokens fitted to the context.
 type turnGenerator interface {
@@ -120,15 +141,7 @@ func New(policy inference.Policy, opts Options) (*Gateway, error) {
 			return nil, fmt.Errorf("capture: %w", err)
 		}
 	}
-	if opts.MaxSessions <= 0 {
-		opts.MaxSessions = DefaultMaxSessions
-	}
-	if opts.MaxCallsPerSession <= 0 {
-		opts.MaxCallsPerSession = DefaultMaxCallsPerSession
-	}
-	if opts.MaxBodyBytes <= 0 {
-		opts.MaxBodyBytes = DefaultMaxBodyBytes
-	}
+	opts = opts.withDefaults()
 	if opts.Sampling.MaxTokens < 0 || opts.ContextLength < 0 {
 		return nil, errors.New("capture: negative max_tokens or context length")
 	}

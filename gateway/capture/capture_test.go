@@ -982,3 +982,14 @@ func TestUnanchoredTurn(t *testing.T) {
 	}
 	exact(t, rec, r.srv.Generations()) // only the one reply is trained
 }
+
+// CallLimit is the one place the per-session call limit is defaulted (the
+// runner's harness driver reads it through assemble).
+func TestOptionsCallLimit(t *testing.T) {
+	if got := (capture.Options{}).CallLimit(); got != capture.DefaultMaxCallsPerSession {
+		t.Errorf("unset: %d, want the default %d", got, capture.DefaultMaxCallsPerSession)
+	}
+	if got := (capture.Options{MaxCallsPerSession: 3}).CallLimit(); got != 3 {
+		t.Errorf("set to 3: %d", got)
+	}
+}
