@@ -28,8 +28,9 @@ lint:
 # stale (a no-op in well under a second otherwise); so is the llama.cpp
 # engine image the real-engine tests run against (~1 min cold, from Debian
 # sid; docs/real-engines.md). ensure-python-grpc.sh
-# installs Debian's python3-grpcio and python3-grpc-tools for the Python
-# example's test, ensure-python-torch.sh python3-torch, python3-numpy and
+# installs Debian's python3-grpcio, python3-protobuf, python3-pip,
+# python3-setuptools and python3-wheel for the Python package's test
+# (python/) and the Python examples, ensure-python-torch.sh python3-torch, python3-numpy and
 # python3-matplotlib for the GRPO example's (as root; otherwise they say
 # what to install).
 # ensure-runc.sh makes sure runc is there for the runc backend's tests
@@ -70,20 +71,32 @@ FUZZTIME ?= 1s
 fuzz-smoke:
 	FUZZTIME=$(FUZZTIME) scripts/fuzz-smoke.sh
 
-# proto regenerates gen/ from proto/ (offline: local plugins only).
+# proto regenerates gen/ and the Python stubs in python/rollout/v1 from
+# proto/ (offline: local plugins only; the Python ones are Debian's protoc and
+# grpc_python_plugin, scripts/ensure-protoc.sh).
 proto:
 	$(BUF) lint
 	$(BUF) generate
+	scripts/ensure-protoc.sh
+	$(BUF) generate --template buf.gen.python.yaml
 
-# proto-check fails when gen/ is not what proto/ generates. It generates
-# into a scratch directory and compares, so it never touches the tree.
+# proto-check fails when gen/ or the Python stubs are not what proto/
+# generates. It generates into a scratch directory and compares, so it never
+# touches the tree.
+PY_STUBS := python/rollout/v1
 proto-check:
 	$(BUF) lint
+	scripts/ensure-protoc.sh
 	@tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && \
 	$(BUF) generate --output "$$tmp" && \
 	if ! diff -r "$$tmp/gen" gen >/dev/null; then \
 		diff -ru gen "$$tmp/gen" | head -50; \
 		echo "gen/ is out of date with proto/: run 'make proto' and commit gen/"; exit 1; \
+	fi && \
+	$(BUF) generate --template buf.gen.python.yaml --output "$$tmp" && \
+	if ! diff -r -x __init__.py -x __pycache__ "$$tmp/$(PY_STUBS)" $(PY_STUBS) >/dev/null; then \
+		diff -ru -x __init__.py -x __pycache__ $(PY_STUBS) "$$tmp/$(PY_STUBS)" | head -50; \
+		echo "$(PY_STUBS) is out of date with proto/: run 'make proto' and commit it"; exit 1; \
 	fi
 
 # image builds the sandbox base images (rollout-sandbox:bookworm, :busybox)

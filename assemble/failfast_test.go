@@ -8,6 +8,8 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -266,4 +268,33 @@ func TestStartCheckTemplate(t *testing.T) {
 			t.Errorf("%s: %v, want a config error naming the template problem", tc.name, err)
 		}
 	}
+}
+
+// Distillation scores the own loop's rollouts only: a config asking for
+// it on a harness env fails at Open with a clear error, before any
+// rollout, instead of writing harness rows without distill_* columns.
+func TestDistillRefusedForHarnessEnv(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	env := filepath.Join(dir, "harness.yaml")
+	yaml := "name: h\nprompt: do it\nsandbox: {image: rollout-harness:sid}\n" +
+		"harness: {command: \"python3 /opt/agent.py\", apis: [openai]}\n" +
+		"items: [{id: a}]\nrewards: [{type: exit_code, command: \"true\"}]\n"
+	if err := os.WriteFile(env, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := runner.Config{Env: env, Parser: "hermes", Output: runner.Output{Dir: filepath.Join(dir, "out")},
+		Inference: inference.Config{Backend: inference.BackendVLLM, Endpoints: []string{"http://127.0.0.1:1"}},
+		Distill:   &inference.TeacherConfig{Endpoint: "http://127.0.0.1:1", Model: "t"}}
+	_, err := assemble.Open(ctx, cfg, assemble.Options{Logger: quiet})
+	if !errors.Is(err, runner.ErrConfig) || !strings.Contains(err.Error(), "not implemented for harness envs") {
+		t.Fatalf("distill on a harness env: %v", err)
+	}
+	// Without the distill block the same env opens.
+	cfg.Distill = nil
+	j, err := assemble.Open(ctx, cfg, assemble.Options{Logger: quiet})
+	if err != nil {
+		t.Fatalf("harness env without distill: %v", err)
+	}
+	_ = j.Close(ctx)
 }

@@ -49,12 +49,13 @@ func (j *jobGateway) get() (*capture.Gateway, error) {
 }
 
 // OpenSession implements runner.Gateway.
-func (j *jobGateway) OpenSession(ctx context.Context, spec inference.EpisodeSpec) (runner.GatewaySession, error) {
+func (j *jobGateway) OpenSession(ctx context.Context, spec inference.EpisodeSpec, maxCalls int) (runner.GatewaySession, error) {
 	gw, err := j.get()
 	if err != nil {
 		return nil, err
 	}
-	s, err := gw.Open(ctx, spec)
+	// The group's sampling (the run's or a trainer's) governs the session.
+	s, err := gw.OpenWith(ctx, spec, capture.SessionOptions{Sampling: &spec.Sampling, MaxCalls: maxCalls})
 	if err != nil {
 		return nil, err
 	}
@@ -62,12 +63,7 @@ func (j *jobGateway) OpenSession(ctx context.Context, spec inference.EpisodeSpec
 }
 
 // CallLimit implements runner.Gateway.
-func (j *jobGateway) CallLimit() int {
-	if j.opts.MaxCallsPerSession > 0 {
-		return j.opts.MaxCallsPerSession
-	}
-	return capture.DefaultMaxCallsPerSession
-}
+func (j *jobGateway) CallLimit() int { return j.opts.CallLimit() }
 
 type gatewaySession struct {
 	gw *capture.Gateway

@@ -37,6 +37,9 @@ import (
 	"github.com/rollout-rl/rollout/sandbox/kubernetes/k8sconfig"
 	"github.com/rollout-rl/rollout/sandbox/runc"
 	"github.com/rollout-rl/rollout/trajectory"
+
+	// The built-in env protocols (env_server.protocol of YAML envs).
+	_ "github.com/rollout-rl/rollout/envs/protocol/builtin"
 )
 
 // Modes of a job.
@@ -289,6 +292,11 @@ func (j *Job) openTeacher(deps *runner.Deps) error {
 	teacher, err := teacherConfig(cfg, env)
 	if err != nil || teacher == nil {
 		return err
+	}
+	if h, ok := env.(envs.Harnessed); ok && h.RunsHarness() {
+		// The teacher scores the own loop's sequence; a harness rollout's
+		// rows are its session's branches, which nothing scores yet.
+		return fmt.Errorf("distill: not implemented for harness envs (env %s runs an outside harness; distillation and hints score the own agent loop's rollouts only): remove the distill block", env.Name())
 	}
 	t, err := inference.NewTeacher(*teacher)
 	if err != nil {

@@ -110,6 +110,9 @@ type Outcome struct {
 	// processes already stopped. Nil when the task has no sandbox. The
 	// runner tears the sandbox down after Reward returns.
 	Tools *toolcontext.ToolContext
+	// Session is the rollout's env-server session when the env is
+	// Sessioned (nil otherwise); the runner closes it after Reward.
+	Session Session
 }
 
 // EvalMetricser is implemented by envs with evaluation metrics of their

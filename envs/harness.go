@@ -27,6 +27,13 @@ const DefaultHarnessPort = 8399
 // HarnessPromptFile is where a PromptFile prompt is written in the sandbox.
 const HarnessPromptFile = "/tmp/rollout/prompt.txt"
 
+// Harnessed is implemented by envs whose tasks may run an outside harness
+// (a YAML env with a harness block): the job refuses what the own loop
+// alone supports (distillation and its hints) before any rollout.
+type Harnessed interface {
+	RunsHarness() bool
+}
+
 // Harness makes a task's episode an outside agent harness: a command run in
 // the rollout's sandbox (installed in its image) that calls the model
 // through a gateway session, instead of rollout's own agent loop. The
@@ -51,6 +58,10 @@ type Harness struct {
 	Port int
 	// Env adds environment variables of the harness's own.
 	Env map[string]string
+	// MaxCalls is the session's call limit: the call past it is refused
+	// (400) and the rollout's stop reason is harness_call_limit (0: the
+	// gateway's, 1,000).
+	MaxCalls int
 }
 
 // Validate reports a harness spec the runner cannot run.
@@ -73,6 +84,9 @@ func (h *Harness) Validate() error {
 	}
 	if h.Budget < 0 {
 		return fmt.Errorf("%w: harness.budget must not be negative", ErrConfig)
+	}
+	if h.MaxCalls < 0 {
+		return fmt.Errorf("%w: harness.max_calls must not be negative (0: the gateway's limit)", ErrConfig)
 	}
 	if h.Port < 0 || h.Port > 65535 {
 		return fmt.Errorf("%w: harness.port %d out of range 1-65535", ErrConfig, h.Port)

@@ -23,6 +23,7 @@ harness:
   apis: [openai, anthropic]
   prompt_via: file
   budget: "{{.budget}}"
+  max_calls: 5
 items:
   - {id: a, file: main.go, flags: --stream, budget: 90s}
   - {id: b, file: x.go, flags: "", budget: soon}
@@ -52,7 +53,7 @@ func TestYAMLHarness(t *testing.T) {
 		t.Fatalf("task without harness or sandbox: %+v", task)
 	}
 	if h.Command != "python3 /opt/agent.py --stream" || h.Budget != 90*time.Second || h.Prompt != "Fix the bug in main.go." ||
-		h.PromptVia != PromptFile || h.Port != DefaultHarnessPort || len(h.APIs) != 2 {
+		h.PromptVia != PromptFile || h.Port != DefaultHarnessPort || len(h.APIs) != 2 || h.MaxCalls != 5 {
 		t.Fatalf("harness %+v", h)
 	}
 	// A bad budget in one item is that item's error, not the env's.

@@ -47,6 +47,10 @@ type YAMLSpec struct {
 	// Harness runs an outside agent harness in the sandbox instead of the
 	// own agent loop (docs/gateway.md, "Train your own agent").
 	Harness *YAMLHarness `yaml:"harness,omitempty"`
+	// EnvServer plays each rollout's episode on an env server of an
+	// environment protocol (docs/env-protocols.md): its tools, rewards and
+	// end of episode.
+	EnvServer *YAMLEnvServer `yaml:"env_server,omitempty"`
 }
 
 // YAMLHarness is the harness part of a YAMLSpec (envs.Harness).
@@ -57,12 +61,13 @@ type YAMLHarness struct {
 	Budget    string            `yaml:"budget"` // a Go duration ("5m")
 	Port      int               `yaml:"port"`
 	Env       map[string]string `yaml:"env"`
+	MaxCalls  int               `yaml:"max_calls"`
 }
 
 // harness converts y into an envs.Harness (Prompt set per task; a
 // templated command or budget rendered per item).
 func (y *YAMLHarness) harness() (*Harness, error) {
-	h := &Harness{Command: y.Command, APIs: y.APIs, PromptVia: y.PromptVia, Port: y.Port, Env: y.Env}
+	h := &Harness{Command: y.Command, APIs: y.APIs, PromptVia: y.PromptVia, Port: y.Port, Env: y.Env, MaxCalls: y.MaxCalls}
 	if y.Budget != "" && !strings.Contains(y.Budget, "{{") {
 		d, err := time.ParseDuration(y.Budget)
 		if err != nil {
@@ -126,13 +131,19 @@ type YAMLEnv struct {
 	prompt  *template.Template
 	resp    itemResponder // nil without a responder block
 	harness *Harness      // nil without a harness block
+	server  *envServer    // nil without an env_server block
 }
 
 var (
 	_ Env        = (*YAMLEnv)(nil)
 	_ Solver     = (*YAMLEnv)(nil)
 	_ Responsive = (*YAMLEnv)(nil)
+	_ Sessioned  = (*YAMLEnv)(nil)
+	_ Harnessed  = (*YAMLEnv)(nil)
 )
+
+// RunsHarness implements Harnessed: the env has a harness block.
+func (e *YAMLEnv) RunsHarness() bool { return e.harness != nil }
 
 // Solution implements Solver: an item's optional "solution" field (the
 // simulator's script), for demos and tests of YAML envs.
@@ -163,13 +174,20 @@ func NewYAMLEnv(spec YAMLSpec, baseDir string) (*YAMLEnv, error) {
 	if spec.Name == "" {
 		return nil, fmt.Errorf("%w: name is required", ErrConfig)
 	}
-	if spec.Prompt == "" {
+	server, err := buildEnvServer(spec.EnvServer)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkEnvServer(spec, server); err != nil {
+		return nil, err
+	}
+	if spec.Prompt == "" && (server == nil || !server.prompts()) {
 		return nil, fmt.Errorf("%w: prompt is required", ErrConfig)
 	}
 	if (spec.Dataset.Path == "") == (len(spec.Items) == 0) {
 		return nil, fmt.Errorf("%w: give exactly one of dataset.path and items", ErrConfig)
 	}
-	if len(spec.Rewards) == 0 {
+	if len(spec.Rewards) == 0 && server == nil {
 		return nil, fmt.Errorf("%w: at least one reward is required (types: %s)", ErrConfig, strings.Join(rewards.Types, ", "))
 	}
 	// Validate reward specs once with placeholder-free fields: templates
@@ -231,7 +249,7 @@ func NewYAMLEnv(spec YAMLSpec, baseDir string) (*YAMLEnv, error) {
 			return nil, fmt.Errorf("%w: harness: a responder answers the own agent loop turn by turn; a harness env has none", ErrConfig)
 		}
 	}
-	return &YAMLEnv{spec: spec, baseDir: baseDir, prompt: t, resp: resp, harness: h}, nil
+	return &YAMLEnv{spec: spec, baseDir: baseDir, prompt: t, resp: resp, harness: h, server: server}, nil
 }
 
 // Responder implements Responsive: nil without a responder block.
@@ -240,6 +258,15 @@ func (e *YAMLEnv) Responder(it datasets.Item) agentloop.Responder {
 		return nil
 	}
 	return forItem(e.resp, it)
+}
+
+// OpenSession implements Sessioned: one episode on the env server for a
+// rollout; an env without an env_server block has none (nil, nil).
+func (e *YAMLEnv) OpenSession(ctx context.Context, it datasets.Item, rolloutID string, sb sandbox.Sandbox) (Session, error) {
+	if e.server == nil {
+		return nil, nil
+	}
+	return e.server.open(ctx, it, rolloutID, sb)
 }
 
 func containsTemplate(r rewards.Spec) bool {
@@ -260,6 +287,9 @@ func (e *YAMLEnv) Defaults() Defaults {
 	d := Defaults{Description: e.spec.Description, GroupSize: e.spec.GroupSize, MaxTurns: e.spec.MaxTurns, Toolsets: e.spec.Toolsets}
 	if e.spec.Sandbox != nil {
 		d.Image = e.spec.Sandbox.Image
+	}
+	if e.server != nil {
+		d.Image = e.server.spec.Image
 	}
 	if e.spec.Dataset.Split != "" {
 		d.Splits = []string{e.spec.Dataset.Split}
@@ -325,6 +355,12 @@ func (e *YAMLEnv) Task(_ context.Context, it datasets.Item) (Task, error) {
 	t := Task{Messages: chat(e.spec.SystemPrompt, b.String()), Toolsets: e.spec.Toolsets, MaxTurns: e.spec.MaxTurns,
 		MCPServers: e.spec.MCPServers}
 	var err error
+	if e.server != nil {
+		if t.Messages, err = e.server.messages(e.spec.SystemPrompt, e.spec.Prompt, b.String(), it); err != nil {
+			return Task{}, err
+		}
+		t.Sandbox = e.server.sandboxSpec()
+	}
 	if t.Answer, err = render("answer", e.spec.Answer, it); err != nil {
 		return Task{}, err
 	}
@@ -359,6 +395,13 @@ func (e *YAMLEnv) Task(_ context.Context, it datasets.Item) (Task, error) {
 // Reward implements Env: the weighted sum of the configured rewards, with
 // their templates rendered for this item.
 func (e *YAMLEnv) Reward(ctx context.Context, it datasets.Item, out Outcome, sb Sandbox) (rewards.Score, error) {
+	if e.server != nil {
+		s, ok := out.Session.(*serverSession)
+		if !ok {
+			return rewards.Score{}, fmt.Errorf("env %s: no env-server session to score (the runner did not open one)", e.spec.Name)
+		}
+		return s.score(ctx, out.Messages)
+	}
 	specs := make([]rewards.Spec, len(e.spec.Rewards))
 	for i, r := range e.spec.Rewards {
 		var err error

@@ -462,7 +462,7 @@ func (e *tokenEpisode) sampleTurn(ctx context.Context, prompt []int32, maxTokens
 		// The engine's per-token versions, when it reports them, are exact
 		// even across a keep-mode freeze; otherwise every id of the part
 		// gets the stamp.
-		pvers, exact, _ := spanVersions(s.spans, len(s.ids), t.version) // checked by the generator
+		pvers, exact := expandVersions(s.spans, len(s.ids), t.version) // checked by the generator
 		partFirst := v
 		if exact && len(pvers) > 0 {
 			partFirst = pvers[0]
@@ -508,7 +508,7 @@ func (e *tokenEpisode) sampleTurn(ctx context.Context, prompt []int32, maxTokens
 			// part's routing covers the whole turn.
 			acc.routing = s.routing
 		}
-		acc.finish, acc.stop, acc.endpoint, acc.text = s.finish, s.stop, s.endpoint, s.text
+		acc.finish, acc.stop, acc.endpoint, acc.text, acc.pieces = s.finish, s.stop, s.endpoint, s.text, s.pieces
 		if s.finish != "abort" {
 			break
 		}
@@ -530,7 +530,7 @@ func (e *tokenEpisode) sampleTurn(ctx context.Context, prompt []int32, maxTokens
 	if parts > 1 {
 		// Each part's text was decoded on its own (a cut may split a
 		// character): decode the joined ids instead.
-		acc.text = nil
+		acc.text, acc.pieces = nil, nil
 	}
 	if len(vers) == 0 {
 		vers = append(vers, e.c.PolicyVersion())

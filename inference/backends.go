@@ -39,6 +39,10 @@ type sample struct {
 	finish   string
 	stop     stopKind
 	text     *string // server-decoded text (special tokens kept) when returned
+	// pieces are the sampled ids' own texts as the generation response
+	// spelled them (llama.cpp's completion_probabilities bytes), when it
+	// spelled every id; nil otherwise.
+	pieces   *tokenPieces
 	endpoint string
 	// unscored are positions of ids the server gave no logprob for
 	// (llama.cpp, incomplete UTF-8): kept in the sequence, masked 0, with
@@ -49,8 +53,8 @@ type sample struct {
 	version   int64
 	versionOK bool
 	// spans are the engine's per-token version spans (SGLang), checked
-	// to tile the ids; nil when it reports none.
-	spans []SGLangVersionSpan
+	// to tile the ids and decoded once; nil when it reports none.
+	spans []versionSpan
 	// routing is the engine's routed experts for the request's prompt and
 	// ids but the last (prompt + ids − 1 positions), when asked for.
 	routing *Routing
@@ -372,10 +376,11 @@ func (sglangGen) generate(ctx context.Context, p *Pool, in genInput) (sample, er
 			s.version, s.versionOK = parseVersion(wv)
 		}
 	}
-	if _, _, err := spanVersions(m.WeightVersions, len(ids), 0); err != nil {
+	spans, err := parseVersionSpans(m.WeightVersions, len(ids))
+	if err != nil {
 		return sample{}, badAnswer(ep, op, reqID, "meta_info.%v", err)
 	}
-	s.spans = m.WeightVersions
+	s.spans = spans
 	if in.experts {
 		if m.RoutedExperts == nil {
 			return sample{}, badAnswer(ep, op, reqID, "meta_info.routed_experts missing: start SGLang with --enable-return-routed-experts (inference.routed_experts is on)")

@@ -26,44 +26,77 @@ type Routing struct {
 	Positions, Layers, TopK int
 }
 
-// spanVersions turns SGLang's meta_info.weight_versions into one version
-// per output id. A span naming a version that is not an integer (SGLang's
-// initial "default", a checkpoint name) gets fallback, the version in force
-// when the request was admitted; ok is false when no span names an integer
-// (nothing exact to add: the caller stamps). Spans that do not tile [0, n)
-// exactly are an error.
-func spanVersions(spans []SGLangVersionSpan, n int, fallback int64) (vers []int64, ok bool, err error) {
+// versionSpan is one checked span of SGLang's meta_info.weight_versions:
+// output ids [start, end) were sampled under version v when isInt, else
+// under a version that is not an integer (SGLang's initial "default", a
+// checkpoint name).
+type versionSpan struct {
+	start, end int
+	v          int64
+	isInt      bool
+}
+
+// parseVersionSpans checks that SGLang's weight_versions tile the n output
+// ids [0, n) in order and decodes each span's version once; the generator
+// calls it, so the episode only expands the result (expandVersions).
+func parseVersionSpans(spans []SGLangVersionSpan, n int) ([]versionSpan, error) {
 	if len(spans) == 0 {
-		return nil, false, nil
+		return nil, nil
 	}
-	vers = make([]int64, 0, n)
+	out := make([]versionSpan, 0, len(spans))
 	next := 0
 	for i, sp := range spans {
 		var name any
 		if json.Unmarshal(sp.Version, &name) != nil {
-			return nil, false, fmt.Errorf("weight_versions[%d].version is not a JSON value", i)
+			return nil, fmt.Errorf("weight_versions[%d].version is not a JSON value", i)
 		}
 		if sp.Start != next || sp.End < sp.Start || sp.End > n {
-			return nil, false, fmt.Errorf("weight_versions[%d] covers [%d, %d): want spans tiling the %d output ids from 0 in order", i, sp.Start, sp.End, n)
+			return nil, fmt.Errorf("weight_versions[%d] covers [%d, %d): want spans tiling the %d output ids from 0 in order", i, sp.Start, sp.End, n)
 		}
 		v, isInt := parseVersion(name)
-		if isInt {
-			ok = true
-		} else {
-			v = fallback
-		}
-		for j := sp.Start; j < sp.End; j++ {
-			vers = append(vers, v)
-		}
+		out = append(out, versionSpan{start: sp.Start, end: sp.End, v: v, isInt: isInt})
 		next = sp.End
 	}
 	if next != n {
-		return nil, false, fmt.Errorf("weight_versions end at %d, want %d output ids", next, n)
+		return nil, fmt.Errorf("weight_versions end at %d, want %d output ids", next, n)
+	}
+	return out, nil
+}
+
+// expandVersions gives one version per output id from checked spans; a
+// span whose version is not an integer gets fallback, the version in
+// force when the request was admitted. ok is false when no span names an
+// integer (nothing exact to add: the caller stamps).
+func expandVersions(spans []versionSpan, n int, fallback int64) (vers []int64, ok bool) {
+	for _, sp := range spans {
+		ok = ok || sp.isInt
 	}
 	if !ok {
-		return nil, false, nil
+		return nil, false
 	}
-	return vers, true, nil
+	vers = make([]int64, 0, n)
+	for _, sp := range spans {
+		v := sp.v
+		if !sp.isInt {
+			v = fallback
+		}
+		for j := sp.start; j < sp.end; j++ {
+			vers = append(vers, v)
+		}
+	}
+	return vers, true
+}
+
+// spanVersions is parseVersionSpans then expandVersions: one version per
+// output id, ok false when no span names an integer, an error when the
+// spans do not tile [0, n) exactly.
+func spanVersions(spans []SGLangVersionSpan, n int, fallback int64) (vers []int64, ok bool, err error) {
+	ps, err := parseVersionSpans(spans, n)
+	if err != nil {
+		return nil, false, err
+	}
+	vers, ok = expandVersions(ps, n, fallback)
+	return vers, ok, nil
 }
 
 // decodeSGLangExperts reads SGLang's meta_info.routed_experts: base64 of a

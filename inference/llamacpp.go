@@ -19,7 +19,10 @@ import (
 //     n_probs 1 with post_sampling_probs false (logprobs of the full
 //     distribution, as vLLM's raw logprobs), return_tokens, cache_prompt and
 //     the full sampler; the sampled ids and logprobs are kept verbatim;
-//   - text: POST /detokenize {tokens} → {content} (special tokens kept);
+//   - text: the ids' pieces in completion_probabilities (tokenPieces) when
+//     the server wrote one entry per id, none of them a control token and
+//     together valid UTF-8; otherwise POST /detokenize {tokens} → {content}
+//     (special tokens kept);
 //   - context: /v1/models meta.n_ctx and /props
 //     default_generation_settings.n_ctx (one slot's share, the real limit).
 
@@ -241,7 +244,7 @@ func (g llamaGen) generate(ctx context.Context, p *Pool, in genInput) (sample, e
 	if missing, err = g.scoreMissing(ctx, p, in.opts, in.prompt, ids, lps, missing); err != nil {
 		return sample{}, err
 	}
-	s := sample{ids: ids, logprobs: lps, unscored: missing, endpoint: ep}
+	s := sample{ids: ids, logprobs: lps, unscored: missing, endpoint: ep, pieces: llamaPieces(ids, resp.Probs)}
 	switch resp.StopType {
 	case "eos":
 		s.finish, s.stop = "stop", stopToken

@@ -67,7 +67,9 @@ func TestLlamaCppTokensModeExact(t *testing.T) {
 	turns, seq, _ := runEpisode(t, c, inference.EpisodeSpec{ID: "routes", Tools: []openai.Tool{terminalTool}, Sampling: inference.Sampling{MaxTokens: 256}}, 2, false)
 	checkSequence(t, seq, turns)
 	st := srv.Stats().ByRoute
-	if st["POST /completion"] != 2 || st["POST /apply-template"] == 0 || st["POST /tokenize"] == 0 {
+	// The turns' text comes from /completion's pieces: the one /detokenize
+	// is the end-of-turn token's text, learned once per client.
+	if st["POST /completion"] != 2 || st["POST /apply-template"] == 0 || st["POST /tokenize"] == 0 || st["POST /detokenize"] > 1 {
 		t.Fatalf("routes used: %v", st)
 	}
 }
@@ -473,6 +475,10 @@ func TestLlamaCppIncompleteUTF8(t *testing.T) {
 	if !strings.Contains(tr.Text, "Zählung: drei — fertig ✓") {
 		t.Fatalf("text %q", tr.Text)
 	}
+	// Entries were withheld: the text came from /detokenize.
+	if n := srv.Stats().ByRoute["POST /detokenize"]; n == 0 {
+		t.Fatal("text of a turn with withheld entries decoded without /detokenize")
+	}
 	// ä: 2 bytes, —: 3, ✓: 3 → 1 + 2 + 2 ids without a probability.
 	if seq.Unscored != 5 {
 		t.Fatalf("unscored %d, want 5", seq.Unscored)
@@ -742,6 +748,58 @@ func TestCheckTemplateRefusesMixedClosings(t *testing.T) {
 		}
 		if err := c.CheckTemplate(ctx, inference.Sampling{MaxTokens: 16}); err != nil {
 			t.Errorf("%s prefill %v without builtin_tools: %v", tc.backend, tc.prefill, err)
+		}
+	}
+}
+
+// On llama.cpp a turn's text and its tool calls' token spans come from the
+// pieces /completion spells for each id: no /detokenize request, and the
+// same spans as the server's detokenizer gives (the vLLM flavour of the
+// same script, whose spans are found by bisection over /detokenize).
+func TestLlamaCppTextAndSpansFromPieces(t *testing.T) {
+	type spanner interface {
+		TokenSpans(ctx context.Context, ids []int32, text string, ranges []inference.ByteRange) ([]inference.TokenSpan, error)
+	}
+	script := sim.Script{Match: "count them", Steps: []sim.Step{{ToolCalls: []sim.Call{{Name: "terminal", Arguments: map[string]any{"command": "ls /tmp | wc -l"}}}}}}
+	ctx := context.Background()
+	msgs := []openai.ChatCompletionMessage{{Role: "user", Content: "list files in /tmp and count them"}}
+	spans := map[string][]inference.TokenSpan{}
+	for _, c := range []struct{ engine, backend string }{{sim.EngineLlamaCpp, inference.BackendLlamaCpp}, {sim.EngineVLLM, inference.BackendVLLM}} {
+		srv := startSim(t, sim.Config{Engine: c.engine, Family: "hermes", Seed: 1, Scripts: []sim.Script{script}})
+		pol := openClient(t, inference.Config{Backend: c.backend, Endpoints: []string{srv.URL}})
+		ep, err := pol.Start(ctx, inference.EpisodeSpec{ID: "pieces-" + c.backend, Tools: []openai.Tool{terminalTool}, Sampling: inference.Sampling{MaxTokens: 256}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr, err := ep.Generate(ctx, msgs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		open, end := strings.Index(tr.Text, "<tool_call>"), strings.Index(tr.Text, "</tool_call>")
+		if open < 0 || end < open {
+			t.Fatalf("%s: text %q has no tool call", c.backend, tr.Text)
+		}
+		end += len("</tool_call>")
+		ranges := []inference.ByteRange{{Start: open, End: end}, {Start: open + len("<tool_call>"), End: end - len("</tool_call>")}, {Start: 0, End: len(tr.Text)}}
+		got, err := ep.(spanner).TokenSpans(ctx, tr.CompletionIDs, tr.Text, ranges)
+		if err != nil {
+			t.Fatal(err)
+		}
+		spans[c.backend] = got
+		detok := srv.Stats().ByRoute["POST /detokenize"]
+		if c.backend == inference.BackendLlamaCpp && detok != 0 {
+			t.Fatalf("llamacpp: %d /detokenize requests, want none (text and spans from the pieces)", detok)
+		}
+		if c.backend == inference.BackendVLLM && detok == 0 {
+			t.Fatal("vllm: spans placed without /detokenize: the comparison is void")
+		}
+	}
+	if l, v := spans[inference.BackendLlamaCpp], spans[inference.BackendVLLM]; !slices.Equal(l, v) {
+		t.Fatalf("spans from pieces %v, from the detokenizer %v", l, v)
+	}
+	for _, sp := range spans[inference.BackendLlamaCpp] {
+		if sp.Start < 0 {
+			t.Fatalf("a span was not placed: %v", spans[inference.BackendLlamaCpp])
 		}
 	}
 }

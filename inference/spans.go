@@ -3,6 +3,7 @@ package inference
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -22,11 +23,14 @@ var noSpan = TokenSpan{-1, -1}
 // before the range, End the first id boundary at or after its end, so
 // that the ids [Start, End) detokenise to text that contains the range.
 //
-// Boundaries come from the server's own detokenizer: the text of the
-// first k ids must be a prefix of text, and k is found by bisection
-// (about 2·log2(len(ids)) /detokenize calls per range, made only for
-// turns with tool calls). A prefix that is not one of text's (an id
-// sequence cut inside a UTF-8 character decodes to a replacement) is
+// Boundaries come from the pieces the generation response spelled for
+// the episode's last turn when ids are that turn's and every piece but a
+// final control token is known (llama.cpp's completion_probabilities:
+// no request at all); otherwise from the server's own detokenizer: the
+// text of the first k ids must be a prefix of text, and k is found by
+// bisection (about 2·log2(len(ids)) /detokenize calls per range, made
+// only for turns with tool calls). A prefix that is not one of text's (an
+// id sequence cut inside a UTF-8 character decodes to a replacement) is
 // stepped back to the previous id. A range that cannot be placed exactly
 // gets -1, -1; an error is only a failed request.
 func (e *tokenEpisode) TokenSpans(ctx context.Context, ids []int32, text string, ranges []ByteRange) ([]TokenSpan, error) {
@@ -37,6 +41,17 @@ func (e *tokenEpisode) TokenSpans(ctx context.Context, ids []int32, text string,
 	p := prefixer{ids: ids, text: text, known: map[int]int{0: 0}, detok: func(ctx context.Context, ids []int32) (string, error) {
 		return e.c.tok.Detokenize(ctx, e.tokOpts("span"+strconv.Itoa(len(ids))), e.spec.Model, ids)
 	}}
+	e.mu.Lock()
+	if pc := e.lastPieces; pc != nil && len(ids) > 0 && slices.Equal(ids, e.lastIDs) {
+		body := len(ids)
+		if pc.empty(body - 1) {
+			body-- // the stop token (a control token, spelled empty)
+		}
+		if t, ok := pc.textOf(body); ok && t == text {
+			p.local = pc
+		}
+	}
+	e.mu.Unlock()
 	for i, r := range ranges {
 		sp, err := p.span(ctx, r)
 		if err != nil {
@@ -53,12 +68,20 @@ type prefixer struct {
 	text  string
 	known map[int]int // k → len(detok(ids[:k])), or -1 when not a prefix of text
 	detok func(context.Context, []int32) (string, error)
+	// local, when set, measures prefixes from the ids' pieces instead of
+	// detok (no request).
+	local *tokenPieces
 }
 
 // length is the byte length of the text of ids[:k] when it is a prefix of
 // text, else -1.
 func (p *prefixer) length(ctx context.Context, k int) (int, error) {
 	if n, ok := p.known[k]; ok {
+		return n, nil
+	}
+	if p.local != nil {
+		n := p.local.prefixLen(k, p.text)
+		p.known[k] = n
 		return n, nil
 	}
 	t, err := p.detok(ctx, p.ids[:k])

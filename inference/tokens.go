@@ -49,6 +49,11 @@ type tokenEpisode struct {
 	// read on every turn.
 	templateKey string
 	toolsKey    uint64
+	// lastIDs and lastPieces are the last turn's sampled ids and their
+	// pieces (nil when the response did not spell them): TokenSpans
+	// places spans of that turn without the server.
+	lastIDs    []int32
+	lastPieces *tokenPieces
 }
 
 // newTokenEpisode computes the episode's per-template keys once.
@@ -179,6 +184,7 @@ func (e *tokenEpisode) generate(ctx context.Context, messages []openai.ChatCompl
 	}
 
 	e.appendSample(s, vers, cuts, closing)
+	e.lastIDs, e.lastPieces = s.ids, s.pieces
 	e.turns = turnNo
 	ok = true
 	ep := s.endpoint
@@ -644,6 +650,9 @@ func (e *tokenEpisode) turnText(ctx context.Context, s sample) (string, error) {
 		}
 		if len(ids) == 0 {
 			return "", nil
+		}
+		if t, ok := s.pieces.textOf(len(ids)); ok {
+			return t, nil
 		}
 		return e.c.tok.Detokenize(ctx, e.tokOpts("t"+strconv.Itoa(e.turns+1)+"-text"), e.spec.Model, ids)
 	}

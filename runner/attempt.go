@@ -82,13 +82,31 @@ func (r *Runner) attempt(ctx context.Context, gr *groupRun, idx int) (ro Rollout
 		ro.Tools = set.OpenAI()
 	}
 
+	var sess envs.Session
+	if so, ok := r.deps.Env.(envs.Sessioned); ok {
+		s, sset, kind, err := r.openEnvSession(ctx, so, gr, ro.ID, sb, set, log)
+		if err != nil {
+			ro.fail(kind, err)
+			return ro
+		}
+		if s != nil {
+			sess, set = s, sset
+			ro.Tools = set.OpenAI()
+			defer func() {
+				if err := sess.Close(ctx); err != nil {
+					log.Debug("env session close", "error", err)
+				}
+			}()
+		}
+	}
+
 	rt := toolRuntime(sb, set, ro.ID, log)
-	if kind, err := r.driverFor(gr.task).drive(ctx, episode{gr: gr, sb: sb, rt: rt, set: set, log: log}, &ro); err != nil {
+	if kind, err := r.driverFor(gr.task).drive(ctx, episode{gr: gr, sb: sb, rt: rt, set: set, sess: sess, log: log}, &ro); err != nil {
 		ro.fail(kind, err)
 		return ro
 	}
 	rstart := time.Now()
-	score, kind, err := r.score(ctx, gr, ro.Result, sb, rt, set, log)
+	score, kind, err := r.score(ctx, gr, ro.Result, sb, rt, set, sess, log)
 	ro.Timings.Reward = time.Since(rstart)
 	if err != nil {
 		ro.fail(kind, err)
@@ -148,6 +166,53 @@ func (r *Runner) openMCP(ctx context.Context, gr *groupRun, sb sandbox.Sandbox, 
 		return nil, nil, FailTask, fmt.Errorf("tools: %w", err)
 	}
 	return sessions, set, "", nil
+}
+
+// openEnvSession opens the rollout's episode on the env's server (nil
+// when this env's tasks have none) and returns it with the tool set that
+// offers its tools beside set's. A server that is dead or misbehaving is
+// an infrastructure failure (sandbox kind), like one that dies later; the
+// caller closes the session.
+func (r *Runner) openEnvSession(ctx context.Context, so envs.Sessioned, gr *groupRun, id string, sb sandbox.Sandbox, set *tools.Set, log *slog.Logger) (envs.Session, *tools.Set, string, error) {
+	sess, err := so.OpenSession(ctx, gr.item, id, sb)
+	if err != nil {
+		kind := FailTask
+		switch {
+		case errors.Is(err, sandbox.ErrUnavailable) || errors.Is(err, sandbox.ErrClosed):
+			kind = FailSandbox
+		case ctx.Err() != nil:
+			kind = FailCancelled
+		}
+		return nil, nil, kind, fmt.Errorf("env session: %w", err)
+	}
+	if sess == nil {
+		return nil, set, "", nil
+	}
+	t := gr.task
+	t.Tools = slices.Clip(gr.task.Tools)
+	if set != nil {
+		// MCP servers' tools of this rollout stay beside the session's.
+		for _, n := range set.Names() {
+			if tl, ok := set.Tool(n); ok && !slices.ContainsFunc(t.Tools, func(x tools.Tool) bool { return x.Name == n }) && !isBuiltin(n) {
+				t.Tools = append(t.Tools, tl)
+			}
+		}
+	}
+	t.Tools = append(t.Tools, sess.Tools()...)
+	nset, err := r.toolSet(t, gr.idx)
+	if err != nil {
+		if cerr := sess.Close(ctx); cerr != nil {
+			log.Debug("env session close", "error", cerr)
+		}
+		return nil, nil, FailTask, fmt.Errorf("env session tools: %w", err)
+	}
+	return sess, nset, "", nil
+}
+
+// isBuiltin reports whether name is a built-in tool (the registry of a
+// task's tools registers the built-ins itself).
+func isBuiltin(name string) bool {
+	return slices.ContainsFunc(tools.Builtins(), func(t tools.Tool) bool { return t.Name == name })
 }
 
 // loopConfig is the agent loop's configuration for one rollout of gr.
@@ -215,11 +280,12 @@ func (r *Runner) checkEpisode(ctx context.Context, gr *groupRun, ro *Rollout, lo
 
 // score runs the env's reward on the episode, within the reward timeout,
 // with a ToolContext on the rollout's sandbox when it has one.
-func (r *Runner) score(ctx context.Context, gr *groupRun, res agentloop.Result, sb sandbox.Sandbox, rt *tools.Runtime, set *tools.Set, log *slog.Logger) (rewards.Score, string, error) {
+func (r *Runner) score(ctx context.Context, gr *groupRun, res agentloop.Result, sb sandbox.Sandbox, rt *tools.Runtime, set *tools.Set, sess envs.Session, log *slog.Logger) (rewards.Score, string, error) {
 	rctx, cancel := context.WithTimeout(ctx, time.Duration(r.cfg.RewardTimeout))
 	defer cancel()
 	out := envs.Outcome{Messages: res.Messages, Final: finalContent(res), Turns: res.TurnsUsed,
-		FinishedNaturally: res.FinishedNaturally, StopReason: string(res.StopReason), TurnRewards: res.TurnRewards}
+		FinishedNaturally: res.FinishedNaturally, StopReason: string(res.StopReason), TurnRewards: res.TurnRewards,
+		Session: sess}
 	var box envs.Sandbox
 	if sb != nil {
 		box = sb
@@ -228,9 +294,14 @@ func (r *Runner) score(ctx context.Context, gr *groupRun, res agentloop.Result, 
 			return rewards.Score{}, FailReward, err
 		}
 		// Nothing the agent left running may change what the reward
-		// reads (a background process rewriting a report, say).
-		if err := tc.KillProcesses(rctx); err != nil {
-			log.Warn("stop the agent's background processes before the reward", "error", err)
+		// reads (a background process rewriting a report, say). An env
+		// session's reward is its server's, which runs in this sandbox and
+		// must outlive the episode to score it (/verify); the reward reads
+		// nothing else of the sandbox.
+		if sess == nil {
+			if err := tc.KillProcesses(rctx); err != nil {
+				log.Warn("stop the agent's background processes before the reward", "error", err)
+			}
 		}
 		out.Tools = tc
 	}

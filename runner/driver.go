@@ -3,6 +3,7 @@ package runner
 import (
 	"context"
 	"log/slog"
+	"slices"
 
 	"github.com/rollout-rl/rollout/agentloop"
 	"github.com/rollout-rl/rollout/envs"
@@ -17,7 +18,9 @@ type episode struct {
 	sb  sandbox.Sandbox
 	rt  *tools.Runtime
 	set *tools.Set
-	log *slog.Logger
+	// sess is the rollout's env-server session (envs.Sessioned), or nil.
+	sess envs.Session
+	log  *slog.Logger
 }
 
 // driver drives one rollout's episode, the part between the sandbox and
@@ -43,7 +46,12 @@ type loopDriver struct{ r *Runner }
 
 func (d loopDriver) drive(ctx context.Context, ep episode, ro *Rollout) (string, error) {
 	r := d.r
-	res, err := agentloop.Run(ctx, r.loopConfig(ep.gr, ro.ID, ep.set), agentloop.Deps{Policy: r.deps.Policy, Runtime: ep.rt, Logger: ep.log})
+	lcfg := r.loopConfig(ep.gr, ro.ID, ep.set)
+	if ep.sess != nil {
+		lcfg.Messages = append(slices.Clip(lcfg.Messages), ep.sess.Opening()...)
+		lcfg.Responder = ep.sess.Responder()
+	}
+	res, err := agentloop.Run(ctx, lcfg, agentloop.Deps{Policy: r.deps.Policy, Runtime: ep.rt, Logger: ep.log})
 	ro.Result = res
 	for _, t := range res.Turns {
 		ro.Timings.Generation += t.Generation

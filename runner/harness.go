@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -23,7 +22,10 @@ import (
 // Gateway opens the capture sessions harness tasks run against, one per
 // rollout (gateway/capture's Gateway, adapted by assemble).
 type Gateway interface {
-	OpenSession(ctx context.Context, spec inference.EpisodeSpec) (GatewaySession, error)
+	// OpenSession opens a session whose generations use spec.Sampling
+	// (the group's sampler), whatever the harness sends; maxCalls > 0 is
+	// its call limit instead of CallLimit's.
+	OpenSession(ctx context.Context, spec inference.EpisodeSpec, maxCalls int) (GatewaySession, error)
 	// CallLimit is a session's call limit: a harness that reaches it looped.
 	CallLimit() int
 }
@@ -80,12 +82,6 @@ func (d harnessDriver) drive(ctx context.Context, ep episode, ro *Rollout) (stri
 		ro.deterministic = true
 		return FailTask, err
 	}
-	if !reflect.DeepEqual(ep.gr.sampling, r.cfg.Sampling) {
-		// The job's gateway samples with the run's sampler; a trainer's
-		// per-request sampling would be silently replaced.
-		ro.deterministic = true
-		return FailTask, errors.New("harness task: per-request sampling is not implemented for harness envs (the job's gateway samples with the run's sampling)")
-	}
 	port := h.Port
 	if port == 0 {
 		port = envs.DefaultHarnessPort
@@ -95,7 +91,9 @@ func (d harnessDriver) drive(ctx context.Context, ep episode, ro *Rollout) (stri
 		return sandboxKind(ctx, err, ro), fmt.Errorf("harness: open the session's port %d in the sandbox: %w", port, err)
 	}
 	defer l.Close()
-	sess, err := r.deps.Gateway.OpenSession(ctx, inference.EpisodeSpec{ID: ro.ID, Group: ep.gr.item.Key(), Model: r.cfg.Inference.Model})
+	// The group's sampling (the run's, or a trainer's for this group)
+	// governs the session's generations.
+	sess, err := r.deps.Gateway.OpenSession(ctx, inference.EpisodeSpec{ID: ro.ID, Group: ep.gr.item.Key(), Model: r.cfg.Inference.Model, Sampling: ep.gr.sampling}, h.MaxCalls)
 	if err != nil {
 		switch {
 		case ctx.Err() != nil:
@@ -133,7 +131,11 @@ func (d harnessDriver) drive(ctx context.Context, ep episode, ro *Rollout) (stri
 		ro.Timings.Generation += c.Duration
 	}
 	ro.Timings.Tools = max(res.Duration-ro.Timings.Generation, 0)
-	ro.Result = harnessResult(rec, res, r.deps.Gateway.CallLimit())
+	limit := r.deps.Gateway.CallLimit()
+	if h.MaxCalls > 0 {
+		limit = h.MaxCalls
+	}
+	ro.Result = harnessResult(rec, res, limit)
 	return checkSession(ro, res)
 }
 

@@ -79,3 +79,39 @@ func TestCheckSession(t *testing.T) {
 		t.Errorf("harness crash is data: %s %v", kind, err)
 	}
 }
+
+// A harness rollout's sampled tokens and policy versions are its session's
+// branches, all of them: branch 1 of a compacted session holds sampled
+// ids (and, here, the group's oldest version) that branch 0 does not.
+func TestHarnessBranchesCounted(t *testing.T) {
+	branch := func(i int, mask []int8, versions []int64, unscored int) gateway.Branch {
+		return gateway.Branch{Index: i, Parent: i - 1, Sequence: inference.Sequence{
+			Tokens: make([]int32, len(mask)), Mask: mask, Logprobs: make([]float32, len(mask)),
+			Versions: versions, Unscored: unscored}}
+	}
+	sess := &gateway.SessionRecord{ID: "s", Branches: []gateway.Branch{
+		branch(0, []int8{0, 1, 1}, []int64{5, 5, 5}, 0),
+		branch(1, []int8{0, 0, 1, 1, 1}, []int64{2, 2, 2, 3, 3}, 1),
+	}}
+	ro := Rollout{Status: StatusOK, Session: sess}
+	ro.Result.Sequence = sess.Branches[0].Sequence // as harnessResult leaves it
+	ro.Result.StopReason = StopHarnessExit
+	g := &Group{Rollouts: []Rollout{ro}}
+
+	v := Versions(g, 6)
+	if v == nil || v.Min != 2 || v.Max != 5 || v.Lag != 4 {
+		t.Fatalf("versions %+v, want min 2 (branch 1's) max 5 lag 4", v)
+	}
+	r := &Runner{}
+	r.sum.StopReasons, r.sum.FailuresByKind = map[string]int{}, map[string]int{}
+	r.count(g)
+	// 2 + 3 trained ids, plus branch 1's unscored one.
+	if s := r.Summary(); s.SampledTokens != 6 || s.UnscoredTokens != 1 {
+		t.Fatalf("sampled %d unscored %d, want 6 and 1 (both branches)", s.SampledTokens, s.UnscoredTokens)
+	}
+	// The own loop's rollout: its one sequence.
+	own := rolloutWith([]int64{1, 1, 1}, []int8{0, 1, 1})
+	if seqs := own.Sequences(); len(seqs) != 1 || seqs[0] != &own.Result.Sequence {
+		t.Fatalf("own loop: %d sequences", len(seqs))
+	}
+}

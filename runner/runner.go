@@ -469,12 +469,13 @@ func (r *Runner) count(g *Group) {
 			r.sum.RolloutsOK++
 			r.sum.StopReasons[string(ro.Result.StopReason)]++
 			r.reward += ro.Score.Value
-			seq := ro.Result.Sequence
-			r.sum.UnscoredTokens += seq.Unscored
-			r.sum.SampledTokens += seq.Unscored
-			for _, m := range seq.Mask {
-				if m == 1 {
-					r.sum.SampledTokens++
+			for _, seq := range ro.Sequences() {
+				r.sum.UnscoredTokens += seq.Unscored
+				r.sum.SampledTokens += seq.Unscored
+				for _, m := range seq.Mask {
+					if m == 1 {
+						r.sum.SampledTokens++
+					}
 				}
 			}
 		} else {

@@ -100,18 +100,19 @@ func Versions(g *Group, current int64) *GroupVersions {
 		if ro.Status != StatusOK {
 			continue
 		}
-		seq := &ro.Result.Sequence
-		if len(seq.Versions) != len(seq.Tokens) || len(seq.Mask) != len(seq.Tokens) {
-			continue
-		}
-		for j, v := range seq.Versions {
-			if seq.Mask[j] == 0 {
+		for _, seq := range ro.Sequences() {
+			if len(seq.Versions) != len(seq.Tokens) || len(seq.Mask) != len(seq.Tokens) {
 				continue
 			}
-			lo, hi = min(lo, v), max(hi, v)
-		}
-		for _, c := range seq.Cuts {
-			hi = max(hi, c.To)
+			for j, v := range seq.Versions {
+				if seq.Mask[j] == 0 {
+					continue
+				}
+				lo, hi = min(lo, v), max(hi, v)
+			}
+			for _, c := range seq.Cuts {
+				hi = max(hi, c.To)
+			}
 		}
 	}
 	if lo == math.MaxInt64 {

@@ -16,6 +16,7 @@ import (
 	"github.com/rollout-rl/rollout/datasets"
 	"github.com/rollout-rl/rollout/envs"
 	"github.com/rollout-rl/rollout/gateway"
+	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/rewards"
 	"github.com/rollout-rl/rollout/sandbox"
 )
@@ -104,6 +105,21 @@ type Rollout struct {
 	BranchAdvantages map[int]float64
 	// deterministic: the failure would repeat on a retry (a bad spec).
 	deterministic bool
+}
+
+// Sequences are the rollout's trainable token sequences: its session's
+// branches (harness envs), else its one Result.Sequence. Counters and the
+// staleness bound read them all: a branch other than 0 holds sampled
+// tokens too.
+func (ro *Rollout) Sequences() []*inference.Sequence {
+	if ro.Session == nil {
+		return []*inference.Sequence{&ro.Result.Sequence}
+	}
+	out := make([]*inference.Sequence, len(ro.Session.Branches))
+	for i := range ro.Session.Branches {
+		out[i] = &ro.Session.Branches[i].Sequence
+	}
+	return out
 }
 
 // Group is one item's G rollouts, assembled.

@@ -38,6 +38,26 @@ func Listen(ctx context.Context, sb Sandbox, port int) (net.Listener, error) {
 	return t.Listen(ctx, port)
 }
 
+// Dialer is implemented by sandboxes that can connect the host to a
+// loopback port inside the sandbox over their exec channel (the other
+// direction of Tunneler; ChannelOps.Dial): a server a process of the
+// sandbox listens on is reached without opening the sandbox's network.
+type Dialer interface {
+	// Dial connects to 127.0.0.1:port inside the sandbox. The connection
+	// lives until it is closed, ctx ends, the sandbox is closed or handed
+	// to its next holder.
+	Dial(ctx context.Context, port int) (net.Conn, error)
+}
+
+// Dial connects to a loopback port in sb, or says that sb's backend cannot.
+func Dial(ctx context.Context, sb Sandbox, port int) (net.Conn, error) {
+	d, ok := sb.(Dialer)
+	if !ok {
+		return nil, fmt.Errorf("dial in sandbox: %w: %T has no tunnel from the host: %w", ErrInvalid, sb, errors.ErrUnsupported)
+	}
+	return d.Dial(ctx, port)
+}
+
 // TunnelAddr is the address of a tunnel listener and of its connections'
 // in-sandbox ends: a loopback address inside the sandbox, not the host's.
 type TunnelAddr struct {
@@ -101,6 +121,63 @@ func (o *ChannelOps) Listen(ctx context.Context, port int) (net.Listener, error)
 	}
 	go l.watch(ctx)
 	return l, nil
+}
+
+// Dial implements Dialer over the agent's OpDial. ctx bounds the connect
+// only; a sandbox handed to its next holder closes the connection.
+func (o *ChannelOps) Dial(ctx context.Context, port int) (net.Conn, error) {
+	if port <= 0 || port > 65535 {
+		return nil, fmt.Errorf("dial in sandbox: %w: port %d out of range 1-65535", ErrInvalid, port)
+	}
+	end, err := o.Begin()
+	if err != nil {
+		return nil, err
+	}
+	defer end()
+	c := o.Conn
+	id, cl, err := c.open(agent.Request{Op: agent.OpDial, Port: port})
+	if err != nil {
+		return nil, o.owner.Wrap("dial", err)
+	}
+	var info agent.AcceptInfo
+	select {
+	case b, ok := <-cl.data:
+		if !ok {
+			err = fmt.Errorf("%w: agent ended the dial stream", ErrUnavailable)
+		} else if jerr := json.Unmarshal(b, &info); jerr != nil {
+			err = fmt.Errorf("%w: bad dial answer %q", ErrUnavailable, b)
+		}
+	case resp := <-cl.resp:
+		err = responseError(fmt.Sprintf("dial 127.0.0.1:%d", port), resp)
+		if err == nil {
+			err = fmt.Errorf("%w: agent answered dial without a connection", ErrUnavailable)
+		}
+		if resp.Code == agent.CodeInvalid && resp.Err == fmt.Sprintf("unknown op %q", agent.OpDial) {
+			err = fmt.Errorf("%w: this sandbox's agent cannot dial (stale rollout-agent binary?): %w", ErrInvalid, errors.ErrUnsupported)
+		}
+		c.forget(id, cl)
+		return nil, o.owner.Wrap("dial", err)
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-c.done:
+		err = fmt.Errorf("%w: %v", ErrUnavailable, c.Broken())
+	}
+	if err != nil {
+		if c.Broken() == nil {
+			_ = c.send(agent.FrameCancel, id, nil)
+		}
+		c.forget(id, cl)
+		return nil, o.owner.Wrap("dial", err)
+	}
+	tc := &tunnelConn{c: c, id: id, cl: cl, local: TunnelAddr{Addr: "host"}, remote: TunnelAddr{Addr: info.Remote},
+		closed: make(chan struct{}), rd: newDeadline(), wd: newDeadline()}
+	handedOn := fmt.Errorf("tunnel connection: %w: %w: sandbox handed to its next holder", net.ErrClosed, ErrClosed)
+	if !o.calls.onShut(tc, func() { tc.finish(handedOn, false) }) {
+		tc.finish(handedOn, false)
+		return nil, fmt.Errorf("dial: %w: handed to its next holder", ErrClosed)
+	}
+	tc.untrack = func() { o.calls.offShut(tc) }
+	return tc, nil
 }
 
 // open registers a call and sends its request; the caller reads cl's

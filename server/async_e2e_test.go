@@ -116,18 +116,7 @@ async: {max_staleness: %d, on_stale: regenerate, max_regenerations: 20}
 			c.until("the requested groups", func() bool { received.Store(int64(len(c.groups))); return len(c.groups) == groups })
 			close(stop)
 			wg.Wait()
-			if err := stream.CloseSend(); err != nil {
-				t.Fatal(err)
-			}
-			for {
-				more, err := c.recv()
-				if err != nil {
-					t.Fatalf("stream: %v", err)
-				}
-				if !more {
-					break
-				}
-			}
+			c.drain()
 			mu.Lock()
 			defer mu.Unlock()
 			if upErr != nil {

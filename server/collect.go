@@ -15,6 +15,7 @@ import (
 	"github.com/rollout-rl/rollout/assemble"
 	"github.com/rollout-rl/rollout/datasets"
 	rolloutv1 "github.com/rollout-rl/rollout/gen/rollout/v1"
+	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/internal/util/netpolicy"
 	"github.com/rollout-rl/rollout/runner"
 )
@@ -416,7 +417,18 @@ func (c *collector) handle(msg *rolloutv1.CollectGroupsRequest) error {
 func (c *collector) groupOptions(reqID string, policy *int64, samplingJSON string, field string) (runner.GroupOptions, error) {
 	o := runner.GroupOptions{PolicyVersion: policy, RequestID: reqID}
 	if strings.TrimSpace(samplingJSON) != "" {
-		smp := c.j.Runner.Config().Sampling
+		// A deep copy of the run's sampling: decoding onto the config's
+		// own pointers and maps would change the run's sampler for every
+		// later group (a trainer's temperature written through
+		// Sampling.Temperature).
+		var smp inference.Sampling
+		base, err := json.Marshal(c.j.Runner.Config().Sampling)
+		if err == nil {
+			err = json.Unmarshal(base, &smp)
+		}
+		if err != nil {
+			return o, status.Errorf(codes.Internal, "copy the run's sampling: %v", err)
+		}
 		dec := json.NewDecoder(strings.NewReader(samplingJSON))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&smp); err != nil {

@@ -74,6 +74,23 @@ func (c *collectClient) until(what string, cond func() bool) {
 	}
 }
 
+// drain closes the send side and reads until the service ends the stream.
+func (c *collectClient) drain() {
+	c.t.Helper()
+	if err := c.stream.CloseSend(); err != nil {
+		c.t.Fatal(err)
+	}
+	for {
+		more, err := c.recv()
+		if err != nil {
+			c.t.Fatalf("stream: %v", err)
+		}
+		if !more {
+			return
+		}
+	}
+}
+
 func (c *collectClient) settled(groups, queued int) func() bool {
 	return func() bool {
 		return len(c.groups) == groups && c.last != nil && c.last.InFlight == 0 && int(c.last.Queued) == queued && int(c.last.Sent) == groups
@@ -130,18 +147,7 @@ func TestCollectGroupsCredits(t *testing.T) {
 
 	// Closing the send side ends the stream once nothing is in flight; the
 	// queued items were never granted, so they never run.
-	if err := stream.CloseSend(); err != nil {
-		t.Fatal(err)
-	}
-	for {
-		more, err := c.recv()
-		if err != nil {
-			t.Fatalf("stream: %v", err)
-		}
-		if !more {
-			break
-		}
-	}
+	c.drain()
 	if len(c.groups) != 6 || c.granted != 6 {
 		t.Fatalf("%d groups for %d credits, want 6", len(c.groups), c.granted)
 	}

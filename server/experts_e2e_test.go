@@ -50,18 +50,7 @@ limits: {groups_in_flight: 1}
 				ConfigYaml: cfg, InitialCredits: 2, StreamId: "moe-" + backend}}})
 			c.send(&rolloutv1.CollectGroupsRequest{Msg: &rolloutv1.CollectGroupsRequest_Next{Next: &rolloutv1.CollectNext{RequestId: "r", Count: 2}}})
 			c.until("2 groups", func() bool { return len(c.groups) == 2 })
-			if err := stream.CloseSend(); err != nil {
-				t.Fatal(err)
-			}
-			for {
-				more, err := c.recv()
-				if err != nil {
-					t.Fatalf("stream: %v", err)
-				}
-				if !more {
-					break
-				}
-			}
+			c.drain()
 			checked := 0
 			for _, g := range c.groups {
 				for _, ro := range g.Rollouts {

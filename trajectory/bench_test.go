@@ -54,3 +54,47 @@ func BenchmarkEncodeAtroposJSONL8k(b *testing.B) {
 	}
 	b.ReportMetric(float64(rows)/b.Elapsed().Seconds(), "rows/s")
 }
+
+// BenchmarkEncodeTrainerJSONL8k encodes the same 8k-token records as each
+// trainer export, beside Atropos JSONL (the baseline of the same run):
+// rows/s and output bytes per row.
+func BenchmarkEncodeTrainerJSONL8k(b *testing.B) {
+	recs := syntheticBatch(64, 8192)
+	for _, c := range []struct {
+		name  string
+		write func(io.Writer) (trajectory.ExportStats, error)
+	}{
+		{"atropos", func(w io.Writer) (trajectory.ExportStats, error) {
+			return trajectory.WriteAtropos(w, recs, trajectory.AtroposOptions{IncludeMessages: true})
+		}},
+		{"verl", func(w io.Writer) (trajectory.ExportStats, error) {
+			return trajectory.WriteVerl(w, recs, trajectory.Filter{})
+		}},
+		{"skyrl", func(w io.Writer) (trajectory.ExportStats, error) {
+			return trajectory.WriteSkyRL(w, recs, trajectory.Filter{})
+		}},
+		{"nemo-gym", func(w io.Writer) (trajectory.ExportStats, error) {
+			return trajectory.WriteNeMoGym(w, recs, trajectory.Filter{})
+		}},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			var rows int
+			var n countingWriter
+			for b.Loop() {
+				if _, err := c.write(&n); err != nil {
+					b.Fatal(err)
+				}
+				rows += len(recs)
+			}
+			b.ReportMetric(float64(rows)/b.Elapsed().Seconds(), "rows/s")
+			b.ReportMetric(float64(n)/float64(rows), "bytes/row")
+		})
+	}
+}
+
+type countingWriter int64
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	*c += countingWriter(len(p))
+	return len(p), nil
+}

@@ -214,20 +214,12 @@ func ShareGPT(r *Record) ([]ShareGPTTurn, error) {
 // toolsSystemBlock states the available functions the way Hermes-format
 // models were trained to see them.
 func toolsSystemBlock(r *Record) (string, error) {
-	raw, err := rawTools(r)
-	if err != nil || raw == nil {
+	tools, err := functionTools(r)
+	if err != nil {
 		return "", err
 	}
-	var tools []struct {
-		Type     string `json:"type"`
-		Function struct {
-			Name        string          `json:"name"`
-			Description string          `json:"description"`
-			Parameters  json.RawMessage `json:"parameters"`
-		} `json:"function"`
-	}
-	if err := json.Unmarshal(raw, &tools); err != nil {
-		return "", fmt.Errorf("%s: tools column is not a list of function tools: %w", recordRef(r), err)
+	if tools == nil {
+		return "", nil
 	}
 	var sigs []string
 	for _, t := range tools {
@@ -243,6 +235,30 @@ func toolsSystemBlock(r *Record) (string, error) {
 	}
 	return "You can call functions to help with the task. Their signatures are listed inside <tools></tools>:\n<tools>\n[" +
 		strings.Join(sigs, ", ") + "]\n</tools>\nTo call a function, write a JSON object with \"name\" and \"arguments\" inside <tool_call></tool_call> tags.", nil
+}
+
+// functionTool is an OpenAI chat function tool of the tools column.
+type functionTool struct {
+	Type     string `json:"type"`
+	Function struct {
+		Name        string          `json:"name"`
+		Description string          `json:"description"`
+		Parameters  json.RawMessage `json:"parameters"`
+		Strict      bool            `json:"strict"`
+	} `json:"function"`
+}
+
+// functionTools parses the tools column; nil when it has none.
+func functionTools(r *Record) ([]functionTool, error) {
+	raw, err := rawTools(r)
+	if err != nil || raw == nil {
+		return nil, err
+	}
+	var tools []functionTool
+	if err := json.Unmarshal(raw, &tools); err != nil {
+		return nil, fmt.Errorf("%s: tools column is not a list of function tools: %w", recordRef(r), err)
+	}
+	return tools, nil
 }
 
 func mustJSON(v any) []byte {
@@ -478,47 +494,6 @@ type ScoredDataGroup struct {
 	RoutedExperts [][][][]uint16 `json:"routed_experts,omitempty"`
 }
 
-// atroposExperts fills the group's routed_experts from its records, which
-// must all carry routing of one layers × topk shape, or none.
-func atroposExperts(sd *ScoredDataGroup, g []*Record) error {
-	with := 0
-	for _, r := range g {
-		if len(r.RoutedExpertsShape) > 0 {
-			with++
-		}
-	}
-	if with == 0 {
-		return nil
-	}
-	if with != len(g) {
-		return fmt.Errorf("group %s: %d of %d records carry routed experts; a trainer replaying routing needs all or none", g[0].GroupID, with, len(g))
-	}
-	var layers, topk int
-	for i, r := range g {
-		sh := r.RoutedExpertsShape
-		if len(sh) != 3 || sh[0] < 0 || sh[1] <= 0 || sh[2] <= 0 || int(sh[0]) > len(r.Tokens) || len(r.RoutedExperts) != int(sh[0])*int(sh[1])*int(sh[2]) {
-			return fmt.Errorf("%s: routed_experts_shape %v does not fit %d experts and %d tokens", recordRef(r), sh, len(r.RoutedExperts), len(r.Tokens))
-		}
-		if i == 0 {
-			layers, topk = int(sh[1]), int(sh[2])
-		} else if int(sh[1]) != layers || int(sh[2]) != topk {
-			return fmt.Errorf("%s: routed experts of %d layers × top-%d, the group's first record has %d × %d", recordRef(r), sh[1], sh[2], layers, topk)
-		}
-		rows := make([][][]uint16, len(r.Tokens))
-		flat := make([]uint16, len(r.Tokens)*layers*topk)
-		copy(flat, r.RoutedExperts)
-		for p := range rows {
-			rows[p] = make([][]uint16, layers)
-			for l := range layers {
-				off := (p*layers + l) * topk
-				rows[p][l] = flat[off : off+topk : off+topk]
-			}
-		}
-		sd.RoutedExperts = append(sd.RoutedExperts, rows)
-	}
-	return nil
-}
-
 // atroposDistill fills the group's distill_* from its records: K is the
 // widest teacher list; positions (and records) without data get K zeros.
 func atroposDistill(sd *ScoredDataGroup, g []*Record) {
@@ -556,22 +531,7 @@ var ErrNoTokens = errors.New("record has no token ids")
 // advantage; a group with more sequences than GroupSize says so in
 // group_overrides.group_size.
 func AtroposGroups(recs []Record, opts AtroposOptions) ([]ScoredDataGroup, ExportStats, error) {
-	st := ExportStats{Read: len(recs)}
-	var ok []Record
-	for i := range recs {
-		r := &recs[i]
-		switch {
-		case r.Status != StatusOK:
-			st.Filtered++
-		case len(r.Tokens) == 0 && r.PromptTokens == 0 && r.CompletionTokens == 0:
-			// Nothing was generated at all: a harness that never called
-			// the model (stop reason harness_no_calls). Data, with nothing
-			// to train on; not a chat-mode run (whose rows count tokens).
-			st.Filtered++
-		default:
-			ok = append(ok, *r)
-		}
-	}
+	ok, st := trainableRecords(recs, Filter{})
 	groups := groupRecords(ok)
 	size := opts.GroupSize
 	if size == 0 {
@@ -635,9 +595,11 @@ func AtroposGroups(recs []Record, opts AtroposOptions) ([]ScoredDataGroup, Expor
 			sd.GroupOverrides = map[string]any{"group_size": len(g)}
 		}
 		atroposDistill(&sd, g)
-		if err := atroposExperts(&sd, g); err != nil {
+		experts, err := groupExperts(g)
+		if err != nil {
 			return nil, st, err
 		}
+		sd.RoutedExperts = experts
 		out = append(out, sd)
 		st.Written++
 	}
@@ -673,21 +635,5 @@ func atroposMessages(r *Record) ([]json.RawMessage, error) {
 // Atropos' data_path_to_save_groups files and of /scored_data bodies.
 func WriteAtropos(out io.Writer, recs []Record, opts AtroposOptions) (ExportStats, error) {
 	groups, st, err := AtroposGroups(recs, opts)
-	if err != nil {
-		return st, err
-	}
-	bw := bufio.NewWriter(out)
-	for i := range groups {
-		b, err := marshalNoEscape(&groups[i])
-		if err != nil {
-			return st, fmt.Errorf("encode group %d: %w", i, err)
-		}
-		if _, err := bw.Write(b); err != nil {
-			return st, fmt.Errorf("write atropos export: %w", err)
-		}
-	}
-	if err := bw.Flush(); err != nil {
-		return st, fmt.Errorf("write atropos export: %w", err)
-	}
-	return st, nil
+	return writeLines(out, "atropos", groups, st, err)
 }

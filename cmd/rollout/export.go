@@ -18,14 +18,18 @@ func init() { register(newExportCmd) }
 func newExportCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "export KIND RUN_DIR -o FILE",
-		Short: "Export a run's trajectories as SFT, DPO, Atropos or eval data",
+		Short: "Export a run's trajectories as SFT, DPO, Atropos, verl, SkyRL, NeMo Gym or eval data",
 		Long: "Read the Parquet trajectories of RUN_DIR (or one part file) and write training or eval data.\n" +
-			"Kinds: sft, dpo, atropos, eval. Infra failures are never exported as training data unless\n" +
-			"--include-failed is given (sft, dpo). See docs/trajectory-schema.md.",
+			"Kinds: sft, dpo, atropos, verl, skyrl, nemo-gym, eval. Infra failures are never exported as training\n" +
+			"data unless --include-failed is given (sft, dpo). See docs/trajectory-schema.md.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
 	}
-	cmd.AddCommand(newExportSFTCmd(), newExportDPOCmd(), newExportAtroposCmd(), newExportEvalCmd())
+	cmd.AddCommand(newExportSFTCmd(), newExportDPOCmd(), newExportAtroposCmd(),
+		newExportTrainerCmd("verl", "verl AgentLoopOutput JSONL: one sample per rollout (and per session branch)", trajectory.WriteVerl),
+		newExportTrainerCmd("skyrl", "SkyRL GeneratorOutput JSONL: one group per line", trajectory.WriteSkyRL),
+		newExportTrainerCmd("nemo-gym", "NeMo Gym rollouts JSONL: Responses output items with token fields, reward", trajectory.WriteNeMoGym),
+		newExportEvalCmd())
 	return cmd
 }
 
@@ -92,6 +96,25 @@ func requireOutput(cmd *cobra.Command, out string) error {
 	return nil
 }
 
+// exportRun reads the run at dir, writes the export through writeOutput
+// and reports its counts.
+func exportRun(cmd *cobra.Command, what, dir, out string, write func(io.Writer, []trajectory.Record) (trajectory.ExportStats, error)) error {
+	recs, err := loadRun(cmd, dir)
+	if err != nil {
+		return err
+	}
+	var st trajectory.ExportStats
+	err = writeOutput(out, func(w io.Writer) error {
+		st, err = write(w, recs)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	reportStats(cmd, what, out, st)
+	return nil
+}
+
 func reportStats(cmd *cobra.Command, what, out string, st trajectory.ExportStats) {
 	fmt.Fprintf(cmd.ErrOrStderr(), "%s: read %d rollouts, filtered %d, duplicates %d, skipped %d, wrote %d lines to %s\n",
 		what, st.Read, st.Filtered, st.Duplicates, st.Skipped, st.Written, out)
@@ -115,20 +138,9 @@ func newExportSFTCmd() *cobra.Command {
 				return usageError(cmd, fmt.Errorf("--format %q: want sharegpt or messages", format))
 			}
 			applyMinReward(cmd, &f, minReward)
-			recs, err := loadRun(cmd, args[0])
-			if err != nil {
-				return err
-			}
-			var st trajectory.ExportStats
-			err = writeOutput(out, func(w io.Writer) error {
-				st, err = trajectory.WriteSFT(w, recs, format, f)
-				return err
+			return exportRun(cmd, "sft", args[0], out, func(w io.Writer, recs []trajectory.Record) (trajectory.ExportStats, error) {
+				return trajectory.WriteSFT(w, recs, format, f)
 			})
-			if err != nil {
-				return err
-			}
-			reportStats(cmd, "sft", out, st)
-			return nil
 		},
 	}
 	cmd.Flags().StringVarP(&out, "output", "o", "", "output JSONL file (- for stdout)")
@@ -155,20 +167,9 @@ func newExportDPOCmd() *cobra.Command {
 				return usageError(cmd, fmt.Errorf("--min-margin %v: must be >= 0", opts.MinMargin))
 			}
 			applyMinReward(cmd, &opts.Filter, minReward)
-			recs, err := loadRun(cmd, args[0])
-			if err != nil {
-				return err
-			}
-			var st trajectory.ExportStats
-			err = writeOutput(out, func(w io.Writer) error {
-				st, err = trajectory.WriteDPO(w, recs, opts)
-				return err
+			return exportRun(cmd, "dpo", args[0], out, func(w io.Writer, recs []trajectory.Record) (trajectory.ExportStats, error) {
+				return trajectory.WriteDPO(w, recs, opts)
 			})
-			if err != nil {
-				return err
-			}
-			reportStats(cmd, "dpo", out, st)
-			return nil
 		},
 	}
 	cmd.Flags().StringVarP(&out, "output", "o", "", "output JSONL file (- for stdout)")
@@ -204,20 +205,9 @@ func newExportAtroposCmd() *cobra.Command {
 				}
 				opts.EnvID = &envID
 			}
-			recs, err := loadRun(cmd, args[0])
-			if err != nil {
-				return err
-			}
-			var st trajectory.ExportStats
-			err = writeOutput(out, func(w io.Writer) error {
-				st, err = trajectory.WriteAtropos(w, recs, opts)
-				return err
+			return exportRun(cmd, "atropos", args[0], out, func(w io.Writer, recs []trajectory.Record) (trajectory.ExportStats, error) {
+				return trajectory.WriteAtropos(w, recs, opts)
 			})
-			if err != nil {
-				return err
-			}
-			reportStats(cmd, "atropos", out, st)
-			return nil
 		},
 	}
 	cmd.Flags().StringVarP(&out, "output", "o", "", "output JSONL file (- for stdout)")
@@ -225,6 +215,41 @@ func newExportAtroposCmd() *cobra.Command {
 	cmd.Flags().IntVar(&opts.GroupSize, "group-size", 0, "registered group size; shorter groups get group_overrides (0 = largest group)")
 	cmd.Flags().BoolVar(&opts.ZeroAdvantageOnTruncation, "zero-truncated", false, "set overrides.set_advantage_to_zero for length-truncated rollouts")
 	cmd.Flags().BoolVar(&opts.IncludeMessages, "messages", true, "include the conversations (messages)")
+	return cmd
+}
+
+// newExportTrainerCmd is a trainer-sample export (verl, skyrl, nemo-gym):
+// the same filters as sft except --include-failed and --dedupe, because
+// infra failures are never training data and samples are not deduplicated.
+func newExportTrainerCmd(kind, short string, write func(io.Writer, []trajectory.Record, trajectory.Filter) (trajectory.ExportStats, error)) *cobra.Command {
+	var (
+		out       string
+		f         trajectory.Filter
+		minReward float64
+	)
+	cmd := &cobra.Command{
+		Use:   kind + " RUN_DIR -o FILE",
+		Short: short,
+		Long: short + ".\nInfra failures and rollouts that generated nothing are always excluded; a run without token ids\n" +
+			"is refused (nemo-gym writes it without token fields). See docs/trajectory-schema.md, \"Trainer exports\".",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := requireOutput(cmd, out); err != nil {
+				return err
+			}
+			if f.TopK < 0 {
+				return usageError(cmd, fmt.Errorf("--top-k %d: must be >= 0", f.TopK))
+			}
+			applyMinReward(cmd, &f, minReward)
+			return exportRun(cmd, kind, args[0], out, func(w io.Writer, recs []trajectory.Record) (trajectory.ExportStats, error) {
+				return write(w, recs, f)
+			})
+		},
+	}
+	cmd.Flags().StringVarP(&out, "output", "o", "", "output JSONL file (- for stdout)")
+	cmd.Flags().Float64Var(&minReward, "min-reward", 0, "drop rollouts with a lower reward (only when set)")
+	cmd.Flags().IntVar(&f.TopK, "top-k", 0, "keep the K highest-reward rollouts of each group, with all their branches (0 = all)")
+	cmd.Flags().BoolVar(&f.FinishedOnly, "finished-only", false, "drop rollouts that did not finish naturally (truncated, max turns)")
 	return cmd
 }
 

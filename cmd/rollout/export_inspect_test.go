@@ -73,6 +73,9 @@ func TestExportAndInspectCommands(t *testing.T) {
 		{[]string{"export", "sft", run, "--include-failed", "-o", filepath.Join(out, "all.jsonl")}, "all.jsonl", 12},
 		{[]string{"export", "dpo", run, "--min-margin", "1", "-o", filepath.Join(out, "dpo.jsonl")}, "dpo.jsonl", 3},
 		{[]string{"export", "atropos", run, "--env-id", "0", "-o", filepath.Join(out, "atropos.jsonl")}, "atropos.jsonl", 3},
+		{[]string{"export", "verl", run, "-o", filepath.Join(out, "verl.jsonl")}, "verl.jsonl", 11},
+		{[]string{"export", "skyrl", run, "--top-k", "2", "-o", filepath.Join(out, "skyrl.jsonl")}, "skyrl.jsonl", 3},
+		{[]string{"export", "nemo-gym", run, "--min-reward", "1", "-o", filepath.Join(out, "nemo.jsonl")}, "nemo.jsonl", 7},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args[:2], " ")+" "+tt.file, func(t *testing.T) {
@@ -88,6 +91,23 @@ func TestExportAndInspectCommands(t *testing.T) {
 	groups := jsonLines(t, filepath.Join(out, "atropos.jsonl"))
 	if g := groups[1]; len(g["tokens"].([]any)) != 3 || g["group_overrides"].(map[string]any)["group_size"] != 3.0 || g["env_id"] != 0.0 {
 		t.Errorf("short group: %v %v", g["group_overrides"], g["env_id"])
+	}
+
+	// Trainer exports: token fields where each framework reads them.
+	if l := jsonLines(t, filepath.Join(out, "verl.jsonl"))[0]; len(l["response_mask"].([]any)) != len(l["response_ids"].([]any)) {
+		t.Errorf("verl: response_mask and response_ids differ in length")
+	}
+	if g := jsonLines(t, filepath.Join(out, "skyrl.jsonl"))[0]; len(g["response_ids"].([]any)) != 2 || len(g["loss_masks"].([]any)) != 2 {
+		t.Errorf("skyrl: top-2 group has %d trajectories", len(g["response_ids"].([]any)))
+	}
+	gens := 0
+	for _, it := range jsonLines(t, filepath.Join(out, "nemo.jsonl"))[0]["response"].(map[string]any)["output"].([]any) {
+		if _, ok := it.(map[string]any)["generation_token_ids"]; ok {
+			gens++
+		}
+	}
+	if gens == 0 {
+		t.Errorf("nemo-gym: no output item carries generation_token_ids")
 	}
 
 	stdout, msg, code := runRolloutCmd(t, "export", "eval", run, "-o", filepath.Join(out, "eval"))
@@ -137,6 +157,10 @@ func TestExportInspectBadInput(t *testing.T) {
 		{[]string{"export", "sft", run}, 2, "-o FILE is required"},
 		{[]string{"export", "sft", run, "-o", "x", "--format", "alpaca"}, 2, `--format "alpaca"`},
 		{[]string{"export", "eval", run}, 2, "-o DIR is required"},
+		{[]string{"export", "verl", run, "-o", filepath.Join(t.TempDir(), "x.jsonl")}, 1, part + ": truncated or corrupt"},
+		{[]string{"export", "skyrl", run}, 2, "-o FILE is required"},
+		{[]string{"export", "nemo-gym", run, "-o", "x", "--top-k", "-1"}, 2, "--top-k -1: must be >= 0"},
+		{[]string{"export", "verl", missing, "-o", "x"}, 1, missing},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args[:2], " "), func(t *testing.T) {

@@ -29,25 +29,26 @@ import argparse
 import json
 import math
 import os
-import queue
 import shlex
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
 
-import grpc
 import numpy as np
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "python"))
+try:
+    import rollout
+except ImportError:  # not installed: the checkout's package (python/)
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+    import rollout
 
 import tiny_qwen3  # noqa: E402
-from rollout_example import full_token_columns  # noqa: E402
+from rollout import Client, RolloutError  # noqa: E402
 
 EXIT_AGREEMENT = 2
 EXIT_MISALIGNED = 3
@@ -86,13 +87,14 @@ def rollouts_of(group):
     advantage, in a group that was not dropped."""
     if group.dropped:
         return []
-    pv = group.policy_version if group.HasField("policy_version") else None
+    pv = group.policy_version
     out = []
     for r in group.rollouts:
-        if r.status != "ok" or not r.HasField("advantage"):
+        if not r.ok or r.advantage is None:
             continue
-        mask, logprobs = full_token_columns(r)  # the stream uses the compact token layout
-        out.append(Rollout(group.group_id, r.index, r.tokens, mask, logprobs, r.advantage, r.reward, pv))
+        # The package expanded the compact token layout the stream uses;
+        # logprobs are [] when the engine returned none.
+        out.append(Rollout(group.group_id, r.index, r.tokens, r.loss_mask, r.logprobs or [], r.advantage, r.reward, pv))
     return out
 
 
@@ -194,42 +196,26 @@ def engine_probe(endpoint, model, prompt_ids):
 class Collector:
     """One CollectGroups stream for the whole run."""
 
-    def __init__(self, pb, stub, config_yaml, per_step, timeout):
-        self.pb = pb
+    def __init__(self, client, config_yaml, per_step, timeout):
         self.per_step = per_step
-        self.outbox = queue.Queue()
-
-        def requests():
-            while True:
-                msg = self.outbox.get()
-                if msg is None:
-                    return
-                yield msg
-
-        self.outbox.put(pb.CollectGroupsRequest(start=pb.CollectStart(config_yaml=config_yaml, initial_credits=per_step,
-                                                                             token_layout=pb.TOKEN_LAYOUT_COMPACT)))
-        self.stream = stub.CollectGroups(requests(), timeout=timeout)
+        self.timeout = timeout
+        self.stream = client.collect(config_yaml, initial_credits=per_step, timeout=timeout)
 
     def collect(self, step, items, policy_version):
-        pb = self.pb
         rid = "step-%d" % step
         if step > 0:
-            self.outbox.put(pb.CollectGroupsRequest(credit=pb.CollectCredit(groups=self.per_step)))
-        self.outbox.put(pb.CollectGroupsRequest(items=pb.CollectItems(
-            request_id=rid, items_json=[json.dumps(it) for it in items], policy_version=policy_version)))
+            self.stream.credit(self.per_step)
+        self.stream.items(items, request_id=rid, policy_version=policy_version)
         groups = []
         while len(groups) < len(items):
-            resp = next(self.stream)
-            if resp.WhichOneof("msg") != "group":
-                continue
-            g = resp.group
+            g = self.stream.get(timeout=self.timeout)
             if g.request_id != rid:
                 raise RuntimeError("group %s of request %r arrived during %s" % (g.group_id, g.request_id, rid))
             groups.append(g)
         return groups
 
     def close(self):
-        self.outbox.put(None)
+        self.stream.cancel()
 
 
 def run_config(args):
@@ -342,8 +328,6 @@ def items_for(step, args):
 
 
 def run(args):
-    from rollout_example import generate_stubs
-
     t0 = time.time()
     torch.manual_seed(args.seed)
     np.random.seed(args.seed)
@@ -361,61 +345,57 @@ def run(args):
 
     metrics, deltas = [], []
     unscored_total = 0
-    with tempfile.TemporaryDirectory(prefix="grpo-stubs-") as stubs:
-        pb, rpc = generate_stubs(args.proto_root, stubs)
-        channel = grpc.insecure_channel(args.addr, options=[("grpc.max_receive_message_length", 64 << 20)])
-        with channel:
-            grpc.channel_ready_future(channel).result(timeout=60)
-            stub = rpc.RolloutServiceStub(channel)
-            col = Collector(pb, stub, run_config(args), args.groups_per_step, args.timeout)
-            try:
-                for step in range(args.steps):
-                    ts = time.time()
-                    version = step
-                    groups = col.collect(step, items_for(step, args), version)
-                    tc = time.time() - ts
-                    rewards = [r.reward for g in groups for r in g.rollouts if r.status == "ok"]
-                    failed = sum(1 for g in groups for r in g.rollouts if r.status != "ok")
-                    # Sampled ids the engine gave no logprob (untrained):
-                    # rollout's llama.cpp scoring pass leaves none.
-                    unscored_total += sum(r.unscored_tokens for g in groups for r in g.rollouts if r.status == "ok")
-                    if not rewards:
-                        bad = [r for g in groups for r in g.rollouts]
-                        raise RuntimeError("step %d: no rollout succeeded (%d failed; first: %s: %s)"
-                                           % (step, len(bad), bad[0].failure_kind if bad else "-",
-                                              bad[0].failure_message if bad else "no rollouts"))
-                    rollouts = [r for g in groups for r in rollouts_of(g)]
-                    if args.corrupt != "none":
-                        corrupt(rollouts, args.corrupt)
-                    for r in rollouts:
-                        check_aligned(r, n_vocab, version)
-                    mean_reward = float(np.mean(rewards)) if rewards else 0.0
-                    if not rollouts:
-                        # Every group had equal rewards: nothing to learn from.
-                        ntok, sd = 0, []
-                    else:
-                        ntok, sd = grpo_step(model, opt, rollouts, args, deltas)
-                    tt = time.time() - ts - tc
-                    tiny_qwen3.save(model, args.policy)
-                    if args.reload_cmd:
-                        subprocess.run(args.reload_cmd, shell=True, check=True, stdout=subprocess.DEVNULL)
-                    wait_healthy(args.endpoint, args.reload_timeout)
-                    probe = engine_probe(args.endpoint, model, probe_ids)
-                    if probe > args.agreement_tol:
-                        raise CheckFailed(EXIT_AGREEMENT, "after step %d the engine does not serve the new weights: probe |delta| %.3g" % (step, probe))
-                    m = {"step": step, "policy_version": version, "mean_reward": mean_reward, "rollouts": len(rewards),
-                         "infra_failed": failed, "trained_rollouts": len(rollouts), "trained_tokens": ntok,
-                         "collect_s": round(tc, 3), "train_s": round(tt, 3), "reload_s": round(time.time() - ts - tc - tt, 3),
-                         "probe_delta": probe}
-                    if sd:
-                        m["agreement"] = summary(sd)
-                    metrics.append(m)
-                    print("step %d policy_version=%d mean_reward=%.3f rollouts=%d trained_tokens=%d p99_delta=%.2e "
-                          "collect=%.1fs train=%.1fs reload=%.1fs"
-                          % (step, version, mean_reward, len(rewards), ntok, m.get("agreement", {}).get("p99", 0.0),
-                             tc, tt, m["reload_s"]), flush=True)
-            finally:
-                col.close()
+    with Client(args.addr) as client:
+        client.wait_ready(60)
+        col = Collector(client, run_config(args), args.groups_per_step, args.timeout)
+        try:
+            for step in range(args.steps):
+                ts = time.time()
+                version = step
+                groups = col.collect(step, items_for(step, args), version)
+                tc = time.time() - ts
+                rewards = [r.reward for g in groups for r in g.rollouts if r.status == "ok"]
+                failed = sum(1 for g in groups for r in g.rollouts if r.status != "ok")
+                # Sampled ids the engine gave no logprob (untrained):
+                # rollout's llama.cpp scoring pass leaves none.
+                unscored_total += sum(r.raw.unscored_tokens for g in groups for r in g.rollouts if r.ok)
+                if not rewards:
+                    bad = [r for g in groups for r in g.rollouts]
+                    raise RuntimeError("step %d: no rollout succeeded (%d failed; first: %s: %s)"
+                                       % (step, len(bad), bad[0].failure_kind if bad else "-",
+                                          bad[0].failure_message if bad else "no rollouts"))
+                rollouts = [r for g in groups for r in rollouts_of(g)]
+                if args.corrupt != "none":
+                    corrupt(rollouts, args.corrupt)
+                for r in rollouts:
+                    check_aligned(r, n_vocab, version)
+                mean_reward = float(np.mean(rewards)) if rewards else 0.0
+                if not rollouts:
+                    # Every group had equal rewards: nothing to learn from.
+                    ntok, sd = 0, []
+                else:
+                    ntok, sd = grpo_step(model, opt, rollouts, args, deltas)
+                tt = time.time() - ts - tc
+                tiny_qwen3.save(model, args.policy)
+                if args.reload_cmd:
+                    subprocess.run(args.reload_cmd, shell=True, check=True, stdout=subprocess.DEVNULL)
+                wait_healthy(args.endpoint, args.reload_timeout)
+                probe = engine_probe(args.endpoint, model, probe_ids)
+                if probe > args.agreement_tol:
+                    raise CheckFailed(EXIT_AGREEMENT, "after step %d the engine does not serve the new weights: probe |delta| %.3g" % (step, probe))
+                m = {"step": step, "policy_version": version, "mean_reward": mean_reward, "rollouts": len(rewards),
+                     "infra_failed": failed, "trained_rollouts": len(rollouts), "trained_tokens": ntok,
+                     "collect_s": round(tc, 3), "train_s": round(tt, 3), "reload_s": round(time.time() - ts - tc - tt, 3),
+                     "probe_delta": probe}
+                if sd:
+                    m["agreement"] = summary(sd)
+                metrics.append(m)
+                print("step %d policy_version=%d mean_reward=%.3f rollouts=%d trained_tokens=%d p99_delta=%.2e "
+                      "collect=%.1fs train=%.1fs reload=%.1fs"
+                      % (step, version, mean_reward, len(rewards), ntok, m.get("agreement", {}).get("p99", 0.0),
+                         tc, tt, m["reload_s"]), flush=True)
+        finally:
+            col.close()
 
     wall = time.time() - t0
     k = max(1, min(args.window, args.steps // 2))
@@ -470,7 +450,6 @@ def main():
     ap.add_argument("--window", type=int, default=2, help="steps averaged at each end for the rise")
     ap.add_argument("--corrupt", choices=CORRUPTIONS, default="none", help="break one field on purpose (tests)")
     ap.add_argument("--timeout", type=float, default=1200, help="deadline of the CollectGroups stream, seconds")
-    ap.add_argument("--proto-root", default=os.path.normpath(os.path.join(HERE, "..", "..", "proto")))
     args = ap.parse_args()
     if args.temperature != 1.0:
         # llama-server's n_probs logprobs are a softmax of the raw logits
@@ -482,8 +461,8 @@ def main():
     except CheckFailed as e:
         print("FAILED: " + str(e), flush=True)
         return e.code
-    except grpc.RpcError as e:
-        print("ERROR: rollout serve: %s: %s" % (e.code().name, e.details()), flush=True)
+    except RolloutError as e:
+        print("ERROR: rollout serve: %s" % e, flush=True)
         return 1
     except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
         print("ERROR: %s" % e, flush=True)

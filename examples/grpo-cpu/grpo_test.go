@@ -52,13 +52,6 @@ const (
 	minRise       = 0.1
 )
 
-func python() string {
-	if p := os.Getenv("ROLLOUT_PYTHON"); p != "" {
-		return p
-	}
-	return "/usr/bin/python3"
-}
-
 func engineImage() string {
 	if s := os.Getenv("ROLLOUT_LLAMACPP_IMAGE"); s != "" {
 		return s
@@ -66,28 +59,19 @@ func engineImage() string {
 	return "rollout-llamacpp:sid"
 }
 
-// need skips (or, with CI=true, fails) the test with msg.
-func need(t *testing.T, msg string) {
-	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatal("CI=true: " + msg)
-	}
-	t.Skip(msg)
-}
-
 func requirePython(t *testing.T, modules string) {
 	t.Helper()
-	out, err := exec.Command(python(), "-c", "import "+modules).CombinedOutput()
+	out, err := exec.Command(proctest.Python(), "-c", "import "+modules).CombinedOutput()
 	if err != nil {
 		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-		need(t, fmt.Sprintf("%s cannot import %s (%v: %s); install python3-torch python3-numpy python3-matplotlib "+
-			"python3-grpcio python3-grpc-tools (scripts/ensure-python-torch.sh does it as root)", python(), modules, err, lines[len(lines)-1]))
+		proctest.Need(t, fmt.Sprintf("%s cannot import %s (%v: %s); install python3-torch python3-numpy python3-matplotlib "+
+			"python3-grpcio python3-protobuf (scripts/ensure-python-torch.sh and ensure-python-grpc.sh do it as root)", proctest.Python(), modules, err, lines[len(lines)-1]))
 	}
 }
 
 func TestPolicyUnit(t *testing.T) {
 	requirePython(t, "torch, numpy")
-	cmd := exec.Command(python(), "-m", "unittest", "-v", "test_tiny_qwen3")
+	cmd := exec.Command(proctest.Python(), "-m", "unittest", "-v", "test_tiny_qwen3")
 	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1")
 	out, err := cmd.CombinedOutput()
 	t.Logf("%s", out)
@@ -97,12 +81,12 @@ func TestPolicyUnit(t *testing.T) {
 }
 
 func TestGRPOLoop(t *testing.T) {
-	requirePython(t, "torch, numpy, matplotlib, grpc, grpc_tools")
+	requirePython(t, "torch, numpy, matplotlib, grpc")
 	if testing.Short() {
 		t.Skip("-short: skipping the GRPO loop")
 	}
 	if err := exec.Command("docker", "version").Run(); err != nil {
-		need(t, fmt.Sprintf("docker is not usable: %v", err))
+		proctest.Need(t, fmt.Sprintf("docker is not usable: %v", err))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
@@ -118,7 +102,7 @@ func TestGRPOLoop(t *testing.T) {
 			t.Skipf("engine image %s is missing and this build has no llamacpp recipe:\n%s", img, out)
 		}
 		if err != nil {
-			need(t, fmt.Sprintf("engine image %s is missing and could not be built: %v\n%s", img, err, out))
+			proctest.Need(t, fmt.Sprintf("engine image %s is missing and could not be built: %v\n%s", img, err, out))
 		}
 	}
 
@@ -148,7 +132,7 @@ func TestGRPOLoop(t *testing.T) {
 	reset()
 
 	t.Run("roundtrip", func(t *testing.T) {
-		cmd := exec.CommandContext(ctx, python(), "-m", "unittest", "test_tiny_qwen3.GGUFRoundTrip.test_engine_model_roundtrip_is_byte_identical")
+		cmd := exec.CommandContext(ctx, proctest.Python(), "-m", "unittest", "test_tiny_qwen3.GGUFRoundTrip.test_engine_model_roundtrip_is_byte_identical")
 		cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1", "ROLLOUT_TINY_GGUF="+original)
 		if out, err := cmd.CombinedOutput(); err != nil || !bytes.Contains(out, []byte("OK")) || bytes.Contains(out, []byte("skipped")) {
 			t.Fatalf("the engine's GGUF does not round-trip through the PyTorch model byte for byte: %v\n%s", err, out)
@@ -279,7 +263,7 @@ func checkReport(t *testing.T, out, dir string) {
 // code (-1 when it did not run to an exit).
 func runPy(ctx context.Context, t *testing.T, script string, args ...string) (string, int) {
 	t.Helper()
-	cmd := exec.CommandContext(ctx, python(), append([]string{script}, args...)...)
+	cmd := exec.CommandContext(ctx, proctest.Python(), append([]string{script}, args...)...)
 	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1")
 	cmd.WaitDelay = 10 * time.Second
 	out, err := cmd.CombinedOutput()

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import anthropic
 
@@ -44,8 +45,42 @@ def complete(client, model, messages, stream):
     kw = dict(model=model, max_tokens=256, system=SYSTEM, messages=messages, tools=TOOLS)
     if not stream:
         return client.messages.create(**kw)
-    with client.messages.stream(**kw) as s:
-        return s.get_final_message()
+    return accumulate(client.messages.create(stream=True, **kw))
+
+
+def accumulate(events):
+    """The message a raw event stream describes.
+
+    The SDK's messages.stream() helper would do this, but Debian sid's
+    python3-anthropic (1.9.0) ships without jiter, and its fallback
+    (pydantic_core.from_json(..., partial_mode=True)) raises TypeError on
+    the first input_json_delta: every streamed tool_use. The raw events are
+    the SDK's own typed stream all the same.
+    """
+    blocks, stop = {}, None
+    for ev in events:
+        if ev.type == "content_block_start":
+            b = ev.content_block
+            blocks[ev.index] = SimpleNamespace(type=b.type, text=getattr(b, "text", ""),
+                                               thinking=getattr(b, "thinking", ""), signature=getattr(b, "signature", ""),
+                                               id=getattr(b, "id", ""), name=getattr(b, "name", ""), input={}, json="")
+        elif ev.type == "content_block_delta":
+            b, d = blocks[ev.index], ev.delta
+            if d.type == "text_delta":
+                b.text += d.text
+            elif d.type == "thinking_delta":
+                b.thinking += d.thinking
+            elif d.type == "signature_delta":
+                b.signature += d.signature
+            elif d.type == "input_json_delta":
+                b.json += d.partial_json
+        elif ev.type == "content_block_stop":
+            b = blocks[ev.index]
+            if b.type == "tool_use":
+                b.input = json.loads(b.json) if b.json else {}
+        elif ev.type == "message_delta":
+            stop = ev.delta.stop_reason or stop
+    return SimpleNamespace(content=[blocks[i] for i in sorted(blocks)], stop_reason=stop)
 
 
 def history_blocks(msg):

@@ -88,9 +88,11 @@ def responses_loop(client, model, prompt, calls):
     for i in range(calls):
         r = client.responses.create(model=model, instructions=SYSTEM, input=items, tools=RESPONSES_TOOLS)
         answer = r.output_text or answer
+        # The reply's items first, then one output per call (a reply with
+        # parallel calls is echoed as it came, as Codex does).
+        items.extend(out.model_dump(exclude_none=True) for out in r.output)
         uses = 0
         for out in r.output:
-            items.append(out.model_dump(exclude_none=True))
             if out.type == "function_call":
                 uses += 1
                 items.append({"type": "function_call_output", "call_id": out.call_id,

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rollout-rl/rollout/internal/testkit/proctest"
 )
 
 // TestPythonAsyncTrainer runs examples/python/async_trainer.py: an
@@ -19,9 +21,9 @@ import (
 // BeginPolicyUpdate / weight load / EndPolicyUpdate while collection goes
 // on, in abort mode, checking the version and lag fields of every group.
 func TestPythonAsyncTrainer(t *testing.T) {
-	py := python()
-	if out, err := exec.Command(py, "-c", "import grpc, grpc_tools").CombinedOutput(); err != nil {
-		msg := fmt.Sprintf("%s cannot import grpc and grpc_tools (%v: %s)", py, err, strings.TrimSpace(string(out)))
+	py := proctest.Python()
+	if out, err := exec.Command(py, "-c", "import grpc, google.protobuf").CombinedOutput(); err != nil {
+		msg := fmt.Sprintf("%s cannot import grpc and google.protobuf (%v: %s)", py, err, strings.TrimSpace(string(out)))
 		if os.Getenv("CI") == "true" {
 			t.Fatal("CI=true: " + msg)
 		}
@@ -41,13 +43,13 @@ func TestPythonAsyncTrainer(t *testing.T) {
 	if err := os.Mkdir(dataDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	simPort := startProcess(ctx, t, "sim", func(port int) []string {
+	simPort := proctest.StartServer(ctx, t, "sim", func(port int) []string {
 		return []string{bin, "sim", "--env", "toolcall-match", "--host", "127.0.0.1", "--port", strconv.Itoa(port),
 			"--success-prob", "0.6", "--seed", "7", "--ttft", "50ms", "--per-token", "4ms"}
 	}, simHealthy)
-	servePort := startProcess(ctx, t, "serve", func(port int) []string {
+	servePort := proctest.StartServer(ctx, t, "serve", func(port int) []string {
 		return []string{bin, "serve", "--listen", "127.0.0.1:" + strconv.Itoa(port), "--data-dir", dataDir}
-	}, listening)
+	}, proctest.Listening)
 	const groups = 5
 	cmd := exec.CommandContext(ctx, py, "async_trainer.py",
 		"--addr", "127.0.0.1:"+strconv.Itoa(servePort), "--endpoint", "http://127.0.0.1:"+strconv.Itoa(simPort),

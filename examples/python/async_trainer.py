@@ -27,17 +27,19 @@ import argparse
 import json
 import math
 import os
-import queue
 import sys
-import tempfile
 import time
 import urllib.request
 import uuid
 
-import grpc
+HERE = os.path.dirname(os.path.abspath(__file__))
+try:
+    import rollout
+except ImportError:  # not installed: the checkout's package
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+    import rollout
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from rollout_example import DEFAULT_PROTO_ROOT, full_token_columns, generate_stubs  # noqa: E402
+from rollout import Client, RolloutError  # noqa: E402
 
 
 def config(args):
@@ -65,23 +67,23 @@ def load_weights(endpoint, version):
 
 
 def check_group(g, max_staleness):
-    """Returns a list of problems with the group's version fields."""
+    """Returns a list of problems with the group's (rollout.Group) version
+    fields."""
     bad = []
-    if not g.HasField("policy_lag") or not g.HasField("min_policy_version"):
+    if g.policy_lag is None or g.min_policy_version is None:
         bad.append("no version summary")
     elif g.policy_lag > max_staleness:
         bad.append("lag %d > max_staleness %d" % (g.policy_lag, max_staleness))
     for r in g.rollouts:
-        if r.status != "ok":
+        if not r.ok:
             continue
         if len(r.token_versions) != len(r.tokens):
             bad.append("rollout %d: %d versions for %d tokens" % (r.index, len(r.token_versions), len(r.tokens)))
             continue
-        mask, _ = full_token_columns(r)
-        sampled = [v for v, m in zip(r.token_versions, mask) if m]
+        sampled = [v for v, m in zip(r.token_versions, r.loss_mask) if m]
         if sampled and min(sampled) < g.min_policy_version:
             bad.append("rollout %d: a token older than the group's min_policy_version" % r.index)
-        for c in r.version_cuts:
+        for c in r.raw.version_cuts:
             if c.kind == "abort" and not (r.token_versions[c.position - 1] == getattr(c, "from")
                                           and r.token_versions[c.position] == c.to):
                 bad.append("rollout %d: cut at %d does not match the token versions" % (r.index, c.position))
@@ -94,10 +96,9 @@ def train_step(g):
     trainer recomputes current logprobs and takes exp(new - old))."""
     total, n = 0.0, 0
     for r in g.rollouts:
-        if r.status != "ok" or not r.HasField("advantage"):
+        if not r.ok or r.advantage is None or r.logprobs is None:
             continue
-        mask, logprobs = full_token_columns(r)
-        for lp, m in zip(logprobs, mask):
+        for lp, m in zip(r.logprobs, r.loss_mask):
             if m:
                 ratio = math.exp(lp - lp)  # new == old in this pretend step
                 total += ratio * r.advantage
@@ -116,66 +117,44 @@ def main():
     ap.add_argument("--in-flight", type=int, default=2, help="groups collected ahead of training")
     ap.add_argument("--max-staleness", type=int, default=1)
     ap.add_argument("--mode", default="abort", choices=["keep", "wait", "abort"])
-    ap.add_argument("--proto-root", default=DEFAULT_PROTO_ROOT)
     ap.add_argument("--wait", type=float, default=60)
     ap.add_argument("--timeout", type=float, default=600)
     args = ap.parse_args()
 
     stream_id = "async-trainer-" + uuid.uuid4().hex[:8]
-    with tempfile.TemporaryDirectory(prefix="rollout-stubs-") as stubs:
-        pb, rpc = generate_stubs(args.proto_root, stubs)
-        with grpc.insecure_channel(args.addr, options=[("grpc.max_receive_message_length", 64 << 20)]) as channel:
-            grpc.channel_ready_future(channel).result(timeout=args.wait)
-            stub = rpc.RolloutServiceStub(channel)
-            outbox = queue.Queue()
-
-            def requests():
-                while True:
-                    m = outbox.get()
-                    if m is None:
-                        return
-                    yield m
-
-            outbox.put(pb.CollectGroupsRequest(start=pb.CollectStart(
-                config_yaml=config(args), initial_credits=args.in_flight, stream_id=stream_id,
-                token_layout=pb.TOKEN_LAYOUT_COMPACT)))
-            outbox.put(pb.CollectGroupsRequest(next=pb.CollectNext(request_id="async", count=args.groups)))
-            version, received, updates, cuts, max_lag, problems = 0, 0, 0, 0, 0, []
-            last = None
-            try:
-                for resp in stub.CollectGroups(requests(), timeout=args.timeout):
-                    if resp.WhichOneof("msg") == "status":
-                        last = resp.status
-                        continue
-                    g = resp.group
-                    received += 1
-                    bad = check_group(g, args.max_staleness)
-                    problems += ["group %s: %s" % (g.group_id, b) for b in bad]
-                    n_cuts = sum(1 for r in g.rollouts for c in r.version_cuts if c.kind == "abort")
-                    cuts += n_cuts
-                    max_lag = max(max_lag, g.policy_lag)
-                    print("async group %s versions=[%d..%d] lag=%d cuts=%d regenerated=%d"
-                          % (g.group_id, g.min_policy_version, g.max_policy_version, g.policy_lag, n_cuts,
-                             g.regenerated), flush=True)
-                    train_step(g)
-                    if received == args.groups:
-                        outbox.put(None)
-                        continue
-                    # New weights go in while the other groups keep generating.
-                    version += 1
-                    begin = stub.BeginPolicyUpdate(pb.BeginPolicyUpdateRequest(
-                        job_id=stream_id, version=version, mode=args.mode), timeout=60)
+    version, received, updates, cuts, max_lag, problems = 0, 0, 0, 0, 0, []
+    with Client(args.addr, timeout=60) as client:
+        client.wait_ready(args.wait)
+        with client.collect(config(args), initial_credits=args.in_flight, stream_id=stream_id,
+                            timeout=args.timeout) as stream:
+            stream.next(args.groups, request_id="async")
+            while received < args.groups:
+                g = stream.get(timeout=args.timeout)
+                received += 1
+                bad = check_group(g, args.max_staleness)
+                problems += ["group %s: %s" % (g.group_id, b) for b in bad]
+                n_cuts = sum(1 for r in g.rollouts for c in r.raw.version_cuts if c.kind == "abort")
+                cuts += n_cuts
+                max_lag = max(max_lag, g.policy_lag or 0)
+                print("async group %s versions=[%d..%d] lag=%d cuts=%d regenerated=%d"
+                      % (g.group_id, g.min_policy_version, g.max_policy_version, g.policy_lag or 0, n_cuts,
+                         g.regenerated), flush=True)
+                train_step(g)
+                if received == args.groups:
+                    break
+                # New weights go in while the other groups keep generating.
+                version += 1
+                with client.policy_update(stream_id, version, mode=args.mode) as begin:
                     load_weights(args.endpoint, version)
-                    end = stub.EndPolicyUpdate(pb.EndPolicyUpdateRequest(job_id=stream_id, version=version), timeout=60)
-                    updates += 1
-                    print("update v%d mode=%s in_flight=%d pause_ms=%d resume_ms=%d"
-                          % (end.version, args.mode, begin.in_flight, begin.pause_ms, end.resume_ms), flush=True)
-                    outbox.put(pb.CollectGroupsRequest(credit=pb.CollectCredit(groups=1, trainer_version=version)))
-            finally:
-                outbox.put(None)
-            if last is not None:
-                print("status: policy_version=%d stale_dropped=%d stale_regenerated=%d stale_marked=%d"
-                      % (last.policy_version, last.stale_dropped, last.stale_regenerated, last.stale_marked), flush=True)
+                updates += 1
+                print("update v%d mode=%s in_flight=%d pause_ms=%d"
+                      % (version, args.mode, begin.in_flight, begin.pause_ms), flush=True)
+                stream.credit(1, trainer_version=version)
+            last = stream.status
+            stream.close()
+        if last is not None:
+            print("status: policy_version=%d stale_dropped=%d stale_regenerated=%d stale_marked=%d"
+                  % (last.policy_version, last.stale_dropped, last.stale_regenerated, last.stale_marked), flush=True)
     for p in problems:
         print("problem: " + p, flush=True)
     print("async: received %d/%d groups, %d updates, %d abort cuts, max lag %d <= %d"
@@ -188,5 +167,5 @@ def main():
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except grpc.RpcError as e:
-        sys.exit("rpc failed: %s: %s" % (e.code().name, e.details()))
+    except RolloutError as e:
+        sys.exit("rpc failed: %s" % e)

@@ -2,16 +2,16 @@
 // the rollout binary, starts `rollout sim` and `rollout serve` on free
 // loopback ports and runs the example with Debian's python3.
 //
-// The test skips when python3 cannot import grpc and grpc_tools, except
-// with CI=true, where it fails: `make test` installs python3-grpcio and
-// python3-grpc-tools first (scripts/ensure-python-grpc.sh).
+// The scripts use the rollout-client package from the checkout (python/).
+// The test skips when python3 cannot import grpc and google.protobuf,
+// except with CI=true, where it fails: `make test` installs python3-grpcio
+// and python3-protobuf first (scripts/ensure-python-grpc.sh).
 package pythonexample
 
 import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -19,7 +19,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -35,20 +34,11 @@ const (
 	groupSize = 4
 )
 
-// python is Debian's interpreter (ROLLOUT_PYTHON overrides it): the first
-// python3 on PATH may be a pyenv one that does not see Debian's packages.
-func python() string {
-	if p := os.Getenv("ROLLOUT_PYTHON"); p != "" {
-		return p
-	}
-	return "/usr/bin/python3"
-}
-
 func TestPythonExample(t *testing.T) {
-	py := python()
-	if out, err := exec.Command(py, "-c", "import grpc, grpc_tools").CombinedOutput(); err != nil {
+	py := proctest.Python()
+	if out, err := exec.Command(py, "-c", "import grpc, google.protobuf").CombinedOutput(); err != nil {
 		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-		msg := fmt.Sprintf("%s cannot import grpc and grpc_tools (%v: %s); install python3-grpcio and python3-grpc-tools "+
+		msg := fmt.Sprintf("%s cannot import grpc and google.protobuf (%v: %s); install python3-grpcio and python3-protobuf "+
 			"(scripts/ensure-python-grpc.sh does it as root)", py, err, lines[len(lines)-1])
 		if os.Getenv("CI") == "true" {
 			t.Fatal("CI=true: " + msg)
@@ -76,13 +66,13 @@ func TestPythonExample(t *testing.T) {
 	// the episodes, so rewards vary within a group. Its latency keeps the
 	// first group from finishing before the example's WatchJob starts
 	// (WatchJob does not replay earlier groups).
-	simPort := startProcess(ctx, t, "sim", func(port int) []string {
+	simPort := proctest.StartServer(ctx, t, "sim", func(port int) []string {
 		return []string{bin, "sim", "--env", "toolcall-match", "--host", "127.0.0.1", "--port", strconv.Itoa(port),
 			"--success-prob", "0.6", "--seed", "7", "--ttft", "500ms"}
 	}, simHealthy)
-	servePort := startProcess(ctx, t, "serve", func(port int) []string {
+	servePort := proctest.StartServer(ctx, t, "serve", func(port int) []string {
 		return []string{bin, "serve", "--listen", "127.0.0.1:" + strconv.Itoa(port), "--data-dir", dataDir}
-	}, listening)
+	}, proctest.Listening)
 
 	cmd := exec.CommandContext(ctx, py, "rollout_example.py",
 		"--addr", "127.0.0.1:"+strconv.Itoa(servePort),
@@ -174,80 +164,6 @@ func checkOutput(t *testing.T, out string) {
 	}
 }
 
-// startProcess starts a long-running child (argv from args) on a free
-// loopback port and waits until ready reports it serving. A child that
-// exits during startup (the port was taken in between) is retried on
-// another port. The child is stopped with SIGTERM (then SIGKILL) at the
-// end of the test.
-func startProcess(ctx context.Context, t *testing.T, name string, args func(port int) []string, ready func(port int) bool) int {
-	t.Helper()
-	var lastOut string
-	for attempt := 1; attempt <= 3; attempt++ {
-		port := proctest.FreePort(t)
-		argv := args(port)
-		cmd := exec.Command(argv[0], argv[1:]...)
-		out := &proctest.Buffer{}
-		cmd.Stdout, cmd.Stderr = out, out
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("start %s: %v", name, err)
-		}
-		exited := make(chan error, 1)
-		go func() { exited <- cmd.Wait() }()
-		stopped := false
-		t.Cleanup(func() {
-			if stopped {
-				return
-			}
-			_ = cmd.Process.Signal(syscall.SIGTERM)
-			select {
-			case err := <-exited:
-				if err != nil {
-					t.Logf("%s exited after SIGTERM: %v", name, err)
-				}
-			case <-time.After(time.Minute):
-				_ = cmd.Process.Kill()
-				<-exited
-				t.Errorf("%s ignored SIGTERM for a minute and was killed", name)
-			}
-			if t.Failed() {
-				t.Logf("%s output:\n%s", name, out.String())
-			}
-		})
-		if waitReady(ctx, t, name, port, exited, out, ready) {
-			return port
-		}
-		stopped = true
-		lastOut = out.String()
-	}
-	t.Fatalf("%s could not start:\n%s", name, lastOut)
-	return 0
-}
-
-// waitReady polls ready until it reports the child serving (true) or the
-// child exits (false).
-func waitReady(ctx context.Context, t *testing.T, name string, port int, exited <-chan error, out *proctest.Buffer, ready func(int) bool) bool {
-	t.Helper()
-	deadline := time.NewTimer(time.Minute)
-	defer deadline.Stop()
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		select {
-		case err := <-exited:
-			t.Logf("%s on port %d ended during startup (%v):\n%s", name, port, err, out.String())
-			return false
-		case <-deadline.C:
-			t.Fatalf("%s did not come up within a minute on port %d:\n%s", name, port, out.String())
-		case <-ctx.Done():
-			t.Fatalf("%s: %v", name, ctx.Err())
-		case <-tick.C:
-			if ready(port) {
-				return true
-			}
-		}
-	}
-}
-
 // probe checks the simulator's health without keeping connections (and
 // their goroutines) alive.
 var probe = &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
@@ -260,14 +176,4 @@ func simHealthy(port int) bool {
 	}
 	resp.Body.Close()
 	return resp.StatusCode == http.StatusOK
-}
-
-// listening: something accepts TCP connections on port (rollout serve).
-func listening(port int) bool {
-	c, err := net.DialTimeout("tcp", "127.0.0.1:"+strconv.Itoa(port), time.Second)
-	if err != nil {
-		return false
-	}
-	c.Close()
-	return true
 }

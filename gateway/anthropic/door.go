@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"strings"
 	"time"
@@ -52,10 +51,10 @@ func (d *Door) Mount(mux *http.ServeMux, prefix string, c gateway.Completer) {
 }
 
 func (d *Door) serve(w http.ResponseWriter, r *http.Request, c gateway.Completer) {
-	body, err := doorkit.ReadBody(w, r)
+	body, err := doorkit.ReadBody(r)
 	if err != nil {
-		if doorkit.TooLarge(err) {
-			writeError(w, http.StatusRequestEntityTooLarge, "request_too_large", "the request body is too large")
+		if limit, ok := doorkit.TooLarge(err); ok {
+			writeError(w, http.StatusRequestEntityTooLarge, "request_too_large", fmt.Sprintf("the request body is larger than %d bytes", limit))
 			return
 		}
 		writeError(w, http.StatusBadRequest, "invalid_request_error", "read the request body: "+err.Error())
@@ -73,7 +72,7 @@ func (d *Door) serve(w http.ResponseWriter, r *http.Request, c gateway.Completer
 			writeGatewayError(w, err, call.Model)
 			return
 		}
-		writeJSON(w, http.StatusOK, messageOf(rep, call.Model))
+		doorkit.WriteJSON(w, http.StatusOK, messageOf(rep, call.Model))
 		return
 	}
 	var s *stream
@@ -206,16 +205,8 @@ func messageOf(rep gateway.Reply, model string) messageObj {
 	return m
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	if err := json.NewEncoder(w).Encode(v); err != nil {
-		slog.Debug("gateway anthropic: write answer", "err", err)
-	}
-}
-
 func writeError(w http.ResponseWriter, status int, typ, message string) {
-	writeJSON(w, status, errorBody{Type: "error", Error: errorDetail{Type: typ, Message: message}})
+	doorkit.WriteJSON(w, status, errorBody{Type: "error", Error: errorDetail{Type: typ, Message: message}})
 }
 
 // classify maps a gateway error to the API's status, error type and

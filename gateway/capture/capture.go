@@ -38,8 +38,9 @@ type Options struct {
 	// /v1/models lists first); empty serves the engine's own model name.
 	Models []string
 	// Sampling is the run's sampler: it governs every generation, whatever
-	// a harness asks (what it asked is only recorded). Sampling.MaxTokens is
-	// the run's per-call cap (0: none but the context).
+	// a harness asks (what it asked is only recorded), unless a session was
+	// opened with its own (OpenWith). Sampling.MaxTokens is the run's
+	// per-call cap (0: none but the context).
 	Sampling inference.Sampling
 	// ContextLength is the context window /v1/models and /props report
 	// when the engine does not say (the engine's own value always wins;
@@ -73,6 +74,27 @@ const (
 	DefaultMaxCallsPerSession = 1000
 	DefaultMaxBodyBytes       = 32 << 20
 )
+
+// withDefaults is o with every unset limit at its default.
+func (o Options) withDefaults() Options {
+	if o.MaxSessions <= 0 {
+		o.MaxSessions = DefaultMaxSessions
+	}
+	o.MaxCallsPerSession = o.CallLimit()
+	if o.MaxBodyBytes <= 0 {
+		o.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	return o
+}
+
+// CallLimit is the number of calls a session may make under o
+// (MaxCallsPerSession, or its default when unset).
+func (o Options) CallLimit() int {
+	if o.MaxCallsPerSession > 0 {
+		return o.MaxCallsPerSession
+	}
+	return DefaultMaxCallsPerSession
+}
 
 // turnGenerator is the tokens-mode episode the gateway needs: one
 // generation with a per-call max_tokens fitted to the context.
@@ -129,15 +151,7 @@ func New(policy inference.Policy, opts Options) (*Gateway, error) {
 			return nil, fmt.Errorf("capture: %w", err)
 		}
 	}
-	if opts.MaxSessions <= 0 {
-		opts.MaxSessions = DefaultMaxSessions
-	}
-	if opts.MaxCallsPerSession <= 0 {
-		opts.MaxCallsPerSession = DefaultMaxCallsPerSession
-	}
-	if opts.MaxBodyBytes <= 0 {
-		opts.MaxBodyBytes = DefaultMaxBodyBytes
-	}
+	opts = opts.withDefaults()
 	if opts.Sampling.MaxTokens < 0 || opts.ContextLength < 0 || opts.IdleTimeout < 0 {
 		return nil, errors.New("capture: negative max_tokens, context length or idle timeout")
 	}
@@ -197,6 +211,37 @@ func (g *Gateway) served(ctx context.Context) ([]string, int, error) {
 // spec.Tools and spec.Sampling are ignored (a harness's calls bring their
 // tools; the gateway's Options.Sampling governs).
 func (g *Gateway) Open(ctx context.Context, spec inference.EpisodeSpec) (*Session, error) {
+	return g.open(ctx, spec, g.opts.Sampling, g.opts.MaxCallsPerSession)
+}
+
+// SessionOptions are one session's own settings (OpenWith).
+type SessionOptions struct {
+	// Sampling, when set, governs every generation of the session instead
+	// of Options.Sampling (a trainer's per-group sampling). As with the
+	// gateway's, what the harness sends is only recorded.
+	Sampling *inference.Sampling
+	// MaxCalls, when positive, is the session's call limit instead of
+	// Options.MaxCallsPerSession.
+	MaxCalls int
+}
+
+// OpenWith is Open with the session's own sampler and call limit.
+func (g *Gateway) OpenWith(ctx context.Context, spec inference.EpisodeSpec, o SessionOptions) (*Session, error) {
+	sampling := g.opts.Sampling
+	if o.Sampling != nil {
+		sampling = *o.Sampling
+	}
+	if sampling.MaxTokens < 0 || o.MaxCalls < 0 {
+		return nil, gateway.Errorf(gateway.ErrBadRequest, "", "the session's max_tokens (%d) or call limit (%d) is negative", sampling.MaxTokens, o.MaxCalls)
+	}
+	maxCalls := g.opts.MaxCallsPerSession
+	if o.MaxCalls > 0 {
+		maxCalls = o.MaxCalls
+	}
+	return g.open(ctx, spec, sampling, maxCalls)
+}
+
+func (g *Gateway) open(ctx context.Context, spec inference.EpisodeSpec, sampling inference.Sampling, maxCalls int) (*Session, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -207,8 +252,8 @@ func (g *Gateway) Open(ctx context.Context, spec inference.EpisodeSpec) (*Sessio
 	if spec.ID == "" {
 		spec.ID = "gw" + strconv.FormatUint(g.seq.Add(1), 10)
 	}
-	spec.Tools, spec.Sampling = nil, g.opts.Sampling
-	s := &Session{g: g, id: id, spec: spec, replies: map[string]*reply{}, toolIDs: map[string]*reply{}, unanchored: map[uint64]bool{}}
+	spec.Tools, spec.Sampling = nil, sampling
+	s := &Session{g: g, id: id, spec: spec, maxCalls: maxCalls, replies: map[string]*reply{}, toolIDs: map[string]*reply{}, unanchored: map[uint64]bool{}}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if len(g.sessions) >= g.opts.MaxSessions {

@@ -449,6 +449,63 @@ func TestSamplerGovernance(t *testing.T) {
 	}
 }
 
+// A session opened with its own sampler (a trainer's per-group sampling)
+// generates with it, not the gateway's; the harness's fields are still
+// only recorded, and max_tokens is capped by the session's limit.
+func TestSessionSampling(t *testing.T) {
+	r := newRig(t, sim.Config{Scripts: []sim.Script{fixScript}}, capture.Options{})
+	temp := 0.25
+	spec := r.spec()
+	spec.Sampling = inference.Sampling{Temperature: &temp, MaxTokens: 40}
+	s, err := r.gw.OpenWith(context.Background(), spec, capture.SessionOptions{Sampling: &spec.Sampling})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(r.base(s), "Please fix the bug in a.txt")
+	h.extra = map[string]any{"temperature": 1.7, "max_tokens": 300}
+	h.step(t)
+	rec := closeSession(t, s)
+	if c := rec.Calls[0]; c.Requested["temperature"] != 1.7 || c.MaxTokens != 300 || c.Granted != 40 {
+		t.Fatalf("recorded %+v, want the harness's 1.7 and 300 recorded, 40 granted", c)
+	}
+	gen := 0
+	for _, sr := range r.srv.Samplers() {
+		if _, ok := sr.Fields["temperature"]; !ok {
+			continue
+		}
+		gen++
+		if sr.Fields["temperature"] != 0.25 {
+			t.Errorf("%s sampled with %v; want the session's temperature 0.25", sr.Route, sr.Fields)
+		}
+	}
+	if gen == 0 {
+		t.Fatal("no generation request recorded")
+	}
+	spec.Sampling.MaxTokens = -1
+	if _, err := r.gw.OpenWith(context.Background(), spec, capture.SessionOptions{Sampling: &spec.Sampling}); !errors.Is(err, gateway.ErrBadRequest) {
+		t.Fatalf("negative max_tokens: %v", err)
+	}
+}
+
+// A session's own call limit (a harness env's max_calls) replaces the
+// gateway's: the call past it is a 400, and the refused call is not
+// recorded.
+func TestSessionCallLimit(t *testing.T) {
+	r := newRig(t, sim.Config{Scripts: []sim.Script{fixScript}}, capture.Options{})
+	s, err := r.gw.OpenWith(context.Background(), r.spec(), capture.SessionOptions{MaxCalls: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(r.base(s), "Please fix the bug in a.txt")
+	h.step(t)
+	h.step(t)
+	st, raw := post(t, r.base(s), map[string]any{"model": "rollout-sim", "messages": []map[string]any{{"role": "user", "content": "again"}}})
+	checkError(t, st, raw, 400, "invalid_request_error", nil, nil, "its limit")
+	if rec := closeSession(t, s); len(rec.Calls) != 2 {
+		t.Fatalf("%d calls recorded, want the 2 within the limit", len(rec.Calls))
+	}
+}
+
 func TestMalformedToolCallIsContent(t *testing.T) {
 	// The model writes a call to a tool the harness did not offer and
 	// one with arguments that are not JSON: both are the model's
@@ -959,5 +1016,16 @@ func TestIdleExpiry(t *testing.T) {
 	case e := <-got:
 		t.Fatalf("a session closed by its owner expired too: %s", e.s.ID())
 	default:
+	}
+}
+
+// CallLimit is the one place the per-session call limit is defaulted (the
+// runner's harness driver reads it through assemble).
+func TestOptionsCallLimit(t *testing.T) {
+	if got := (capture.Options{}).CallLimit(); got != capture.DefaultMaxCallsPerSession {
+		t.Errorf("unset: %d, want the default %d", got, capture.DefaultMaxCallsPerSession)
+	}
+	if got := (capture.Options{MaxCallsPerSession: 3}).CallLimit(); got != 3 {
+		t.Errorf("set to 3: %d", got)
 	}
 }

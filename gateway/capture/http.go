@@ -1,7 +1,6 @@
 package capture
 
 import (
-	"encoding/json"
 	"errors"
 	"net"
 	"net/http"
@@ -9,6 +8,7 @@ import (
 	"time"
 
 	"github.com/rollout-rl/rollout/gateway"
+	"github.com/rollout-rl/rollout/gateway/doorkit"
 	"github.com/rollout-rl/rollout/internal/util/version"
 )
 
@@ -116,7 +116,7 @@ func (g *Gateway) serveModels(w http.ResponseWriter, r *http.Request) {
 		if len(models) > 0 {
 			out.FirstID, out.LastID = models[0].ID, models[len(models)-1].ID
 		}
-		writeJSON(w, http.StatusOK, out)
+		doorkit.WriteJSON(w, http.StatusOK, out)
 		return
 	}
 	type om struct {
@@ -136,7 +136,7 @@ func (g *Gateway) serveModels(w http.ResponseWriter, r *http.Request) {
 	for _, m := range models {
 		out.Data = append(out.Data, om{ID: m.ID, Object: "model", OwnedBy: m.OwnedBy, MaxModelLen: m.ContextLength, ContextLength: m.ContextLength})
 	}
-	writeJSON(w, http.StatusOK, out)
+	doorkit.WriteJSON(w, http.StatusOK, out)
 }
 
 // serveProps answers llama.cpp's /props with what applies: the context
@@ -151,7 +151,7 @@ func (g *Gateway) serveProps(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, http.StatusNotFound, "not_found_error", "the engine reports no context window")
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]any{
+	doorkit.WriteJSON(w, http.StatusOK, map[string]any{
 		"default_generation_settings": map[string]any{"n_ctx": models[0].ContextLength},
 		"total_slots":                 1,
 		"model_alias":                 models[0].ID,
@@ -163,7 +163,7 @@ func (g *Gateway) serveVersion(w http.ResponseWriter, r *http.Request) {
 		writeKind(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"version": version.Get().Version})
+	doorkit.WriteJSON(w, http.StatusOK, map[string]string{"version": version.Get().Version})
 }
 
 func (g *Gateway) serveHealth(w http.ResponseWriter, r *http.Request) {
@@ -171,13 +171,7 @@ func (g *Gateway) serveHealth(w http.ResponseWriter, r *http.Request) {
 		writeKind(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	doorkit.WriteJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
 // writeKind writes a gateway error from the probes, in the caller's API
@@ -197,8 +191,8 @@ func writeKind(w http.ResponseWriter, r *http.Request, err error) {
 // carries an anthropic-version header.
 func writeError(w http.ResponseWriter, r *http.Request, status int, typ, msg string) {
 	if r.Header.Get("anthropic-version") != "" {
-		writeJSON(w, status, map[string]any{"type": "error", "error": map[string]string{"type": typ, "message": msg}})
+		doorkit.WriteJSON(w, status, map[string]any{"type": "error", "error": map[string]string{"type": typ, "message": msg}})
 		return
 	}
-	writeJSON(w, status, map[string]any{"error": map[string]any{"message": msg, "type": typ, "param": nil, "code": nil}})
+	doorkit.WriteJSON(w, status, map[string]any{"error": map[string]any{"message": msg, "type": typ, "param": nil, "code": nil}})
 }

@@ -25,6 +25,8 @@ type Session struct {
 	g    *Gateway
 	id   string
 	spec inference.EpisodeSpec
+	// maxCalls is the session's call limit.
+	maxCalls int
 
 	mu       sync.Mutex
 	closed   bool
@@ -114,7 +116,7 @@ func (s *Session) complete(ctx context.Context, call gateway.Call) (gateway.Repl
 		s.mu.Unlock()
 		return gateway.Reply{}, gateway.Errorf(gateway.ErrSession, "", "the session is closed")
 	}
-	if len(s.calls) >= s.g.opts.MaxCallsPerSession {
+	if len(s.calls) >= s.maxCalls {
 		s.mu.Unlock()
 		return gateway.Reply{}, gateway.Errorf(gateway.ErrBadRequest, "", "the session made %d calls, its limit", len(s.calls))
 	}
@@ -148,7 +150,7 @@ func (s *Session) complete(ctx context.Context, call gateway.Call) (gateway.Repl
 	var out gateway.Reply
 	var reason string
 	if err == nil {
-		out, reason = s.g.parse(turn, call, schemas, model)
+		out, reason = s.g.parse(turn, call, schemas, model, s.spec.Sampling)
 	}
 
 	s.mu.Lock()
@@ -180,7 +182,7 @@ func (s *Session) complete(ctx context.Context, call gateway.Call) (gateway.Repl
 	cs.rec.Status, cs.rec.Reason = gateway.CallOK, reason
 	cs.rec.ReplyID = out.ID
 	cs.rec.PromptTokens, cs.rec.CompletionTokens = turn.PromptTokens, turn.CompletionTokens
-	cs.rec.Granted = granted(call.MaxTokens, s.g.opts.Sampling.MaxTokens, ctxLen, turn.PromptTokens)
+	cs.rec.Granted = granted(call.MaxTokens, s.spec.Sampling.MaxTokens, ctxLen, turn.PromptTokens)
 	return out, nil
 }
 
@@ -250,7 +252,7 @@ func (s *Session) withPrevious(call gateway.Call) ([]gateway.Message, error) {
 func (s *Session) rejected(call gateway.Call, start time.Time, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed || len(s.calls) >= s.g.opts.MaxCallsPerSession {
+	if s.closed || len(s.calls) >= s.maxCalls {
 		return
 	}
 	s.calls = append(s.calls, &callState{rec: gateway.CallRecord{Index: len(s.calls), API: call.API, Branch: -1,
@@ -561,12 +563,12 @@ func (s *Session) issueIDs(calls []openai.ToolCall) []openai.ToolCall {
 // parse turns generated text into a reply: reasoning, content, calls.
 // Malformed tool-call text is the model's: the reply carries it as
 // content and reason says so.
-func (g *Gateway) parse(t inference.Turn, call gateway.Call, schemas []parsers.ToolSchema, model string) (gateway.Reply, string) {
+func (g *Gateway) parse(t inference.Turn, call gateway.Call, schemas []parsers.ToolSchema, model string, sampling inference.Sampling) (gateway.Reply, string) {
 	out := gateway.Reply{Model: model, PromptTokens: t.PromptTokens, CompletionTokens: t.CompletionTokens}
 	content := t.Text
 	if g.rp != nil {
 		var r *string
-		r, content = g.rp.Extract(t.Text, parsers.ReasoningOptions{ThinkingDisabled: thinkingDisabled(g.opts.Sampling)})
+		r, content = g.rp.Extract(t.Text, parsers.ReasoningOptions{ThinkingDisabled: thinkingDisabled(sampling)})
 		if r != nil {
 			out.Reasoning = *r
 		}

@@ -1,7 +1,8 @@
 // Package doorkit holds what the gateway's front doors share and no API
-// shapes: reading a request body under its bound, decode helpers, the
-// wait for a reply with keep-alive ticks, the server-sent event writer
-// and the rune-bounded delta splitting. The contract package gateway
+// shapes: reading a request body (bounded by the server, once), decode
+// helpers, the JSON answer writer, the wait for a reply with keep-alive
+// ticks, the server-sent event writer and the rune-bounded delta
+// splitting. The contract package gateway
 // stays types only; each door keeps its API's wire shapes and errors.
 package doorkit
 
@@ -11,15 +12,14 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
+	"strconv"
 	"time"
 	"unicode/utf8"
 
 	"github.com/rollout-rl/rollout/gateway"
 )
-
-// MaxBody bounds a request body (a long agent history is a few MB).
-const MaxBody = 64 << 20
 
 // DefaultKeepAlive is a door's keep-alive interval when its KeepAlive is 0.
 const DefaultKeepAlive = 10 * time.Second
@@ -30,16 +30,55 @@ const DefaultKeepAlive = 10 * time.Second
 // server.
 const DeltaRunes = 64
 
-// ReadBody reads r's body, at most MaxBody bytes. The error says which
-// way it failed: TooLarge reports a body over the bound.
-func ReadBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
-	return io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBody))
+// ReadBody reads r's body. The body's bound is the server's, one for
+// every route (capture.Handler wraps each request in an
+// http.MaxBytesReader of Options.MaxBodyBytes); TooLarge reports a body
+// over it.
+func ReadBody(r *http.Request) ([]byte, error) {
+	return io.ReadAll(r.Body)
 }
 
-// TooLarge reports whether err is ReadBody's error for a body over MaxBody.
-func TooLarge(err error) bool {
+// TooLarge reports whether err is ReadBody's error for a body over the
+// server's bound, and the bound.
+func TooLarge(err error) (limit int64, ok bool) {
 	var tooBig *http.MaxBytesError
-	return errors.As(err, &tooBig)
+	if errors.As(err, &tooBig) {
+		return tooBig.Limit, true
+	}
+	return 0, false
+}
+
+// Marshal is v as JSON the way every door writes it: without HTML
+// escaping (model text is full of <tool_call> and the like, which a
+// client reads the same either way) and without a trailing newline.
+func Marshal(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+}
+
+// WriteJSON writes v as a JSON answer with status and a closing newline
+// (as json.Encoder ends a value), in one write with its Content-Length. An encoding failure (a door bug: its shapes are plain
+// structs) is a 500 in no API's shape; a write failure means the client
+// left, and is only logged at debug level.
+func WriteJSON(w http.ResponseWriter, status int, v any) {
+	b, err := Marshal(v)
+	if err != nil {
+		http.Error(w, "encode the answer: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	b = append(b, '\n')
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(b)))
+	w.WriteHeader(status)
+	if _, err := w.Write(b); err != nil {
+		slog.Debug("gateway: write answer", "err", err)
+	}
 }
 
 // IsSet reports whether a raw field was given a value other than null.

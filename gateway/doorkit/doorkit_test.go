@@ -69,16 +69,37 @@ func TestKeepAlive(t *testing.T) {
 func TestReadBody(t *testing.T) {
 	w := httptest.NewRecorder()
 	r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(`{"a":1}`))
-	if b, err := ReadBody(w, r); err != nil || string(b) != `{"a":1}` {
+	if b, err := ReadBody(r); err != nil || string(b) != `{"a":1}` {
 		t.Fatalf("ReadBody = %q, %v", b, err)
 	}
-	r = httptest.NewRequest(http.MethodPost, "/", strings.NewReader(strings.Repeat("x", MaxBody+1)))
-	_, err := ReadBody(w, r)
-	if !TooLarge(err) {
-		t.Fatalf("ReadBody of %d bytes: err %v, want one TooLarge reports", MaxBody+1, err)
+	// The server's bound (capture.Handler's MaxBytesReader) is the one.
+	r = httptest.NewRequest(http.MethodPost, "/", strings.NewReader(strings.Repeat("x", 101)))
+	r.Body = http.MaxBytesReader(w, r.Body, 100)
+	_, err := ReadBody(r)
+	if limit, ok := TooLarge(err); !ok || limit != 100 {
+		t.Fatalf("ReadBody over the bound: err %v, TooLarge = %d, %v", err, limit, ok)
 	}
-	if TooLarge(errors.New("other")) {
+	if _, ok := TooLarge(errors.New("other")); ok {
 		t.Fatal("TooLarge of another error is true")
+	}
+}
+
+func TestWriteJSON(t *testing.T) {
+	w := httptest.NewRecorder()
+	WriteJSON(w, http.StatusTeapot, map[string]string{"text": "<tool_call>&"})
+	if w.Code != http.StatusTeapot || w.Header().Get("Content-Type") != "application/json" {
+		t.Fatalf("status %d, content type %q", w.Code, w.Header().Get("Content-Type"))
+	}
+	if got, want := w.Body.String(), `{"text":"<tool_call>&"}`+"\n"; got != want {
+		t.Fatalf("body %q, want %q (no HTML escaping)", got, want)
+	}
+	if w.Header().Get("Content-Length") != "24" {
+		t.Fatalf("Content-Length %q", w.Header().Get("Content-Length"))
+	}
+	w = httptest.NewRecorder()
+	WriteJSON(w, http.StatusOK, func() {})
+	if w.Code != http.StatusInternalServerError {
+		t.Fatalf("unencodable answer: status %d, want 500", w.Code)
 	}
 }
 
@@ -87,6 +108,8 @@ func TestStream(t *testing.T) {
 	s := StartStream(w)
 	s.Event("ping", map[string]string{"type": "ping"})
 	s.Comment("keep-alive")
+	s.Data(map[string]string{"t": "<x>"})
+	s.DataText("[DONE]")
 	s.Flush()
 	if s.Err() != nil {
 		t.Fatal(s.Err())
@@ -94,7 +117,7 @@ func TestStream(t *testing.T) {
 	if ct := w.Header().Get("Content-Type"); ct != "text/event-stream" || w.Code != http.StatusOK || !w.Flushed {
 		t.Fatalf("header: %d %q flushed %v", w.Code, ct, w.Flushed)
 	}
-	want := "event: ping\ndata: {\"type\":\"ping\"}\n\n: keep-alive\n\n"
+	want := "event: ping\ndata: {\"type\":\"ping\"}\n\n: keep-alive\n\ndata: {\"t\":\"<x>\"}\n\ndata: [DONE]\n\n"
 	if got := w.Body.String(); got != want {
 		t.Fatalf("body %q, want %q", got, want)
 	}

@@ -1,7 +1,6 @@
 package doorkit
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
 )
@@ -44,12 +43,35 @@ func (s *Stream) Event(name string, v any) {
 	if s.err != nil {
 		return
 	}
-	b, err := json.Marshal(v)
+	b, err := Marshal(v)
 	if err != nil {
 		s.err = fmt.Errorf("encode %s event: %w", name, err)
 		return
 	}
 	_, s.err = fmt.Fprintf(s.w, "event: %s\ndata: %s\n\n", name, b)
+}
+
+// Data writes one unnamed event whose data is v as JSON (OpenAI Chat's
+// chunks carry no event name).
+func (s *Stream) Data(v any) {
+	if s.err != nil {
+		return
+	}
+	b, err := Marshal(v)
+	if err != nil {
+		s.err = fmt.Errorf("encode an event: %w", err)
+		return
+	}
+	s.DataText(string(b))
+}
+
+// DataText writes one unnamed event whose data is text as it is (OpenAI
+// Chat's closing "[DONE]").
+func (s *Stream) DataText(text string) {
+	if s.err != nil {
+		return
+	}
+	_, s.err = fmt.Fprintf(s.w, "data: %s\n\n", text)
 }
 
 // Comment writes an SSE comment line (clients ignore it; it keeps an

@@ -5,15 +5,15 @@
 // the capture handler for every OpenAI door.
 //
 // Tokens-mode generation is not streamed: a streamed answer is written
-// after the generation completes, as the chunks OpenAI would have sent.
+// after the generation completes, as the chunks OpenAI would have sent;
+// while it runs, a streamed request gets keep-alive comments every
+// KeepAlive (gateway/doorkit, as the other doors), and an error after the
+// first of them arrives as a data: {"error": …} event under the 200.
 package openaichat
 
 import (
-	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strings"
 	"time"
@@ -31,6 +31,10 @@ const Name = "openai-chat"
 type Door struct {
 	// Now stamps "created" (time.Now when nil); tests pin it.
 	Now func() time.Time
+	// KeepAlive is the interval of a streamed answer's keep-alive
+	// comments while the generation runs (doorkit.DefaultKeepAlive when
+	// 0).
+	KeepAlive time.Duration
 }
 
 var _ gateway.FrontDoor = Door{}
@@ -52,15 +56,15 @@ var recorded = []string{"temperature", "top_p", "top_k", "min_p", "presence_pena
 	"parallel_tool_calls", "response_format", "service_tier"}
 
 type request struct {
-	Model               string            `json:"model"`
-	Messages            []json.RawMessage `json:"messages"`
-	Tools               []openai.Tool     `json:"tools"`
-	ToolChoice          json.RawMessage   `json:"tool_choice"`
-	ParallelToolCalls   *bool             `json:"parallel_tool_calls"`
-	MaxTokens           *int              `json:"max_tokens"`
-	MaxCompletionTokens *int              `json:"max_completion_tokens"`
-	N                   *int              `json:"n"`
-	Stream              bool              `json:"stream"`
+	Model               string          `json:"model"`
+	Messages            []wireMessage   `json:"messages"`
+	Tools               []openai.Tool   `json:"tools"`
+	ToolChoice          json.RawMessage `json:"tool_choice"`
+	ParallelToolCalls   *bool           `json:"parallel_tool_calls"`
+	MaxTokens           *int            `json:"max_tokens"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	N                   *int            `json:"n"`
+	Stream              bool            `json:"stream"`
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
@@ -90,11 +94,10 @@ func badRequest(param, format string, args ...any) *apiError {
 
 // decode turns the body into a canonical call, with specific errors.
 func decode(r *http.Request) (gateway.Call, bool, *apiError) {
-	body, err := io.ReadAll(r.Body)
+	body, err := doorkit.ReadBody(r)
 	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return gateway.Call{}, false, &apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", msg: fmt.Sprintf("request body larger than %d bytes", mbe.Limit)}
+		if limit, ok := doorkit.TooLarge(err); ok {
+			return gateway.Call{}, false, &apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error", msg: fmt.Sprintf("request body larger than %d bytes", limit)}
 		}
 		return gateway.Call{}, false, badRequest("", "read request body: %v", err)
 	}
@@ -102,9 +105,13 @@ func decode(r *http.Request) (gateway.Call, bool, *apiError) {
 	if err := json.Unmarshal(body, &fields); err != nil {
 		return gateway.Call{}, false, badRequest("", "the request body is not a JSON object: %v", err)
 	}
+	// One pass decodes the request with its messages (a harness re-sends
+	// its whole history on every call: the body is mostly messages). Only
+	// when it fails are the messages decoded one by one, to name the one
+	// at fault.
 	var req request
 	if err := json.Unmarshal(body, &req); err != nil {
-		return gateway.Call{}, false, badRequest("", "invalid request: %v", err)
+		return gateway.Call{}, false, requestError(body, err)
 	}
 	if req.Model == "" {
 		return gateway.Call{}, false, badRequest("model", "you must provide a model parameter")
@@ -138,8 +145,9 @@ func decode(r *http.Request) (gateway.Call, bool, *apiError) {
 		call.ToolChoice = tc
 	}
 	call.Requested = doorkit.Requested(fields, recorded)
-	for i, raw := range req.Messages {
-		m, e := message(i, raw)
+	call.Messages = make([]gateway.Message, 0, len(req.Messages))
+	for i, w := range req.Messages {
+		m, e := message(i, w)
 		if e != nil {
 			return gateway.Call{}, false, e
 		}
@@ -147,6 +155,24 @@ func decode(r *http.Request) (gateway.Call, bool, *apiError) {
 	}
 	usage := req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 	return call, usage, nil
+}
+
+// requestError is the error of a body that did not decode as a request:
+// the first message that does not decode as a message is named, else the
+// decoder's error stands.
+func requestError(body []byte, err error) *apiError {
+	var raw struct {
+		Messages []json.RawMessage `json:"messages"`
+	}
+	if json.Unmarshal(body, &raw) == nil {
+		for i, m := range raw.Messages {
+			var w wireMessage
+			if err := json.Unmarshal(m, &w); err != nil {
+				return badRequest(fmt.Sprintf("messages[%d]", i), "invalid message: %v", err)
+			}
+		}
+	}
+	return badRequest("", "invalid request: %v", err)
 }
 
 func toolChoice(raw json.RawMessage) (*gateway.ToolChoice, *apiError) {
@@ -170,14 +196,10 @@ func toolChoice(raw json.RawMessage) (*gateway.ToolChoice, *apiError) {
 	return &gateway.ToolChoice{Mode: "function", Name: o.Function.Name}, nil
 }
 
-// message decodes one message; "developer" is taken as "system" (chat
+// message checks one decoded message; "developer" is taken as "system" (chat
 // templates know no developer role) and text parts are joined.
-func message(i int, raw json.RawMessage) (gateway.Message, *apiError) {
+func message(i int, w wireMessage) (gateway.Message, *apiError) {
 	param := fmt.Sprintf("messages[%d]", i)
-	var w wireMessage
-	if err := json.Unmarshal(raw, &w); err != nil {
-		return gateway.Message{}, badRequest(param, "invalid message: %v", err)
-	}
 	m := gateway.Message{}
 	switch w.Role {
 	case "system", "developer":
@@ -255,21 +277,44 @@ func (d Door) serve(w http.ResponseWriter, r *http.Request, c gateway.Completer)
 		writeError(w, e)
 		return
 	}
-	rep, err := c.Complete(r.Context(), r.PathValue("session"), call)
-	if err != nil {
-		writeError(w, fromGateway(err))
-		return
-	}
 	now := time.Now
 	if d.Now != nil {
 		now = d.Now
 	}
-	created := now().Unix()
-	if call.Stream {
-		writeStream(w, rep, created, usage)
+	session := r.PathValue("session")
+	if !call.Stream {
+		rep, err := doorkit.Await(r.Context(), c, session, call, 0, nil)
+		if err != nil {
+			writeError(w, fromGateway(err))
+			return
+		}
+		doorkit.WriteJSON(w, http.StatusOK, completion(rep, now().Unix()))
 		return
 	}
-	writeJSON(w, http.StatusOK, completion(rep, created))
+	// A generation that takes longer than the keep-alive interval commits
+	// the answer to its event stream and sends comments while it waits; an
+	// error after that arrives as a data: {"error": …} event under the 200,
+	// as OpenAI-compatible servers send it.
+	var s *doorkit.Stream
+	rep, err := doorkit.Await(r.Context(), c, session, call, d.KeepAlive, func() {
+		if s == nil {
+			s = doorkit.StartStream(w)
+		}
+		s.Comment("keep-alive")
+	})
+	if err != nil {
+		if s == nil {
+			writeError(w, fromGateway(err))
+			return
+		}
+		s.Data(errorBody(fromGateway(err)))
+		s.Flush()
+		return
+	}
+	if s == nil {
+		s = doorkit.StartStream(w)
+	}
+	writeStream(s, rep, now().Unix(), usage)
 }
 
 // fromGateway maps a Completer error to OpenAI's status, type and code.
@@ -296,24 +341,19 @@ func fromGateway(err error) *apiError {
 }
 
 func writeError(w http.ResponseWriter, e *apiError) {
+	doorkit.WriteJSON(w, e.status, errorBody(e))
+}
+
+// errorBody is OpenAI's error object for e.
+func errorBody(e *apiError) any {
 	nullable := func(s string) any {
 		if s == "" {
 			return nil
 		}
 		return s
 	}
-	writeJSON(w, e.status, map[string]any{"error": map[string]any{
-		"message": e.msg, "type": e.typ, "param": nullable(e.param), "code": nullable(e.code)}})
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	_ = enc.Encode(v)
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_, _ = w.Write(buf.Bytes())
+	return map[string]any{"error": map[string]any{
+		"message": e.msg, "type": e.typ, "param": nullable(e.param), "code": nullable(e.code)}}
 }
 
 type wireCall struct {
@@ -374,11 +414,7 @@ func completion(rep gateway.Reply, created int64) any {
 // reasoning and content deltas, each tool call (id and name, then its
 // arguments) by index, the finish chunk, the usage chunk when asked, and
 // [DONE].
-func writeStream(w http.ResponseWriter, rep gateway.Reply, created int64, includeUsage bool) {
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	w.WriteHeader(http.StatusOK)
+func writeStream(s *doorkit.Stream, rep gateway.Reply, created int64, includeUsage bool) {
 	type delta struct {
 		Role             string     `json:"role,omitempty"`
 		Content          *string    `json:"content,omitempty"`
@@ -401,17 +437,11 @@ func writeStream(w http.ResponseWriter, rep gateway.Reply, created int64, includ
 		// is set (as OpenAI sends them), absent otherwise.
 		Usage any `json:"usage,omitempty"`
 	}
-	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
 	emit := func(choices []choice, u any) {
 		if u == nil && includeUsage {
 			u = json.RawMessage("null")
 		}
-		buf.WriteString("data: ")
-		_ = enc.Encode(chunk{ID: "chatcmpl-" + rep.ID, Object: "chat.completion.chunk", Created: created, Model: rep.Model, Choices: choices, Usage: u})
-		buf.Truncate(buf.Len() - 1) // the encoder's newline
-		buf.WriteString("\n\n")
+		s.Data(chunk{ID: "chatcmpl-" + rep.ID, Object: "chat.completion.chunk", Created: created, Model: rep.Model, Choices: choices, Usage: u})
 	}
 	empty := ""
 	emit([]choice{{Delta: delta{Role: "assistant", Content: &empty}}}, nil)
@@ -437,9 +467,6 @@ func writeStream(w http.ResponseWriter, rep gateway.Reply, created int64, includ
 		u := usageOf(rep)
 		emit([]choice{}, &u)
 	}
-	buf.WriteString("data: [DONE]\n\n")
-	_, _ = w.Write(buf.Bytes())
-	if f, ok := w.(http.Flusher); ok {
-		f.Flush()
-	}
+	s.DataText("[DONE]")
+	s.Flush()
 }

@@ -1,15 +1,20 @@
 package openaichat
 
 import (
+	"bufio"
 	"context"
+	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
 	"github.com/rollout-rl/rollout/gateway"
+	"github.com/rollout-rl/rollout/internal/testkit/gatewaytest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -50,6 +55,8 @@ func TestDecodeErrors(t *testing.T) {
 		{`{"model":"m","messages":[{"role":"assistant","tool_calls":[{"function":{"arguments":"{}"}}]}]}`, "messages[0].tool_calls[0].function.name", "function name"},
 		{`{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"retrieval"}]}`, "tools[0]", "type"},
 		{`{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":-1}`, "max_tokens", "at least 1"},
+		{`{"model":"m","messages":[{"role":"user","content":"x"},{"role":5}]}`, "messages[1]", "invalid message"},
+		{`{"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":"many"}`, "", "invalid request"},
 	} {
 		_, _, e := decodeBody(tc.body)
 		if e == nil || e.status != 400 || e.param != tc.param || !strings.Contains(e.msg, tc.msg) {
@@ -102,4 +109,63 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("error without status or message: %+v", e)
 		}
 	})
+}
+
+// A streamed reply slower than KeepAlive commits the 200 event stream with
+// keep-alive comments; a failure after that is a data: {"error": …} event
+// (what OpenAI-compatible servers send), and a success the usual chunks.
+func TestStreamKeepAliveAndLateError(t *testing.T) {
+	body := `{"model":"m","messages":[{"role":"user","content":"x"}],"stream":true}`
+	fail := &gatewaytest.Scripted{Err: gateway.Errorf(gateway.ErrOverloaded, "", "pool full"), Release: make(chan struct{})}
+	resp := gatewaytest.Post(t, gatewaytest.Serve(t, Door{KeepAlive: time.Millisecond}, fail)+"/v1/chat/completions", body)
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("status %d, content type %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	br := bufio.NewReader(resp.Body)
+	if line, _ := br.ReadString('\n'); line != ": keep-alive\n" {
+		t.Fatalf("first line %q, want a keep-alive comment", line)
+	}
+	close(fail.Release)
+	events, _ := gatewaytest.ReadSSE(t, br)
+	if len(events) != 1 || events[0].Data["error"] == nil {
+		t.Fatalf("events %+v, want one error event", events)
+	}
+	if e := events[0].Data["error"].(map[string]any); e["type"] != "server_error" || !strings.Contains(e["message"].(string), "pool full") {
+		t.Fatalf("error %v", e)
+	}
+
+	ok := &gatewaytest.Scripted{Reply: gateway.Reply{ID: "r1", Model: "m", Content: "<b>hi</b>", FinishReason: "stop"}, Release: make(chan struct{})}
+	resp = gatewaytest.Post(t, gatewaytest.Serve(t, Door{KeepAlive: time.Millisecond}, ok)+"/v1/chat/completions", body)
+	br = bufio.NewReader(resp.Body)
+	if line, _ := br.ReadString('\n'); line != ": keep-alive\n" {
+		t.Fatalf("first line %q, want a keep-alive comment", line)
+	}
+	close(ok.Release)
+	raw, err := io.ReadAll(br)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(raw), `"content":"<b>hi</b>"`) || !strings.HasSuffix(string(raw), "data: [DONE]\n\n") {
+		t.Fatalf("stream %q", raw)
+	}
+}
+
+// BenchmarkDecodeHistory decodes a request carrying a 41-message tool
+// history (~17 kB), as a harness re-sends on every call.
+func BenchmarkDecodeHistory(b *testing.B) {
+	msgs := []string{`{"role":"system","content":"` + strings.Repeat("You are a helpful agent. ", 80) + `"}`}
+	for i := range 20 {
+		msgs = append(msgs,
+			fmt.Sprintf(`{"role":"assistant","content":"step %d","tool_calls":[{"id":"call_%d","type":"function","function":{"name":"terminal","arguments":"{\"command\":\"ls -la /tmp\"}"}}]}`, i, i),
+			fmt.Sprintf(`{"role":"tool","tool_call_id":"call_%d","content":"%s"}`, i, strings.Repeat("file.txt ", 60)))
+	}
+	body := `{"model":"m","temperature":0.3,"tools":[{"type":"function","function":{"name":"terminal","parameters":{"type":"object","properties":{"command":{"type":"string"}}}}}],"messages":[` +
+		strings.Join(msgs, ",") + `]}`
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, _, e := decodeBody(body); e != nil {
+			b.Fatal(e.msg)
+		}
+	}
 }

@@ -10,7 +10,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"log/slog"
+	"fmt"
 	"net/http"
 	"slices"
 	"time"
@@ -61,10 +61,10 @@ func (d *Door) now() time.Time {
 }
 
 func (d *Door) serve(w http.ResponseWriter, r *http.Request, c gateway.Completer) {
-	body, err := doorkit.ReadBody(w, r)
+	body, err := doorkit.ReadBody(r)
 	if err != nil {
-		if doorkit.TooLarge(err) {
-			writeError(w, http.StatusRequestEntityTooLarge, apiError{Message: "the request body is too large", Type: "invalid_request_error"})
+		if limit, ok := doorkit.TooLarge(err); ok {
+			writeError(w, http.StatusRequestEntityTooLarge, apiError{Message: fmt.Sprintf("the request body is larger than %d bytes", limit), Type: "invalid_request_error"})
 			return
 		}
 		writeError(w, http.StatusBadRequest, apiError{Message: "read the request body: " + err.Error(), Type: "invalid_request_error"})
@@ -88,7 +88,7 @@ func (d *Door) serve(w http.ResponseWriter, r *http.Request, c gateway.Completer
 		}
 		resp := skeleton(respPrefix+rep.ID, req, fields, call.Model, d.now())
 		finish(&resp, rep, encrypted)
-		writeJSON(w, http.StatusOK, resp)
+		doorkit.WriteJSON(w, http.StatusOK, resp)
 		return
 	}
 	var s *stream
@@ -128,16 +128,8 @@ type apiError struct {
 	Code    *string `json:"code"`
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	if err := json.NewEncoder(w).Encode(v); err != nil {
-		slog.Debug("gateway responses: write answer", "err", err)
-	}
-}
-
 func writeError(w http.ResponseWriter, status int, e apiError) {
-	writeJSON(w, status, map[string]apiError{"error": e})
+	doorkit.WriteJSON(w, status, map[string]apiError{"error": e})
 }
 
 func strp(s string) *string {

@@ -408,7 +408,7 @@ func (h *handler) llamaProbs(ids []int, lps []float64, k int, post bool) []any {
 		e := h.llamaProbEntry(id, lps[j], post)
 		// As llama-server: the entry that completes a character carries
 		// the text of the withheld ids before it too.
-		e["bytes"] = bytesOf(append(held, h.tok.Bytes(id)...))
+		e["bytes"] = bytesOf(append(held, h.llamaPiece(id)...))
 		held = nil
 		var top []any
 		for _, t := range h.topLogprobs(id, lps[j], k) {
@@ -446,8 +446,24 @@ func (h *handler) scored(ids []int, j int) bool {
 	return true
 }
 
+// llamaPiece is a token's bytes as /completion's probabilities spell
+// them: llama-server renders pieces there without special tokens, so a
+// control token (<|im_end|>) is spelled empty (observed on b11669), while
+// /detokenize writes it out.
+func (h *handler) llamaPiece(id int) []byte {
+	if h.tok.IsControl(id) {
+		return nil
+	}
+	return h.tok.Bytes(id)
+}
+
 func (h *handler) llamaProbEntry(id int, lp float64, post bool) map[string]any {
-	e := map[string]any{"id": id, "token": h.tok.TokenString(id), "bytes": bytesOf(h.tok.Bytes(id))}
+	piece := h.llamaPiece(id)
+	token := ""
+	if len(piece) > 0 {
+		token = h.tok.TokenString(id)
+	}
+	e := map[string]any{"id": id, "token": token, "bytes": bytesOf(piece)}
 	if post {
 		// Truncation renormalises: the post-sampling probability is higher.
 		e["prob"] = math.Min(1, math.Round(math.Exp(lp)*1.25*1e6)/1e6)

@@ -451,6 +451,8 @@ func (s *server) handle(ctx context.Context, p *peer, id uint32, req *Request, d
 		err = s.listen(ctx, p, id, req.Port)
 	case OpAccept:
 		err = s.accept(ctx, p, id, req.Listener, data)
+	case OpDial:
+		err = s.dialLoopback(ctx, p, id, req.Port, data)
 	default:
 		err = invalidf("unknown op %q", req.Op)
 	}

@@ -77,6 +77,12 @@ const (
 	// or a Cancel aborts it. The Response comes when the connection is
 	// closed; an aborted relay sends End with a payload first.
 	OpAccept = "accept"
+	// OpDial connects to 127.0.0.1:Request.Port inside the sandbox (a
+	// server a process of the sandbox listens on; loopback only) and
+	// relays the connection exactly like OpAccept: one Data frame holding
+	// a JSON AcceptInfo, then the bytes both ways. The host reaches a
+	// server in a sandbox that has no network (an env server, docs/env-protocols.md).
+	OpDial = "dial"
 )
 
 // EndClose is the End frame payload a host sends on an OpAccept stream
@@ -142,7 +148,7 @@ type Request struct {
 	Data      []byte    `json:"data,omitempty"`
 	Close     bool      `json:"close,omitempty"`    // OpStdin: close stdin after writing Data
 	Paths     []string  `json:"paths,omitempty"`    // OpReset: the mount roots to empty
-	Port      int       `json:"port,omitempty"`     // OpListen: the loopback port (0: any)
+	Port      int       `json:"port,omitempty"`     // OpListen: the loopback port (0: any); OpDial: the port to connect to
 	Listener  uint32    `json:"listener,omitempty"` // OpAccept: the OpListen request's id
 }
 

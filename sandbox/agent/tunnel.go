@@ -127,6 +127,28 @@ func (s *server) accept(ctx context.Context, p *peer, id, listenID uint32, data 
 	return relay(ctx, p, id, c, data, in.closing, l.closed)
 }
 
+// dialLoopback serves OpDial: it connects to 127.0.0.1:port inside the sandbox
+// and relays the connection (see OpDial). Only the loopback address: the
+// host reaches the sandbox's own servers, never what its network could.
+func (s *server) dialLoopback(ctx context.Context, p *peer, id uint32, port int, data <-chan []byte) error {
+	if port <= 0 || port > 65535 {
+		return invalidf("dial: port %d out of range 1-65535", port)
+	}
+	p.mu.Lock()
+	in := p.reqs[id]
+	p.mu.Unlock()
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "tcp4", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		return failedf("dial 127.0.0.1:%d: %v", port, err)
+	}
+	defer c.Close()
+	if err := p.sendJSON(FrameData, id, AcceptInfo{Remote: c.RemoteAddr().String()}); err != nil {
+		return failedf("dial: %v", err)
+	}
+	return relay(ctx, p, id, c, data, in.closing, nil)
+}
+
 // relay copies c's bytes to the host as Data frames (End at its
 // half-close) and the host's Data frames into c until both directions
 // ended, the host closed it (closing), or it is aborted (ctx, the

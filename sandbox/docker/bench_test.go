@@ -2,6 +2,9 @@ package docker
 
 import (
 	"context"
+	"errors"
+	"io"
+	"net"
 	"os"
 	"strconv"
 	"testing"
@@ -185,5 +188,67 @@ func TestMeasureChurn(t *testing.T) {
 	res, err = sandboxbench.MeasureChurn(ctx, d, sandbox.Spec{Image: "rollout-no-such-image:missing"}, 4, 2)
 	if err == nil || res.Ops != 0 {
 		t.Fatalf("churn of a missing image = %+v, %v; want an error and no ops", res, err)
+	}
+}
+
+// BenchmarkTunnelDial measures the host reaching a server in the sandbox
+// through the tunnel's dial direction (an env server's traffic): a 64-byte
+// round trip on one connection to an echo server (busybox nc -e cat), and
+// a dial plus round trip per request (a fresh connection), against the
+// exec channel's `true` in the same sandbox as the baseline.
+func BenchmarkTunnelDial(b *testing.B) {
+	s := newSandbox(b, sandbox.Spec{})
+	ctx := context.Background()
+	if _, err := s.Start(ctx, sandbox.ExecRequest{Command: "nc -ll -p 9125 -e cat"}); err != nil {
+		b.Fatal(err)
+	}
+	dial := func() net.Conn {
+		for {
+			c, err := sandbox.Dial(ctx, s, 9125)
+			if err == nil {
+				return c
+			}
+			if !errors.Is(err, sandbox.ErrFailed) {
+				b.Fatal(err)
+			}
+			time.Sleep(20 * time.Millisecond) // nc not listening yet
+		}
+	}
+	msg, buf := make([]byte, 64), make([]byte, 64)
+	roundTrip := func(c net.Conn) time.Duration {
+		start := time.Now()
+		if _, err := c.Write(msg); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, buf); err != nil {
+			b.Fatal(err)
+		}
+		return time.Since(start)
+	}
+	n := benchN("ROLLOUT_BENCH_DIAL_N", 300)
+	for b.Loop() {
+		c := dial()
+		var rtt, fresh []time.Duration
+		for range n {
+			rtt = append(rtt, roundTrip(c))
+		}
+		_ = c.Close()
+		for range n / 10 {
+			start := time.Now()
+			fc := dial()
+			roundTrip(fc)
+			fresh = append(fresh, time.Since(start))
+			_ = fc.Close()
+		}
+		ex, err := sandboxbench.MeasureExec(ctx, s, n)
+		if err != nil {
+			b.Fatal(err)
+		}
+		rs, fs, es := sandboxbench.Summarize(rtt), sandboxbench.Summarize(fresh), sandboxbench.Summarize(ex)
+		reportStats(b, "dial_rtt_", rs)
+		reportStats(b, "dial_fresh_", fs)
+		reportStats(b, "exec_", es)
+		b.ReportMetric(float64(rs.P50)/float64(es.P50), "rtt_over_exec_p50")
+		b.ReportMetric(float64(fs.P50)/float64(es.P50), "fresh_over_exec_p50")
 	}
 }

@@ -213,15 +213,20 @@ func (k *Kubernetes) Logger() *slog.Logger { return k.log }
 
 // Validate applies the shared checks and refuses what a pod cannot be
 // held to (docs/security.md, "Limits on every backend"): runtime runsc
-// (the pods' runtime is the config's runtime_class_name) and network
-// bridge (a pod is either denied all traffic or unrestricted). Limits.PIDs
-// is not refused here: the shared checks fill its default, which pods do
-// not enforce either; a configured one is refused by the run config's
-// validation and the runner.
+// (the pods' runtime is the config's runtime_class_name), network bridge
+// (a pod is either denied all traffic or unrestricted) and a pids limit (a
+// pod spec has none; the kubelet's podPidsLimit bounds every pod of a
+// node). The shared checks' pids default is not kept either: the spec
+// says 0, none enforced per pod, as the manifest does, and validating it
+// again finds nothing to refuse.
 func (k *Kubernetes) Validate(spec *sandbox.Spec) error {
+	if spec.Limits.PIDs > 0 {
+		return fmt.Errorf("pids limit %d: not enforced by the kubernetes backend (a pod spec has no pids limit; set podPidsLimit on the sandbox nodes and remove the pids limit)", spec.Limits.PIDs)
+	}
 	if err := sandbox.ValidateSpec(spec); err != nil {
 		return err
 	}
+	spec.Limits.PIDs = 0
 	if spec.Runtime == sandbox.RuntimeRunsc {
 		return fmt.Errorf("runtime %q: not implemented in the kubernetes backend (set runtime_class_name in its config to a RuntimeClass whose handler is runsc)", spec.Runtime)
 	}

@@ -12,8 +12,9 @@ import (
 // memory and CPU are enforced (the pod's limits: the OOM killer and CFS
 // quota of the container's cgroup), runtime runsc and network bridge are
 // refused by the backend; sandbox.pids is refused by the run config's
-// validation (runner.TestValidateLimitsPerBackend) and an env's own pids
-// by the runner (runner.TestEnvPIDsRefusedOnKubernetes); read_only_root:
+// validation (runner.TestValidateLimitsPerBackend), an env's own pids
+// by the runner (runner.TestEnvPIDsRefusedOnKubernetes) and any pids limit
+// by the backend's Validate (TestKubernetesValidateSpec); read_only_root:
 // TestKubernetesReadOnlyRoot.
 
 func kubeLimitRows(t *testing.T, k *Kubernetes) {

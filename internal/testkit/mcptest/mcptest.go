@@ -6,12 +6,13 @@ package mcptest
 import (
 	"bufio"
 	"context"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/rollout-rl/rollout/internal/testkit/proctest"
 )
 
 // Binary builds the server (CGO_ENABLED=0: static, runs in busybox) into
@@ -19,14 +20,7 @@ import (
 func Binary(t testing.TB) string {
 	t.Helper()
 	_, file, _, _ := runtime.Caller(0)
-	out := filepath.Join(t.TempDir(), "mcptest-server")
-	cmd := exec.Command("go", "build", "-trimpath", "-o", out, "./cmd/mcptest-server")
-	cmd.Dir = filepath.Dir(file)
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build mcptest-server: %v: %s", err, b)
-	}
-	return out
+	return proctest.BuildStatic(t, filepath.Dir(file), "./cmd/mcptest-server", "mcptest-server")
 }
 
 // ServeHTTP starts the server on a loopback port and returns its MCP

@@ -1,11 +1,13 @@
 // Package proctest holds what tests that run child processes (rollout
 // serve, rollout sim, a Python trainer) need from one place: a buffer the
-// child writes while the test reads it, and a free loopback port.
+// child writes while the test reads it, a free loopback port, and starting
+// a server child on one (StartServer).
 package proctest
 
 import (
 	"bytes"
 	"net"
+	"os"
 	"sync"
 	"testing"
 )
@@ -38,4 +40,24 @@ func FreePort(t testing.TB) int {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// Python is the interpreter the Python tests run: Debian's /usr/bin/python3,
+// or ROLLOUT_PYTHON. The first python3 on PATH may be a pyenv or virtualenv
+// one that does not see Debian's packages.
+func Python() string {
+	if p := os.Getenv("ROLLOUT_PYTHON"); p != "" {
+		return p
+	}
+	return "/usr/bin/python3"
+}
+
+// Need skips the test with msg, or fails it when CI is "true": CI never
+// passes by skipping what it was set up to run.
+func Need(t testing.TB, msg string) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatal("CI=true: " + msg)
+	}
+	t.Skip(msg)
 }

@@ -21,9 +21,6 @@ import (
 // "harness"): Debian sid's python3-openai and python3-anthropic.
 const harnessImage = "rollout-harness:sid"
 
-// rescorePerBranch is how many trained ids of each branch are re-scored.
-const rescorePerBranch = 8
-
 // harnessCase is one item of the harness env: which harness, its flags,
 // its budget, and what the test expects of its rows.
 type harnessCase struct {
@@ -31,8 +28,22 @@ type harnessCase struct {
 	stop                      string // the rollout's stop reason
 	branches                  int    // rows per rollout (-1: any number)
 	streamed                  bool
-	calls                     int // with branches 0: the calls recorded (all failed)
+	calls                     int  // with branches 0 or a call limit: the calls recorded
+	parallel                  bool // every reply holds 2 tool calls, each answered by the harness
 }
+
+// parallelGrammar forces every reply into two well-formed Hermes calls of
+// the harnesses' terminal tool (the tiny random model's own calls are
+// nearly always malformed): a reply with parallel tool calls, whose
+// commands the harness runs in its sandbox.
+const parallelGrammar = `root ::= call "\n" call
+call ::= "<tool_call>\n{\"name\": \"terminal\", \"arguments\": {\"command\": \"" cmd "\"}}\n</tool_call>"
+cmd ::= "ls" | "pwd" | "echo hi"
+`
+
+// harnessCallLimit is the parallel run's harness.max_calls: its looping
+// case asks for more calls and is stopped at this many.
+const harnessCallLimit = 3
 
 // TestHarnessEnvs runs `rollout run` of a harness YAML env against the
 // real llama.cpp engine with the suite's tool-call-biased model: the
@@ -41,15 +52,18 @@ type harnessCase struct {
 // gateway sessions through the sandbox tunnel, streamed and not; one
 // compacts its history (two branches), one crashes, one hangs past its
 // budget, one overflows the context, one never calls the model; one
-// speaks the Responses API. Every rollout is ok (misbehaviour is
-// data, with its stop reason), the reward is computed in the sandbox, and
-// every branch's trained ids re-score against the server.
+// speaks the Responses API. A second run, its sampler constrained by a
+// grammar to two well-formed calls per reply, has every API (streamed
+// and not) handle parallel tool calls, and a harness that loops stopped
+// by the env's call limit. Every rollout is ok (misbehaviour is data,
+// with its stop reason), the reward is computed in the sandbox, and every
+// trained id of every branch re-scores against the server.
 func TestHarnessEnvs(t *testing.T) {
 	if err := run("docker", "image", "inspect", harnessImage); err != nil {
 		t.Skipf("%s not built (rollout sandbox image --name harness): %v", harnessImage, err)
 	}
 	e := startEngine(t)
-	dir := t.TempDir()
+	vocab := llamacpptest.NVocab(t, e)
 	cases := []harnessCase{
 		{id: "openai", script: "openai_agent.py", flags: "--calls 3", budget: "5m", stop: "harness_exit", branches: 1},
 		{id: "openai-stream-compact", script: "openai_agent.py", flags: "--stream --calls 4 --compact-after 2", budget: "5m", stop: "harness_exit", branches: 2, streamed: true},
@@ -65,6 +79,46 @@ func TestHarnessEnvs(t *testing.T) {
 		{id: "overflow", script: "openai_agent.py", flags: "--pad 20000", budget: "5m", stop: "harness_crash", branches: 0, calls: 1},
 		{id: "no-call", script: "openai_agent.py", flags: "--no-call", budget: "5m", stop: "harness_no_calls"},
 	}
+	biased := map[string]any{"temperature": 1.0, "max_tokens": 48,
+		"extra_body": map[string]any{"logit_bias": collectionBias(t, e)}}
+	recs := runHarnessEnv(t, e, "proof", cases, 2, biased, 0)
+	start := time.Now()
+	checked, trained := checkHarnessRows(t, e, vocab, recs, cases, 2)
+	rescoring := time.Since(start)
+
+	// Parallel tool calls: two calls per reply, forced by the grammar;
+	// max_tokens leaves room for both even spelt byte by byte (the
+	// grammar lets the random model pick any tokenisation of the text).
+	callBytes := len(llamacpptest.CallTemplate) + len("echo hi")
+	parallel := []harnessCase{
+		{id: "par-chat", script: "openai_agent.py", flags: "--calls 2", budget: "5m", stop: "harness_exit", branches: 1, parallel: true},
+		{id: "par-chat-stream", script: "openai_agent.py", flags: "--stream --calls 2", budget: "5m", stop: "harness_exit", branches: 1, streamed: true, parallel: true},
+		{id: "par-responses", script: "openai_agent.py", flags: "--responses --calls 2", budget: "5m", stop: "harness_exit", branches: 1, parallel: true},
+		{id: "par-anthropic", script: "anthropic_agent.py", flags: "--calls 2", budget: "5m", stop: "harness_exit", branches: 1, parallel: true},
+		{id: "par-anthropic-stream", script: "anthropic_agent.py", flags: "--stream --calls 2", budget: "5m", stop: "harness_exit", branches: 1, streamed: true, parallel: true},
+		// A harness that loops: its call past harness.max_calls is refused
+		// (the SDK raises, the harness dies), the stop reason says why.
+		{id: "call-limit", script: "openai_agent.py", flags: "--calls 10", budget: "5m", stop: "harness_call_limit", branches: 1, calls: harnessCallLimit, parallel: true},
+	}
+	grammar := map[string]any{"temperature": 1.0, "max_tokens": 2*callBytes + 8,
+		"extra_body": map[string]any{"grammar": parallelGrammar}}
+	recs = runHarnessEnv(t, e, "parallel", parallel, 1, grammar, harnessCallLimit)
+	start = time.Now()
+	c, tr := checkHarnessRows(t, e, vocab, recs, parallel, 1)
+	rescoring += time.Since(start)
+	checked, trained = checked+c, trained+tr
+	if checked == 0 || checked != trained {
+		t.Fatalf("%d of %d trained ids re-scored, want all", checked, trained)
+	}
+	t.Logf("%d trained ids, all re-scored against the server in %s", trained, rescoring.Round(time.Millisecond))
+}
+
+// runHarnessEnv runs `rollout run` of a harness env of the given cases
+// (groupSize rollouts each) with the run's sampling and the env's
+// harness.max_calls (0: the gateway's), and returns its records.
+func runHarnessEnv(t *testing.T, e *llamacpptest.Engine, name string, cases []harnessCase, groupSize int, sampling map[string]any, maxCalls int) []trajectory.Record {
+	t.Helper()
+	dir := t.TempDir()
 	_, self, _, _ := runtime.Caller(0)
 	examples := filepath.Join(filepath.Dir(self), "..", "..", "..", "examples", "harnesses")
 	var files []map[string]any
@@ -79,15 +133,19 @@ func TestHarnessEnvs(t *testing.T) {
 	for _, c := range cases {
 		items = append(items, map[string]any{"id": c.id, "script": c.script, "flags": c.flags, "budget": c.budget})
 	}
+	harness := map[string]any{"command": "python3 /tmp/harness/{{.script}} {{.flags}}", "apis": []string{"openai", "anthropic"},
+		"budget": "{{.budget}}"}
+	if maxCalls > 0 {
+		harness["max_calls"] = maxCalls
+	}
 	env := map[string]any{
-		"name": "harness-proof", "prompt": "List the files in the working directory, then say how many there are.",
+		"name": "harness-" + name, "prompt": "List the files in the working directory, then say how many there are.",
 		"sandbox": map[string]any{"image": harnessImage, "workdir": "/workspace", "files": files},
-		"harness": map[string]any{"command": "python3 /tmp/harness/{{.script}} {{.flags}}", "apis": []string{"openai", "anthropic"},
-			"budget": "{{.budget}}"},
-		"items": items,
+		"harness": harness,
+		"items":   items,
 		// Computed in the sandbox after the harness: did it leave its answer file.
 		"rewards":    []map[string]any{{"type": "exit_code", "command": "test -f /workspace/answer.txt"}},
-		"group_size": 2,
+		"group_size": groupSize,
 	}
 	envPath := filepath.Join(dir, "harness.yaml")
 	if err := os.WriteFile(envPath, []byte(mustJSON(env)), 0o644); err != nil {
@@ -95,11 +153,10 @@ func TestHarnessEnvs(t *testing.T) {
 	}
 	out := filepath.Join(dir, "out")
 	cfg := map[string]any{
-		"env": envPath, "groups": len(cases), "group_size": 2, "seed": 35,
+		"env": envPath, "groups": len(cases), "group_size": groupSize, "seed": 35,
 		"inference": map[string]any{"backend": "llamacpp", "endpoints": []string{e.URL}, "retries": 3, "timeout": "2m"},
-		"sampling": map[string]any{"temperature": 1.0, "max_tokens": 48,
-			"extra_body": map[string]any{"logit_bias": collectionBias(t, e)}},
-		"parser": "hermes", "reasoning_parser": "qwen3", "rollout_timeout": "5m",
+		"sampling":  sampling,
+		"parser":    "hermes", "reasoning_parser": "qwen3", "rollout_timeout": "5m",
 		"limits":  map[string]any{"rollouts_in_flight": slots, "groups_in_flight": slots / 2, "sandboxes": slots},
 		"sandbox": map[string]any{"warm_pool": -1},
 		"output":  map[string]any{"dir": out},
@@ -110,7 +167,7 @@ func TestHarnessEnvs(t *testing.T) {
 	}
 	start := time.Now()
 	stdout, stderr, code := runRollout(t, suiteCtx(t), "run", "-c", cfgPath)
-	t.Logf("rollout run of the harness env: %d items × 2 in %s\n%s", len(cases), time.Since(start).Round(time.Second), stdout)
+	t.Logf("rollout run of the %s harness env: %d items × %d in %s\n%s", name, len(cases), groupSize, time.Since(start).Round(time.Second), stdout)
 	if code != 0 {
 		t.Fatalf("rollout run: exit %d\nstdout:\n%s\nstderr (tail):\n%s\nserver log:\n%s", code, stdout, tail(stderr, 40), e.LogTail(30))
 	}
@@ -122,7 +179,15 @@ func TestHarnessEnvs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	vocab := llamacpptest.NVocab(t, e)
+	return recs
+}
+
+// checkHarnessRows asserts the cases' rows and re-scores every trained id
+// of every branch against the server, in batches (the suite's check:
+// the recorded logprob is the server's for that id after that prefix).
+// It returns the ids re-scored and the ids trained.
+func checkHarnessRows(t *testing.T, e *llamacpptest.Engine, vocab int, recs []trajectory.Record, cases []harnessCase, groupSize int) (checked, trained int) {
+	t.Helper()
 	type key struct {
 		item string
 		idx  int32
@@ -132,9 +197,8 @@ func TestHarnessEnvs(t *testing.T) {
 		r := &recs[i]
 		rows[key{r.ItemID, r.RolloutIndex}] = append(rows[key{r.ItemID, r.RolloutIndex}], r)
 	}
-	checked, trained := 0, 0
 	for _, c := range cases {
-		for idx := int32(0); idx < 2; idx++ {
+		for idx := int32(0); idx < int32(groupSize); idx++ {
 			rs := rows[key{c.id, idx}]
 			name := fmt.Sprintf("%s/%d", c.id, idx)
 			if len(rs) == 0 {
@@ -162,18 +226,22 @@ func TestHarnessEnvs(t *testing.T) {
 			if c.branches >= 0 && max(c.branches, 1) != len(rs) {
 				t.Errorf("%s: %d rows (branches), want %d", name, len(rs), max(c.branches, 1))
 			}
+			var calls []struct {
+				Status string `json:"status"`
+				Reason string `json:"reason"`
+				Stream bool   `json:"stream"`
+			}
+			if main.Calls != "" {
+				if err := json.Unmarshal([]byte(main.Calls), &calls); err != nil {
+					t.Errorf("%s: calls column: %v", name, err)
+				}
+			}
+			if c.calls > 0 && len(calls) != c.calls {
+				t.Errorf("%s: %d calls recorded, want %d", name, len(calls), c.calls)
+			}
 			if c.branches == 0 {
-				var calls []struct {
-					Status string `json:"status"`
-					Reason string `json:"reason"`
-				}
-				if main.Calls != "" {
-					if err := json.Unmarshal([]byte(main.Calls), &calls); err != nil {
-						t.Errorf("%s: calls column: %v", name, err)
-					}
-				}
-				if len(calls) != c.calls || len(main.Tokens) != 0 {
-					t.Errorf("%s: %d calls %q, %d tokens; want %d calls, no tokens", name, len(calls), main.Calls, len(main.Tokens), c.calls)
+				if len(main.Tokens) != 0 {
+					t.Errorf("%s: %d tokens; want none", name, len(main.Tokens))
 				}
 				for _, cl := range calls {
 					if cl.Status != "error" || !strings.Contains(cl.Reason, "context") {
@@ -185,19 +253,17 @@ func TestHarnessEnvs(t *testing.T) {
 			if c.branches < 0 && len(main.Tokens) == 0 {
 				continue // no answered call: nothing to re-score
 			}
-			var calls []struct {
-				Status string `json:"status"`
-				Stream bool   `json:"stream"`
-				API    string `json:"api"`
-			}
-			if err := json.Unmarshal([]byte(main.Calls), &calls); err != nil || len(calls) == 0 {
-				t.Errorf("%s: calls column %q: %v", name, main.Calls, err)
+			if len(calls) == 0 {
+				t.Errorf("%s: no calls in %q", name, main.Calls)
 				continue
 			}
 			for _, cl := range calls {
 				if cl.Stream != c.streamed {
 					t.Errorf("%s: a call streamed %v, want %v", name, cl.Stream, c.streamed)
 				}
+			}
+			if c.parallel {
+				checkParallel(t, name, main)
 			}
 			for _, r := range rs {
 				if r.SessionID != main.SessionID || r.Reward != main.Reward {
@@ -208,8 +274,6 @@ func TestHarnessEnvs(t *testing.T) {
 					t.Errorf("%s branch %d: %d tokens, %d mask, %d logprobs", name, r.Branch, n, len(r.LossMask), len(r.Logprobs))
 					continue
 				}
-				// The suite's check: trained ids re-scored against the
-				// server (the first, the last and a spread of the rest).
 				var pos []int
 				for j, m := range r.LossMask {
 					if m == 1 {
@@ -220,19 +284,11 @@ func TestHarnessEnvs(t *testing.T) {
 				if len(pos) == 0 && c.stop == "harness_exit" {
 					t.Errorf("%s branch %d: no trained token", name, r.Branch)
 				}
-				if len(pos) > rescorePerBranch {
-					step := float64(len(pos)-1) / float64(rescorePerBranch-1)
-					pick := make([]int, rescorePerBranch)
-					for k := range pick {
-						pick[k] = pos[int(math.Round(float64(k)*step))]
-					}
-					pos = pick
-				}
-				for _, j := range pos {
-					want := llamacpptest.Rescore(t, e, vocab, r.Tokens[:j], r.Tokens[j])
-					checked++
-					if got := float64(r.Logprobs[j]); math.Abs(got-want) > logprobTolerance {
-						t.Errorf("%s branch %d token %d: recorded logprob %.4f, the server's %.4f", name, r.Branch, j, got, want)
+				want := llamacpptest.RescoreMany(t, e, vocab, r.Tokens, pos)
+				checked += len(pos)
+				for k, j := range pos {
+					if got := float64(r.Logprobs[j]); math.Abs(got-want[k]) > logprobTolerance {
+						t.Errorf("%s branch %d token %d: recorded logprob %.4f, the server's %.4f", name, r.Branch, j, got, want[k])
 						break
 					}
 				}
@@ -242,10 +298,64 @@ func TestHarnessEnvs(t *testing.T) {
 			}
 		}
 	}
-	if checked == 0 {
-		t.Fatal("no trained id re-scored")
+	return checked, trained
+}
+
+// checkParallel asserts a grammar-forced session's conversation: every
+// reply carries two well-formed calls, each answered by a tool result the
+// harness produced by running its command in the sandbox, and the echoes
+// extended one branch.
+func checkParallel(t *testing.T, name string, r *trajectory.Record) {
+	t.Helper()
+	var msgs []message
+	if err := json.Unmarshal([]byte(r.Messages), &msgs); err != nil {
+		t.Errorf("%s: messages: %v", name, err)
+		return
 	}
-	t.Logf("%d rows; %d trained ids, %d re-scored against the server", len(recs), trained, checked)
+	replies := 0
+	answered := map[string]bool{}
+	for _, m := range msgs {
+		switch m.Role {
+		case "assistant":
+			replies++
+			if len(m.ToolCalls) != 2 {
+				t.Errorf("%s: a reply with %d tool calls, want 2 (grammar-forced): content %v", name, len(m.ToolCalls), m.Content)
+			}
+			for _, c := range m.ToolCalls {
+				var args map[string]any
+				if c.Function.Name != "terminal" || json.Unmarshal([]byte(c.Function.Arguments), &args) != nil || args["command"] == nil {
+					t.Errorf("%s: call %s(%s) is not a well-formed terminal call", name, c.Function.Name, c.Function.Arguments)
+				}
+			}
+		case "tool":
+			// The harness ran the command (ls, pwd, echo): its output,
+			// never an error.
+			b, _ := json.Marshal(m.Content)
+			if s := string(b); s == `""` || s == "null" || strings.Contains(s, "error") {
+				t.Errorf("%s: tool result %s", name, s)
+			}
+			answered[m.ToolCallID] = true
+		}
+	}
+	if replies == 0 {
+		t.Errorf("%s: no reply in the branch's messages", name)
+	}
+	// Every call but the last reply's (the harness ran those and stopped,
+	// or its next call was refused) is answered in the history.
+	seen := 0
+	for _, m := range msgs {
+		if m.Role != "assistant" {
+			continue
+		}
+		if seen++; seen == replies {
+			break
+		}
+		for _, c := range m.ToolCalls {
+			if !answered[c.ID] {
+				t.Errorf("%s: call %s has no tool result in the history", name, c.ID)
+			}
+		}
+	}
 }
 
 func run(name string, args ...string) error {

@@ -195,9 +195,11 @@ func (s stats) String() string {
 }
 
 type message struct {
-	Role      string `json:"role"`
-	Content   any    `json:"content"`
-	ToolCalls []struct {
+	Role       string `json:"role"`
+	Content    any    `json:"content"`
+	ToolCallID string `json:"tool_call_id"`
+	ToolCalls  []struct {
+		ID       string `json:"id"`
 		Function struct {
 			Name      string `json:"name"`
 			Arguments string `json:"arguments"`

@@ -44,6 +44,48 @@ func tunnelSuite(t *testing.T, newSandbox func(t *testing.T) sandbox.Sandbox, on
 	t.Run("listener close ends connections", func(t *testing.T) { tunnelListenerClose(t, newSandbox(t)) })
 	t.Run("sandbox closed mid-connection", func(t *testing.T) { tunnelSandboxClosed(t, newSandbox(t)) })
 	t.Run("context ends the listener", func(t *testing.T) { tunnelContext(t, newSandbox(t)) })
+	t.Run("dial a server in the sandbox", func(t *testing.T) { tunnelDial(t, newSandbox(t)) })
+}
+
+// tunnelDial: the host connects to a server listening on the sandbox's
+// loopback (busybox nc as an echo server) through sandbox.Dial; a port
+// nobody listens on is refused as a failed operation, not a broken
+// sandbox.
+func tunnelDial(t *testing.T, sb sandbox.Sandbox) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if _, err := sandbox.Dial(ctx, sb, 9124); !errors.Is(err, sandbox.ErrFailed) {
+		t.Fatalf("dial a closed port: %v, want ErrFailed", err)
+	}
+	if _, err := sb.Start(ctx, sandbox.ExecRequest{Command: "nc -ll -p 9123 -e cat"}); err != nil {
+		t.Fatal(err)
+	}
+	var c net.Conn
+	for {
+		var err error
+		if c, err = sandbox.Dial(ctx, sb, 9123); err == nil {
+			break
+		}
+		if !errors.Is(err, sandbox.ErrFailed) || ctx.Err() != nil {
+			t.Fatalf("dial the echo server: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond) // nc not listening yet
+	}
+	payload := strings.Repeat("tunnel dial ", 100_000)
+	go func() {
+		_, _ = io.WriteString(c, payload)
+		_ = c.(interface{ CloseWrite() error }).CloseWrite()
+	}()
+	got, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatalf("read the echo: %v", err)
+	}
+	if string(got) != payload {
+		t.Fatalf("echo: %d bytes back of %d", len(got), len(payload))
+	}
+	if err := c.Close(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // serve serves h on a tunnel listener of sb until the test ends.

@@ -1,0 +1,1 @@
+"""Generated gRPC stubs of rollout.v1 (buf.gen.python.yaml; `make proto`)."""
