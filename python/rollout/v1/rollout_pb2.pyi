@@ -40,6 +40,24 @@ class BeginPolicyUpdateResponse(_message.Message):
     pause_ms: int
     def __init__(self, fallback: bool = ..., in_flight: _Optional[int] = ..., pause_ms: _Optional[int] = ..., current_version: _Optional[int] = ...) -> None: ...
 
+class BranchSummary(_message.Message):
+    __slots__ = ["calls", "index", "parent", "shared_tokens", "split_call", "tokens", "trained_tokens"]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    SHARED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SPLIT_CALL_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TRAINED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    calls: int
+    index: int
+    parent: int
+    shared_tokens: int
+    split_call: int
+    tokens: int
+    trained_tokens: int
+    def __init__(self, index: _Optional[int] = ..., parent: _Optional[int] = ..., split_call: _Optional[int] = ..., shared_tokens: _Optional[int] = ..., tokens: _Optional[int] = ..., trained_tokens: _Optional[int] = ..., calls: _Optional[int] = ...) -> None: ...
+
 class CallStatus(_message.Message):
     __slots__ = ["index", "name", "reason", "span_end", "span_start", "status", "turn"]
     INDEX_FIELD_NUMBER: _ClassVar[int]
@@ -71,6 +89,18 @@ class CancelJobResponse(_message.Message):
     JOB_FIELD_NUMBER: _ClassVar[int]
     job: Job
     def __init__(self, job: _Optional[_Union[Job, _Mapping]] = ...) -> None: ...
+
+class CloseSessionRequest(_message.Message):
+    __slots__ = ["session_id"]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ...) -> None: ...
+
+class CloseSessionResponse(_message.Message):
+    __slots__ = ["summary"]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    summary: SessionSummary
+    def __init__(self, summary: _Optional[_Union[SessionSummary, _Mapping]] = ...) -> None: ...
 
 class CollectCredit(_message.Message):
     __slots__ = ["groups", "trainer_version"]
@@ -342,6 +372,43 @@ class ListJobsResponse(_message.Message):
     jobs: _containers.RepeatedCompositeFieldContainer[Job]
     def __init__(self, jobs: _Optional[_Iterable[_Union[Job, _Mapping]]] = ...) -> None: ...
 
+class OpenSessionRequest(_message.Message):
+    __slots__ = ["group_id", "group_size", "item_id", "metadata"]
+    class MetadataEntry(_message.Message):
+        __slots__ = ["key", "value"]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ITEM_ID_FIELD_NUMBER: _ClassVar[int]
+    METADATA_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    group_size: int
+    item_id: str
+    metadata: _containers.ScalarMap[str, str]
+    def __init__(self, group_id: _Optional[str] = ..., item_id: _Optional[str] = ..., metadata: _Optional[_Mapping[str, str]] = ..., group_size: _Optional[int] = ...) -> None: ...
+
+class OpenSessionResponse(_message.Message):
+    __slots__ = ["anthropic_base_url", "api_key", "expires_after_idle_seconds", "group_id", "index", "openai_base_url", "session_id"]
+    ANTHROPIC_BASE_URL_FIELD_NUMBER: _ClassVar[int]
+    API_KEY_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_AFTER_IDLE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    OPENAI_BASE_URL_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    anthropic_base_url: str
+    api_key: str
+    expires_after_idle_seconds: float
+    group_id: str
+    index: int
+    openai_base_url: str
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ..., group_id: _Optional[str] = ..., index: _Optional[int] = ..., openai_base_url: _Optional[str] = ..., anthropic_base_url: _Optional[str] = ..., api_key: _Optional[str] = ..., expires_after_idle_seconds: _Optional[float] = ...) -> None: ...
+
 class Rollout(_message.Message):
     __slots__ = ["advantage", "attempts", "branch", "branches", "call_statuses", "calls_json", "completion_tokens", "distill", "drift_tokens", "failure_kind", "failure_message", "finished_naturally", "index", "logprobs", "loss_mask", "loss_mask_runs", "messages_json", "parent_branch", "prompt_tokens", "reward", "reward_components", "rollout_id", "routed_experts", "routed_experts_shape", "session_id", "shared_tokens", "split_call", "status", "stop_reason", "token_versions", "tokens", "trained_logprobs", "turn_rewards", "turns", "unscored_tokens", "version_cuts"]
     class RewardComponentsEntry(_message.Message):
@@ -425,6 +492,72 @@ class Rollout(_message.Message):
     version_cuts: _containers.RepeatedCompositeFieldContainer[VersionCut]
     def __init__(self, index: _Optional[int] = ..., rollout_id: _Optional[str] = ..., status: _Optional[str] = ..., failure_kind: _Optional[str] = ..., failure_message: _Optional[str] = ..., reward: _Optional[float] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., advantage: _Optional[float] = ..., tokens: _Optional[_Iterable[int]] = ..., loss_mask: _Optional[_Iterable[int]] = ..., logprobs: _Optional[_Iterable[float]] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., turns: _Optional[int] = ..., finished_naturally: bool = ..., stop_reason: _Optional[str] = ..., messages_json: _Optional[str] = ..., drift_tokens: _Optional[int] = ..., attempts: _Optional[int] = ..., token_versions: _Optional[_Iterable[int]] = ..., version_cuts: _Optional[_Iterable[_Union[VersionCut, _Mapping]]] = ..., loss_mask_runs: _Optional[_Iterable[int]] = ..., trained_logprobs: _Optional[_Iterable[float]] = ..., turn_rewards: _Optional[_Iterable[float]] = ..., distill: _Optional[_Iterable[_Union[TeacherTopK, _Mapping]]] = ..., unscored_tokens: _Optional[int] = ..., call_statuses: _Optional[_Iterable[_Union[CallStatus, _Mapping]]] = ..., routed_experts: _Optional[_Iterable[int]] = ..., routed_experts_shape: _Optional[_Iterable[int]] = ..., session_id: _Optional[str] = ..., branch: _Optional[int] = ..., parent_branch: _Optional[int] = ..., split_call: _Optional[int] = ..., shared_tokens: _Optional[int] = ..., calls_json: _Optional[str] = ..., branches: _Optional[_Iterable[_Union[Rollout, _Mapping]]] = ...) -> None: ...
 
+class ScoreSessionRequest(_message.Message):
+    __slots__ = ["branch_rewards", "metrics", "reward", "session_id"]
+    class BranchRewardsEntry(_message.Message):
+        __slots__ = ["key", "value"]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: float
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[float] = ...) -> None: ...
+    class MetricsEntry(_message.Message):
+        __slots__ = ["key", "value"]
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    BRANCH_REWARDS_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    REWARD_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    branch_rewards: _containers.ScalarMap[int, float]
+    metrics: _containers.ScalarMap[str, float]
+    reward: float
+    session_id: str
+    def __init__(self, session_id: _Optional[str] = ..., reward: _Optional[float] = ..., branch_rewards: _Optional[_Mapping[int, float]] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class ScoreSessionResponse(_message.Message):
+    __slots__ = ["group_id", "pending"]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    group_id: str
+    pending: int
+    def __init__(self, group_id: _Optional[str] = ..., pending: _Optional[int] = ...) -> None: ...
+
+class SessionSummary(_message.Message):
+    __slots__ = ["answered_calls", "branches", "calls", "completion_tokens", "drift_tokens", "failed_calls", "group_id", "index", "prompt_tokens", "reason", "rewritten", "session_id", "status", "unanchored"]
+    ANSWERED_CALLS_FIELD_NUMBER: _ClassVar[int]
+    BRANCHES_FIELD_NUMBER: _ClassVar[int]
+    CALLS_FIELD_NUMBER: _ClassVar[int]
+    COMPLETION_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DRIFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FAILED_CALLS_FIELD_NUMBER: _ClassVar[int]
+    GROUP_ID_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    REWRITTEN_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    UNANCHORED_FIELD_NUMBER: _ClassVar[int]
+    answered_calls: int
+    branches: _containers.RepeatedCompositeFieldContainer[BranchSummary]
+    calls: int
+    completion_tokens: int
+    drift_tokens: int
+    failed_calls: int
+    group_id: str
+    index: int
+    prompt_tokens: int
+    reason: str
+    rewritten: int
+    session_id: str
+    status: str
+    unanchored: int
+    def __init__(self, session_id: _Optional[str] = ..., group_id: _Optional[str] = ..., index: _Optional[int] = ..., status: _Optional[str] = ..., reason: _Optional[str] = ..., calls: _Optional[int] = ..., answered_calls: _Optional[int] = ..., failed_calls: _Optional[int] = ..., prompt_tokens: _Optional[int] = ..., completion_tokens: _Optional[int] = ..., rewritten: _Optional[int] = ..., unanchored: _Optional[int] = ..., drift_tokens: _Optional[int] = ..., branches: _Optional[_Iterable[_Union[BranchSummary, _Mapping]]] = ...) -> None: ...
+
 class StartJobRequest(_message.Message):
     __slots__ = ["config_path", "config_yaml", "job_id", "mode"]
     CONFIG_PATH_FIELD_NUMBER: _ClassVar[int]
@@ -485,6 +618,18 @@ class WatchJobResponse(_message.Message):
     group: Group
     progress: JobProgress
     def __init__(self, progress: _Optional[_Union[JobProgress, _Mapping]] = ..., group: _Optional[_Union[Group, _Mapping]] = ..., finished: _Optional[_Union[Job, _Mapping]] = ...) -> None: ...
+
+class WatchSessionGroupsRequest(_message.Message):
+    __slots__ = ["token_layout"]
+    TOKEN_LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    token_layout: TokenLayout
+    def __init__(self, token_layout: _Optional[_Union[TokenLayout, str]] = ...) -> None: ...
+
+class WatchSessionGroupsResponse(_message.Message):
+    __slots__ = ["group"]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    group: Group
+    def __init__(self, group: _Optional[_Union[Group, _Mapping]] = ...) -> None: ...
 
 class JobMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = []

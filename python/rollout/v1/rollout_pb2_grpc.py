@@ -421,3 +421,202 @@ class RolloutService(object):
             rollout_dot_v1_dot_rollout__pb2.DescribeEnvironmentResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+
+class GatewayServiceStub(object):
+    """GatewayService controls the sessions of a standalone token-capturing
+    gateway (`rollout gateway`, docs/gateway.md "Standalone gateway"): the
+    caller runs its harnesses elsewhere, opens a session per rollout, points
+    the harness at the session's base URL, closes the session when the
+    harness is done and posts its reward. When every session of a group is
+    scored (or expired), the group gets its advantages, is written to the
+    run directory and is streamed to WatchSessionGroups. A service of its
+    own, not RPCs on RolloutService: a gateway process runs no jobs, and a
+    `rollout serve` client should not see session RPCs it cannot use.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.OpenSession = channel.unary_unary(
+                '/rollout.v1.GatewayService/OpenSession',
+                request_serializer=rollout_dot_v1_dot_rollout__pb2.OpenSessionRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_rollout__pb2.OpenSessionResponse.FromString,
+                )
+        self.CloseSession = channel.unary_unary(
+                '/rollout.v1.GatewayService/CloseSession',
+                request_serializer=rollout_dot_v1_dot_rollout__pb2.CloseSessionRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_rollout__pb2.CloseSessionResponse.FromString,
+                )
+        self.ScoreSession = channel.unary_unary(
+                '/rollout.v1.GatewayService/ScoreSession',
+                request_serializer=rollout_dot_v1_dot_rollout__pb2.ScoreSessionRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_rollout__pb2.ScoreSessionResponse.FromString,
+                )
+        self.WatchSessionGroups = channel.unary_stream(
+                '/rollout.v1.GatewayService/WatchSessionGroups',
+                request_serializer=rollout_dot_v1_dot_rollout__pb2.WatchSessionGroupsRequest.SerializeToString,
+                response_deserializer=rollout_dot_v1_dot_rollout__pb2.WatchSessionGroupsResponse.FromString,
+                )
+
+
+class GatewayServiceServicer(object):
+    """GatewayService controls the sessions of a standalone token-capturing
+    gateway (`rollout gateway`, docs/gateway.md "Standalone gateway"): the
+    caller runs its harnesses elsewhere, opens a session per rollout, points
+    the harness at the session's base URL, closes the session when the
+    harness is done and posts its reward. When every session of a group is
+    scored (or expired), the group gets its advantages, is written to the
+    run directory and is streamed to WatchSessionGroups. A service of its
+    own, not RPCs on RolloutService: a gateway process runs no jobs, and a
+    `rollout serve` client should not see session RPCs it cannot use.
+    """
+
+    def OpenSession(self, request, context):
+        """OpenSession opens a session in a group (a new group when group_id is
+        empty). RESOURCE_EXHAUSTED when the gateway holds its maximum of open
+        sessions; FAILED_PRECONDITION when the group already has group_size
+        sessions or is finished.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CloseSession(self, request, context):
+        """CloseSession ends a session (calls in flight are waited for) and
+        returns its summary. NOT_FOUND for an unknown session;
+        FAILED_PRECONDITION when it is already closed or expired.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ScoreSession(self, request, context):
+        """ScoreSession posts a closed session's reward. FAILED_PRECONDITION
+        before CloseSession, after an expiry, or a second time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchSessionGroups(self, request, context):
+        """WatchSessionGroups streams finished groups: each group goes to one
+        watcher, in completion order; groups finished while no one watched
+        wait in the gateway (they are in the run directory already).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_GatewayServiceServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'OpenSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenSession,
+                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.OpenSessionRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_rollout__pb2.OpenSessionResponse.SerializeToString,
+            ),
+            'CloseSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseSession,
+                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.CloseSessionRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_rollout__pb2.CloseSessionResponse.SerializeToString,
+            ),
+            'ScoreSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.ScoreSession,
+                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.ScoreSessionRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_rollout__pb2.ScoreSessionResponse.SerializeToString,
+            ),
+            'WatchSessionGroups': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchSessionGroups,
+                    request_deserializer=rollout_dot_v1_dot_rollout__pb2.WatchSessionGroupsRequest.FromString,
+                    response_serializer=rollout_dot_v1_dot_rollout__pb2.WatchSessionGroupsResponse.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'rollout.v1.GatewayService', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+
+
+ # This class is part of an EXPERIMENTAL API.
+class GatewayService(object):
+    """GatewayService controls the sessions of a standalone token-capturing
+    gateway (`rollout gateway`, docs/gateway.md "Standalone gateway"): the
+    caller runs its harnesses elsewhere, opens a session per rollout, points
+    the harness at the session's base URL, closes the session when the
+    harness is done and posts its reward. When every session of a group is
+    scored (or expired), the group gets its advantages, is written to the
+    run directory and is streamed to WatchSessionGroups. A service of its
+    own, not RPCs on RolloutService: a gateway process runs no jobs, and a
+    `rollout serve` client should not see session RPCs it cannot use.
+    """
+
+    @staticmethod
+    def OpenSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/rollout.v1.GatewayService/OpenSession',
+            rollout_dot_v1_dot_rollout__pb2.OpenSessionRequest.SerializeToString,
+            rollout_dot_v1_dot_rollout__pb2.OpenSessionResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def CloseSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/rollout.v1.GatewayService/CloseSession',
+            rollout_dot_v1_dot_rollout__pb2.CloseSessionRequest.SerializeToString,
+            rollout_dot_v1_dot_rollout__pb2.CloseSessionResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ScoreSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/rollout.v1.GatewayService/ScoreSession',
+            rollout_dot_v1_dot_rollout__pb2.ScoreSessionRequest.SerializeToString,
+            rollout_dot_v1_dot_rollout__pb2.ScoreSessionResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def WatchSessionGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(request, target, '/rollout.v1.GatewayService/WatchSessionGroups',
+            rollout_dot_v1_dot_rollout__pb2.WatchSessionGroupsRequest.SerializeToString,
+            rollout_dot_v1_dot_rollout__pb2.WatchSessionGroupsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
