@@ -256,14 +256,24 @@ func decodeInput(raw json.RawMessage) ([]gateway.Message, error) {
 				}
 			}
 			ref := refFromCallItemID(it.ID)
+			tc := openai.ToolCall{
+				ID: it.CallID, Type: openai.ToolTypeFunction,
+				Function: openai.FunctionCall{Name: it.Name, Arguments: args},
+			}
+			if cur == nil {
+				// A harness that answers each call before the next
+				// (call, output, call, output) still sends one reply's
+				// calls: they rejoin that reply's assistant message.
+				if k := callsOf(out, ref); k >= 0 {
+					out[k].ToolCalls = append(out[k].ToolCalls, tc)
+					continue
+				}
+			}
 			if !join(ref) {
 				flush()
 			}
 			start(ref)
-			cur.msg.ToolCalls = append(cur.msg.ToolCalls, openai.ToolCall{
-				ID: it.CallID, Type: openai.ToolTypeFunction,
-				Function: openai.FunctionCall{Name: it.Name, Arguments: args},
-			})
+			cur.msg.ToolCalls = append(cur.msg.ToolCalls, tc)
 			cur.hasTools = true
 		case "function_call_output":
 			if it.CallID == "" {
@@ -285,6 +295,33 @@ func decodeInput(raw json.RawMessage) ([]gateway.Message, error) {
 	}
 	flush()
 	return out, nil
+}
+
+// callsOf returns the index of the assistant message of reply ref that
+// out ends with, followed only by tool results answering its calls; -1
+// when there is none or ref is unknown (an item id the gateway did not
+// issue: then nothing says the calls belong to one reply).
+func callsOf(out []gateway.Message, ref string) int {
+	if ref == "" {
+		return -1
+	}
+	k := len(out) - 1
+	for k >= 0 && out[k].Role == openai.ChatMessageRoleTool {
+		k--
+	}
+	if k < 0 || k == len(out)-1 || out[k].Role != openai.ChatMessageRoleAssistant || out[k].Ref != ref || len(out[k].ToolCalls) == 0 {
+		return -1
+	}
+	issued := make(map[string]bool, len(out[k].ToolCalls))
+	for _, c := range out[k].ToolCalls {
+		issued[c.ID] = true
+	}
+	for _, m := range out[k+1:] {
+		if !issued[m.ToolCallID] {
+			return -1
+		}
+	}
+	return k
 }
 
 // messageText joins a message's text parts; parts are joined with "\n".

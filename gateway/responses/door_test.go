@@ -108,6 +108,43 @@ func TestAssistantGrouping(t *testing.T) {
 	}
 }
 
+// TestInterleavedCallsRejoin: a harness that sends each call of one reply
+// followed by its output (call, output, call, output) gets one assistant
+// message with both calls, then both results, as the reply was sampled;
+// calls of another reply, or without the gateway's item ids, stay apart.
+func TestInterleavedCallsRejoin(t *testing.T) {
+	body := `{"model":"m","input":[
+		{"type":"message","role":"user","content":"go"},
+		{"type":"function_call","id":"fc_R_0","call_id":"c1","name":"f","arguments":"{}"},
+		{"type":"function_call_output","call_id":"c1","output":"one"},
+		{"type":"function_call","id":"fc_R_1","call_id":"c2","name":"f","arguments":"{}"},
+		{"type":"function_call_output","call_id":"c2","output":"two"},
+		{"type":"function_call","id":"fc_S_0","call_id":"c3","name":"f","arguments":"{}"},
+		{"type":"function_call_output","call_id":"c3","output":"three"},
+		{"type":"function_call","call_id":"c4","name":"f","arguments":"{}"},
+		{"type":"function_call_output","call_id":"c4","output":"four"}
+	]}`
+	call, _, err := decode([]byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, m := range call.Messages {
+		s := m.Role + ":" + m.Ref
+		for _, c := range m.ToolCalls {
+			s += "+" + c.ID
+		}
+		if m.ToolCallID != "" {
+			s += "=" + m.ToolCallID
+		}
+		got = append(got, s)
+	}
+	want := "user:,assistant:R+c1+c2,tool:=c1,tool:=c2,assistant:S+c3,tool:=c3,assistant:+c4,tool:=c4"
+	if strings.Join(got, ",") != want {
+		t.Errorf("messages\n got %s\nwant %s", strings.Join(got, ","), want)
+	}
+}
+
 // TestNonStreamingSDK: the official Go SDK parses the response object;
 // its items carry the reply, and sent back as input they decode to a
 // message whose Ref is the reply's id.
