@@ -150,19 +150,45 @@ func (j *Job) StartCheck(ctx context.Context) error {
 			return err
 		}
 	}
-	if hc, ok := j.Runner.Policy().(endpointChecker); ok {
-		if err := j.ready(ctx, "the inference start check", func(ctx context.Context) error { return hc.Ready(ctx, 0) }); err != nil {
+	for _, c := range policyChecks(j.Runner.Policy(), j.Runner.Config().Sampling) {
+		if err := j.ready(ctx, c.what, c.check); err != nil {
 			return err
 		}
 	}
-	if tc, ok := j.Runner.Policy().(templateChecker); ok {
-		// Tokens mode learns the template's assistant-turn closing on the
-		// first turn of every rollout: a template it cannot work with would
-		// fail them all, each as an infra failure, retried.
-		s := j.Runner.Config().Sampling
-		return j.ready(ctx, "the chat template start check", func(ctx context.Context) error { return tc.CheckTemplate(ctx, s) })
-	}
 	return nil
+}
+
+// startCheck is one check of a policy before its first generation.
+type startCheck struct {
+	what  string // names the check in a cancellation's error
+	check func(context.Context) error
+}
+
+// policyChecks are the policy's start checks, in order: its endpoints
+// answer within inference.ready_timeout and serve the model; then, in
+// tokens mode, the chat template is one it can work with (it learns the
+// assistant-turn closing on the first turn of every rollout: a template
+// it cannot work with would fail them all, each as an infra failure,
+// retried).
+func policyChecks(p inference.Policy, s inference.Sampling) []startCheck {
+	var cs []startCheck
+	if hc, ok := p.(endpointChecker); ok {
+		cs = append(cs, startCheck{"the inference start check", func(ctx context.Context) error { return hc.Ready(ctx, 0) }})
+	}
+	if tc, ok := p.(templateChecker); ok {
+		cs = append(cs, startCheck{"the chat template start check", func(ctx context.Context) error { return tc.CheckTemplate(ctx, s) }})
+	}
+	return cs
+}
+
+// startError makes a start check's failure a config error when the
+// config is what is wrong: a model not served, a key refused, a template
+// tokens mode cannot use.
+func startError(err error) error {
+	if errors.Is(err, inference.ErrModelNotServed) || errors.Is(err, inference.ErrEndpointRefused) || errors.Is(err, inference.ErrTemplate) {
+		return fmt.Errorf("%w: %w", runner.ErrConfig, err)
+	}
+	return err
 }
 
 // templateChecker is the policy's tokens-mode template check
@@ -186,14 +212,7 @@ func (j *Job) ready(ctx context.Context, what string, check func(context.Context
 		case <-stop:
 		}
 	}()
-	err := check(cctx)
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, inference.ErrModelNotServed), errors.Is(err, inference.ErrEndpointRefused), errors.Is(err, inference.ErrTemplate):
-		return fmt.Errorf("%w: %w", runner.ErrConfig, err)
-	}
-	return err
+	return startError(check(cctx))
 }
 
 // exitPolicy fails a run that produced no ok rollout, whose infra_failed

@@ -79,6 +79,14 @@ func OpenStandalone(ctx context.Context, cfg runner.Config, opts StandaloneOptio
 	if err != nil {
 		return nil, fmt.Errorf("%w: inference: %w", runner.ErrConfig, err)
 	}
+	// The checks a run makes before its first rollout: a wrong model,
+	// key or template would otherwise fail every session's first call.
+	for _, c := range policyChecks(policy, cfg.Sampling) {
+		if err := c.check(ctx); err != nil {
+			closePolicy(policy)
+			return nil, startError(err)
+		}
+	}
 	copts := capture.Options{Parser: cfg.Parser, ReasoningParser: cfg.ReasoningParser, Sampling: cfg.Sampling,
 		Doors: builtin.FrontDoors(), Logger: log, IdleTimeout: opts.IdleTimeout, MaxSessions: opts.MaxSessions, OnExpire: opts.OnExpire}
 	if cfg.Inference.Model != "" {

@@ -9,7 +9,9 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -466,3 +468,19 @@ func TestGatewaySessionLifecycle(t *testing.T) {
 }
 
 func second[T any](_ T, err error) error { return err }
+
+// A standalone gateway makes a run's start checks: a model its engine does
+// not serve fails NewGatewayServer as a config error naming it, before
+// any session could fail on it; nothing is written.
+func TestGatewayStartCheck(t *testing.T) {
+	srv := simtest.Start(t, sim.Config{Family: "hermes"})
+	cfg := runner.Config{Parser: "hermes", Output: runner.Output{Dir: t.TempDir()},
+		Inference: inference.Config{Backend: inference.BackendVLLM, Endpoints: []string{srv.URL}, Model: "not-served", Retries: -1}}
+	_, err := NewGatewayServer(context.Background(), cfg, GatewayOptions{BaseURL: "http://127.0.0.1:1"})
+	if !errors.Is(err, runner.ErrConfig) || !errors.Is(err, inference.ErrModelNotServed) || !strings.Contains(err.Error(), "not-served") {
+		t.Fatalf("err %v, want a config error naming the model", err)
+	}
+	if ents, _ := os.ReadDir(cfg.Output.Dir); len(ents) != 0 {
+		t.Fatalf("the run directory has %d entries after a failed start", len(ents))
+	}
+}
