@@ -68,6 +68,19 @@ func TestPythonPackage(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	// A standalone gateway on the same engine, for GatewayClient's tests
+	// (its front doors on a second port; its gRPC port is the one waited on).
+	gwCfg := filepath.Join(dir, "gateway.yaml")
+	gwConfig := fmt.Sprintf("inference:\n  backend: llamacpp\n  endpoints: [%s]\n  retries: 3\n  timeout: 2m\n"+
+		"parser: hermes\nsampling: {temperature: 1.0, max_tokens: 16}\noutput: {dir: %s}\n", e.URL, filepath.Join(dir, "gateway-run"))
+	if err := os.WriteFile(gwCfg, []byte(gwConfig), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	gwPort := proctest.StartServer(ctx, t, "gateway", func(port int) []string {
+		return []string{bin, "gateway", "-c", gwCfg, "--listen", "127.0.0.1:" + strconv.Itoa(port),
+			"--http-listen", "127.0.0.1:" + strconv.Itoa(proctest.FreePort(t))}
+	}, proctest.Listening)
+
 	// pip builds in the source directory: install from a copy, so the
 	// checkout stays clean and parallel runs do not meet.
 	src := filepath.Join(dir, "src")
@@ -110,7 +123,7 @@ func TestPythonPackage(t *testing.T) {
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1",
 		"ROLLOUT_ADDR=127.0.0.1:"+strconv.Itoa(port), "ROLLOUT_CONFIG="+cfg, "ROLLOUT_GROUP_SIZE="+strconv.Itoa(groupSize),
-		"ROLLOUT_ITEMS="+items, "ROLLOUT_EXPECT_INSTALLED=1")
+		"ROLLOUT_ITEMS="+items, "ROLLOUT_EXPECT_INSTALLED=1", "ROLLOUT_GATEWAY_ADDR=127.0.0.1:"+strconv.Itoa(gwPort))
 	out := run("unittest", cmd)
 	m := regexp.MustCompile(`(?m)^Ran (\d+) tests? in`).FindStringSubmatch(out)
 	if m == nil {

@@ -8,7 +8,8 @@
             group = stream.get()          # rollout.types.Group
             stream.credit(1)
 
-Adapters for trainers live in :mod:`rollout.adapters` (TRL, SkyRL, verl).
+:class:`GatewayClient` drives a standalone ``rollout gateway`` (sessions for
+harnesses that run elsewhere). Adapters for trainers live in :mod:`rollout.adapters` (TRL, SkyRL, verl).
 See docs/python.md in the repository.
 """
 
@@ -17,6 +18,7 @@ from .client import Client, CollectStream, StreamClosed
 from .errors import (Aborted, AlreadyExists, Cancelled, DeadlineExceeded, FailedPrecondition, Internal,
                      InvalidArgument, LayoutError, NotFound, PermissionDenied, ResourceExhausted, RolloutError,
                      Unauthenticated, Unavailable)
+from .gateway import GatewayClient, Session
 from .types import Group, Rollout, token_columns
 from .v1 import rollout_pb2 as pb
 
@@ -24,7 +26,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Aborted", "AlreadyExists", "Batch", "Cancelled", "Client", "CollectStream", "DeadlineExceeded",
-    "FailedPrecondition", "Group", "Internal", "InvalidArgument", "LayoutError", "NotFound", "PermissionDenied",
-    "ResourceExhausted", "Rollout", "RolloutError", "StreamClosed", "Unauthenticated", "Unavailable",
+    "FailedPrecondition", "GatewayClient", "Group", "Internal", "InvalidArgument", "LayoutError", "NotFound", "PermissionDenied",
+    "ResourceExhausted", "Rollout", "RolloutError", "Session", "StreamClosed", "Unauthenticated", "Unavailable",
     "have_numpy", "pb", "to_batch", "token_columns",
 ]

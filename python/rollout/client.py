@@ -34,12 +34,13 @@ def _layout(compact: bool) -> int:
     return pb.TOKEN_LAYOUT_COMPACT if compact else pb.TOKEN_LAYOUT_FULL
 
 
-class Client:
-    """A connection to ``rollout serve`` at ``addr`` (``host:port`` or
-    ``unix:PATH``). ``token`` (or the file ``token_file``) is the bearer
-    token when the server needs one. ``timeout`` is the deadline of each
-    unary call in seconds. Use it as a context manager or call
-    :meth:`close`."""
+class _Connection:
+    """A gRPC channel to a rollout service at ``addr`` (``host:port`` or
+    ``unix:PATH``) with its bearer token (``token`` or the file
+    ``token_file``) and the deadline of each unary call (``timeout``,
+    seconds). Use it as a context manager or call :meth:`close`."""
+
+    _stub_class: Any = None
 
     def __init__(self, addr: str, *, token: Optional[str] = None, token_file: Optional[str] = None,
                  timeout: float = 60.0, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
@@ -60,11 +61,11 @@ class Client:
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
         ] + list(options))
-        self._stub = pb_grpc.RolloutServiceStub(self._channel)
+        self._stub = self._stub_class(self._channel)
 
     # Lifecycle.
 
-    def __enter__(self) -> "Client":
+    def __enter__(self):
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -88,6 +89,13 @@ class Client:
                                              timeout=self.timeout if timeout is None else timeout)
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e, name) from e
+
+
+class Client(_Connection):
+    """A connection to ``rollout serve`` (``rollout.v1.RolloutService``);
+    the arguments are :class:`_Connection`'s."""
+
+    _stub_class = pb_grpc.RolloutServiceStub
 
     # Service identity and the env catalogue.
 
