@@ -3,6 +3,8 @@ package server
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"io"
@@ -10,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -482,5 +485,80 @@ func TestGatewayStartCheck(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(cfg.Output.Dir); len(ents) != 0 {
 		t.Fatalf("the run directory has %d entries after a failed start", len(ents))
+	}
+}
+
+// The front doors over HTTPS (rollout gateway --http-tls-cert/-key): a
+// session's base URL answers a client that trusts the certificate, and a
+// cleartext request gets no answer from a door.
+func TestGatewayFrontDoorsTLS(t *testing.T) {
+	dir := t.TempDir()
+	certs(t, dir)
+	httpTLS, err := LoadTLS(filepath.Join(dir, "server.crt"), filepath.Join(dir, "server.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := simtest.Start(t, sim.Config{Family: "hermes"})
+	cfg := runner.Config{Parser: "hermes", Output: runner.Output{Dir: t.TempDir()},
+		Inference: inference.Config{Backend: inference.BackendVLLM, Endpoints: []string{srv.URL}, Retries: -1}}
+	ctx, cancel := context.WithCancel(context.Background())
+	hl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs, err := NewGatewayServer(ctx, cfg, GatewayOptions{BaseURL: "https://" + hl.Addr().String()})
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		done <- RunGateway(ctx, gs, GatewayRunOptions{HTTPListener: hl, HTTPTLS: httpTLS,
+			RunOptions: RunOptions{Listener: gl, DrainTimeout: time.Minute}})
+	}()
+	conn, err := Dial(ClientOptions{Addr: gl.Addr().String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("RunGateway: %v", err)
+		}
+		conn.Close()
+	}()
+	s, err := rolloutv1.NewGatewayServiceClient(conn.Conn).OpenSession(context.Background(), &rolloutv1.OpenSessionRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.HasPrefix(s.OpenaiBaseUrl, "https://") {
+		t.Fatalf("base URL %q, want https", s.OpenaiBaseUrl)
+	}
+	pool := x509.NewCertPool()
+	ca, err := os.ReadFile(filepath.Join(dir, "ca.crt"))
+	if err != nil || !pool.AppendCertsFromPEM(ca) {
+		t.Fatalf("ca: %v", err)
+	}
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	resp, err := client.Get(s.OpenaiBaseUrl + "/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !bytes.Contains(body, []byte(`"object":"list"`)) {
+		t.Fatalf("https models: %d %s", resp.StatusCode, body)
+	}
+	plain := "http://" + strings.TrimPrefix(s.OpenaiBaseUrl, "https://") + "/models"
+	if resp, err := http.Get(plain); err == nil {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if bytes.Contains(b, []byte(`"object":"list"`)) {
+			t.Fatalf("a cleartext request was answered by the door: %d %s", resp.StatusCode, b)
+		}
 	}
 }

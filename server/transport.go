@@ -211,6 +211,9 @@ type GatewayRunOptions struct {
 	RunOptions
 	// HTTPListener serves the gateway's front doors (capture.Handler).
 	HTTPListener net.Listener
+	// HTTPTLS, when set, serves the front doors over HTTPS (HTTP/2
+	// offered); nil serves cleartext HTTP.
+	HTTPTLS *tls.Config
 }
 
 // RunGateway serves a standalone gateway until ctx ends: its session
@@ -229,15 +232,24 @@ func RunGateway(ctx context.Context, gs *GatewayServer, o GatewayRunOptions) err
 	httpDone := make(chan error, 1)
 	hctx, stop := context.WithCancel(ctx)
 	defer stop()
+	scheme := "http"
+	if o.HTTPTLS != nil {
+		scheme, srv.TLSConfig = "https", o.HTTPTLS.Clone()
+	}
 	go func() {
-		err := srv.Serve(o.HTTPListener)
+		var err error
+		if srv.TLSConfig != nil {
+			err = srv.ServeTLS(o.HTTPListener, "", "") // the certificates are in TLSConfig
+		} else {
+			err = srv.Serve(o.HTTPListener)
+		}
 		if !errors.Is(err, http.ErrServerClosed) {
 			log.Error("gateway front doors failed, shutting down", "error", err)
 			stop()
 		}
 		httpDone <- err
 	}()
-	log.Info("gateway front doors listening", "addr", "http://"+o.HTTPListener.Addr().String(), "dir", gs.Dir())
+	log.Info("gateway front doors listening", "addr", scheme+"://"+o.HTTPListener.Addr().String(), "dir", gs.Dir())
 	err := runGRPC(hctx, NewGatewayGRPC(gs, o.Transport), nil, "rollout gateway", o.RunOptions)
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"os"
@@ -27,6 +28,8 @@ type gatewayFlags struct {
 	tokenFile     string
 	tlsCert       string
 	tlsKey        string
+	httpTLSCert   string
+	httpTLSKey    string
 	drainTimeout  time.Duration
 }
 
@@ -66,13 +69,15 @@ and flushes the run directory.`,
 	fl.IntVar(&f.groupSize, "group-size", 0, "sessions per group when OpenSession does not say (overrides group_size; default 1)")
 	fl.StringVar(&f.listen, "listen", "127.0.0.1:50052", "gRPC address of the session control API: host:port, or unix:PATH")
 	fl.StringVar(&f.httpListen, "http-listen", "127.0.0.1:8090", "HTTP address of the front doors harnesses call")
-	fl.StringVar(&f.publicURL, "public-url", "", "base URL harnesses reach --http-listen at (default http://<--http-listen's address>)")
+	fl.StringVar(&f.publicURL, "public-url", "", "base URL harnesses reach --http-listen at (default http(s)://<--http-listen's address>)")
 	fl.StringVar(&f.metricsListen, "metrics-listen", "", "HTTP address for GET /metrics (empty: no metrics port)")
 	fl.DurationVar(&f.idleTimeout, "idle-timeout", server.DefaultIdleTimeout, "close a session with no call for this long and record it without a reward (0: never)")
 	fl.IntVar(&f.maxSessions, "max-sessions", 0, "open sessions at once (default 10000); over it OpenSession is RESOURCE_EXHAUSTED")
 	fl.StringVar(&f.tokenFile, "auth-token-file", "", "file holding the bearer token gRPC callers must send (required off loopback)")
 	fl.StringVar(&f.tlsCert, "tls-cert", "", "TLS certificate (PEM) of the gRPC API; with --tls-key")
 	fl.StringVar(&f.tlsKey, "tls-key", "", "TLS private key (PEM); with --tls-cert")
+	fl.StringVar(&f.httpTLSCert, "http-tls-cert", "", "TLS certificate (PEM) of the front doors (HTTPS); with --http-tls-key")
+	fl.StringVar(&f.httpTLSKey, "http-tls-key", "", "TLS private key (PEM) of the front doors; with --http-tls-cert")
 	fl.DurationVar(&f.drainTimeout, "drain-timeout", time.Minute, "at shutdown, cut calls still in flight after this long (0: wait)")
 	return cmd
 }
@@ -83,6 +88,8 @@ func runGateway(cmd *cobra.Command, f *gatewayFlags) error {
 		return usageError(cmd, errors.New("--config is required"))
 	case (f.tlsCert == "") != (f.tlsKey == ""):
 		return usageError(cmd, errors.New("--tls-cert and --tls-key go together"))
+	case (f.httpTLSCert == "") != (f.httpTLSKey == ""):
+		return usageError(cmd, errors.New("--http-tls-cert and --http-tls-key go together"))
 	case f.idleTimeout < 0 || f.maxSessions < 0 || f.drainTimeout < 0 || f.groupSize < 0:
 		return usageError(cmd, errors.New("--idle-timeout, --max-sessions, --drain-timeout and --group-size must not be negative"))
 	}
@@ -110,6 +117,12 @@ func runGateway(cmd *cobra.Command, f *gatewayFlags) error {
 			return withExitCode(2, err)
 		}
 	}
+	var httpTLS *tls.Config
+	if f.httpTLSCert != "" {
+		if httpTLS, err = server.LoadTLS(f.httpTLSCert, f.httpTLSKey); err != nil {
+			return withExitCode(2, err)
+		}
+	}
 	log := newLogger(os.Stderr)
 	ctx := cmd.Context()
 	hl, err := server.Listen(ctx, f.httpListen)
@@ -119,6 +132,9 @@ func runGateway(cmd *cobra.Command, f *gatewayFlags) error {
 	public := f.publicURL
 	if public == "" {
 		public = "http://" + hl.Addr().String()
+		if httpTLS != nil {
+			public = "https://" + hl.Addr().String()
+		}
 	}
 	idle := f.idleTimeout
 	if idle == 0 {
@@ -129,7 +145,7 @@ func runGateway(cmd *cobra.Command, f *gatewayFlags) error {
 		hl.Close()
 		return withExitCode(2, err)
 	}
-	o := server.GatewayRunOptions{HTTPListener: hl, RunOptions: server.RunOptions{Transport: t, DrainTimeout: f.drainTimeout, Logger: log}}
+	o := server.GatewayRunOptions{HTTPListener: hl, HTTPTLS: httpTLS, RunOptions: server.RunOptions{Transport: t, DrainTimeout: f.drainTimeout, Logger: log}}
 	closeAll := func() {
 		hl.Close()
 		if o.Listener != nil {
