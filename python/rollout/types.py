@@ -135,6 +135,29 @@ class Rollout:
     def response_versions(self) -> List[int]:
         return self.token_versions[self.prompt_tokens:]
 
+    def routed_experts(self) -> Optional[List[List[List[int]]]]:
+        """The engine's mixture-of-experts routing (routing replay) as
+        ``[len(tokens)][layers][topk]``: for each token, the experts it was
+        routed to at each layer; zeros at the positions the engine reported
+        none for (the last sampled token and what follows it), as verl and
+        SkyRL pad. None when the rollout carries no routing."""
+        r = self.raw
+        if r is None or not len(r.routed_experts_shape):
+            return None
+        shape = list(r.routed_experts_shape)
+        if len(shape) != 3 or min(shape) < 0:
+            raise LayoutError("rollout %d: routed_experts_shape %s: want [positions, layers, topk]" % (self.index, shape))
+        positions, layers, topk = shape
+        flat = r.routed_experts
+        if len(flat) != positions * layers * topk:
+            raise LayoutError("rollout %d: %d routed experts for shape %s" % (self.index, len(flat), shape))
+        if positions > len(self.tokens):
+            raise LayoutError("rollout %d: routing for %d positions of %d tokens" % (self.index, positions, len(self.tokens)))
+        out = [[list(flat[(p * layers + l) * topk:(p * layers + l + 1) * topk]) for l in range(layers)]
+               for p in range(positions)]
+        out.extend([[0] * topk for _ in range(layers)] for _ in range(len(self.tokens) - positions))
+        return out
+
     def messages(self) -> List[Dict[str, Any]]:
         """The conversation as chat messages (empty when not recorded)."""
         return json.loads(self.messages_json) if self.messages_json else []

@@ -138,3 +138,48 @@ class Errors(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class RoutedExperts(unittest.TestCase):
+    """Routing replay: the flat wire column as [tokens][layers][topk],
+    zero-padded; the adapters' mapping."""
+
+    def rollout(self, n_tokens=4, positions=3, layers=2, topk=2, flat=None):
+        if flat is None:
+            flat = list(range(1, positions * layers * topk + 1))
+        return Rollout.from_proto(pb.Rollout(tokens=list(range(n_tokens)), loss_mask=[0] * n_tokens, prompt_tokens=2,
+                                             routed_experts=flat, routed_experts_shape=[positions, layers, topk]))
+
+    def test_decode_and_pad(self):
+        re = self.rollout().routed_experts()
+        self.assertEqual(len(re), 4)
+        self.assertEqual(re[0], [[1, 2], [3, 4]])
+        self.assertEqual(re[2], [[9, 10], [11, 12]])
+        self.assertEqual(re[3], [[0, 0], [0, 0]])  # the last sampled token has none
+
+    def test_none_and_bad(self):
+        self.assertIsNone(Rollout.from_proto(pb.Rollout(tokens=[1], loss_mask=[1])).routed_experts())
+        for r in (self.rollout(flat=[1, 2, 3]), self.rollout(n_tokens=2), ):
+            with self.assertRaises(errors.LayoutError):
+                r.routed_experts()
+
+    def test_adapters(self):
+        from rollout.adapters._common import AdapterError, group_routing
+        from rollout.adapters.verl import RolloutAgentLoopManager
+
+        a, b = self.rollout(), self.rollout()
+        self.assertEqual(len(group_routing([a, b], "t")), 2)
+        plain = Rollout.from_proto(pb.Rollout(tokens=[1, 2, 3, 4], loss_mask=[0, 0, 1, 1], prompt_tokens=2))
+        self.assertIsNone(group_routing([plain], "t"))
+        with self.assertRaises(AdapterError):
+            group_routing([a, plain], "t")
+        # verl's padded batch: routing aligned with input_ids.
+        m = RolloutAgentLoopManager(rollout.Client("127.0.0.1:1"), "env: x\n", prompt_length=3, response_length=3)
+        out = {"prompt_ids": a.prompt_ids, "response_ids": a.response_ids, "response_mask": [1, 1],
+               "response_logprobs": None, "routed_experts": a.routed_experts(), "reward_score": 1.0,
+               "num_turns": 2, "metrics": {}, "extra_fields": {}}
+        tensors, _, _ = m.postprocess([out])
+        re = [[list(map(int, l)) for l in p] for p in tensors["routed_experts"][0]]
+        zero = [[0, 0], [0, 0]]
+        self.assertEqual(re, [zero, [[1, 2], [3, 4]], [[5, 6], [7, 8]], [[9, 10], [11, 12]], zero, zero])
+        m.close()

@@ -170,3 +170,17 @@ def runs_by_key(keys: Sequence[Any], what: str) -> List[range]:
             runs.append(range(start, i))
             start = i
     return runs
+
+
+def group_routing(rollouts: Sequence[Any], what: str) -> Optional[List[Any]]:
+    """The rollouts' routed experts (``Rollout.routed_experts``), each
+    ``[len(tokens)][layers][topk]``: None when none carries routing; an
+    AdapterError when only some do (the exports refuse the same)."""
+    routing = [r.routed_experts() for r in rollouts]
+    have = [x is not None for x in routing]
+    if not any(have):
+        return None
+    if not all(have):
+        raise AdapterError("%s: only %d of %d rollouts carry routed experts (inference.routed_experts): "
+                           "refusing a batch with and without routing" % (what, sum(have), len(have)))
+    return routing

@@ -14,7 +14,7 @@ import asyncio
 from typing import Any, Callable, Dict, List, Optional
 
 from ..client import Client
-from ._common import (AdapterError, ItemCollector, default_to_item, finish_reason, runs_by_key,
+from ._common import (AdapterError, ItemCollector, default_to_item, finish_reason, group_routing, runs_by_key,
                       sampling_overrides, split_runs)
 
 
@@ -98,7 +98,10 @@ class RolloutGenerator:
         env_metrics = [{"rollout_status": r.status, "failure_kind": r.failure_kind, "stop_reason": r.stop_reason,
                         "turns": r.turns, "group_id": g.group_id, "policy_lag": g.policy_lag}
                        for g in groups for r in g.rollouts]
-        result.update(rollout_metrics=metrics, trajectory_ids=traj_ids, rollout_expert_indices=None,
+        # SkyRL's rollout_expert_indices: [seq_len, layers, topk] per
+        # trajectory over prompt + response, zero-padded.
+        experts = group_routing(rollouts, "GeneratorOutput.rollout_expert_indices")
+        result.update(rollout_metrics=metrics, trajectory_ids=traj_ids, rollout_expert_indices=experts,
                       trajectory_generation_times=None, trajectory_time_splits=None, is_last_step=None,
                       env_metrics=env_metrics, pixel_values=None, image_grid_thw=None)
         return result

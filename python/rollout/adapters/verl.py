@@ -24,7 +24,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ..batch import _np
 from ..client import Client
-from ._common import AdapterError, ItemCollector, default_to_item, runs_by_key, sampling_overrides, split_runs
+from ._common import (AdapterError, ItemCollector, default_to_item, group_routing, runs_by_key, sampling_overrides,
+                      split_runs)
 
 
 def default_verl_item(row: Dict[str, Any]) -> Dict[str, Any]:
@@ -93,12 +94,14 @@ class RolloutAgentLoopManager:
         groups = self.collector.collect(items, sizes.pop(), policy_version=step if isinstance(step, int) and step >= 0 else None,
                                         sampling=self.sampling or None)
         outs = []
+        # verl's routed_experts: per sample, [prompt + response][layers][topk].
+        experts = group_routing([r for g in groups for r in g.rollouts], "AgentLoopOutput.routed_experts")
         for g in groups:
             for r in g.rollouts:
                 lp = r.response_logprobs
                 outs.append({
                     "prompt_ids": r.prompt_ids, "response_ids": r.response_ids, "response_mask": r.trainable_response_mask,
-                    "response_logprobs": lp, "routed_experts": None, "multi_modal_data": None,
+                    "response_logprobs": lp, "routed_experts": experts[len(outs)] if experts else None, "multi_modal_data": None,
                     "reward_score": r.reward if r.ok else 0.0, "num_turns": r.turns,
                     "metrics": {"generate_sequences": 0.0, "tool_calls": 0.0, "num_preempted": -1},
                     "extra_fields": {"rollout_status": r.status, "rollout_stop_reason": r.stop_reason,
@@ -127,6 +130,11 @@ class RolloutAgentLoopManager:
         cols: Dict[str, List[Any]] = {k: [] for k in ("prompts", "responses", "response_mask", "input_ids",
                                                       "attention_mask", "position_ids", "rollout_log_probs", "rm_scores")}
         with_logprobs = all(o["response_logprobs"] is not None for o in outs)
+        # Routing aligned with input_ids (left-padded prompt, right-padded
+        # response), zeros in the padding, as verl's _postprocess places it.
+        with_routing = all(o.get("routed_experts") for o in outs)
+        if with_routing:
+            cols["routed_experts"] = []
         pad = self.pad_token_id
         for i, o in enumerate(outs):
             p = o["prompt_ids"]
@@ -153,6 +161,10 @@ class RolloutAgentLoopManager:
             if resp:
                 score[len(resp) - 1] = float(o["reward_score"])
             cols["rm_scores"].append(score)
+            if with_routing:
+                re = o["routed_experts"]
+                zero = [[0] * len(re[0][0]) for _ in re[0]]
+                cols["routed_experts"].append([zero] * pgap + re[:len(p) + len(resp)] + [zero] * rgap)
         if not with_logprobs:
             del cols["rollout_log_probs"]
         non_tensors: Dict[str, Any] = {"__num_turns__": [o["num_turns"] for o in outs]}
