@@ -46,6 +46,13 @@ const gatewayToken = "gw-test-token"
 
 func startGateway(t *testing.T, cfg runner.Config, opts GatewayOptions) *gatewayRig {
 	t.Helper()
+	return startGatewayTLS(t, cfg, opts, nil)
+}
+
+// startGatewayTLS is startGateway with the front doors over HTTPS when
+// httpTLS is set.
+func startGatewayTLS(t *testing.T, cfg runner.Config, opts GatewayOptions, httpTLS *tls.Config) *gatewayRig {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	hl, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -57,6 +64,9 @@ func startGateway(t *testing.T, cfg runner.Config, opts GatewayOptions) *gateway
 	}
 	cfg.Output.Dir = t.TempDir()
 	opts.BaseURL = "http://" + hl.Addr().String()
+	if httpTLS != nil {
+		opts.BaseURL = "https://" + hl.Addr().String()
+	}
 	gs, err := NewGatewayServer(ctx, cfg, opts)
 	if err != nil {
 		cancel()
@@ -64,7 +74,7 @@ func startGateway(t *testing.T, cfg runner.Config, opts GatewayOptions) *gateway
 	}
 	done := make(chan error, 1)
 	go func() {
-		done <- RunGateway(ctx, gs, GatewayRunOptions{HTTPListener: hl,
+		done <- RunGateway(ctx, gs, GatewayRunOptions{HTTPListener: hl, HTTPTLS: httpTLS,
 			RunOptions: RunOptions{Transport: Transport{Token: gatewayToken}, Listener: gl, DrainTimeout: time.Minute}})
 	}()
 	conn, err := Dial(ClientOptions{Addr: gl.Addr().String(), Token: gatewayToken})
@@ -499,39 +509,10 @@ func TestGatewayFrontDoorsTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := simtest.Start(t, sim.Config{Family: "hermes"})
-	cfg := runner.Config{Parser: "hermes", Output: runner.Output{Dir: t.TempDir()},
+	cfg := runner.Config{Parser: "hermes",
 		Inference: inference.Config{Backend: inference.BackendVLLM, Endpoints: []string{srv.URL}, Retries: -1}}
-	ctx, cancel := context.WithCancel(context.Background())
-	hl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs, err := NewGatewayServer(ctx, cfg, GatewayOptions{BaseURL: "https://" + hl.Addr().String()})
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() {
-		done <- RunGateway(ctx, gs, GatewayRunOptions{HTTPListener: hl, HTTPTLS: httpTLS,
-			RunOptions: RunOptions{Listener: gl, DrainTimeout: time.Minute}})
-	}()
-	conn, err := Dial(ClientOptions{Addr: gl.Addr().String()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("RunGateway: %v", err)
-		}
-		conn.Close()
-	}()
-	s, err := rolloutv1.NewGatewayServiceClient(conn.Conn).OpenSession(context.Background(), &rolloutv1.OpenSessionRequest{})
+	r := startGatewayTLS(t, cfg, GatewayOptions{}, httpTLS)
+	s, err := r.client.OpenSession(context.Background(), &rolloutv1.OpenSessionRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
