@@ -400,10 +400,9 @@ func (e *tokenEpisode) probeClosingNoPrefill(ctx context.Context, key string) ([
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
-	n := commonSuffix(ry, rz)
-	if n == 0 || n == len(ry) || n == len(rz) {
-		return nil, &Error{Class: ErrRequest, Op: "template probe", RequestID: e.spec.ID, Err: ErrTemplate,
-			Msg: fmt.Sprintf("cannot find the assistant-turn closing of model %s's chat template (renders of %d and %d ids share a %d-id suffix)", e.spec.Model, len(ry), len(rz), n)}
+	n, err := e.closingSuffix(ry, rz)
+	if err != nil {
+		return nil, err
 	}
 	s := ry[len(ry)-n:]
 	// Does the server close a trailing assistant message? Then [user x,
@@ -441,6 +440,20 @@ func (e *tokenEpisode) prefill() bool {
 	return e.c.prefill[e.closingKey()]
 }
 
+// closingSuffix is the length of the common suffix of the renders of the
+// two probe conversations (answers "y" and "z"): the assistant-turn
+// closing. None, or one render being all suffix, is a template tokens
+// mode cannot work with (the same answer on every request: a
+// configuration error).
+func (e *tokenEpisode) closingSuffix(ry, rz []int32) (int, error) {
+	n := commonSuffix(ry, rz)
+	if n == 0 || n == len(ry) || n == len(rz) {
+		return 0, &Error{Class: ErrRequest, Op: "template probe", RequestID: e.spec.ID, Err: ErrTemplate,
+			Msg: fmt.Sprintf("cannot find the assistant-turn closing of model %s's chat template (renders of %d and %d ids share a %d-id suffix)", e.spec.Model, len(ry), len(rz), n)}
+	}
+	return n, nil
+}
+
 func commonSuffix(a, b []int32) int {
 	n := 0
 	for n < len(a) && n < len(b) && a[len(a)-1-n] == b[len(b)-1-n] {
@@ -465,11 +478,9 @@ func (e *tokenEpisode) probeClosing(ctx context.Context, key string) ([]int32, e
 	if err := g.Wait(); err != nil {
 		return nil, err
 	}
-	n := commonSuffix(ry, rz)
-	if n == 0 || n == len(ry) || n == len(rz) {
-		// The same answer on every request: a configuration error.
-		return nil, &Error{Class: ErrRequest, Op: "template probe", RequestID: e.spec.ID, Err: ErrTemplate,
-			Msg: fmt.Sprintf("cannot find the assistant-turn closing of model %s's chat template (renders of %d and %d ids share a %d-id suffix)", e.spec.Model, len(ry), len(rz), n)}
+	n, err := e.closingSuffix(ry, rz)
+	if err != nil {
+		return nil, err
 	}
 	cl := slices.Clone(ry[len(ry)-n:])
 	e.c.mu.Lock()
