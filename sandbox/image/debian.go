@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -39,6 +40,13 @@ var bookworm = &debootstrapRecipe{
 	},
 }
 
+// baseEnv is the environment every image of the project sets.
+var baseEnv = []string{
+	"ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+	"ENV LANG=C.UTF-8",
+	"ENV PYTHONDONTWRITEBYTECODE=1",
+}
+
 func init() {
 	addRecipe(&recipe{
 		name:   "bookworm",
@@ -51,14 +59,8 @@ func init() {
 		// dpkg path-exclude options, because with those mmdebstrap pipes
 		// every essential package through a Python filter, which cost
 		// about a minute on 2 busy cores.
-		prune: docsPrune,
-		changes: []string{
-			"ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-			"ENV LANG=C.UTF-8",
-			"ENV PYTHONDONTWRITEBYTECODE=1",
-			"WORKDIR /workspace",
-			`CMD ["/bin/bash"]`,
-		},
+		prune:   docsPrune,
+		changes: append(slices.Clone(baseEnv), "WORKDIR /workspace", `CMD ["/bin/bash"]`),
 	})
 }
 

@@ -1,6 +1,9 @@
 package image
 
-import "context"
+import (
+	"context"
+	"slices"
+)
 
 // harnessSid is Debian sid with the official OpenAI and Anthropic Python
 // SDKs from Debian packages (no PyPI): the task image of harness envs,
@@ -29,20 +32,14 @@ var harnessSid = &debootstrapRecipe{
 
 func init() {
 	addRecipe(&recipe{
-		name:   "harness",
-		kind:   Harness,
-		ref:    "rollout-harness:sid",
-		doc:    "Debian sid minbase + bash, coreutils, curl, python3, python3-openai, python3-anthropic (harness envs' task image)",
-		spec:   func(context.Context) (string, error) { return harnessSid.spec() },
-		rootfs: harnessSid.rootfs,
-		layer:  withShell(agentUser, "/bin/bash"),
-		prune:  docsPrune,
-		changes: []string{
-			"ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-			"ENV LANG=C.UTF-8",
-			"ENV PYTHONDONTWRITEBYTECODE=1",
-			"WORKDIR /workspace",
-			`CMD ["/bin/bash"]`,
-		},
+		name:    "harness",
+		kind:    Harness,
+		ref:     "rollout-harness:sid",
+		doc:     "Debian sid minbase + bash, coreutils, curl, python3, python3-openai, python3-anthropic (harness envs' task image)",
+		spec:    func(context.Context) (string, error) { return harnessSid.spec() },
+		rootfs:  harnessSid.rootfs,
+		layer:   withShell(agentUser, "/bin/bash"),
+		prune:   docsPrune,
+		changes: append(slices.Clone(baseEnv), "WORKDIR /workspace", `CMD ["/bin/bash"]`),
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"embed"
 	"io/fs"
+	"slices"
 	"strings"
 )
 
@@ -78,16 +79,13 @@ func init() {
 		rootfs: llamacppSid.rootfs,
 		layer:  withShell(agentUser, "/bin/bash"),
 		prune:  docsPrune,
-		changes: []string{
-			"ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-			"ENV LANG=C.UTF-8",
-			"ENV PYTHONDONTWRITEBYTECODE=1",
+		changes: append(slices.Clone(baseEnv),
 			"WORKDIR /models",
 			"USER agent",
 			"EXPOSE 8080/tcp",
 			"LABEL io.rollout.engine=llamacpp",
-			"LABEL io.rollout.engine.model=" + LlamacppModel,
+			"LABEL io.rollout.engine.model="+LlamacppModel,
 			cmd,
-		},
+		),
 	})
 }
