@@ -15,6 +15,10 @@ import (
 // polymorphic fields stay raw and are decoded by hand, so that a wrong
 // shape gets an error naming the field.
 type request struct {
+	// fields are the request's top-level fields as sent (for the echo of
+	// the response object and the recorded sampler fields).
+	fields map[string]json.RawMessage
+
 	Model              string          `json:"model"`
 	Instructions       json.RawMessage `json:"instructions"`
 	Input              json.RawMessage `json:"input"`
@@ -84,8 +88,7 @@ func decode(body []byte) (gateway.Call, request, error) {
 	if err := json.Unmarshal(body, &req); err != nil {
 		return gateway.Call{}, req, bad("", "the request body is not a valid Responses request: %v", err)
 	}
-	var all map[string]json.RawMessage
-	_ = json.Unmarshal(body, &all) // valid: the struct decode above succeeded
+	_ = json.Unmarshal(body, &req.fields) // valid: the struct decode above succeeded
 	call := gateway.Call{
 		API:               Name,
 		Model:             req.Model,
@@ -108,7 +111,7 @@ func decode(body []byte) (gateway.Call, request, error) {
 		}
 		call.MaxTokens = *req.MaxOutputTokens
 	}
-	call.Requested = doorkit.Requested(all, recorded)
+	call.Requested = doorkit.Requested(req.fields, recorded)
 	if doorkit.IsSet(req.Instructions) {
 		var s string
 		if err := json.Unmarshal(req.Instructions, &s); err != nil {

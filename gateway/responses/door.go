@@ -9,7 +9,6 @@ package responses
 import (
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"slices"
@@ -75,8 +74,6 @@ func (d *Door) serve(w http.ResponseWriter, r *http.Request, c gateway.Completer
 		writeGatewayError(w, err, call.Model)
 		return
 	}
-	var fields map[string]json.RawMessage
-	_ = json.Unmarshal(body, &fields)
 	encrypted := slices.Contains(req.Include, "reasoning.encrypted_content")
 	session := r.PathValue("session")
 
@@ -86,7 +83,7 @@ func (d *Door) serve(w http.ResponseWriter, r *http.Request, c gateway.Completer
 			writeGatewayError(w, err, call.Model)
 			return
 		}
-		resp := skeleton(respPrefix+rep.ID, req, fields, call.Model, d.now())
+		resp := skeleton(respPrefix+rep.ID, req, req.fields, call.Model, d.now())
 		finish(&resp, rep, encrypted)
 		doorkit.WriteJSON(w, http.StatusOK, resp)
 		return
@@ -103,14 +100,14 @@ func (d *Door) serve(w http.ResponseWriter, r *http.Request, c gateway.Completer
 			writeGatewayError(w, err, call.Model)
 			return
 		}
-		resp := skeleton(respPrefix+"failed_"+randomID(), req, fields, call.Model, d.now())
+		resp := skeleton(respPrefix+"failed_"+randomID(), req, req.fields, call.Model, d.now())
 		s.failed(resp, err)
 		return
 	}
 	if s == nil {
 		s = startStream(w)
 	}
-	resp := skeleton(respPrefix+rep.ID, req, fields, call.Model, d.now())
+	resp := skeleton(respPrefix+rep.ID, req, req.fields, call.Model, d.now())
 	s.reply(resp, rep, encrypted)
 }
 
