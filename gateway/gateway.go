@@ -60,6 +60,10 @@ type Call struct {
 	// become a leading system message).
 	Messages []Message
 	Tools    []openai.Tool
+	// ToolsRaw is the request's tools field as the harness sent it, in the
+	// door's own shape (nil: none sent). The Completer may key its parsed
+	// form of Tools by it: a harness sends the same tools on every call.
+	ToolsRaw []byte `json:"-"`
 	// ToolChoice is nil when the harness sent none (auto).
 	ToolChoice *ToolChoice
 	// ParallelToolCalls is nil when the harness did not say.

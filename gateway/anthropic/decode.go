@@ -107,6 +107,7 @@ func decode(body []byte) (gateway.Call, error) {
 		return call, bad(fmt.Sprintf("messages.%d", len(req.Messages)-1), "a final assistant message (prefill) is not supported: the gateway generates a new assistant turn from the rendered history")
 	}
 	var err error
+	call.ToolsRaw = req.Tools
 	if call.Tools, err = decodeTools(req.Tools); err != nil {
 		return call, err
 	}

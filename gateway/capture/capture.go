@@ -119,6 +119,7 @@ type Gateway struct {
 	log    *slog.Logger
 	prefix string // reply id prefix, random per gateway
 	seq    atomic.Uint64
+	tools  toolCache
 
 	mu       sync.Mutex
 	sessions map[string]*Session

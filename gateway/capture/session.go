@@ -203,7 +203,7 @@ func (s *Session) check(ctx context.Context, call gateway.Call) (model string, c
 	if err := validate(call); err != nil {
 		return "", 0, nil, "", err
 	}
-	toolsKey, schemas, err = toolKeys(call.Tools)
+	toolsKey, schemas, err = s.g.tools.keys(call)
 	return model, ctxLen, schemas, toolsKey, err
 }
 
@@ -327,6 +327,48 @@ func validate(call gateway.Call) error {
 		return gateway.Errorf(gateway.ErrBadRequest, "max_tokens", "max_tokens %d is negative", call.MaxTokens)
 	}
 	return nil
+}
+
+// toolCache holds the parsed form of the tool lists calls send, by the
+// API and the bytes its front door decoded them from (Call.ToolsRaw): a
+// harness sends the same tools on every call, and the sessions of one
+// harness send the same ones. Entries are shared and never modified.
+type toolCache struct {
+	mu sync.Mutex
+	m  map[string]toolEntry
+}
+
+type toolEntry struct {
+	key     string
+	schemas []parsers.ToolSchema
+}
+
+// toolCacheSize bounds the cache: past it, the cache starts over.
+const toolCacheSize = 256
+
+// keys is toolKeys, from the cache when the call's raw tools were seen.
+func (c *toolCache) keys(call gateway.Call) (string, []parsers.ToolSchema, error) {
+	if len(call.Tools) == 0 || len(call.ToolsRaw) == 0 {
+		return toolKeys(call.Tools)
+	}
+	ck := call.API + "\x00" + string(call.ToolsRaw)
+	c.mu.Lock()
+	e, ok := c.m[ck]
+	c.mu.Unlock()
+	if ok {
+		return e.key, e.schemas, nil
+	}
+	key, schemas, err := toolKeys(call.Tools)
+	if err != nil {
+		return "", nil, err
+	}
+	c.mu.Lock()
+	if c.m == nil || len(c.m) >= toolCacheSize {
+		c.m = map[string]toolEntry{}
+	}
+	c.m[ck] = toolEntry{key: key, schemas: schemas}
+	c.mu.Unlock()
+	return key, schemas, nil
 }
 
 func toolKeys(tools []openai.Tool) (string, []parsers.ToolSchema, error) {

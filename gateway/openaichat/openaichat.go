@@ -12,13 +12,13 @@
 package openaichat
 
 import (
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
 	"time"
 
 	openai "github.com/sashabaranov/go-openai"
+	json "github.com/segmentio/encoding/json"
 
 	"github.com/rollout-rl/rollout/gateway"
 	"github.com/rollout-rl/rollout/gateway/doorkit"
@@ -122,7 +122,7 @@ func decode(r *http.Request) (gateway.Call, bool, *apiError) {
 	if req.N != nil && *req.N != 1 {
 		return gateway.Call{}, false, badRequest("n", "n=%d is not supported: the gateway answers one choice", *req.N)
 	}
-	call := gateway.Call{API: Name, Model: req.Model, Tools: req.Tools, ParallelToolCalls: req.ParallelToolCalls, Stream: req.Stream}
+	call := gateway.Call{API: Name, Model: req.Model, Tools: req.Tools, ToolsRaw: fields["tools"], ParallelToolCalls: req.ParallelToolCalls, Stream: req.Stream}
 	for i, t := range req.Tools {
 		if t.Type != openai.ToolTypeFunction || t.Function == nil || t.Function.Name == "" {
 			return gateway.Call{}, false, badRequest(fmt.Sprintf("tools[%d]", i), "a tool must be {\"type\":\"function\",\"function\":{\"name\":…}}")

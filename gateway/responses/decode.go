@@ -129,6 +129,7 @@ func decode(body []byte) (gateway.Call, request, error) {
 	if len(call.Messages) == 0 && call.Previous == "" {
 		return call, req, bad("input", "input is required")
 	}
+	call.ToolsRaw = req.Tools
 	if call.Tools, err = decodeTools(req.Tools); err != nil {
 		return call, req, err
 	}

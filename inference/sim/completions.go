@@ -49,30 +49,43 @@ func (h *handler) decodePrompt(raw json.RawMessage, addSpecial bool) (promptList
 		pl.ids = append(pl.ids, h.encodeText(s, addSpecial))
 		pl.texts = append(pl.texts, s)
 	}
-	var s string
-	if json.Unmarshal(trim, &s) == nil {
-		addText(s)
-		return pl, nil
-	}
-	var ss []string
-	if json.Unmarshal(trim, &ss) == nil && len(ss) > 0 {
-		for _, s := range ss {
+	// One decode, chosen by the first byte (and an array's first
+	// element's), not a trial of every shape: a prompt of ids is decoded
+	// once, as vLLM's pydantic model does.
+	switch {
+	case trim[0] == '"':
+		var s string
+		if json.Unmarshal(trim, &s) == nil {
 			addText(s)
+			return pl, nil
 		}
-		return pl, nil
-	}
-	var one []int
-	if json.Unmarshal(trim, &one) == nil && len(one) > 0 {
-		pl.ids, pl.texts = [][]int{one}, []string{""}
-		return pl, nil
-	}
-	var many [][]int
-	if json.Unmarshal(trim, &many) == nil && len(many) > 0 {
-		for _, ids := range many {
-			pl.ids = append(pl.ids, ids)
-			pl.texts = append(pl.texts, "")
+	case trim[0] == '[':
+		inner := bytes.TrimSpace(trim[1:])
+		switch {
+		case len(inner) > 0 && inner[0] == '"':
+			var ss []string
+			if json.Unmarshal(trim, &ss) == nil && len(ss) > 0 {
+				for _, s := range ss {
+					addText(s)
+				}
+				return pl, nil
+			}
+		case len(inner) > 0 && inner[0] == '[':
+			var many [][]int
+			if json.Unmarshal(trim, &many) == nil && len(many) > 0 {
+				for _, ids := range many {
+					pl.ids = append(pl.ids, ids)
+					pl.texts = append(pl.texts, "")
+				}
+				return pl, nil
+			}
+		default:
+			var one []int
+			if json.Unmarshal(trim, &one) == nil && len(one) > 0 {
+				pl.ids, pl.texts = [][]int{one}, []string{""}
+				return pl, nil
+			}
 		}
-		return pl, nil
 	}
 	return pl, badRequest("prompt must be a string, a list of strings, a list of token ids or a list of token-id lists")
 }

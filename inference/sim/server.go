@@ -46,6 +46,11 @@ type Stats struct {
 	// routes.
 	GeneratedTokens int64
 	PromptTokens    int64
+	// Busy is the summed wall time of the handlers, from the request's
+	// headers read to the handler's return (body read, work, response
+	// written): the engine's own latency, which a client's latency minus
+	// Busy leaves as the client's and the network's share.
+	Busy time.Duration
 }
 
 // Start serves the simulator on cfg.Addr (default 127.0.0.1:0) until Close
@@ -151,6 +156,7 @@ type handler struct {
 
 	mu       sync.Mutex
 	total    int64
+	busy     time.Duration
 	byRoute  map[string]int64
 	byStatus map[int]int64
 	faults   map[string]int64
@@ -188,7 +194,7 @@ func newHandler(cfg Config) (*handler, error) {
 func (h *handler) stats() Stats {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	st := Stats{Requests: h.total, ByRoute: map[string]int64{}, ByStatus: map[int]int64{}, Faults: map[string]int64{},
+	st := Stats{Requests: h.total, Busy: h.busy, ByRoute: map[string]int64{}, ByStatus: map[int]int64{}, Faults: map[string]int64{},
 		InFlight: h.inFlight.Load(), GeneratedTokens: h.genN.Load(), PromptTokens: h.promptN.Load()}
 	for k, v := range h.byRoute {
 		st.ByRoute[k] = v
@@ -243,8 +249,10 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if l := h.cfg.Logger; l != nil {
 			l.Info("request", "route", pattern, "status", sw.status, "duration", time.Since(start), "request_id", r.Header.Get("X-Request-Id"))
 		}
+		took := time.Since(start)
 		h.mu.Lock()
 		h.total++
+		h.busy += took
 		if pattern == "" {
 			pattern = "unmatched"
 		}

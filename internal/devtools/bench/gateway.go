@@ -46,14 +46,17 @@ func runGateway(ctx context.Context, r *runCtx) ([]Measure, error) {
 			rs = append(rs, fmt.Sprintf("%s %.2f", k, rep.GatewayRoutes[k]))
 		}
 		note := fmt.Sprintf("%d conversations × %d calls (%d tool calls + final answer, hermes) each way, zero-latency in-process simulator (%s flavour); "+
+			"each call less the engine's own time within it (the simulator's handler time: %.0f µs per gateway call, %.0f per proxy call): "+
 			"gateway p50 %.0f µs − proxy p50 %.0f µs; engine requests per gateway call %.2f (%s), per proxy call %.2f; %d of %d sessions closed as one clean branch",
-			conv, turns+1, turns, c.engine, toUS(rep.GatewayP50), toUS(rep.ProxyP50), rep.GatewayRequestsPerCall, strings.Join(rs, ", "),
-			rep.ProxyRequestsPerCall, rep.CleanSessions, rep.Sessions)
+			conv, turns+1, turns, c.engine, toUS(rep.GatewayEngine), toUS(rep.ProxyEngine), toUS(rep.GatewayNetP50), toUS(rep.ProxyNetP50),
+			rep.GatewayRequestsPerCall, strings.Join(rs, ", "), rep.ProxyRequestsPerCall, rep.CleanSessions, rep.Sessions)
 		if rep.CleanSessions != rep.Sessions {
 			return out, fmt.Errorf("%s overhead: only %d of %d sessions closed as one clean branch", c.backend, rep.CleanSessions, rep.Sessions)
 		}
 		out = append(out,
-			Measure{Name: c.prefix + "overhead_p50_us", Value: ptr(toUS(rep.GatewayP50 - rep.ProxyP50)), Note: note},
+			Measure{Name: c.prefix + "overhead_p50_us", Value: ptr(toUS(rep.GatewayNetP50 - rep.ProxyNetP50)), Note: note},
+			Measure{Name: c.prefix + "overhead_raw_p50_us", Value: ptr(toUS(rep.GatewayP50 - rep.ProxyP50)),
+				Note: fmt.Sprintf("engine time included: gateway p50 %.0f µs − proxy p50 %.0f µs", toUS(rep.GatewayP50), toUS(rep.ProxyP50))},
 			Measure{Name: c.prefix + "call_p50_us", Value: ptr(toUS(rep.GatewayP50)), Baseline: ptr(toUS(rep.ProxyP50)), BaselineName: proxyBase},
 			Measure{Name: c.prefix + "call_p90_us", Value: ptr(toUS(rep.GatewayP90)), Baseline: ptr(toUS(rep.ProxyP90)), BaselineName: proxyBase},
 			Measure{Name: c.prefix + "engine_requests_per_call", Value: ptr(sig(rep.GatewayRequestsPerCall)), Baseline: ptr(sig(rep.ProxyRequestsPerCall)),
@@ -95,55 +98,86 @@ func runGatewayScale(ctx context.Context, r *runCtx) ([]Measure, error) {
 		return nil, fmt.Errorf("simulator process: %w", err)
 	}
 	defer sp.Close()
-	gp, err := startGatewayProcess(ctx, exe, sp.URL, sessions)
+	// The baseline first: a plain reverse proxy in the same kind of
+	// process under the same load, then the gateway.
+	proxy, err := scaleRun(ctx, exe, sp, sessions, true)
 	if err != nil {
-		return nil, fmt.Errorf("gateway process: %w", err)
+		return notMeasured("reverse proxy: " + err.Error()), fmt.Errorf("reverse proxy, %d conversations: %w", sessions, err)
 	}
-	defer gp.Close()
-	idleRSS, _ := gp.peakRSS()
-	hc := gatewaybench.H2CClient()
-	defer hc.CloseIdleConnections()
-	runtime.GC()
-	cpu0, ok0 := gp.cpu()
-	scpu0, _ := sp.cpu()
-	rep, err := gatewaybench.Scale(ctx, gp.URL, sessions, gatewaybench.Harness{Client: hc})
-	cpu1, ok1 := gp.cpu()
-	scpu1, _ := sp.cpu()
-	rss, ok2 := gp.peakRSS()
+	gw, err := scaleRun(ctx, exe, sp, sessions, false)
 	if err != nil {
 		return notMeasured(err.Error()), fmt.Errorf("%d sessions: %w", sessions, err)
 	}
-	if !ok0 || !ok1 || !ok2 {
-		return notMeasured("the gateway process is not visible in /proc"), nil
+	if !gw.ok || !proxy.ok {
+		return notMeasured("the gateway or proxy process is not visible in /proc"), nil
 	}
-	if rep.CleanSessions != rep.Sessions {
-		return notMeasured(fmt.Sprintf("only %d of %d sessions closed as one clean branch", rep.CleanSessions, rep.Sessions)), nil
+	if gw.rep.CleanSessions != gw.rep.Sessions {
+		return notMeasured(fmt.Sprintf("only %d of %d sessions closed as one clean branch", gw.rep.CleanSessions, gw.rep.Sessions)), nil
 	}
-	cpu := cpu1 - cpu0
-	perCall := cpu / time.Duration(rep.Calls)
+	perCall, proxyPerCall := gw.cpu/time.Duration(gw.rep.Calls), proxy.cpu/time.Duration(proxy.rep.Calls)
 	// On schedule every session makes one call per TTFT: sessions calls
 	// per second at 1 s.
-	onSchedule := perCall.Seconds() * float64(sessions) / gatewayScaleTTFT.Seconds()
+	onSchedule := func(perCall time.Duration) float64 {
+		return perCall.Seconds() * float64(sessions) / gatewayScaleTTFT.Seconds()
+	}
 	ideal := time.Duration(gatewayScaleTurns+1) * gatewayScaleTTFT
 	note := fmt.Sprintf("%d sessions opened, then all at once %d calls each (%d tool calls + final answer, hermes, vllm tokens backend), then closed (records built); "+
 		"simulator at TTFT %s in a child process, the gateway (`rollout bench gateway-serve`) in another, this process the harnesses "+
 		"(over cleartext HTTP/2, a few connections; the gateway to the simulator HTTP/1.1, a connection per call in flight): "+
 		"wall of the calls %s (ideal %s), call p50 %s p90 %s; gateway CPU %.1f s over the run (opens, calls, closes) = %.0f µs per call, CPU / wall %.2f cores; "+
-		"simulator CPU (not counted) %.1f s",
-		sessions, gatewayScaleTurns+1, gatewayScaleTurns, gatewayScaleTTFT, rep.Wall.Round(time.Millisecond), ideal,
-		rep.CallP50.Round(time.Millisecond), rep.CallP90.Round(time.Millisecond), cpu.Seconds(), toUS(perCall),
-		cpu.Seconds()/rep.Wall.Seconds(), (scpu1 - scpu0).Seconds())
+		"simulator CPU (not counted) %.1f s; baseline: the same conversations through a plain reverse proxy process (`rollout bench gateway-serve --proxy`, "+
+		"the inference client's transport) to the same simulator, same run: CPU %.1f s = %.0f µs per call, wall %s, call p50 %s",
+		sessions, gatewayScaleTurns+1, gatewayScaleTurns, gatewayScaleTTFT, gw.rep.Wall.Round(time.Millisecond), ideal,
+		gw.rep.CallP50.Round(time.Millisecond), gw.rep.CallP90.Round(time.Millisecond), gw.cpu.Seconds(), toUS(perCall),
+		gw.cpu.Seconds()/gw.rep.Wall.Seconds(), gw.simCPU.Seconds(), proxy.cpu.Seconds(), toUS(proxyPerCall),
+		proxy.rep.Wall.Round(time.Millisecond), proxy.rep.CallP50.Round(time.Millisecond))
+	proxyName := "a plain reverse proxy process under the same load, same run"
 	return []Measure{
-		{Name: "gateway.cpu_10k_sessions_cores", Value: ptr(sig(onSchedule)), Note: note},
-		{Name: "gateway.cpu_per_call_10k_us", Value: ptr(toUS(perCall))},
-		{Name: "gateway.rss_10k_sessions_mb", Value: ptr(sig(float64(rss) / (1 << 20))),
-			Note: fmt.Sprintf("VmHWM of the gateway process; %.0f MiB idle before the sessions opened", float64(idleRSS)/(1<<20))},
+		{Name: "gateway.cpu_10k_sessions_cores", Value: ptr(sig(onSchedule(perCall))), Baseline: ptr(sig(onSchedule(proxyPerCall))), BaselineName: proxyName, Note: note},
+		{Name: "gateway.cpu_per_call_10k_us", Value: ptr(toUS(perCall)), Baseline: ptr(toUS(proxyPerCall)), BaselineName: proxyName},
+		{Name: "gateway.rss_10k_sessions_mb", Value: ptr(sig(float64(gw.rss) / (1 << 20))), Baseline: ptr(sig(float64(proxy.rss) / (1 << 20))), BaselineName: proxyName,
+			Note: fmt.Sprintf("VmHWM of the gateway process; %.0f MiB idle before the sessions opened", float64(gw.idleRSS)/(1<<20))},
 	}, nil
+}
+
+// scaleResult is one process's side of the scale run.
+type scaleResult struct {
+	rep          gatewaybench.ScaleReport
+	cpu, simCPU  time.Duration
+	rss, idleRSS int64
+	ok           bool // the process's CPU and RSS were readable
+}
+
+// scaleRun starts `rollout bench gateway-serve` (the reverse proxy with
+// proxy) against the simulator sp and drives sessions conversations
+// through it at once.
+func scaleRun(ctx context.Context, exe string, sp *childProcess, sessions int, proxy bool) (scaleResult, error) {
+	var res scaleResult
+	gp, err := startGatewayProcess(ctx, exe, sp.URL, sessions, proxy)
+	if err != nil {
+		return res, fmt.Errorf("gateway process: %w", err)
+	}
+	defer gp.Close()
+	res.idleRSS, _ = gp.peakRSS()
+	hc := gatewaybench.H2CClient()
+	defer hc.CloseIdleConnections()
+	runtime.GC()
+	cpu0, ok0 := gp.cpu()
+	scpu0, _ := sp.cpu()
+	res.rep, err = gatewaybench.Scale(ctx, gp.URL, sessions, gatewaybench.Harness{Client: hc}, proxy)
+	cpu1, ok1 := gp.cpu()
+	scpu1, _ := sp.cpu()
+	rss, ok2 := gp.peakRSS()
+	if err != nil {
+		return res, err
+	}
+	res.cpu, res.simCPU, res.rss, res.ok = cpu1-cpu0, scpu1-scpu0, rss, ok0 && ok1 && ok2
+	return res, nil
 }
 
 // startGatewayProcess runs `exe bench gateway-serve` on a free port
 // against the engine at engine and waits until it answers /health.
-func startGatewayProcess(ctx context.Context, exe, engine string, sessions int) (_ *childProcess, err error) {
+func startGatewayProcess(ctx context.Context, exe, engine string, sessions int, proxy bool) (_ *childProcess, err error) {
 	dir, err := os.MkdirTemp("", "rollout-bench-gateway-*")
 	if err != nil {
 		return nil, err
@@ -154,7 +188,11 @@ func startGatewayProcess(ctx context.Context, exe, engine string, sessions int) 
 		}
 	}()
 	return startChildOnFreePort(ctx, exe, dir, "gateway.log", "gateway", func(port int) []string {
-		return []string{"bench", "gateway-serve", "--engine", engine, "--backend", inference.BackendVLLM,
+		args := []string{"bench", "gateway-serve", "--engine", engine, "--backend", inference.BackendVLLM,
 			"--addr", "127.0.0.1:" + strconv.Itoa(port), "--sessions", strconv.Itoa(sessions)}
+		if proxy {
+			args = append(args, "--proxy")
+		}
+		return args
 	})
 }

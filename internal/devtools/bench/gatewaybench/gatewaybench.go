@@ -52,24 +52,52 @@ type Harness struct {
 	Client *http.Client
 	// MaxCalls bounds a conversation (a model that never stops).
 	MaxCalls int
+	// Busy, when set, reads the engine's summed handler time
+	// (sim.Stats.Busy): Conversation then reports the engine's time
+	// during each call (calls one at a time).
+	Busy func() time.Duration
+}
+
+// Call is one timed call: its latency as the harness saw it and, with
+// Harness.Busy, the engine's own time within it.
+type Call struct{ Latency, Engine time.Duration }
+
+// Latencies are the calls' latencies; net subtracts the engine's time.
+func Latencies(calls []Call, net bool) []time.Duration {
+	out := make([]time.Duration, len(calls))
+	for i, c := range calls {
+		out[i] = c.Latency
+		if net {
+			out[i] -= c.Engine
+		}
+	}
+	return out
 }
 
 // Conversation runs one conversation against base (".../v1") and returns
-// the latency of each call.
-func (h Harness) Conversation(ctx context.Context, base string) ([]time.Duration, error) {
+// each call's times.
+func (h Harness) Conversation(ctx context.Context, base string) ([]Call, error) {
 	msgs := []openai.ChatCompletionMessage{
 		{Role: openai.ChatMessageRoleSystem, Content: "You are a coding agent. Use the noop tool."},
 		{Role: openai.ChatMessageRoleUser, Content: "Run the bench task on a.txt."},
 	}
-	var lat []time.Duration
+	var lat []Call
 	for range cmp.Or(h.MaxCalls, 16) {
 		body, err := json.Marshal(openai.ChatCompletionRequest{Model: Model, Messages: msgs, Tools: Tools})
 		if err != nil {
 			return lat, err
 		}
+		var b0 time.Duration
+		if h.Busy != nil {
+			b0 = h.Busy()
+		}
 		t0 := time.Now()
 		reply, err := h.post(ctx, base+"/chat/completions", body)
-		lat = append(lat, time.Since(t0))
+		c := Call{Latency: time.Since(t0)}
+		if h.Busy != nil {
+			c.Engine = h.Busy() - b0
+		}
+		lat = append(lat, c)
 		if err != nil {
 			return lat, fmt.Errorf("call %d: %w", len(lat), err)
 		}
@@ -129,6 +157,12 @@ type OverheadReport struct {
 	Calls                  int // per side
 	ProxyP50, ProxyP90     time.Duration
 	GatewayP50, GatewayP90 time.Duration
+	// The same less the engine's own time within each call (the
+	// simulator's handler time, sim.Stats.Busy), and that engine time's
+	// mean per call on each side.
+	ProxyNetP50, ProxyNetP90     time.Duration
+	GatewayNetP50, GatewayNetP90 time.Duration
+	ProxyEngine, GatewayEngine   time.Duration
 	// Engine requests per call on each side, and the gateway's by route.
 	ProxyRequestsPerCall, GatewayRequestsPerCall float64
 	GatewayRoutes                                map[string]float64
@@ -171,10 +205,10 @@ func Overhead(ctx context.Context, cfg OverheadConfig) (OverheadReport, error) {
 
 	tr := &http.Transport{MaxIdleConnsPerHost: 4, Proxy: nil}
 	defer tr.CloseIdleConnections()
-	h := Harness{Client: &http.Client{Transport: tr}}
+	h := Harness{Client: &http.Client{Transport: tr}, Busy: func() time.Duration { return srv.Stats().Busy }}
 	var (
 		rep         OverheadReport
-		plat, glat  []time.Duration
+		plat, glat  []Call
 		preq, greq  int64
 		gatewayByRt = map[string]int64{}
 	)
@@ -217,8 +251,20 @@ func Overhead(ctx context.Context, cfg OverheadConfig) (OverheadReport, error) {
 		return rep, errors.New("no calls timed")
 	}
 	rep.Calls = len(glat)
-	rep.ProxyP50, rep.ProxyP90 = Quantile(plat, .5), Quantile(plat, .9)
-	rep.GatewayP50, rep.GatewayP90 = Quantile(glat, .5), Quantile(glat, .9)
+	praw, graw := Latencies(plat, false), Latencies(glat, false)
+	rep.ProxyP50, rep.ProxyP90 = Quantile(praw, .5), Quantile(praw, .9)
+	rep.GatewayP50, rep.GatewayP90 = Quantile(graw, .5), Quantile(graw, .9)
+	pn, gn := Latencies(plat, true), Latencies(glat, true)
+	rep.ProxyNetP50, rep.GatewayNetP50 = Quantile(pn, .5), Quantile(gn, .5)
+	rep.ProxyNetP90, rep.GatewayNetP90 = Quantile(pn, .9), Quantile(gn, .9)
+	for _, c := range plat {
+		rep.ProxyEngine += c.Engine
+	}
+	for _, c := range glat {
+		rep.GatewayEngine += c.Engine
+	}
+	rep.ProxyEngine /= time.Duration(len(plat))
+	rep.GatewayEngine /= time.Duration(len(glat))
 	rep.ProxyRequestsPerCall = float64(preq) / float64(len(plat))
 	rep.GatewayRequestsPerCall = float64(greq) / float64(len(glat))
 	rep.GatewayRoutes = map[string]float64{}
@@ -296,13 +342,31 @@ type ServeConfig struct {
 	Engine, Backend string
 	Addr            string
 	Sessions        int
+	// Proxy serves the scale run's baseline instead of a gateway: a plain
+	// httputil.ReverseProxy forwarding /v1/… to the engine through the
+	// inference client's transport (sized for Sessions connections, as
+	// the gateway's), with no sessions and no control routes.
+	Proxy bool
 }
 
 // Serve runs a gateway on Addr until ctx ends: the session routes of
 // capture.Handler, GET /health, and the bench's control routes POST
 // /bench/sessions (open; answers {"id"}) and DELETE /bench/sessions/{id}
-// (close; answers {"clean"}: see CloseClean).
+// (close; answers {"clean"}: see CloseClean). With cfg.Proxy it serves the
+// reverse proxy instead.
 func Serve(ctx context.Context, cfg ServeConfig) error {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok\n") })
+	if cfg.Proxy {
+		u, err := url.Parse(cfg.Engine)
+		if err != nil {
+			return fmt.Errorf("engine URL: %w", err)
+		}
+		rp := httputil.NewSingleHostReverseProxy(u)
+		rp.Transport = inference.NewHTTPClient(cmp.Or(cfg.Sessions, capture.DefaultMaxSessions)).Transport
+		mux.Handle("/v1/", rp)
+		return listen(ctx, cfg.Addr, mux)
+	}
 	gw, err := NewGateway(cfg.Engine, cfg.Backend, cmp.Or(cfg.Sessions, capture.DefaultMaxSessions))
 	if err != nil {
 		return err
@@ -313,9 +377,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		open = map[string]*capture.Session{}
 		seq  int
 	)
-	mux := http.NewServeMux()
 	mux.Handle("/", capture.Handler(gw.Gateway, builtin.FrontDoors()))
-	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok\n") })
 	mux.HandleFunc("POST /bench/sessions", func(w http.ResponseWriter, r *http.Request) {
 		mu.Lock()
 		seq++
@@ -347,6 +409,19 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		}
 		_ = json.NewEncoder(w).Encode(map[string]bool{"clean": clean})
 	})
+	err = listen(ctx, cfg.Addr, mux)
+	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	mu.Lock()
+	defer mu.Unlock()
+	for _, s := range open {
+		_, _ = s.Close(sctx)
+	}
+	return err
+}
+
+// listen serves h on addr until ctx ends, then shuts down.
+func listen(ctx context.Context, addr string, h http.Handler) error {
 	// HTTP/1.1 and cleartext HTTP/2: the load generator multiplexes its
 	// sessions over a few HTTP/2 connections (Client), so that 10,000
 	// sessions fit the open-file limit of a machine where the gateway also
@@ -354,7 +429,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	var protos http.Protocols
 	protos.SetHTTP1(true)
 	protos.SetUnencryptedHTTP2(true)
-	srv := &http.Server{Addr: cfg.Addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second, Protocols: &protos,
+	srv := &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: 10 * time.Second, Protocols: &protos,
 		HTTP2: &http.HTTP2Config{MaxConcurrentStreams: 1000}}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.ListenAndServe() }()
@@ -366,11 +441,6 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_ = srv.Shutdown(sctx)
-	mu.Lock()
-	defer mu.Unlock()
-	for _, s := range open {
-		_, _ = s.Close(sctx)
-	}
 	return nil
 }
 
@@ -395,10 +465,14 @@ type ScaleReport struct {
 // Scale opens sessions sessions on the gateway served at base (Serve), then
 // runs one conversation in each, all at once, then closes them. Sessions
 // open before the first call and close after the last, so all are held at
-// the same time.
-func Scale(ctx context.Context, base string, sessions int, h Harness) (ScaleReport, error) {
+// the same time. Against Serve's reverse proxy (proxy true) it runs as many
+// conversations through base+"/v1", with nothing to open or close.
+func Scale(ctx context.Context, base string, sessions int, h Harness, proxy bool) (ScaleReport, error) {
 	ids := make([]string, sessions)
 	for i := range ids {
+		if proxy {
+			continue
+		}
 		id, err := control(ctx, h.Client, http.MethodPost, base+"/bench/sessions", "id")
 		if err != nil {
 			return ScaleReport{}, fmt.Errorf("open session %d: %w", i, err)
@@ -415,11 +489,15 @@ func Scale(ctx context.Context, base string, sessions int, h Harness) (ScaleRepo
 	)
 	start := time.Now()
 	for _, id := range ids {
+		u := base + "/s/" + id + "/v1"
+		if proxy {
+			u = base + "/v1"
+		}
 		wg.Go(func() {
-			l, err := h.Conversation(ctx, base+"/s/"+id+"/v1")
+			l, err := h.Conversation(ctx, u)
 			mu.Lock()
 			defer mu.Unlock()
-			lat = append(lat, l...)
+			lat = append(lat, Latencies(l, false)...)
 			if err != nil {
 				nerr++
 				ferr = cmp.Or(ferr, err)
@@ -433,6 +511,9 @@ func Scale(ctx context.Context, base string, sessions int, h Harness) (ScaleRepo
 		rep.CallP50, rep.CallP90 = Quantile(lat, .5), Quantile(lat, .9)
 	}
 	for _, id := range ids {
+		if proxy {
+			break
+		}
 		c, err := control(ctx, h.Client, http.MethodDelete, base+"/bench/sessions/"+id, "clean")
 		if err != nil {
 			return rep, fmt.Errorf("close session: %w", err)

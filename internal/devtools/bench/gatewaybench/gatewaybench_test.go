@@ -29,33 +29,57 @@ func TestOverhead(t *testing.T) {
 			if rep.ProxyRequestsPerCall != 1 || rep.GatewayRequestsPerCall <= 1 {
 				t.Fatalf("engine requests per call: proxy %.2f, gateway %.2f (%v)", rep.ProxyRequestsPerCall, rep.GatewayRequestsPerCall, rep.GatewayRoutes)
 			}
+			// The engine's time is measured on both sides and taken out of
+			// the net latencies.
+			if rep.ProxyEngine <= 0 || rep.GatewayEngine <= 0 || rep.ProxyNetP50 >= rep.ProxyP50 || rep.GatewayNetP50 >= rep.GatewayP50 {
+				t.Fatalf("engine time per call: proxy %v, gateway %v; net p50 proxy %v (raw %v), gateway %v (raw %v)",
+					rep.ProxyEngine, rep.GatewayEngine, rep.ProxyNetP50, rep.ProxyP50, rep.GatewayNetP50, rep.GatewayP50)
+			}
 			t.Logf("%+v", rep)
 		})
 	}
 }
 
 // TestServeScale serves a gateway on a slow simulator and runs sessions
-// through it with Scale.
+// through it with Scale; then the same conversations through Serve's
+// reverse proxy (the scale run's baseline).
 func TestServeScale(t *testing.T) {
 	srv := simtest.Start(t, sim.Config{Family: "hermes", Bench: gatewaybench.SimBench(2), Latency: sim.Latency{TTFT: 50 * time.Millisecond}})
+	for _, proxy := range []bool{false, true} {
+		before := srv.Stats().Requests
+		rep := serveScale(t, gatewaybench.ServeConfig{Engine: srv.URL, Backend: inference.BackendVLLM, Sessions: 100, Proxy: proxy}, 20)
+		if rep.Calls != 20*3 {
+			t.Fatalf("proxy %v: %+v: want 60 calls", proxy, rep)
+		}
+		if !proxy && rep.CleanSessions != 20 {
+			t.Fatalf("%+v: want 20 clean sessions", rep)
+		}
+		// The proxy forwards each call as one engine request.
+		if got := srv.Stats().Requests - before; proxy && got != 60 {
+			t.Fatalf("proxy: %d engine requests, want 60", got)
+		}
+	}
+}
+
+// serveScale runs Serve(cfg) on a free port and Scale against it.
+func serveScale(t *testing.T, cfg gatewaybench.ServeConfig, sessions int) gatewaybench.ScaleReport {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := l.Addr().String()
+	cfg.Addr = l.Addr().String()
 	l.Close()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() {
-		done <- gatewaybench.Serve(ctx, gatewaybench.ServeConfig{Engine: srv.URL, Backend: inference.BackendVLLM, Addr: addr, Sessions: 100})
-	}()
+	go func() { done <- gatewaybench.Serve(ctx, cfg) }()
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Error(err)
 		}
 	}()
-	base := "http://" + addr
+	base := "http://" + cfg.Addr
 	for range 100 {
 		if resp, err := http.Get(base + "/health"); err == nil {
 			resp.Body.Close()
@@ -65,11 +89,9 @@ func TestServeScale(t *testing.T) {
 	}
 	tr := &http.Transport{MaxIdleConnsPerHost: 64}
 	defer tr.CloseIdleConnections()
-	rep, err := gatewaybench.Scale(ctx, base, 20, gatewaybench.Harness{Client: &http.Client{Transport: tr}})
+	rep, err := gatewaybench.Scale(ctx, base, sessions, gatewaybench.Harness{Client: &http.Client{Transport: tr}}, cfg.Proxy)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Calls != 20*3 || rep.CleanSessions != 20 {
-		t.Fatalf("%+v: want 60 calls, 20 clean sessions", rep)
-	}
+	return rep
 }
