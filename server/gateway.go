@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"maps"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -83,10 +84,13 @@ type GatewayServer struct {
 	finished map[string]bool
 	queue    []*rolloutv1.Group // finished groups no watcher took yet
 	notify   chan struct{}      // closed and replaced when queue grows or at shutdown
-	stopping bool
-	final    bool           // Shutdown collected the last groups: no more writes
-	drained  bool           // and they are written: watchers end once the queue is empty
-	writes   sync.WaitGroup // groups being written
+	// followers are the watchers with from_sequence: each gets every
+	// finished group.
+	followers map[*gwFollower]bool
+	stopping  bool
+	final     bool           // Shutdown collected the last groups: no more writes
+	drained   bool           // and they are written: watchers end once the queue is empty
+	writes    sync.WaitGroup // groups being written
 }
 
 type gwGroup struct {
@@ -130,7 +134,7 @@ func NewGatewayServer(ctx context.Context, cfg runner.Config, opts GatewayOption
 	}
 	opts.BaseURL = strings.TrimRight(opts.BaseURL, "/")
 	s := &GatewayServer{opts: opts, log: opts.Logger, groups: map[string]*gwGroup{}, sessions: map[string]*gwSession{},
-		done: map[string]string{}, finished: map[string]bool{}, notify: make(chan struct{})}
+		done: map[string]string{}, finished: map[string]bool{}, notify: make(chan struct{}), followers: map[*gwFollower]bool{}}
 	st, err := assemble.OpenStandalone(ctx, cfg, assemble.StandaloneOptions{Logger: opts.Logger, IdleTimeout: opts.IdleTimeout,
 		MaxSessions: opts.MaxSessions, OnExpire: s.expired})
 	if err != nil {
@@ -474,6 +478,15 @@ func (s *GatewayServer) writeGroup(ctx context.Context, gg *gwGroup) error {
 		return fmt.Errorf("group %s: %w", gg.id, err)
 	}
 	s.queue = append(s.queue, pg)
+	for f := range s.followers {
+		select {
+		case f.ch <- pg:
+		default:
+			// Too far behind: it ends and reconnects from its sequence.
+			delete(s.followers, f)
+			close(f.lost)
+		}
+	}
 	close(s.notify)
 	s.notify = make(chan struct{})
 	return nil
@@ -485,6 +498,12 @@ func (s *GatewayServer) WatchSessionGroups(req *rolloutv1.WatchSessionGroupsRequ
 		return err
 	}
 	compact := compactLayout(req.GetTokenLayout())
+	if req.FromSequence != nil {
+		if *req.FromSequence < 0 {
+			return status.Error(codes.InvalidArgument, "from_sequence: must not be negative")
+		}
+		return s.follow(*req.FromSequence, compact, stream)
+	}
 	ctx := stream.Context()
 	for {
 		s.mu.Lock()
@@ -518,6 +537,92 @@ func (s *GatewayServer) WatchSessionGroups(req *rolloutv1.WatchSessionGroupsRequ
 			return err
 		}
 	}
+}
+
+// gwFollower is a watcher with from_sequence: writeGroup hands it every
+// group it writes.
+type gwFollower struct {
+	ch   chan *rolloutv1.Group
+	lost chan struct{} // closed when ch was full: the follower ends
+}
+
+// followerBuffer is how many finished groups a follower may lag behind
+// before its stream ends (it reconnects from its sequence).
+const followerBuffer = 1024
+
+// follow serves a watcher with from_sequence: the groups in the run
+// directory from that sequence, then every group as it is written, in
+// sequence order, each once; every group sent is taken off the queue.
+// It is registered before the run directory is read, so a group written
+// meanwhile is on disk, live, or both (then sent once, by sequence).
+func (s *GatewayServer) follow(from int64, compact bool, stream grpc.ServerStreamingServer[rolloutv1.WatchSessionGroupsResponse]) error {
+	ctx := stream.Context()
+	f := &gwFollower{ch: make(chan *rolloutv1.Group, followerBuffer), lost: make(chan struct{})}
+	s.mu.Lock()
+	if !s.drained {
+		s.followers[f] = true
+	}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.followers, f)
+		s.mu.Unlock()
+	}()
+	next := from
+	send := func(g *rolloutv1.Group) error {
+		if g.GetSequence() < next {
+			return nil // replayed from the run directory already
+		}
+		next = g.GetSequence() + 1
+		out := g
+		if compact {
+			out = CompactGroup(g)
+		}
+		if err := stream.Send(&rolloutv1.WatchSessionGroupsResponse{Group: out}); err != nil {
+			return err
+		}
+		s.delivered(g.GetSequence())
+		return nil
+	}
+	if err := replayGroups(ctx, s.st.Dir(), from, s.st.Config().Advantage.DropEqual, send); err != nil {
+		return toStatus(err)
+	}
+	for {
+		s.mu.Lock()
+		drained, notify := s.drained, s.notify
+		s.mu.Unlock()
+		select {
+		case g := <-f.ch:
+			if err := send(g); err != nil {
+				return err
+			}
+			continue
+		default:
+		}
+		if drained {
+			// Every group was handed over before drained was set.
+			return nil
+		}
+		select {
+		case g := <-f.ch:
+			if err := send(g); err != nil {
+				return err
+			}
+		case <-f.lost:
+			return status.Errorf(codes.ResourceExhausted, "watcher fell %d groups behind and was disconnected; reconnect with from_sequence %d", followerBuffer, next)
+		case <-notify:
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		}
+	}
+}
+
+// delivered takes the group of sequence seq off the queue: a follower
+// sent it.
+func (s *GatewayServer) delivered(seq int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.queue = slices.DeleteFunc(s.queue, func(g *rolloutv1.Group) bool { return g.GetSequence() == seq })
 }
 
 // Shutdown stops the gateway: OpenSession is refused from now on; every

@@ -97,12 +97,23 @@ class GatewayClient(_Connection):
             req.metrics[str(k)] = _finite("metrics[%s]" % k, v)
         return self._call("ScoreSession", req).pending
 
-    def watch_groups(self, *, compact: bool = True, timeout: Optional[float] = None) -> Iterator[Group]:
+    def watch_groups(self, *, compact: bool = True, timeout: Optional[float] = None,
+                     from_sequence: Optional[int] = None) -> Iterator[Group]:
         """Yields each finished group once (decoded, branches included),
         in completion order; groups finished while no one watched come
         first. Ends when the gateway shuts down; ``timeout`` bounds the
-        whole stream (:class:`rollout.DeadlineExceeded`)."""
+        whole stream (:class:`rollout.DeadlineExceeded`).
+
+        With ``from_sequence`` the stream follows the run directory: every
+        group whose ``sequence`` is at least this, those already written
+        first, then each new one. Reconnecting with the last ``sequence``
+        received plus one misses no group and repeats none, also across a
+        gateway restart on the same run directory."""
         req = pb.WatchSessionGroupsRequest(token_layout=_layout(compact))
+        if from_sequence is not None:
+            if from_sequence < 0:
+                raise ValueError("from_sequence must not be negative (got %d)" % from_sequence)
+            req.from_sequence = int(from_sequence)
         try:
             for r in self._stub.WatchSessionGroups(req, metadata=self._meta, timeout=timeout):
                 yield Group.from_proto(r.group)

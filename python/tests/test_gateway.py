@@ -1,7 +1,8 @@
 """GatewayClient against a real `rollout gateway` on the real llama.cpp
 engine (ROLLOUT_GATEWAY_ADDR, set by python/python_test.go): a group of two
 sessions, each driven by a minimal OpenAI-Chat harness over HTTP, closed,
-scored and received with its advantages; the session API's errors."""
+scored and received with its advantages; the session API's errors; a
+watcher following the run directory from a sequence."""
 
 import json
 import os
@@ -87,6 +88,32 @@ class GatewayLive(unittest.TestCase):
         self.gw.score_session(s.id, 0.5)
         group = next(self.gw.watch_groups(timeout=60))
         self.assertEqual(group.rewards, [0.5])
+
+    def test_replay_from_sequence(self):
+        s = self.gw.open_session(group_size=1)
+        chat(s, "say hi")
+        self.gw.close_session(s.id)
+        self.gw.score_session(s.id, 0.25)
+        with self.assertRaises(ValueError):
+            next(self.gw.watch_groups(from_sequence=-1))
+        # From the start of the run directory: every group written, in
+        # sequence order, this session's among them.
+        seqs, mine = [], None
+        stream = self.gw.watch_groups(from_sequence=0, timeout=60)
+        for g in stream:
+            seqs.append(g.sequence)
+            if g.group_id == s.group_id:
+                mine = g
+                break
+        stream.close()
+        self.assertEqual(seqs, list(range(len(seqs))))
+        self.assertIsNotNone(mine)
+        self.assertEqual(mine.rewards, [0.25])
+        # Resuming at its sequence starts with it.
+        again = self.gw.watch_groups(from_sequence=mine.sequence, timeout=60)
+        first = next(again)
+        again.close()
+        self.assertEqual((first.group_id, first.sequence, first.rewards), (mine.group_id, mine.sequence, [0.25]))
 
 
 if __name__ == "__main__":

@@ -855,7 +855,14 @@ func (x *ScoreSessionResponse) GetPending() int32 {
 type WatchSessionGroupsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// token_layout of the groups' rollouts (default full).
-	TokenLayout   TokenLayout `protobuf:"varint,1,opt,name=token_layout,json=tokenLayout,proto3,enum=rollout.v1.TokenLayout" json:"token_layout,omitempty"`
+	TokenLayout TokenLayout `protobuf:"varint,1,opt,name=token_layout,json=tokenLayout,proto3,enum=rollout.v1.TokenLayout" json:"token_layout,omitempty"`
+	// from_sequence first replays the groups already in the run directory
+	// whose sequence (Group.sequence) is at least this, then sends every new
+	// group as it finishes: a client that reconnects with the last sequence
+	// it received plus one misses no group and sees none twice, also across
+	// a gateway restart on the same run directory. A group sent this way is
+	// delivered: no watcher without from_sequence gets it afterwards.
+	FromSequence  *int64 `protobuf:"varint,2,opt,name=from_sequence,json=fromSequence,proto3,oneof" json:"from_sequence,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -895,6 +902,13 @@ func (x *WatchSessionGroupsRequest) GetTokenLayout() TokenLayout {
 		return x.TokenLayout
 	}
 	return TokenLayout_TOKEN_LAYOUT_UNSPECIFIED
+}
+
+func (x *WatchSessionGroupsRequest) GetFromSequence() int64 {
+	if x != nil && x.FromSequence != nil {
+		return *x.FromSequence
+	}
+	return 0
 }
 
 // WatchSessionGroupsResponse is one finished group.
@@ -3967,9 +3981,11 @@ const file_rollout_v1_rollout_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\x01R\x05value:\x028\x01\"K\n" +
 	"\x14ScoreSessionResponse\x12\x19\n" +
 	"\bgroup_id\x18\x01 \x01(\tR\agroupId\x12\x18\n" +
-	"\apending\x18\x02 \x01(\x05R\apending\"W\n" +
+	"\apending\x18\x02 \x01(\x05R\apending\"\x93\x01\n" +
 	"\x19WatchSessionGroupsRequest\x12:\n" +
-	"\ftoken_layout\x18\x01 \x01(\x0e2\x17.rollout.v1.TokenLayoutR\vtokenLayout\"E\n" +
+	"\ftoken_layout\x18\x01 \x01(\x0e2\x17.rollout.v1.TokenLayoutR\vtokenLayout\x12(\n" +
+	"\rfrom_sequence\x18\x02 \x01(\x03H\x00R\ffromSequence\x88\x01\x01B\x10\n" +
+	"\x0e_from_sequence\"E\n" +
 	"\x1aWatchSessionGroupsResponse\x12'\n" +
 	"\x05group\x18\x01 \x01(\v2\x11.rollout.v1.GroupR\x05group\"\x13\n" +
 	"\x11GetVersionRequest\"\x93\x01\n" +
@@ -4396,6 +4412,7 @@ func file_rollout_v1_rollout_proto_init() {
 	if File_rollout_v1_rollout_proto != nil {
 		return
 	}
+	file_rollout_v1_rollout_proto_msgTypes[8].OneofWrappers = []any{}
 	file_rollout_v1_rollout_proto_msgTypes[12].OneofWrappers = []any{
 		(*StartJobRequest_ConfigYaml)(nil),
 		(*StartJobRequest_ConfigPath)(nil),

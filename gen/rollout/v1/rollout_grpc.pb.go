@@ -588,9 +588,11 @@ type GatewayServiceClient interface {
 	// ScoreSession posts a closed session's reward. FAILED_PRECONDITION
 	// before CloseSession, after an expiry, or a second time.
 	ScoreSession(ctx context.Context, in *ScoreSessionRequest, opts ...grpc.CallOption) (*ScoreSessionResponse, error)
-	// WatchSessionGroups streams finished groups: each group goes to one
-	// watcher, in completion order; groups finished while no one watched
-	// wait in the gateway (they are in the run directory already).
+	// WatchSessionGroups streams finished groups. Without from_sequence each
+	// group goes to one watcher, in completion order; groups finished while
+	// no one watched wait in the gateway (they are in the run directory
+	// already). With from_sequence the watcher follows the run directory:
+	// every group from that sequence on, replayed and then live.
 	WatchSessionGroups(ctx context.Context, in *WatchSessionGroupsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchSessionGroupsResponse], error)
 }
 
@@ -677,9 +679,11 @@ type GatewayServiceServer interface {
 	// ScoreSession posts a closed session's reward. FAILED_PRECONDITION
 	// before CloseSession, after an expiry, or a second time.
 	ScoreSession(context.Context, *ScoreSessionRequest) (*ScoreSessionResponse, error)
-	// WatchSessionGroups streams finished groups: each group goes to one
-	// watcher, in completion order; groups finished while no one watched
-	// wait in the gateway (they are in the run directory already).
+	// WatchSessionGroups streams finished groups. Without from_sequence each
+	// group goes to one watcher, in completion order; groups finished while
+	// no one watched wait in the gateway (they are in the run directory
+	// already). With from_sequence the watcher follows the run directory:
+	// every group from that sequence on, replayed and then live.
 	WatchSessionGroups(*WatchSessionGroupsRequest, grpc.ServerStreamingServer[WatchSessionGroupsResponse]) error
 	mustEmbedUnimplementedGatewayServiceServer()
 }

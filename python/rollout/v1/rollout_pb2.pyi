@@ -620,10 +620,12 @@ class WatchJobResponse(_message.Message):
     def __init__(self, progress: _Optional[_Union[JobProgress, _Mapping]] = ..., group: _Optional[_Union[Group, _Mapping]] = ..., finished: _Optional[_Union[Job, _Mapping]] = ...) -> None: ...
 
 class WatchSessionGroupsRequest(_message.Message):
-    __slots__ = ["token_layout"]
+    __slots__ = ["from_sequence", "token_layout"]
+    FROM_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     TOKEN_LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    from_sequence: int
     token_layout: TokenLayout
-    def __init__(self, token_layout: _Optional[_Union[TokenLayout, str]] = ...) -> None: ...
+    def __init__(self, token_layout: _Optional[_Union[TokenLayout, str]] = ..., from_sequence: _Optional[int] = ...) -> None: ...
 
 class WatchSessionGroupsResponse(_message.Message):
     __slots__ = ["group"]

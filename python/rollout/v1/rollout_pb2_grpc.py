@@ -503,9 +503,11 @@ class GatewayServiceServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def WatchSessionGroups(self, request, context):
-        """WatchSessionGroups streams finished groups: each group goes to one
-        watcher, in completion order; groups finished while no one watched
-        wait in the gateway (they are in the run directory already).
+        """WatchSessionGroups streams finished groups. Without from_sequence each
+        group goes to one watcher, in completion order; groups finished while
+        no one watched wait in the gateway (they are in the run directory
+        already). With from_sequence the watcher follows the run directory:
+        every group from that sequence on, replayed and then live.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
