@@ -270,10 +270,11 @@ func TestStartCheckTemplate(t *testing.T) {
 	}
 }
 
-// Distillation scores the own loop's rollouts only: a config asking for
-// it on a harness env fails at Open with a clear error, before any
-// rollout, instead of writing harness rows without distill_* columns.
-func TestDistillRefusedForHarnessEnv(t *testing.T) {
+// The teacher scores a harness env's session branches, but hints judge
+// the own loop's turns: a config asking for hints on a harness env fails
+// at Open with a clear error, before any rollout; distillation without
+// hints opens.
+func TestDistillHintsRefusedForHarnessEnv(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
 	env := filepath.Join(dir, "harness.yaml")
@@ -285,16 +286,17 @@ func TestDistillRefusedForHarnessEnv(t *testing.T) {
 	}
 	cfg := runner.Config{Env: env, Parser: "hermes", Output: runner.Output{Dir: filepath.Join(dir, "out")},
 		Inference: inference.Config{Backend: inference.BackendVLLM, Endpoints: []string{"http://127.0.0.1:1"}},
-		Distill:   &inference.TeacherConfig{Endpoint: "http://127.0.0.1:1", Model: "t"}}
+		Distill:   &inference.TeacherConfig{Endpoint: "http://127.0.0.1:1", Model: "t", Hints: &inference.HintConfig{}}}
 	_, err := assemble.Open(ctx, cfg, assemble.Options{Logger: quiet})
 	if !errors.Is(err, runner.ErrConfig) || !strings.Contains(err.Error(), "not implemented for harness envs") {
-		t.Fatalf("distill on a harness env: %v", err)
+		t.Fatalf("distill hints on a harness env: %v", err)
 	}
-	// Without the distill block the same env opens.
-	cfg.Distill = nil
-	j, err := assemble.Open(ctx, cfg, assemble.Options{Logger: quiet})
-	if err != nil {
-		t.Fatalf("harness env without distill: %v", err)
+	for _, d := range []*inference.TeacherConfig{{Endpoint: "http://127.0.0.1:1", Model: "t"}, nil} {
+		cfg.Distill = d
+		j, err := assemble.Open(ctx, cfg, assemble.Options{Logger: quiet})
+		if err != nil {
+			t.Fatalf("harness env, distill %+v: %v", d, err)
+		}
+		_ = j.Close(ctx)
 	}
-	_ = j.Close(ctx)
 }

@@ -293,10 +293,11 @@ func (j *Job) openTeacher(deps *runner.Deps) error {
 	if err != nil || teacher == nil {
 		return err
 	}
-	if h, ok := env.(envs.Harnessed); ok && h.RunsHarness() {
-		// The teacher scores the own loop's sequence; a harness rollout's
-		// rows are its session's branches, which nothing scores yet.
-		return fmt.Errorf("distill: not implemented for harness envs (env %s runs an outside harness; distillation and hints score the own agent loop's rollouts only): remove the distill block", env.Name())
+	if h, ok := env.(envs.Harnessed); ok && h.RunsHarness() && teacher.Hints != nil {
+		// The teacher scores every branch of a harness rollout's session;
+		// hints judge the own loop's turns (what followed each tool call),
+		// which a session does not have.
+		return fmt.Errorf("distill hints: not implemented for harness envs (env %s runs an outside harness; the teacher scores its sessions' branches, but hints judge the own agent loop's turns): remove distill.hints", env.Name())
 	}
 	t, err := inference.NewTeacher(*teacher)
 	if err != nil {

@@ -64,3 +64,34 @@ func TestRecordsBranchRewards(t *testing.T) {
 		t.Fatalf("branch 0 reward %v advantage %v; branch 1 reward %v advantage %v", rows[0].Reward, *rows[0].Advantage, rows[1].Reward, *rows[1].Advantage)
 	}
 }
+
+// With distillation, each branch row carries the teacher's scores of its
+// own sequence; a failed rollout's rows carry none.
+func TestRecordsBranchDistill(t *testing.T) {
+	run := &runner.RunInfo{RunID: "r", Env: "harness", Model: "m"}
+	seq0 := inference.Sequence{Tokens: []int32{1, 2, 3}, Mask: []int8{0, 1, 1}, Logprobs: []float32{0, -0.5, -0.5}, PromptLen: 1}
+	seq1 := inference.Sequence{Tokens: []int32{1, 2, 4, 5}, Mask: []int8{0, 0, 1, 1}, Logprobs: []float32{0, 0, -1, -1}, PromptLen: 2}
+	d := func(n int, id int32) runner.Distilled {
+		out := runner.Distilled{TokenIDs: make([][]int32, n), Logprobs: make([][]float32, n)}
+		out.TokenIDs[n-1], out.Logprobs[n-1] = []int32{id, 7}, []float32{-0.1, -2}
+		return out
+	}
+	g := &runner.Group{ID: "g", Item: datasets.Item{ID: "i"}}
+	ro := &runner.Rollout{ID: "a", Status: runner.StatusOK, Session: &gateway.SessionRecord{ID: "s",
+		Branches: []gateway.Branch{{Index: 0, Parent: -1, Sequence: seq0}, {Index: 1, Parent: -1, Sequence: seq1}}},
+		BranchDistill: []runner.Distilled{d(3, 3), d(4, 5)}}
+	rows, err := Records(run, g, ro)
+	if err != nil || len(rows) != 2 {
+		t.Fatalf("%d rows, %v", len(rows), err)
+	}
+	for i, want := range []int32{3, 5} {
+		r := rows[i]
+		if len(r.DistillTokenIDs) != len(r.Tokens) || len(r.DistillLogprobs) != len(r.Tokens) || r.DistillTokenIDs[len(r.Tokens)-1][0] != want {
+			t.Fatalf("branch %d: distill %v for %d tokens", i, r.DistillTokenIDs, len(r.Tokens))
+		}
+	}
+	ro.Status, ro.Failure = runner.StatusInfraFailed, &runner.Failure{Kind: runner.FailInference, Message: "x"}
+	if rows, err = Records(run, g, ro); err != nil || rows[0].DistillTokenIDs != nil || rows[1].DistillTokenIDs != nil {
+		t.Fatalf("failed rollout: distill kept (%v)", err)
+	}
+}

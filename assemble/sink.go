@@ -118,10 +118,14 @@ func Records(run *runner.RunInfo, g *runner.Group, ro *runner.Rollout) ([]trajec
 		rec.Messages = string(msgs)
 		rec.Masks, rec.TokenVersions, rec.VersionCuts = nil, nil, nil
 		rec.MinPolicyVersion, rec.MaxPolicyVersion, rec.PolicyLag = nil, nil, nil
-		// The teacher scores the own loop's sequence; a session's branches
-		// have none.
 		rec.DistillTokenIDs, rec.DistillLogprobs = nil, nil
 		sequence(&rec, &b.Sequence, 0, 0)
+		// The teacher scored each branch (distillation on a harness env).
+		if i < len(ro.BranchDistill) && ro.Status == runner.StatusOK {
+			if d := ro.BranchDistill[i]; len(d.TokenIDs) == len(rec.Tokens) && len(d.Logprobs) == len(rec.Tokens) && len(rec.Tokens) > 0 {
+				rec.DistillTokenIDs, rec.DistillLogprobs = d.TokenIDs, d.Logprobs
+			}
+		}
 		versions(&rec, g, ro, &b.Sequence)
 		rec.Branch, rec.ParentBranch, rec.SplitCall, rec.SharedTokens = int32(i), int32(b.Parent), int32(b.SplitCall), int32(b.Shared)
 		if i == 0 {

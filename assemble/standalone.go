@@ -43,6 +43,7 @@ type Standalone struct {
 	writer  *trajectory.Writer
 	lock    *trajectory.DirLock
 	policy  inference.Policy
+	teacher *inference.Teacher // distill: scores every ok session's branches
 }
 
 // OpenStandalone validates cfg for a standalone gateway and assembles it.
@@ -87,6 +88,30 @@ func OpenStandalone(ctx context.Context, cfg runner.Config, opts StandaloneOptio
 			return nil, startError(err)
 		}
 	}
+	var teacher *inference.Teacher
+	if cfg.Distill != nil {
+		if cfg.Distill.Hints != nil {
+			closePolicy(policy)
+			return nil, fmt.Errorf("%w: distill.hints: not implemented for a standalone gateway (the teacher scores its sessions' branches, but hints judge the own agent loop's turns): remove distill.hints", runner.ErrConfig)
+		}
+		if teacher, err = inference.NewTeacher(*cfg.Distill); err != nil {
+			closePolicy(policy)
+			return nil, fmt.Errorf("%w: distill: %w", runner.ErrConfig, err)
+		}
+		// The teacher scores every finished session: a wrong model or key
+		// would fail them all after the harnesses' work.
+		if err := teacher.Ready(ctx, cfg.Inference.ReadyTimeout); err != nil {
+			closePolicy(policy)
+			_ = teacher.Close()
+			return nil, startError(fmt.Errorf("the distillation start check: %w", err))
+		}
+	}
+	closeAll := func() {
+		closePolicy(policy)
+		if teacher != nil {
+			_ = teacher.Close()
+		}
+	}
 	copts := capture.Options{Parser: cfg.Parser, ReasoningParser: cfg.ReasoningParser, Sampling: cfg.Sampling,
 		Doors: builtin.FrontDoors(), Logger: log, IdleTimeout: opts.IdleTimeout, MaxSessions: opts.MaxSessions, OnExpire: opts.OnExpire}
 	if cfg.Inference.Model != "" {
@@ -94,22 +119,22 @@ func OpenStandalone(ctx context.Context, cfg runner.Config, opts StandaloneOptio
 	}
 	gw, err := capture.New(policy, copts)
 	if err != nil {
-		closePolicy(policy)
+		closeAll()
 		return nil, fmt.Errorf("%w: %w", runner.ErrConfig, err)
 	}
 	lock, err := LockOutput(cfg.Output.Dir, "rollout gateway")
 	if err != nil {
-		closePolicy(policy)
+		closeAll()
 		return nil, err
 	}
 	w, runID, err := openWriter(ctx, cfg, Options{Mode: "gateway", Logger: log}, StandaloneEnv)
 	if err != nil {
-		closePolicy(policy)
+		closeAll()
 		_ = lock.Unlock()
 		return nil, err
 	}
 	sampling, _ := json.Marshal(cfg.Sampling)
-	s := &Standalone{Gateway: gw, cfg: cfg, writer: w, lock: lock, policy: policy, info: runner.RunInfo{
+	s := &Standalone{Gateway: gw, cfg: cfg, writer: w, lock: lock, policy: policy, teacher: teacher, info: runner.RunInfo{
 		RunID: runID, Env: StandaloneEnv, Model: cfg.Inference.Model, Parser: cfg.Parser,
 		ServiceVersion: version.Get().Version, ConfigHash: cfg.Hash(), SamplingJSON: string(sampling),
 		PolicyVersion: cfg.PolicyVersion, RolloutTimeout: time.Duration(cfg.RolloutTimeout),
@@ -141,10 +166,24 @@ func (s *Standalone) WriteGroup(ctx context.Context, g *runner.Group) error {
 	return (&parquetSink{w: s.writer}).WriteGroup(ctx, &s.info, g)
 }
 
+// Distiller is the distillation teacher (the config's distill block), or
+// nil: the caller scores each ok session's branches with it
+// (runner.DistillBranches) before the group is assembled.
+func (s *Standalone) Distiller() runner.Distiller {
+	if s.teacher == nil {
+		return nil
+	}
+	return s.teacher
+}
+
 // Close flushes and closes the run directory, releases its lock and the
-// policy's connections. Open sessions are the caller's to close first.
+// policy's and teacher's connections. Open sessions are the caller's to
+// close first.
 func (s *Standalone) Close(ctx context.Context) error {
 	err := s.writer.Close(ctx)
 	closePolicy(s.policy)
+	if s.teacher != nil {
+		_ = s.teacher.Close()
+	}
 	return errors.Join(err, s.lock.Unlock())
 }

@@ -20,19 +20,13 @@ func (r *Runner) distill(ctx context.Context, ro *Rollout, first int, kwargs map
 	if len(seq.Tokens) == 0 || !slices.Contains(seq.Mask, 1) {
 		return nil
 	}
-	last := len(seq.Mask) - 1
-	for seq.Mask[last] == 0 {
-		last--
-	}
 	t0 := time.Now()
 	defer func() { ro.Timings.Distill = time.Since(t0) }()
-	ids, lps, err := r.deps.Distiller.Score(ctx, seq.Tokens[:last+1], func(p int) bool { return seq.Mask[p] == 1 })
+	d, err := teach(ctx, r.deps.Distiller, seq)
 	if err != nil {
 		return fmt.Errorf("distill: %w", err)
 	}
-	for len(ids) < len(seq.Tokens) {
-		ids, lps = append(ids, nil), append(lps, nil)
-	}
+	ids, lps := d.TokenIDs, d.Logprobs
 	if r.deps.Hinter != nil {
 		hinted, st, err := r.deps.Hinter.HintTurns(ctx, inference.HintInput{
 			Messages: ro.Result.Messages, First: first, Tools: ro.Tools, ChatTemplateKwargs: kwargs, Sequence: seq,
@@ -62,5 +56,53 @@ func (r *Runner) distill(ctx context.Context, ro *Rollout, first int, kwargs map
 		slices.SortStableFunc(ro.Result.Events, func(a, b agentloop.Event) int { return a.Turn - b.Turn })
 	}
 	ro.DistillTokenIDs, ro.DistillLogprobs = ids, lps
+	return nil
+}
+
+// teach asks the teacher d for its top-K at every trained position of seq
+// (the student's exact ids, up to the last trained one) and pads the
+// answer to the sequence's length. A sequence with nothing trained gets
+// nothing.
+func teach(ctx context.Context, d Distiller, seq inference.Sequence) (Distilled, error) {
+	last := len(seq.Mask) - 1
+	for last >= 0 && seq.Mask[last] == 0 {
+		last--
+	}
+	if last < 0 || last >= len(seq.Tokens) {
+		return Distilled{}, nil
+	}
+	ids, lps, err := d.Score(ctx, seq.Tokens[:last+1], func(p int) bool { return seq.Mask[p] == 1 })
+	if err != nil {
+		return Distilled{}, err
+	}
+	for len(ids) < len(seq.Tokens) {
+		ids, lps = append(ids, nil), append(lps, nil)
+	}
+	return Distilled{TokenIDs: ids, Logprobs: lps}, nil
+}
+
+// DistillBranches scores every branch of a gateway session's rollout with
+// the teacher d, as the own loop's sequence is scored (harness envs and
+// the standalone gateway; hints judge the own loop's turns and are not
+// asked for here). It sets ro.BranchDistill, and branch 0's scores as the
+// rollout's own.
+func DistillBranches(ctx context.Context, d Distiller, ro *Rollout) error {
+	if ro.Session == nil {
+		return nil
+	}
+	t0 := time.Now()
+	defer func() { ro.Timings.Distill = time.Since(t0) }()
+	out := make([]Distilled, len(ro.Session.Branches))
+	for i, b := range ro.Session.Branches {
+		dd, err := teach(ctx, d, b.Sequence)
+		if err != nil {
+			return fmt.Errorf("distill: session branch %d: %w", b.Index, err)
+		}
+		out[i] = dd
+	}
+	ro.BranchDistill = out
+	if len(out) > 0 {
+		ro.DistillTokenIDs, ro.DistillLogprobs = out[0].TokenIDs, out[0].Logprobs
+	}
 	return nil
 }

@@ -136,7 +136,16 @@ func (d harnessDriver) drive(ctx context.Context, ep episode, ro *Rollout) (stri
 		limit = h.MaxCalls
 	}
 	ro.Result = harnessResult(rec, res, limit)
-	return checkSession(ro, res)
+	if kind, err := checkSession(ro, res); err != nil || r.deps.Distiller == nil {
+		return kind, err
+	}
+	if err := DistillBranches(ctx, r.deps.Distiller, ro); err != nil {
+		if ctx.Err() != nil {
+			return FailCancelled, err
+		}
+		return FailDistill, err
+	}
+	return "", nil
 }
 
 // harnessExec is the command that runs the harness: its environment (the

@@ -90,6 +90,10 @@ type Rollout struct {
 	// distillation.
 	DistillTokenIDs [][]int32
 	DistillLogprobs [][]float32
+	// BranchDistill is the teacher's top-K for each branch of Session, by
+	// branch index, as DistillTokenIDs/DistillLogprobs are for
+	// Result.Sequence; nil without distillation.
+	BranchDistill []Distilled
 	// Session is what a gateway session left (harness envs): its calls and
 	// its branches, each a trainable token sequence; nil for the own agent
 	// loop, whose record is Result. With a session, the records are its
@@ -236,4 +240,11 @@ type Summary struct {
 	UnscoredTokens int
 	MeanReward     float64
 	Elapsed        time.Duration
+}
+
+// Distilled is the teacher's top-K ids and logprobs per token of one
+// sequence (nil on untrained positions).
+type Distilled struct {
+	TokenIDs [][]int32
+	Logprobs [][]float32
 }

@@ -456,6 +456,9 @@ func (s *GatewayServer) writeGroup(ctx context.Context, gg *gwGroup) error {
 	for i, ss := range gg.sessions {
 		g.Rollouts[i] = ss.ro
 	}
+	if d := s.st.Distiller(); d != nil {
+		s.distill(ctx, d, g)
+	}
 	runner.AssembleGroup(g, s.st.Config().Advantage)
 	err := s.st.WriteGroup(context.WithoutCancel(ctx), g)
 	var pg *rolloutv1.Group
@@ -535,6 +538,23 @@ func (s *GatewayServer) WatchSessionGroups(req *rolloutv1.WatchSessionGroupsRequ
 			s.queue = append([]*rolloutv1.Group{g}, s.queue...)
 			s.mu.Unlock()
 			return err
+		}
+	}
+}
+
+// distill scores every ok session's branches with the teacher before the
+// group is assembled. A session the teacher could not score is recorded
+// failed (distill), as a harness env's rollout is: its tokens are kept,
+// and the group's statistics leave it out.
+func (s *GatewayServer) distill(ctx context.Context, d runner.Distiller, g *runner.Group) {
+	for i := range g.Rollouts {
+		ro := &g.Rollouts[i]
+		if ro.Status != runner.StatusOK || ro.Session == nil {
+			continue
+		}
+		if err := runner.DistillBranches(context.WithoutCancel(ctx), d, ro); err != nil {
+			s.log.Warn("gateway: the distillation teacher could not score a session", "group", g.ID, "rollout", ro.ID, "err", err)
+			ro.Status, ro.Failure = runner.StatusInfraFailed, &runner.Failure{Kind: runner.FailDistill, Message: err.Error()}
 		}
 	}
 }

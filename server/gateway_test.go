@@ -648,3 +648,60 @@ func TestGatewayWatchReplay(t *testing.T) {
 		t.Fatalf("g5: sequence %d, want 4", *g.Sequence)
 	}
 }
+
+// TestGatewayDistill: with a distill block the standalone gateway has the
+// teacher (the simulator, top-2) score every branch of each ok session
+// before the group is written: the group's rows carry the teacher's top-2
+// at each trained position and nothing elsewhere. Hints, which judge the
+// own loop's turns, are refused at start.
+func TestGatewayDistill(t *testing.T) {
+	srv := simtest.Start(t, sim.Config{Family: "hermes"})
+	cfg := runner.Config{GroupSize: 1, Parser: "hermes",
+		Inference: inference.Config{Backend: inference.BackendVLLM, Endpoints: []string{srv.URL}, Retries: -1},
+		Distill:   &inference.TeacherConfig{Endpoint: srv.URL, Model: "rollout-sim", TopK: 2, Hints: &inference.HintConfig{}}}
+	cfg.Output.Dir = t.TempDir()
+	ctx := context.Background()
+	if _, err := NewGatewayServer(ctx, cfg, GatewayOptions{}); !errors.Is(err, runner.ErrConfig) || !strings.Contains(err.Error(), "distill.hints") {
+		t.Fatalf("hints on a standalone gateway: %v", err)
+	}
+	cfg.Distill.Hints = nil
+	r := startGateway(t, cfg, GatewayOptions{})
+	s, err := r.client.OpenSession(ctx, &rolloutv1.OpenSessionRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newChatHarness(s.OpenaiBaseUrl, s.ApiKey, "rollout-sim", "fix the bug")
+	h.step(t)
+	h.step(t)
+	if _, err := r.client.CloseSession(ctx, &rolloutv1.CloseSessionRequest{SessionId: s.SessionId}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.client.ScoreSession(ctx, &rolloutv1.ScoreSessionRequest{SessionId: s.SessionId, Reward: 1}); err != nil {
+		t.Fatal(err)
+	}
+	w, err := r.client.WatchSessionGroups(ctx, &rolloutv1.WatchSessionGroupsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := w.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ro := msg.Group.Rollouts[0]
+	if ro.Status != "ok" || len(ro.Tokens) == 0 || len(ro.Distill) != len(ro.Tokens) {
+		t.Fatalf("rollout %s (%s): %d distill positions for %d tokens", ro.Status, ro.FailureMessage, len(ro.Distill), len(ro.Tokens))
+	}
+	trained := 0
+	for p, tk := range ro.Distill {
+		switch {
+		case ro.LossMask[p] == 1 && (len(tk.GetTokenIds()) != 2 || len(tk.GetLogprobs()) != 2):
+			t.Fatalf("trained position %d: teacher %v", p, tk)
+		case ro.LossMask[p] == 0 && len(tk.GetTokenIds()) != 0:
+			t.Fatalf("untrained position %d scored: %v", p, tk)
+		}
+		trained += int(ro.LossMask[p])
+	}
+	if trained == 0 {
+		t.Fatal("nothing trained")
+	}
+}

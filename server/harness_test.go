@@ -133,3 +133,79 @@ limits: {groups_in_flight: 1}
 		t.Errorf("engine generations by (temperature, max_tokens): %v; want (0.25, 17) and (0.7, 64) only", seen)
 	}
 }
+
+// TestHarnessDistillBranches: on-policy distillation of a harness env
+// through the server. The harness (busybox wget over the tunnel) makes two
+// calls whose histories do not extend each other, so its session has two
+// branches; with a distill block (the simulator as teacher, top-2) every
+// branch's row carries the teacher's top-2 at each trained position and
+// nothing elsewhere.
+func TestHarnessDistillBranches(t *testing.T) {
+	ref := needDocker(t)
+	shared, _ := newShared(t, "servertest")
+	s := newSamplingSim(t)
+	dir := t.TempDir()
+	h := startServer(t, Options{Sandboxes: shared, Images: shared, DataDir: dir}, RunOptions{})
+
+	call := func(content, out string) string {
+		body := `{"model": "rollout-sim", "messages": [{"role": "user", "content": "` + content + `"}]}`
+		return `wget -q -O ` + out + ` --header "Content-Type: application/json" --post-data '` + body + `' "$OPENAI_BASE_URL/chat/completions"`
+	}
+	env := map[string]any{
+		"name": "harness-distill", "prompt": "hi",
+		"sandbox": map[string]any{"image": ref},
+		"harness": map[string]any{"apis": []string{"openai"}, "budget": "1m",
+			"command": call("hello there", "/tmp/a.json") + " && " + call("something else", "/tmp/b.json")},
+		"items":   []map[string]any{{"id": "a"}},
+		"rewards": []map[string]any{{"type": "exit_code", "command": "test -s /tmp/b.json"}},
+	}
+	b, _ := json.Marshal(env)
+	envPath := filepath.Join(dir, "harness.yaml")
+	if err := os.WriteFile(envPath, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const topK = 2
+	cfg := `env: ` + envPath + `
+group_size: 1
+inference: {backend: vllm, endpoints: [` + s.srv.URL + `], timeout: 2m}
+parser: hermes
+sampling: {temperature: 0.7, max_tokens: 32}
+distill: {endpoint: ` + s.srv.URL + `, model: rollout-sim, top_k: 2}
+`
+	stream, err := h.cli.CollectGroups(bg(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &collectClient{t: t, stream: stream}
+	c.send(&rolloutv1.CollectGroupsRequest{Msg: &rolloutv1.CollectGroupsRequest_Start{Start: &rolloutv1.CollectStart{
+		ConfigYaml: cfg, InitialCredits: 1}}})
+	c.send(&rolloutv1.CollectGroupsRequest{Msg: &rolloutv1.CollectGroupsRequest_Next{Next: &rolloutv1.CollectNext{Count: 1}}})
+	c.until("the group", c.settled(1, 0))
+	c.drain()
+
+	if len(c.groups) != 1 || len(c.groups[0].Rollouts) != 1 {
+		t.Fatalf("groups %v", c.groups)
+	}
+	ro := c.groups[0].Rollouts[0]
+	if ro.Status != "ok" || ro.Reward != 1 || len(ro.Branches) != 1 {
+		t.Fatalf("rollout %s %s (%s), reward %v, %d more branches", ro.Status, ro.StopReason, ro.FailureMessage, ro.Reward, len(ro.Branches))
+	}
+	for i, br := range []*rolloutv1.Rollout{ro, ro.Branches[0]} {
+		if len(br.Tokens) == 0 || len(br.Distill) != len(br.Tokens) || len(br.LossMask) != len(br.Tokens) {
+			t.Fatalf("branch %d: %d distill positions for %d tokens", i, len(br.Distill), len(br.Tokens))
+		}
+		trained := 0
+		for p, tk := range br.Distill {
+			switch {
+			case br.LossMask[p] == 1 && (len(tk.GetTokenIds()) != topK || len(tk.GetLogprobs()) != topK):
+				t.Fatalf("branch %d trained position %d: teacher %v", i, p, tk)
+			case br.LossMask[p] == 0 && len(tk.GetTokenIds()) != 0:
+				t.Fatalf("branch %d untrained position %d scored: %v", i, p, tk)
+			}
+			trained += int(br.LossMask[p])
+		}
+		if trained == 0 {
+			t.Fatalf("branch %d: nothing trained", i)
+		}
+	}
+}
