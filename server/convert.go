@@ -156,6 +156,12 @@ func storedGroupProto(recs []trajectory.Record, seq int64, dropEqual bool) *roll
 // replayGroups calls fn with the stored groups of the run directory dir
 // whose sequence is at least from.
 func replayGroups(ctx context.Context, dir string, from int64, dropEqual bool, fn func(*rolloutv1.Group) error) error {
+	return replayGroupsWhere(ctx, dir, from, dropEqual, nil, fn)
+}
+
+// replayGroupsWhere is replayGroups over the stored groups keep accepts
+// (nil: all).
+func replayGroupsWhere(ctx context.Context, dir string, from int64, dropEqual bool, keep func([]trajectory.Record) bool, fn func(*rolloutv1.Group) error) error {
 	run, err := trajectory.Open(dir)
 	if errors.Is(err, trajectory.ErrNoManifest) {
 		return nil
@@ -164,7 +170,7 @@ func replayGroups(ctx context.Context, dir string, from int64, dropEqual bool, f
 		return fmt.Errorf("replay groups of %s: %w", dir, err)
 	}
 	return run.EachGroup(ctx, func(seq int64, recs []trajectory.Record) error {
-		if seq < from {
+		if seq < from || keep != nil && !keep(recs) {
 			return nil
 		}
 		return fn(storedGroupProto(recs, seq, dropEqual))

@@ -28,6 +28,7 @@ import (
 	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/rewards"
 	"github.com/rollout-rl/rollout/runner"
+	"github.com/rollout-rl/rollout/trajectory"
 )
 
 // DefaultIdleTimeout is a standalone gateway session's idle expiry when
@@ -52,6 +53,11 @@ type GatewayOptions struct {
 	// MaxSessions bounds open sessions (capture's default when 0); over
 	// it OpenSession is RESOURCE_EXHAUSTED.
 	MaxSessions int
+	// Tenants are the callers the transport authenticates besides the
+	// --auth-token-file token ("default"): each tenant's sessions and
+	// groups are its own (the others can neither see nor touch them) and
+	// its watchers get its groups only.
+	Tenants []Tenant
 }
 
 // Session states of a GatewayServer.
@@ -79,13 +85,14 @@ type GatewayServer struct {
 	sessions map[string]*gwSession
 	// done keeps what became of sessions whose groups are finished (their
 	// final state), so a late call is told, not NOT_FOUND.
-	done map[string]string
-	// finished holds the ids of the groups written.
-	finished map[string]bool
-	queue    []*rolloutv1.Group // finished groups no watcher took yet
-	notify   chan struct{}      // closed and replaced when queue grows or at shutdown
+	done map[string]doneSession
+	// finished holds the ids of the groups written, with their tenants.
+	finished map[string]string
+	// queue holds, by tenant, the finished groups no watcher took yet.
+	queue  map[string][]*rolloutv1.Group
+	notify chan struct{} // closed and replaced when queue grows or at shutdown
 	// followers are the watchers with from_sequence: each gets every
-	// finished group.
+	// finished group of its tenant.
 	followers map[*gwFollower]bool
 	stopping  bool
 	final     bool           // Shutdown collected the last groups: no more writes
@@ -93,8 +100,12 @@ type GatewayServer struct {
 	writes    sync.WaitGroup // groups being written
 }
 
+// doneSession is what a session of a finished group left for late calls.
+type doneSession struct{ state, tenant string }
+
 type gwGroup struct {
 	id       string
+	tenant   string // the tenant that opened it (tenantOf)
 	item     datasets.Item
 	category string
 	meta     map[string]string
@@ -134,7 +145,8 @@ func NewGatewayServer(ctx context.Context, cfg runner.Config, opts GatewayOption
 	}
 	opts.BaseURL = strings.TrimRight(opts.BaseURL, "/")
 	s := &GatewayServer{opts: opts, log: opts.Logger, groups: map[string]*gwGroup{}, sessions: map[string]*gwSession{},
-		done: map[string]string{}, finished: map[string]bool{}, notify: make(chan struct{}), followers: map[*gwFollower]bool{}}
+		done: map[string]doneSession{}, finished: map[string]string{}, queue: map[string][]*rolloutv1.Group{},
+		notify: make(chan struct{}), followers: map[*gwFollower]bool{}}
 	st, err := assemble.OpenStandalone(ctx, cfg, assemble.StandaloneOptions{Logger: opts.Logger, IdleTimeout: opts.IdleTimeout,
 		MaxSessions: opts.MaxSessions, OnExpire: s.expired})
 	if err != nil {
@@ -163,14 +175,18 @@ func (s *GatewayServer) OpenSession(ctx context.Context, req *rolloutv1.OpenSess
 	if req.GetGroupSize() < 0 || req.GetGroupSize() > runner.MaxGroupSize {
 		return nil, status.Errorf(codes.InvalidArgument, "group_size: %d, want 0 (the config's) to %d", req.GetGroupSize(), runner.MaxGroupSize)
 	}
+	tenant := tenantOf(ctx)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stopping {
 		return nil, status.Error(codes.Unavailable, "the gateway is shutting down")
 	}
 	g := s.groups[gid]
+	fin, written := s.finished[gid]
 	switch {
-	case g == nil && s.finished[gid]:
+	case g != nil && g.tenant != tenant, g == nil && written && fin != tenant:
+		return nil, status.Errorf(codes.PermissionDenied, "group id %s is another tenant's; choose another", gid)
+	case g == nil && written:
 		return nil, status.Errorf(codes.FailedPrecondition, "group %s is finished (written); open a new group", gid)
 	case g == nil:
 		if gid == "" {
@@ -185,7 +201,7 @@ func (s *GatewayServer) OpenSession(ctx context.Context, req *rolloutv1.OpenSess
 			item = gid
 		}
 		meta := maps.Clone(req.GetMetadata())
-		g = &gwGroup{id: gid, size: size, meta: meta, category: meta["category"],
+		g = &gwGroup{id: gid, tenant: tenant, size: size, meta: meta, category: meta["category"],
 			item: datasets.Item{ID: item, Data: map[string]any{}, Source: "rollout gateway"}}
 		for k, v := range meta {
 			g.item.Data[k] = v
@@ -216,16 +232,18 @@ func (s *GatewayServer) OpenSession(ctx context.Context, req *rolloutv1.OpenSess
 		ExpiresAfterIdleSeconds: s.opts.IdleTimeout.Seconds()}, nil
 }
 
-// session finds a session by id for an RPC. s.mu is held.
-func (s *GatewayServer) session(id string) (*gwSession, error) {
+// session finds a session of the caller's tenant by id for an RPC;
+// another tenant's is not found. s.mu is held.
+func (s *GatewayServer) session(ctx context.Context, id string) (*gwSession, error) {
 	if id == "" {
 		return nil, status.Error(codes.InvalidArgument, "session_id: required")
 	}
-	if ss, ok := s.sessions[id]; ok {
+	tenant := tenantOf(ctx)
+	if ss, ok := s.sessions[id]; ok && ss.group.tenant == tenant {
 		return ss, nil
 	}
-	if state, ok := s.done[id]; ok {
-		return nil, status.Errorf(codes.FailedPrecondition, "the session is %s and its group finished (written)", state)
+	if d, ok := s.done[id]; ok && d.tenant == tenant {
+		return nil, status.Errorf(codes.FailedPrecondition, "the session is %s and its group finished (written)", d.state)
 	}
 	return nil, status.Error(codes.NotFound, "no session with this id")
 }
@@ -233,7 +251,7 @@ func (s *GatewayServer) session(id string) (*gwSession, error) {
 // CloseSession implements rolloutv1.GatewayServiceServer.
 func (s *GatewayServer) CloseSession(ctx context.Context, req *rolloutv1.CloseSessionRequest) (*rolloutv1.CloseSessionResponse, error) {
 	s.mu.Lock()
-	ss, err := s.session(req.GetSessionId())
+	ss, err := s.session(ctx, req.GetSessionId())
 	if err != nil {
 		s.mu.Unlock()
 		return nil, err
@@ -310,7 +328,7 @@ func (s *GatewayServer) finishSession(ss *gwSession, rec gateway.SessionRecord, 
 	if reason != "" {
 		detail += "; " + reason
 	}
-	ro.Result.Events = []agentloop.Event{{Kind: "gateway_session", Detail: detail}}
+	ro.Result.Events = []agentloop.Event{{Kind: "gateway_session", Detail: detail}, {Kind: eventTenant, Detail: ss.group.tenant}}
 	if len(ss.group.meta) > 0 {
 		if b, err := json.Marshal(ss.group.meta); err == nil {
 			ro.Result.Events = append(ro.Result.Events, agentloop.Event{Kind: "gateway_metadata", Detail: string(b)})
@@ -373,7 +391,7 @@ func (s *GatewayServer) ScoreSession(ctx context.Context, req *rolloutv1.ScoreSe
 		}
 	}
 	s.mu.Lock()
-	ss, err := s.session(req.GetSessionId())
+	ss, err := s.session(ctx, req.GetSessionId())
 	if err != nil {
 		s.mu.Unlock()
 		return nil, err
@@ -472,16 +490,19 @@ func (s *GatewayServer) writeGroup(ctx context.Context, gg *gwGroup) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, ss := range gg.sessions {
-		s.done[ss.id] = ss.state
+		s.done[ss.id] = doneSession{state: ss.state, tenant: gg.tenant}
 		delete(s.sessions, ss.id)
 	}
 	delete(s.groups, gg.id)
-	s.finished[gg.id] = true
+	s.finished[gg.id] = gg.tenant
 	if err != nil {
 		return fmt.Errorf("group %s: %w", gg.id, err)
 	}
-	s.queue = append(s.queue, pg)
+	s.queue[gg.tenant] = append(s.queue[gg.tenant], pg)
 	for f := range s.followers {
+		if f.tenant != gg.tenant {
+			continue
+		}
 		select {
 		case f.ch <- pg:
 		default:
@@ -508,11 +529,12 @@ func (s *GatewayServer) WatchSessionGroups(req *rolloutv1.WatchSessionGroupsRequ
 		return s.follow(*req.FromSequence, compact, stream)
 	}
 	ctx := stream.Context()
+	tenant := tenantOf(ctx)
 	for {
 		s.mu.Lock()
 		var g *rolloutv1.Group
-		if len(s.queue) > 0 {
-			g, s.queue = s.queue[0], s.queue[1:]
+		if q := s.queue[tenant]; len(q) > 0 {
+			g, s.queue[tenant] = q[0], q[1:]
 		}
 		drained, notify := s.drained, s.notify
 		s.mu.Unlock()
@@ -535,7 +557,7 @@ func (s *GatewayServer) WatchSessionGroups(req *rolloutv1.WatchSessionGroupsRequ
 			// Not delivered: the next watcher gets it (it is in the run
 			// directory already).
 			s.mu.Lock()
-			s.queue = append([]*rolloutv1.Group{g}, s.queue...)
+			s.queue[tenant] = append([]*rolloutv1.Group{g}, s.queue[tenant]...)
 			s.mu.Unlock()
 			return err
 		}
@@ -562,8 +584,9 @@ func (s *GatewayServer) distill(ctx context.Context, d runner.Distiller, g *runn
 // gwFollower is a watcher with from_sequence: writeGroup hands it every
 // group it writes.
 type gwFollower struct {
-	ch   chan *rolloutv1.Group
-	lost chan struct{} // closed when ch was full: the follower ends
+	tenant string // it gets its tenant's groups only
+	ch     chan *rolloutv1.Group
+	lost   chan struct{} // closed when ch was full: the follower ends
 }
 
 // followerBuffer is how many finished groups a follower may lag behind
@@ -577,7 +600,8 @@ const followerBuffer = 1024
 // meanwhile is on disk, live, or both (then sent once, by sequence).
 func (s *GatewayServer) follow(from int64, compact bool, stream grpc.ServerStreamingServer[rolloutv1.WatchSessionGroupsResponse]) error {
 	ctx := stream.Context()
-	f := &gwFollower{ch: make(chan *rolloutv1.Group, followerBuffer), lost: make(chan struct{})}
+	tenant := tenantOf(ctx)
+	f := &gwFollower{tenant: tenant, ch: make(chan *rolloutv1.Group, followerBuffer), lost: make(chan struct{})}
 	s.mu.Lock()
 	if !s.drained {
 		s.followers[f] = true
@@ -601,10 +625,14 @@ func (s *GatewayServer) follow(from int64, compact bool, stream grpc.ServerStrea
 		if err := stream.Send(&rolloutv1.WatchSessionGroupsResponse{Group: out}); err != nil {
 			return err
 		}
-		s.delivered(g.GetSequence())
+		s.delivered(tenant, g.GetSequence())
 		return nil
 	}
-	if err := replayGroups(ctx, s.st.Dir(), from, s.st.Config().Advantage.DropEqual, send); err != nil {
+	mine := func(recs []trajectory.Record) bool {
+		t := groupTenant(recs)
+		return t == tenant || t == "" && (tenant == DefaultTenant || tenant == anonymousTenant)
+	}
+	if err := replayGroupsWhere(ctx, s.st.Dir(), from, s.st.Config().Advantage.DropEqual, mine, send); err != nil {
 		return toStatus(err)
 	}
 	for {
@@ -637,12 +665,30 @@ func (s *GatewayServer) follow(from int64, compact bool, stream grpc.ServerStrea
 	}
 }
 
-// delivered takes the group of sequence seq off the queue: a follower
-// sent it.
-func (s *GatewayServer) delivered(seq int64) {
+// delivered takes tenant's group of sequence seq off its queue: a
+// follower sent it.
+func (s *GatewayServer) delivered(tenant string, seq int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.queue = slices.DeleteFunc(s.queue, func(g *rolloutv1.Group) bool { return g.GetSequence() == seq })
+	s.queue[tenant] = slices.DeleteFunc(s.queue[tenant], func(g *rolloutv1.Group) bool { return g.GetSequence() == seq })
+}
+
+// eventTenant is the main row's loop event naming the tenant that opened
+// the session's group.
+const eventTenant = "gateway_tenant"
+
+// groupTenant is the tenant a stored group's rows name; a group written
+// before tenants (no such event) is the single token's or, without auth,
+// everyone's.
+func groupTenant(recs []trajectory.Record) string {
+	for _, r := range recs {
+		for _, e := range r.LoopEvents {
+			if e.Kind == eventTenant {
+				return e.Detail
+			}
+		}
+	}
+	return ""
 }
 
 // Shutdown stops the gateway: OpenSession is refused from now on; every

@@ -705,3 +705,100 @@ func TestGatewayDistill(t *testing.T) {
 		t.Fatal("nothing trained")
 	}
 }
+
+// TestGatewayTenants: with tenants, sessions and groups belong to the
+// tenant that opened them. Another tenant cannot join, close or score them
+// (its calls find nothing), and each tenant's watchers, plain or following
+// the run directory, get its own groups only.
+func TestGatewayTenants(t *testing.T) {
+	srv := simtest.Start(t, sim.Config{Family: "hermes"})
+	cfg := runner.Config{GroupSize: 1, Parser: "hermes",
+		Inference: inference.Config{Backend: inference.BackendVLLM, Endpoints: []string{srv.URL}, Retries: -1}}
+	r := startGateway(t, cfg, GatewayOptions{Tenants: []Tenant{tenant("alice", "alice-token", Quotas{}), tenant("bob", "bob-token", Quotas{})}})
+	ctx := context.Background()
+	client := func(token string) rolloutv1.GatewayServiceClient {
+		c, err := Dial(ClientOptions{Addr: r.conn.Conn.Target(), Token: token})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return rolloutv1.NewGatewayServiceClient(c.Conn)
+	}
+	alice, bob, def := client("alice-token"), client("bob-token"), r.client // def: the --auth-token-file tenant
+	finish := func(c rolloutv1.GatewayServiceClient, gid string) *rolloutv1.OpenSessionResponse {
+		t.Helper()
+		s, err := c.OpenSession(ctx, &rolloutv1.OpenSessionRequest{GroupId: gid})
+		if err != nil {
+			t.Fatal(err)
+		}
+		newChatHarness(s.OpenaiBaseUrl, s.ApiKey, "rollout-sim", "fix the bug").step(t)
+		if _, err := c.CloseSession(ctx, &rolloutv1.CloseSessionRequest{SessionId: s.SessionId}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.ScoreSession(ctx, &rolloutv1.ScoreSessionRequest{SessionId: s.SessionId, Reward: 1}); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+
+	// Bob cannot touch alice's open group or session.
+	a, err := alice.OpenSession(ctx, &rolloutv1.OpenSessionRequest{GroupId: "ga", GroupSize: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		err  error
+		code codes.Code
+	}{
+		{"join", second(bob.OpenSession(ctx, &rolloutv1.OpenSessionRequest{GroupId: "ga"})), codes.PermissionDenied},
+		{"close", second(bob.CloseSession(ctx, &rolloutv1.CloseSessionRequest{SessionId: a.SessionId})), codes.NotFound},
+		{"score", second(bob.ScoreSession(ctx, &rolloutv1.ScoreSessionRequest{SessionId: a.SessionId, Reward: 1})), codes.NotFound},
+		{"default's close", second(def.CloseSession(ctx, &rolloutv1.CloseSessionRequest{SessionId: a.SessionId})), codes.NotFound},
+	} {
+		if status.Code(c.err) != c.code {
+			t.Errorf("bob's %s of alice's: %v, want %s", c.name, c.err, c.code)
+		}
+	}
+	if _, err := alice.CloseSession(ctx, &rolloutv1.CloseSessionRequest{SessionId: a.SessionId}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := alice.ScoreSession(ctx, &rolloutv1.ScoreSessionRequest{SessionId: a.SessionId, Reward: 0.5}); err != nil {
+		t.Fatal(err)
+	}
+	finish(alice, "ga") // the group's second session: ga is written (sequence 0)
+	b := finish(bob, "gb") // sequence 1
+	if _, err := bob.OpenSession(ctx, &rolloutv1.OpenSessionRequest{GroupId: "ga"}); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("bob reusing alice's finished group id: %v, want PermissionDenied", err)
+	}
+	if _, err := alice.ScoreSession(ctx, &rolloutv1.ScoreSessionRequest{SessionId: b.SessionId, Reward: 1}); status.Code(err) != codes.NotFound {
+		t.Fatalf("alice scoring bob's finished session: %v, want NotFound", err)
+	}
+
+	first := func(c rolloutv1.GatewayServiceClient, req *rolloutv1.WatchSessionGroupsRequest) *rolloutv1.Group {
+		t.Helper()
+		w, err := c.WatchSessionGroups(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msg, err := w.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return msg.Group
+	}
+	from := int64(0)
+	// Followers replay their own tenant's groups from the run directory.
+	if g := first(bob, &rolloutv1.WatchSessionGroupsRequest{FromSequence: &from}); g.GroupId != "gb" || g.GetSequence() != 1 {
+		t.Fatalf("bob's follower from 0: %s (sequence %d), want gb (1)", g.GroupId, g.GetSequence())
+	}
+	if g := first(alice, &rolloutv1.WatchSessionGroupsRequest{FromSequence: &from}); g.GroupId != "ga" || g.GetSequence() != 0 || len(g.Rollouts) != 2 {
+		t.Fatalf("alice's follower from 0: %s (sequence %d)", g.GroupId, g.GetSequence())
+	}
+	// Plain watchers: bob's first group is his although alice's finished
+	// first (and the followers above took none of the other's).
+	finish(def, "gd")
+	if g := first(def, &rolloutv1.WatchSessionGroupsRequest{}); g.GroupId != "gd" {
+		t.Fatalf("default's watcher: %s, want gd", g.GroupId)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -78,12 +79,12 @@ func NewGRPC(svc *Server, t Transport) *GRPC {
 
 // NewGatewayGRPC builds the gRPC server of a standalone gateway: the
 // GatewayService, health (rollout.v1.GatewayService) and reflection,
-// behind the same interceptors as NewGRPC; Transport.Token is its one
-// tenant.
+// behind the same interceptors as NewGRPC; its tenants are
+// GatewayOptions.Tenants plus Transport.Token's ("default").
 func NewGatewayGRPC(gs *GatewayServer, t Transport) *GRPC {
-	var ts []Tenant
-	if t.Token != "" {
-		ts = []Tenant{TokenTenant(t.Token)}
+	ts := slices.Clone(gs.opts.Tenants)
+	if tt := TokenTenant(t.Token); t.Token != "" && !slices.ContainsFunc(ts, func(o Tenant) bool { return o.TokenSHA256 == tt.TokenSHA256 }) {
+		ts = append(ts, tt)
 	}
 	return newGRPC(t, ts, gs.Register, rolloutv1.GatewayService_ServiceDesc.ServiceName,
 		func(ctx context.Context, _ bool) error { return gs.Shutdown(ctx) })

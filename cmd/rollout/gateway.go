@@ -26,6 +26,8 @@ type gatewayFlags struct {
 	idleTimeout   time.Duration
 	maxSessions   int
 	tokenFile     string
+	tenantsFile   string
+	tlsClientCA   string
 	tlsCert       string
 	tlsKey        string
 	httpTLSCert   string
@@ -56,7 +58,11 @@ not.
 A session idle for --idle-timeout is closed and recorded without a reward
 (failure kind session_expired). On SIGINT/SIGTERM the gateway refuses new
 sessions, closes the open ones (recorded the same way), writes every group
-and flushes the run directory.`,
+and flushes the run directory.
+
+With --tenants-file (and --auth-token-file, whose token is the tenant
+"default") each tenant's sessions and groups are its own: another tenant
+can neither close, score nor watch them.`,
 		Example: `  rollout gateway -c gateway.yaml
   rollout gateway -c gateway.yaml --http-listen 0.0.0.0:8090 --public-url http://10.0.0.5:8090 \
       --listen 0.0.0.0:50052 --auth-token-file /etc/rollout/token --tls-cert s.crt --tls-key s.key`,
@@ -73,7 +79,9 @@ and flushes the run directory.`,
 	fl.StringVar(&f.metricsListen, "metrics-listen", "", "HTTP address for GET /metrics (empty: no metrics port)")
 	fl.DurationVar(&f.idleTimeout, "idle-timeout", server.DefaultIdleTimeout, "close a session with no call for this long and record it without a reward (0: never)")
 	fl.IntVar(&f.maxSessions, "max-sessions", 0, "open sessions at once (default 10000); over it OpenSession is RESOURCE_EXHAUSTED")
-	fl.StringVar(&f.tokenFile, "auth-token-file", "", "file holding the bearer token gRPC callers must send (required off loopback)")
+	fl.StringVar(&f.tokenFile, "auth-token-file", "", "file holding the bearer token gRPC callers must send (off loopback this or --tenants-file is required)")
+	fl.StringVar(&f.tenantsFile, "tenants-file", "", "YAML file of tenants (as rollout serve's: a name and a bearer token each); sessions and groups belong to the tenant that opened them, watchers get their tenant's groups only; with --auth-token-file, that token is one more tenant, \"default\"")
+	fl.StringVar(&f.tlsClientCA, "tls-client-ca", "", "verify client certificates signed by this CA (PEM) when clients present one: tenants are then known by their certificate's names too (client_names in --tenants-file); needs --tls-cert")
 	fl.StringVar(&f.tlsCert, "tls-cert", "", "TLS certificate (PEM) of the gRPC API; with --tls-key")
 	fl.StringVar(&f.tlsKey, "tls-key", "", "TLS private key (PEM); with --tls-cert")
 	fl.StringVar(&f.httpTLSCert, "http-tls-cert", "", "TLS certificate (PEM) of the front doors (HTTPS); with --http-tls-key")
@@ -88,6 +96,8 @@ func runGateway(cmd *cobra.Command, f *gatewayFlags) error {
 		return usageError(cmd, errors.New("--config is required"))
 	case (f.tlsCert == "") != (f.tlsKey == ""):
 		return usageError(cmd, errors.New("--tls-cert and --tls-key go together"))
+	case f.tlsClientCA != "" && f.tlsCert == "":
+		return usageError(cmd, errors.New("--tls-client-ca needs --tls-cert and --tls-key"))
 	case (f.httpTLSCert == "") != (f.httpTLSKey == ""):
 		return usageError(cmd, errors.New("--http-tls-cert and --http-tls-key go together"))
 	case f.idleTimeout < 0 || f.maxSessions < 0 || f.drainTimeout < 0 || f.groupSize < 0:
@@ -109,12 +119,23 @@ func runGateway(cmd *cobra.Command, f *gatewayFlags) error {
 			return withExitCode(2, err)
 		}
 	}
-	if err := server.CheckListen(f.listen, t.Token != ""); err != nil {
+	var tenants []server.Tenant
+	if f.tenantsFile != "" {
+		if tenants, err = server.LoadTenants(f.tenantsFile); err != nil {
+			return withExitCode(2, err)
+		}
+	}
+	if err := server.CheckListen(f.listen, t.Token != "" || len(tenants) > 0); err != nil {
 		return withExitCode(2, err)
 	}
 	if f.tlsCert != "" {
 		if t.TLS, err = server.LoadTLS(f.tlsCert, f.tlsKey); err != nil {
 			return withExitCode(2, err)
+		}
+		if f.tlsClientCA != "" {
+			if err := server.LoadClientCA(t.TLS, f.tlsClientCA); err != nil {
+				return withExitCode(2, err)
+			}
 		}
 	}
 	var httpTLS *tls.Config
@@ -140,7 +161,7 @@ func runGateway(cmd *cobra.Command, f *gatewayFlags) error {
 	if idle == 0 {
 		idle = -1 // GatewayOptions: negative = never
 	}
-	gs, err := server.NewGatewayServer(ctx, cfg, server.GatewayOptions{Logger: log, BaseURL: public, IdleTimeout: idle, MaxSessions: f.maxSessions})
+	gs, err := server.NewGatewayServer(ctx, cfg, server.GatewayOptions{Logger: log, BaseURL: public, IdleTimeout: idle, MaxSessions: f.maxSessions, Tenants: tenants})
 	if err != nil {
 		hl.Close()
 		return withExitCode(2, err)
