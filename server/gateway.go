@@ -94,6 +94,8 @@ type GatewayServer struct {
 	// followers are the watchers with from_sequence: each gets every
 	// finished group of its tenant.
 	followers map[*gwFollower]bool
+	// live counts each tenant's sessions open or closing (Quotas.Sessions).
+	live map[string]int
 	stopping  bool
 	final     bool           // Shutdown collected the last groups: no more writes
 	drained   bool           // and they are written: watchers end once the queue is empty
@@ -146,7 +148,7 @@ func NewGatewayServer(ctx context.Context, cfg runner.Config, opts GatewayOption
 	opts.BaseURL = strings.TrimRight(opts.BaseURL, "/")
 	s := &GatewayServer{opts: opts, log: opts.Logger, groups: map[string]*gwGroup{}, sessions: map[string]*gwSession{},
 		done: map[string]doneSession{}, finished: map[string]string{}, queue: map[string][]*rolloutv1.Group{},
-		notify: make(chan struct{}), followers: map[*gwFollower]bool{}}
+		notify: make(chan struct{}), followers: map[*gwFollower]bool{}, live: map[string]int{}}
 	st, err := assemble.OpenStandalone(ctx, cfg, assemble.StandaloneOptions{Logger: opts.Logger, IdleTimeout: opts.IdleTimeout,
 		MaxSessions: opts.MaxSessions, OnExpire: s.expired})
 	if err != nil {
@@ -210,10 +212,16 @@ func (s *GatewayServer) OpenSession(ctx context.Context, req *rolloutv1.OpenSess
 		return nil, status.Errorf(codes.FailedPrecondition, "group %s is finished (written); open a new group", gid)
 	case len(g.sessions) >= g.size:
 		return nil, status.Errorf(codes.FailedPrecondition, "group %s already has its %d sessions", gid, g.size)
+	}
+	switch {
 	case req.GetItemId() != "" && req.GetItemId() != g.item.ID:
 		return nil, status.Errorf(codes.InvalidArgument, "item_id: %q, but group %s is item %q", req.GetItemId(), gid, g.item.ID)
 	case req.GetGroupSize() != 0 && int(req.GetGroupSize()) != g.size:
 		return nil, status.Errorf(codes.InvalidArgument, "group_size: %d, but group %s has %d", req.GetGroupSize(), gid, g.size)
+	}
+	if q := s.sessionQuota(tenant); q > 0 && s.live[tenant] >= q {
+		metricTenantRejected.WithLabelValues(tenantLabel(tenant), "sessions").Inc()
+		return nil, status.Errorf(codes.ResourceExhausted, "tenant %s has %d sessions open, its quota (quotas.sessions); close one first", tenant, q)
 	}
 	rid := "ro_" + randomID()
 	cs, err := s.st.Gateway.Open(ctx, inference.EpisodeSpec{ID: rid, Group: gid, Model: s.st.Config().Inference.Model})
@@ -225,11 +233,22 @@ func (s *GatewayServer) OpenSession(ctx context.Context, req *rolloutv1.OpenSess
 	g.sessions = append(g.sessions, ss)
 	s.groups[gid] = g
 	s.sessions[ss.id] = ss
+	s.live[tenant]++
 	metricGatewaySessions.Inc()
 	base := s.opts.BaseURL + "/s/" + ss.id
 	return &rolloutv1.OpenSessionResponse{SessionId: ss.id, GroupId: gid, Index: int32(ss.index),
 		OpenaiBaseUrl: base + "/v1", AnthropicBaseUrl: base, ApiKey: SessionAPIKey,
 		ExpiresAfterIdleSeconds: s.opts.IdleTimeout.Seconds()}, nil
+}
+
+// sessionQuota is tenant's Quotas.Sessions (0: none of its own).
+func (s *GatewayServer) sessionQuota(tenant string) int {
+	for _, t := range s.opts.Tenants {
+		if t.Name == tenant {
+			return t.Quotas.Sessions
+		}
+	}
+	return 0
 }
 
 // session finds a session of the caller's tenant by id for an RPC;
@@ -336,6 +355,9 @@ func (s *GatewayServer) finishSession(ss *gwSession, rec gateway.SessionRecord, 
 	}
 	sum := summary(ss, rec, state, reason)
 	s.mu.Lock()
+	if ss.state == sessOpen || ss.state == sessClosing {
+		s.live[ss.group.tenant]--
+	}
 	ss.state, ss.reason, ss.sum = state, reason, sum
 	g := s.finishable(ss.group)
 	s.mu.Unlock()

@@ -714,7 +714,7 @@ func TestGatewayTenants(t *testing.T) {
 	srv := simtest.Start(t, sim.Config{Family: "hermes"})
 	cfg := runner.Config{GroupSize: 1, Parser: "hermes",
 		Inference: inference.Config{Backend: inference.BackendVLLM, Endpoints: []string{srv.URL}, Retries: -1}}
-	r := startGateway(t, cfg, GatewayOptions{Tenants: []Tenant{tenant("alice", "alice-token", Quotas{}), tenant("bob", "bob-token", Quotas{})}})
+	r := startGateway(t, cfg, GatewayOptions{Tenants: []Tenant{tenant("alice", "alice-token", Quotas{}), tenant("bob", "bob-token", Quotas{Sessions: 1})}})
 	ctx := context.Background()
 	client := func(token string) rolloutv1.GatewayServiceClient {
 		c, err := Dial(ClientOptions{Addr: r.conn.Conn.Target(), Token: token})
@@ -767,7 +767,22 @@ func TestGatewayTenants(t *testing.T) {
 		t.Fatal(err)
 	}
 	finish(alice, "ga") // the group's second session: ga is written (sequence 0)
-	b := finish(bob, "gb") // sequence 1
+	// Bob's quota is one session open at a time: a second is refused until
+	// the first is closed.
+	b0, err := bob.OpenSession(ctx, &rolloutv1.OpenSessionRequest{GroupId: "gb", GroupSize: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bob.OpenSession(ctx, &rolloutv1.OpenSessionRequest{GroupId: "gb"}); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("bob's second open session: %v, want ResourceExhausted (quotas.sessions 1)", err)
+	}
+	if _, err := bob.CloseSession(ctx, &rolloutv1.CloseSessionRequest{SessionId: b0.SessionId}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bob.ScoreSession(ctx, &rolloutv1.ScoreSessionRequest{SessionId: b0.SessionId, Reward: 0}); err != nil {
+		t.Fatal(err)
+	}
+	b := finish(bob, "gb") // gb's second session: gb is written (sequence 1)
 	if _, err := bob.OpenSession(ctx, &rolloutv1.OpenSessionRequest{GroupId: "ga"}); status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("bob reusing alice's finished group id: %v, want PermissionDenied", err)
 	}

@@ -29,6 +29,10 @@ type Quotas struct {
 	// groups × group_size (default 1,000,000). A job with groups 0 counts
 	// its items; a stream counts the groups it starts.
 	Rows int64
+	// Sessions: gateway sessions open at once (`rollout gateway` only,
+	// from opening until closed or expired; 0: no bound of the tenant's
+	// own, --max-sessions bounds all tenants together).
+	Sessions int
 }
 
 func (q Quotas) withDefaults() Quotas {

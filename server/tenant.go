@@ -74,12 +74,14 @@ type quotasY struct {
 	Jobs      int   `yaml:"jobs"`
 	Sandboxes int   `yaml:"sandboxes"`
 	Rows      int64 `yaml:"rows"`
+	Sessions  int   `yaml:"sessions"`
 }
 
 // LoadTenants reads a tenants file (docs/api.md, "Tenants"): a YAML list
 // of tenants, each with a name, its token as token_sha256 (hex) or
 // token_file (a file holding the token, read like --auth-token-file;
-// relative to the tenants file), optional quotas {jobs, sandboxes, rows}
+// relative to the tenants file), optional quotas {jobs, sandboxes, rows,
+// sessions}
 // and an optional rate_limit/rate_burst. Names and tokens must be unique.
 func LoadTenants(path string) ([]Tenant, error) {
 	b, err := os.ReadFile(path)
@@ -106,7 +108,7 @@ func LoadTenants(path string) ([]Tenant, error) {
 			return nil, fmt.Errorf("%s.name: %q is named twice", field, y.Name)
 		}
 		names[y.Name] = true
-		t := Tenant{Name: y.Name, Quotas: Quotas{Jobs: y.Quotas.Jobs, Sandboxes: y.Quotas.Sandboxes, Rows: y.Quotas.Rows},
+		t := Tenant{Name: y.Name, Quotas: Quotas{Jobs: y.Quotas.Jobs, Sandboxes: y.Quotas.Sandboxes, Rows: y.Quotas.Rows, Sessions: y.Quotas.Sessions},
 			RateLimit: y.RateLimit, RateBurst: y.RateBurst}
 		if y.RateLimit < 0 || y.RateBurst < 0 {
 			return nil, fmt.Errorf("%s: rate_limit and rate_burst must not be negative", field)
