@@ -95,11 +95,11 @@ type GatewayServer struct {
 	// finished group of its tenant.
 	followers map[*gwFollower]bool
 	// live counts each tenant's sessions open or closing (Quotas.Sessions).
-	live map[string]int
-	stopping  bool
-	final     bool           // Shutdown collected the last groups: no more writes
-	drained   bool           // and they are written: watchers end once the queue is empty
-	writes    sync.WaitGroup // groups being written
+	live     map[string]int
+	stopping bool
+	final    bool           // Shutdown collected the last groups: no more writes
+	drained  bool           // and they are written: watchers end once the queue is empty
+	writes   sync.WaitGroup // groups being written
 }
 
 // doneSession is what a session of a finished group left for late calls.
