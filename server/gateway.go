@@ -221,7 +221,7 @@ func (s *GatewayServer) OpenSession(ctx context.Context, req *rolloutv1.OpenSess
 	}
 	if q := s.sessionQuota(tenant); q > 0 && s.live[tenant] >= q {
 		metricTenantRejected.WithLabelValues(tenantLabel(tenant), "sessions").Inc()
-		return nil, status.Errorf(codes.ResourceExhausted, "tenant %s has %d sessions open, its quota (quotas.sessions); close one first", tenant, q)
+		return nil, status.Errorf(codes.ResourceExhausted, "tenant %s is at its quota of %d open sessions (quotas.sessions); close one first", tenant, q)
 	}
 	rid := "ro_" + randomID()
 	cs, err := s.st.Gateway.Open(ctx, inference.EpisodeSpec{ID: rid, Group: gid, Model: s.st.Config().Inference.Model})
