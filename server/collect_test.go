@@ -25,6 +25,18 @@ type collectClient struct {
 	last    *rolloutv1.CollectStatus
 }
 
+// startCollect opens a CollectGroups stream on cli and sends its start.
+func startCollect(t *testing.T, cli rolloutv1.RolloutServiceClient, start *rolloutv1.CollectStart) *collectClient {
+	t.Helper()
+	stream, err := cli.CollectGroups(bg(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &collectClient{t: t, stream: stream}
+	c.send(&rolloutv1.CollectGroupsRequest{Msg: &rolloutv1.CollectGroupsRequest_Start{Start: start}})
+	return c
+}
+
 func (c *collectClient) send(m *rolloutv1.CollectGroupsRequest) {
 	c.t.Helper()
 	if cr := m.GetCredit(); cr != nil {
@@ -195,13 +207,8 @@ func TestCollectGroupsShutdown(t *testing.T) {
 	s := newSim(t, "toolcall-match", 2) // the first group passes, the second blocks
 	h := startServer(t, Options{}, RunOptions{})
 	t.Cleanup(s.open)
-	stream, err := h.cli.CollectGroups(bg(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &collectClient{t: t, stream: stream}
-	c.send(&rolloutv1.CollectGroupsRequest{Msg: &rolloutv1.CollectGroupsRequest_Start{Start: &rolloutv1.CollectStart{
-		ConfigYaml: jobYAML(s.URL, "", 0, 2), InitialCredits: 1}}})
+	c := startCollect(t, h.cli, &rolloutv1.CollectStart{
+		ConfigYaml: jobYAML(s.URL, "", 0, 2), InitialCredits: 1})
 	c.send(&rolloutv1.CollectGroupsRequest{Msg: &rolloutv1.CollectGroupsRequest_Next{Next: &rolloutv1.CollectNext{Count: 3}}})
 	c.until("the first group", c.settled(1, 2))
 	c.send(&rolloutv1.CollectGroupsRequest{Msg: &rolloutv1.CollectGroupsRequest_Credit{Credit: &rolloutv1.CollectCredit{Groups: 2}}})
@@ -241,17 +248,13 @@ func TestCollectGroupsResume(t *testing.T) {
 	s := newSim(t, "toolcall-match", -1)
 	h := startServer(t, Options{}, RunOptions{})
 	cfg := jobYAML(s.URL, "runs/collect", 0, 2)
-	stream, err := h.cli.CollectGroups(bg(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &collectClient{t: t, stream: stream}
-	c.send(&rolloutv1.CollectGroupsRequest{Msg: &rolloutv1.CollectGroupsRequest_Start{Start: &rolloutv1.CollectStart{ConfigYaml: cfg, InitialCredits: 3}}})
+	c := startCollect(t, h.cli, &rolloutv1.CollectStart{ConfigYaml: cfg, InitialCredits: 3})
 	c.send(&rolloutv1.CollectGroupsRequest{Msg: &rolloutv1.CollectGroupsRequest_Next{Next: &rolloutv1.CollectNext{Count: 3}}})
 	c.until("3 groups", c.settled(3, 0))
-	if err := stream.CloseSend(); err != nil {
+	if err := c.stream.CloseSend(); err != nil {
 		t.Fatal(err)
 	}
+	var err error
 	for more := true; more; {
 		if more, err = c.recv(); err != nil {
 			t.Fatal(err)

@@ -41,13 +41,8 @@ parser: hermes
 sampling: {max_tokens: 256}
 limits: {groups_in_flight: 1}
 `, backend, srv.URL)
-			stream, err := h.cli.CollectGroups(bg(t))
-			if err != nil {
-				t.Fatal(err)
-			}
-			c := &collectClient{t: t, stream: stream}
-			c.send(&rolloutv1.CollectGroupsRequest{Msg: &rolloutv1.CollectGroupsRequest_Start{Start: &rolloutv1.CollectStart{
-				ConfigYaml: cfg, InitialCredits: 2, StreamId: "moe-" + backend}}})
+			c := startCollect(t, h.cli, &rolloutv1.CollectStart{
+				ConfigYaml: cfg, InitialCredits: 2, StreamId: "moe-" + backend})
 			c.send(&rolloutv1.CollectGroupsRequest{Msg: &rolloutv1.CollectGroupsRequest_Next{Next: &rolloutv1.CollectNext{RequestId: "r", Count: 2}}})
 			c.until("2 groups", func() bool { return len(c.groups) == 2 })
 			c.drain()

@@ -81,13 +81,8 @@ parser: hermes
 sampling: {temperature: 0.7, max_tokens: 64}
 limits: {groups_in_flight: 1}
 `
-	stream, err := h.cli.CollectGroups(bg(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &collectClient{t: t, stream: stream}
-	c.send(&rolloutv1.CollectGroupsRequest{Msg: &rolloutv1.CollectGroupsRequest_Start{Start: &rolloutv1.CollectStart{
-		ConfigYaml: cfg, InitialCredits: 2}}})
+	c := startCollect(t, h.cli, &rolloutv1.CollectStart{
+		ConfigYaml: cfg, InitialCredits: 2})
 	c.send(&rolloutv1.CollectGroupsRequest{Msg: &rolloutv1.CollectGroupsRequest_Next{Next: &rolloutv1.CollectNext{
 		RequestId: "trainer", Count: 1, SamplingJson: `{"temperature": 0.25, "max_tokens": 17}`}}})
 	c.until("the trainer-sampled group", c.settled(1, 0))
@@ -172,13 +167,8 @@ parser: hermes
 sampling: {temperature: 0.7, max_tokens: 32}
 distill: {endpoint: ` + s.srv.URL + `, model: rollout-sim, top_k: 2}
 `
-	stream, err := h.cli.CollectGroups(bg(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := &collectClient{t: t, stream: stream}
-	c.send(&rolloutv1.CollectGroupsRequest{Msg: &rolloutv1.CollectGroupsRequest_Start{Start: &rolloutv1.CollectStart{
-		ConfigYaml: cfg, InitialCredits: 1}}})
+	c := startCollect(t, h.cli, &rolloutv1.CollectStart{
+		ConfigYaml: cfg, InitialCredits: 1})
 	c.send(&rolloutv1.CollectGroupsRequest{Msg: &rolloutv1.CollectGroupsRequest_Next{Next: &rolloutv1.CollectNext{Count: 1}}})
 	c.until("the group", c.settled(1, 0))
 	c.drain()
