@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rollout-rl/rollout/inference/sim"
 	"github.com/rollout-rl/rollout/internal/testkit/llamacpptest"
 	"github.com/rollout-rl/rollout/trajectory"
 )
@@ -81,7 +82,7 @@ func TestHarnessEnvs(t *testing.T) {
 	}
 	biased := map[string]any{"temperature": 1.0, "max_tokens": 48,
 		"extra_body": map[string]any{"logit_bias": collectionBias(t, e)}}
-	recs := runHarnessEnv(t, e, "proof", cases, 2, biased, 0)
+	recs := runHarnessEnv(t, e, harnessRun{name: "proof", cases: cases, groupSize: 2, sampling: biased})
 	start := time.Now()
 	checked, trained := checkHarnessRows(t, e, vocab, recs, cases, 2)
 	rescoring := time.Since(start)
@@ -102,7 +103,7 @@ func TestHarnessEnvs(t *testing.T) {
 	}
 	grammar := map[string]any{"temperature": 1.0, "max_tokens": 2*callBytes + 8,
 		"extra_body": map[string]any{"grammar": parallelGrammar}}
-	recs = runHarnessEnv(t, e, "parallel", parallel, 1, grammar, harnessCallLimit)
+	recs = runHarnessEnv(t, e, harnessRun{name: "parallel", cases: parallel, groupSize: 1, sampling: grammar, maxCalls: harnessCallLimit})
 	start = time.Now()
 	c, tr := checkHarnessRows(t, e, vocab, recs, parallel, 1)
 	rescoring += time.Since(start)
@@ -113,11 +114,60 @@ func TestHarnessEnvs(t *testing.T) {
 	t.Logf("%d trained ids, all re-scored against the server in %s", trained, rescoring.Round(time.Millisecond))
 }
 
-// runHarnessEnv runs `rollout run` of a harness env of the given cases
-// (groupSize rollouts each) with the run's sampling and the env's
-// harness.max_calls (0: the gateway's), and returns its records.
-func runHarnessEnv(t *testing.T, e *llamacpptest.Engine, name string, cases []harnessCase, groupSize int, sampling map[string]any, maxCalls int) []trajectory.Record {
+// TestHarnessDistillTeacherVocabulary: distillation of a harness env whose
+// sessions generate on the real llama.cpp engine, with a teacher of
+// another vocabulary. No teacher that serves prompt_logprobs can run here
+// (llama-server has none: docs/real-engines.md), so the simulator is the
+// teacher, and its 305 ids cannot score llama.cpp's: the teacher refuses
+// the session's first branch, the rollout is an infrastructure failure of
+// kind distill naming the refusal (after its retries), its rows are
+// written with no teacher columns, and the run exits 3 — never a success
+// without its distillation. The scoring itself is proven with the
+// simulator as student and teacher (server TestHarnessDistillBranches).
+func TestHarnessDistillTeacherVocabulary(t *testing.T) {
+	if err := run("docker", "image", "inspect", harnessImage); err != nil {
+		t.Skipf("%s not built (rollout sandbox image --name harness): %v", harnessImage, err)
+	}
+	e := startEngine(t)
+	teacher, err := sim.Start(suiteCtx(t), sim.Config{Family: "hermes", Seed: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer teacher.Close()
+	cases := []harnessCase{{id: "distill-compact", script: "openai_agent.py", flags: "--calls 4 --compact-after 2", budget: "5m"}}
+	biased := map[string]any{"temperature": 1.0, "max_tokens": 48,
+		"extra_body": map[string]any{"logit_bias": collectionBias(t, e)}}
+	recs := runHarnessEnv(t, e, harnessRun{name: "distill", cases: cases, groupSize: 1, sampling: biased, exit: 3,
+		distill: map[string]any{"endpoint": teacher.URL, "model": "rollout-sim", "top_k": 2}})
+	if len(recs) == 0 {
+		t.Fatal("no rows written")
+	}
+	for _, r := range recs {
+		if r.Status != trajectory.StatusInfraFailed || r.Failure == nil || r.Failure.Kind != "distill" ||
+			!strings.Contains(r.Failure.Message, "out of vocabulary") || len(r.DistillTokenIDs) != 0 || r.Advantage != nil {
+			t.Fatalf("branch %d: status %s, failure %+v, %d distill positions, advantage %v", r.Branch, r.Status, r.Failure, len(r.DistillTokenIDs), r.Advantage)
+		}
+	}
+}
+
+// harnessRun is one `rollout run` of a harness env: its cases (groupSize
+// rollouts each), the run's sampling, the env's harness.max_calls (0: the
+// gateway's), the run's distill block (nil: none) and the exit code it
+// must end with.
+type harnessRun struct {
+	name      string
+	cases     []harnessCase
+	groupSize int
+	sampling  map[string]any
+	maxCalls  int
+	distill   map[string]any
+	exit      int
+}
+
+// runHarnessEnv makes the run hr and returns its records.
+func runHarnessEnv(t *testing.T, e *llamacpptest.Engine, hr harnessRun) []trajectory.Record {
 	t.Helper()
+	name, cases, groupSize, maxCalls := hr.name, hr.cases, hr.groupSize, hr.maxCalls
 	dir := t.TempDir()
 	_, self, _, _ := runtime.Caller(0)
 	examples := filepath.Join(filepath.Dir(self), "..", "..", "..", "examples", "harnesses")
@@ -155,11 +205,14 @@ func runHarnessEnv(t *testing.T, e *llamacpptest.Engine, name string, cases []ha
 	cfg := map[string]any{
 		"env": envPath, "groups": len(cases), "group_size": groupSize, "seed": 35,
 		"inference": map[string]any{"backend": "llamacpp", "endpoints": []string{e.URL}, "retries": 3, "timeout": "2m"},
-		"sampling":  sampling,
+		"sampling":  hr.sampling,
 		"parser":    "hermes", "reasoning_parser": "qwen3", "rollout_timeout": "5m",
 		"limits":  map[string]any{"rollouts_in_flight": slots, "groups_in_flight": slots / 2, "sandboxes": slots},
 		"sandbox": map[string]any{"warm_pool": -1},
 		"output":  map[string]any{"dir": out},
+	}
+	if hr.distill != nil {
+		cfg["distill"] = hr.distill
 	}
 	cfgPath := filepath.Join(dir, "run.yaml")
 	if err := os.WriteFile(cfgPath, []byte(mustJSON(cfg)), 0o644); err != nil {
@@ -168,8 +221,8 @@ func runHarnessEnv(t *testing.T, e *llamacpptest.Engine, name string, cases []ha
 	start := time.Now()
 	stdout, stderr, code := runRollout(t, suiteCtx(t), "run", "-c", cfgPath)
 	t.Logf("rollout run of the %s harness env: %d items × %d in %s\n%s", name, len(cases), groupSize, time.Since(start).Round(time.Second), stdout)
-	if code != 0 {
-		t.Fatalf("rollout run: exit %d\nstdout:\n%s\nstderr (tail):\n%s\nserver log:\n%s", code, stdout, tail(stderr, 40), e.LogTail(30))
+	if code != hr.exit {
+		t.Fatalf("rollout run: exit %d, want %d\nstdout:\n%s\nstderr (tail):\n%s\nserver log:\n%s", code, hr.exit, stdout, tail(stderr, 40), e.LogTail(30))
 	}
 	run, err := trajectory.Open(out)
 	if err != nil {
