@@ -4,11 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
-	"sort"
 	"strings"
-	"sync"
 
 	"go.yaml.in/yaml/v3"
+
+	reg "github.com/rollout-rl/rollout/internal/util/registry"
 )
 
 // ErrConfig is wrapped by every invalid env configuration.
@@ -18,39 +18,18 @@ var ErrConfig = errors.New("invalid env config")
 // Factories decode strictly: unknown keys are errors.
 type Factory func(cfg *yaml.Node) (Env, error)
 
-var (
-	mu       sync.RWMutex
-	registry = map[string]Factory{}
-)
+var registry = reg.New[Factory]("env")
 
 // Register makes an env available by name. It panics on duplicates:
 // registration happens at init.
-func Register(name string, f Factory) {
-	mu.Lock()
-	defer mu.Unlock()
-	if _, dup := registry[name]; dup {
-		panic("envs: duplicate env " + name)
-	}
-	registry[name] = f
-}
+func Register(name string, f Factory) { registry.Register(name, f) }
 
 // Names lists the registered envs, sorted.
-func Names() []string {
-	mu.RLock()
-	defer mu.RUnlock()
-	out := make([]string, 0, len(registry))
-	for n := range registry {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out
-}
+func Names() []string { return registry.Names() }
 
 // New builds the env called name with cfg.
 func New(name string, cfg *yaml.Node) (Env, error) {
-	mu.RLock()
-	f, ok := registry[name]
-	mu.RUnlock()
+	f, ok := registry.Lookup(name)
 	if !ok {
 		return nil, fmt.Errorf("unknown env %q; known envs: %s", name, strings.Join(Names(), ", "))
 	}

@@ -4,15 +4,16 @@
 // It owns the tool-call parser registry (names are vLLM's
 // --tool-call-parser values) and the reasoning parser registry (vLLM's
 // --reasoning-parser values). It depends on nothing but the standard
-// library: tool schemas arrive as JSON.
+// library and the project's own registry table (internal/util/registry):
+// tool schemas arrive as JSON.
 package parsers
 
 import (
 	"encoding/json"
 	"fmt"
-	"sort"
 	"strings"
-	"sync"
+
+	"github.com/rollout-rl/rollout/internal/util/registry"
 )
 
 // ToolSchema is one tool the model may call, as in an OpenAI `tools` array
@@ -154,38 +155,21 @@ type ReasoningOptions struct {
 }
 
 var (
-	regMu     sync.RWMutex
-	toolReg   = map[string]Parser{}
-	reasonReg = map[string]ReasoningParser{}
+	toolReg   = registry.New[Parser]("tool-call parser")
+	reasonReg = registry.New[ReasoningParser]("reasoning parser")
 )
 
 // Register adds a tool-call parser under name. It panics on a duplicate
 // name: registration happens at init time and a clash is a programming error.
-func Register(name string, p Parser) {
-	regMu.Lock()
-	defer regMu.Unlock()
-	if _, dup := toolReg[name]; dup {
-		panic("parsers: duplicate tool parser " + name)
-	}
-	toolReg[name] = p
-}
+func Register(name string, p Parser) { toolReg.Register(name, p) }
 
 // RegisterReasoning adds a reasoning parser under name.
-func RegisterReasoning(name string, p ReasoningParser) {
-	regMu.Lock()
-	defer regMu.Unlock()
-	if _, dup := reasonReg[name]; dup {
-		panic("parsers: duplicate reasoning parser " + name)
-	}
-	reasonReg[name] = p
-}
+func RegisterReasoning(name string, p ReasoningParser) { reasonReg.Register(name, p) }
 
 // Get returns the tool-call parser registered under name, or an error that
 // lists the known names.
 func Get(name string) (Parser, error) {
-	regMu.RLock()
-	p, ok := toolReg[name]
-	regMu.RUnlock()
+	p, ok := toolReg.Lookup(name)
 	if !ok {
 		return nil, fmt.Errorf("unknown tool-call parser %q; known parsers: %s", name, strings.Join(Names(), ", "))
 	}
@@ -195,9 +179,7 @@ func Get(name string) (Parser, error) {
 // GetReasoning returns the reasoning parser registered under name, or an
 // error that lists the known names.
 func GetReasoning(name string) (ReasoningParser, error) {
-	regMu.RLock()
-	p, ok := reasonReg[name]
-	regMu.RUnlock()
+	p, ok := reasonReg.Lookup(name)
 	if !ok {
 		return nil, fmt.Errorf("unknown reasoning parser %q; known parsers: %s", name, strings.Join(ReasoningNames(), ", "))
 	}
@@ -205,24 +187,7 @@ func GetReasoning(name string) (ReasoningParser, error) {
 }
 
 // Names lists the registered tool-call parsers, sorted.
-func Names() []string {
-	regMu.RLock()
-	defer regMu.RUnlock()
-	return sortedKeys(toolReg)
-}
+func Names() []string { return toolReg.Names() }
 
 // ReasoningNames lists the registered reasoning parsers, sorted.
-func ReasoningNames() []string {
-	regMu.RLock()
-	defer regMu.RUnlock()
-	return sortedKeys(reasonReg)
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
-}
+func ReasoningNames() []string { return reasonReg.Names() }

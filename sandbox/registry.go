@@ -4,9 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"sort"
-	"sync"
 	"time"
+
+	reg "github.com/rollout-rl/rollout/internal/util/registry"
 )
 
 // OpenOptions are the settings every backend understands; a backend's own
@@ -38,47 +38,22 @@ type Registration struct {
 	GC func(ctx context.Context, o OpenOptions, ro ReapOptions) ([]Reaped, error)
 }
 
-var registry = struct {
-	sync.Mutex
-	m map[string]Registration
-}{m: map[string]Registration{}}
+var registry = reg.New[Registration]("sandbox backend")
 
 // Register adds a backend under r.Name; a backend package calls it from
 // init, and sandbox/builtin links the built-in ones. A second registration
 // of a name is a programming error.
-func Register(r Registration) {
-	registry.Lock()
-	defer registry.Unlock()
-	if _, dup := registry.m[r.Name]; dup {
-		panic("sandbox: backend " + r.Name + " registered twice")
-	}
-	registry.m[r.Name] = r
-}
+func Register(r Registration) { registry.Register(r.Name, r) }
 
 // Lookup returns the registration of the named backend; an unknown name is
 // ErrInvalid.
 func Lookup(name string) (Registration, error) {
-	registry.Lock()
-	defer registry.Unlock()
-	r, ok := registry.m[name]
+	r, ok := registry.Lookup(name)
 	if !ok {
-		return Registration{}, fmt.Errorf("%w: sandbox backend %q: want one of %v", ErrInvalid, name, namesLocked())
+		return Registration{}, fmt.Errorf("%w: sandbox backend %q: want one of %v", ErrInvalid, name, registry.Names())
 	}
 	return r, nil
 }
 
 // Registered lists the registered backends' names, sorted.
-func Registered() []string {
-	registry.Lock()
-	defer registry.Unlock()
-	return namesLocked()
-}
-
-func namesLocked() []string {
-	names := make([]string, 0, len(registry.m))
-	for n := range registry.m {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
+func Registered() []string { return registry.Names() }

@@ -15,12 +15,12 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"sort"
 	"strings"
-	"sync"
 
 	openai "github.com/sashabaranov/go-openai"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/rollout-rl/rollout/internal/util/registry"
 )
 
 // ErrViolation is wrapped by every answer of an env server that breaks its
@@ -121,39 +121,18 @@ type Prompter interface {
 // decoding strictly.
 type Factory func(options *yaml.Node) (Protocol, error)
 
-var (
-	mu        sync.RWMutex
-	factories = map[string]Factory{}
-)
+var factories = registry.New[Factory]("env protocol")
 
 // Register makes a protocol available by name; it panics on a duplicate
 // (registration happens at init).
-func Register(name string, f Factory) {
-	mu.Lock()
-	defer mu.Unlock()
-	if _, dup := factories[name]; dup {
-		panic("protocol: duplicate env protocol " + name)
-	}
-	factories[name] = f
-}
+func Register(name string, f Factory) { factories.Register(name, f) }
 
 // Names lists the registered protocols, sorted.
-func Names() []string {
-	mu.RLock()
-	defer mu.RUnlock()
-	out := make([]string, 0, len(factories))
-	for n := range factories {
-		out = append(out, n)
-	}
-	sort.Strings(out)
-	return out
-}
+func Names() []string { return factories.Names() }
 
 // New builds the protocol called name.
 func New(name string, options *yaml.Node) (Protocol, error) {
-	mu.RLock()
-	f, ok := factories[name]
-	mu.RUnlock()
+	f, ok := factories.Lookup(name)
 	if !ok {
 		known := strings.Join(Names(), ", ")
 		if known == "" {
