@@ -20,10 +20,7 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func serve(t *testing.T, opts envservertest.NeMoGymOptions) protocol.Endpoint {
-	t.Helper()
-	srv := httptest.NewServer(envservertest.NeMoGymHandler(opts))
-	t.Cleanup(srv.Close)
-	return protocol.Endpoint{Client: srv.Client(), BaseURL: srv.URL, Name: "nemo_gym test server"}
+	return envservertest.Endpoint(t, envservertest.NeMoGymHandler(opts), "nemo_gym test server")
 }
 
 func ctx(t *testing.T) context.Context {

@@ -20,10 +20,7 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func serve(t *testing.T, opts envservertest.OpenEnvOptions) protocol.Endpoint {
-	t.Helper()
-	srv := httptest.NewServer(envservertest.OpenEnvHandler(opts))
-	t.Cleanup(srv.Close)
-	return protocol.Endpoint{Client: srv.Client(), BaseURL: srv.URL, Name: "openenv test server"}
+	return envservertest.Endpoint(t, envservertest.OpenEnvHandler(opts), "openenv test server")
 }
 
 func newProto(t *testing.T, options string) protocol.Protocol {

@@ -4,12 +4,15 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"testing"
 
+	"github.com/rollout-rl/rollout/envs/protocol"
 	"github.com/rollout-rl/rollout/internal/testkit/proctest"
 )
 
@@ -61,4 +64,13 @@ func Image(t testing.TB, base string) string {
 	}
 	t.Cleanup(func() { _ = exec.Command("docker", "image", "rm", "-f", tag).Run() })
 	return tag
+}
+
+// Endpoint serves h on a loopback test server (closed when the test ends)
+// and returns the protocol endpoint a session of it is opened on.
+func Endpoint(t testing.TB, h http.Handler, name string) protocol.Endpoint {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return protocol.Endpoint{Client: srv.Client(), BaseURL: srv.URL, Name: name}
 }
