@@ -335,7 +335,8 @@ func validate(call gateway.Call) error {
 // harness send the same ones. Entries are shared and never modified.
 type toolCache struct {
 	mu sync.Mutex
-	m  map[string]toolEntry
+	m  map[string]map[string]toolEntry // by API, then by the raw bytes
+	n  int                             // entries in m
 }
 
 type toolEntry struct {
@@ -346,14 +347,14 @@ type toolEntry struct {
 // toolCacheSize bounds the cache: past it, the cache starts over.
 const toolCacheSize = 256
 
-// keys is toolKeys, from the cache when the call's raw tools were seen.
+// keys is toolKeys, from the cache when the call's raw tools were seen
+// (the lookup copies nothing: a harness's tools can be tens of kB).
 func (c *toolCache) keys(call gateway.Call) (string, []parsers.ToolSchema, error) {
 	if len(call.Tools) == 0 || len(call.ToolsRaw) == 0 {
 		return toolKeys(call.Tools)
 	}
-	ck := call.API + "\x00" + string(call.ToolsRaw)
 	c.mu.Lock()
-	e, ok := c.m[ck]
+	e, ok := c.m[call.API][string(call.ToolsRaw)]
 	c.mu.Unlock()
 	if ok {
 		return e.key, e.schemas, nil
@@ -363,10 +364,16 @@ func (c *toolCache) keys(call gateway.Call) (string, []parsers.ToolSchema, error
 		return "", nil, err
 	}
 	c.mu.Lock()
-	if c.m == nil || len(c.m) >= toolCacheSize {
-		c.m = map[string]toolEntry{}
+	if c.m == nil || c.n >= toolCacheSize {
+		c.m, c.n = map[string]map[string]toolEntry{}, 0
 	}
-	c.m[ck] = toolEntry{key: key, schemas: schemas}
+	if c.m[call.API] == nil {
+		c.m[call.API] = map[string]toolEntry{}
+	}
+	if _, dup := c.m[call.API][string(call.ToolsRaw)]; !dup {
+		c.n++
+	}
+	c.m[call.API][string(call.ToolsRaw)] = toolEntry{key: key, schemas: schemas}
 	c.mu.Unlock()
 	return key, schemas, nil
 }

@@ -28,8 +28,8 @@ func TestToolCacheKeys(t *testing.T) {
 			t.Fatalf("keys = %q %v %v, want %q", key, schemas, err, want)
 		}
 	}
-	if len(c.m) != 1 {
-		t.Fatalf("cache holds %d entries, want 1", len(c.m))
+	if c.n != 1 {
+		t.Fatalf("cache holds %d entries, want 1", c.n)
 	}
 	key, schemas, err := c.keys(gateway.Call{API: "openai-chat", Tools: tools("edit"), ToolsRaw: raw("edit")})
 	if err != nil || key == want || schemas[0].Name != "edit" {
@@ -37,12 +37,12 @@ func TestToolCacheKeys(t *testing.T) {
 	}
 	// The same bytes under another API are another entry (its shape may
 	// differ from OpenAI's).
-	if _, _, err := c.keys(gateway.Call{API: "anthropic", Tools: tools("shell"), ToolsRaw: raw("shell")}); err != nil || len(c.m) != 3 {
-		t.Fatalf("another API: %v, %d entries", err, len(c.m))
+	if _, _, err := c.keys(gateway.Call{API: "anthropic", Tools: tools("shell"), ToolsRaw: raw("shell")}); err != nil || c.n != 3 {
+		t.Fatalf("another API: %v, %d entries", err, c.n)
 	}
 	// Without raw bytes nothing is cached.
-	if k, _, err := c.keys(gateway.Call{API: "openai-chat", Tools: tools("x")}); err != nil || k == "" || len(c.m) != 3 {
-		t.Fatalf("no raw: %q %v, %d entries", k, err, len(c.m))
+	if k, _, err := c.keys(gateway.Call{API: "openai-chat", Tools: tools("x")}); err != nil || k == "" || c.n != 3 {
+		t.Fatalf("no raw: %q %v, %d entries", k, err, c.n)
 	}
 	// A full cache starts over instead of growing.
 	for i := range toolCacheSize + 5 {
@@ -51,7 +51,15 @@ func TestToolCacheKeys(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if len(c.m) > toolCacheSize {
-		t.Fatalf("cache grew to %d entries, bound %d", len(c.m), toolCacheSize)
+	if c.n > toolCacheSize {
+		t.Fatalf("cache grew to %d entries, bound %d", c.n, toolCacheSize)
+	}
+	// A hit allocates nothing (the lookup copies no bytes).
+	call := gateway.Call{API: "openai-chat", Tools: tools("hit"), ToolsRaw: raw("hit")}
+	if _, _, err := c.keys(call); err != nil {
+		t.Fatal(err)
+	}
+	if n := testing.AllocsPerRun(100, func() { _, _, _ = c.keys(call) }); n != 0 {
+		t.Fatalf("a cache hit allocates %v times", n)
 	}
 }
