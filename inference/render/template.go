@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"sort"
 	"strconv"
@@ -95,8 +94,10 @@ func compile(src string) (tm *jinja.Template, err error) {
 const probeText = "rollout-typed-content-probe"
 
 // readsTypedContent renders one user message whose content is a list of
-// text parts and reports whether the text reached the output, as
-// llama.cpp's template capability probe does.
+// text parts and reports whether the template read the parts' text, as
+// llama.cpp's template capability probe (common/jinja/caps.cpp) and vLLM's
+// content-format detection do: the text must appear, and not as the
+// printed list itself (a template that prints content as a string).
 func (t *Template) readsTypedContent() bool {
 	part := newDict()
 	part.AsDict().Set("type", jinja.NewString("text"))
@@ -111,7 +112,7 @@ func (t *Template) readsTypedContent() bool {
 		"eos_token":             t.eos,
 	}
 	out, err := t.render(vars)
-	return err == nil && strings.Contains(out, probeText)
+	return err == nil && strings.Contains(out, probeText) && !strings.Contains(out, "'type'")
 }
 
 // Apply renders msgs with tools (the raw JSON array of OpenAI tool objects
@@ -295,10 +296,16 @@ func (c *converter) toolCalls(calls []openai.ToolCall) (jinja.Value, error) {
 // arguments parses a tool call's argument string; text that is not JSON
 // stays a string.
 func (c *converter) arguments(s string) (jinja.Value, error) {
-	if strings.TrimSpace(s) == "" || !json.Valid([]byte(s)) {
+	if strings.TrimSpace(s) == "" {
 		return c.str(s)
 	}
-	return c.json([]byte(s))
+	saved := c.marked
+	v, err := c.json([]byte(s))
+	if err != nil {
+		c.marked = saved
+		return c.str(s)
+	}
+	return v, nil
 }
 
 // tools converts the request's tools array; ok is false when there are none
@@ -383,14 +390,14 @@ func (c *converter) str(s string) (jinja.Value, error) {
 
 // json decodes one JSON document into ordered jinja values.
 func (c *converter) json(data []byte) (jinja.Value, error) {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	v, err := c.decode(dec, 0)
+	p := jsonParser{c: c, data: data}
+	v, err := p.value(0)
 	if err != nil {
 		return jinja.Value{}, err
 	}
-	if _, err := dec.Token(); err != io.EOF {
-		return jinja.Value{}, errors.New("trailing data after JSON value")
+	p.skipSpace()
+	if p.pos != len(data) {
+		return jinja.Value{}, p.errf("trailing data after JSON value")
 	}
 	return v, nil
 }
@@ -398,74 +405,8 @@ func (c *converter) json(data []byte) (jinja.Value, error) {
 // maxDepth bounds JSON nesting.
 const maxDepth = 256
 
-func (c *converter) decode(dec *json.Decoder, depth int) (jinja.Value, error) {
-	if depth > maxDepth {
-		return jinja.Value{}, errors.New("JSON nested too deeply")
-	}
-	tok, err := dec.Token()
-	if err != nil {
-		return jinja.Value{}, fmt.Errorf("JSON: %w", err)
-	}
-	switch tv := tok.(type) {
-	case nil:
-		return jinja.None(), nil
-	case bool:
-		return jinja.NewBool(tv), nil
-	case string:
-		return c.str(tv)
-	case json.Number:
-		return c.number(string(tv))
-	case json.Delim:
-		if tv == '[' {
-			return c.decodeArray(dec, depth)
-		}
-		return c.decodeObject(dec, depth)
-	}
-	return jinja.Value{}, fmt.Errorf("JSON: unexpected token %v", tok)
-}
-
-func (c *converter) decodeArray(dec *json.Decoder, depth int) (jinja.Value, error) {
-	var items []jinja.Value
-	for dec.More() {
-		v, err := c.decode(dec, depth+1)
-		if err != nil {
-			return jinja.Value{}, err
-		}
-		items = append(items, v)
-	}
-	if _, err := dec.Token(); err != nil {
-		return jinja.Value{}, fmt.Errorf("JSON: %w", err)
-	}
-	if items == nil {
-		items = []jinja.Value{}
-	}
-	return jinja.NewList(items), nil
-}
-
-func (c *converter) decodeObject(dec *json.Decoder, depth int) (jinja.Value, error) {
-	v := newDict()
-	d := v.AsDict()
-	for dec.More() {
-		kt, err := dec.Token()
-		if err != nil {
-			return jinja.Value{}, fmt.Errorf("JSON: %w", err)
-		}
-		key, _ := kt.(string)
-		kv, err := c.str(key)
-		if err != nil {
-			return jinja.Value{}, err
-		}
-		val, err := c.decode(dec, depth+1)
-		if err != nil {
-			return jinja.Value{}, err
-		}
-		d.Set(kv.AsString(), val)
-	}
-	if _, err := dec.Token(); err != nil {
-		return jinja.Value{}, fmt.Errorf("JSON: %w", err)
-	}
-	return v, nil
-}
+// jsonValidUTF8 reports whether s is valid UTF-8.
+func jsonValidUTF8(s string) bool { return utf8.ValidString(s) }
 
 // number converts a JSON number: integers that fit int64 and floats whose Go
 // rendering equals Python's stay native; others become marked strings.
