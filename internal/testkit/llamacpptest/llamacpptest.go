@@ -11,13 +11,16 @@
 package llamacpptest
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -50,7 +53,8 @@ type Engine struct {
 	ID   string
 	Args []string
 
-	e *engine.Engine
+	e   *engine.Engine
+	cli *client.Client
 }
 
 // Call sends body as JSON to route (GET when body is nil) and decodes a
@@ -109,6 +113,50 @@ func (e *Engine) Tokenize(t testing.TB, text string) []int {
 	return r.Tokens
 }
 
+// CopyFile copies the regular file at path inside the container into
+// dir on the host and returns the host path (dir joined with the file's
+// base name); failures fail the test.
+func (e *Engine) CopyFile(t testing.TB, path, dir string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	res, err := e.cli.CopyFromContainer(ctx, e.ID, client.CopyFromContainerOptions{SourcePath: path})
+	if err != nil {
+		t.Fatalf("llamacpptest: copy %s out of the container: %v", path, err)
+	}
+	defer res.Content.Close()
+	out, err := untarFile(res.Content, path, dir)
+	if err != nil {
+		t.Fatalf("llamacpptest: copy %s out of the container: %v", path, err)
+	}
+	return out
+}
+
+// untarFile writes the first regular file of the tar stream r into dir
+// under the base name of path.
+func untarFile(r io.Reader, path, dir string) (string, error) {
+	tr := tar.NewReader(r)
+	for {
+		h, err := tr.Next()
+		if err != nil {
+			return "", fmt.Errorf("no regular file in the archive: %w", err)
+		}
+		if h.Typeflag != tar.TypeReg {
+			continue
+		}
+		out := filepath.Join(dir, filepath.Base(path))
+		f, err := os.Create(out)
+		if err != nil {
+			return "", err
+		}
+		if _, err := io.Copy(f, tr); err != nil {
+			f.Close()
+			return "", err
+		}
+		return out, f.Close()
+	}
+}
+
 // LogTail returns the last n lines of the server's log, for failure
 // messages.
 func (e *Engine) LogTail(n int) string { return e.e.LogTail(context.Background(), n) }
@@ -144,7 +192,7 @@ func Start(t testing.TB, opts Options) *Engine {
 			t.Errorf("llamacpptest: %v", err)
 		}
 	})
-	return &Engine{URL: e.URL, ID: e.ID, Args: e.Args, e: e}
+	return &Engine{URL: e.URL, ID: e.ID, Args: e.Args, e: e, cli: cli}
 }
 
 // InCI reports whether the environment says this is CI (CI=true), where a

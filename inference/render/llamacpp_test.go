@@ -1,0 +1,201 @@
+package render_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/rollout-rl/rollout/inference/render"
+	"github.com/rollout-rl/rollout/internal/testkit/llamacpptest"
+	"github.com/rollout-rl/rollout/sandbox/image"
+)
+
+// TestRealEngine holds Encode to llama-server's /tokenize on the
+// project's tiny Qwen3 GGUF: read with ReadGGUF, and rebuilt as a Hugging
+// Face tokenizer.json read with ReadHF.
+func TestRealEngine(t *testing.T) {
+	e := llamacpptest.Start(t, llamacpptest.Options{})
+	gguf := e.CopyFile(t, image.LlamacppModel, t.TempDir())
+	src, err := render.ReadGGUF(gguf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkGGUFSource(t, src)
+	hf := writeHF(t, gguf)
+	hfSrc, err := render.ReadHF(hf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hfSrc.BOS != src.BOS || hfSrc.BOSID != src.BOSID || hfSrc.EOS != src.EOS || hfSrc.AddBOS != src.AddBOS {
+		t.Errorf("ReadHF BOS %q/%d EOS %q AddBOS %v; ReadGGUF BOS %q/%d EOS %q AddBOS %v",
+			hfSrc.BOS, hfSrc.BOSID, hfSrc.EOS, hfSrc.AddBOS, src.BOS, src.BOSID, src.EOS, src.AddBOS)
+	}
+	if hfSrc.Tokenizer.VocabSize() != src.Tokenizer.VocabSize() {
+		t.Errorf("VocabSize: hf %d, gguf %d", hfSrc.Tokenizer.VocabSize(), src.Tokenizer.VocabSize())
+	}
+
+	corpus := append(fixedCorpus(), randomCorpus(300, 1)...)
+	mismatches := 0
+	for _, s := range corpus {
+		want := toInt32(e.Tokenize(t, s))
+		for _, c := range []struct {
+			name string
+			tok  *render.Tokenizer
+		}{{"gguf", src.Tokenizer}, {"hf", hfSrc.Tokenizer}} {
+			got, err := c.tok.Encode(s, true)
+			if err != nil {
+				t.Fatalf("%s: Encode(%q): %v", c.name, s, err)
+			}
+			if !slices.Equal(got, want) {
+				mismatches++
+				if mismatches <= 20 {
+					t.Errorf("%s: Encode(%q, true)\n got %v\nwant %v (llama-server /tokenize)", c.name, s, got, want)
+				}
+			}
+		}
+	}
+	t.Logf("compared %d strings with llama-server /tokenize through ReadGGUF and ReadHF: %d mismatches", len(corpus), mismatches)
+}
+
+func checkGGUFSource(t *testing.T, src *render.Source) {
+	t.Helper()
+	if src.EOS != "<|im_end|>" || src.BOS != "<|endoftext|>" || src.BOSID < 0 || src.AddBOS {
+		t.Errorf("BOS %q (%d), EOS %q, AddBOS %v: want <|endoftext|>, <|im_end|>, false", src.BOS, src.BOSID, src.EOS, src.AddBOS)
+	}
+	if !strings.Contains(src.ChatTemplate, "<|im_start|>") {
+		t.Errorf("chat template lacks <|im_start|>: %.200q", src.ChatTemplate)
+	}
+}
+
+func toInt32(ids []int) []int32 {
+	out := make([]int32, len(ids))
+	for i, id := range ids {
+		out[i] = int32(id)
+	}
+	return out
+}
+
+// writeHF writes a Hugging Face tokenizer.json and tokenizer_config.json
+// with the GGUF's vocabulary, merges and added tokens, and the qwen2
+// pre-tokenizer, and returns their directory.
+func writeHF(t *testing.T, gguf string) string {
+	t.Helper()
+	tokens, types, merges, err := render.GGUFVocab(gguf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vocab := map[string]int{}
+	var added []map[string]any
+	for i, tok := range tokens {
+		switch types[i] {
+		case 3, 4: // control, user-defined
+			added = append(added, map[string]any{"id": i, "content": tok, "single_word": false,
+				"lstrip": false, "rstrip": false, "normalized": false, "special": types[i] == 3})
+		}
+		vocab[tok] = i
+	}
+	pairs := make([][2]string, len(merges))
+	for i, m := range merges {
+		a, b, _ := strings.Cut(m, " ")
+		pairs[i] = [2]string{a, b}
+	}
+	tj := map[string]any{
+		"version": "1.0", "added_tokens": added, "normalizer": nil,
+		"pre_tokenizer": map[string]any{"type": "Sequence", "pretokenizers": []any{
+			map[string]any{"type": "Split", "pattern": map[string]string{
+				"Regex": `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`},
+				"behavior": "Isolated", "invert": false},
+			map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
+		}},
+		"post_processor": map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
+		"decoder":        map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
+		"model": map[string]any{"type": "BPE", "dropout": nil, "unk_token": nil, "continuing_subword_prefix": "",
+			"end_of_word_suffix": "", "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+			"vocab": vocab, "merges": pairs},
+	}
+	cfg := map[string]any{"add_bos_token": false, "bos_token": nil, "eos_token": "<|im_end|>",
+		"chat_template": "{{ '<|im_start|>' }}"}
+	// The GGUF names BOS <|endoftext|>; so does Qwen's config.
+	cfg["bos_token"] = map[string]any{"content": "<|endoftext|>", "special": true}
+	dir := t.TempDir()
+	writeJSON(t, filepath.Join(dir, "tokenizer.json"), tj)
+	writeJSON(t, filepath.Join(dir, "tokenizer_config.json"), cfg)
+	return dir
+}
+
+func writeJSON(t *testing.T, path string, v any) {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// fixedCorpus is hand-picked text: prose, code, JSON, whitespace runs,
+// digits, contractions, scripts, emoji and the model's special tokens.
+func fixedCorpus() []string {
+	base := []string{
+		"", " ", "  ", "\n", "\n\n", "\n\n  \t", " \n", "\t\t", "\r\n", "a\r\n\r\nb", "   leading", "trailing   ",
+		"  both  ", "hello world", "Hello, World!", "The quick brown fox jumps over the lazy dog.",
+		"1234567", "3.14159", "x=1234567890", "v1.2.3", "0xDEADBEEF", "2024-01-02T03:04:05Z",
+		"don't I'll we're they've she'd it's", "DON'T I'LL WE'RE", "'s 't 're 've 'm 'll 'd", "rock'n'roll", "O'Neil's",
+		"func main() {\n\tfmt.Println(\"hi\")\n}\n", "def f(x):\n    return x ** 2\n\n\nprint(f(3))",
+		"if (a && b || !c) { return a->b; }", "SELECT * FROM t WHERE id = 42;",
+		`{"name": "terminal", "arguments": {"command": "ls -la /tmp"}}`, `[1, 2, {"a": null, "b": true}]`,
+		"<html><body class=\"x\">Hi</body></html>", "path/to/file_name.go:12:5: error",
+		"中文测试，你好世界。", "日本語のテキスト", "한국어 텍스트", "Привет, мир!", "Ελληνικά", "עברית", "العربية",
+		"हिन्दी", "ไทย", "café naïve résumé façade", "Ärger über Öl", "ñandú", "e\u0301", "Z̤͔ͧ̑̓ä͖̭̈̇lͮ̒ͫǧ̗͚̚o̙̔ͮ̇͐̇",
+		"emoji 😀🎉👍🏽 and 👨‍👩‍👧‍👦", "🙂", "a😀b", "★☆♥ ← → ∑∫√", "€100 £5 ¥3", "½ ² ³ ⅓",
+		"\u00a0nbsp\u00a0", "\u3000ideographic\u3000space", "zero\u200bwidth", "tab\there", "mixed 中文 and English 123",
+		"!!!???...", "---===+++", "a  b   c    d", "word\n\n\nword", " \n \n ", "\t\n\t\n", "x \n", "end with space ",
+		"<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+		"<think>\nreasoning here\n</think>\n\nanswer",
+		"<tool_call>\n{\"name\": \"terminal\", \"arguments\": {\"command\": \"ls\"}}\n</tool_call>",
+		"<tool_response>\nfile1\nfile2\n</tool_response>", "a<|im_start|>b", "<|im_end|><|im_end|>", "<|endoftext|>",
+		"<|im_start|", "<think", "< think>", "<|im_start|><|im_start|>x", " <think> ", "x<tool_call>y</tool_call>z",
+		"<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nWhat's 2+2?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n4<|im_end|>",
+	}
+	var out []string
+	out = append(out, base...)
+	// Variants: each with a leading space, a trailing newline, and doubled.
+	for _, s := range base[:60] {
+		out = append(out, " "+s, s+"\n", s+s)
+	}
+	return out
+}
+
+// randomCorpus draws n strings from a seeded generator over a mix of
+// ASCII, whitespace, punctuation, digits, letters of several scripts,
+// emoji and the special tokens.
+func randomCorpus(n int, seed uint64) []string {
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	pieces := []string{
+		" ", "  ", "\n", "\t", "\r", "\n\n", "a", "b", "Z", "the", " the", "hello", "'s", "'LL", "'", "\"", "0", "7", "42",
+		"12345", ".", ",", "!", "?", "-", "_", "(", ")", "{", "}", "[", "]", "<", ">", "/", "\\", ":", ";", "=", "+",
+		"é", "ß", "中", "文", "あ", "한", "ж", "λ", "😀", "👍🏽", "\u00a0", "\u2003", "\u3000", "½", "²", "٣",
+		"<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>", "</tool_call>", "<|endoftext|>",
+		"\u0301", "\u200d", "~", "`", "^", "|", "$", "%", "#", "@", "&", "*",
+	}
+	out := make([]string, n)
+	for i := range out {
+		var b strings.Builder
+		k := 1 + rng.IntN(24)
+		for range k {
+			if rng.IntN(8) == 0 {
+				fmt.Fprintf(&b, "%c", rune(0x20+rng.IntN(0x3000)))
+				continue
+			}
+			b.WriteString(pieces[rng.IntN(len(pieces))])
+		}
+		out[i] = b.String()
+	}
+	return out
+}
