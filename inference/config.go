@@ -99,8 +99,19 @@ type Config struct {
 	// position's experts as one flat row of layers × top-k ids, so sglang
 	// needs it to split the row; vLLM's array carries its shape, which is
 	// checked against it when set.
-	RoutedExpertsTopK int          `yaml:"routed_experts_topk,omitempty" json:"routed_experts_topk,omitempty"`
-	Logger            *slog.Logger `yaml:"-" json:"-"`
+	RoutedExpertsTopK int `yaml:"routed_experts_topk,omitempty" json:"routed_experts_topk,omitempty"`
+	// LocalRender renders tokens-mode prompts in-process from the model's
+	// own files instead of through the server: a GGUF file (llama.cpp) or
+	// a Hugging Face model directory with tokenizer.json and
+	// tokenizer_config.json (vLLM, SGLang). Byte-level BPE tokenizers only.
+	// Every conversation shape is checked against the server's render
+	// first (LocalRenderVerifyFirst renders, default 2) and then one render
+	// in LocalRenderVerifyEvery (default 64); one difference turns it off
+	// for the run (localrender.go, docs/inference.md).
+	LocalRender            string       `yaml:"local_render,omitempty" json:"local_render,omitempty"`
+	LocalRenderVerifyFirst int          `yaml:"local_render_verify_first,omitempty" json:"local_render_verify_first,omitempty"`
+	LocalRenderVerifyEvery int          `yaml:"local_render_verify_every,omitempty" json:"local_render_verify_every,omitempty"`
+	Logger                 *slog.Logger `yaml:"-" json:"-"`
 }
 
 func (c Config) poolConfig(endpoints []string) PoolConfig {
@@ -136,7 +147,8 @@ func (c Config) UnscoredLimit() float64 {
 type Client struct {
 	cfg    Config
 	pool   *Pool
-	tok    *Pool // == pool unless TokenizerEndpoints is set
+	tok    *Pool          // == pool unless TokenizerEndpoints is set
+	local  *localRenderer // Config.LocalRender; nil without
 	gen    generator
 	log    *slog.Logger
 	mu     sync.Mutex
@@ -235,6 +247,10 @@ func Open(cfg Config) (*Client, error) {
 		return nil, fmt.Errorf("inference: %w", err)
 	}
 	c.pool, c.tok = p, p
+	if c.local, err = newLocalRenderer(cfg); err != nil {
+		p.Close()
+		return nil, err
+	}
 	if len(cfg.TokenizerEndpoints) > 0 {
 		t, err := NewPool(cfg.poolConfig(cfg.TokenizerEndpoints))
 		if err != nil {

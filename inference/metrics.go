@@ -20,6 +20,11 @@ type metricSet struct {
 	// (positive, negative, unreadable); hinted counts turns rescored.
 	hintVotes *prometheus.CounterVec
 	hinted    prometheus.Counter
+	// localRenders counts tokens-mode renders under local_render by
+	// result: local (used unchecked), verified (checked equal to the
+	// server's), mismatch, fallback (the local template failed; the
+	// server rendered).
+	localRenders *prometheus.CounterVec
 }
 
 var (
@@ -63,8 +68,12 @@ func getMetrics() *metricSet {
 				Name: "rollout_distill_hinted_turns_total",
 				Help: "Turns the distillation teacher scored again under a judge's hint.",
 			}),
+			localRenders: prometheus.NewCounterVec(prometheus.CounterOpts{
+				Name: "rollout_inference_local_renders_total",
+				Help: "Tokens-mode renders made in-process (local_render) by result: local, verified (checked equal to the server's), mismatch (local rendering then turned off), fallback (rendered by the server).",
+			}, []string{"result"}),
 		}
-		for _, c := range []prometheus.Collector{m.inFlight, m.latency, m.tokens, m.errors, m.retries, m.healthy, m.hintVotes, m.hinted} {
+		for _, c := range []prometheus.Collector{m.inFlight, m.latency, m.tokens, m.errors, m.retries, m.healthy, m.hintVotes, m.hinted, m.localRenders} {
 			if err := prometheus.Register(c); err != nil {
 				var are prometheus.AlreadyRegisteredError
 				if !errors.As(err, &are) {
@@ -77,6 +86,11 @@ func getMetrics() *metricSet {
 		metrics = m
 	})
 	return metrics
+}
+
+// localRenders is the local-render counter for result.
+func localRenders(result string) prometheus.Counter {
+	return getMetrics().localRenders.WithLabelValues(result)
 }
 
 // endpointMetrics caches label-bound children so the hot path does no map

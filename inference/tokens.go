@@ -79,8 +79,19 @@ func (e *tokenEpisode) tokOpts(suffix string) CallOptions {
 	return o
 }
 
-// render asks the server for the ids of messages under the chat template.
+// render is the ids of messages under the chat template: rendered
+// in-process when Config.LocalRender is set (and checked against the
+// server, localrender.go), else by the server.
 func (e *tokenEpisode) render(ctx context.Context, msgs []openai.ChatCompletionMessage, genPrompt bool, suffix string) ([]int32, error) {
+	if l := e.c.local; l != nil && !l.off.Load() {
+		return l.render(ctx, e, msgs, genPrompt, suffix)
+	}
+	return e.serverRender(ctx, msgs, genPrompt, suffix)
+}
+
+// serverRender asks the server for the ids of messages under the chat
+// template.
+func (e *tokenEpisode) serverRender(ctx context.Context, msgs []openai.ChatCompletionMessage, genPrompt bool, suffix string) ([]int32, error) {
 	if e.c.cfg.Backend == BackendLlamaCpp {
 		return llamaRender(ctx, e.c.tok, e.tokOpts(suffix), msgs, e.tools, genPrompt, e.spec.Sampling.ChatTemplateKwargs)
 	}
@@ -100,7 +111,7 @@ func (e *tokenEpisode) render(ctx context.Context, msgs []openai.ChatCompletionM
 // renderPrompt is render for the first prompt; it also learns
 // max_model_len from /tokenize when /v1/models did not report it.
 func (e *tokenEpisode) renderPrompt(ctx context.Context, msgs []openai.ChatCompletionMessage) ([]int32, error) {
-	if e.c.cfg.Backend == BackendLlamaCpp {
+	if e.c.cfg.Backend == BackendLlamaCpp || (e.c.local != nil && e.maxLen > 0) {
 		return e.render(ctx, msgs, true, "t1-prompt")
 	}
 	gp := true
@@ -504,6 +515,20 @@ func (e *tokenEpisode) segment(ctx context.Context, lastAssistant openai.ChatCom
 	if err != nil {
 		return nil, err
 	}
+	if l := e.c.local; l != nil && !l.off.Load() {
+		// In-process: the segment's text learned per shape, the new
+		// messages' texts put in, checked against the render below
+		// (localrender.go).
+		return l.segment(ctx, e, lastAssistant, newMsgs, closing, func() ([]int32, error) {
+			return e.renderSegment(ctx, lastAssistant, newMsgs, closing, turnNo)
+		})
+	}
+	return e.renderSegment(ctx, lastAssistant, newMsgs, closing, turnNo)
+}
+
+// renderSegment is segment by two renders of the conversation (one, once
+// the assistant shape's closing count is known).
+func (e *tokenEpisode) renderSegment(ctx context.Context, lastAssistant openai.ChatCompletionMessage, newMsgs []openai.ChatCompletionMessage, closing []int32, turnNo int) ([]int32, error) {
 	if lastAssistant.Content == "" && len(lastAssistant.MultiContent) == 0 && len(lastAssistant.ToolCalls) == 0 {
 		// A turn whose only call could not be parsed leaves an empty
 		// assistant message, which some templates refuse (llama.cpp: HTTP
@@ -784,7 +809,7 @@ func (e *tokenEpisode) Finish(ctx context.Context, messages []openai.ChatComplet
 		out.DriftTokens = -1
 		return out, nil
 	}
-	rendered, err := e.render(ctx, scope, genPrompt, "drift")
+	rendered, err := e.serverRender(ctx, scope, genPrompt, "drift")
 	if err != nil {
 		// The sequence is still exact; only the measurement failed.
 		e.c.log.Warn("inference: drift check failed", "episode", e.spec.ID, "err", err)

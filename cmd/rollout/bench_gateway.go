@@ -26,6 +26,7 @@ func newBenchGatewayServeCmd() *cobra.Command {
 	f.StringVar(&cfg.Addr, "addr", "127.0.0.1:0", "listen address")
 	f.IntVar(&cfg.Sessions, "sessions", 0, "most sessions open at once (0: the gateway's default)")
 	f.BoolVar(&cfg.Proxy, "proxy", false, "serve the baseline instead: a plain reverse proxy to the engine's /v1/ routes")
+	f.StringVar(&cfg.LocalRender, "local-render", "", "render in-process from this model (a GGUF file or a Hugging Face model directory)")
 	_ = cmd.MarkFlagRequired("engine")
 	return cmd
 }

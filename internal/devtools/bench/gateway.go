@@ -32,11 +32,18 @@ func runGateway(ctx context.Context, r *runCtx) ([]Measure, error) {
 	conv := r.n(300, 25)
 	const turns = 3
 	proxyBase := "a plain httputil.ReverseProxy to the same simulator's /v1/chat/completions (one engine request per call, the engine renders and parses), alternating conversation by conversation, same run"
-	for _, c := range []struct{ engine, backend, prefix string }{
-		{sim.EngineVLLM, inference.BackendVLLM, "gateway."},
-		{sim.EngineLlamaCpp, inference.BackendLlamaCpp, "gateway.llamacpp_"},
+	// The gateway as a deployment that has the model's files renders
+	// (local_render: the simulator's Hugging Face model directory), then
+	// rendering through the engine, on both engine flavours.
+	for _, c := range []struct {
+		engine, backend, prefix string
+		local                   bool
+	}{
+		{sim.EngineVLLM, inference.BackendVLLM, "gateway.", true},
+		{sim.EngineVLLM, inference.BackendVLLM, "gateway.server_render_", false},
+		{sim.EngineLlamaCpp, inference.BackendLlamaCpp, "gateway.llamacpp_", false},
 	} {
-		rep, err := gatewaybench.Overhead(ctx, gatewaybench.OverheadConfig{Engine: c.engine, Backend: c.backend, Conversations: conv, Turns: turns})
+		rep, err := gatewaybench.Overhead(ctx, gatewaybench.OverheadConfig{Engine: c.engine, Backend: c.backend, Conversations: conv, Turns: turns, LocalRender: c.local})
 		if err != nil {
 			return out, fmt.Errorf("%s overhead: %w", c.backend, err)
 		}
@@ -45,10 +52,14 @@ func runGateway(ctx context.Context, r *runCtx) ([]Measure, error) {
 		for _, k := range routes {
 			rs = append(rs, fmt.Sprintf("%s %.2f", k, rep.GatewayRoutes[k]))
 		}
-		note := fmt.Sprintf("%d conversations × %d calls (%d tool calls + final answer, hermes) each way, zero-latency in-process simulator (%s flavour); "+
+		render := "the engine renders"
+		if c.local {
+			render = "the gateway renders in-process from the simulator's model directory (local_render)"
+		}
+		note := fmt.Sprintf("%s; %d conversations × %d calls (%d tool calls + final answer, hermes) each way, zero-latency in-process simulator (%s flavour); "+
 			"each call less the engine's own time within it (the simulator's handler time: %.0f µs per gateway call, %.0f per proxy call): "+
 			"gateway p50 %.0f µs − proxy p50 %.0f µs; engine requests per gateway call %.2f (%s), per proxy call %.2f; %d of %d sessions closed as one clean branch",
-			conv, turns+1, turns, c.engine, toUS(rep.GatewayEngine), toUS(rep.ProxyEngine), toUS(rep.GatewayNetP50), toUS(rep.ProxyNetP50),
+			render, conv, turns+1, turns, c.engine, toUS(rep.GatewayEngine), toUS(rep.ProxyEngine), toUS(rep.GatewayNetP50), toUS(rep.ProxyNetP50),
 			rep.GatewayRequestsPerCall, strings.Join(rs, ", "), rep.ProxyRequestsPerCall, rep.CleanSessions, rep.Sessions)
 		if rep.CleanSessions != rep.Sessions {
 			return out, fmt.Errorf("%s overhead: only %d of %d sessions closed as one clean branch", c.backend, rep.CleanSessions, rep.Sessions)
@@ -98,13 +109,23 @@ func runGatewayScale(ctx context.Context, r *runCtx) ([]Measure, error) {
 		return nil, fmt.Errorf("simulator process: %w", err)
 	}
 	defer sp.Close()
+	// The gateway renders in-process, as the overhead's headline
+	// configuration does.
+	model, err := os.MkdirTemp("", "rollout-bench-model-*")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(model)
+	if err := sim.WriteHFModel(model, "hermes"); err != nil {
+		return nil, fmt.Errorf("write the simulator's model directory: %w", err)
+	}
 	// The baseline first: a plain reverse proxy in the same kind of
 	// process under the same load, then the gateway.
-	proxy, err := scaleRun(ctx, exe, sp, sessions, true)
+	proxy, err := scaleRun(ctx, exe, sp, sessions, "")
 	if err != nil {
 		return notMeasured("reverse proxy: " + err.Error()), fmt.Errorf("reverse proxy, %d conversations: %w", sessions, err)
 	}
-	gw, err := scaleRun(ctx, exe, sp, sessions, false)
+	gw, err := scaleRun(ctx, exe, sp, sessions, model)
 	if err != nil {
 		return notMeasured(err.Error()), fmt.Errorf("%d sessions: %w", sessions, err)
 	}
@@ -122,7 +143,7 @@ func runGatewayScale(ctx context.Context, r *runCtx) ([]Measure, error) {
 	}
 	ideal := time.Duration(gatewayScaleTurns+1) * gatewayScaleTTFT
 	note := fmt.Sprintf("%d sessions opened, then all at once %d calls each (%d tool calls + final answer, hermes, vllm tokens backend), then closed (records built); "+
-		"simulator at TTFT %s in a child process, the gateway (`rollout bench gateway-serve`) in another, this process the harnesses "+
+		"simulator at TTFT %s in a child process, the gateway (`rollout bench gateway-serve`, rendering in-process: local_render) in another, this process the harnesses "+
 		"(over cleartext HTTP/2, a few connections; the gateway to the simulator HTTP/1.1, a connection per call in flight): "+
 		"wall of the calls %s (ideal %s), call p50 %s p90 %s; gateway CPU %.1f s over the run (opens, calls, closes) = %.0f µs per call, CPU / wall %.2f cores; "+
 		"simulator CPU (not counted) %.1f s; baseline: the same conversations through a plain reverse proxy process (`rollout bench gateway-serve --proxy`, "+
@@ -148,12 +169,13 @@ type scaleResult struct {
 	ok           bool // the process's CPU and RSS were readable
 }
 
-// scaleRun starts `rollout bench gateway-serve` (the reverse proxy with
-// proxy) against the simulator sp and drives sessions conversations
-// through it at once.
-func scaleRun(ctx context.Context, exe string, sp *childProcess, sessions int, proxy bool) (scaleResult, error) {
+// scaleRun starts `rollout bench gateway-serve` rendering from the model
+// at localRender (the reverse proxy when it is "") against the simulator
+// sp and drives sessions conversations through it at once.
+func scaleRun(ctx context.Context, exe string, sp *childProcess, sessions int, localRender string) (scaleResult, error) {
 	var res scaleResult
-	gp, err := startGatewayProcess(ctx, exe, sp.URL, sessions, proxy)
+	proxy := localRender == ""
+	gp, err := startGatewayProcess(ctx, exe, sp.URL, sessions, localRender)
 	if err != nil {
 		return res, fmt.Errorf("gateway process: %w", err)
 	}
@@ -177,7 +199,7 @@ func scaleRun(ctx context.Context, exe string, sp *childProcess, sessions int, p
 
 // startGatewayProcess runs `exe bench gateway-serve` on a free port
 // against the engine at engine and waits until it answers /health.
-func startGatewayProcess(ctx context.Context, exe, engine string, sessions int, proxy bool) (_ *childProcess, err error) {
+func startGatewayProcess(ctx context.Context, exe, engine string, sessions int, localRender string) (_ *childProcess, err error) {
 	dir, err := os.MkdirTemp("", "rollout-bench-gateway-*")
 	if err != nil {
 		return nil, err
@@ -190,8 +212,10 @@ func startGatewayProcess(ctx context.Context, exe, engine string, sessions int, 
 	return startChildOnFreePort(ctx, exe, dir, "gateway.log", "gateway", func(port int) []string {
 		args := []string{"bench", "gateway-serve", "--engine", engine, "--backend", inference.BackendVLLM,
 			"--addr", "127.0.0.1:" + strconv.Itoa(port), "--sessions", strconv.Itoa(sessions)}
-		if proxy {
+		if localRender == "" {
 			args = append(args, "--proxy")
+		} else {
+			args = append(args, "--local-render", localRender)
 		}
 		return args
 	})

@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -148,6 +149,10 @@ type OverheadConfig struct {
 	// Conversations per side; Turns tool calls per conversation (plus the
 	// final answer).
 	Conversations, Turns int
+	// LocalRender makes the gateway render in-process from the
+	// simulator's model files (inference.Config.LocalRender; vllm flavour
+	// only: the simulator writes a Hugging Face model directory).
+	LocalRender bool
 }
 
 // OverheadReport is the same conversations through a plain reverse proxy
@@ -190,7 +195,19 @@ func Overhead(ctx context.Context, cfg OverheadConfig) (OverheadReport, error) {
 	go func() { _ = proxy.Serve(pl) }()
 	defer proxy.Close()
 
-	gw, err := NewGateway(srv.URL, cfg.Backend, 1<<20)
+	var model string
+	if cfg.LocalRender {
+		dir, err := os.MkdirTemp("", "rollout-bench-model-*")
+		if err != nil {
+			return OverheadReport{}, err
+		}
+		defer os.RemoveAll(dir)
+		if err := sim.WriteHFModel(dir, "hermes"); err != nil {
+			return OverheadReport{}, fmt.Errorf("write the simulator's model directory: %w", err)
+		}
+		model = dir
+	}
+	gw, err := NewGateway(srv.URL, cfg.Backend, 1<<20, model)
 	if err != nil {
 		return OverheadReport{}, err
 	}
@@ -309,12 +326,13 @@ type Gateway struct {
 }
 
 // NewGateway is the gateway the bench measures: the hermes parser, a
-// tokens-mode backend on engine, room for sessions sessions.
-func NewGateway(engine, backend string, sessions int) (*Gateway, error) {
+// tokens-mode backend on engine, room for sessions sessions, rendering
+// in-process from the model at localRender when it is not "".
+func NewGateway(engine, backend string, sessions int, localRender string) (*Gateway, error) {
 	// The inference client's defaults otherwise (retries of connection errors
 	// included: 10,000 connections dialled at once overflow a listen backlog).
 	pol, err := inference.New(inference.Config{Backend: backend, Endpoints: []string{engine},
-		ReadyTimeout: 10 * time.Second, Timeout: 5 * time.Minute})
+		ReadyTimeout: 10 * time.Second, Timeout: 5 * time.Minute, LocalRender: localRender})
 	if err != nil {
 		return nil, err
 	}
@@ -347,6 +365,8 @@ type ServeConfig struct {
 	// inference client's transport (sized for Sessions connections, as
 	// the gateway's), with no sessions and no control routes.
 	Proxy bool
+	// LocalRender is the gateway's inference.Config.LocalRender.
+	LocalRender string
 }
 
 // Serve runs a gateway on Addr until ctx ends: the session routes of
@@ -367,7 +387,7 @@ func Serve(ctx context.Context, cfg ServeConfig) error {
 		mux.Handle("/v1/", rp)
 		return listen(ctx, cfg.Addr, mux)
 	}
-	gw, err := NewGateway(cfg.Engine, cfg.Backend, cmp.Or(cfg.Sessions, capture.DefaultMaxSessions))
+	gw, err := NewGateway(cfg.Engine, cfg.Backend, cmp.Or(cfg.Sessions, capture.DefaultMaxSessions), cfg.LocalRender)
 	if err != nil {
 		return err
 	}
