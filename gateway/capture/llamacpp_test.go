@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"math"
 	"net/http/httptest"
+	"slices"
+	"strconv"
 	"testing"
 
 	"github.com/rollout-rl/rollout/gateway"
@@ -12,6 +14,7 @@ import (
 	"github.com/rollout-rl/rollout/gateway/capture"
 	"github.com/rollout-rl/rollout/inference"
 	"github.com/rollout-rl/rollout/internal/testkit/llamacpptest"
+	"github.com/rollout-rl/rollout/internal/testkit/metrictest"
 )
 
 // TestRealEngineSession drives a normalising tool-using harness through
@@ -142,4 +145,72 @@ func realEngineSession(t *testing.T, prefill bool) {
 	}
 	raw, _ := json.Marshal(rec.Calls)
 	t.Logf("calls: %s\nrewritten %d, unanchored %d, re-scored %d ids, %d sampled without a logprob", raw, rec.Rewritten, rec.Unanchored, checked, unscored)
+}
+
+// TestRealEngineLocalRender runs the same greedy conversation through a
+// gateway rendering through llama-server and one rendering in-process from
+// the model's own GGUF (inference.Config.LocalRender, copied out of the
+// server's container): the records are the same, id for id, the local
+// renders never differed from the server's, and once the shapes are
+// checked the segments come from the learned text (no server render).
+func TestRealEngineLocalRender(t *testing.T) {
+	e := llamacpptest.Start(t, llamacpptest.Options{Slots: 1, Ctx: 8192, Threads: 1})
+	gguf := e.CopyFile(t, "/models/tiny-qwen3.gguf", t.TempDir())
+	bias := llamacpptest.ToolCallBias(t, e, 8, 8, 2)
+	run := func(local string) (gateway.SessionRecord, *inference.Client) {
+		c, err := inference.Open(inference.Config{Backend: inference.BackendLlamaCpp, Endpoints: []string{e.URL}, Retries: -1, LocalRender: local})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		zero := 0.0
+		gw, err := capture.New(c, capture.Options{Parser: "hermes", ReasoningParser: "qwen3",
+			Sampling: inference.Sampling{Temperature: &zero, MaxTokens: 32, ExtraBody: map[string]any{"logit_bias": bias}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs := httptest.NewServer(capture.Handler(gw, builtin.FrontDoors()))
+		defer hs.Close()
+		var rec gateway.SessionRecord
+		for i := range 3 {
+			s, err := gw.Open(context.Background(), inference.EpisodeSpec{ID: "lr" + strconv.Itoa(i)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := newHarness(hs.URL+"/s/"+s.ID()+"/v1", "List the files in the working directory.")
+			h.extra = map[string]any{"model": "/models/tiny-qwen3.gguf"}
+			for range 4 {
+				if f := h.step(t); f != "tool_calls" {
+					h.msgs = append(h.msgs, map[string]any{"role": "user", "content": "Continue, step " + strconv.Itoa(len(h.msgs)) + "."})
+				}
+			}
+			if rec, err = s.Close(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return rec, c
+	}
+	counter := func(result string) float64 {
+		return metrictest.Find(t, "rollout_inference_local_renders_total", "result", result).GetCounter().GetValue()
+	}
+	server, _ := run("")
+	seg0, mis0 := counter("segment"), counter("mismatch")
+	local, c := run(gguf)
+	if c.LocalRenderOff() || counter("mismatch") != mis0 {
+		t.Fatal("a local render differed from llama-server's")
+	}
+	if counter("segment") == seg0 {
+		t.Fatal("no segment came from the learned text")
+	}
+	if len(server.Branches) != len(local.Branches) {
+		t.Fatalf("%d branches through the server, %d rendering locally", len(server.Branches), len(local.Branches))
+	}
+	for i := range server.Branches {
+		a, b := server.Branches[i].Sequence, local.Branches[i].Sequence
+		if !slices.Equal(a.Tokens, b.Tokens) || !slices.Equal(a.Mask, b.Mask) || a.DriftTokens != b.DriftTokens {
+			t.Fatalf("branch %d: %d ids (drift %d) through the server, %d (drift %d) rendering locally", i, len(a.Tokens), a.DriftTokens, len(b.Tokens), b.DriftTokens)
+		}
+	}
+	t.Logf("last session: %d branches, %d ids in the first; segments from learned text %v, local renders %v, verified %v",
+		len(local.Branches), len(local.Branches[0].Sequence.Tokens), counter("segment")-seg0, counter("local"), counter("verified"))
 }
