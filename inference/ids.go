@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 
 	json "github.com/segmentio/encoding/json"
@@ -228,7 +229,14 @@ func (l *Logprobs) scan(b []byte, i int) (int, error) {
 			i += 4
 		} else {
 			end, ok := numberEnd(b, i)
-			v, err := strconv.ParseFloat(string(b[i:end]), 64)
+			v, fast := 0.0, false
+			if ok {
+				v, fast = exactFloat(b[i:end])
+			}
+			var err error
+			if !fast {
+				v, err = strconv.ParseFloat(string(b[i:end]), 64)
+			}
 			if !ok || err != nil {
 				for end < len(b) && b[end] != ',' && b[end] != ']' {
 					end++
@@ -322,6 +330,62 @@ func (t *TokenStrings) scan(b []byte, i int) (int, error) {
 	if i >= len(b) || b[i] != '[' {
 		return 0, fmt.Errorf("logprob tokens: want an array of strings, got %s", snippet(b[i:]))
 	}
+	if out, end, ok := plainStrings(b, i); ok {
+		*t = out
+		return end, nil
+	}
+	return t.scanSlow(b, i)
+}
+
+// plainStrings decodes the array of strings at b[i:] (b[i] is its '[')
+// in one pass when every element is a string with no escapes and no
+// control characters, or null: what scanSlow gives it. The strings share
+// one buffer. ok false: some element is not; scanSlow decides.
+func plainStrings(b []byte, i int) (TokenStrings, int, bool) {
+	n := arrayLen(b, i+1)
+	var all strings.Builder // append-only: what String returned stays put
+	all.Grow(n)
+	out := make(TokenStrings, 0, n/12+1)
+	i = skipWS(b, i+1)
+	if i < len(b) && b[i] == ']' {
+		return out, i + 1, true
+	}
+	for {
+		if i < len(b) && b[i] == '"' {
+			j := i + 1
+			for j < len(b) && b[j] != '"' && b[j] != '\\' && b[j] >= 0x20 {
+				j++
+			}
+			if j >= len(b) || b[j] != '"' {
+				return nil, 0, false
+			}
+			k := all.Len()
+			all.Write(b[i+1 : j])
+			out = append(out, all.String()[k:])
+			i = j + 1
+		} else if isNull(b, i) {
+			out = append(out, "")
+			i += 4
+		} else {
+			return nil, 0, false
+		}
+		i = skipWS(b, i)
+		if i >= len(b) {
+			return nil, 0, false
+		}
+		switch b[i] {
+		case ']':
+			return out, i + 1, true
+		case ',':
+			i = skipWS(b, i+1)
+		default:
+			return nil, 0, false
+		}
+	}
+}
+
+// scanSlow is scan for any array: its errors are scan's.
+func (t *TokenStrings) scanSlow(b []byte, i int) (int, error) {
 	end, err := valueEnd(b, i)
 	if err != nil {
 		return 0, fmt.Errorf("logprob tokens: %w", err)

@@ -410,6 +410,21 @@ func parseTokenID(s string) (int32, bool) {
 	if !ok {
 		return 0, false
 	}
+	// Up to 9 digits: in int32 range, what ParseInt gives.
+	if len(rest) > 0 && len(rest) <= 9 {
+		v := int32(0)
+		for k := 0; k < len(rest); k++ {
+			c := rest[k] - '0'
+			if c > 9 {
+				v = -1
+				break
+			}
+			v = v*10 + int32(c)
+		}
+		if v >= 0 {
+			return v, true
+		}
+	}
 	n, err := strconv.ParseInt(rest, 10, 32)
 	if err != nil || n < 0 {
 		return 0, false

@@ -72,13 +72,24 @@ func wireObject(b []byte, i int, names []string, field func(name string, i int) 
 		if i >= len(b) || b[i] != '"' {
 			return 0, fmt.Errorf("%w: want a key at offset %d", errWire, i)
 		}
-		end, err := valueEnd(b, i)
-		if err != nil {
-			return 0, err
+		var name string
+		var err error
+		end := i + 1
+		for end < len(b) && b[end] != '"' && b[end] != '\\' && b[end] >= 0x20 {
+			end++
 		}
-		name, err := fieldName(b[i:end], names)
-		if err != nil {
-			return 0, err
+		if end < len(b) && b[end] == '"' {
+			// A key with no escapes and no control characters: valid, and
+			// its bytes are its name.
+			end++
+			name = matchName(b[i+1:end-1], names)
+		} else {
+			if end, err = valueEnd(b, i); err != nil {
+				return 0, err
+			}
+			if name, err = fieldName(b[i:end], names); err != nil {
+				return 0, err
+			}
 		}
 		i = skipWS(b, end)
 		if i >= len(b) || b[i] != ':' {
@@ -149,22 +160,36 @@ func fieldName(key []byte, names []string) (string, error) {
 	} else if !json.Valid(key) {
 		return "", fmt.Errorf("%w: bad key %s", errWire, snippet(key))
 	}
+	return matchName(raw, names), nil
+}
+
+// matchName is the name in names the unescaped key raw matches: exactly,
+// or else case-insensitively; "" when none does.
+func matchName(raw []byte, names []string) string {
 	for _, n := range names {
 		if string(raw) == n {
-			return n, nil
+			return n
 		}
 	}
 	for _, n := range names {
 		if bytes.EqualFold(raw, []byte(n)) {
-			return n, nil
+			return n
 		}
 	}
-	return "", nil
+	return ""
 }
 
 // wireValue decodes the value at b[i:] into v with the codec and returns
 // the offset just past it; v nil checks the value and drops it.
 func wireValue(b []byte, i int, v any) (int, error) {
+	if end, ok := valueSpan(b, i); ok {
+		// Checked in the same pass that found its end: what valueEnd and
+		// json.Valid would say.
+		if v == nil {
+			return end, nil
+		}
+		return end, json.Unmarshal(b[i:end], v)
+	}
 	end, err := valueEnd(b, i)
 	if err != nil {
 		return 0, err
@@ -241,9 +266,9 @@ func (r *TokenizeResponse) decodeWire(b []byte) error {
 	return wireDoc(b, tokenizeNames, func(name string, i int) (int, error) {
 		switch name {
 		case "count":
-			return wireValue(b, i, &r.Count)
+			return wireInt(b, i, &r.Count)
 		case "max_model_len":
-			return wireValue(b, i, &r.MaxModelLen)
+			return wireInt(b, i, &r.MaxModelLen)
 		case "tokens":
 			return r.Tokens.scan(b, i)
 		}
@@ -255,7 +280,7 @@ func (r *CompletionResponse) decodeWire(b []byte) error {
 	return wireDoc(b, completionNames, func(name string, i int) (int, error) {
 		switch name {
 		case "id":
-			return wireValue(b, i, &r.ID)
+			return wireString(b, i, &r.ID)
 		case "usage":
 			return wireValue(b, i, &r.Usage)
 		case "choices":
@@ -309,9 +334,9 @@ func (c *CompletionChoice) scan(b []byte, i int) (int, error) {
 	return wireObject(b, i, choiceNames, func(name string, i int) (int, error) {
 		switch name {
 		case "index":
-			return wireValue(b, i, &c.Index)
+			return wireInt(b, i, &c.Index)
 		case "text":
-			return wireValue(b, i, &c.Text)
+			return wireString(b, i, &c.Text)
 		case "logprobs":
 			if isNull(b, i) {
 				c.Logprobs = nil
@@ -322,7 +347,7 @@ func (c *CompletionChoice) scan(b []byte, i int) (int, error) {
 			}
 			return c.Logprobs.scan(b, i)
 		case "finish_reason":
-			return wireValue(b, i, &c.FinishReason)
+			return wireString(b, i, &c.FinishReason)
 		case "stop_reason":
 			return wireValue(b, i, &c.StopReason)
 		case "token_ids":

@@ -101,9 +101,11 @@ func decode(r *http.Request) (gateway.Call, bool, *apiError) {
 		}
 		return gateway.Call{}, false, badRequest("", "read request body: %v", err)
 	}
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(body, &fields); err != nil {
-		return gateway.Call{}, false, badRequest("", "the request body is not a JSON object: %v", err)
+	fields, ok := topFields(body)
+	if !ok {
+		if err := json.Unmarshal(body, &fields); err != nil {
+			return gateway.Call{}, false, badRequest("", "the request body is not a JSON object: %v", err)
+		}
 	}
 	// One pass decodes the request with its messages (a harness re-sends
 	// its whole history on every call: the body is mostly messages). Only

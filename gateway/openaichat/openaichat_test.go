@@ -2,6 +2,7 @@ package openaichat
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	json "github.com/segmentio/encoding/json"
 	"go.uber.org/goleak"
 
 	"github.com/rollout-rl/rollout/gateway"
@@ -165,6 +167,73 @@ func BenchmarkDecodeHistory(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, _, e := decodeBody(body); e != nil {
+			b.Fatal(e.msg)
+		}
+	}
+}
+
+// topFields gives what the map decode it stands in for gives: the same
+// raw values of the keys decode reads, and never ok on a body the map
+// decode refuses.
+func FuzzTopFields(f *testing.F) {
+	for _, s := range []string{`{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}],"seed":7}`,
+		`{}`, ` { "tools" : [ 1 , {"a":"}\"]"} ] , "temperature":0.5 } `, `{"t\u006fols":[1],"tools":[2]}`, `{"tools":[1],"tools":null}`,
+		`{"Tools":[1],"TOP_P":1}`, `{"a":"\\\"","stop":["\\"]}`, `{"tools":1}x`, `{"tools":01}`, `{"tools":[1,]}`, `[1]`, `null`, `"x"`,
+		`{"tools":"\ud800"}`, "{\"tools\xff\":1,\"seed\":\"\xff\"}", `{"n":2,"logprobs":true,"logit_bias":{"1":2}}`, `{"a":1`, `{"a" 1}`,
+		`{"stop":"a\/b\u00e9"}`, `{"seed":-0,"top_k":1e2,"min_p":-1.5E-3}`, `{"service_tier":"\""}`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		got, ok := topFields([]byte(body))
+		var want map[string]json.RawMessage
+		werr := json.Unmarshal([]byte(body), &want)
+		if !ok {
+			return
+		}
+		if werr != nil {
+			t.Fatalf("%q: topFields ok, the map decode says %v", body, werr)
+		}
+		for _, k := range append([]string{"tools"}, recorded...) {
+			g, gok := got[k]
+			w, wok := want[k]
+			if gok != wok || !bytes.Equal(g, w) {
+				t.Fatalf("%q: %s is %q (%v), the map decode's %q (%v)", body, k, g, gok, w, wok)
+			}
+		}
+	})
+}
+
+// agentTurnBody is a harness's request a few turns into an episode: a
+// system prompt, the task, three tool calls and their results, one tool
+// with a JSON schema.
+const agentTurnBody = `{"model":"rollout-sim","temperature":0.7,"max_tokens":512,` +
+	`"tools":[{"type":"function","function":{"name":"terminal","description":"Run a shell command in the sandbox and return its output.",` +
+	`"parameters":{"type":"object","properties":{"command":{"type":"string","description":"The command to run."},` +
+	`"timeout":{"type":"integer","description":"Seconds before the command is killed.","minimum":1}},"required":["command"]}}}],` +
+	`"messages":[{"role":"system","content":"You are a careful software engineer working in a Linux sandbox. Use the terminal tool to inspect and change files; answer when the task is done."},` +
+	`{"role":"user","content":"The tests in ./pkg/parse fail since yesterday's change. Find out why and fix it."},` +
+	`{"role":"assistant","content":"Let me run the tests first.","tool_calls":[{"id":"call_1","type":"function","function":{"name":"terminal","arguments":"{\"command\":\"go test ./pkg/parse/\"}"}}]},` +
+	`{"role":"tool","tool_call_id":"call_1","content":"--- FAIL: TestParseNumber (0.00s)\n    parse_test.go:41: ParseNumber(\"1e5\") = 0, want 100000\nFAIL\nFAIL\tex/pkg/parse\t0.004s"},` +
+	`{"role":"assistant","content":"","tool_calls":[{"id":"call_2","type":"function","function":{"name":"terminal","arguments":"{\"command\":\"git log -p -1 -- pkg/parse/number.go\"}"}}]},` +
+	`{"role":"tool","tool_call_id":"call_2","content":"commit 4f1c2a9\n\n    parse: faster digits\n\n-\tfor i < len(s) \u0026\u0026 isDigit(s[i]) {\n+\tfor i < len(s) \u0026\u0026 s[i] > '0' {\n"},` +
+	`{"role":"assistant","content":"The new loop stops at '0' and never reads an exponent.","tool_calls":[{"id":"call_3","type":"function","function":{"name":"terminal","arguments":"{\"command\":\"sed -i 's/s\\[i\\] > .0./isDigit(s[i])/' pkg/parse/number.go \u0026\u0026 go test ./pkg/parse/\"}"}}]},` +
+	`{"role":"tool","tool_call_id":"call_3","content":"ok  \tex/pkg/parse\t0.003s"}]}`
+
+func TestDecodeAgentTurn(t *testing.T) {
+	call, _, e := decodeBody(agentTurnBody)
+	if e != nil {
+		t.Fatal(e.msg)
+	}
+	if len(call.Messages) != 8 || len(call.Tools) != 1 || !strings.HasPrefix(string(call.ToolsRaw), `[{"type":"function"`) || call.Requested["temperature"] != 0.7 {
+		t.Fatalf("call %+v", call)
+	}
+}
+
+func BenchmarkDecodeAgentTurn(b *testing.B) {
+	b.SetBytes(int64(len(agentTurnBody)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, _, e := decodeBody(agentTurnBody); e != nil {
 			b.Fatal(e.msg)
 		}
 	}

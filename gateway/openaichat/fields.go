@@ -1,0 +1,125 @@
+package openaichat
+
+import (
+	"bytes"
+
+	json "github.com/segmentio/encoding/json"
+)
+
+// topFields gives what decoding body into a map[string]json.RawMessage
+// gives for the keys decode reads raw ("tools" and the recorded ones;
+// nil when there are none), without decoding the rest of the body into a
+// map: once json.Valid has checked the body, its top-level members are
+// found by structure alone.
+// ok false (not a valid JSON object): decode the map to know, and to
+// have the codec's error.
+func topFields(body []byte) (fields map[string]json.RawMessage, ok bool) {
+	i := skipWS(body, 0)
+	if i >= len(body) || body[i] != '{' || !json.Valid(body) {
+		return nil, false
+	}
+	i = skipWS(body, i+1)
+	if body[i] == '}' {
+		return nil, true
+	}
+	for {
+		kend := stringEnd(body, i)
+		key := body[i+1 : kend-1]
+		name, unescaped := "", false
+		if bytes.IndexByte(key, '\\') >= 0 {
+			// What the map's key would be.
+			if json.Unmarshal(body[i:kend], &name) != nil {
+				return nil, false
+			}
+			unescaped = true
+		}
+		i = skipWS(body, skipWS(body, kend)+1) // past ':'
+		end := valueEnd(body, i)
+		if !unescaped && keptKey(key) {
+			name = string(key)
+		}
+		if keptKey([]byte(name)) {
+			if fields == nil {
+				fields = make(map[string]json.RawMessage, 4)
+			}
+			// A copy, as the codec's json.RawMessage; the last of
+			// duplicate keys wins, as in a map.
+			fields[name] = append(json.RawMessage(nil), body[i:end]...)
+		}
+		i = skipWS(body, end)
+		if body[i] == '}' {
+			return fields, true
+		}
+		i = skipWS(body, i+1) // past ','
+	}
+}
+
+// keptKey reports whether decode reads the member k raw: "tools" or
+// one of recorded.
+func keptKey(k []byte) bool {
+	if string(k) == "tools" {
+		return true
+	}
+	for _, r := range recorded {
+		if string(k) == r {
+			return true
+		}
+	}
+	return false
+}
+
+func skipWS(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\n' || b[i] == '\t' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// stringEnd is the offset just past the valid JSON string at b[i:].
+func stringEnd(b []byte, i int) int {
+	for i++; ; i++ {
+		j := bytes.IndexByte(b[i:], '"')
+		i += j
+		// An escaped quote has an odd run of backslashes before it.
+		k := i
+		for k > 0 && b[k-1] == '\\' {
+			k--
+		}
+		if (i-k)%2 == 0 {
+			return i + 1
+		}
+	}
+}
+
+// valueEnd is the offset just past the valid JSON value at b[i:].
+func valueEnd(b []byte, i int) int {
+	depth := 0
+	for {
+		switch b[i] {
+		case '"':
+			i = stringEnd(b, i)
+		case '[', '{':
+			depth++
+			i++
+			continue
+		case ']', '}':
+			if depth == 0 {
+				return i
+			}
+			depth--
+			i++
+		case ',', ' ', '\t', '\n', '\r':
+			if depth == 0 {
+				return i
+			}
+			i++
+			continue
+		default:
+			i++
+			continue
+		}
+		if depth == 0 {
+			return i
+		}
+	}
+}
