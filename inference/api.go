@@ -34,9 +34,18 @@ func encodeBody(v any, extra map[string]any, op, reqID string) ([]byte, error) {
 	// Without json.Marshal's EscapeHTML: a body for an inference server is
 	// not HTML, and escaping <, > and & (chat templates and tool output are
 	// full of them) was a third of encoding a render with a tool result.
-	b, err := json.Append(make([]byte, 0, 1024), v, json.SortMapKeys)
+	var prompt []int32
+	if pc, ok := v.(promptCarrier); ok {
+		v, prompt = pc.withoutPrompt()
+	}
+	b, err := json.Append(make([]byte, 0, 1024+8*len(prompt)), v, json.SortMapKeys)
 	if err != nil {
 		return nil, &Error{Class: ErrRequest, Op: op, RequestID: reqID, Msg: "encode request", Err: err}
+	}
+	if len(prompt) > 0 {
+		if b, err = appendField(b, promptKey, appendIDs(nil, prompt)); err != nil {
+			return nil, &Error{Class: ErrRequest, Op: op, RequestID: reqID, Msg: "encode request: prompt", Err: err}
+		}
 	}
 	if tc, ok := v.(toolsCarrier); ok {
 		if raw, both := tc.encodedTools(); len(raw) > 0 {

@@ -188,3 +188,43 @@ func TestPromptEchoChecked(t *testing.T) {
 		}
 	}
 }
+
+// encodeBody writes a completion request's prompt ids itself: the body
+// means what the codec's encoding of the whole request means, extra_body
+// included, for every prompt length.
+func TestEncodeBodyPromptIDs(t *testing.T) {
+	temp := 0.7
+	for _, n := range []int{0, 1, 3, 1000} {
+		prompt := make([]int32, n)
+		for i := range prompt {
+			prompt[i] = int32(i*7919%151936) - int32(i%3) // a negative id too
+		}
+		req := TokensCompletionRequest("m", prompt, 64, Sampling{Temperature: &temp})
+		extra := map[string]any{"priority": 3}
+		got, err := encodeBody(req, extra, "op", "r")
+		if err != nil {
+			t.Fatal(err)
+		}
+		plain, err := json.Marshal(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := withExtra(plain, extra)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var a, b map[string]any
+		if err := json.Unmarshal(got, &a); err != nil {
+			t.Fatalf("n=%d: %v: %s", n, err, got)
+		}
+		if err := json.Unmarshal(want, &b); err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(a, b) {
+			t.Fatalf("n=%d: encodeBody %s\nthe codec      %s", n, got, want)
+		}
+		if req.Prompt == nil && n > 0 {
+			t.Fatal("encodeBody cleared the caller's prompt")
+		}
+	}
+}
