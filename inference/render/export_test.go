@@ -12,3 +12,6 @@ func GGUFVocab(path string) (tokens []string, types []int64, merges []string, er
 	merges, _ = meta[keyMerges].([]string)
 	return tokens, types, merges, nil
 }
+
+// ResetCache empties t's per-word cache.
+func ResetCache(t *Tokenizer) { t.cache = &wordCache{} }

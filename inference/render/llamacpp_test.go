@@ -26,7 +26,7 @@ func TestRealEngine(t *testing.T) {
 		t.Fatal(err)
 	}
 	checkGGUFSource(t, src)
-	hf := writeHF(t, gguf)
+	hf := writeHF(t, gguf, qwen2Regex)
 	hfSrc, err := render.ReadHF(hf)
 	if err != nil {
 		t.Fatal(err)
@@ -83,7 +83,7 @@ func toInt32(ids []int) []int32 {
 // writeHF writes a Hugging Face tokenizer.json and tokenizer_config.json
 // with the GGUF's vocabulary, merges and added tokens, and the qwen2
 // pre-tokenizer, and returns their directory.
-func writeHF(t *testing.T, gguf string) string {
+func writeHF(t testing.TB, gguf, pattern string) string {
 	t.Helper()
 	tokens, types, merges, err := render.GGUFVocab(gguf)
 	if err != nil {
@@ -108,7 +108,7 @@ func writeHF(t *testing.T, gguf string) string {
 		"version": "1.0", "added_tokens": added, "normalizer": nil,
 		"pre_tokenizer": map[string]any{"type": "Sequence", "pretokenizers": []any{
 			map[string]any{"type": "Split", "pattern": map[string]string{
-				"Regex": `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`},
+				"Regex": pattern},
 				"behavior": "Isolated", "invert": false},
 			map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
 		}},
@@ -128,7 +128,11 @@ func writeHF(t *testing.T, gguf string) string {
 	return dir
 }
 
-func writeJSON(t *testing.T, path string, v any) {
+// qwen2Regex is Qwen2's pre-tokenizer expression as its tokenizer.json
+// spells it.
+const qwen2Regex = `(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`
+
+func writeJSON(t testing.TB, path string, v any) {
 	t.Helper()
 	b, err := json.Marshal(v)
 	if err != nil {
@@ -198,4 +202,69 @@ func randomCorpus(n int, seed uint64) []string {
 		out[i] = b.String()
 	}
 	return out
+}
+
+// BenchmarkEncode tokenises ~4 KB of mixed text (prose, code, JSON, CJK,
+// emoji, whitespace runs, special tokens) with the tiny Qwen3 GGUF's
+// tokenizer: "cold" empties the per-word cache before each run, "warm"
+// keeps it; "regexp2" is cold with the Qwen2 expression run by regexp2
+// (through ReadHF, the expression wrapped so it is not recognised)
+// instead of the hand-written scanner. It reports ns/byte.
+func BenchmarkEncode(b *testing.B) {
+	e := llamacpptest.Start(b, llamacpptest.Options{})
+	gguf := e.CopyFile(b, image.LlamacppModel, b.TempDir())
+	src, err := render.ReadGGUF(gguf)
+	if err != nil {
+		b.Fatal(err)
+	}
+	slow, err := render.ReadHF(writeHF(b, gguf, "(?:"+qwen2Regex+")"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	text := benchText(4096)
+	if x, y := mustEncode(b, src.Tokenizer, text), mustEncode(b, slow.Tokenizer, text); !slices.Equal(x, y) {
+		b.Fatalf("the scanner and regexp2 disagree on the benchmark text")
+	}
+	for _, c := range []struct {
+		name string
+		tok  *render.Tokenizer
+		cold bool
+	}{{"cold", src.Tokenizer, true}, {"warm", src.Tokenizer, false}, {"regexp2", slow.Tokenizer, true}} {
+		tok := c.tok
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(text)))
+			for b.Loop() {
+				if c.cold {
+					render.ResetCache(tok)
+				}
+				if _, err := tok.Encode(text, true); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(text)), "ns/byte")
+		})
+	}
+}
+
+func mustEncode(b *testing.B, tok *render.Tokenizer, s string) []int32 {
+	ids, err := tok.Encode(s, true)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return ids
+}
+
+// benchText is about n bytes of the fixed corpus, cut at a string
+// boundary.
+func benchText(n int) string {
+	var sb strings.Builder
+	for sb.Len() < n {
+		for _, s := range fixedCorpus() {
+			if sb.Len()+len(s) > n {
+				return sb.String()
+			}
+			sb.WriteString(s)
+		}
+	}
+	return sb.String()
 }

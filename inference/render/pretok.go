@@ -128,13 +128,59 @@ func compileSplitter(pattern string) (splitter, error) {
 
 // Character classes as llama.cpp sees them: \s is Unicode White_Space,
 // \p{L} and \p{N} the Unicode letter and number categories.
-func isSpace(c rune) bool  { return unicode.IsSpace(c) }
-func isLetter(c rune) bool { return unicode.IsLetter(c) }
-func isNumber(c rune) bool { return unicode.IsNumber(c) }
-func isNL(c rune) bool     { return c == '\r' || c == '\n' }
+// ASCII takes a table lookup.
+func isSpace(c rune) bool {
+	if c < 0x80 {
+		return asciiClass[c] == classSpace
+	}
+	return unicode.IsSpace(c)
+}
+
+func isLetter(c rune) bool {
+	if c < 0x80 {
+		return asciiClass[c] == classLetter
+	}
+	return unicode.IsLetter(c)
+}
+
+func isNumber(c rune) bool {
+	if c < 0x80 {
+		return asciiClass[c] == classNumber
+	}
+	return unicode.IsNumber(c)
+}
+
+func isNL(c rune) bool { return c == '\r' || c == '\n' }
 
 // isOther is [^\s\p{L}\p{N}].
-func isOther(c rune) bool { return !isSpace(c) && !isLetter(c) && !isNumber(c) }
+func isOther(c rune) bool {
+	if c < 0x80 {
+		return asciiClass[c] == classOther
+	}
+	return !unicode.IsSpace(c) && !unicode.IsLetter(c) && !unicode.IsNumber(c)
+}
+
+// ASCII character classes.
+const (
+	classOther = iota
+	classSpace
+	classLetter
+	classNumber
+)
+
+var asciiClass = func() (t [0x80]uint8) {
+	for c := range rune(0x80) {
+		switch {
+		case unicode.IsSpace(c):
+			t[c] = classSpace
+		case unicode.IsLetter(c):
+			t[c] = classLetter
+		case unicode.IsNumber(c):
+			t[c] = classNumber
+		}
+	}
+	return t
+}()
 
 // isDefaultPunct is [\p{P}\$\+<=>\^~\|].
 func isDefaultPunct(c rune) bool {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"unicode/utf8"
 )
 
 // Tokenizer is a byte-level BPE tokenizer (GPT-2 style byte-to-unicode
@@ -204,19 +205,42 @@ func (t *Tokenizer) encodeText(ids []int32, text string) []int32 {
 	if t.normalize != nil {
 		text = t.normalize(text)
 	}
+	text = validUTF8(text)
 	r := []rune(text)
 	bounds := t.pre.split(r)
-	var buf []byte
+	var (
+		st  bpeState
+		buf []byte
+		off int // byte offset of rune bounds[i]
+	)
 	for i := 0; i+1 < len(bounds); i++ {
-		word := string(r[bounds[i]:bounds[i+1]])
+		end := off
+		for _, c := range r[bounds[i]:bounds[i+1]] {
+			end += utf8.RuneLen(c)
+		}
+		word := text[off:end]
+		off = end
 		if cached, ok := t.cache.get(word); ok {
 			ids = append(ids, cached...)
 			continue
 		}
 		buf = appendByteLevel(buf[:0], word)
 		n := len(ids)
-		ids = t.bpeWord(ids, string(buf))
+		ids = t.bpeWord(ids, &st, string(buf))
 		t.cache.put(word, append([]int32(nil), ids[n:]...))
 	}
 	return ids
+}
+
+// validUTF8 replaces each byte of s that is not part of valid UTF-8 with
+// U+FFFD, as llama.cpp's unicode_cpts_from_utf8 does.
+func validUTF8(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	var b strings.Builder
+	for _, c := range s {
+		b.WriteRune(c) // range yields U+FFFD for each invalid byte
+	}
+	return b.String()
 }
