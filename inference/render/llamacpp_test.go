@@ -60,6 +60,28 @@ func TestRealEngine(t *testing.T) {
 		}
 	}
 	t.Logf("compared %d strings with llama-server /tokenize through ReadGGUF and ReadHF: %d mismatches", len(corpus), mismatches)
+
+	// Without parseSpecial every added token is text. llama.cpp's
+	// parse_special=false still matches user-defined tokens (<think>,
+	// <tool_call>, ...), so only strings without them are compared.
+	userDefined := []string{"<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"}
+	compared := 0
+	for _, s := range corpus {
+		if slices.ContainsFunc(userDefined, func(u string) bool { return strings.Contains(s, u) }) {
+			continue
+		}
+		var r struct{ Tokens []int }
+		e.MustCall(t, "/tokenize", map[string]any{"content": s, "add_special": false, "parse_special": false}, &r)
+		got, err := src.Tokenizer.Encode(s, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := toInt32(r.Tokens); !slices.Equal(got, want) {
+			t.Errorf("Encode(%q, false)\n got %v\nwant %v (llama-server /tokenize parse_special=false)", s, got, want)
+		}
+		compared++
+	}
+	t.Logf("compared %d strings without user-defined tokens with parse_special=false", compared)
 }
 
 func checkGGUFSource(t *testing.T, src *render.Source) {

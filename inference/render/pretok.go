@@ -72,28 +72,39 @@ func (p *preTokenizer) split(r []rune) []int {
 	return bounds
 }
 
-// llamaPreTokenizer returns the pre-tokenizer llama.cpp uses for a GGUF's
-// tokenizer.ggml.pre, and whether it ignores merges for words that are
-// whole tokens.
-func llamaPreTokenizer(name string) (*preTokenizer, bool, error) {
-	switch name {
-	case "qwen2", "deepseek-r1-qwen", "kormo", "megrez", "stablelm2", "hunyuan":
-		return &preTokenizer{name: name, steps: []splitter{scanQwen2}}, false, nil
-	case "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2":
-		return &preTokenizer{name: name, steps: []splitter{scanLlama3}}, true, nil
-	case "dbrx", "smaug-bpe":
-		return &preTokenizer{name: name, steps: []splitter{scanLlama3}}, false, nil
-	case "gpt-2", "phi-2", "mpt", "olmo", "jais", "exaone4":
-		return &preTokenizer{name: name, steps: []splitter{scanGPT2}}, false, nil
-	case "default", "":
-		return &preTokenizer{name: "default", steps: []splitter{
-			classRuns(isDefaultPunct), scanGPT2, classRuns(unicode.IsNumber), asciiDigitTriples,
-		}}, false, nil
-	}
-	return nil, false, fmt.Errorf("render: pre-tokenizer %q is not supported (supported: qwen2, llama-bpe/llama3, gpt-2, default)", name)
+// llamaPre is what a GGUF's tokenizer.ggml.pre selects in llama.cpp
+// (llama_vocab::impl::load): the pre-tokenizer, whether a word that is a
+// whole token skips the merges, and whether BOS is added by default.
+type llamaPre struct {
+	pre          *preTokenizer
+	ignoreMerges bool
+	addBOS       bool
 }
 
-// regexPreTokenizer returns a splitter for a Hugging Face Split pattern:
+// llamaPreTokenizer returns what llama.cpp does for the pre-tokenizer
+// name; "" is "default", as in llama.cpp; names llama.cpp does not know
+// (it falls back to "default" with a warning) and the ones not
+// implemented here are errors.
+func llamaPreTokenizer(name string) (llamaPre, error) {
+	one := func(s splitter) *preTokenizer { return &preTokenizer{name: name, steps: []splitter{s}} }
+	switch name {
+	case "qwen2", "deepseek-r1-qwen", "kormo", "megrez", "stablelm2", "hunyuan":
+		return llamaPre{pre: one(scanQwen2)}, nil
+	case "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2":
+		return llamaPre{pre: one(scanLlama3), ignoreMerges: true, addBOS: true}, nil
+	case "dbrx", "smaug-bpe":
+		return llamaPre{pre: one(scanLlama3)}, nil
+	case "gpt-2", "phi-2", "mpt", "olmo", "jais", "exaone4":
+		return llamaPre{pre: one(scanGPT2)}, nil
+	case "default", "":
+		return llamaPre{pre: &preTokenizer{name: "default", steps: []splitter{
+			classRuns(isDefaultPunct), scanGPT2, classRuns(unicode.IsNumber), asciiDigitTriples,
+		}}}, nil
+	}
+	return llamaPre{}, fmt.Errorf("render: pre-tokenizer %q is not supported (supported: qwen2, llama-bpe/llama3, gpt-2, default)", name)
+}
+
+// regexSplitter returns a splitter for a Hugging Face Split pattern:
 // the hand-written scanner when the pattern is one of the known ones,
 // otherwise regexp2 running it.
 func regexSplitter(pattern string) (splitter, error) {

@@ -40,11 +40,11 @@ func scannerCases(t testing.TB) []struct {
 } {
 	t.Helper()
 	pre := func(name string) *preTokenizer {
-		p, _, err := llamaPreTokenizer(name)
+		lp, err := llamaPreTokenizer(name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return p
+		return lp.pre
 	}
 	return []struct {
 		name     string

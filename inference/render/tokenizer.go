@@ -90,6 +90,10 @@ func (t *Tokenizer) VocabSize() int { return t.size }
 // for a Hugging Face tokenizer.json, leftmost-longest. The two differ only
 // when added tokens overlap one another in the text.
 //
+// Without parseSpecial this differs from llama.cpp's parse_special=false,
+// which still matches user-defined tokens (GGUF token type 4, such as
+// "<think>" in Qwen3): here every added token is then plain text.
+//
 // Invalid UTF-8 bytes are tokenised as U+FFFD, as llama.cpp does.
 func (t *Tokenizer) Encode(text string, parseSpecial bool) ([]int32, error) {
 	if t == nil || t.vocab == nil {
