@@ -290,3 +290,79 @@ func benchText(n int) string {
 	}
 	return sb.String()
 }
+
+// TestRealEnginePreTokenizers holds each supported GGUF pre-tokenizer to
+// llama.cpp: the tiny Qwen3 GGUF is rewritten (same tensors) with a
+// vocabulary whose merges cross the places where the pre-tokenizers
+// differ (space runs, newlines, digits, contractions, punctuation before
+// letters, scripts), and tokenizer.ggml.pre set to each name; a second
+// llama-server in the engine's container serves each file.
+func TestRealEnginePreTokenizers(t *testing.T) {
+	e := llamacpptest.Start(t, llamacpptest.Options{})
+	dir := t.TempDir()
+	orig := e.CopyFile(t, image.LlamacppModel, dir)
+	tokens, types, _, err := render.GGUFVocab(orig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	words := []string{
+		"    ", "   ", "  ", "\n\n\n", "\n\n", " \n", "\t\t", "\r\n", "\n ", ".\n\n", "!\n", " {\n", "});\n",
+		"123", "12", "1234", "999", " 12", " 7", "'s", "'S", "'re", "'RE", "'ll", "'d", "'t",
+		"\thello", " hello", "(hello", "\nhello", "hello", "\u00a0hi", " world", "world", "Sam", "ab1",
+		"$100", "+=", "<=>", "...", " ...", "$x", "|>", "__init__", " x", "x=1",
+		"héllo", "中文", "你好", "😀", " café", "Привет",
+	}
+	whole := []string{" xylophone", "xylophone", " quantum", "1", "zebra"}
+	synTokens, synTypes, merges, err := render.SyntheticVocab(tokens, types, words, whole)
+	if err != nil {
+		t.Fatal(err)
+	}
+	corpus := append(fixedCorpus(), randomCorpus(150, 2)...)
+	corpus = append(corpus, wordCorpus(words, whole, 200, 3)...)
+	for i, pre := range []string{"qwen2", "llama-bpe", "gpt-2", "default"} {
+		t.Run(pre, func(t *testing.T) {
+			path := filepath.Join(dir, "tiny-"+pre+".gguf")
+			render.RewriteGGUF(t, orig, path, map[string]any{
+				"tokenizer.ggml.tokens": synTokens, "tokenizer.ggml.token_type": synTypes,
+				"tokenizer.ggml.merges": merges, "tokenizer.ggml.pre": pre,
+			})
+			src, err := render.ReadGGUF(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := e.Serve(t, e.CopyFileIn(t, path, "/tmp"), 8090+i)
+			bad := 0
+			for _, s := range corpus {
+				want := toInt32(srv.Tokenize(t, s))
+				got, err := src.Tokenizer.Encode(s, true)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !slices.Equal(got, want) {
+					if bad++; bad <= 10 {
+						t.Errorf("Encode(%q, true)\n got %v\nwant %v (llama-server, pre %q)", s, got, want, pre)
+					}
+				}
+			}
+			t.Logf("pre %q: compared %d strings with llama-server: %d mismatches", pre, len(corpus), bad)
+		})
+	}
+}
+
+// wordCorpus joins random words and whole-word tokens with random
+// separators.
+func wordCorpus(words, whole []string, n int, seed uint64) []string {
+	rng := rand.New(rand.NewPCG(seed, seed+1))
+	all := append(append([]string(nil), words...), whole...)
+	seps := []string{"", "", " ", "  ", "\n", "\t", "'", "1", ".", "a", "<think>", "<|im_end|>"}
+	out := make([]string, n)
+	for i := range out {
+		var b strings.Builder
+		for range 1 + rng.IntN(10) {
+			b.WriteString(all[rng.IntN(len(all))])
+			b.WriteString(seps[rng.IntN(len(seps))])
+		}
+		out[i] = b.String()
+	}
+	return out
+}
