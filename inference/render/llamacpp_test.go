@@ -103,14 +103,31 @@ func toInt32(ids []int) []int32 {
 }
 
 // writeHF writes a Hugging Face tokenizer.json and tokenizer_config.json
-// with the GGUF's vocabulary, merges and added tokens, and the qwen2
-// pre-tokenizer, and returns their directory.
+// with the GGUF's vocabulary, merges and added tokens, and a Split
+// pre-tokenizer with pattern, and returns their directory.
 func writeHF(t testing.TB, gguf, pattern string) string {
 	t.Helper()
 	tokens, types, merges, err := render.GGUFVocab(gguf)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return writeHFDir(t, tokens, types, merges, splitPre(pattern), false)
+}
+
+// splitPre is tokenizer.json's pre-tokenizer for a Split with pattern
+// followed by ByteLevel, as Qwen and Llama 3 have.
+func splitPre(pattern string) any {
+	return map[string]any{"type": "Sequence", "pretokenizers": []any{
+		map[string]any{"type": "Split", "pattern": map[string]string{"Regex": pattern}, "behavior": "Isolated", "invert": false},
+		map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
+	}}
+}
+
+// writeHFDir writes tokenizer.json and tokenizer_config.json for the
+// vocabulary (GGUF token types: 3 and 4 become added tokens) and returns
+// their directory.
+func writeHFDir(t testing.TB, tokens []string, types []int64, merges []string, pre any, ignoreMerges bool) string {
+	t.Helper()
 	vocab := map[string]int{}
 	var added []map[string]any
 	for i, tok := range tokens {
@@ -126,24 +143,17 @@ func writeHF(t testing.TB, gguf, pattern string) string {
 		a, b, _ := strings.Cut(m, " ")
 		pairs[i] = [2]string{a, b}
 	}
+	byteLevel := map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false}
 	tj := map[string]any{
-		"version": "1.0", "added_tokens": added, "normalizer": nil,
-		"pre_tokenizer": map[string]any{"type": "Sequence", "pretokenizers": []any{
-			map[string]any{"type": "Split", "pattern": map[string]string{
-				"Regex": pattern},
-				"behavior": "Isolated", "invert": false},
-			map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
-		}},
-		"post_processor": map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
-		"decoder":        map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": false},
+		"version": "1.0", "added_tokens": added, "normalizer": nil, "pre_tokenizer": pre,
+		"post_processor": byteLevel, "decoder": byteLevel,
 		"model": map[string]any{"type": "BPE", "dropout": nil, "unk_token": nil, "continuing_subword_prefix": "",
-			"end_of_word_suffix": "", "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+			"end_of_word_suffix": "", "fuse_unk": false, "byte_fallback": false, "ignore_merges": ignoreMerges,
 			"vocab": vocab, "merges": pairs},
 	}
-	cfg := map[string]any{"add_bos_token": false, "bos_token": nil, "eos_token": "<|im_end|>",
-		"chat_template": "{{ '<|im_start|>' }}"}
 	// The GGUF names BOS <|endoftext|>; so does Qwen's config.
-	cfg["bos_token"] = map[string]any{"content": "<|endoftext|>", "special": true}
+	cfg := map[string]any{"add_bos_token": false, "eos_token": "<|im_end|>", "chat_template": "{{ '<|im_start|>' }}",
+		"bos_token": map[string]any{"content": "<|endoftext|>", "special": true}}
 	dir := t.TempDir()
 	writeJSON(t, filepath.Join(dir, "tokenizer.json"), tj)
 	writeJSON(t, filepath.Join(dir, "tokenizer_config.json"), cfg)
@@ -296,7 +306,9 @@ func benchText(n int) string {
 // vocabulary whose merges cross the places where the pre-tokenizers
 // differ (space runs, newlines, digits, contractions, punctuation before
 // letters, scripts), and tokenizer.ggml.pre set to each name; a second
-// llama-server in the engine's container serves each file.
+// llama-server in the engine's container serves each file. The same
+// vocabulary as a tokenizer.json with the matching pre-tokenizer (for
+// llama-bpe also ignore_merges) goes through ReadHF.
 func TestRealEnginePreTokenizers(t *testing.T) {
 	e := llamacpptest.Start(t, llamacpptest.Options{})
 	dir := t.TempDir()
@@ -330,23 +342,49 @@ func TestRealEnginePreTokenizers(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			toks := map[string]*render.Tokenizer{"gguf": src.Tokenizer}
+			if hfPre, ok := hfPreTokenizers[pre]; ok {
+				hf, err := render.ReadHF(writeHFDir(t, synTokens, toInt64(synTypes), merges, hfPre, pre == "llama-bpe"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				toks["hf"] = hf.Tokenizer
+			}
 			srv := e.Serve(t, e.CopyFileIn(t, path, "/tmp"), 8090+i)
 			bad := 0
 			for _, s := range corpus {
 				want := toInt32(srv.Tokenize(t, s))
-				got, err := src.Tokenizer.Encode(s, true)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if !slices.Equal(got, want) {
-					if bad++; bad <= 10 {
-						t.Errorf("Encode(%q, true)\n got %v\nwant %v (llama-server, pre %q)", s, got, want, pre)
+				for name, tok := range toks {
+					got, err := tok.Encode(s, true)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !slices.Equal(got, want) {
+						if bad++; bad <= 10 {
+							t.Errorf("%s: Encode(%q, true)\n got %v\nwant %v (llama-server, pre %q)", name, s, got, want, pre)
+						}
 					}
 				}
 			}
-			t.Logf("pre %q: compared %d strings with llama-server: %d mismatches", pre, len(corpus), bad)
+			t.Logf("pre %q: compared %d strings with llama-server through %d readers: %d mismatches", pre, len(corpus), len(toks), bad)
 		})
 	}
+}
+
+// hfPreTokenizers are the tokenizer.json pre-tokenizers of the GGUF
+// pre-tokenizer names ("default" has none).
+var hfPreTokenizers = map[string]any{
+	"qwen2":     splitPre(qwen2Regex),
+	"llama-bpe": splitPre(`(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`),
+	"gpt-2":     map[string]any{"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+}
+
+func toInt64(x []int32) []int64 {
+	out := make([]int64, len(x))
+	for i, v := range x {
+		out[i] = int64(v)
+	}
+	return out
 }
 
 // wordCorpus joins random words and whole-word tokens with random
