@@ -101,7 +101,7 @@ func llamaPreTokenizer(name string) (llamaPre, error) {
 			classRuns(isDefaultPunct), scanGPT2, classRuns(unicode.IsNumber), asciiDigitTriples,
 		}}}, nil
 	}
-	return llamaPre{}, fmt.Errorf("render: pre-tokenizer %q is not supported (supported: qwen2, llama-bpe/llama3, gpt-2, default)", name)
+	return llamaPre{}, fmt.Errorf("pre-tokenizer %q is not supported (supported: qwen2, llama-bpe/llama3, gpt-2, default)", name)
 }
 
 // regexSplitter returns a splitter for a Hugging Face Split pattern:
@@ -124,7 +124,7 @@ func regexSplitter(pattern string) (splitter, error) {
 func compileSplitter(pattern string) (splitter, error) {
 	re, err := regexp2.Compile(pattern, regexp2.None)
 	if err != nil {
-		return nil, fmt.Errorf("render: pre-tokenizer regex %q: %w", pattern, err)
+		return nil, fmt.Errorf("pre-tokenizer regex %q: %w", pattern, err)
 	}
 	return func(r []rune, match func(start, end int)) {
 		m, err := re.FindRunesMatch(r)

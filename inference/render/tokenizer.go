@@ -44,15 +44,15 @@ type tokenizerSpec struct {
 // newTokenizer checks spec and builds the Tokenizer.
 func newTokenizer(spec tokenizerSpec) (*Tokenizer, error) {
 	if len(spec.vocab) == 0 {
-		return nil, errors.New("render: empty vocabulary")
+		return nil, errors.New("empty vocabulary")
 	}
 	if spec.pre == nil {
-		return nil, errors.New("render: no pre-tokenizer")
+		return nil, errors.New("no pre-tokenizer")
 	}
 	ranks := make(map[string]int32, len(spec.merges))
 	for i, m := range spec.merges {
 		if sp := strings.IndexByte(m, ' '); sp <= 0 || sp == len(m)-1 {
-			return nil, fmt.Errorf("render: merge %d %q is not two space-separated parts", i, m)
+			return nil, fmt.Errorf("merge %d %q is not two space-separated parts", i, m)
 		}
 		if _, dup := ranks[m]; !dup {
 			ranks[m] = int32(i)
