@@ -1,7 +1,6 @@
 package render
 
 import (
-	"container/heap"
 	"sync"
 	"unicode/utf8"
 )
@@ -49,22 +48,52 @@ type bigram struct {
 
 // bigramQueue is a min-heap on (rank, left): the lowest-ranked merge
 // first, the leftmost among equals, as llama.cpp's llm_tokenizer_bpe_session.
+// (Typed rather than container/heap, which would box every bigram.)
 type bigramQueue []bigram
 
-func (q bigramQueue) Len() int { return len(q) }
-func (q bigramQueue) Less(i, j int) bool {
+func (q bigramQueue) less(i, j int) bool {
 	return q[i].rank < q[j].rank || (q[i].rank == q[j].rank && q[i].left < q[j].left)
 }
-func (q bigramQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
-func (q *bigramQueue) Push(x any)   { *q = append(*q, x.(bigram)) }
-func (q *bigramQueue) Pop() any {
-	old := *q
-	x := old[len(old)-1]
-	*q = old[:len(old)-1]
-	return x
+
+func (q *bigramQueue) push(b bigram) {
+	*q = append(*q, b)
+	h := *q
+	for i := len(h) - 1; i > 0; {
+		p := (i - 1) / 2
+		if !h.less(i, p) {
+			break
+		}
+		h[i], h[p] = h[p], h[i]
+		i = p
+	}
 }
 
-// bpeState is the scratch space of one word's merges.
+func (q *bigramQueue) pop() bigram {
+	h := *q
+	top := h[0]
+	last := len(h) - 1
+	h[0] = h[last]
+	h = h[:last]
+	for i := 0; ; {
+		l, r, m := 2*i+1, 2*i+2, i
+		if l < len(h) && h.less(l, m) {
+			m = l
+		}
+		if r < len(h) && h.less(r, m) {
+			m = r
+		}
+		if m == i {
+			break
+		}
+		h[i], h[m] = h[m], h[i]
+		i = m
+	}
+	*q = h
+	return top
+}
+
+// bpeState is the scratch space of one word's merges, reused from word
+// to word.
 type bpeState struct {
 	word  string
 	syms  []symbol
@@ -74,19 +103,20 @@ type bpeState struct {
 
 // bpeWord appends the ids of one pre-token, already in byte-level form,
 // to dst.
-func (t *Tokenizer) bpeWord(dst []int32, word string) []int32 {
+func (t *Tokenizer) bpeWord(dst []int32, st *bpeState, word string) []int32 {
 	if t.ignoreMerges {
 		if id, ok := t.vocab[word]; ok {
 			return append(dst, id)
 		}
 	}
-	st := bpeState{word: word}
+	st.word = word
+	st.queue = st.queue[:0]
 	st.split()
 	for i := 1; i < len(st.syms); i++ {
-		t.addBigram(&st, i-1, i)
+		t.addBigram(st, i-1, i)
 	}
-	for st.queue.Len() > 0 {
-		bg := heap.Pop(&st.queue).(bigram)
+	for len(st.queue) > 0 {
+		bg := st.queue.pop()
 		l, r := &st.syms[bg.left], &st.syms[bg.right]
 		if l.n == 0 || r.n == 0 || l.next != bg.right || l.n+r.n != bg.size {
 			continue // outdated: one side was merged since it was queued
@@ -97,11 +127,14 @@ func (t *Tokenizer) bpeWord(dst []int32, word string) []int32 {
 		if r.next >= 0 {
 			st.syms[r.next].prev = bg.left
 		}
-		t.addBigram(&st, l.prev, bg.left)
-		t.addBigram(&st, bg.left, l.next)
+		t.addBigram(st, l.prev, bg.left)
+		t.addBigram(st, bg.left, l.next)
 	}
 	for i := 0; i >= 0 && i < len(st.syms); i = st.syms[i].next {
 		s := st.syms[i]
+		if s.n == 0 {
+			continue
+		}
 		dst = t.appendPiece(dst, word[s.start:s.start+s.n])
 	}
 	return dst
@@ -109,7 +142,7 @@ func (t *Tokenizer) bpeWord(dst []int32, word string) []int32 {
 
 // split cuts the word into its UTF-8 characters, one symbol each.
 func (st *bpeState) split() {
-	st.syms = make([]symbol, 0, len(st.word))
+	st.syms = st.syms[:0]
 	for off := 0; off < len(st.word); {
 		_, n := utf8.DecodeRuneInString(st.word[off:])
 		i := len(st.syms)
@@ -135,7 +168,7 @@ func (t *Tokenizer) addBigram(st *bpeState, left, right int) {
 	if !ok {
 		return
 	}
-	heap.Push(&st.queue, bigram{rank: rank, left: left, right: right, size: l.n + r.n})
+	st.queue.push(bigram{rank: rank, left: left, right: right, size: l.n + r.n})
 }
 
 // appendPiece appends the id of a finished symbol; one the vocabulary

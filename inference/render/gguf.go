@@ -397,7 +397,12 @@ func (m ggufMeta) source() (*Source, error) {
 	if !ok || len(tokens) == 0 {
 		return nil, fmt.Errorf("%s: missing or not an array of strings", keyTokens)
 	}
-	spec, err := m.spec(tokens)
+	pre, _ := m[keyPre].(string)
+	lp, err := llamaPreTokenizer(pre)
+	if err != nil {
+		return nil, err
+	}
+	spec, err := m.spec(tokens, lp)
 	if err != nil {
 		return nil, err
 	}
@@ -407,13 +412,15 @@ func (m ggufMeta) source() (*Source, error) {
 	}
 	src := &Source{Tokenizer: tok, BOSID: -1}
 	src.ChatTemplate, _ = m[keyChatTemplate].(string)
+	// Without the key llama.cpp falls back to id 11 for "gpt2" models; a
+	// Source says only what the file says.
 	if id, ok := m.tokenID(keyBOS, len(tokens)); ok {
 		src.BOSID, src.BOS = id, tokens[id]
 	}
 	if id, ok := m.tokenID(keyEOS, len(tokens)); ok {
 		src.EOS = tokens[id]
 	}
-	src.AddBOS = spec.ignoreMerges // llama.cpp's default: true for llama-bpe
+	src.AddBOS = lp.addBOS
 	if v, ok := m[keyAddBOS].(bool); ok {
 		src.AddBOS = v
 	}
@@ -421,12 +428,7 @@ func (m ggufMeta) source() (*Source, error) {
 }
 
 // spec gathers the tokenizer's parts from the metadata.
-func (m ggufMeta) spec(tokens []string) (tokenizerSpec, error) {
-	pre, _ := m[keyPre].(string)
-	p, ignoreMerges, err := llamaPreTokenizer(pre)
-	if err != nil {
-		return tokenizerSpec{}, err
-	}
+func (m ggufMeta) spec(tokens []string, lp llamaPre) (tokenizerSpec, error) {
 	merges, ok := m[keyMerges].([]string)
 	if _, present := m[keyMerges]; present && !ok {
 		return tokenizerSpec{}, fmt.Errorf("%s: not an array of strings", keyMerges)
@@ -437,7 +439,7 @@ func (m ggufMeta) spec(tokens []string) (tokenizerSpec, error) {
 	}
 	spec := tokenizerSpec{
 		vocab: make(map[string]int32, len(tokens)), size: len(tokens), merges: merges,
-		ignoreMerges: ignoreMerges, pre: p,
+		ignoreMerges: lp.ignoreMerges, pre: lp.pre,
 	}
 	for i, s := range tokens {
 		spec.vocab[s] = int32(i)

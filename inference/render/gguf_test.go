@@ -113,7 +113,8 @@ func writeGGUFValue(t testing.TB, b *bytes.Buffer, v any, typed bool) {
 }
 
 // tinyGGUF is a byte-level BPE model: the 256 byte symbols, a few merges
-// and the Qwen-style added tokens.
+// and the Qwen-style added tokens; extra entries replace (or, with a nil
+// value, remove) the defaults.
 func tinyGGUF(t testing.TB, pre string, extra ...ggufKV) []byte {
 	t.Helper()
 	tokens, types := []string{}, []int32{}
@@ -137,7 +138,13 @@ func tinyGGUF(t testing.TB, pre string, extra ...ggufKV) []byte {
 		{keyBOS, uint32(idOf(tokens, "<|endoftext|>"))}, {keyEOS, uint32(idOf(tokens, "<|im_end|>"))},
 		{keyAddBOS, false}, {keyChatTemplate, "{{ messages }}"},
 	}
-	return ggufBytes(t, append(kvs, extra...)...)
+	for _, e := range extra {
+		kvs = slices.DeleteFunc(kvs, func(kv ggufKV) bool { return kv.key == e.key })
+		if e.value != nil { // nil removes the key
+			kvs = append(kvs, e)
+		}
+	}
+	return ggufBytes(t, kvs...)
 }
 
 const tokUnused = 5
@@ -163,6 +170,17 @@ func TestReadGGUFTiny(t *testing.T) {
 	}
 	if n := src.Tokenizer.VocabSize(); n != 256+11+7 {
 		t.Errorf("VocabSize %d", n)
+	}
+	// Without add_bos_token, llama.cpp's default for the pre-tokenizer;
+	// without bos_token_id, no BOS.
+	for pre, want := range map[string]bool{"llama-bpe": true, "qwen2": false, "": false} {
+		src, err := ReadGGUF(writeFile(t, tinyGGUF(t, pre, ggufKV{keyAddBOS, nil}, ggufKV{keyBOS, nil})))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if src.AddBOS != want || src.BOSID != -1 || src.BOS != "" {
+			t.Errorf("pre %q: AddBOS %v BOS %q/%d, want AddBOS %v and no BOS", pre, src.AddBOS, src.BOS, src.BOSID, want)
+		}
 	}
 }
 

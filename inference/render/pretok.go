@@ -72,28 +72,39 @@ func (p *preTokenizer) split(r []rune) []int {
 	return bounds
 }
 
-// llamaPreTokenizer returns the pre-tokenizer llama.cpp uses for a GGUF's
-// tokenizer.ggml.pre, and whether it ignores merges for words that are
-// whole tokens.
-func llamaPreTokenizer(name string) (*preTokenizer, bool, error) {
-	switch name {
-	case "qwen2", "deepseek-r1-qwen", "kormo", "megrez", "stablelm2", "hunyuan":
-		return &preTokenizer{name: name, steps: []splitter{scanQwen2}}, false, nil
-	case "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2":
-		return &preTokenizer{name: name, steps: []splitter{scanLlama3}}, true, nil
-	case "dbrx", "smaug-bpe":
-		return &preTokenizer{name: name, steps: []splitter{scanLlama3}}, false, nil
-	case "gpt-2", "phi-2", "mpt", "olmo", "jais", "exaone4":
-		return &preTokenizer{name: name, steps: []splitter{scanGPT2}}, false, nil
-	case "default", "":
-		return &preTokenizer{name: "default", steps: []splitter{
-			classRuns(isDefaultPunct), scanGPT2, classRuns(unicode.IsNumber), asciiDigitTriples,
-		}}, false, nil
-	}
-	return nil, false, fmt.Errorf("render: pre-tokenizer %q is not supported (supported: qwen2, llama-bpe/llama3, gpt-2, default)", name)
+// llamaPre is what a GGUF's tokenizer.ggml.pre selects in llama.cpp
+// (llama_vocab::impl::load): the pre-tokenizer, whether a word that is a
+// whole token skips the merges, and whether BOS is added by default.
+type llamaPre struct {
+	pre          *preTokenizer
+	ignoreMerges bool
+	addBOS       bool
 }
 
-// regexPreTokenizer returns a splitter for a Hugging Face Split pattern:
+// llamaPreTokenizer returns what llama.cpp does for the pre-tokenizer
+// name; "" is "default", as in llama.cpp; names llama.cpp does not know
+// (it falls back to "default" with a warning) and the ones not
+// implemented here are errors.
+func llamaPreTokenizer(name string) (llamaPre, error) {
+	one := func(s splitter) *preTokenizer { return &preTokenizer{name: name, steps: []splitter{s}} }
+	switch name {
+	case "qwen2", "deepseek-r1-qwen", "kormo", "megrez", "stablelm2", "hunyuan":
+		return llamaPre{pre: one(scanQwen2)}, nil
+	case "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2":
+		return llamaPre{pre: one(scanLlama3), ignoreMerges: true, addBOS: true}, nil
+	case "dbrx", "smaug-bpe":
+		return llamaPre{pre: one(scanLlama3)}, nil
+	case "gpt-2", "phi-2", "mpt", "olmo", "jais", "exaone4":
+		return llamaPre{pre: one(scanGPT2)}, nil
+	case "default", "":
+		return llamaPre{pre: &preTokenizer{name: "default", steps: []splitter{
+			classRuns(isDefaultPunct), scanGPT2, classRuns(unicode.IsNumber), asciiDigitTriples,
+		}}}, nil
+	}
+	return llamaPre{}, fmt.Errorf("pre-tokenizer %q is not supported (supported: qwen2, llama-bpe/llama3, gpt-2, default)", name)
+}
+
+// regexSplitter returns a splitter for a Hugging Face Split pattern:
 // the hand-written scanner when the pattern is one of the known ones,
 // otherwise regexp2 running it.
 func regexSplitter(pattern string) (splitter, error) {
@@ -113,7 +124,7 @@ func regexSplitter(pattern string) (splitter, error) {
 func compileSplitter(pattern string) (splitter, error) {
 	re, err := regexp2.Compile(pattern, regexp2.None)
 	if err != nil {
-		return nil, fmt.Errorf("render: pre-tokenizer regex %q: %w", pattern, err)
+		return nil, fmt.Errorf("pre-tokenizer regex %q: %w", pattern, err)
 	}
 	return func(r []rune, match func(start, end int)) {
 		m, err := re.FindRunesMatch(r)
@@ -128,13 +139,59 @@ func compileSplitter(pattern string) (splitter, error) {
 
 // Character classes as llama.cpp sees them: \s is Unicode White_Space,
 // \p{L} and \p{N} the Unicode letter and number categories.
-func isSpace(c rune) bool  { return unicode.IsSpace(c) }
-func isLetter(c rune) bool { return unicode.IsLetter(c) }
-func isNumber(c rune) bool { return unicode.IsNumber(c) }
-func isNL(c rune) bool     { return c == '\r' || c == '\n' }
+// ASCII takes a table lookup.
+func isSpace(c rune) bool {
+	if c < 0x80 {
+		return asciiClass[c] == classSpace
+	}
+	return unicode.IsSpace(c)
+}
+
+func isLetter(c rune) bool {
+	if c < 0x80 {
+		return asciiClass[c] == classLetter
+	}
+	return unicode.IsLetter(c)
+}
+
+func isNumber(c rune) bool {
+	if c < 0x80 {
+		return asciiClass[c] == classNumber
+	}
+	return unicode.IsNumber(c)
+}
+
+func isNL(c rune) bool { return c == '\r' || c == '\n' }
 
 // isOther is [^\s\p{L}\p{N}].
-func isOther(c rune) bool { return !isSpace(c) && !isLetter(c) && !isNumber(c) }
+func isOther(c rune) bool {
+	if c < 0x80 {
+		return asciiClass[c] == classOther
+	}
+	return !unicode.IsSpace(c) && !unicode.IsLetter(c) && !unicode.IsNumber(c)
+}
+
+// ASCII character classes.
+const (
+	classOther = iota
+	classSpace
+	classLetter
+	classNumber
+)
+
+var asciiClass = func() (t [0x80]uint8) {
+	for c := range rune(0x80) {
+		switch {
+		case unicode.IsSpace(c):
+			t[c] = classSpace
+		case unicode.IsLetter(c):
+			t[c] = classLetter
+		case unicode.IsNumber(c):
+			t[c] = classNumber
+		}
+	}
+	return t
+}()
 
 // isDefaultPunct is [\p{P}\$\+<=>\^~\|].
 func isDefaultPunct(c rune) bool {

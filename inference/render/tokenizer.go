@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"unicode/utf8"
 )
 
 // Tokenizer is a byte-level BPE tokenizer (GPT-2 style byte-to-unicode
@@ -43,15 +44,15 @@ type tokenizerSpec struct {
 // newTokenizer checks spec and builds the Tokenizer.
 func newTokenizer(spec tokenizerSpec) (*Tokenizer, error) {
 	if len(spec.vocab) == 0 {
-		return nil, errors.New("render: empty vocabulary")
+		return nil, errors.New("empty vocabulary")
 	}
 	if spec.pre == nil {
-		return nil, errors.New("render: no pre-tokenizer")
+		return nil, errors.New("no pre-tokenizer")
 	}
 	ranks := make(map[string]int32, len(spec.merges))
 	for i, m := range spec.merges {
 		if sp := strings.IndexByte(m, ' '); sp <= 0 || sp == len(m)-1 {
-			return nil, fmt.Errorf("render: merge %d %q is not two space-separated parts", i, m)
+			return nil, fmt.Errorf("merge %d %q is not two space-separated parts", i, m)
 		}
 		if _, dup := ranks[m]; !dup {
 			ranks[m] = int32(i)
@@ -88,6 +89,10 @@ func (t *Tokenizer) VocabSize() int { return t.size }
 // its occurrences left to right, then the next longest in what remains);
 // for a Hugging Face tokenizer.json, leftmost-longest. The two differ only
 // when added tokens overlap one another in the text.
+//
+// Without parseSpecial this differs from llama.cpp's parse_special=false,
+// which still matches user-defined tokens (GGUF token type 4, such as
+// "<think>" in Qwen3): here every added token is then plain text.
 //
 // Invalid UTF-8 bytes are tokenised as U+FFFD, as llama.cpp does.
 func (t *Tokenizer) Encode(text string, parseSpecial bool) ([]int32, error) {
@@ -204,19 +209,42 @@ func (t *Tokenizer) encodeText(ids []int32, text string) []int32 {
 	if t.normalize != nil {
 		text = t.normalize(text)
 	}
+	text = validUTF8(text)
 	r := []rune(text)
 	bounds := t.pre.split(r)
-	var buf []byte
+	var (
+		st  bpeState
+		buf []byte
+		off int // byte offset of rune bounds[i]
+	)
 	for i := 0; i+1 < len(bounds); i++ {
-		word := string(r[bounds[i]:bounds[i+1]])
+		end := off
+		for _, c := range r[bounds[i]:bounds[i+1]] {
+			end += utf8.RuneLen(c)
+		}
+		word := text[off:end]
+		off = end
 		if cached, ok := t.cache.get(word); ok {
 			ids = append(ids, cached...)
 			continue
 		}
 		buf = appendByteLevel(buf[:0], word)
 		n := len(ids)
-		ids = t.bpeWord(ids, string(buf))
+		ids = t.bpeWord(ids, &st, string(buf))
 		t.cache.put(word, append([]int32(nil), ids[n:]...))
 	}
 	return ids
+}
+
+// validUTF8 replaces each byte of s that is not part of valid UTF-8 with
+// U+FFFD, as llama.cpp's unicode_cpts_from_utf8 does.
+func validUTF8(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	var b strings.Builder
+	for _, c := range s {
+		b.WriteRune(c) // range yields U+FFFD for each invalid byte
+	}
+	return b.String()
 }

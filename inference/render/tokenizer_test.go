@@ -99,13 +99,13 @@ func TestAddedTokenOrder(t *testing.T) {
 	for b := range 256 {
 		vocab[byteLevel[b]] = int32(b)
 	}
-	pre, _, _ := llamaPreTokenizer("qwen2")
+	lp, _ := llamaPreTokenizer("qwen2")
 	added := []addedToken{{"xA", 300}, {"ABC", 301}}
 	for _, c := range []struct {
 		leftmost bool
 		want     []int32
 	}{{false, []int32{'x', 301}}, {true, []int32{300, 'B', 'C'}}} {
-		tok, err := newTokenizer(tokenizerSpec{vocab: vocab, size: 302, pre: pre, added: added, leftmost: c.leftmost})
+		tok, err := newTokenizer(tokenizerSpec{vocab: vocab, size: 302, pre: lp.pre, added: added, leftmost: c.leftmost})
 		if err != nil {
 			t.Fatal(err)
 		}

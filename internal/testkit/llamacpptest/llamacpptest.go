@@ -18,8 +18,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
+	"path"
 	"path/filepath"
 	"testing"
 	"time"
@@ -113,28 +115,135 @@ func (e *Engine) Tokenize(t testing.TB, text string) []int {
 	return r.Tokens
 }
 
-// CopyFile copies the regular file at path inside the container into
+// CopyFile copies the regular file at src inside the container into
 // dir on the host and returns the host path (dir joined with the file's
 // base name); failures fail the test.
-func (e *Engine) CopyFile(t testing.TB, path, dir string) string {
+func (e *Engine) CopyFile(t testing.TB, src, dir string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	res, err := e.cli.CopyFromContainer(ctx, e.ID, client.CopyFromContainerOptions{SourcePath: path})
+	res, err := e.cli.CopyFromContainer(ctx, e.ID, client.CopyFromContainerOptions{SourcePath: src})
 	if err != nil {
-		t.Fatalf("llamacpptest: copy %s out of the container: %v", path, err)
+		t.Fatalf("llamacpptest: copy %s out of the container: %v", src, err)
 	}
 	defer res.Content.Close()
-	out, err := untarFile(res.Content, path, dir)
+	out, err := untarFile(res.Content, src, dir)
 	if err != nil {
-		t.Fatalf("llamacpptest: copy %s out of the container: %v", path, err)
+		t.Fatalf("llamacpptest: copy %s out of the container: %v", src, err)
 	}
 	return out
 }
 
+// CopyFileIn copies the host file at hostPath into the directory dir
+// inside the container and returns its path there; failures fail the
+// test.
+func (e *Engine) CopyFileIn(t testing.TB, hostPath, dir string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	archive, err := tarFile(hostPath)
+	if err != nil {
+		t.Fatalf("llamacpptest: copy %s into the container: %v", hostPath, err)
+	}
+	_, err = e.cli.CopyToContainer(ctx, e.ID, client.CopyToContainerOptions{DestinationPath: dir, Content: bytes.NewReader(archive)})
+	if err != nil {
+		t.Fatalf("llamacpptest: copy %s into the container: %v", hostPath, err)
+	}
+	return path.Join(dir, filepath.Base(hostPath))
+}
+
+// tarFile returns a tar archive holding the file at p under its base
+// name.
+func tarFile(p string) ([]byte, error) {
+	data, err := os.ReadFile(p)
+	if err != nil {
+		return nil, err
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	h := &tar.Header{Name: filepath.Base(p), Mode: 0o644, Size: int64(len(data)), Typeflag: tar.TypeReg, ModTime: time.Now()}
+	if err := tw.WriteHeader(h); err != nil {
+		return nil, err
+	}
+	if _, err := tw.Write(data); err != nil {
+		return nil, err
+	}
+	if err := tw.Close(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// Serve starts a second llama-server in the engine's container, serving
+// model (a path inside the container, e.g. from CopyFileIn) on port, and
+// returns once its /health answers ok. Its URL is on the container's own
+// address (the port is not published), so the host must reach the
+// container network, as it does with a local Linux Docker engine; when it
+// cannot, the test is skipped (failed under CI=true). The server goes
+// with the container. Only URL and Call/MustCall/Tokenize are meaningful
+// on the result.
+func (e *Engine) Serve(t testing.TB, model string, port int) *Engine {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	ip, err := e.containerIP(ctx)
+	if err != nil {
+		t.Fatalf("llamacpptest: %v", err)
+	}
+	cmd := []string{"llama-server", "-m", model, "--host", "0.0.0.0", "--port", fmt.Sprint(port), "-t", "1", "-c", "2048", "-np", "1"}
+	ex, err := e.cli.ExecCreate(ctx, e.ID, client.ExecCreateOptions{Cmd: cmd})
+	if err != nil {
+		t.Fatalf("llamacpptest: exec %v: %v", cmd, err)
+	}
+	if _, err := e.cli.ExecStart(ctx, ex.ID, client.ExecStartOptions{Detach: true}); err != nil {
+		t.Fatalf("llamacpptest: exec %v: %v", cmd, err)
+	}
+	second := &Engine{URL: fmt.Sprintf("http://%s", net.JoinHostPort(ip, fmt.Sprint(port))), ID: e.ID, Args: cmd, e: e.e, cli: e.cli}
+	if err := second.waitHealthy(ctx); err != nil {
+		skipOrFail(t, "second llama-server at %s (%v) not reachable from the host: %v", second.URL, cmd, err)
+	}
+	return second
+}
+
+// containerIP returns the container's address on its (first) network.
+func (e *Engine) containerIP(ctx context.Context) (string, error) {
+	res, err := e.cli.ContainerInspect(ctx, e.ID, client.ContainerInspectOptions{})
+	if err != nil {
+		return "", err
+	}
+	if ns := res.Container.NetworkSettings; ns != nil {
+		for _, ep := range ns.Networks {
+			if ep != nil && ep.IPAddress.IsValid() {
+				return ep.IPAddress.String(), nil
+			}
+		}
+	}
+	return "", errors.New("the container has no network address")
+}
+
+// waitHealthy polls /health until it answers 200.
+func (e *Engine) waitHealthy(ctx context.Context) error {
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	for {
+		resp, err := hc.Get(e.URL + "/health")
+		if err == nil {
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = fmt.Errorf("HTTP %d", resp.StatusCode)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last: %v)", ctx.Err(), err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
 // untarFile writes the first regular file of the tar stream r into dir
-// under the base name of path.
-func untarFile(r io.Reader, path, dir string) (string, error) {
+// under the base name of src.
+func untarFile(r io.Reader, src, dir string) (string, error) {
 	tr := tar.NewReader(r)
 	for {
 		h, err := tr.Next()
@@ -144,7 +253,7 @@ func untarFile(r io.Reader, path, dir string) (string, error) {
 		if h.Typeflag != tar.TypeReg {
 			continue
 		}
-		out := filepath.Join(dir, filepath.Base(path))
+		out := filepath.Join(dir, filepath.Base(src))
 		f, err := os.Create(out)
 		if err != nil {
 			return "", err

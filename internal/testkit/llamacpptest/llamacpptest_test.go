@@ -1,9 +1,12 @@
 package llamacpptest
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -299,4 +302,24 @@ func TestEngine(t *testing.T) {
 			t.Fatalf("over-long prompt: HTTP %d %s: want 400 exceed_context_size_error", code, raw)
 		}
 	})
+}
+
+// TestCopyFile copies the model's description out of the container.
+func TestCopyFile(t *testing.T) {
+	e := Start(t, Options{})
+	dir := t.TempDir()
+	p := e.CopyFile(t, "/models/tiny-qwen3.json", dir)
+	if p != filepath.Join(dir, "tiny-qwen3.json") {
+		t.Errorf("CopyFile returned %q", p)
+	}
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var desc struct {
+		Name string `json:"name"`
+	}
+	if err := json.Unmarshal(b, &desc); err != nil || desc.Name != "tiny-qwen3" {
+		t.Errorf("copied file: name %q, %v: %.200s", desc.Name, err, b)
+	}
 }
