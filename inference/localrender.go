@@ -2,6 +2,8 @@ package inference
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -40,6 +42,10 @@ type localRenderer struct {
 	mu      sync.Mutex
 	checked map[string]int
 	segs    map[string]*fastSeg
+	// cache holds whole renders by renderKey when the template does not
+	// read the clock (cacheable).
+	cache     map[[sha256.Size]byte][]int32
+	cacheable bool
 }
 
 // Local render defaults: renders of a shape checked against the server
@@ -77,13 +83,14 @@ func newLocalRenderer(cfg Config) (*localRenderer, error) {
 		every = DefaultLocalRenderVerifyEvery
 	}
 	return &localRenderer{m: m, addSpecial: cfg.Backend == BackendLlamaCpp, first: first, every: uint64(every),
-		log: cfg.Logger, checked: map[string]int{}, segs: map[string]*fastSeg{}}, nil
+		log: cfg.Logger, checked: map[string]int{}, segs: map[string]*fastSeg{},
+		cache: map[[sha256.Size]byte][]int32{}, cacheable: !m.ReadsClock()}, nil
 }
 
 // render is the ids of msgs: local when this shape has been checked,
 // else the server's (compared with the local ones).
 func (l *localRenderer) render(ctx context.Context, e *tokenEpisode, msgs []openai.ChatCompletionMessage, genPrompt bool, suffix string) ([]int32, error) {
-	ids, err := l.m.Render(msgs, json.RawMessage(e.tools), genPrompt, e.spec.Sampling.ChatTemplateKwargs, l.addSpecial)
+	ids, err := l.renderCached(e, msgs, genPrompt)
 	if err != nil {
 		// The server decides what its template makes of these messages:
 		// its render, or its own error.
@@ -113,6 +120,64 @@ func (l *localRenderer) render(ctx context.Context, e *tokenEpisode, msgs []open
 	l.checked[shape]++
 	l.mu.Unlock()
 	return want, nil
+}
+
+// renderCached is the local render of msgs, from the cache when the same
+// conversation was rendered before (a group's sessions share their first
+// prompt): a template that does not read the clock renders the same input
+// the same way.
+func (l *localRenderer) renderCached(e *tokenEpisode, msgs []openai.ChatCompletionMessage, genPrompt bool) ([]int32, error) {
+	if !l.cacheable {
+		return l.m.Render(msgs, json.RawMessage(e.tools), genPrompt, e.spec.Sampling.ChatTemplateKwargs, l.addSpecial)
+	}
+	key := renderKey(e, msgs, genPrompt)
+	l.mu.Lock()
+	ids, ok := l.cache[key]
+	l.mu.Unlock()
+	if ok {
+		return slices.Clone(ids), nil
+	}
+	ids, err := l.m.Render(msgs, json.RawMessage(e.tools), genPrompt, e.spec.Sampling.ChatTemplateKwargs, l.addSpecial)
+	if err != nil {
+		return nil, err
+	}
+	l.mu.Lock()
+	if len(l.cache) >= renderCacheSize {
+		clear(l.cache)
+	}
+	l.cache[key] = slices.Clone(ids)
+	l.mu.Unlock()
+	return ids, nil
+}
+
+// renderCacheSize bounds the render cache (renders of whole first prompts:
+// at most a few MB of ids).
+const renderCacheSize = 256
+
+// renderKey is a digest of everything a render depends on.
+func renderKey(e *tokenEpisode, msgs []openai.ChatCompletionMessage, genPrompt bool) [sha256.Size]byte {
+	h := sha256.New()
+	field := func(s string) {
+		var n [8]byte
+		binary.LittleEndian.PutUint64(n[:], uint64(len(s)))
+		h.Write(n[:])
+		h.Write([]byte(s))
+	}
+	field(e.templateKey)
+	field(string(e.tools))
+	if genPrompt {
+		field("gen")
+	}
+	for _, m := range msgs {
+		raw, err := json.Marshal(m)
+		if err != nil {
+			raw = []byte(fmt.Sprintf("%#v", m))
+		}
+		field(string(raw))
+	}
+	var k [sha256.Size]byte
+	h.Sum(k[:0])
+	return k
 }
 
 // due reports whether this render must be checked against the server.

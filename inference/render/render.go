@@ -85,6 +85,13 @@ func (m *Model) Encode(text string) ([]int32, error) {
 	return m.src.Tokenizer.Encode(text, true)
 }
 
+// ReadsClock reports whether the template may render the current date
+// (strftime_now, as Llama 3's do), so that the same conversation renders
+// differently from one day to the next.
+func (m *Model) ReadsClock() bool {
+	return strings.Contains(m.src.ChatTemplate, "strftime_now")
+}
+
 // Markup is the template's string literals that look like markup (three
 // characters or more, one of them neither a letter, a digit nor white
 // space): what a template may look for in a message's text to render it
