@@ -35,15 +35,19 @@ func encodeBody(v any, extra map[string]any, op, reqID string) ([]byte, error) {
 	// not HTML, and escaping <, > and & (chat templates and tool output are
 	// full of them) was a third of encoding a render with a tool result.
 	var prompt []int32
+	var promptJSON []byte
 	if pc, ok := v.(promptCarrier); ok {
-		v, prompt = pc.withoutPrompt()
+		v, prompt, promptJSON = pc.withoutPrompt()
 	}
 	b, err := json.Append(make([]byte, 0, 1024+8*len(prompt)), v, json.SortMapKeys)
 	if err != nil {
 		return nil, &Error{Class: ErrRequest, Op: op, RequestID: reqID, Msg: "encode request", Err: err}
 	}
 	if len(prompt) > 0 {
-		if b, err = appendField(b, promptKey, appendIDs(nil, prompt)); err != nil {
+		if promptJSON == nil {
+			promptJSON = appendIDs(nil, prompt)
+		}
+		if b, err = appendField(b, promptKey, promptJSON); err != nil {
 			return nil, &Error{Class: ErrRequest, Op: op, RequestID: reqID, Msg: "encode request: prompt", Err: err}
 		}
 	}

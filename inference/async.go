@@ -442,7 +442,7 @@ func (e *tokenEpisode) sampleTurn(ctx context.Context, prompt []int32, maxTokens
 		}
 		gctx, sink := withVersionSink(ctx)
 		s, err := e.c.gen.generate(gctx, e.c.pool, genInput{
-			model: e.spec.Model, prompt: cur, maxTokens: maxTokens - len(acc.ids), s: e.spec.Sampling,
+			model: e.spec.Model, prompt: cur, promptJSON: e.promptJSON(cur), maxTokens: maxTokens - len(acc.ids), s: e.spec.Sampling,
 			opts:    CallOptions{Affinity: &e.aff, RequestID: id},
 			experts: e.c.cfg.RoutedExperts, topk: e.c.cfg.RoutedExpertsTopK,
 		})

@@ -22,11 +22,14 @@ const (
 )
 
 type genInput struct {
-	model     string
-	prompt    []int32
-	maxTokens int
-	s         Sampling
-	opts      CallOptions
+	model  string
+	prompt []int32
+	// promptJSON, when set, is prompt encoded as a JSON array (an
+	// episode's promptEncoder); the vllm generator sends it as is.
+	promptJSON []byte
+	maxTokens  int
+	s          Sampling
+	opts       CallOptions
 	// experts asks for the routed experts (Config.RoutedExperts); topk is
 	// Config.RoutedExpertsTopK.
 	experts bool
@@ -145,6 +148,7 @@ func (p *Pool) GenerateTokens(ctx context.Context, model string, prompt []int32,
 func (completionsGen) generate(ctx context.Context, p *Pool, in genInput) (sample, error) {
 	const op = "POST /v1/completions"
 	req := TokensCompletionRequest(in.model, in.prompt, in.maxTokens, in.s)
+	req.promptJSON = in.promptJSON
 	o := in.opts
 	o.Extra = in.s.ExtraBody
 	resp, ep, err := p.Completion(ctx, o, req)

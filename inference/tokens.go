@@ -54,6 +54,8 @@ type tokenEpisode struct {
 	// places spans of that turn without the server.
 	lastIDs    []int32
 	lastPieces *tokenPieces
+	// promptEnc encodes the growing prompt for the vllm generator.
+	promptEnc promptEncoder
 }
 
 // newTokenEpisode computes the episode's per-template keys once.
@@ -215,6 +217,15 @@ func (e *tokenEpisode) generate(ctx context.Context, messages []openai.ChatCompl
 		Version:          vers[len(vers)-1],
 		Cuts:             len(cuts),
 	}, nil
+}
+
+// promptJSON is prompt encoded for the generator that sends it encoded
+// (vllm's /v1/completions), else nil.
+func (e *tokenEpisode) promptJSON(prompt []int32) []byte {
+	if _, ok := e.c.gen.(completionsGen); !ok {
+		return nil
+	}
+	return e.promptEnc.encode(prompt)
 }
 
 // snapshot returns what undoes a failed turn: the episode as it was, so

@@ -228,3 +228,16 @@ func TestEncodeBodyPromptIDs(t *testing.T) {
 		}
 	}
 }
+
+// An episode's prompt encoder encodes what each prompt adds, and a prompt
+// that does not extend the last afresh: always the array's own encoding.
+func TestPromptEncoder(t *testing.T) {
+	var p promptEncoder
+	for _, ids := range [][]int32{{}, {5}, {5, 6, 7}, {5, 6, 7, 8, 9}, {5, 6}, {5, 6, 1, 2}, {9}, nil, {1, 2, 3}} {
+		got := p.encode(ids)
+		want := appendIDs(nil, ids)
+		if string(got) != string(want) {
+			t.Fatalf("encode(%v) = %s, want %s", ids, got, want)
+		}
+	}
+}

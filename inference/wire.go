@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -129,6 +130,9 @@ type CompletionRequest struct {
 	ReturnTokenIDs         bool  `json:"return_token_ids,omitempty"`
 	ReturnTokensAsTokenIDs bool  `json:"return_tokens_as_token_ids,omitempty"`
 	SkipSpecialTokens      *bool `json:"skip_special_tokens,omitempty"`
+	// promptJSON is Prompt already encoded (a promptEncoder's), sent
+	// instead of encoding Prompt.
+	promptJSON []byte
 }
 
 // CompletionLogprobs is the parallel-array logprobs of /v1/completions.
@@ -391,16 +395,46 @@ func EncodeTools(ts []openai.Tool) (EncodedTools, error) {
 
 // promptCarrier is a request whose prompt ids encodeBody writes itself,
 // with strconv rather than the codec's reflection: a whole context of ids
-// on every turn (a third of a gateway call's request encoding).
-// withoutPrompt is a copy of the request without them, and the ids.
+// on every turn (a third of a gateway call's request encoding), or from
+// an episode's promptEncoder, which encodes only what a turn adds.
+// withoutPrompt is a copy of the request without them, the ids, and
+// their encoding when it is at hand.
 type promptCarrier interface {
-	withoutPrompt() (any, []int32)
+	withoutPrompt() (any, []int32, []byte)
 }
 
-func (r *CompletionRequest) withoutPrompt() (any, []int32) {
+func (r *CompletionRequest) withoutPrompt() (any, []int32, []byte) {
 	c := *r
-	c.Prompt = nil
-	return &c, r.Prompt
+	c.Prompt, c.promptJSON = nil, nil
+	return &c, r.Prompt, r.promptJSON
+}
+
+// promptEncoder keeps an episode's prompt encoded as JSON across turns:
+// every turn's prompt extends the last one's, so only the new ids are
+// encoded. A prompt that does not extend the last (a failed turn undone)
+// is encoded afresh.
+type promptEncoder struct {
+	ids []int32 // what buf encodes (a copy)
+	buf []byte  // "[" ids joined by "," — no closing bracket
+}
+
+// encode is ids as a JSON array, valid until the next call.
+func (p *promptEncoder) encode(ids []int32) []byte {
+	if len(ids) < len(p.ids) || !slices.Equal(ids[:len(p.ids)], p.ids) {
+		p.ids, p.buf = p.ids[:0], p.buf[:0]
+	}
+	if len(p.buf) == 0 {
+		p.buf = append(p.buf, '[')
+	}
+	for _, id := range ids[len(p.ids):] {
+		if len(p.buf) > 1 {
+			p.buf = append(p.buf, ',')
+		}
+		p.buf = strconv.AppendInt(p.buf, int64(id), 10)
+	}
+	p.ids = append(p.ids, ids[len(p.ids):]...)
+	out := append(p.buf, ']')
+	return out[:len(out):len(out)]
 }
 
 var promptKey = []byte(`"prompt"`)
