@@ -89,7 +89,7 @@ func (p *Pool) ChatCompletion(ctx context.Context, o CallOptions, req *ChatReque
 
 // Completion posts /v1/completions.
 func (p *Pool) Completion(ctx context.Context, o CallOptions, req *CompletionRequest) (*CompletionResponse, string, error) {
-	var out CompletionResponse
+	out := CompletionResponse{expectEcho: req.promptJSON}
 	ep, err := p.post(ctx, o, "/v1/completions", req, &out)
 	if err != nil {
 		return nil, "", err

@@ -155,7 +155,16 @@ func TestPromptEchoChecked(t *testing.T) {
 			`"token_logprobs":[-0.5,-0.25]},"finish_reason":"length","stop_reason":null,"token_ids":[97,98],"prompt_token_ids":` + echo + `}]}`)
 	}
 	prompt := []int32{1, 2, 3}
-	in := genInput{model: "m", prompt: prompt, maxTokens: 2, opts: CallOptions{RequestID: "echo-t1"}}
+	// Without and with the prompt's encoding at hand (an episode's
+	// promptEncoder): an echo of those very bytes is not parsed, any
+	// other is.
+	for _, encoded := range [][]byte{nil, appendIDs(nil, prompt)} {
+		promptEchoCases(t, body, genInput{model: "m", prompt: prompt, promptJSON: encoded, maxTokens: 2, opts: CallOptions{RequestID: "echo-t1"}})
+	}
+}
+
+func promptEchoCases(t *testing.T, body func(string) []byte, in genInput) {
+	prompt := in.prompt
 	for _, c := range []struct {
 		echo string
 		ok   bool
@@ -164,10 +173,12 @@ func TestPromptEchoChecked(t *testing.T) {
 		{`null`, true}, // older servers: nothing to compare
 		{`[1,2,3,4,5,6,7,8]`, false},
 		{`[1,2,3]`, true},
+		{`[ 1, 2, 3 ]`, true},
 		{`[0,1,2,3]`, false},
 		{`[1,2]`, false},
 		{`[]`, false},
 		{`[1,2,4]`, false},
+		{`[1,2,3,4]`, false},
 	} {
 		p, err := NewPool(PoolConfig{Endpoints: []string{"http://echo.invalid"}, Retries: -1})
 		if err != nil {

@@ -157,6 +157,9 @@ type CompletionResponse struct {
 	ID      string             `json:"id"`
 	Choices []CompletionChoice `json:"choices"`
 	Usage   *Usage             `json:"usage"`
+	// expectEcho is the request's encoded prompt: an echo of the same
+	// bytes is taken as matching without parsing (PromptEcho.Same).
+	expectEcho []byte
 }
 
 // TokenizeRequest covers both forms of /tokenize: Prompt (completion form)

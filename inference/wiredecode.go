@@ -287,7 +287,9 @@ func (r *CompletionResponse) decodeWire(b []byte) error {
 			r.Choices = r.Choices[:0]
 			end, null, err := wireArray(b, i, func(i int) (int, error) {
 				r.Choices = append(r.Choices, CompletionChoice{})
-				return r.Choices[len(r.Choices)-1].scan(b, i)
+				c := &r.Choices[len(r.Choices)-1]
+				c.PromptTokenIDs.expect = r.expectEcho
+				return c.scan(b, i)
 			})
 			if null {
 				r.Choices = nil
