@@ -217,3 +217,33 @@ func TestAwait(t *testing.T) {
 		t.Fatalf("err %v, want context.Canceled", err)
 	}
 }
+
+// A DecodeCache decodes each distinct form once, never caches an error,
+// and starts afresh when full.
+func TestDecodeCache(t *testing.T) {
+	c := DecodeCache[string]{Max: 2}
+	calls := 0
+	dec := func(raw []byte) (string, error) {
+		calls++
+		if string(raw) == "bad" {
+			return "", errors.New("bad")
+		}
+		return "v" + string(raw), nil
+	}
+	for _, k := range []string{"a", "a", "b", "bad", "bad", "a", "c", "a"} {
+		v, err := c.Get([]byte(k), dec)
+		if k == "bad" {
+			if err == nil {
+				t.Fatal("an error was cached or lost")
+			}
+			continue
+		}
+		if err != nil || v != "v"+k {
+			t.Fatalf("Get(%s) = %q, %v", k, v, err)
+		}
+	}
+	// a, b, bad, bad, c (full: afresh), a.
+	if calls != 6 {
+		t.Fatalf("%d decodes, want 6", calls)
+	}
+}

@@ -58,7 +58,7 @@ var recorded = []string{"temperature", "top_p", "top_k", "min_p", "presence_pena
 type request struct {
 	Model               string          `json:"model"`
 	Messages            []wireMessage   `json:"messages"`
-	Tools               []openai.Tool   `json:"tools"`
+	Tools               json.RawMessage `json:"tools"` // decoded through toolsCache
 	ToolChoice          json.RawMessage `json:"tool_choice"`
 	ParallelToolCalls   *bool           `json:"parallel_tool_calls"`
 	MaxTokens           *int            `json:"max_tokens"`
@@ -124,8 +124,12 @@ func decode(r *http.Request) (gateway.Call, bool, *apiError) {
 	if req.N != nil && *req.N != 1 {
 		return gateway.Call{}, false, badRequest("n", "n=%d is not supported: the gateway answers one choice", *req.N)
 	}
-	call := gateway.Call{API: Name, Model: req.Model, Tools: req.Tools, ToolsRaw: fields["tools"], ParallelToolCalls: req.ParallelToolCalls, Stream: req.Stream}
-	for i, t := range req.Tools {
+	tools, err := decodeTools(req.Tools)
+	if err != nil {
+		return gateway.Call{}, false, requestError(body, err)
+	}
+	call := gateway.Call{API: Name, Model: req.Model, Tools: tools, ToolsRaw: fields["tools"], ParallelToolCalls: req.ParallelToolCalls, Stream: req.Stream}
+	for i, t := range tools {
 		if t.Type != openai.ToolTypeFunction || t.Function == nil || t.Function.Name == "" {
 			return gateway.Call{}, false, badRequest(fmt.Sprintf("tools[%d]", i), "a tool must be {\"type\":\"function\",\"function\":{\"name\":…}}")
 		}
@@ -157,6 +161,21 @@ func decode(r *http.Request) (gateway.Call, bool, *apiError) {
 	}
 	usage := req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 	return call, usage, nil
+}
+
+// toolsCache holds the tool lists harnesses send, decoded (read-only).
+var toolsCache doorkit.DecodeCache[[]openai.Tool]
+
+// decodeTools is the request's tool list (none for an absent or null one).
+func decodeTools(raw json.RawMessage) ([]openai.Tool, error) {
+	if !doorkit.IsSet(raw) {
+		return nil, nil
+	}
+	return toolsCache.Get(raw, func(raw []byte) ([]openai.Tool, error) {
+		var ts []openai.Tool
+		err := json.Unmarshal(raw, &ts)
+		return ts, err
+	})
 }
 
 // requestError is the error of a body that did not decode as a request:
