@@ -1,7 +1,6 @@
 package inference
 
 import (
-	"github.com/rollout-rl/rollout/internal/tmpprof"
 	"bytes"
 	"context"
 	"errors"
@@ -146,10 +145,7 @@ func (c *httpCaller) doJSON(ctx context.Context, base, method, path, reqID strin
 		req.Header.Set("X-Request-Id", reqID)
 	}
 	tracing.Inject(ctx, req.Header)
-	tq := time.Now()
 	resp, err := c.hc.Do(req)
-	tmpprof.Add("h.do "+path, time.Since(tq))
-	defer func() { tmpprof.Add("i.dojson "+path, time.Since(tq)) }()
 	if err != nil {
 		if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(ctxErr, context.DeadlineExceeded) {
 			// The caller gave up: not the endpoint's fault.

@@ -1,8 +1,6 @@
 package inference
 
 import (
-	"time"
-	"github.com/rollout-rl/rollout/internal/tmpprof"
 	"context"
 	"encoding/json"
 	"errors"
@@ -163,7 +161,6 @@ func (e *tokenEpisode) generate(ctx context.Context, messages []openai.ChatCompl
 	if i := e.rewritten(messages); i >= 0 {
 		return Turn{}, e.usage(fmt.Sprintf("turn %d: message %d changed since it was sent; tokens mode needs an append-only history (start a new episode after compaction)", turnNo, i))
 	}
-	tq := time.Now()
 	if err := e.appendInput(ctx, messages, turnNo); err != nil {
 		return Turn{}, err
 	}
@@ -172,14 +169,9 @@ func (e *tokenEpisode) generate(ctx context.Context, messages []openai.ChatCompl
 	if err != nil {
 		return Turn{}, err
 	}
-	tmpprof.Add("e.appendInput", time.Since(tq))
 	prompt := slices.Clip(e.seq.Tokens)
 	reqID := e.spec.ID + "-t" + strconv.Itoa(turnNo)
-	tq2 := time.Now()
 	s, vers, cuts, err := e.sampleTurn(ctx, prompt, maxTokens, reqID, turnNo)
-	tmpprof.Add("f.sampleTurn", time.Since(tq2))
-	tq3 := time.Now()
-	defer func() { tmpprof.Add("f2.afterSample", time.Since(tq3)) }()
 	if err != nil {
 		return Turn{}, fmt.Errorf("episode %s turn %d: generate: %w", e.spec.ID, turnNo, err)
 	}

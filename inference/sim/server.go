@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"github.com/rollout-rl/rollout/internal/tmpprof"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -251,7 +250,6 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			l.Info("request", "route", pattern, "status", sw.status, "duration", time.Since(start), "request_id", r.Header.Get("X-Request-Id"))
 		}
 		took := time.Since(start)
-		tmpprof.Add("s.sim "+pattern, took)
 		h.mu.Lock()
 		h.total++
 		h.busy += took
