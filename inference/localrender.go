@@ -48,6 +48,11 @@ type localRenderer struct {
 	cacheable bool
 }
 
+// maxShapes bounds the shapes a client remembers (checked renders,
+// learned segments); a shape beyond it is always rendered and checked in
+// full.
+const maxShapes = 4096
+
 // Local render defaults: renders of a shape checked against the server
 // before its local ids are used, and the share checked after that.
 const (
@@ -117,7 +122,9 @@ func (l *localRenderer) render(ctx context.Context, e *tokenEpisode, msgs []open
 	}
 	localRenders("verified").Inc()
 	l.mu.Lock()
-	l.checked[shape]++
+	if _, known := l.checked[shape]; known || len(l.checked) < maxShapes {
+		l.checked[shape]++
+	}
 	l.mu.Unlock()
 	return want, nil
 }
@@ -301,12 +308,17 @@ func (l *localRenderer) segment(ctx context.Context, e *tokenEpisode, last opena
 	if fs == nil {
 		fs = l.learnSegment(e, last, newMsgs, closing)
 		l.mu.Lock()
-		if len(l.segs) < 4096 {
+		if len(l.segs) < maxShapes {
 			l.segs[key] = fs
 		}
 		l.mu.Unlock()
 	}
-	if !fs.ok {
+	// pieces and slots are fixed once learned; ok and checked change
+	// under mu.
+	l.mu.Lock()
+	ok, due := fs.ok, fs.checked < l.first
+	l.mu.Unlock()
+	if !ok {
 		return exact()
 	}
 	var b strings.Builder
@@ -320,9 +332,6 @@ func (l *localRenderer) segment(ctx context.Context, e *tokenEpisode, last opena
 	if err != nil {
 		return exact()
 	}
-	l.mu.Lock()
-	due := fs.checked < l.first
-	l.mu.Unlock()
 	if !due && !(l.every > 0 && l.n.Add(1)%l.every == 0) {
 		localRenders("segment").Inc()
 		return ids, nil

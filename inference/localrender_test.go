@@ -5,7 +5,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	openai "github.com/sashabaranov/go-openai"
@@ -131,5 +133,45 @@ func TestLocalRenderConfigErrors(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: err %v, want one naming %q", c.cfg.LocalRender, err, c.want)
 		}
+	}
+}
+
+// Episodes rendering locally in parallel share the client's learned
+// shapes and caches (run under -race in CI); every sequence is still the
+// one the server's renders give.
+func TestLocalRenderConcurrent(t *testing.T) {
+	srv := startSim(t, sim.Config{Family: "hermes", Seed: 5})
+	model := simModel(t)
+	plain := openClient(t, inference.Config{Backend: inference.BackendVLLM, Endpoints: []string{srv.URL}})
+	local := openClient(t, inference.Config{Backend: inference.BackendVLLM, Endpoints: []string{srv.URL}, LocalRender: model, LocalRenderVerifyEvery: 3})
+	spec := func(i int) inference.EpisodeSpec {
+		return inference.EpisodeSpec{ID: "lc" + strconv.Itoa(i), Tools: []openai.Tool{terminalTool}, Sampling: inference.Sampling{MaxTokens: 256}}
+	}
+	const n = 8
+	want := make([][]int32, n)
+	for i := range n {
+		_, seq, _ := runEpisode(t, plain, spec(i), 3, i%2 == 0)
+		want[i] = seq.Tokens
+	}
+	got := make([][]int32, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			_, seq, _, err := episode(local, spec(i), 3, i%2 == 0)
+			got[i], errs[i] = seq.Tokens, err
+		})
+	}
+	wg.Wait()
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("episode %d: %v", i, errs[i])
+		}
+		if !slices.Equal(got[i], want[i]) {
+			t.Fatalf("episode %d: local render's sequence differs from the server's", i)
+		}
+	}
+	if local.LocalRenderOff() {
+		t.Fatal("local render turned itself off")
 	}
 }

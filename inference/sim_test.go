@@ -86,10 +86,21 @@ func checkSequence(t *testing.T, seq inference.Sequence, turns []inference.Turn)
 // is added too, to trigger Qwen3's think stripping.
 func runEpisode(t *testing.T, pol inference.Policy, spec inference.EpisodeSpec, turns int, userMid bool) ([]inference.Turn, inference.Sequence, []openai.ChatCompletionMessage) {
 	t.Helper()
+	out, seq, msgs, err := episode(pol, spec, turns, userMid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out, seq, msgs
+}
+
+// episode is runEpisode's conversation without a *testing.T (for
+// goroutines): the turns, the sequence and the messages, or the first
+// error.
+func episode(pol inference.Policy, spec inference.EpisodeSpec, turns int, userMid bool) ([]inference.Turn, inference.Sequence, []openai.ChatCompletionMessage, error) {
 	ctx := context.Background()
 	ep, err := pol.Start(ctx, spec)
 	if err != nil {
-		t.Fatalf("start: %v", err)
+		return nil, inference.Sequence{}, nil, fmt.Errorf("start: %w", err)
 	}
 	msgs := []openai.ChatCompletionMessage{
 		{Role: "system", Content: "You are a careful agent."},
@@ -99,10 +110,10 @@ func runEpisode(t *testing.T, pol inference.Policy, spec inference.EpisodeSpec, 
 	for i := 0; i < turns; i++ {
 		tr, err := ep.Generate(ctx, msgs)
 		if err != nil {
-			t.Fatalf("turn %d: %v", i+1, err)
+			return out, inference.Sequence{}, msgs, fmt.Errorf("turn %d: %w", i+1, err)
 		}
 		if tr.Parsed {
-			t.Fatalf("tokens mode turn claims server-side parsing")
+			return out, inference.Sequence{}, msgs, errors.New("tokens mode turn claims server-side parsing")
 		}
 		out = append(out, tr)
 		msgs = append(msgs, openai.ChatCompletionMessage{Role: "assistant", Content: tr.Text})
@@ -116,9 +127,9 @@ func runEpisode(t *testing.T, pol inference.Policy, spec inference.EpisodeSpec, 
 	}
 	seq, err := ep.Finish(ctx, msgs)
 	if err != nil {
-		t.Fatalf("finish: %v", err)
+		return out, seq, msgs, fmt.Errorf("finish: %w", err)
 	}
-	return out, seq, msgs
+	return out, seq, msgs, nil
 }
 
 // goldenDrift is the drift the seeded 3-turn episode of
