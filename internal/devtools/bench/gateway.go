@@ -41,6 +41,7 @@ func runGateway(ctx context.Context, r *runCtx) ([]Measure, error) {
 	}{
 		{sim.EngineVLLM, inference.BackendVLLM, "gateway.", true},
 		{sim.EngineVLLM, inference.BackendVLLM, "gateway.server_render_", false},
+		{sim.EngineLlamaCpp, inference.BackendLlamaCpp, "gateway.llamacpp_local_render_", true},
 		{sim.EngineLlamaCpp, inference.BackendLlamaCpp, "gateway.llamacpp_", false},
 	} {
 		rep, err := gatewaybench.Overhead(ctx, gatewaybench.OverheadConfig{Engine: c.engine, Backend: c.backend, Conversations: conv, Turns: turns, LocalRender: c.local})

@@ -150,8 +150,8 @@ type OverheadConfig struct {
 	// final answer).
 	Conversations, Turns int
 	// LocalRender makes the gateway render in-process from the
-	// simulator's model files (inference.Config.LocalRender; vllm flavour
-	// only: the simulator writes a Hugging Face model directory).
+	// simulator's model files (inference.Config.LocalRender: the
+	// simulator's model as a Hugging Face directory, for either flavour).
 	LocalRender bool
 }
 
