@@ -9,6 +9,8 @@ import (
 	"sync"
 
 	json "github.com/segmentio/encoding/json"
+
+	"github.com/rollout-rl/rollout/internal/util/jsonscan"
 )
 
 // TokenIDs is a list of token ids on the wire. It decodes itself in one
@@ -46,13 +48,13 @@ func scanIDs(b []byte, i int, dst []int32) ([]int32, int, error) {
 		// the slice from growing more than once or twice.
 		dst = make([]int32, 0, min(arrayLen(b, i)/4+1, 1<<16))
 	}
-	i = skipWS(b, i)
+	i = jsonscan.SkipWS(b, i)
 	if i < len(b) && b[i] == ']' {
 		return dst, i + 1, nil
 	}
 	for {
 		if i < len(b) && b[i] <= ' ' {
-			i = skipWS(b, i)
+			i = jsonscan.SkipWS(b, i)
 		}
 		start := i
 		neg := i < len(b) && b[i] == '-'
@@ -87,7 +89,7 @@ func scanIDs(b []byte, i int, dst []int32) ([]int32, int, error) {
 		}
 		dst = append(dst, int32(v))
 		if i < len(b) && b[i] <= ' ' {
-			i = skipWS(b, i)
+			i = jsonscan.SkipWS(b, i)
 		}
 		if i >= len(b) {
 			return nil, 0, fmt.Errorf("token ids: unterminated array")
@@ -150,8 +152,8 @@ func (p *PromptEcho) UnmarshalJSON(b []byte) error {
 // unmarshalWhole runs scan on b, which must hold that one array (or null)
 // and nothing after it: an UnmarshalJSON made of a scan.
 func unmarshalWhole(b []byte, what string, scan func(b []byte, i int) (int, error)) error {
-	end, err := scan(b, skipWS(b, 0))
-	if err == nil && skipWS(b, end) != len(b) {
+	end, err := scan(b, jsonscan.SkipWS(b, 0))
+	if err == nil && jsonscan.SkipWS(b, end) != len(b) {
 		err = fmt.Errorf("%s: data after the array", what)
 	}
 	return err
@@ -197,13 +199,6 @@ func (p *PromptEcho) Release() {
 	}
 }
 
-func skipWS(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\n' || b[i] == '\t' || b[i] == '\r') {
-		i++
-	}
-	return i
-}
-
 // Logprobs is /v1/completions' token_logprobs: a number, or null where
 // the server has none, per position. The values share one backing array
 // (one allocation per response, not one per token).
@@ -227,13 +222,13 @@ func (l *Logprobs) scan(b []byte, i int) (int, error) {
 	i++
 	vals := make([]float64, 0, arrayLen(b, i)/8+1)
 	var nulls []int // positions of null entries
-	i = skipWS(b, i)
+	i = jsonscan.SkipWS(b, i)
 	if i < len(b) && b[i] == ']' {
 		*l = Logprobs{}
 		return i + 1, nil
 	}
 	for n := 0; ; n++ {
-		i = skipWS(b, i)
+		i = jsonscan.SkipWS(b, i)
 		if isNull(b, i) {
 			nulls = append(nulls, n)
 			vals = append(vals, 0)
@@ -257,7 +252,7 @@ func (l *Logprobs) scan(b []byte, i int) (int, error) {
 			vals = append(vals, v)
 			i = end
 		}
-		i = skipWS(b, i)
+		i = jsonscan.SkipWS(b, i)
 		if i >= len(b) {
 			return 0, fmt.Errorf("token logprobs: unterminated array")
 		}
@@ -357,7 +352,7 @@ func plainStrings(b []byte, i int) (TokenStrings, int, bool) {
 	var all strings.Builder // append-only: what String returned stays put
 	all.Grow(n)
 	out := make(TokenStrings, 0, n/12+1)
-	i = skipWS(b, i+1)
+	i = jsonscan.SkipWS(b, i+1)
 	if i < len(b) && b[i] == ']' {
 		return out, i + 1, true
 	}
@@ -380,7 +375,7 @@ func plainStrings(b []byte, i int) (TokenStrings, int, bool) {
 		} else {
 			return nil, 0, false
 		}
-		i = skipWS(b, i)
+		i = jsonscan.SkipWS(b, i)
 		if i >= len(b) {
 			return nil, 0, false
 		}
@@ -388,7 +383,7 @@ func plainStrings(b []byte, i int) (TokenStrings, int, bool) {
 		case ']':
 			return out, i + 1, true
 		case ',':
-			i = skipWS(b, i+1)
+			i = jsonscan.SkipWS(b, i+1)
 		default:
 			return nil, 0, false
 		}
@@ -403,13 +398,13 @@ func (t *TokenStrings) scanSlow(b []byte, i int) (int, error) {
 	}
 	base, all := i, string(b[i:end]) // the one copy the plain strings point into
 	out := make(TokenStrings, 0, (end-i)/12+1)
-	i = skipWS(b, i+1)
+	i = jsonscan.SkipWS(b, i+1)
 	if i < len(b) && b[i] == ']' {
 		*t = out
 		return i + 1, nil
 	}
 	for {
-		i = skipWS(b, i)
+		i = jsonscan.SkipWS(b, i)
 		if i >= len(b) || b[i] != '"' {
 			if !isNull(b, i) {
 				return 0, fmt.Errorf("logprob tokens: element %d is not a string", len(out))
@@ -444,7 +439,7 @@ func (t *TokenStrings) scanSlow(b []byte, i int) (int, error) {
 				out = append(out, all[start-base+1:i-base-1])
 			}
 		}
-		i = skipWS(b, i)
+		i = jsonscan.SkipWS(b, i)
 		if i >= len(b) {
 			return 0, fmt.Errorf("logprob tokens: unterminated array")
 		}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	json "github.com/segmentio/encoding/json"
+
+	"github.com/rollout-rl/rollout/internal/util/jsonscan"
 )
 
 // wireDecoder is implemented by the responses a tokens-mode turn decodes
@@ -38,14 +40,14 @@ var errWire = errors.New("invalid JSON")
 // document that is null leaves the value as it is (as json.Unmarshal
 // does).
 func wireDoc(b []byte, names []string, field func(name string, i int) (int, error)) error {
-	i := skipWS(b, 0)
+	i := jsonscan.SkipWS(b, 0)
 	var err error
 	if isNull(b, i) {
 		i += 4
 	} else if i, err = wireObject(b, i, names, field); err != nil {
 		return err
 	}
-	if i = skipWS(b, i); i != len(b) {
+	if i = jsonscan.SkipWS(b, i); i != len(b) {
 		return fmt.Errorf("%w: data after the top-level value at offset %d", errWire, i)
 	}
 	return nil
@@ -64,7 +66,7 @@ func wireObject(b []byte, i int, names []string, field func(name string, i int) 
 	if i >= len(b) || b[i] != '{' {
 		return 0, fmt.Errorf("%w: want an object at offset %d", errWire, i)
 	}
-	i = skipWS(b, i+1)
+	i = jsonscan.SkipWS(b, i+1)
 	if i < len(b) && b[i] == '}' {
 		return i + 1, nil
 	}
@@ -91,21 +93,21 @@ func wireObject(b []byte, i int, names []string, field func(name string, i int) 
 				return 0, err
 			}
 		}
-		i = skipWS(b, end)
+		i = jsonscan.SkipWS(b, end)
 		if i >= len(b) || b[i] != ':' {
 			return 0, fmt.Errorf("%w: want ':' at offset %d", errWire, i)
 		}
-		i = skipWS(b, i+1)
+		i = jsonscan.SkipWS(b, i+1)
 		if i, err = field(name, i); err != nil {
 			return 0, err
 		}
-		i = skipWS(b, i)
+		i = jsonscan.SkipWS(b, i)
 		if i >= len(b) {
 			return 0, fmt.Errorf("%w: unterminated object", errWire)
 		}
 		switch b[i] {
 		case ',':
-			i = skipWS(b, i+1)
+			i = jsonscan.SkipWS(b, i+1)
 		case '}':
 			return i + 1, nil
 		default:
@@ -124,7 +126,7 @@ func wireArray(b []byte, i int, elem func(i int) (int, error)) (end int, null bo
 	if i >= len(b) || b[i] != '[' {
 		return 0, false, fmt.Errorf("%w: want an array at offset %d", errWire, i)
 	}
-	i = skipWS(b, i+1)
+	i = jsonscan.SkipWS(b, i+1)
 	if i < len(b) && b[i] == ']' {
 		return i + 1, false, nil
 	}
@@ -132,13 +134,13 @@ func wireArray(b []byte, i int, elem func(i int) (int, error)) (end int, null bo
 		if i, err = elem(i); err != nil {
 			return 0, false, err
 		}
-		i = skipWS(b, i)
+		i = jsonscan.SkipWS(b, i)
 		if i >= len(b) {
 			return 0, false, fmt.Errorf("%w: unterminated array", errWire)
 		}
 		switch b[i] {
 		case ',':
-			i = skipWS(b, i+1)
+			i = jsonscan.SkipWS(b, i+1)
 		case ']':
 			return i + 1, false, nil
 		default:
@@ -204,52 +206,14 @@ func wireValue(b []byte, i int, v any) (int, error) {
 }
 
 // valueEnd finds where the JSON value at b[i:] ends by its structure
-// alone: strings, nesting, and the end of a bare literal. It checks
-// nothing else; the caller's decode of b[i:end] does.
+// alone (jsonscan.ValueEnd). It checks nothing else; the caller's decode of
+// b[i:end] does.
 func valueEnd(b []byte, i int) (int, error) {
-	depth := 0
-	for i < len(b) {
-		switch c := b[i]; c {
-		case '"':
-			i++
-			for i < len(b) && b[i] != '"' {
-				if b[i] == '\\' {
-					i++
-				}
-				i++
-			}
-			if i >= len(b) {
-				return 0, fmt.Errorf("%w: unterminated string", errWire)
-			}
-			i++
-		case '[', '{':
-			depth++
-			i++
-			continue
-		case ']', '}':
-			if depth == 0 {
-				return i, nil
-			}
-			depth--
-			i++
-		case ',', ':', ' ', '\t', '\n', '\r':
-			if depth == 0 {
-				return i, nil
-			}
-			i++
-			continue
-		default:
-			i++
-			continue
-		}
-		if depth == 0 {
-			return i, nil
-		}
+	end, err := jsonscan.ValueEnd(b, i)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %w", errWire, err)
 	}
-	if depth != 0 {
-		return 0, fmt.Errorf("%w: unterminated value", errWire)
-	}
-	return i, nil
+	return end, nil
 }
 
 // Field names, in the order the decoders below switch on them.

@@ -1,5 +1,7 @@
 package inference
 
+import "github.com/rollout-rl/rollout/internal/util/jsonscan"
+
 // The fast paths of the one-pass decoders (wiredecode.go, ids.go). Each
 // accepts only what the slow path it stands in front of accepts, with the
 // same result, and declines (ok false) everything else: a body the fast
@@ -54,7 +56,7 @@ func skipValue(b []byte, i, depth int) (int, bool) {
 		if depth >= maxSkipDepth {
 			return 0, false
 		}
-		i = skipWS(b, i+1)
+		i = jsonscan.SkipWS(b, i+1)
 		if i < len(b) && b[i] == '}' {
 			return i + 1, true
 		}
@@ -65,14 +67,14 @@ func skipValue(b []byte, i, depth int) (int, bool) {
 			if i, ok = skipString(b, i); !ok {
 				return 0, false
 			}
-			i = skipWS(b, i)
+			i = jsonscan.SkipWS(b, i)
 			if i >= len(b) || b[i] != ':' {
 				return 0, false
 			}
-			if i, ok = skipValue(b, skipWS(b, i+1), depth+1); !ok {
+			if i, ok = skipValue(b, jsonscan.SkipWS(b, i+1), depth+1); !ok {
 				return 0, false
 			}
-			i = skipWS(b, i)
+			i = jsonscan.SkipWS(b, i)
 			if i >= len(b) {
 				return 0, false
 			}
@@ -80,7 +82,7 @@ func skipValue(b []byte, i, depth int) (int, bool) {
 			case '}':
 				return i + 1, true
 			case ',':
-				i = skipWS(b, i+1)
+				i = jsonscan.SkipWS(b, i+1)
 			default:
 				return 0, false
 			}
@@ -89,7 +91,7 @@ func skipValue(b []byte, i, depth int) (int, bool) {
 		if depth >= maxSkipDepth {
 			return 0, false
 		}
-		i = skipWS(b, i+1)
+		i = jsonscan.SkipWS(b, i+1)
 		if i < len(b) && b[i] == ']' {
 			return i + 1, true
 		}
@@ -97,7 +99,7 @@ func skipValue(b []byte, i, depth int) (int, bool) {
 			if i, ok = skipValue(b, i, depth+1); !ok {
 				return 0, false
 			}
-			i = skipWS(b, i)
+			i = jsonscan.SkipWS(b, i)
 			if i >= len(b) {
 				return 0, false
 			}
@@ -105,7 +107,7 @@ func skipValue(b []byte, i, depth int) (int, bool) {
 			case ']':
 				return i + 1, true
 			case ',':
-				i = skipWS(b, i+1)
+				i = jsonscan.SkipWS(b, i+1)
 			default:
 				return 0, false
 			}

@@ -4,6 +4,8 @@ import (
 	"bytes"
 
 	json "github.com/segmentio/encoding/json"
+
+	"github.com/rollout-rl/rollout/internal/util/jsonscan"
 )
 
 // topFields gives what decoding body into a map[string]json.RawMessage
@@ -14,11 +16,11 @@ import (
 // ok false (not a valid JSON object): decode the map to know, and to
 // have the codec's error.
 func topFields(body []byte) (fields map[string]json.RawMessage, ok bool) {
-	i := skipWS(body, 0)
+	i := jsonscan.SkipWS(body, 0)
 	if i >= len(body) || body[i] != '{' || !json.Valid(body) {
 		return nil, false
 	}
-	i = skipWS(body, i+1)
+	i = jsonscan.SkipWS(body, i+1)
 	if body[i] == '}' {
 		return nil, true
 	}
@@ -33,7 +35,7 @@ func topFields(body []byte) (fields map[string]json.RawMessage, ok bool) {
 			}
 			unescaped = true
 		}
-		i = skipWS(body, skipWS(body, kend)+1) // past ':'
+		i = jsonscan.SkipWS(body, jsonscan.SkipWS(body, kend)+1) // past ':'
 		end := valueEnd(body, i)
 		if !unescaped && keptKey(key) {
 			name = string(key)
@@ -46,11 +48,11 @@ func topFields(body []byte) (fields map[string]json.RawMessage, ok bool) {
 			// duplicate keys wins, as in a map.
 			fields[name] = append(json.RawMessage(nil), body[i:end]...)
 		}
-		i = skipWS(body, end)
+		i = jsonscan.SkipWS(body, end)
 		if body[i] == '}' {
 			return fields, true
 		}
-		i = skipWS(body, i+1) // past ','
+		i = jsonscan.SkipWS(body, i+1) // past ','
 	}
 }
 
@@ -66,13 +68,6 @@ func keptKey(k []byte) bool {
 		}
 	}
 	return false
-}
-
-func skipWS(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\n' || b[i] == '\t' || b[i] == '\r') {
-		i++
-	}
-	return i
 }
 
 // stringEnd is the offset just past the valid JSON string at b[i:].
@@ -93,33 +88,6 @@ func stringEnd(b []byte, i int) int {
 
 // valueEnd is the offset just past the valid JSON value at b[i:].
 func valueEnd(b []byte, i int) int {
-	depth := 0
-	for {
-		switch b[i] {
-		case '"':
-			i = stringEnd(b, i)
-		case '[', '{':
-			depth++
-			i++
-			continue
-		case ']', '}':
-			if depth == 0 {
-				return i
-			}
-			depth--
-			i++
-		case ',', ' ', '\t', '\n', '\r':
-			if depth == 0 {
-				return i
-			}
-			i++
-			continue
-		default:
-			i++
-			continue
-		}
-		if depth == 0 {
-			return i
-		}
-	}
+	end, _ := jsonscan.ValueEnd(b, i) // the body is valid JSON (json.Valid)
+	return end
 }
