@@ -108,7 +108,7 @@ func decode(body []byte) (gateway.Call, error) {
 	}
 	var err error
 	call.ToolsRaw = req.Tools
-	if call.Tools, err = decodeTools(req.Tools); err != nil {
+	if call.Tools, err = toolsCache.Get(req.Tools, decodeTools); err != nil {
 		return call, err
 	}
 	if call.ToolChoice, call.ParallelToolCalls, err = decodeToolChoice(req.ToolChoice); err != nil {
@@ -288,7 +288,12 @@ func assistantBlocks(blocks []block, param string) (gateway.Message, error) {
 	return a, nil
 }
 
-func decodeTools(raw json.RawMessage) ([]openai.Tool, error) {
+// toolsCache holds the tool lists harnesses send, decoded (read-only):
+// each distinct list is decoded once (doorkit.DecodeCache).
+var toolsCache doorkit.DecodeCache[[]openai.Tool]
+
+// decodeTools is a request's tool list as the gateway's canonical tools.
+func decodeTools(raw []byte) ([]openai.Tool, error) {
 	if !doorkit.IsSet(raw) {
 		return nil, nil
 	}

@@ -130,7 +130,7 @@ func decode(body []byte) (gateway.Call, request, error) {
 		return call, req, bad("input", "input is required")
 	}
 	call.ToolsRaw = req.Tools
-	if call.Tools, err = decodeTools(req.Tools); err != nil {
+	if call.Tools, err = toolsCache.Get(req.Tools, decodeTools); err != nil {
 		return call, req, err
 	}
 	if call.ToolChoice, err = decodeToolChoice(req.ToolChoice); err != nil {
@@ -408,7 +408,12 @@ func outputText(raw json.RawMessage, param string) (string, error) {
 	return strings.Join(texts, "\n"), nil
 }
 
-func decodeTools(raw json.RawMessage) ([]openai.Tool, error) {
+// toolsCache holds the tool lists harnesses send, decoded (read-only):
+// each distinct list is decoded once (doorkit.DecodeCache).
+var toolsCache doorkit.DecodeCache[[]openai.Tool]
+
+// decodeTools is a request's tool list as the gateway's canonical tools.
+func decodeTools(raw []byte) ([]openai.Tool, error) {
 	if !doorkit.IsSet(raw) {
 		return nil, nil
 	}
