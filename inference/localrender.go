@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 
 	openai "github.com/sashabaranov/go-openai"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/rollout-rl/rollout/inference/render"
 )
@@ -39,9 +40,12 @@ type localRenderer struct {
 	n   atomic.Uint64
 	off atomic.Bool
 
-	mu      sync.Mutex
-	checked map[string]int
-	segs    map[string]*fastSeg
+	mu     sync.Mutex
+	shapes map[string]*shapeChecks
+	segs   map[string]*fastSeg
+	// renders collapses identical renders made at once (a group's
+	// sessions opening together) into one.
+	renders singleflight.Group
 	// cache holds whole renders by renderKey when the template does not
 	// read the clock (cacheable).
 	cache     map[[sha256.Size]byte][]int32
@@ -88,7 +92,7 @@ func newLocalRenderer(cfg Config) (*localRenderer, error) {
 		every = DefaultLocalRenderVerifyEvery
 	}
 	return &localRenderer{m: m, addSpecial: cfg.Backend == BackendLlamaCpp, first: first, every: uint64(every),
-		log: cfg.Logger, checked: map[string]int{}, segs: map[string]*fastSeg{},
+		log: cfg.Logger, shapes: map[string]*shapeChecks{}, segs: map[string]*fastSeg{},
 		cache: map[[sha256.Size]byte][]int32{}, cacheable: !m.ReadsClock()}, nil
 }
 
@@ -103,11 +107,22 @@ func (l *localRenderer) render(ctx context.Context, e *tokenEpisode, msgs []open
 		return e.serverRender(ctx, msgs, genPrompt, suffix)
 	}
 	shape := renderShape(e, msgs, genPrompt)
-	if !l.due(shape) {
+	check, err := l.admit(ctx, shape)
+	if err != nil {
+		return nil, err
+	}
+	if l.off.Load() {
+		if check {
+			l.checkEnd(shape, false)
+		}
+		return e.serverRender(ctx, msgs, genPrompt, suffix)
+	}
+	if !check {
 		localRenders("local").Inc()
 		return ids, nil
 	}
 	want, err := e.serverRender(ctx, msgs, genPrompt, suffix)
+	l.checkEnd(shape, err == nil && slices.Equal(ids, want))
 	if err != nil {
 		return nil, err
 	}
@@ -121,11 +136,6 @@ func (l *localRenderer) render(ctx context.Context, e *tokenEpisode, msgs []open
 		return want, nil
 	}
 	localRenders("verified").Inc()
-	l.mu.Lock()
-	if _, known := l.checked[shape]; known || len(l.checked) < maxShapes {
-		l.checked[shape]++
-	}
-	l.mu.Unlock()
 	return want, nil
 }
 
@@ -144,17 +154,23 @@ func (l *localRenderer) renderCached(e *tokenEpisode, msgs []openai.ChatCompleti
 	if ok {
 		return slices.Clone(ids), nil
 	}
-	ids, err := l.m.Render(msgs, json.RawMessage(e.tools), genPrompt, e.spec.Sampling.ChatTemplateKwargs, l.addSpecial)
+	v, err, _ := l.renders.Do(string(key[:]), func() (any, error) {
+		ids, err := l.m.Render(msgs, json.RawMessage(e.tools), genPrompt, e.spec.Sampling.ChatTemplateKwargs, l.addSpecial)
+		if err != nil {
+			return nil, err
+		}
+		l.mu.Lock()
+		if len(l.cache) >= renderCacheSize {
+			clear(l.cache)
+		}
+		l.cache[key] = ids
+		l.mu.Unlock()
+		return ids, nil
+	})
 	if err != nil {
 		return nil, err
 	}
-	l.mu.Lock()
-	if len(l.cache) >= renderCacheSize {
-		clear(l.cache)
-	}
-	l.cache[key] = slices.Clone(ids)
-	l.mu.Unlock()
-	return ids, nil
+	return slices.Clone(v.([]int32)), nil
 }
 
 // renderCacheSize bounds the render cache (renders of whole first prompts:
@@ -187,15 +203,66 @@ func renderKey(e *tokenEpisode, msgs []openai.ChatCompletionMessage, genPrompt b
 	return k
 }
 
-// due reports whether this render must be checked against the server.
-func (l *localRenderer) due(shape string) bool {
-	l.mu.Lock()
-	n := l.checked[shape]
-	l.mu.Unlock()
-	if n < l.first {
-		return true
+// shapeChecks is where a shape's first checks stand.
+type shapeChecks struct {
+	done, inflight int
+	// wake is closed (and replaced) whenever a check of the shape ends, for
+	// the renders waiting on it.
+	wake chan struct{}
+}
+
+// admit decides whether a render of shape is checked against the full
+// render (true) or used as it is. Until the shape's first checks are done
+// its renders are checked — but never more at once than checks remain:
+// the others wait for those in flight rather than use what is not checked
+// yet, and do not all ask the server (thousands of sessions opening
+// together share their shapes). After that, one in every is checked.
+func (l *localRenderer) admit(ctx context.Context, shape string) (bool, error) {
+	for {
+		l.mu.Lock()
+		sc := l.shapes[shape]
+		if sc == nil {
+			if len(l.shapes) >= maxShapes {
+				l.mu.Unlock()
+				return true, nil
+			}
+			sc = &shapeChecks{wake: make(chan struct{})}
+			l.shapes[shape] = sc
+		}
+		switch {
+		case sc.done >= l.first:
+			l.mu.Unlock()
+			return l.every > 0 && l.n.Add(1)%l.every == 0, nil
+		case sc.done+sc.inflight < l.first:
+			sc.inflight++
+			l.mu.Unlock()
+			return true, nil
+		}
+		wake := sc.wake
+		l.mu.Unlock()
+		select {
+		case <-wake:
+		case <-ctx.Done():
+			return false, ctx.Err()
+		}
 	}
-	return l.every > 0 && l.n.Add(1)%l.every == 0
+}
+
+// checkEnd records the end of a check admit asked for: passed when the
+// two renders were equal.
+func (l *localRenderer) checkEnd(shape string, passed bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	sc := l.shapes[shape]
+	if sc == nil || sc.inflight == 0 {
+		return // a check after the first ones
+	}
+	sc.inflight--
+	if passed {
+		sc.done++
+	}
+	close(sc.wake)
+	sc.wake = make(chan struct{})
 }
 
 // renderShape keys what a render's form depends on besides the text: the
@@ -272,10 +339,9 @@ func (c *Client) LocalRenderOff() bool { return c.local != nil && c.local.off.Lo
 // LocalRenderVerifyEvery, are checked against the full render, a
 // difference ending the shortcut for the shape.
 type fastSeg struct {
-	ok      bool
-	pieces  []string  // text around the slots: pieces[0] slot0 pieces[1] … slotN-1 pieces[N]
-	slots   []slotRef // what fills each slot
-	checked int
+	ok     bool
+	pieces []string  // text around the slots: pieces[0] slot0 pieces[1] … slotN-1 pieces[N]
+	slots  []slotRef // what fills each slot
 }
 
 // slotRef is a new message's field: 'c' content, 'i' tool_call_id, 'n' name.
@@ -306,17 +372,21 @@ func (l *localRenderer) segment(ctx context.Context, e *tokenEpisode, last opena
 	fs := l.segs[key]
 	l.mu.Unlock()
 	if fs == nil {
-		fs = l.learnSegment(e, last, newMsgs, closing)
-		l.mu.Lock()
-		if len(l.segs) < maxShapes {
-			l.segs[key] = fs
-		}
-		l.mu.Unlock()
+		// Sessions opening together learn a shape once.
+		v, _, _ := l.renders.Do("seg\x00"+key, func() (any, error) {
+			fs := l.learnSegment(e, last, newMsgs, closing)
+			l.mu.Lock()
+			if len(l.segs) < maxShapes {
+				l.segs[key] = fs
+			}
+			l.mu.Unlock()
+			return fs, nil
+		})
+		fs = v.(*fastSeg)
 	}
-	// pieces and slots are fixed once learned; ok and checked change
-	// under mu.
+	// pieces and slots are fixed once learned; ok changes under mu.
 	l.mu.Lock()
-	ok, due := fs.ok, fs.checked < l.first
+	ok = fs.ok
 	l.mu.Unlock()
 	if !ok {
 		return exact()
@@ -332,23 +402,37 @@ func (l *localRenderer) segment(ctx context.Context, e *tokenEpisode, last opena
 	if err != nil {
 		return exact()
 	}
-	if !due && !(l.every > 0 && l.n.Add(1)%l.every == 0) {
-		localRenders("segment").Inc()
-		return ids, nil
-	}
-	want, err := exact()
+	shape := "seg\x00" + key
+	check, err := l.admit(ctx, shape)
 	if err != nil {
 		return nil, err
 	}
 	l.mu.Lock()
-	if slices.Equal(ids, want) {
-		fs.checked++
-	} else {
+	ok = fs.ok
+	l.mu.Unlock()
+	if !ok {
+		if check {
+			l.checkEnd(shape, false)
+		}
+		return exact()
+	}
+	if !check {
+		localRenders("segment").Inc()
+		return ids, nil
+	}
+	want, err := exact()
+	passed := err == nil && slices.Equal(ids, want)
+	if err == nil && !passed {
+		l.mu.Lock()
 		fs.ok = false
+		l.mu.Unlock()
 		l.log.Warn("inference: a learned segment differs from the template's render; rendering this shape in full from now on",
 			"model", l.m.Path(), "shape", key, "index", firstDiff(ids, want))
 	}
-	l.mu.Unlock()
+	l.checkEnd(shape, passed)
+	if err != nil {
+		return nil, err
+	}
 	return want, nil
 }
 
