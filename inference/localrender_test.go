@@ -143,16 +143,17 @@ func TestLocalRenderConcurrent(t *testing.T) {
 	srv := startSim(t, sim.Config{Family: "hermes", Seed: 5})
 	model := simModel(t)
 	plain := openClient(t, inference.Config{Backend: inference.BackendVLLM, Endpoints: []string{srv.URL}})
-	local := openClient(t, inference.Config{Backend: inference.BackendVLLM, Endpoints: []string{srv.URL}, LocalRender: model, LocalRenderVerifyEvery: 3})
+	local := openClient(t, inference.Config{Backend: inference.BackendVLLM, Endpoints: []string{srv.URL}, LocalRender: model, LocalRenderVerifyEvery: 1 << 30})
 	spec := func(i int) inference.EpisodeSpec {
 		return inference.EpisodeSpec{ID: "lc" + strconv.Itoa(i), Tools: []openai.Tool{terminalTool}, Sampling: inference.Sampling{MaxTokens: 256}}
 	}
-	const n = 8
+	const n = 16
 	want := make([][]int32, n)
 	for i := range n {
 		_, seq, _ := runEpisode(t, plain, spec(i), 3, i%2 == 0)
 		want[i] = seq.Tokens
 	}
+	before := srv.Stats().ByRoute["POST /tokenize"]
 	got := make([][]int32, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -173,5 +174,11 @@ func TestLocalRenderConcurrent(t *testing.T) {
 	}
 	if local.LocalRenderOff() {
 		t.Fatal("local render turned itself off")
+	}
+	// Episodes starting together do not all check the same shapes: the
+	// server renders each episode's drift check, and each shape's first
+	// checks (two each, for the handful of shapes these episodes have).
+	if renders := srv.Stats().ByRoute["POST /tokenize"] - before; renders > n+12 {
+		t.Fatalf("%d server renders for %d episodes started together, want at most %d", renders, n, n+12)
 	}
 }
