@@ -14,8 +14,10 @@ package openaichat
 import (
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	openai "github.com/sashabaranov/go-openai"
 	json "github.com/segmentio/encoding/json"
@@ -220,7 +222,8 @@ func toolChoice(raw json.RawMessage) (*gateway.ToolChoice, *apiError) {
 // message checks one decoded message; "developer" is taken as "system" (chat
 // templates know no developer role) and text parts are joined.
 func message(i int, w wireMessage) (gateway.Message, *apiError) {
-	param := fmt.Sprintf("messages[%d]", i)
+	// The message's parameter name, for an error (not built otherwise).
+	param := func(field string) string { return "messages[" + strconv.Itoa(i) + "]" + field }
 	m := gateway.Message{}
 	switch w.Role {
 	case "system", "developer":
@@ -228,11 +231,11 @@ func message(i int, w wireMessage) (gateway.Message, *apiError) {
 	case "user", "assistant", "tool":
 		m.Role = w.Role
 	case "":
-		return m, badRequest(param+".role", "a message needs a role")
+		return m, badRequest(param(".role"), "a message needs a role")
 	default:
-		return m, badRequest(param+".role", "invalid role %q: want system, developer, user, assistant or tool", w.Role)
+		return m, badRequest(param(".role"), "invalid role %q: want system, developer, user, assistant or tool", w.Role)
 	}
-	text, e := content(param+".content", w.Content)
+	text, e := content(param, w.Content)
 	if e != nil {
 		return m, e
 	}
@@ -240,13 +243,13 @@ func message(i int, w wireMessage) (gateway.Message, *apiError) {
 	switch m.Role {
 	case "tool":
 		if w.ToolCallID == "" {
-			return m, badRequest(param+".tool_call_id", "a tool message must have a tool_call_id")
+			return m, badRequest(param(".tool_call_id"), "a tool message must have a tool_call_id")
 		}
 		m.ToolCallID = w.ToolCallID
 	case "assistant":
 		for j, tc := range w.ToolCalls {
 			if tc.Function.Name == "" {
-				return m, badRequest(fmt.Sprintf("%s.tool_calls[%d].function.name", param, j), "a tool call needs a function name")
+				return m, badRequest(fmt.Sprintf("%s.tool_calls[%d].function.name", param(""), j), "a tool call needs a function name")
 			}
 			tc.Type = openai.ToolTypeFunction
 			tc.Index = nil
@@ -260,16 +263,19 @@ func message(i int, w wireMessage) (gateway.Message, *apiError) {
 		}
 	default:
 		if len(w.ToolCalls) > 0 {
-			return m, badRequest(param+".tool_calls", "only assistant messages carry tool_calls")
+			return m, badRequest(param(".tool_calls"), "only assistant messages carry tool_calls")
 		}
 	}
 	return m, nil
 }
 
 // content is a string, null, or an array of text parts.
-func content(param string, raw json.RawMessage) (string, *apiError) {
+func content(param func(string) string, raw json.RawMessage) (string, *apiError) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return "", nil
+	}
+	if s, ok := plainString(raw); ok {
+		return s, nil
 	}
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
@@ -280,16 +286,35 @@ func content(param string, raw json.RawMessage) (string, *apiError) {
 		Text string `json:"text"`
 	}
 	if err := json.Unmarshal(raw, &parts); err != nil {
-		return "", badRequest(param, "content must be a string or an array of content parts")
+		return "", badRequest(param(".content"), "content must be a string or an array of content parts")
 	}
 	var b strings.Builder
 	for k, p := range parts {
 		if p.Type != "text" {
-			return "", badRequest(fmt.Sprintf("%s[%d].type", param, k), "content part type %q is not supported (text only)", p.Type)
+			return "", badRequest(fmt.Sprintf("%s[%d].type", param(".content"), k), "content part type %q is not supported (text only)", p.Type)
 		}
 		b.WriteString(p.Text)
 	}
 	return b.String(), nil
+}
+
+// plainString is the JSON string raw when it needs no unescaping: quotes
+// around valid UTF-8 with no backslash and no control character — most
+// message contents, which the decoder would only copy.
+func plainString(raw []byte) (string, bool) {
+	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
+		return "", false
+	}
+	in := raw[1 : len(raw)-1]
+	for _, c := range in {
+		if c == '\\' || c == '"' || c < 0x20 {
+			return "", false
+		}
+	}
+	if !utf8.Valid(in) {
+		return "", false
+	}
+	return string(in), true
 }
 
 func (d Door) serve(w http.ResponseWriter, r *http.Request, c gateway.Completer) {

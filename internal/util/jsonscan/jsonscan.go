@@ -4,7 +4,10 @@
 // decode only what they need and leave the rest to a full decoder's check.
 package jsonscan
 
-import "errors"
+import (
+	"bytes"
+	"errors"
+)
 
 // Errors of ValueEnd.
 var (
@@ -21,6 +24,27 @@ func SkipWS(b []byte, i int) int {
 	return i
 }
 
+// stringEnd is the offset just past the string that opens at b[i]: its
+// next quote not escaped (after an even run of backslashes), found with
+// IndexByte rather than byte by byte.
+func stringEnd(b []byte, i int) (int, bool) {
+	for j := i + 1; ; {
+		k := bytes.IndexByte(b[j:], '"')
+		if k < 0 {
+			return 0, false
+		}
+		q := j + k
+		n := 0
+		for p := q - 1; p > i && b[p] == '\\'; p-- {
+			n++
+		}
+		if n%2 == 0 {
+			return q + 1, true
+		}
+		j = q + 1
+	}
+}
+
 // ValueEnd is the offset just past the JSON value that starts at b[i]: a
 // string or an array or object at its closing byte, a bare literal
 // (number, true, false, null) at the first delimiter after it, or at the
@@ -31,17 +55,11 @@ func ValueEnd(b []byte, i int) (int, error) {
 	for i < len(b) {
 		switch b[i] {
 		case '"':
-			i++
-			for i < len(b) && b[i] != '"' {
-				if b[i] == '\\' {
-					i++
-				}
-				i++
-			}
-			if i >= len(b) {
+			end, ok := stringEnd(b, i)
+			if !ok {
 				return 0, ErrUnterminatedString
 			}
-			i++
+			i = end
 		case '[', '{':
 			depth++
 			i++
