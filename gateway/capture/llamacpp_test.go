@@ -154,7 +154,16 @@ func realEngineSession(t *testing.T, prefill bool) {
 // renders never differed from the server's, and once the shapes are
 // checked the segments come from the learned text (no server render).
 func TestRealEngineLocalRender(t *testing.T) {
-	e := llamacpptest.Start(t, llamacpptest.Options{Slots: 1, Ctx: 8192, Threads: 1})
+	for _, tc := range []struct {
+		name    string
+		prefill bool
+	}{{"no-prefill-assistant", false}, {"server-defaults", true}} {
+		t.Run(tc.name, func(t *testing.T) { realEngineLocalRender(t, tc.prefill) })
+	}
+}
+
+func realEngineLocalRender(t *testing.T, prefill bool) {
+	e := llamacpptest.Start(t, llamacpptest.Options{Slots: 1, Ctx: 8192, Threads: 1, PrefillAssistant: prefill})
 	gguf := e.CopyFile(t, "/models/tiny-qwen3.gguf", t.TempDir())
 	bias := llamacpptest.ToolCallBias(t, e, 8, 8, 2)
 	run := func(local string) (gateway.SessionRecord, *inference.Client) {
