@@ -108,6 +108,17 @@ func TestHarnessEnvs(t *testing.T) {
 	c, tr := checkHarnessRows(t, e, vocab, recs, parallel, 1)
 	rescoring += time.Since(start)
 	checked, trained = checked+c, trained+tr
+
+	// The same SDKs through the gateway rendering in-process from the
+	// engine's own GGUF (inference.local_render), never differing from
+	// the server's renders: the same rows, every trained id re-scored.
+	local := []harnessCase{cases[0], cases[1], cases[3], cases[6]}
+	recs = runHarnessEnv(t, e, harnessRun{name: "local-render", cases: local, groupSize: 2, sampling: biased,
+		localRender: e.CopyFile(t, "/models/tiny-qwen3.gguf", t.TempDir()), forbid: "differs from the"})
+	start = time.Now()
+	c, tr = checkHarnessRows(t, e, vocab, recs, local, 2)
+	rescoring += time.Since(start)
+	checked, trained = checked+c, trained+tr
 	if checked == 0 || checked != trained {
 		t.Fatalf("%d of %d trained ids re-scored, want all", checked, trained)
 	}
@@ -162,6 +173,9 @@ type harnessRun struct {
 	maxCalls  int
 	distill   map[string]any
 	exit      int
+	// localRender is inference.local_render; forbid, a text the run's
+	// log must not contain.
+	localRender, forbid string
 }
 
 // runHarnessEnv makes the run hr and returns its records.
@@ -211,6 +225,9 @@ func runHarnessEnv(t *testing.T, e *llamacpptest.Engine, hr harnessRun) []trajec
 		"sandbox": map[string]any{"warm_pool": -1},
 		"output":  map[string]any{"dir": out},
 	}
+	if hr.localRender != "" {
+		cfg["inference"].(map[string]any)["local_render"] = hr.localRender
+	}
 	if hr.distill != nil {
 		cfg["distill"] = hr.distill
 	}
@@ -223,6 +240,9 @@ func runHarnessEnv(t *testing.T, e *llamacpptest.Engine, hr harnessRun) []trajec
 	t.Logf("rollout run of the %s harness env: %d items × %d in %s\n%s", name, len(cases), groupSize, time.Since(start).Round(time.Second), stdout)
 	if code != hr.exit {
 		t.Fatalf("rollout run: exit %d, want %d\nstdout:\n%s\nstderr (tail):\n%s\nserver log:\n%s", code, hr.exit, stdout, tail(stderr, 40), e.LogTail(30))
+	}
+	if hr.forbid != "" && strings.Contains(stderr, hr.forbid) {
+		t.Fatalf("rollout run logged %q:\n%s", hr.forbid, tail(stderr, 40))
 	}
 	run, err := trajectory.Open(out)
 	if err != nil {
