@@ -166,6 +166,11 @@ type inflight struct {
 	// connection once the inbound bytes are written).
 	closing     chan struct{}
 	closingOnce sync.Once
+	// listener is OpAccept's listener, looked up when the request is
+	// read: frames are served in the order they arrive, so an accept sent
+	// before the listener's cancel waits on it (and fails when it
+	// closes) instead of finding it gone.
+	listener *tunnelListener
 }
 
 type server struct {
@@ -307,6 +312,9 @@ func (s *server) servePeer(p *peer, r io.Reader) error {
 				cancel()
 				_ = p.sendJSON(FrameResponse, f.ID, Response{Code: CodeInvalid, Err: fmt.Sprintf("request id %d already in use", f.ID)})
 				continue
+			}
+			if req.Op == OpAccept {
+				in.listener = p.listeners[req.Listener]
 			}
 			p.reqs[f.ID] = in
 			p.mu.Unlock()

@@ -101,9 +101,9 @@ func (s *server) listen(ctx context.Context, p *peer, id uint32, port int) error
 // listener of request listenID and relays it (see OpAccept).
 func (s *server) accept(ctx context.Context, p *peer, id, listenID uint32, data <-chan []byte) error {
 	p.mu.Lock()
-	l := p.listeners[listenID]
 	in := p.reqs[id]
 	p.mu.Unlock()
+	l := in.listener
 	if l == nil {
 		return notFoundf("accept: no listener %d on this channel", listenID)
 	}
