@@ -97,9 +97,16 @@ func newLocalRenderer(cfg Config) (*localRenderer, error) {
 }
 
 // render is the ids of msgs: local when this shape has been checked,
-// else the server's (compared with the local ones).
-func (l *localRenderer) render(ctx context.Context, e *tokenEpisode, msgs []openai.ChatCompletionMessage, genPrompt bool, suffix string) ([]int32, error) {
-	ids, err := l.renderCached(e, msgs, genPrompt)
+// else the server's (compared with the local ones). cache keeps the local
+// render for the next identical one (renderCached).
+func (l *localRenderer) render(ctx context.Context, e *tokenEpisode, msgs []openai.ChatCompletionMessage, genPrompt bool, suffix string, cache bool) ([]int32, error) {
+	var ids []int32
+	var err error
+	if cache {
+		ids, err = l.renderCached(e, msgs, genPrompt)
+	} else {
+		ids, err = l.m.Render(msgs, json.RawMessage(e.tools), genPrompt, e.spec.Sampling.ChatTemplateKwargs, l.addSpecial)
+	}
 	if err != nil {
 		// The server decides what its template makes of these messages:
 		// its render, or its own error.

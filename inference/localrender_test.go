@@ -72,10 +72,11 @@ func TestLocalRenderEqualsServer(t *testing.T) {
 			if got := counter("segment") - seg0; got < 2*(episodes-warm) {
 				t.Fatalf("%v segments from learned text, want at least %d", got, 2*(episodes-warm))
 			}
-			// The drift check at Finish renders through the server: one per
-			// episode, the only render left once every shape is checked.
-			if localRenders != episodes-warm || plainRenders <= localRenders {
-				t.Fatalf("server renders in the last %d episodes: plain %d, local %d (want %d: the drift checks)", episodes-warm, plainRenders, localRenders, episodes-warm)
+			// The drift check at Finish renders locally too (its shapes
+			// were checked in the warm-up): once every shape is checked,
+			// the server renders nothing.
+			if localRenders != 0 || plainRenders <= 0 {
+				t.Fatalf("server renders in the last %d episodes: plain %d, local %d (want 0)", episodes-warm, plainRenders, localRenders)
 			}
 		})
 	}
@@ -176,9 +177,10 @@ func TestLocalRenderConcurrent(t *testing.T) {
 		t.Fatal("local render turned itself off")
 	}
 	// Episodes starting together do not all check the same shapes: the
-	// server renders each episode's drift check, and each shape's first
-	// checks (two each, for the handful of shapes these episodes have).
-	if renders := srv.Stats().ByRoute["POST /tokenize"] - before; renders > n+12 {
-		t.Fatalf("%d server renders for %d episodes started together, want at most %d", renders, n, n+12)
+	// server renders each shape's first checks only (two each, for the
+	// handful of shapes these episodes have, their drift checks' included).
+	if renders := srv.Stats().ByRoute["POST /tokenize"] - before; renders > 16 {
+		t.Fatalf("%d server renders for %d episodes started together, want at most 16", renders, n)
 	}
+	t.Logf("%d server renders for %d episodes", srv.Stats().ByRoute["POST /tokenize"]-before, n)
 }

@@ -86,9 +86,18 @@ func (e *tokenEpisode) tokOpts(suffix string) CallOptions {
 // server, localrender.go), else by the server.
 func (e *tokenEpisode) render(ctx context.Context, msgs []openai.ChatCompletionMessage, genPrompt bool, suffix string) ([]int32, error) {
 	if l := e.c.local; l != nil && !l.off.Load() {
-		return l.render(ctx, e, msgs, genPrompt, suffix)
+		return l.render(ctx, e, msgs, genPrompt, suffix, true)
 	}
 	return e.serverRender(ctx, msgs, genPrompt, suffix)
+}
+
+// driftRender is render for Finish's drift check: a whole conversation
+// rendered once, so not kept in the local render cache.
+func (e *tokenEpisode) driftRender(ctx context.Context, msgs []openai.ChatCompletionMessage, genPrompt bool) ([]int32, error) {
+	if l := e.c.local; l != nil && !l.off.Load() {
+		return l.render(ctx, e, msgs, genPrompt, "drift", false)
+	}
+	return e.serverRender(ctx, msgs, genPrompt, "drift")
 }
 
 // serverRender asks the server for the ids of messages under the chat
@@ -332,6 +341,10 @@ func (e *tokenEpisode) usage(msg string) error {
 func (e *tokenEpisode) appendMasked(ids []int32) {
 	e.seq.Tokens = append(e.seq.Tokens, ids...)
 	v := e.c.PolicyVersion()
+	n := len(ids)
+	e.seq.Mask = slices.Grow(e.seq.Mask, n)
+	e.seq.Logprobs = slices.Grow(e.seq.Logprobs, n)
+	e.seq.Versions = slices.Grow(e.seq.Versions, n)
 	for range ids {
 		e.seq.Mask = append(e.seq.Mask, 0)
 		e.seq.Logprobs = append(e.seq.Logprobs, 1.0)
@@ -820,7 +833,7 @@ func (e *tokenEpisode) Finish(ctx context.Context, messages []openai.ChatComplet
 		out.DriftTokens = -1
 		return out, nil
 	}
-	rendered, err := e.serverRender(ctx, scope, genPrompt, "drift")
+	rendered, err := e.driftRender(ctx, scope, genPrompt)
 	if err != nil {
 		// The sequence is still exact; only the measurement failed.
 		e.c.log.Warn("inference: drift check failed", "episode", e.spec.ID, "err", err)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
@@ -18,6 +19,11 @@ import (
 
 // gatewayScaleNames are the measures of the scale run (not measured
 // without a rollout binary to run the gateway and the simulator in).
+// ProfileDirEnv names a directory: when it is set, the scale run's gateway
+// and proxy processes write their CPU profiles there (gateway.cpu.pprof,
+// proxy.cpu.pprof), for `go tool pprof`.
+const ProfileDirEnv = "ROLLOUT_BENCH_PROFILE_DIR"
+
 var gatewayScaleNames = []string{"gateway.cpu_10k_sessions_cores", "gateway.cpu_per_call_10k_us", "gateway.rss_10k_sessions_mb"}
 
 // The scale run: sessions held at once, tool calls per conversation (plus
@@ -217,6 +223,13 @@ func startGatewayProcess(ctx context.Context, exe, engine string, sessions int, 
 			args = append(args, "--proxy")
 		} else {
 			args = append(args, "--local-render", localRender)
+		}
+		if d := os.Getenv(ProfileDirEnv); d != "" {
+			name := "gateway.cpu.pprof"
+			if localRender == "" {
+				name = "proxy.cpu.pprof"
+			}
+			args = append(args, "--cpuprofile", filepath.Join(d, name))
 		}
 		return args
 	})
