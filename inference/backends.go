@@ -124,16 +124,20 @@ type completionsGen struct{}
 func (completionsGen) name() string { return BackendVLLM }
 
 // TokensCompletionRequest is the /v1/completions request a tokens-mode
-// turn sends to vLLM: prompt ids in, sampled ids and their logprobs out,
-// special tokens kept. It is exported so that a bare HTTP exchange can send
-// the very bytes the client sends (rollout bench inference).
+// turn sends to vLLM: prompt ids in, sampled ids and their logprobs out
+// (the logprob entries name their tokens "token_id:N"), special tokens
+// kept. It does not ask for return_token_ids: that would also echo the
+// whole prompt, every turn — for a long agent context hundreds of KB the
+// engine serialises and the client reads only to compare with what it
+// sent; usage.prompt_tokens is checked instead (a prompt the server cut
+// or extended is refused). It is exported so that a bare HTTP exchange can
+// send the very bytes the client sends (rollout bench inference).
 func TokensCompletionRequest(model string, prompt []int32, maxTokens int, s Sampling) *CompletionRequest {
 	return &CompletionRequest{
 		Model:                  model,
 		Prompt:                 prompt,
 		samplingFields:         samplingOf(s, maxTokens),
 		Logprobs:               zeroIntPt,
-		ReturnTokenIDs:         true,
 		ReturnTokensAsTokenIDs: true,
 		SkipSpecialTokens:      falsePtr,
 	}
@@ -166,12 +170,16 @@ func (completionsGen) generate(ctx context.Context, p *Pool, in genInput) (sampl
 	if err := checkPrompt(ep, op, reqID, in.prompt, &ch.PromptTokenIDs); err != nil {
 		return sample{}, err
 	}
+	if u := resp.Usage; u != nil && u.PromptTokens > 0 && u.PromptTokens != len(in.prompt) {
+		return sample{}, badAnswer(ep, op, reqID, "server counted %d prompt tokens, %d were sent", u.PromptTokens, len(in.prompt))
+	}
 	if ch.Logprobs == nil {
 		return sample{}, badAnswer(ep, op, reqID, "logprobs missing")
 	}
 	ids := ch.TokenIDs
 	if ids == nil {
-		// Older servers without return_token_ids: ids from "token_id:N".
+		// Ids from the logprob entries, "token_id:N" (a server that
+		// sends token_ids anyway is read above and cross-checked below).
 		ids = make([]int32, len(ch.Logprobs.Tokens))
 		for i, t := range ch.Logprobs.Tokens {
 			id, ok := parseTokenID(t)

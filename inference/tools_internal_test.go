@@ -200,6 +200,48 @@ func promptEchoCases(t *testing.T, body func(string) []byte, in genInput) {
 	}
 }
 
+// A tokens-mode request does not ask for the prompt's echo
+// (return_token_ids): the server's count of the prompt in usage is
+// checked instead, and a prompt it cut or extended is refused.
+func TestPromptCountChecked(t *testing.T) {
+	if req := TokensCompletionRequest("m", []int32{1, 2, 3}, 2, Sampling{}); req.ReturnTokenIDs || !req.ReturnTokensAsTokenIDs {
+		t.Fatalf("request asks return_token_ids %v, return_tokens_as_token_ids %v", req.ReturnTokenIDs, req.ReturnTokensAsTokenIDs)
+	}
+	body := func(usage string) []byte {
+		return []byte(`{"id":"c","choices":[{"index":0,"text":"ab","logprobs":{"tokens":["token_id:97","token_id:98"],` +
+			`"token_logprobs":[-0.5,-0.25]},"finish_reason":"length","stop_reason":null}],"usage":` + usage + `}`)
+	}
+	in := genInput{model: "m", prompt: []int32{1, 2, 3}, maxTokens: 2, opts: CallOptions{RequestID: "count-t1"}}
+	for _, c := range []struct {
+		usage string
+		ok    bool
+	}{
+		{`{"prompt_tokens":3,"completion_tokens":2}`, true},
+		{`null`, true},                                       // no usage: nothing to compare
+		{`{"completion_tokens":2}`, true},                    // no count: nothing to compare
+		{`{"prompt_tokens":2,"completion_tokens":2}`, false}, // cut
+		{`{"prompt_tokens":4,"completion_tokens":2}`, false}, // extended (a BOS added)
+	} {
+		p, err := NewPool(PoolConfig{Endpoints: []string{"http://count.invalid"}, Retries: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.caller.hc = &http.Client{Transport: bodyTransport{body(c.usage)}}
+		s, err := (completionsGen{}).generate(context.Background(), p, in)
+		p.Close()
+		if c.ok {
+			if err != nil || !slices.Equal(s.ids, []int32{97, 98}) {
+				t.Fatalf("usage %s: %v, ids %v", c.usage, err, s.ids)
+			}
+			continue
+		}
+		var ie *Error
+		if !errors.As(err, &ie) || ie.Class != ErrInfra || !strings.Contains(ie.Msg, "prompt tokens") {
+			t.Fatalf("usage %s: %v, want a malformed-answer error", c.usage, err)
+		}
+	}
+}
+
 // encodeBody writes a completion request's prompt ids itself: the body
 // means what the codec's encoding of the whole request means, extra_body
 // included, for every prompt length.
