@@ -4,6 +4,7 @@ import (
 	"context"
 	stdjson "encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"reflect"
 	"slices"
@@ -180,24 +181,35 @@ func promptEchoCases(t *testing.T, body func(string) []byte, in genInput) {
 		{`[1,2,4]`, false},
 		{`[1,2,3,4]`, false},
 	} {
-		p, err := NewPool(PoolConfig{Endpoints: []string{"http://echo.invalid"}, Retries: -1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.caller.hc = &http.Client{Transport: bodyTransport{body(c.echo)}}
-		s, err := (completionsGen{}).generate(context.Background(), p, in)
-		p.Close()
-		if c.ok {
-			if err != nil || !slices.Equal(s.ids, []int32{97, 98}) {
-				t.Fatalf("echo %s: %v, ids %v", c.echo, err, s.ids)
-			}
-			continue
-		}
-		var ie *Error
-		if !errors.As(err, &ie) || ie.Class != ErrInfra || !strings.Contains(ie.Msg, "prompt_token_ids that differ") {
-			t.Fatalf("echo %s of prompt %v: %v, want a malformed-answer error", c.echo, prompt, err)
+		if err := answerCase(t, body(c.echo), in, c.ok, "prompt_token_ids that differ"); err != "" {
+			t.Fatalf("echo %s of prompt %v: %s", c.echo, prompt, err)
 		}
 	}
+}
+
+// answerCase runs completionsGen on a server answering body: with ok the
+// turn must give ids 97, 98; else a malformed-answer error naming want.
+// It returns what went wrong ("" for nothing).
+func answerCase(t *testing.T, body []byte, in genInput, ok bool, want string) string {
+	t.Helper()
+	p, err := NewPool(PoolConfig{Endpoints: []string{"http://answer.invalid"}, Retries: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.caller.hc = &http.Client{Transport: bodyTransport{body}}
+	s, err := (completionsGen{}).generate(context.Background(), p, in)
+	p.Close()
+	if ok {
+		if err != nil || !slices.Equal(s.ids, []int32{97, 98}) {
+			return fmt.Sprintf("%v, ids %v", err, s.ids)
+		}
+		return ""
+	}
+	var ie *Error
+	if !errors.As(err, &ie) || ie.Class != ErrInfra || !strings.Contains(ie.Msg, want) {
+		return fmt.Sprintf("%v, want a malformed-answer error", err)
+	}
+	return ""
 }
 
 // A tokens-mode request does not ask for the prompt's echo
@@ -222,22 +234,8 @@ func TestPromptCountChecked(t *testing.T) {
 		{`{"prompt_tokens":2,"completion_tokens":2}`, false}, // cut
 		{`{"prompt_tokens":4,"completion_tokens":2}`, false}, // extended (a BOS added)
 	} {
-		p, err := NewPool(PoolConfig{Endpoints: []string{"http://count.invalid"}, Retries: -1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.caller.hc = &http.Client{Transport: bodyTransport{body(c.usage)}}
-		s, err := (completionsGen{}).generate(context.Background(), p, in)
-		p.Close()
-		if c.ok {
-			if err != nil || !slices.Equal(s.ids, []int32{97, 98}) {
-				t.Fatalf("usage %s: %v, ids %v", c.usage, err, s.ids)
-			}
-			continue
-		}
-		var ie *Error
-		if !errors.As(err, &ie) || ie.Class != ErrInfra || !strings.Contains(ie.Msg, "prompt tokens") {
-			t.Fatalf("usage %s: %v, want a malformed-answer error", c.usage, err)
+		if err := answerCase(t, body(c.usage), in, c.ok, "prompt tokens"); err != "" {
+			t.Fatalf("usage %s: %s", c.usage, err)
 		}
 	}
 }
