@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"testing"
 
+	openai "github.com/sashabaranov/go-openai"
+
 	"github.com/rollout-rl/rollout/inference/render"
 	"github.com/rollout-rl/rollout/internal/testkit/llamacpptest"
 )
@@ -75,4 +77,68 @@ func diffReport(an, a, bn, b string) string {
 		"\n" + bn + " near: " + strconv.Quote(b[lo:min(len(b), i+40)]) +
 		"\n" + an + ": " + strconv.Quote(a) +
 		"\n" + bn + ": " + strconv.Quote(b)
+}
+
+// indentTemplate prints tools and tool-call arguments with
+// tojson(indent=N), as Llama 3.x templates print tools.
+const indentTemplate = `{{- bos_token }}
+{%- if tools %}<|im_start|>system
+Tools:
+{% for t in tools %}{{ t | tojson(indent=4) }}{{ "\n" }}{% endfor %}<|im_end|>
+{% endif %}
+{%- for m in messages %}<|im_start|>{{ m.role }}
+{%- if m.tool_calls %}{% for tc in m.tool_calls %}
+{{ tc.function.name }} {{ tc.function.arguments | tojson(indent=2) }}{% endfor %}{% else %}
+{{ m.content }}{% endif %}<|im_end|>
+{% endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}`
+
+// TestIndentMatchesLlamaServer renders a template that prints with
+// tojson(indent=N) in-process and with llama-server started on that
+// template, and wants the same bytes.
+func TestIndentMatchesLlamaServer(t *testing.T) {
+	e := llamacpptest.Start(t, llamacpptest.Options{})
+	model := ""
+	for i, a := range e.Args {
+		if a == "-m" && i+1 < len(e.Args) {
+			model = e.Args[i+1]
+		}
+	}
+	if model == "" {
+		t.Fatalf("no -m in llama-server's command line %v", e.Args)
+	}
+	path := filepath.Join(t.TempDir(), "indent.jinja")
+	if err := os.WriteFile(path, []byte(indentTemplate), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	srv := e.Serve(t, model, 8099, "--jinja", "--chat-template-file", e.CopyFileIn(t, path, "/tmp"))
+	tm, err := render.NewTemplate(indentTemplate, tinyBOS, tinyEOS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tools := `[{"type":"function","function":{"name":"terminal","description":"Run a command <safely> & report: é","parameters":{"type":"object","properties":{"command":{"type":"string","description":"the command"},"timeout":{"type":"number","default":30.0,"minimum":0},"env":{"type":"object","properties":{}},"tags":{"type":"array","items":{"type":"string"},"enum":[["a"],[]]}},"required":["command"]}}},` +
+		`{"type":"function","function":{"name":"noop","parameters":{"type":"object","properties":{"path":{"type":"string"}},"required":["path"]}}}]`
+	for _, c := range []struct{ name, messages string }{
+		{"tools", `[{"role":"user","content":"list files"}]`},
+		{"tool call", `[{"role":"user","content":"list files"},{"role":"assistant","content":"","tool_calls":[{"id":"c1","type":"function","function":{"name":"terminal","arguments":"{\"command\":\"ls -la\",\"timeout\":2.5,\"env\":{\"Z\":\"1\",\"A\":[1,{\"b\":null}]},\"tags\":[]}"}}]},{"role":"tool","tool_call_id":"c1","content":"a.txt"}]`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var msgs []openai.ChatCompletionMessage
+			if err := json.Unmarshal([]byte(c.messages), &msgs); err != nil {
+				t.Fatal(err)
+			}
+			got, err := tm.Apply(msgs, json.RawMessage(tools), true, nil)
+			if err != nil {
+				t.Fatalf("Apply: %v", err)
+			}
+			var out struct {
+				Prompt string `json:"prompt"`
+			}
+			srv.MustCall(t, "/apply-template", map[string]any{"messages": json.RawMessage(c.messages), "tools": json.RawMessage(tools), "add_generation_prompt": true}, &out)
+			if got != out.Prompt {
+				t.Errorf("%s", diffReport("Apply", got, "llama-server", out.Prompt))
+			}
+		})
+	}
 }

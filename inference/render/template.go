@@ -36,7 +36,8 @@ import (
 //     the request's.
 //   - tojson prints like Python's json.dumps(x, ensure_ascii=False) with
 //     separators (", ", ": "): floats as Python's repr (1.0, 100000.0,
-//     1e+16, 1e-07), non-ASCII unescaped, U+2028/U+2029 raw.
+//     1e+16, 1e-07), non-ASCII unescaped, U+2028/U+2029 raw; with
+//     indent=N as json.dumps(x, ensure_ascii=False, indent=N) (indent.go).
 //
 // ardanlabs/jinja's own tojson prints floats with Go's %g (1.0 as "1",
 // 1e6 as "1e+06") and escapes U+2028/U+2029, and its filters cannot be
@@ -51,7 +52,16 @@ const (
 	numClose = '\uFDD1'
 	lineSep  = '\uFDD2' // stands for U+2028 inside the template
 	paraSep  = '\uFDD3' // stands for U+2029 inside the template
+	// tojson(indent=N) is compiled as tojson with these separators,
+	// followed by indentOpen + N + indentClose (see indentCall).
+	indentItem  = '\uFDD4'
+	indentKey   = '\uFDD5'
+	indentOpen  = '\uFDD6'
+	indentClose = '\uFDD7'
 )
+
+// reserved are the sentinels: text that carries one is refused.
+const reserved = "\uFDD0\uFDD1\uFDD2\uFDD3\uFDD4\uFDD5\uFDD6\uFDD7"
 
 // Template is a compiled chat template. It is immutable after NewTemplate
 // and safe for concurrent use.
@@ -62,16 +72,19 @@ type Template struct {
 	// typedContent: the template reads content given as a list of text
 	// parts, so a multi-part message is passed as parts, not joined.
 	typedContent bool
+	// indents: the template calls tojson(indent=N) (see indentCall).
+	indents bool
 }
 
 // NewTemplate compiles src; bos and eos are the token texts the template may
 // read as bos_token / eos_token.
 func NewTemplate(src, bos, eos string) (*Template, error) {
+	src, indents := rewriteIndent(src)
 	tm, err := compile(src)
 	if err != nil {
 		return nil, err
 	}
-	t := &Template{tmpl: tm, bos: jinja.NewString(bos), eos: jinja.NewString(eos)}
+	t := &Template{tmpl: tm, bos: jinja.NewString(bos), eos: jinja.NewString(eos), indents: indents}
 	t.typedContent = t.readsTypedContent()
 	return t, nil
 }
@@ -144,6 +157,11 @@ func (t *Template) Apply(msgs []openai.ChatCompletionMessage, tools json.RawMess
 	out, err := t.render(vars)
 	if err != nil {
 		return "", err
+	}
+	if t.indents {
+		if out, err = reindent(out); err != nil {
+			return "", err
+		}
 	}
 	if c.marked {
 		out = unmark(out)
@@ -378,11 +396,11 @@ func normalizeTool(tv jinja.Value) (jinja.Value, error) {
 
 // str converts a string, swapping U+2028/U+2029 for their sentinels.
 func (c *converter) str(s string) (jinja.Value, error) {
-	if !strings.ContainsAny(s, "\u2028\u2029\uFDD0\uFDD1\uFDD2\uFDD3") {
+	if !strings.ContainsAny(s, "\u2028\u2029"+reserved) {
 		return jinja.NewString(s), nil
 	}
-	if strings.ContainsAny(s, "\uFDD0\uFDD1\uFDD2\uFDD3") {
-		return jinja.Value{}, errors.New("text contains a Unicode noncharacter U+FDD0..U+FDD3, which the renderer reserves")
+	if strings.ContainsAny(s, reserved) {
+		return jinja.Value{}, errors.New("text contains a Unicode noncharacter U+FDD0..U+FDD7, which the renderer reserves")
 	}
 	c.marked = true
 	return jinja.NewString(strings.NewReplacer("\u2028", string(lineSep), "\u2029", string(paraSep)).Replace(s)), nil

@@ -181,3 +181,56 @@ func BenchmarkApplyChat(b *testing.B) {
 		}
 	}
 }
+
+// tojson(indent=N) prints as Python's json.dumps(x, ensure_ascii=False,
+// indent=N): keys in their order, "," and ": ", a line per member (the
+// expected texts are Python 3's).
+func TestToJSONIndentMatchesPython(t *testing.T) {
+	cases := []struct {
+		args string
+		want [3]string // indent 4, 0, 2
+	}{
+		{`{"b":1.0,"a":1e5}`, [3]string{"{\n    \"b\": 1.0,\n    \"a\": 100000.0\n}", "{\n\"b\": 1.0,\n\"a\": 100000.0\n}", "{\n  \"b\": 1.0,\n  \"a\": 100000.0\n}"}},
+		{`{"s":"é\u2028<&>\"\\\n}{][","z":{},"e":[],"one":["path"]}`, [3]string{
+			"{\n    \"s\": \"\u00e9\u2028<&>\\\"\\\\\\n}{][\",\n    \"z\": {},\n    \"e\": [],\n    \"one\": [\n        \"path\"\n    ]\n}",
+			"{\n\"s\": \"\u00e9\u2028<&>\\\"\\\\\\n}{][\",\n\"z\": {},\n\"e\": [],\n\"one\": [\n\"path\"\n]\n}",
+			"{\n  \"s\": \"\u00e9\u2028<&>\\\"\\\\\\n}{][\",\n  \"z\": {},\n  \"e\": [],\n  \"one\": [\n    \"path\"\n  ]\n}"}},
+		{`[1, {"z": null, "a": [true, {"q": [[]]}]}]`, [3]string{
+			"[\n    1,\n    {\n        \"z\": null,\n        \"a\": [\n            true,\n            {\n                \"q\": [\n                    []\n                ]\n            }\n        ]\n    }\n]",
+			"[\n1,\n{\n\"z\": null,\n\"a\": [\ntrue,\n{\n\"q\": [\n[]\n]\n}\n]\n}\n]",
+			"[\n  1,\n  {\n    \"z\": null,\n    \"a\": [\n      true,\n      {\n        \"q\": [\n          []\n        ]\n      }\n    ]\n  }\n]"}},
+		{`"just a string"`, [3]string{`"just a string"`, `"just a string"`, `"just a string"`}},
+		{`42`, [3]string{"42", "42", "42"}},
+	}
+	for i, width := range []string{"4", "0", "2"} {
+		// Text around the call, a call inside an expression, and the same
+		// value printed twice: each JSON text is found and rewritten.
+		tm := mustTemplate(t, `A{{ messages[0].tool_calls[0].function.arguments | tojson(indent=`+width+`) }}B{{ "[" + messages[0].tool_calls[0].function.arguments | tojson( indent = `+width+` ) + "]" }}`)
+		for _, c := range cases {
+			msgs := []openai.ChatCompletionMessage{{Role: "assistant", ToolCalls: []openai.ToolCall{{
+				Type: "function", Function: openai.FunctionCall{Name: "f", Arguments: c.args}}}}}
+			got, err := tm.Apply(msgs, nil, false, nil)
+			if err != nil {
+				t.Fatalf("indent %s, %s: %v", width, c.args, err)
+			}
+			if want := "A" + c.want[i] + "B[" + c.want[i] + "]"; got != want {
+				t.Errorf("indent %s, %s:\ngot  %q\nwant %q", width, c.args, got, want)
+			}
+		}
+	}
+}
+
+// Llama 3.1's template prints every tool with tojson(indent=4): the tool
+// as the server rebuilds it, keys in that order.
+func TestToolsIndented(t *testing.T) {
+	tm := mustTemplate(t, `{%- for t in tools %}{{- t | tojson(indent=4) }}{{- "\n\n" }}{%- endfor %}`)
+	tools := json.RawMessage(`[{"type":"function","function":{"name":"noop","description":"Do nothing","parameters":{"type":"object","properties":{"path":{"type":"string"}},"required":["path"]}}}]`)
+	got, err := tm.Apply(user("hi"), tools, false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "{\n    \"type\": \"function\",\n    \"function\": {\n        \"name\": \"noop\",\n        \"description\": \"Do nothing\",\n        \"parameters\": {\n            \"type\": \"object\",\n            \"properties\": {\n                \"path\": {\n                    \"type\": \"string\"\n                }\n            },\n            \"required\": [\n                \"path\"\n            ]\n        }\n    }\n}\n\n"
+	if got != want {
+		t.Errorf("got  %q\nwant %q", got, want)
+	}
+}

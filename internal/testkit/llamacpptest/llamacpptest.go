@@ -181,8 +181,8 @@ func tarFile(p string) ([]byte, error) {
 // container network, as it does with a local Linux Docker engine; when it
 // cannot, the test is skipped (failed under CI=true). The server goes
 // with the container. Only URL and Call/MustCall/Tokenize are meaningful
-// on the result.
-func (e *Engine) Serve(t testing.TB, model string, port int) *Engine {
+// on the result. extra is appended to its command line.
+func (e *Engine) Serve(t testing.TB, model string, port int, extra ...string) *Engine {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -190,7 +190,7 @@ func (e *Engine) Serve(t testing.TB, model string, port int) *Engine {
 	if err != nil {
 		t.Fatalf("llamacpptest: %v", err)
 	}
-	cmd := []string{"llama-server", "-m", model, "--host", "0.0.0.0", "--port", fmt.Sprint(port), "-t", "1", "-c", "2048", "-np", "1"}
+	cmd := append([]string{"llama-server", "-m", model, "--host", "0.0.0.0", "--port", fmt.Sprint(port), "-t", "1", "-c", "2048", "-np", "1"}, extra...)
 	ex, err := e.cli.ExecCreate(ctx, e.ID, client.ExecCreateOptions{Cmd: cmd})
 	if err != nil {
 		t.Fatalf("llamacpptest: exec %v: %v", cmd, err)
