@@ -24,6 +24,7 @@ import (
 
 	"github.com/rollout-rl/rollout/gateway"
 	"github.com/rollout-rl/rollout/gateway/doorkit"
+	"github.com/rollout-rl/rollout/internal/util/jsonscan"
 )
 
 // Name is the door's API name in records.
@@ -275,6 +276,9 @@ func content(param func(string) string, raw json.RawMessage) (string, *apiError)
 		return "", nil
 	}
 	if s, ok := plainString(raw); ok {
+		return s, nil
+	}
+	if s, ok := jsonscan.Unquote(raw); ok {
 		return s, nil
 	}
 	var s string
