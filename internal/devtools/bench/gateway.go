@@ -41,16 +41,22 @@ func runGateway(ctx context.Context, r *runCtx) ([]Measure, error) {
 	// The gateway as a deployment that has the model's files renders
 	// (local_render: the simulator's Hugging Face model directory), then
 	// rendering through the engine, on both engine flavours.
+	// The last: a long history (20 tool calls, each result a 2.4 kB
+	// directory listing: ~50 kB of messages re-sent by the last call).
 	for _, c := range []struct {
 		engine, backend, prefix string
 		local                   bool
+		conv, turns             int
+		result                  string
 	}{
-		{sim.EngineVLLM, inference.BackendVLLM, "gateway.", true},
-		{sim.EngineVLLM, inference.BackendVLLM, "gateway.server_render_", false},
-		{sim.EngineLlamaCpp, inference.BackendLlamaCpp, "gateway.llamacpp_local_render_", true},
-		{sim.EngineLlamaCpp, inference.BackendLlamaCpp, "gateway.llamacpp_", false},
+		{sim.EngineVLLM, inference.BackendVLLM, "gateway.", true, conv, turns, ""},
+		{sim.EngineVLLM, inference.BackendVLLM, "gateway.server_render_", false, conv, turns, ""},
+		{sim.EngineLlamaCpp, inference.BackendLlamaCpp, "gateway.llamacpp_local_render_", true, conv, turns, ""},
+		{sim.EngineLlamaCpp, inference.BackendLlamaCpp, "gateway.llamacpp_", false, conv, turns, ""},
+		{sim.EngineVLLM, inference.BackendVLLM, "gateway.long_history_", true, r.n(40, 4), 20, longToolResult},
 	} {
-		rep, err := gatewaybench.Overhead(ctx, gatewaybench.OverheadConfig{Engine: c.engine, Backend: c.backend, Conversations: conv, Turns: turns, LocalRender: c.local})
+		conv, turns := c.conv, c.turns
+		rep, err := gatewaybench.Overhead(ctx, gatewaybench.OverheadConfig{Engine: c.engine, Backend: c.backend, Conversations: conv, Turns: turns, LocalRender: c.local, ToolResult: c.result})
 		if err != nil {
 			return out, fmt.Errorf("%s overhead: %w", c.backend, err)
 		}
@@ -62,6 +68,9 @@ func runGateway(ctx context.Context, r *runCtx) ([]Measure, error) {
 		render := "the engine renders"
 		if c.local {
 			render = "the gateway renders in-process from the simulator's model directory (local_render)"
+		}
+		if c.result != "" {
+			render += fmt.Sprintf("; every tool result %d bytes", len(c.result))
 		}
 		note := fmt.Sprintf("%s; %d conversations × %d calls (%d tool calls + final answer, hermes) each way, zero-latency in-process simulator (%s flavour); "+
 			"each call less the engine's own time within it (the simulator's handler time: %.0f µs per gateway call, %.0f per proxy call): "+
@@ -84,6 +93,10 @@ func runGateway(ctx context.Context, r *runCtx) ([]Measure, error) {
 	scale, err := runGatewayScale(ctx, r)
 	return append(out, scale...), err
 }
+
+// longToolResult is the tool result of the long-history overhead: a
+// directory listing of 40 lines (2.4 kB, a newline escape per line).
+var longToolResult = strings.Repeat("drwxr-xr-x  2 root root  4096 Nov 28 23:11 some-directory-name\n", 40)
 
 // runGatewayScale holds many sessions at once on a gateway in a child
 // process (`rollout bench gateway-serve`), the simulator in another

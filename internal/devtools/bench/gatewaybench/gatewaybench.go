@@ -57,6 +57,8 @@ type Harness struct {
 	// (sim.Stats.Busy): Conversation then reports the engine's time
 	// during each call (calls one at a time).
 	Busy func() time.Duration
+	// ToolResult is the content of every tool result ("ok" when empty).
+	ToolResult string
 }
 
 // Call is one timed call: its latency as the harness saw it and, with
@@ -107,7 +109,7 @@ func (h Harness) Conversation(ctx context.Context, base string) ([]Call, error) 
 			return lat, nil
 		}
 		for _, tc := range reply.ToolCalls {
-			msgs = append(msgs, openai.ChatCompletionMessage{Role: openai.ChatMessageRoleTool, ToolCallID: tc.ID, Content: "ok"})
+			msgs = append(msgs, openai.ChatCompletionMessage{Role: openai.ChatMessageRoleTool, ToolCallID: tc.ID, Content: cmp.Or(h.ToolResult, "ok")})
 		}
 	}
 	return lat, fmt.Errorf("no final answer within %d calls", len(lat))
@@ -153,6 +155,9 @@ type OverheadConfig struct {
 	// simulator's model files (inference.Config.LocalRender: the
 	// simulator's model as a Hugging Face directory, for either flavour).
 	LocalRender bool
+	// ToolResult is every tool result's content ("ok" when empty): a
+	// long one makes a long history.
+	ToolResult string
 }
 
 // OverheadReport is the same conversations through a plain reverse proxy
@@ -178,7 +183,7 @@ type OverheadReport struct {
 // Overhead alternates conversations through the proxy and the gateway on
 // one zero-latency in-process simulator and reports per-call latencies.
 func Overhead(ctx context.Context, cfg OverheadConfig) (OverheadReport, error) {
-	srv, err := sim.Start(ctx, sim.Config{Family: "hermes", Engine: cfg.Engine, Bench: SimBench(cfg.Turns)})
+	srv, err := sim.Start(ctx, sim.Config{Family: "hermes", Engine: cfg.Engine, Bench: SimBench(cfg.Turns), MaxModelLen: 1 << 18})
 	if err != nil {
 		return OverheadReport{}, fmt.Errorf("start simulator: %w", err)
 	}
@@ -222,7 +227,7 @@ func Overhead(ctx context.Context, cfg OverheadConfig) (OverheadReport, error) {
 
 	tr := &http.Transport{MaxIdleConnsPerHost: 4, Proxy: nil}
 	defer tr.CloseIdleConnections()
-	h := Harness{Client: &http.Client{Transport: tr}, Busy: func() time.Duration { return srv.Stats().Busy }}
+	h := Harness{Client: &http.Client{Transport: tr}, Busy: func() time.Duration { return srv.Stats().Busy }, MaxCalls: cfg.Turns + 2, ToolResult: cfg.ToolResult}
 	var (
 		rep         OverheadReport
 		plat, glat  []Call
