@@ -1,7 +1,8 @@
 // Package jsonscan finds the bounds of JSON values in a body by their
 // structure alone — white space, strings, nesting, the end of a bare
 // literal — without checking or decoding them: for one-pass decoders that
-// decode only what they need and leave the rest to a full decoder's check.
+// decode only what they need and leave the rest to a full decoder's check;
+// and Unquote decodes a string literal where it needs no repair.
 package jsonscan
 
 import (
