@@ -91,3 +91,34 @@ func valueEnd(b []byte, i int) int {
 	end, _ := jsonscan.ValueEnd(b, i) // the body is valid JSON (json.Valid)
 	return end
 }
+
+// arrayElems are the elements of the JSON array raw (already checked by
+// the codec), found by structure; ok is false when raw is not an array.
+func arrayElems(raw []byte) (elems [][]byte, ok bool) {
+	i := jsonscan.SkipWS(raw, 0)
+	if i >= len(raw) || raw[i] != '[' {
+		return nil, false
+	}
+	i = jsonscan.SkipWS(raw, i+1)
+	if i < len(raw) && raw[i] == ']' {
+		return nil, true
+	}
+	for i < len(raw) {
+		end, err := jsonscan.ValueEnd(raw, i)
+		if err != nil {
+			return nil, false
+		}
+		elems = append(elems, raw[i:end])
+		i = jsonscan.SkipWS(raw, end)
+		switch {
+		case i >= len(raw):
+			return nil, false
+		case raw[i] == ']':
+			return elems, true
+		case raw[i] != ',':
+			return nil, false
+		}
+		i = jsonscan.SkipWS(raw, i+1)
+	}
+	return nil, false
+}

@@ -12,6 +12,7 @@
 package openaichat
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -60,8 +61,8 @@ var recorded = []string{"temperature", "top_p", "top_k", "min_p", "presence_pena
 
 type request struct {
 	Model               string          `json:"model"`
-	Messages            []wireMessage   `json:"messages"`
-	Tools               json.RawMessage `json:"tools"` // decoded through toolsCache
+	Messages            json.RawMessage `json:"messages"` // decoded through historyCache
+	Tools               json.RawMessage `json:"tools"`    // decoded through toolsCache
 	ToolChoice          json.RawMessage `json:"tool_choice"`
 	ParallelToolCalls   *bool           `json:"parallel_tool_calls"`
 	MaxTokens           *int            `json:"max_tokens"`
@@ -110,10 +111,9 @@ func decode(r *http.Request) (gateway.Call, bool, *apiError) {
 			return gateway.Call{}, false, badRequest("", "the request body is not a JSON object: %v", err)
 		}
 	}
-	// One pass decodes the request with its messages (a harness re-sends
-	// its whole history on every call: the body is mostly messages). Only
-	// when it fails are the messages decoded one by one, to name the one
-	// at fault.
+	// The request with its messages raw: they are decoded one by one,
+	// through historyCache (a harness re-sends its whole history on every
+	// call: only the messages after the part seen before are decoded).
 	var req request
 	if err := json.Unmarshal(body, &req); err != nil {
 		return gateway.Call{}, false, requestError(body, err)
@@ -121,7 +121,8 @@ func decode(r *http.Request) (gateway.Call, bool, *apiError) {
 	if req.Model == "" {
 		return gateway.Call{}, false, badRequest("model", "you must provide a model parameter")
 	}
-	if len(req.Messages) == 0 {
+	elems, ok := arrayElems(req.Messages)
+	if !ok || len(elems) == 0 {
 		return gateway.Call{}, false, badRequest("messages", "messages must be a non-empty array")
 	}
 	if req.N != nil && *req.N != 1 {
@@ -154,17 +155,34 @@ func decode(r *http.Request) (gateway.Call, bool, *apiError) {
 		call.ToolChoice = tc
 	}
 	call.Requested = doorkit.Requested(fields, recorded)
-	call.Messages = make([]gateway.Message, 0, len(req.Messages))
-	for i, w := range req.Messages {
+	var bad *apiError
+	call.Messages, err = historyCache.Decode(elems, func(i int, raw []byte) (gateway.Message, error) {
+		var w wireMessage
+		if err := json.Unmarshal(raw, &w); err != nil {
+			bad = badRequest(fmt.Sprintf("messages[%d]", i), "invalid message: %v", err)
+			return gateway.Message{}, errBadMessage
+		}
 		m, e := message(i, w)
 		if e != nil {
-			return gateway.Call{}, false, e
+			bad = e
+			return gateway.Message{}, errBadMessage
 		}
-		call.Messages = append(call.Messages, m)
+		return m, nil
+	})
+	if err != nil {
+		return gateway.Call{}, false, bad
 	}
 	usage := req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 	return call, usage, nil
 }
+
+// errBadMessage stops historyCache.Decode at a message that did not
+// decode (the apiError naming it is kept aside).
+var errBadMessage = errors.New("bad message")
+
+// historyCache holds the messages harnesses sent, decoded (see
+// doorkit.HistoryCache).
+var historyCache doorkit.HistoryCache[gateway.Message]
 
 // toolsCache holds the tool lists harnesses send, decoded (read-only).
 var toolsCache doorkit.DecodeCache[[]openai.Tool]

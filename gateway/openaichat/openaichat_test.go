@@ -67,6 +67,36 @@ func TestDecodeErrors(t *testing.T) {
 	}
 }
 
+// A harness's next call re-sends the history it sent before: only the
+// messages after it are decoded, and the call's messages are what a
+// decode of the whole body gives. Messages that are not arrays are refused.
+func TestDecodeHistoryOnce(t *testing.T) {
+	history := `{"role":"system","content":"sys"},{"role":"user","content":"list the files\nplease"}`
+	reply := `{"role":"assistant","content":null,"tool_calls":[{"id":"call_9","type":"function","function":{"name":"terminal","arguments":"{\"command\":\"ls\"}"}}]},{"role":"tool","tool_call_id":"call_9","content":"a.txt\nb.txt"}`
+	body := func(msgs string) string { return `{"model":"m","messages":[` + msgs + `]}` }
+	if _, _, e := decodeBody(body(history)); e != nil {
+		t.Fatal(e.msg)
+	}
+	hits, reused := historyCache.Stats()
+	call, _, e := decodeBody(body(history + "," + reply))
+	if e != nil {
+		t.Fatal(e.msg)
+	}
+	h2, r2 := historyCache.Stats()
+	if h2 != hits+1 || r2 != reused+2 {
+		t.Fatalf("second call: %d hits, %d messages reused; want one hit reusing the 2 messages sent before", h2-hits, r2-reused)
+	}
+	m := call.Messages
+	if len(m) != 4 || m[0].Role != "system" || m[1].Content != "list the files\nplease" || m[2].ToolCalls[0].Function.Arguments != `{"command":"ls"}` || m[3].Content != "a.txt\nb.txt" {
+		t.Fatalf("messages %+v", m)
+	}
+	for _, bad := range []string{`{"model":"m","messages":{"role":"user"}}`, `{"model":"m","messages":"hi"}`, `{"model":"m","messages":[]}`, `{"model":"m","messages":null}`, `{"model":"m"}`} {
+		if _, _, e := decodeBody(bad); e == nil || e.param != "messages" {
+			t.Errorf("%s: %+v, want an error naming messages", bad, e)
+		}
+	}
+}
+
 // completer answers every call with a fixed reply or error.
 type completer struct {
 	rep gateway.Reply
