@@ -18,7 +18,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	openai "github.com/sashabaranov/go-openai"
 	json "github.com/segmentio/encoding/json"
@@ -116,7 +115,7 @@ func decode(r *http.Request) (gateway.Call, bool, *apiError) {
 	// call: only the messages after the part seen before are decoded).
 	var req request
 	if err := json.Unmarshal(body, &req); err != nil {
-		return gateway.Call{}, false, requestError(body, err)
+		return gateway.Call{}, false, requestError(err)
 	}
 	if req.Model == "" {
 		return gateway.Call{}, false, badRequest("model", "you must provide a model parameter")
@@ -130,7 +129,7 @@ func decode(r *http.Request) (gateway.Call, bool, *apiError) {
 	}
 	tools, err := decodeTools(req.Tools)
 	if err != nil {
-		return gateway.Call{}, false, requestError(body, err)
+		return gateway.Call{}, false, requestError(err)
 	}
 	call := gateway.Call{API: Name, Model: req.Model, Tools: tools, ToolsRaw: fields["tools"], ParallelToolCalls: req.ParallelToolCalls, Stream: req.Stream}
 	for i, t := range tools {
@@ -199,21 +198,9 @@ func decodeTools(raw json.RawMessage) ([]openai.Tool, error) {
 	})
 }
 
-// requestError is the error of a body that did not decode as a request:
-// the first message that does not decode as a message is named, else the
-// decoder's error stands.
-func requestError(body []byte, err error) *apiError {
-	var raw struct {
-		Messages []json.RawMessage `json:"messages"`
-	}
-	if json.Unmarshal(body, &raw) == nil {
-		for i, m := range raw.Messages {
-			var w wireMessage
-			if err := json.Unmarshal(m, &w); err != nil {
-				return badRequest(fmt.Sprintf("messages[%d]", i), "invalid message: %v", err)
-			}
-		}
-	}
+// requestError is the error of a body that did not decode as a request
+// (its messages are decoded one by one later, each named in its error).
+func requestError(err error) *apiError {
 	return badRequest("", "invalid request: %v", err)
 }
 
@@ -293,9 +280,6 @@ func content(param func(string) string, raw json.RawMessage) (string, *apiError)
 	if len(raw) == 0 || string(raw) == "null" {
 		return "", nil
 	}
-	if s, ok := plainString(raw); ok {
-		return s, nil
-	}
 	if s, ok := jsonscan.Unquote(raw); ok {
 		return s, nil
 	}
@@ -318,25 +302,6 @@ func content(param func(string) string, raw json.RawMessage) (string, *apiError)
 		b.WriteString(p.Text)
 	}
 	return b.String(), nil
-}
-
-// plainString is the JSON string raw when it needs no unescaping: quotes
-// around valid UTF-8 with no backslash and no control character — most
-// message contents, which the decoder would only copy.
-func plainString(raw []byte) (string, bool) {
-	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
-		return "", false
-	}
-	in := raw[1 : len(raw)-1]
-	for _, c := range in {
-		if c == '\\' || c == '"' || c < 0x20 {
-			return "", false
-		}
-	}
-	if !utf8.Valid(in) {
-		return "", false
-	}
-	return string(in), true
 }
 
 func (d Door) serve(w http.ResponseWriter, r *http.Request, c gateway.Completer) {

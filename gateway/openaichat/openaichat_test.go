@@ -268,20 +268,3 @@ func BenchmarkDecodeAgentTurn(b *testing.B) {
 		}
 	}
 }
-
-// plainString, where it answers, answers what the decoder does.
-func FuzzPlainString(f *testing.F) {
-	for _, s := range []string{`"abc"`, `"a\"b"`, `"é"`, "\"\xff\"", "\"a\tb\"", `""`, `"`, `x"`} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, raw []byte) {
-		got, ok := plainString(raw)
-		if !ok {
-			return
-		}
-		var want string
-		if err := json.Unmarshal(raw, &want); err != nil || got != want {
-			t.Fatalf("plainString(%q) = %q; the decoder gives %q, %v", raw, got, want, err)
-		}
-	})
-}

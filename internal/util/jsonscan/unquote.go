@@ -21,6 +21,16 @@ func Unquote(raw []byte) (string, bool) {
 	if !utf8.Valid(in) {
 		return "", false
 	}
+	if bytes.IndexByte(in, '\\') < 0 {
+		// No escape (most message text): the literal's bytes are its
+		// value, if no quote or control character stands in them.
+		for _, c := range in {
+			if c == '"' || c < 0x20 {
+				return "", false
+			}
+		}
+		return string(in), true
+	}
 	out := make([]byte, 0, len(in))
 	for i := 0; i < len(in); {
 		j := bytes.IndexByte(in[i:], '\\')

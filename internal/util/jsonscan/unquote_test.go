@@ -29,7 +29,7 @@ func TestUnquote(t *testing.T) {
 
 // FuzzUnquote: whatever Unquote decodes, encoding/json decodes the same.
 func FuzzUnquote(f *testing.F) {
-	for _, s := range []string{`"a\nb"`, `"\u00e9\ud83d\ude00"`, `"\"\\\/"`, `"\ud83d"`, `"x`, "\"\xff\""} {
+	for _, s := range []string{`"a\nb"`, `"\u00e9\ud83d\ude00"`, `"\"\\\/"`, `"\ud83d"`, `"x`, "\"\xff\"", `"abc"`, `"a"b"`, "\"a\tb\"", `""`, `x"`, `"é"`} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
