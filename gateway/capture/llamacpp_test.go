@@ -26,13 +26,13 @@ import (
 // simulator's tests cover well-formed calls and their anchoring. It runs
 // against llama-server started as the suite starts it
 // (--no-prefill-assistant) and started with its defaults, as a user would.
-func TestRealEngineSession(t *testing.T) {
-	for _, tc := range []struct {
-		name    string
-		prefill bool
-	}{{"no-prefill-assistant", false}, {"server-defaults", true}} {
-		t.Run(tc.name, func(t *testing.T) { realEngineSession(t, tc.prefill) })
-	}
+func TestRealEngineSession(t *testing.T) { bothPrefills(t, realEngineSession) }
+
+// bothPrefills runs f against llama-server started as the suite starts it
+// (--no-prefill-assistant) and started with its defaults (prefill on).
+func bothPrefills(t *testing.T, f func(t *testing.T, prefill bool)) {
+	t.Run("no-prefill-assistant", func(t *testing.T) { f(t, false) })
+	t.Run("server-defaults", func(t *testing.T) { f(t, true) })
 }
 
 func realEngineSession(t *testing.T, prefill bool) {
@@ -153,14 +153,7 @@ func realEngineSession(t *testing.T, prefill bool) {
 // server's container): the records are the same, id for id, the local
 // renders never differed from the server's, and once the shapes are
 // checked the segments come from the learned text (no server render).
-func TestRealEngineLocalRender(t *testing.T) {
-	for _, tc := range []struct {
-		name    string
-		prefill bool
-	}{{"no-prefill-assistant", false}, {"server-defaults", true}} {
-		t.Run(tc.name, func(t *testing.T) { realEngineLocalRender(t, tc.prefill) })
-	}
-}
+func TestRealEngineLocalRender(t *testing.T) { bothPrefills(t, realEngineLocalRender) }
 
 func realEngineLocalRender(t *testing.T, prefill bool) {
 	e := llamacpptest.Start(t, llamacpptest.Options{Slots: 1, Ctx: 8192, Threads: 1, PrefillAssistant: prefill})
