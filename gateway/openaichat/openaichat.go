@@ -91,6 +91,8 @@ type apiError struct {
 	param, msg string
 }
 
+func (e *apiError) Error() string { return e.msg }
+
 func badRequest(param, format string, args ...any) *apiError {
 	return &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", param: param, msg: fmt.Sprintf(format, args...)}
 }
@@ -154,30 +156,23 @@ func decode(r *http.Request) (gateway.Call, bool, *apiError) {
 		call.ToolChoice = tc
 	}
 	call.Requested = doorkit.Requested(fields, recorded)
-	var bad *apiError
 	call.Messages, err = historyCache.Decode(elems, func(i int, raw []byte) (gateway.Message, error) {
 		var w wireMessage
 		if err := json.Unmarshal(raw, &w); err != nil {
-			bad = badRequest(fmt.Sprintf("messages[%d]", i), "invalid message: %v", err)
-			return gateway.Message{}, errBadMessage
+			return gateway.Message{}, badRequest(fmt.Sprintf("messages[%d]", i), "invalid message: %v", err)
 		}
 		m, e := message(i, w)
 		if e != nil {
-			bad = e
-			return gateway.Message{}, errBadMessage
+			return gateway.Message{}, e
 		}
 		return m, nil
 	})
-	if err != nil {
+	if bad := (*apiError)(nil); errors.As(err, &bad) {
 		return gateway.Call{}, false, bad
 	}
 	usage := req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 	return call, usage, nil
 }
-
-// errBadMessage stops historyCache.Decode at a message that did not
-// decode (the apiError naming it is kept aside).
-var errBadMessage = errors.New("bad message")
 
 // historyCache holds the messages harnesses sent, decoded (see
 // doorkit.HistoryCache).
